@@ -1,0 +1,104 @@
+"""Model output is untrusted: parse and validate it before anything is stored."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+
+from examforge.errors import OutputInvalid
+
+_FENCE_RE = re.compile(r"^\s*```[a-zA-Z0-9_-]*\s*\n?(.*?)\n?```\s*$", re.DOTALL)
+_REFUSAL_RE = re.compile(r"^\s*(i'?m sorry|i am sorry|i can(no|')t|sorry,|as an ai)", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class Question:
+    question: str
+    choices: tuple[str, str, str, str]
+    answer_index: int
+    explanation: str
+
+
+def normalise(text: str) -> str:
+    """The form in which two questions count as the same."""
+    return " ".join(text.lower().split())
+
+
+def _strip_fences(content: str) -> str:
+    match = _FENCE_RE.match(content)
+    return match.group(1) if match else content
+
+
+def _parse_item(item: object) -> Question | None:
+    if not isinstance(item, dict):
+        return None
+    question, choices = item.get("question"), item.get("choices")
+    answer, explanation = item.get("answer_index"), item.get("explanation", "")
+    if not isinstance(question, str) or not question.strip():
+        return None
+    if not isinstance(choices, list) or len(choices) != 4:
+        return None
+    if not all(isinstance(c, str) and c.strip() for c in choices):
+        return None
+    if len({normalise(c) for c in choices}) != 4:
+        return None
+    if isinstance(answer, bool) or not isinstance(answer, int) or not 0 <= answer <= 3:
+        return None
+    if not isinstance(explanation, str):
+        return None
+    return Question(
+        question.strip(), tuple(c.strip() for c in choices), answer, explanation.strip()  # type: ignore[arg-type]
+    )
+
+
+@dataclass(frozen=True)
+class Parsed:
+    """Valid questions (at most `wanted`, none already known) and what was rejected, by kind."""
+
+    questions: list[Question]
+    rejected: dict[str, int]
+
+
+def parse_questions(
+    content: str | None, finish_reason: str | None, wanted: int, known: set[str]
+) -> Parsed:
+    """Validate one reply. Raises OutputInvalid when it holds nothing usable at all.
+
+    A reply with some invalid items keeps the valid ones; extras beyond `wanted` are dropped;
+    questions whose normalised text is in `known` (already stored, or earlier in this reply)
+    are rejected as duplicates.
+    """
+    if finish_reason == "length":
+        raise OutputInvalid("truncated", "finish_reason is length")
+    if content is None or not content.strip():
+        raise OutputInvalid("empty", "no content")
+    body = _strip_fences(content)
+    try:
+        data = json.loads(body)
+    except (json.JSONDecodeError, RecursionError):
+        if _REFUSAL_RE.match(content):
+            raise OutputInvalid("refusal", content.strip()[:80]) from None
+        raise OutputInvalid("malformed_json", body.strip()[:80]) from None
+    items = data.get("questions") if isinstance(data, dict) else None
+    if not isinstance(items, list):
+        raise OutputInvalid("wrong_schema", "no questions list")
+    rejected: dict[str, int] = {}
+    out: list[Question] = []
+    seen = set(known)
+    for item in items:
+        q = _parse_item(item)
+        if q is None:
+            rejected["wrong_schema"] = rejected.get("wrong_schema", 0) + 1
+            continue
+        key = normalise(q.question)
+        if key in seen:
+            rejected["duplicate"] = rejected.get("duplicate", 0) + 1
+            continue
+        seen.add(key)
+        if len(out) < wanted:
+            out.append(q)
+    if not out:
+        kind = max(rejected, key=lambda k: rejected[k]) if rejected else "too_few"
+        raise OutputInvalid(kind, "no valid question in reply")
+    return Parsed(out, rejected)

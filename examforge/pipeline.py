@@ -1,0 +1,189 @@
+"""The plain function behind every chapter task: claim, call, validate, commit.
+
+Celery tasks and the embedded `producer run` both call `process_chapter`; it never raises for
+the outcomes of the work itself, it returns a `ChapterResult` saying what happened and when
+(if ever) to come back.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import socket
+import uuid
+from dataclasses import dataclass
+
+from examforge.backoff import backoff_s
+from examforge.errors import (
+    AuthError,
+    LeaseLost,
+    OutputInvalid,
+    PermanentProviderError,
+    ProviderError,
+    RetryableProviderError,
+)
+from examforge.heartbeat import LeaseKeeper
+from examforge.llm import Completion, LLMClient
+from examforge.output import normalise, parse_questions
+from examforge.prompt import build_messages
+from examforge.settings import Settings
+from examforge.syllabus import Chapter as ChapterSpec
+from storage.models import CallOutcome
+from storage.store import Claimed, NotClaimed, Store
+
+log = logging.getLogger("examforge.pipeline")
+
+
+@dataclass(frozen=True)
+class ChapterResult:
+    """outcome: done | failed | skipped | lost | retry. `retry_in_s` is set for retry."""
+
+    outcome: str
+    detail: str = ""
+    retry_in_s: float | None = None
+    calls: int = 0
+
+
+@dataclass
+class Runtime:
+    """What a worker process needs, built once at its edge."""
+
+    settings: Settings
+    store: Store
+    client: LLMClient
+    keeper: LeaseKeeper
+
+    @classmethod
+    def build(cls, settings: Settings, store: Store, client: LLMClient | None = None) -> "Runtime":
+        return cls(settings, store, client or LLMClient(settings),
+                   LeaseKeeper(store, settings.lease_s, settings.heartbeat_interval_s))
+
+
+def new_owner() -> str:
+    """A fencing token unique to one claim: who holds the lease, and which claim it was."""
+    return f"{socket.gethostname()[:60]}/{os.getpid()}/{uuid.uuid4().hex[:16]}"
+
+
+def process_chapter(rt: Runtime, exam: str, chapter_id: str) -> ChapterResult:
+    """Generate whatever the chapter is missing, committing each call's questions as they come."""
+    store, settings = rt.store, rt.settings
+    store.mark_picked(exam, chapter_id)
+    claim = store.claim(exam, chapter_id, new_owner(), settings.lease_s, settings.max_attempts)
+    if isinstance(claim, NotClaimed):
+        return _not_claimed(claim, exam, chapter_id)
+    fields = {"exam": exam, "chapter": chapter_id, "attempt": claim.attempt}
+    if claim.took_over_calls:
+        log.warning("took over chapter; previous holder's calls marked wasted",
+                    extra={**fields, "wasted": claim.took_over_calls})
+    lost = rt.keeper.hold(claim.owner)
+    calls = 0
+    try:
+        calls = _generate(rt, claim, lost)
+        return ChapterResult("done", calls=calls)
+    except LeaseLost as exc:
+        log.warning("lease lost; result discarded", extra={**fields, "error": str(exc)})
+        return ChapterResult("lost", str(exc))
+    except RetryableProviderError as exc:
+        delay = backoff_s(claim.attempt, retry_after_s=exc.retry_after_s, rand=random.random(),
+                          base_s=settings.retry_base_s, max_s=settings.retry_max_s,
+                          retry_after_max_s=settings.retry_after_max_s)
+        store.release(claim, retry_in_s=delay, error=f"transient: {exc}")
+        log.info("transient failure; retry scheduled",
+                 extra={**fields, "error": str(exc), "retry_in_s": round(delay, 2)})
+        return ChapterResult("retry", str(exc), retry_in_s=delay)
+    except AuthError as exc:
+        store.fail(claim, f"auth: {exc}", pause_exam_after=settings.auth_failure_limit)
+        log.error("provider rejected the API key", extra={**fields, "error": str(exc)})
+        return ChapterResult("failed", f"auth: {exc}")
+    except PermanentProviderError as exc:
+        store.fail(claim, f"permanent: {exc}")
+        return ChapterResult("failed", f"permanent: {exc}")
+    except OutputInvalid as exc:
+        store.fail(claim, f"invalid output after {settings.max_reasks} re-asks: {exc}")
+        return ChapterResult("failed", f"invalid output: {exc}")
+    except BaseException as exc:
+        # Database down, a bug, a shutdown: hand the chapter back for someone else to take.
+        try:
+            store.release(claim, retry_in_s=settings.retry_base_s,
+                          error=f"{type(exc).__name__}: {exc}")
+        except Exception:  # the database itself may be what failed; the lease will expire
+            pass
+        raise
+    finally:
+        rt.keeper.drop(claim.owner)
+
+
+def _not_claimed(claim: NotClaimed, exam: str, chapter_id: str) -> ChapterResult:
+    if claim.retry_in_s is not None:
+        # Busy (a live lease elsewhere) or in backoff: make no call, check back when it ends.
+        log.info("chapter not claimable now; checking back",
+                 extra={"exam": exam, "chapter": chapter_id, "reason": claim.reason,
+                        "retry_in_s": round(claim.retry_in_s, 2)})
+        return ChapterResult("retry", f"{claim.reason}: {claim.detail}",
+                             retry_in_s=claim.retry_in_s + 0.5)
+    outcome = "failed" if claim.reason == "cap" else "skipped"
+    log.info("chapter needs no work here",
+             extra={"exam": exam, "chapter": chapter_id, "reason": claim.reason})
+    return ChapterResult(outcome, f"{claim.reason} {claim.detail}".strip())
+
+
+def _generate(rt: Runtime, claim: Claimed, lost) -> int:  # type: ignore[no-untyped-def]
+    """Call the model batch by batch until the chapter has its questions. Returns calls made."""
+    settings, store = rt.settings, rt.store
+    spec = ChapterSpec.model_construct(id=claim.chapter_id, title=claim.title,
+                                       questions=claim.target, prompt=claim.prompt)
+    stored, known = claim.stored, set(claim.known)
+    avoid: list[str] = []
+    invalid_in_row = 0
+    calls = 0
+    while stored < claim.target:
+        if lost.is_set():
+            raise LeaseLost(f"lease on {claim.exam}/{claim.chapter_id} lost during the run")
+        want = min(settings.questions_per_call, claim.target - stored)
+        messages = build_messages(claim.exam, claim.exam_title, spec, want, avoid)
+        call_id = store.start_call(claim, stored + 1, want)
+        calls += 1
+        completion = _call(rt, call_id, messages)
+        cost = settings.cost_usd(completion.prompt_tokens, completion.completion_tokens)
+        usage = {"prompt_tokens": completion.prompt_tokens,
+                 "completion_tokens": completion.completion_tokens, "cost_usd": cost}
+        try:
+            parsed = parse_questions(completion.content, completion.finish_reason, want, known)
+        except OutputInvalid as exc:
+            store.finish_call(call_id, CallOutcome.wasted, f"invalid_output: {exc}"[:500], **usage)
+            invalid_in_row += 1
+            log.warning("invalid model output", extra={"exam": claim.exam,
+                        "chapter": claim.chapter_id, "kind": exc.kind, **usage})
+            if invalid_in_row > settings.max_reasks:
+                raise
+            continue
+        if lost.is_set():
+            store.finish_call(call_id, CallOutcome.wasted,
+                              "lease_lost: lease expired while the call ran", **usage)
+            raise LeaseLost(f"lease on {claim.exam}/{claim.chapter_id} lost during the call")
+        note = ", ".join(f"{n} {k} rejected" for k, n in parsed.rejected.items())
+        done = store.commit_batch(claim, settings.lease_s, call_id, stored + 1, parsed.questions,
+                                  model=completion.model or settings.llm_model, note=note,
+                                  **usage)
+        invalid_in_row = 0
+        stored += len(parsed.questions)
+        for q in parsed.questions:
+            known.add(normalise(q.question))
+            avoid.append(q.question)
+        log.info("batch committed", extra={"exam": claim.exam, "chapter": claim.chapter_id,
+                 "attempt": claim.attempt, "stored": stored, "target": claim.target, **usage})
+        if done:
+            break
+    return calls
+
+
+def _call(rt: Runtime, call_id: int, messages: list[dict[str, str]]) -> Completion:
+    try:
+        return rt.client.complete(messages)
+    except ProviderError as exc:
+        rt.store.finish_call(call_id, CallOutcome.failed, str(exc), status_code=exc.status_code)
+        raise
+    except BaseException as exc:
+        rt.store.finish_call(call_id, CallOutcome.failed, f"{type(exc).__name__}: {exc}")
+        raise

@@ -1,0 +1,105 @@
+"""One frozen settings object, built from the environment and `.env` at the edges.
+
+The CLI and the Celery app call `load_settings()` once and pass the object inward; nothing
+deeper reads `os.environ`.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def normalise_database_url(url: str) -> str:
+    """Map plain `postgresql://` / `postgres://` URLs onto the psycopg 3 driver."""
+    for prefix in ("postgresql://", "postgres://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url[len(prefix):]
+    return url
+
+
+class Settings(BaseSettings):
+    """Every knob, with its unit in its name. Environment names are the field names upper-cased."""
+
+    model_config = SettingsConfigDict(env_file=".env", extra="ignore", frozen=True)
+
+    broker_url: str = Field("redis://localhost:6379/0", description="Celery broker (Redis).")
+    database_url: str = Field(
+        "sqlite:///examforge.db",
+        description="SQLAlchemy URL; plain postgresql://user@host:port/db works.",
+    )
+    llm_base_url: str = Field(
+        "http://127.0.0.1:8089/v1",
+        description="Any OpenAI-compatible endpoint (OpenAI, Ollama's /v1, vLLM, the mock).",
+    )
+    llm_api_key: SecretStr = Field(SecretStr("sk-mock"), description="Bearer token for the provider.")
+    llm_model: str = Field("mock-model", description="Model name sent to the provider.")
+    llm_timeout_s: float = Field(60.0, gt=0, description="Read timeout of one model call.")
+    llm_connect_timeout_s: float = Field(5.0, gt=0, description="Connect timeout of one model call.")
+    llm_json_mode: bool = Field(True, description="Send response_format json_object.")
+    llm_temperature: float = Field(0.7, ge=0, le=2)
+    llm_price_prompt_per_mtok: float = Field(0.0, ge=0, description="USD per million prompt tokens.")
+    llm_price_completion_per_mtok: float = Field(
+        0.0, ge=0, description="USD per million completion tokens."
+    )
+    questions_per_call: int = Field(10, ge=1, le=100, description="Questions asked per model call.")
+    max_questions_per_chapter: int = Field(5000, ge=1, description="Sanity cap on a chapter's count.")
+    exams_dir: Path = Field(Path("./exams"), description="Where SLUG/syllabus.json lives.")
+    lease_s: float = Field(30.0, gt=0, description="Chapter lease TTL (database clock).")
+    heartbeat_s: float | None = Field(
+        None, gt=0, description="Lease renewal interval; default lease_s / 4."
+    )
+    max_attempts: int = Field(
+        8, ge=1, description="Attempts without progress before a chapter is failed."
+    )
+    max_reasks: int = Field(3, ge=0, description="Re-asks of one batch after invalid model output.")
+    auth_failure_limit: int = Field(
+        1, ge=1, description="Consecutive 401/403 replies that pause the exam."
+    )
+    retry_base_s: float = Field(2.0, gt=0, description="First backoff step for transient errors.")
+    retry_max_s: float = Field(120.0, gt=0, description="Backoff ceiling (far below visibility).")
+    retry_after_max_s: float = Field(300.0, gt=0, description="Clamp on a provider's Retry-After.")
+    visibility_timeout_s: int = Field(
+        7200, ge=60, description="Redis redelivery timeout for unacked messages."
+    )
+    broker_connect_timeout_s: float = Field(
+        3.0, gt=0, description="How long the CLI waits for the broker before failing."
+    )
+    reconcile_interval_s: float = Field(30.0, gt=0, description="Celery beat reconcile period.")
+    worker_soft_shutdown_s: float = Field(
+        60.0, ge=0, description="On SIGTERM, how long running calls may finish."
+    )
+    task_queue: str = Field("examforge", description="Celery queue name.")
+
+    @field_validator("database_url")
+    @classmethod
+    def _normalise_db(cls, v: str) -> str:
+        return normalise_database_url(v)
+
+    @model_validator(mode="after")
+    def _check_timing(self) -> "Settings":
+        # A 2 s database stall must not expire a live lease: leave room for four missed beats.
+        if self.heartbeat_s is not None and self.heartbeat_s * 4 > self.lease_s:
+            raise ValueError("HEARTBEAT_S must be at most LEASE_S / 4")
+        if self.retry_max_s * 4 > self.visibility_timeout_s:
+            raise ValueError("RETRY_MAX_S must stay far below VISIBILITY_TIMEOUT_S")
+        return self
+
+    @property
+    def heartbeat_interval_s(self) -> float:
+        return self.heartbeat_s if self.heartbeat_s is not None else self.lease_s / 4
+
+    def cost_usd(self, prompt_tokens: int, completion_tokens: int) -> float:
+        return (
+            prompt_tokens * self.llm_price_prompt_per_mtok
+            + completion_tokens * self.llm_price_completion_per_mtok
+        ) / 1_000_000
+
+
+@lru_cache(maxsize=1)
+def load_settings() -> Settings:
+    """Settings from the environment and `.env`; cached for the process."""
+    return Settings()

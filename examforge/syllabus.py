@@ -1,0 +1,220 @@
+"""Load and validate an exam syllabus: `EXAMS_DIR/SLUG/syllabus.json` (or `.yaml`/`.yml`).
+
+Everything a person typed is checked here, before anything touches the database or the broker,
+and every failure is one line naming the file and the field.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from examforge.errors import SyllabusError, UnknownExam
+
+NAME_PATTERN = r"^[a-z0-9][a-z0-9-]{0,63}$"
+_NAME_RE = re.compile(NAME_PATTERN)
+# Anything but tab/newline below 0x20, DEL and the C1 block: invisible, and a way to smuggle
+# terminal escapes into logs and tables.
+_CONTROL_RE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+MAX_SYLLABUS_BYTES = 1_000_000
+MAX_DEPTH = 8
+SYLLABUS_NAMES = ("syllabus.json", "syllabus.yaml", "syllabus.yml")
+
+
+def check_name(value: str, what: str) -> str:
+    """Allow-list a slug or chapter id: it becomes part of paths and task ids."""
+    if not isinstance(value, str) or not _NAME_RE.fullmatch(value):
+        raise ValueError(f"{what} {value!r} must match {NAME_PATTERN}")
+    return value
+
+
+def _clean_text(value: str) -> str:
+    if _CONTROL_RE.search(value):
+        raise ValueError("contains control characters")
+    value = value.strip()
+    if not value:
+        raise ValueError("must not be empty")
+    return value
+
+
+class Chapter(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    id: str
+    title: str = Field(max_length=500)
+    questions: int
+    prompt: str | None = Field(None, max_length=4000)
+
+    @field_validator("id")
+    @classmethod
+    def _id(cls, v: str) -> str:
+        return check_name(v, "chapter id")
+
+    @field_validator("title")
+    @classmethod
+    def _title(cls, v: str) -> str:
+        return _clean_text(v)
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt(cls, v: str | None) -> str | None:
+        return None if v is None else _clean_text(v)
+
+    @property
+    def spec_hash(self) -> str:
+        """What the questions were generated from: a change means old questions may not fit."""
+        blob = json.dumps([self.title, self.prompt], ensure_ascii=False)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+class Syllabus(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    title: str = Field(max_length=300)
+    chapters: list[Chapter] = Field(min_length=1, max_length=10_000)
+
+    @field_validator("title")
+    @classmethod
+    def _title(cls, v: str) -> str:
+        return _clean_text(v)
+
+    @field_validator("chapters")
+    @classmethod
+    def _unique_ids(cls, chapters: list[Chapter]) -> list[Chapter]:
+        seen: set[str] = set()
+        for i, chapter in enumerate(chapters):
+            if chapter.id in seen:
+                raise ValueError(f"duplicate chapter id {chapter.id!r} at chapters[{i}]")
+            seen.add(chapter.id)
+        return chapters
+
+    def chapter(self, chapter_id: str) -> Chapter:
+        for chapter in self.chapters:
+            if chapter.id == chapter_id:
+                return chapter
+        raise KeyError(chapter_id)
+
+
+def find_syllabus(exams_dir: Path, slug: str) -> Path:
+    """The syllabus file of `slug`, refusing names and symlinks that leave `exams_dir`."""
+    try:
+        check_name(slug, "exam slug")
+    except ValueError as exc:
+        raise UnknownExam(str(exc)) from None
+    root = exams_dir.resolve()
+    folder = exams_dir / slug
+    for name in SYLLABUS_NAMES:
+        path = folder / name
+        if path.exists() or path.is_symlink():
+            resolved = path.resolve()
+            if not resolved.is_relative_to(root):
+                raise SyllabusError(f"{path}: resolves to {resolved}, outside EXAMS_DIR {root}")
+            return path
+    raise UnknownExam(f"unknown exam {slug!r}: no {folder / SYLLABUS_NAMES[0]}")
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not allowed")
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"duplicate key {key!r}")
+        out[key] = value
+    return out
+
+
+def _depth(value: Any, level: int = 0) -> int:
+    if level > MAX_DEPTH:
+        return level
+    if isinstance(value, dict):
+        return max((_depth(v, level + 1) for v in value.values()), default=level + 1)
+    if isinstance(value, list):
+        return max((_depth(v, level + 1) for v in value), default=level + 1)
+    return level
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """safe_load, plus duplicate keys refused (PyYAML silently keeps the last one)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        keys = [self.construct_object(k, deep=deep) for k, _ in node.value]
+        for key in keys:
+            if keys.count(key) > 1:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r}", node.start_mark
+                )
+        return super().construct_mapping(node, deep=deep)
+
+
+def _parse(path: Path, text: str) -> Any:
+    if path.suffix == ".json":
+        try:
+            return json.loads(
+                text, object_pairs_hook=_no_duplicate_keys, parse_constant=_reject_constant
+            )
+        except json.JSONDecodeError as exc:
+            raise SyllabusError(
+                f"{path}: malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
+            ) from None
+        except RecursionError:
+            raise SyllabusError(f"{path}: nested too deeply") from None
+        except ValueError as exc:
+            raise SyllabusError(f"{path}: {exc}") from None
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - SafeLoader subclass
+    except RecursionError:
+        raise SyllabusError(f"{path}: nested too deeply") from None
+    except yaml.YAMLError as exc:
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else "invalid YAML"
+        mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise SyllabusError(f"{path}: malformed YAML{where}: {first_line}") from None
+
+
+def _field(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(top level)"
+
+
+def load_syllabus(path: Path, *, max_questions: int) -> Syllabus:
+    """Read, parse and validate one syllabus file; every failure is a SyllabusError."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise SyllabusError(f"{path}: file not found") from None
+    except OSError as exc:
+        raise SyllabusError(f"{path}: cannot read: {exc.strerror}") from None
+    if len(raw) > MAX_SYLLABUS_BYTES:
+        raise SyllabusError(f"{path}: {len(raw)} bytes, larger than {MAX_SYLLABUS_BYTES}")
+    try:
+        # utf-8-sig: a BOM written by an editor is dropped, not treated as content.
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise SyllabusError(f"{path}: not UTF-8 (byte {exc.start})") from None
+    data = _parse(path, text)
+    if _depth(data) > MAX_DEPTH:
+        raise SyllabusError(f"{path}: nested deeper than {MAX_DEPTH} levels")
+    if not isinstance(data, dict):
+        raise SyllabusError(f"{path}: top level must be an object with title and chapters")
+    try:
+        syllabus = Syllabus.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise SyllabusError(f"{path}: {_field(err['loc'])}: {err['msg']}") from None
+    for i, chapter in enumerate(syllabus.chapters):
+        if not 1 <= chapter.questions <= max_questions:
+            raise SyllabusError(
+                f"{path}: chapters[{i}].questions: {chapter.questions} is outside 1..{max_questions}"
+            )
+    return syllabus

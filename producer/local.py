@@ -1,0 +1,47 @@
+"""`producer run`: the embedded mode. Same claim / call / commit code as the workers, with a
+thread pool instead of a broker. Killed and started again, it resumes from the database."""
+
+from __future__ import annotations
+
+import heapq
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from typing import Callable
+
+from examforge.pipeline import ChapterResult, Runtime, process_chapter
+
+
+def run_local(rt: Runtime, exam: str, chapter_ids: list[str], concurrency: int,
+              on_progress: Callable[[], None] | None = None) -> dict[str, ChapterResult]:
+    """Process chapters until each is done, failed or skipped; transient failures are retried
+    after the delay the pipeline asks for (backoff, Retry-After, another holder's lease)."""
+    ready: list[tuple[float, int, str]] = [(0.0, i, c) for i, c in enumerate(chapter_ids)]
+    heapq.heapify(ready)
+    results: dict[str, ChapterResult] = {}
+    running: dict[Future[ChapterResult], str] = {}
+    seq = len(ready)
+    with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="chapter") as pool:
+        while ready or running:
+            now = time.monotonic()
+            while ready and ready[0][0] <= now and len(running) < concurrency:
+                _, _, chapter_id = heapq.heappop(ready)
+                running[pool.submit(process_chapter, rt, exam, chapter_id)] = chapter_id
+            timeout = max(0.0, ready[0][0] - now) if ready else None
+            if running:
+                finished, _ = wait(running, timeout=min(timeout or 1.0, 1.0),
+                                   return_when=FIRST_COMPLETED)
+            else:
+                finished = set()
+                time.sleep(min(timeout or 0.1, 1.0))
+            for fut in finished:
+                chapter_id = running.pop(fut)
+                result = fut.result()
+                if result.outcome == "retry":
+                    seq += 1
+                    heapq.heappush(ready, (time.monotonic() + (result.retry_in_s or 1.0), seq,
+                                           chapter_id))
+                else:
+                    results[chapter_id] = result
+            if on_progress:
+                on_progress()
+    return results

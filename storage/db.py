@@ -1,0 +1,107 @@
+"""Engines for SQLite and PostgreSQL, the database clock, and schema migration via Alembic."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import event, literal_column, text
+from sqlalchemy.engine import Connection, Engine, make_url
+from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError
+from sqlalchemy.sql.elements import ColumnElement
+from sqlmodel import create_engine
+
+from examforge.errors import ConfigError, DatabaseUnavailable
+
+MIGRATIONS_DIR = Path(__file__).with_name("migrations")
+# Any fixed number: serialises concurrent `upgrade` runs on PostgreSQL.
+_MIGRATION_LOCK_ID = 0x65786166
+
+
+def connect(url: str, *, pool_size: int = 40) -> Engine:
+    """An engine for `url`. SQLite gets WAL, a busy timeout and `BEGIN IMMEDIATE` transactions."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        raise ConfigError(f"DATABASE_URL: not a database URL: {url!r}") from None
+    if parsed.get_backend_name() == "sqlite":
+        engine = create_engine(
+            url, connect_args={"timeout": 60, "check_same_thread": False}, pool_size=pool_size
+        )
+        _make_sqlite_transactions_immediate(engine)
+        return engine
+    return create_engine(
+        url,
+        pool_size=pool_size,
+        max_overflow=pool_size,
+        pool_pre_ping=True,
+        pool_timeout=60,
+        connect_args={"connect_timeout": 5} if parsed.get_backend_name() == "postgresql" else {},
+    )
+
+
+def _make_sqlite_transactions_immediate(engine: Engine) -> None:
+    # pysqlite's default deferred transactions let two writers both read, then one fails with
+    # "database is locked" on upgrade to a write lock. BEGIN IMMEDIATE takes the write lock up
+    # front, so claims and commits serialise cleanly (SQLAlchemy's documented recipe).
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn, _record):  # type: ignore[no-untyped-def]
+        dbapi_conn.isolation_level = None
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute("PRAGMA synchronous=NORMAL")
+        cur.execute("PRAGMA busy_timeout=60000")
+        cur.execute("PRAGMA foreign_keys=ON")
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn):  # type: ignore[no-untyped-def]
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def db_now(dialect_name: str) -> ColumnElement[float]:
+    """The database's clock as float epoch seconds: the only clock leases are compared against."""
+    if dialect_name == "postgresql":
+        return literal_column("CAST(EXTRACT(EPOCH FROM clock_timestamp()) AS DOUBLE PRECISION)")
+    return literal_column("((julianday('now') - 2440587.5) * 86400.0)")
+
+
+def check_reachable(engine: Engine) -> None:
+    """Fail fast with one line when the database cannot be reached."""
+    try:
+        with engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+    except (OperationalError, DBAPIError) as exc:
+        reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
+        raise DatabaseUnavailable(
+            f"database {engine.url.render_as_string(hide_password=True)} unreachable: {reason}"
+        ) from None
+
+
+def _alembic_config(connection: Connection) -> Config:
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    cfg.attributes["connection"] = connection
+    return cfg
+
+
+def _head() -> str | None:
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    return ScriptDirectory.from_config(cfg).get_current_head()
+
+
+def migrate(engine: Engine) -> None:
+    """Bring the schema to the newest revision; safe to call from many processes at once."""
+    check_reachable(engine)
+    head = _head()
+    with engine.connect() as conn:
+        if MigrationContext.configure(conn).get_current_revision() == head:
+            return
+    with engine.begin() as conn:
+        if conn.dialect.name == "postgresql":
+            conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _MIGRATION_LOCK_ID})
+        command.upgrade(_alembic_config(conn), "head")

@@ -1,0 +1,103 @@
+"""The tables. Times are float epoch seconds read from the database's clock (`*_at`), so
+leases never depend on a worker's clock. Statuses are str enums stored as plain strings."""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Optional
+
+from sqlalchemy import Column, Index, Text, UniqueConstraint
+from sqlmodel import Field, SQLModel
+
+
+class ExamState(str, Enum):
+    active = "active"
+    paused = "paused"  # the circuit breaker tripped (401/403); `producer resume` clears it
+
+
+class ChapterState(str, Enum):
+    pending = "pending"
+    running = "running"  # only while its lease is live; an expired lease reads as pending
+    done = "done"
+    failed = "failed"
+    cancelled = "cancelled"
+
+
+class CallOutcome(str, Enum):
+    in_flight = "in_flight"  # recorded before the request is sent
+    used = "used"  # its questions were committed
+    wasted = "wasted"  # the provider answered (and billed) but nothing was kept
+    failed = "failed"  # the provider failed the call (timeout, 429, 5xx, 4xx)
+
+
+class Exam(SQLModel, table=True):
+    slug: str = Field(primary_key=True, max_length=64)
+    title: str = Field(sa_column=Column(Text, nullable=False))
+    state: str = Field(default=ExamState.active.value, max_length=16)
+    pause_reason: Optional[str] = Field(default=None, sa_column=Column(Text))
+    auth_failures: int = 0
+    created_at: float
+    updated_at: float
+
+
+class Chapter(SQLModel, table=True):
+    exam: str = Field(primary_key=True, foreign_key="exam.slug", max_length=64)
+    chapter_id: str = Field(primary_key=True, max_length=64)
+    position: int
+    title: str = Field(sa_column=Column(Text, nullable=False))
+    prompt: Optional[str] = Field(default=None, sa_column=Column(Text))
+    spec_hash: str = Field(max_length=32)
+    target: int
+    state: str = Field(default=ChapterState.pending.value, max_length=16)
+    attempts: int = 0
+    attempts_since_progress: int = 0
+    lease_owner: Optional[str] = Field(default=None, max_length=128, index=True)
+    lease_expires_at: Optional[float] = None
+    not_before_at: Optional[float] = None
+    enqueued_at: Optional[float] = None
+    enqueue_epoch: Optional[str] = Field(default=None, max_length=64)
+    picked_at: Optional[float] = None
+    last_error: Optional[str] = Field(default=None, sa_column=Column(Text))
+    last_error_at: Optional[float] = None
+    updated_at: float
+
+
+class Question(SQLModel, table=True):
+    __table_args__ = (
+        UniqueConstraint("exam", "chapter_id", "number", name="uq_question_number"),
+    )
+
+    id: Optional[int] = Field(default=None, primary_key=True)
+    exam: str = Field(max_length=64)
+    chapter_id: str = Field(max_length=64)
+    number: int
+    question: str = Field(sa_column=Column(Text, nullable=False))
+    choices: str = Field(sa_column=Column(Text, nullable=False))  # JSON list of 4 strings
+    answer_index: int
+    explanation: str = Field(sa_column=Column(Text, nullable=False))
+    model: str = Field(default="", max_length=128)
+    call_id: Optional[int] = None
+    created_at: float
+
+
+class Call(SQLModel, table=True):
+    """One paid request to the provider, recorded before it is sent and updated after."""
+
+    __table_args__ = (Index("ix_call_chapter_outcome", "exam", "chapter_id", "outcome"),)
+
+    id: Optional[int] = Field(default=None, primary_key=True)
+    exam: str = Field(max_length=64)
+    chapter_id: str = Field(max_length=64)
+    attempt: int
+    first_number: int
+    requested: int
+    worker: str = Field(max_length=128)
+    outcome: str = Field(default=CallOutcome.in_flight.value, max_length=16)
+    reason: Optional[str] = Field(default=None, sa_column=Column(Text))
+    status_code: Optional[int] = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float = 0.0
+    questions_stored: int = 0
+    started_at: float
+    finished_at: Optional[float] = None

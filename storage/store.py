@@ -1,0 +1,498 @@
+"""The chapter store: every state change of an exam goes through here, in one transaction each.
+
+The rules it enforces:
+- a chapter is worked on only by the holder of its lease (owner token + expiry on the database
+  clock); claims are conditional UPDATEs, so two workers can never both win;
+- a batch of questions is committed only while the lease is still held (fencing): a worker that
+  was frozen past its lease changes zero rows and its call is recorded as wasted;
+- UNIQUE(exam, chapter_id, number) makes a double commit impossible even if the rest failed;
+- every paid call is a row written before the request is sent, so a crash leaves it in_flight
+  and the next claim explains it as wasted.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+from sqlalchemy import and_, case, delete, func, insert, or_, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import IntegrityError
+
+from examforge.errors import LeaseLost
+from examforge.output import Question as ParsedQuestion
+from examforge.output import normalise
+from examforge.syllabus import Syllabus
+from storage.db import db_now
+from storage.models import Call, CallOutcome, Chapter, ChapterState, Exam, ExamState, Question
+
+E = Exam.__table__  # type: ignore[attr-defined]
+C = Chapter.__table__  # type: ignore[attr-defined]
+Q = Question.__table__  # type: ignore[attr-defined]
+K = Call.__table__  # type: ignore[attr-defined]
+
+ACTIVE_STATES = (ChapterState.pending.value, ChapterState.running.value)
+
+
+# ---------------------------------------------------------------- claim results
+@dataclass(frozen=True)
+class Claimed:
+    exam: str
+    chapter_id: str
+    owner: str
+    attempt: int
+    target: int
+    stored: int
+    known: frozenset[str]
+    exam_title: str
+    title: str
+    prompt: str | None
+    took_over_calls: int = 0
+
+
+@dataclass(frozen=True)
+class NotClaimed:
+    """Why a chapter was not claimed. `retry_in_s` is set when checking back later makes sense."""
+
+    reason: str  # done | failed | cancelled | paused | busy | backoff | missing | cap
+    retry_in_s: float | None = None
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class EnqueuePlan:
+    to_enqueue: list[str] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)  # chapter -> why
+    exam_paused: str | None = None
+
+
+class Store:
+    """All database access for exams, chapters, questions and calls."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._now = db_now(engine.dialect.name)
+        self._insert = postgresql.insert if engine.dialect.name == "postgresql" else sqlite.insert
+
+    # ------------------------------------------------------------ producer side
+    def sync_exam(
+        self, slug: str, syllabus: Syllabus, regenerate: Iterable[str] = ()
+    ) -> EnqueuePlan:
+        """Record the exam and its chapters; decide which chapters need a task.
+
+        Safe under concurrent calls: rows are created with INSERT .. ON CONFLICT DO NOTHING and
+        changed with conditional UPDATEs.
+        """
+        regenerate = set(regenerate)
+        plan = EnqueuePlan()
+        with self.engine.begin() as conn:
+            now = conn.execute(select(self._now)).scalar_one()
+            conn.execute(
+                self._insert(E)
+                .values(slug=slug, title=syllabus.title, state=ExamState.active.value,
+                        auth_failures=0, created_at=now, updated_at=now)
+                .on_conflict_do_nothing()
+            )
+            conn.execute(update(E).where(E.c.slug == slug, E.c.title != syllabus.title)
+                         .values(title=syllabus.title, updated_at=now))
+            exam = conn.execute(select(E.c.state, E.c.pause_reason).where(E.c.slug == slug)).one()
+            if exam.state == ExamState.paused.value:
+                plan.exam_paused = exam.pause_reason or "paused"
+            for position, ch in enumerate(syllabus.chapters):
+                conn.execute(
+                    self._insert(C)
+                    .values(exam=slug, chapter_id=ch.id, position=position, title=ch.title,
+                            prompt=ch.prompt, spec_hash=ch.spec_hash, target=ch.questions,
+                            state=ChapterState.pending.value, updated_at=now)
+                    .on_conflict_do_nothing()
+                )
+                row = conn.execute(
+                    select(C).where(C.c.exam == slug, C.c.chapter_id == ch.id).with_for_update()
+                ).one()
+                stored = self._stored(conn, slug, ch.id)
+                why = self._plan_chapter(conn, slug, ch, row, stored, ch.id in regenerate, now)
+                if why is None and plan.exam_paused is None:
+                    plan.to_enqueue.append(ch.id)
+                else:
+                    plan.skipped[ch.id] = why or f"exam paused: {plan.exam_paused}"
+        return plan
+
+    def _plan_chapter(self, conn: Connection, slug: str, ch, row, stored: int,  # type: ignore[no-untyped-def]
+                      regenerate: bool, now: float) -> str | None:
+        where = and_(C.c.exam == slug, C.c.chapter_id == ch.id)
+        changed = row.spec_hash != ch.spec_hash
+        if regenerate:
+            if row.lease_owner is not None and (row.lease_expires_at or 0) > now:
+                return "running: cannot regenerate while a worker holds it; retry later"
+            conn.execute(delete(Q).where(Q.c.exam == slug, Q.c.chapter_id == ch.id))
+            stored, changed = 0, False
+            conn.execute(update(C).where(where).values(
+                state=ChapterState.pending.value, attempts_since_progress=0, last_error=None))
+        elif changed and stored > 0:
+            return (f"changed: title or prompt differs from the {stored} stored questions; "
+                    f"rerun with --regenerate {ch.id}")
+        values: dict[str, object] = {"position": row.position, "updated_at": now}
+        if changed or regenerate:
+            values.update(title=ch.title, prompt=ch.prompt, spec_hash=ch.spec_hash)
+        values["target"] = ch.questions
+        if row.state == ChapterState.cancelled.value:
+            conn.execute(update(C).where(where).values(**values))
+            return "cancelled"
+        if stored >= ch.questions:
+            values.update(state=ChapterState.done.value, lease_owner=None, lease_expires_at=None)
+            conn.execute(update(C).where(where).values(**values))
+            return "done"
+        if row.state in (ChapterState.done.value, ChapterState.failed.value):
+            # More questions asked for, or a failed chapter enqueued again by the user.
+            values.update(state=ChapterState.pending.value, attempts_since_progress=0)
+        conn.execute(update(C).where(where).values(**values))
+        return None
+
+    def mark_enqueued(self, slug: str, chapter_ids: Sequence[str], epoch: str | None) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(update(C).where(C.c.exam == slug, C.c.chapter_id.in_(chapter_ids))
+                         .values(enqueued_at=self._now, enqueue_epoch=epoch))
+
+    def resume(self, slug: str) -> list[str]:
+        """Clear a pause and reset failed chapters to pending; returns the chapters to enqueue."""
+        with self.engine.begin() as conn:
+            self._require_exam(conn, slug)
+            conn.execute(update(E).where(E.c.slug == slug).values(
+                state=ExamState.active.value, pause_reason=None, auth_failures=0,
+                updated_at=self._now))
+            conn.execute(update(C).where(C.c.exam == slug, C.c.state == ChapterState.failed.value)
+                         .values(state=ChapterState.pending.value, attempts_since_progress=0,
+                                 not_before_at=None, updated_at=self._now))
+            return list(conn.execute(
+                select(C.c.chapter_id).where(C.c.exam == slug, C.c.state.in_(ACTIVE_STATES))
+                .order_by(C.c.position)).scalars())
+
+    def cancel(self, slug: str, chapter_ids: Sequence[str] | None = None) -> int:
+        """Cancel chapters that are not done; a running holder loses its lease at its next beat."""
+        with self.engine.begin() as conn:
+            self._require_exam(conn, slug)
+            where = [C.c.exam == slug, C.c.state.in_(ACTIVE_STATES + (ChapterState.failed.value,))]
+            if chapter_ids:
+                where.append(C.c.chapter_id.in_(chapter_ids))
+            return conn.execute(update(C).where(*where).values(
+                state=ChapterState.cancelled.value, lease_owner=None, lease_expires_at=None,
+                updated_at=self._now)).rowcount
+
+    # ------------------------------------------------------------ worker side
+    def mark_picked(self, slug: str, chapter_id: str) -> None:
+        """A worker received this chapter's message (the reconciler's evidence of delivery)."""
+        with self.engine.begin() as conn:
+            conn.execute(update(C).where(C.c.exam == slug, C.c.chapter_id == chapter_id)
+                         .values(picked_at=self._now))
+
+    def claim(self, slug: str, chapter_id: str, owner: str, lease_s: float,
+              max_attempts: int) -> Claimed | NotClaimed:
+        """Take the chapter's lease if nobody holds a live one and it still needs work."""
+        with self.engine.begin() as conn:
+            exam_active = select(E.c.slug).where(
+                E.c.slug == slug, E.c.state == ExamState.active.value).exists()
+            won = conn.execute(
+                update(C)
+                .where(
+                    C.c.exam == slug, C.c.chapter_id == chapter_id,
+                    C.c.state.in_(ACTIVE_STATES),
+                    or_(C.c.lease_owner.is_(None), C.c.lease_expires_at <= self._now),
+                    or_(C.c.not_before_at.is_(None), C.c.not_before_at <= self._now),
+                    C.c.attempts_since_progress < max_attempts,
+                    exam_active,
+                )
+                .values(lease_owner=owner, lease_expires_at=self._now + lease_s,
+                        state=ChapterState.running.value, attempts=C.c.attempts + 1,
+                        attempts_since_progress=C.c.attempts_since_progress + 1,
+                        not_before_at=None, updated_at=self._now)
+            ).rowcount
+            if won != 1:
+                return self._why_not(conn, slug, chapter_id, max_attempts)
+            # Calls still in flight belong to a holder whose lease expired: a crash, a freeze or
+            # a partition. Their output can no longer be committed.
+            took_over = conn.execute(
+                update(K).where(K.c.exam == slug, K.c.chapter_id == chapter_id,
+                                K.c.outcome == CallOutcome.in_flight.value)
+                .values(outcome=CallOutcome.wasted.value, finished_at=self._now,
+                        reason="crash_before_commit: holder lost its lease mid-call")
+            ).rowcount
+            row = conn.execute(
+                select(C, E.c.title.label("exam_title")).join(E, E.c.slug == C.c.exam)
+                .where(C.c.exam == slug, C.c.chapter_id == chapter_id)).one()
+            texts = conn.execute(select(Q.c.question).where(
+                Q.c.exam == slug, Q.c.chapter_id == chapter_id)).scalars().all()
+            return Claimed(
+                exam=slug, chapter_id=chapter_id, owner=owner, attempt=row.attempts,
+                target=row.target, stored=len(texts), known=frozenset(map(normalise, texts)),
+                exam_title=row.exam_title, title=row.title, prompt=row.prompt,
+                took_over_calls=took_over,
+            )
+
+    def _why_not(self, conn: Connection, slug: str, chapter_id: str,
+                 max_attempts: int) -> NotClaimed:
+        row = conn.execute(
+            select(C, E.c.state.label("exam_state"), E.c.pause_reason, self._now.label("now"))
+            .join(E, E.c.slug == C.c.exam)
+            .where(C.c.exam == slug, C.c.chapter_id == chapter_id)).one_or_none()
+        if row is None:
+            return NotClaimed("missing", detail=f"no chapter {slug}/{chapter_id} in the database")
+        if row.state in (ChapterState.done.value, ChapterState.failed.value,
+                         ChapterState.cancelled.value):
+            return NotClaimed(row.state)
+        if row.exam_state == ExamState.paused.value:
+            return NotClaimed("paused", detail=row.pause_reason or "")
+        if row.lease_owner is not None and (row.lease_expires_at or 0) > row.now:
+            return NotClaimed("busy", retry_in_s=row.lease_expires_at - row.now,
+                              detail=f"held by {row.lease_owner}")
+        if row.not_before_at is not None and row.not_before_at > row.now:
+            return NotClaimed("backoff", retry_in_s=row.not_before_at - row.now)
+        if row.attempts_since_progress >= max_attempts:
+            error = (f"attempt cap: {row.attempts_since_progress} attempts without progress; "
+                     f"last error: {row.last_error or 'none recorded (worker crashed?)'}")
+            conn.execute(update(C).where(C.c.exam == slug, C.c.chapter_id == chapter_id).values(
+                state=ChapterState.failed.value, lease_owner=None, lease_expires_at=None,
+                last_error=error, last_error_at=self._now, updated_at=self._now))
+            return NotClaimed("cap", detail=error)
+        return NotClaimed("busy", retry_in_s=0.5, detail="changed under us; check back")
+
+    def renew(self, owners: Sequence[str], lease_s: float) -> set[str]:
+        """Extend the live leases of `owners`; returns the owners that still hold theirs."""
+        if not owners:
+            return set()
+        with self.engine.begin() as conn:
+            rows = conn.execute(
+                update(C)
+                .where(C.c.lease_owner.in_(owners), C.c.lease_expires_at > self._now,
+                       C.c.state == ChapterState.running.value)
+                .values(lease_expires_at=self._now + lease_s)
+                .returning(C.c.lease_owner)
+            ).scalars().all()
+        return set(rows)
+
+    def start_call(self, claim: Claimed, first_number: int, requested: int) -> int:
+        with self.engine.begin() as conn:
+            return conn.execute(
+                insert(K).values(exam=claim.exam, chapter_id=claim.chapter_id,
+                                 attempt=claim.attempt, first_number=first_number,
+                                 requested=requested, worker=claim.owner,
+                                 outcome=CallOutcome.in_flight.value, started_at=self._now)
+                .returning(K.c.id)
+            ).scalar_one()
+
+    def finish_call(self, call_id: int, outcome: CallOutcome, reason: str, *,
+                    status_code: int | None = None, prompt_tokens: int = 0,
+                    completion_tokens: int = 0, cost_usd: float = 0.0) -> None:
+        """Record how a call that stored nothing ended (failed, or wasted with a reason)."""
+        with self.engine.begin() as conn:
+            conn.execute(update(K).where(K.c.id == call_id).values(
+                outcome=outcome.value, reason=reason[:500], status_code=status_code,
+                prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                cost_usd=cost_usd, finished_at=self._now))
+
+    def commit_batch(self, claim: Claimed, lease_s: float, call_id: int, first_number: int,
+                     questions: Sequence[ParsedQuestion], *, model: str, prompt_tokens: int,
+                     completion_tokens: int, cost_usd: float, note: str = "") -> bool:
+        """Store one call's questions and its usage atomically, only while holding the lease.
+
+        Returns True when the chapter is now complete. Raises LeaseLost (after recording the
+        call as wasted) when the lease is gone: the result is discarded, never mixed in.
+        """
+        try:
+            with self.engine.begin() as conn:
+                held = conn.execute(
+                    update(C)
+                    .where(C.c.exam == claim.exam, C.c.chapter_id == claim.chapter_id,
+                           C.c.lease_owner == claim.owner, C.c.lease_expires_at > self._now,
+                           C.c.state == ChapterState.running.value)
+                    .values(attempts_since_progress=0, lease_expires_at=self._now + lease_s,
+                            last_error=None, updated_at=self._now)
+                ).rowcount
+                if held != 1:
+                    raise LeaseLost(f"lease on {claim.exam}/{claim.chapter_id} lost before commit")
+                now = conn.execute(select(self._now)).scalar_one()
+                conn.execute(insert(Q), [
+                    {"exam": claim.exam, "chapter_id": claim.chapter_id,
+                     "number": first_number + i, "question": q.question,
+                     "choices": json.dumps(list(q.choices), ensure_ascii=False),
+                     "answer_index": q.answer_index, "explanation": q.explanation,
+                     "model": model, "call_id": call_id, "created_at": now}
+                    for i, q in enumerate(questions)
+                ])
+                conn.execute(update(K).where(K.c.id == call_id).values(
+                    outcome=CallOutcome.used.value, reason=note or None,
+                    prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                    cost_usd=cost_usd, questions_stored=len(questions), finished_at=self._now))
+                conn.execute(update(E).where(E.c.slug == claim.exam, E.c.auth_failures > 0)
+                             .values(auth_failures=0))
+                stored = self._stored(conn, claim.exam, claim.chapter_id)
+                if stored >= claim.target:
+                    conn.execute(update(C).where(C.c.exam == claim.exam,
+                                                 C.c.chapter_id == claim.chapter_id).values(
+                        state=ChapterState.done.value, lease_owner=None, lease_expires_at=None))
+                    return True
+                return False
+        except (LeaseLost, IntegrityError) as exc:
+            reason = ("lease_lost: committed by the lease holder's fence check" if
+                      isinstance(exc, LeaseLost) else "lease_lost: duplicate question number")
+            self.finish_call(call_id, CallOutcome.wasted, reason, prompt_tokens=prompt_tokens,
+                             completion_tokens=completion_tokens, cost_usd=cost_usd)
+            raise LeaseLost(str(exc).splitlines()[0]) from None
+
+    def release(self, claim: Claimed, *, retry_in_s: float, error: str) -> bool:
+        """Give the lease back after a transient failure; nobody may claim before `retry_in_s`."""
+        with self.engine.begin() as conn:
+            return conn.execute(
+                update(C).where(C.c.exam == claim.exam, C.c.chapter_id == claim.chapter_id,
+                                C.c.lease_owner == claim.owner,
+                                C.c.state == ChapterState.running.value)
+                .values(state=ChapterState.pending.value, lease_owner=None,
+                        lease_expires_at=None, not_before_at=self._now + retry_in_s,
+                        last_error=error[:1000], last_error_at=self._now, updated_at=self._now)
+            ).rowcount == 1
+
+    def fail(self, claim: Claimed, error: str, *, pause_exam_after: int | None = None) -> None:
+        """Fail the chapter now. With `pause_exam_after`, count an auth failure against the exam
+        and pause it when that many happened in a row."""
+        with self.engine.begin() as conn:
+            conn.execute(
+                update(C).where(C.c.exam == claim.exam, C.c.chapter_id == claim.chapter_id,
+                                C.c.lease_owner == claim.owner)
+                .values(state=ChapterState.failed.value, lease_owner=None,
+                        lease_expires_at=None, last_error=error[:1000],
+                        last_error_at=self._now, updated_at=self._now))
+            if pause_exam_after is not None:
+                failures = E.c.auth_failures + 1
+                conn.execute(update(E).where(E.c.slug == claim.exam).values(
+                    auth_failures=failures,
+                    state=case((failures >= pause_exam_after, ExamState.paused.value),
+                               else_=E.c.state),
+                    pause_reason=case((failures >= pause_exam_after, error[:500]),
+                                      else_=E.c.pause_reason),
+                    updated_at=self._now))
+
+    # ------------------------------------------------------------ reading
+    @staticmethod
+    def _stored(conn: Connection, slug: str, chapter_id: str) -> int:
+        return conn.execute(select(func.count()).select_from(Q).where(
+            Q.c.exam == slug, Q.c.chapter_id == chapter_id)).scalar_one()
+
+    @staticmethod
+    def _require_exam(conn: Connection, slug: str) -> None:
+        from examforge.errors import UnknownExam
+
+        if conn.execute(select(E.c.slug).where(E.c.slug == slug)).first() is None:
+            raise UnknownExam(f"unknown exam {slug!r}: not in the database (run enqueue first)")
+
+    def exam_exists(self, slug: str) -> bool:
+        with self.engine.connect() as conn:
+            return conn.execute(select(E.c.slug).where(E.c.slug == slug)).first() is not None
+
+    def status(self, slug: str) -> dict[str, object]:
+        """The whole picture of one exam, from the database alone."""
+        with self.engine.connect() as conn:
+            self._require_exam(conn, slug)
+            exam = conn.execute(select(E, self._now.label("now")).where(E.c.slug == slug)).one()
+            stored = dict(conn.execute(
+                select(Q.c.chapter_id, func.count()).where(Q.c.exam == slug)
+                .group_by(Q.c.chapter_id)).all())
+            usage_rows = conn.execute(
+                select(K.c.chapter_id, K.c.outcome, func.count(),
+                       func.coalesce(func.sum(K.c.prompt_tokens), 0),
+                       func.coalesce(func.sum(K.c.completion_tokens), 0),
+                       func.coalesce(func.sum(K.c.cost_usd), 0.0))
+                .where(K.c.exam == slug).group_by(K.c.chapter_id, K.c.outcome)).all()
+            chapters = conn.execute(select(C).where(C.c.exam == slug)
+                                    .order_by(C.c.position)).all()
+        usage = {"calls": 0, "prompt_tokens": 0, "completion_tokens": 0, "cost_usd": 0.0,
+                 "calls_by_outcome": {o.value: 0 for o in CallOutcome}}
+        calls_by_chapter: dict[str, int] = {}
+        for chapter_id, outcome, n, p, c, cost in usage_rows:
+            usage["calls"] += n
+            usage["prompt_tokens"] += int(p)
+            usage["completion_tokens"] += int(c)
+            usage["cost_usd"] += float(cost)
+            usage["calls_by_outcome"][outcome] = usage["calls_by_outcome"].get(outcome, 0) + n
+            calls_by_chapter[chapter_id] = calls_by_chapter.get(chapter_id, 0) + n
+        usage["cost_usd"] = round(usage["cost_usd"], 6)
+        counts = {s.value: 0 for s in ChapterState}
+        listed = []
+        for ch in chapters:
+            state = ch.state
+            if state == ChapterState.running.value and not (
+                    ch.lease_owner and (ch.lease_expires_at or 0) > exam.now):
+                state = ChapterState.pending.value
+            counts[state] += 1
+            listed.append({
+                "id": ch.chapter_id, "title": ch.title, "state": state,
+                "questions": {"target": ch.target, "done": min(stored.get(ch.chapter_id, 0),
+                                                               ch.target)},
+                "attempts": ch.attempts, "attempts_since_progress": ch.attempts_since_progress,
+                "calls": calls_by_chapter.get(ch.chapter_id, 0),
+                "last_error": ch.last_error, "last_error_at": ch.last_error_at,
+                "lease_owner": ch.lease_owner if state == ChapterState.running.value else None,
+            })
+        return {
+            "exam": slug, "title": exam.title, "state": exam.state,
+            "pause_reason": exam.pause_reason,
+            "chapters": {"total": len(chapters), **counts},
+            "questions": {"target": sum(c["questions"]["target"] for c in listed),
+                          "done": sum(c["questions"]["done"] for c in listed)},
+            "usage": usage, "chapter_list": listed,
+        }
+
+    def questions(self, slug: str) -> list[dict[str, object]]:
+        """Every stored question of the exam, in syllabus order, up to each chapter's target."""
+        with self.engine.connect() as conn:
+            self._require_exam(conn, slug)
+            rows = conn.execute(
+                select(Q, C.c.position).join(C, and_(C.c.exam == Q.c.exam,
+                                                     C.c.chapter_id == Q.c.chapter_id))
+                .where(Q.c.exam == slug, Q.c.number <= C.c.target)
+                .order_by(C.c.position, Q.c.number)).all()
+        return [{"exam": r.exam, "chapter_id": r.chapter_id, "number": r.number,
+                 "question": r.question, "choices": json.loads(r.choices),
+                 "answer_index": r.answer_index, "explanation": r.explanation,
+                 "model": r.model, "created_at": r.created_at} for r in rows]
+
+    def orphans(self, grace_s: float, epoch: str | None) -> list[tuple[str, str]]:
+        """Chapters that need work but that no message will bring to a worker.
+
+        A chapter is orphaned when it is pending with no live lease, its backoff (if any)
+        ended more than `grace_s` ago, and either its message was consumed by a worker that
+        then vanished (picked after its last enqueue), or the broker
+        lost its message (the broker's epoch changed since it was enqueued). Chapters never
+        enqueued (a changed chapter awaiting --regenerate) are left alone.
+        """
+        now = self._now
+        lost = [and_(C.c.picked_at.is_not(None), C.c.picked_at >= C.c.enqueued_at,
+                     func.coalesce(C.c.lease_expires_at, C.c.picked_at) <= now - grace_s)]
+        if epoch is not None:
+            lost.append(or_(C.c.enqueue_epoch.is_(None), C.c.enqueue_epoch != epoch))
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                select(C.c.exam, C.c.chapter_id).join(E, E.c.slug == C.c.exam)
+                .where(
+                    E.c.state == ExamState.active.value,
+                    C.c.state.in_(ACTIVE_STATES),
+                    C.c.enqueued_at.is_not(None),  # never enqueued: left out on purpose
+                    or_(C.c.lease_owner.is_(None), C.c.lease_expires_at <= now - grace_s),
+                    or_(C.c.not_before_at.is_(None), C.c.not_before_at <= now - grace_s),
+                    or_(*lost),
+                )
+                .order_by(C.c.exam, C.c.position)).all()
+        return [(r.exam, r.chapter_id) for r in rows]
+
+    def fail_capped(self, max_attempts: int) -> int:
+        """Fail chapters that reached their attempt cap without progress."""
+        with self.engine.begin() as conn:
+            return conn.execute(
+                update(C).where(C.c.state.in_(ACTIVE_STATES),
+                                C.c.attempts_since_progress >= max_attempts,
+                                or_(C.c.lease_owner.is_(None),
+                                    C.c.lease_expires_at <= self._now))
+                .values(state=ChapterState.failed.value, lease_owner=None,
+                        lease_expires_at=None, updated_at=self._now, last_error_at=self._now,
+                        last_error=func.coalesce(C.c.last_error, "") + " [attempt cap reached]")
+            ).rowcount

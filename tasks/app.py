@@ -1,0 +1,97 @@
+"""Thin Celery tasks: unpack arguments, call the plain function, turn its result into Celery's
+retry mechanism. All the logic is in `examforge.pipeline` and `examforge.reconcile`."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from celery import Celery
+from celery.signals import setup_logging, worker_ready
+from sqlalchemy.exc import OperationalError, InterfaceError
+
+from examforge.errors import DatabaseUnavailable
+from examforge.pipeline import Runtime, process_chapter
+from examforge.settings import Settings, load_settings
+
+from tasks.config import celery_config
+
+log = logging.getLogger("examforge.tasks")
+
+app = Celery("examforge")
+app.conf.update(celery_config(load_settings()))
+
+_runtime: Runtime | None = None
+_runtime_lock = threading.Lock()
+
+
+def task_id(exam: str, chapter_id: str) -> str:
+    """The deterministic task id of a chapter (slug and id are both [a-z0-9-])."""
+    return f"examforge:{exam}:{chapter_id}"
+
+
+def runtime() -> Runtime:
+    """The worker's runtime, built once per process on first use (threads share it)."""
+    global _runtime
+    with _runtime_lock:
+        if _runtime is None:
+            _runtime = build_runtime(load_settings())
+        return _runtime
+
+
+def build_runtime(settings: Settings) -> Runtime:
+    from storage import Store, connect, migrate
+
+    engine = connect(settings.database_url)
+    migrate(engine)
+    return Runtime.build(settings, Store(engine))
+
+
+def set_runtime(rt: Runtime | None) -> None:
+    """For tests and embedded mode: use this runtime instead of building one."""
+    global _runtime
+    with _runtime_lock:
+        _runtime = rt
+
+
+@app.task(
+    bind=True,
+    name="examforge.generate_chapter",
+    acks_late=True,
+    max_retries=None,  # attempts are counted and capped in the database, which survives
+    # Database hiccups are transient too; Celery's own backoff handles them.
+    autoretry_for=(OperationalError, InterfaceError, DatabaseUnavailable),
+    retry_backoff=2,
+    retry_backoff_max=60,
+    retry_jitter=True,
+)
+def generate_chapter(self, exam: str, chapter_id: str) -> dict[str, object]:  # type: ignore[no-untyped-def]
+    result = process_chapter(runtime(), exam, chapter_id)
+    if result.outcome == "retry":
+        # Not autoretry_for: the countdown must honour Retry-After and the lease expiry, which
+        # the plain function computed. Same task id, a new message; ours is acked on return.
+        raise self.retry(countdown=result.retry_in_s, exc=None)
+    return {"outcome": result.outcome, "detail": result.detail, "calls": result.calls}
+
+
+@app.task(name="examforge.reconcile", ignore_result=True)
+def reconcile() -> dict[str, int]:
+    from tasks.reconcile import reconcile_once
+
+    return reconcile_once(runtime().settings, runtime().store, app)
+
+
+@worker_ready.connect
+def _reconcile_on_start(sender=None, **_):  # type: ignore[no-untyped-def]
+    # A worker that starts after a crash or a broker wipe should not wait for beat.
+    try:
+        reconcile.delay()
+    except Exception as exc:  # never stop a worker from starting over this
+        log.warning("initial reconcile not sent: %s", exc)
+
+
+@setup_logging.connect
+def _setup_logging(loglevel=None, **_):  # type: ignore[no-untyped-def]
+    from examforge.logs import setup_logging as configure
+
+    configure(loglevel or "INFO")

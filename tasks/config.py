@@ -1,0 +1,54 @@
+"""Celery settings that decide whether work is lost or duplicated (see RELIABILITY.md)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from examforge.settings import Settings
+
+
+def celery_config(settings: Settings) -> dict[str, Any]:
+    transport = {
+        # Redis redelivers an unacked message after this long, even while its first copy still
+        # runs; leases in the database are the real gate, so keep it long and the same in all
+        # three places (celery/celery#7651), and keep retry countdowns far below it.
+        "visibility_timeout": settings.visibility_timeout_s,
+        "socket_connect_timeout": 5,
+        "socket_timeout": 30,
+        "socket_keepalive": True,
+        "health_check_interval": 10,
+    }
+    return {
+        "broker_url": settings.broker_url,
+        "broker_transport_options": transport,
+        "result_backend_transport_options": transport,
+        "visibility_timeout": settings.visibility_timeout_s,
+        "broker_connection_retry_on_startup": True,
+        # The database is the durable record of outcomes; no result backend to keep in sync.
+        "task_ignore_result": True,
+        "task_default_queue": settings.task_queue,
+        # JSON only: pickle over a reachable broker is remote code execution.
+        "task_serializer": "json",
+        "result_serializer": "json",
+        "accept_content": ["json"],
+        "event_serializer": "json",
+        # Ack after the task returns; a killed worker's message goes back to the queue.
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        "worker_prefetch_multiplier": 1,
+        # A broker outage while late-ack tasks run would otherwise run them twice (#4671).
+        "worker_cancel_long_running_tasks_on_connection_loss": True,
+        # SIGTERM: let running calls finish, then hand the rest back (Celery >= 5.5).
+        "worker_soft_shutdown_timeout": settings.worker_soft_shutdown_s,
+        "worker_enable_soft_shutdown_on_idle": True,
+        # Flower sees chapter tasks with no extra flags.
+        "worker_send_task_events": True,
+        "task_send_sent_event": True,
+        "task_track_started": True,
+        "worker_hijack_root_logger": False,
+        "beat_schedule": {
+            "reconcile": {"task": "examforge.reconcile",
+                          "schedule": settings.reconcile_interval_s,
+                          "options": {"expires": settings.reconcile_interval_s}},
+        },
+    }

@@ -1,0 +1,117 @@
+"""Shared fixtures. Three tiers: tests/unit (SQLite, fakeredis, httpx.MockTransport),
+tests/integration (the machine's real Redis and PostgreSQL), tests/e2e (the real CLI and
+worker processes against the mock server, killed with real signals).
+
+Real services are required in CI (CI=true): a missing one fails the run. Locally a missing
+service skips its tests with the reason."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import uuid
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+PG_ADMIN_URL = os.environ.get("EXAMFORGE_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
+REDIS_TEST_URL = os.environ.get("EXAMFORGE_TEST_REDIS", "redis://127.0.0.1:6379/9")
+
+
+def _service_missing(what: str, reason: str) -> None:
+    message = f"{what} is not reachable ({reason})"
+    if os.environ.get("CI"):
+        pytest.fail(message + ": integration tests must run in CI", pytrace=False)
+    pytest.skip(message)
+
+
+def _port_open(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'examforge.db'}"
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    """A fresh, empty PostgreSQL database for one test, dropped afterwards."""
+    import psycopg
+
+    if not _port_open("127.0.0.1", 5432):
+        _service_missing("PostgreSQL at 127.0.0.1:5432", "connection refused")
+    name = f"ef_test_{uuid.uuid4().hex[:12]}"
+    admin = PG_ADMIN_URL
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    base = admin.rsplit("/", 1)[0]
+    yield f"{base}/{name}"
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """Both databases, for tests whose behaviour must be the same on each."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'examforge.db'}"
+    return request.getfixturevalue("pg_url")
+
+
+@pytest.fixture
+def redis_url() -> str:
+    """The machine's real Redis, database 9, emptied for the test."""
+    import redis
+
+    client = redis.Redis.from_url(REDIS_TEST_URL, socket_connect_timeout=2)
+    try:
+        client.ping()
+    except redis.RedisError as exc:
+        _service_missing("Redis at 127.0.0.1:6379", str(exc))
+    client.flushdb()
+    return REDIS_TEST_URL
+
+
+@pytest.fixture
+def mock_llm() -> Iterator[Any]:
+    """The project's mock model server, in this process, on a free port."""
+    from examforge.mockllm import MockConfig, MockServer
+
+    server = MockServer(MockConfig(latency_s=0.01))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def make_settings(tmp_path: Path) -> Callable[..., Any]:
+    """Settings built directly (no environment), with fast timings for tests."""
+    from examforge.settings import Settings
+
+    def make(**overrides: Any) -> Any:
+        base: dict[str, Any] = {
+            "database_url": f"sqlite:///{tmp_path / 'examforge.db'}",
+            "broker_url": "redis://127.0.0.1:6379/9",
+            "exams_dir": tmp_path / "exams",
+            "llm_base_url": "http://mock.invalid/v1",
+            "llm_api_key": "sk-test",
+            "questions_per_call": 5,
+            "lease_s": 8.0,
+            "retry_base_s": 0.05,
+            "retry_max_s": 0.5,
+            "llm_timeout_s": 5.0,
+        }
+        base.update(overrides)
+        return Settings(_env_file=None, **base)
+
+    return make
