@@ -1,0 +1,207 @@
+"""process_chapter: claim, call, validate, commit, against a scripted fake provider."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import httpx
+import pytest
+from fakellm import FakeLLM, question, reply
+
+from examforge.llm import LLMClient
+from examforge.pipeline import Runtime, process_chapter
+from examforge.syllabus import load_syllabus
+from helpers import write_syllabus
+from storage import Store, connect, migrate
+
+
+@pytest.fixture
+def env(make_settings, tmp_path):
+    def build(chapters=(("a", 12),), **overrides):
+        settings = make_settings(**overrides)
+        path = write_syllabus(settings.exams_dir, "ex", list(chapters))
+        engine = connect(settings.database_url)
+        migrate(engine)
+        store = Store(engine)
+        store.sync_exam("ex", load_syllabus(path, max_questions=1000))
+        fake = FakeLLM()
+        rt = Runtime.build(settings, store, LLMClient(settings, transport=fake.transport()))
+        return rt, fake
+
+    return build
+
+
+def _status(rt):
+    return rt.store.status("ex")
+
+
+def test_a_chapter_takes_exactly_the_calls_its_questions_need(env):
+    rt, fake = env([("a", 12), ("b", 5)])
+    assert process_chapter(rt, "ex", "a").outcome == "done"
+    assert process_chapter(rt, "ex", "b").outcome == "done"
+    assert fake.calls == 3 + 1  # ceil(12 / 5) + ceil(5 / 5)
+    report = _status(rt)
+    assert report["questions"] == {"target": 17, "done": 17}
+    assert report["usage"]["calls"] == 4
+    assert report["usage"]["prompt_tokens"] == 400 and report["usage"]["completion_tokens"] == 200
+
+
+def test_the_user_message_names_chapter_and_count(env):
+    rt, fake = env([("a", 7)])
+    process_chapter(rt, "ex", "a")
+    user = fake.requests[-1]["messages"][-1]["content"]
+    assert "Chapter id: a" in user and "Chapter title: Chapter a" in user
+    assert "Number of questions: 2" in user  # the second call asks only for what is missing
+    assert fake.requests[0]["response_format"] == {"type": "json_object"}
+
+
+def test_a_short_reply_is_kept_and_the_rest_asked_for(env):
+    rt, fake = env([("a", 5)])
+    fake.script = [lambda req, n: reply(json.dumps({"questions": [question(900), question(901)]}))]
+    assert process_chapter(rt, "ex", "a").outcome == "done"
+    assert fake.calls == 2
+    assert "Number of questions: 3" in fake.requests[1]["messages"][-1]["content"]
+
+
+def test_extras_are_dropped(env):
+    rt, fake = env([("a", 5)])
+    fake.script = [lambda req, n: reply(json.dumps(
+        {"questions": [question(i) for i in range(900, 912)]}))]
+    assert process_chapter(rt, "ex", "a").outcome == "done"
+    assert fake.calls == 1 and _status(rt)["questions"]["done"] == 5
+    assert len(rt.store.questions("ex")) == 5
+
+
+def test_transient_error_releases_with_backoff_and_honours_retry_after(env):
+    rt, fake = env([("a", 5)], retry_base_s=0.01)
+    fake.script = [lambda req, n: httpx.Response(429, headers={"Retry-After": "2"},
+                                                 json={"error": {"message": "slow down"}})]
+    result = process_chapter(rt, "ex", "a")
+    assert result.outcome == "retry" and result.retry_in_s >= 2.0
+    # A duplicate delivery arriving early makes no call: the backoff lives in the database.
+    early = process_chapter(rt, "ex", "a")
+    assert early.outcome == "retry" and "backoff" in early.detail
+    assert fake.calls == 1
+    report = _status(rt)
+    assert report["usage"]["calls_by_outcome"]["failed"] == 1
+    assert "429" in report["chapter_list"][0]["last_error"]
+
+
+@pytest.mark.parametrize("status", [400, 404, 422])
+def test_permanent_errors_fail_the_chapter_at_once(env, status):
+    rt, fake = env([("a", 5)])
+    fake.script = [lambda req, n: httpx.Response(status, json={"error": "bad request"})]
+    result = process_chapter(rt, "ex", "a")
+    assert result.outcome == "failed" and "permanent" in result.detail
+    assert fake.calls == 1
+    assert process_chapter(rt, "ex", "a").outcome == "skipped"
+    assert fake.calls == 1
+
+
+def test_a_rejected_api_key_fails_the_chapter_and_pauses_the_exam(env):
+    rt, fake = env([("a", 5), ("b", 5), ("c", 5)])
+    fake.script = [lambda req, n: httpx.Response(401, json={"error": {"message": "bad key"}})]
+    assert process_chapter(rt, "ex", "a").outcome == "failed"
+    # The other chapters make no call while the exam is paused.
+    assert process_chapter(rt, "ex", "b").outcome == "skipped"
+    assert process_chapter(rt, "ex", "c").outcome == "skipped"
+    assert fake.calls == 1
+    report = _status(rt)
+    assert report["state"] == "paused"
+    assert "sk-test" not in json.dumps(report)  # the key never reaches the database
+    assert rt.store.resume("ex") == ["a", "b", "c"]
+    for chapter in "abc":
+        assert process_chapter(rt, "ex", chapter).outcome == "done"
+
+
+@pytest.mark.parametrize("bad", [
+    lambda req, n: reply("Sure! {\"questions\": ["),
+    lambda req, n: reply('{"questions": [', finish_reason="length"),
+    lambda req, n: reply(""),
+    lambda req, n: reply("I'm sorry, but I can't help with that."),
+    lambda req, n: reply(json.dumps({"items": []})),
+    lambda req, n: reply(json.dumps({"questions": [{**question(1), "choices": ["a", "b"]}]})),
+    lambda req, n: reply(json.dumps({"questions": [{**question(1), "answer_index": 7}]})),
+], ids=["malformed", "truncated", "empty", "refusal", "wrong_schema", "bad_choices", "bad_index"])
+def test_invalid_output_is_never_stored_and_re_asked_a_bounded_number_of_times(env, bad):
+    rt, fake = env([("a", 5)], max_reasks=2)
+    fake.script = [bad] * 10
+    result = process_chapter(rt, "ex", "a")
+    assert result.outcome == "failed" and "invalid output" in result.detail
+    assert fake.calls == 3  # the first ask and two re-asks
+    report = _status(rt)
+    assert report["questions"]["done"] == 0
+    assert report["usage"]["calls_by_outcome"]["wasted"] == 3
+    assert report["usage"]["completion_tokens"] == 150  # wasted tokens are still counted
+
+
+def test_one_invalid_reply_is_re_asked_then_the_chapter_completes(env):
+    rt, fake = env([("a", 5)])
+    fake.script = [lambda req, n: reply("```json\n" + json.dumps(
+        {"questions": [question(i) for i in range(800, 805)]}) + "\n```")]
+    assert process_chapter(rt, "ex", "a").outcome == "done"  # fenced JSON is fine
+    rt2, fake2 = env([("b", 5)])
+    fake2.script = [lambda req, n: reply("not json")]
+    assert process_chapter(rt2, "ex", "b").outcome == "done"
+    assert fake2.calls == 2
+
+
+def test_duplicate_questions_across_calls_are_asked_again(env):
+    rt, fake = env([("a", 10)])
+    same = [question(i) for i in range(700, 705)]
+    fake.script = [lambda req, n: reply(json.dumps({"questions": same}))] * 2
+    assert process_chapter(rt, "ex", "a").outcome == "done"
+    texts = [q["question"] for q in rt.store.questions("ex")]
+    assert len(texts) == 10 and len(set(texts)) == 10
+    assert fake.calls == 3
+
+
+def test_a_second_delivery_while_the_first_runs_makes_no_call(env):
+    rt, fake = env([("a", 10)])
+    started, release = threading.Event(), threading.Event()
+
+    def slow(req, n):
+        started.set()
+        release.wait(10)
+        return fake.valid(n, "a")
+
+    fake.script = [slow]
+    first: list[object] = []
+    worker = threading.Thread(target=lambda: first.append(process_chapter(rt, "ex", "a")))
+    worker.start()
+    assert started.wait(5)
+    second = process_chapter(rt, "ex", "a")
+    assert second.outcome == "retry" and "busy" in second.detail
+    assert 0 < second.retry_in_s <= rt.settings.lease_s + 1
+    release.set()
+    worker.join(10)
+    assert first[0].outcome == "done"
+    assert fake.calls == 2
+    assert process_chapter(rt, "ex", "a").outcome == "skipped"
+
+
+def test_heartbeat_keeps_the_lease_through_a_call_longer_than_several_ttls(env):
+    rt, fake = env([("a", 5)], lease_s=0.8, heartbeat_s=0.2)
+    fake.script = [lambda req, n: (time.sleep(2.5), fake.valid(n, "a"))[1]]
+    assert process_chapter(rt, "ex", "a").outcome == "done"
+    assert _status(rt)["questions"]["done"] == 5
+
+
+def test_without_heartbeat_a_long_call_loses_the_lease_and_its_result(env):
+    rt, fake = env([("a", 5)], lease_s=0.8, heartbeat_s=0.2)
+    rt.keeper.hold = lambda owner: threading.Event()  # a worker that never renews
+    taken: list[object] = []
+
+    def slow(req, n):
+        time.sleep(1.2)
+        taken.append(rt.store.claim("ex", "a", "thief", 30.0, 8))
+        return fake.valid(n, "a")
+
+    fake.script = [slow]
+    result = process_chapter(rt, "ex", "a")
+    assert result.outcome == "lost"
+    report = _status(rt)
+    assert report["questions"]["done"] == 0
+    assert report["usage"]["calls_by_outcome"]["wasted"] == 1
