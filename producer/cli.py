@@ -99,8 +99,8 @@ def status(slug: str, as_json: bool) -> None:
     """Progress, usage and errors of an exam, from the database alone."""
     settings = _settings()
     report = _store(settings).status(slug)
-    report["chapters"]["list"] = [  # type: ignore[index]
-        {**c, "last_error_at": _when(c["last_error_at"])} for c in report.pop("chapter_list")  # type: ignore[attr-defined]
+    report["chapter_list"] = [
+        {**c, "last_error_at": _when(c["last_error_at"])} for c in report["chapter_list"]  # type: ignore[attr-defined]
     ]
     if as_json:
         click.echo(json.dumps(report, ensure_ascii=False))
@@ -109,19 +109,18 @@ def status(slug: str, as_json: bool) -> None:
     table = Table(title=f"{report['title']} ({slug}) — {report['state']}")
     for col in ("chapter", "state", "questions", "attempts", "calls", "last error"):
         table.add_column(col)
-    for c in ch["list"]:  # type: ignore[index]
+    for c in report["chapter_list"]:  # type: ignore[attr-defined]
         table.add_row(c["id"], c["state"], f"{c['questions']['done']}/{c['questions']['target']}",
                       str(c["attempts"]), str(c["calls"]),
                       (f"{c['last_error_at']} {c['last_error']}" if c["last_error"] else ""))
     out.print(table)
-    by = u["calls_by_outcome"]  # type: ignore[index]
     out.print(f"chapters: {ch['done']}/{ch['total']} done, {ch['running']} running, "  # type: ignore[index]
               f"{ch['pending']} pending, {ch['failed']} failed, {ch['cancelled']} cancelled")  # type: ignore[index]
     out.print(f"questions: {q['done']}/{q['target']}")  # type: ignore[index]
-    out.print(f"calls: {u['calls']} (used {by.get('used', 0)}, wasted {by.get('wasted', 0)}, "  # type: ignore[index]
-              f"failed {by.get('failed', 0)}, in flight {by.get('in_flight', 0)}); "
+    out.print(f"calls: {u['calls']} (used {u['calls_used']}, wasted {u['calls_wasted']}, "  # type: ignore[index]
+              f"failed {u['calls_failed']}, in flight {u['calls_in_flight']}); "  # type: ignore[index]
               f"tokens: {u['prompt_tokens']} prompt + {u['completion_tokens']} completion; "  # type: ignore[index]
-              f"cost: ${u['cost_usd']:.4f}")  # type: ignore[index]
+              f"cost: ${report['cost_usd']:.4f}")
     if report["state"] == "paused":
         out.print(f"[bold red]paused:[/] {report['pause_reason']} — "
                   f"resume with: python -m producer resume {slug}")

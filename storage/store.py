@@ -405,17 +405,17 @@ class Store:
                 .where(K.c.exam == slug).group_by(K.c.chapter_id, K.c.outcome)).all()
             chapters = conn.execute(select(C).where(C.c.exam == slug)
                                     .order_by(C.c.position)).all()
-        usage = {"calls": 0, "prompt_tokens": 0, "completion_tokens": 0, "cost_usd": 0.0,
-                 "calls_by_outcome": {o.value: 0 for o in CallOutcome}}
+        usage = {"calls": 0, "prompt_tokens": 0, "completion_tokens": 0,
+                 **{f"calls_{o.value}": 0 for o in CallOutcome}}
+        cost_usd = 0.0
         calls_by_chapter: dict[str, int] = {}
         for chapter_id, outcome, n, p, c, cost in usage_rows:
             usage["calls"] += n
             usage["prompt_tokens"] += int(p)
             usage["completion_tokens"] += int(c)
-            usage["cost_usd"] += float(cost)
-            usage["calls_by_outcome"][outcome] = usage["calls_by_outcome"].get(outcome, 0) + n
+            usage[f"calls_{outcome}"] = usage.get(f"calls_{outcome}", 0) + n
+            cost_usd += float(cost)
             calls_by_chapter[chapter_id] = calls_by_chapter.get(chapter_id, 0) + n
-        usage["cost_usd"] = round(usage["cost_usd"], 6)
         counts = {s.value: 0 for s in ChapterState}
         listed = []
         for ch in chapters:
@@ -439,7 +439,7 @@ class Store:
             "chapters": {"total": len(chapters), **counts},
             "questions": {"target": sum(c["questions"]["target"] for c in listed),
                           "done": sum(c["questions"]["done"] for c in listed)},
-            "usage": usage, "chapter_list": listed,
+            "usage": usage, "cost_usd": round(cost_usd, 6), "chapter_list": listed,
         }
 
     def questions(self, slug: str) -> list[dict[str, object]]:

@@ -83,9 +83,12 @@ def reconcile() -> dict[str, int]:
 
 @worker_ready.connect
 def _reconcile_on_start(sender=None, **_):  # type: ignore[no-untyped-def]
-    # A worker that starts after a crash or a broker wipe should not wait for beat.
+    # A worker started after a crash or a broker wipe should not depend on beat running: one
+    # pass now, and one when the dead worker's leases must have expired.
+    settings = load_settings()
     try:
-        reconcile.delay()
+        reconcile.apply_async()
+        reconcile.apply_async(countdown=settings.lease_s + 2 * settings.heartbeat_interval_s)
     except Exception as exc:  # never stop a worker from starting over this
         log.warning("initial reconcile not sent: %s", exc)
 

@@ -1,0 +1,148 @@
+"""Run the real CLI and real Celery worker processes against the mock model server."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from helpers import wait_for, write_syllabus
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class Deployment:
+    """One exam deployment: a working directory, its environment, and its processes."""
+
+    workdir: Path
+    env: dict[str, str]
+    mock: Any
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    _store: Any = None
+
+    @classmethod
+    def create(cls, tmp_path: Path, database_url: str, broker_url: str, mock: Any,
+               **settings: Any) -> "Deployment":
+        env = {k: v for k, v in os.environ.items() if not k.startswith(
+            ("BROKER_", "DATABASE_", "LLM_", "EXAMS_", "LEASE_", "QUESTIONS_"))}
+        env.update({
+            "PYTHONPATH": str(ROOT),
+            "PYTHONUNBUFFERED": "1",
+            "BROKER_URL": broker_url,
+            "DATABASE_URL": database_url,
+            "LLM_BASE_URL": mock.base_url,
+            "LLM_API_KEY": "sk-e2e",
+            "LLM_TIMEOUT_S": "3",
+            "EXAMS_DIR": str(tmp_path / "exams"),
+            "QUESTIONS_PER_CALL": "5",
+            "LEASE_S": "4",
+            "RETRY_BASE_S": "0.2",
+            "RETRY_MAX_S": "2",
+            "RECONCILE_INTERVAL_S": "2",
+            "WORKER_SOFT_SHUTDOWN_S": "5",
+            "TASK_QUEUE": f"ef-{uuid.uuid4().hex[:8]}",
+        })
+        env.update({k.upper(): str(v) for k, v in settings.items()})
+        return cls(tmp_path, env, mock)
+
+    def syllabus(self, slug: str, chapters: list[tuple[str, int]] | dict[str, Any]) -> Path:
+        return write_syllabus(Path(self.env["EXAMS_DIR"]), slug, chapters)
+
+    def cli(self, *args: str, timeout: float = 60, **env: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "producer", *args], cwd=self.workdir,
+                              env={**self.env, **env}, capture_output=True, text=True,
+                              timeout=timeout)
+
+    def spawn_cli(self, *args: str, **env: str) -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen([sys.executable, "-m", "producer", *args], cwd=self.workdir,
+                                env={**self.env, **env}, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT)
+        self.procs.append(proc)
+        return proc
+
+    def worker(self, concurrency: int = 8, *extra: str, **env: str) -> subprocess.Popen[bytes]:
+        name = f"w{len(self.procs)}-{uuid.uuid4().hex[:6]}@%h"
+        log = open(self.workdir / f"worker-{len(self.procs)}.log", "wb")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "tasks", "worker", "-P", "threads",
+             "-c", str(concurrency), "-n", name, "--loglevel", "INFO", "--without-mingle",
+             "--without-gossip", *extra],
+            cwd=self.workdir, env={**self.env, **env}, stdout=log, stderr=subprocess.STDOUT)
+        self.procs.append(proc)
+        return proc
+
+    def kill(self, proc: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> None:
+        proc.send_signal(sig)
+        if sig in (signal.SIGKILL, signal.SIGTERM):
+            proc.wait(timeout=60)
+
+    def stop_all(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)
+                proc.kill()
+                proc.wait(timeout=30)
+        if self._store is not None:
+            self._store.engine.dispose()
+
+    @property
+    def store(self) -> Any:
+        if self._store is None:
+            from examforge.settings import normalise_database_url
+            from storage import Store, connect, migrate
+
+            engine = connect(normalise_database_url(self.env["DATABASE_URL"]), pool_size=2)
+            migrate(engine)  # safe beside the processes doing the same
+            self._store = Store(engine)
+        return self._store
+
+    def status(self, slug: str) -> dict[str, Any]:
+        return self.store.status(slug)
+
+    def wait_done(self, slug: str, timeout_s: float = 120) -> dict[str, Any]:
+        def finished() -> dict[str, Any] | None:
+            report = self.status(slug)
+            ch = report["chapters"]
+            return report if ch["done"] + ch["failed"] + ch["cancelled"] == ch["total"] else None
+
+        return wait_for(finished, timeout_s, f"exam {slug} to finish", interval_s=0.3)
+
+    def worker_logs(self) -> str:
+        return "\n".join(p.read_text(errors="replace")[-4000:]
+                         for p in sorted(self.workdir.glob("worker-*.log")))
+
+    def calls(self, slug: str) -> list[dict[str, Any]]:
+        from sqlalchemy import select
+
+        from storage.store import K
+
+        with self.store.engine.connect() as conn:
+            return [dict(r._mapping) for r in conn.execute(
+                select(K).where(K.c.exam == slug).order_by(K.c.id))]
+
+
+def assert_stored_exactly_once(dep: Deployment, slug: str, targets: dict[str, int]) -> None:
+    """Every chapter holds numbers 1..target once, with no repeated question text."""
+    rows = dep.store.questions(slug)
+    by_chapter: dict[str, list[int]] = {}
+    for row in rows:
+        by_chapter.setdefault(row["chapter_id"], []).append(row["number"])
+    assert {c: sorted(n) for c, n in by_chapter.items()} == {
+        c: list(range(1, t + 1)) for c, t in targets.items()}
+    texts = [(r["chapter_id"], r["question"]) for r in rows]
+    assert len(texts) == len(set(texts))
+
+
+def used_batches(calls: list[dict[str, Any]]) -> list[tuple[str, int]]:
+    return [(c["chapter_id"], c["first_number"]) for c in calls if c["outcome"] == "used"]
+
+
+def dump(obj: Any) -> str:
+    return json.dumps(obj, indent=1, default=str)[:3000]

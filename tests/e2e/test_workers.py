@@ -1,0 +1,149 @@
+"""End to end: the real CLI, real Celery workers (threads pool), the mock provider, SIGKILL."""
+
+from __future__ import annotations
+
+import math
+import signal
+import time
+
+import pytest
+
+from harness import assert_stored_exactly_once, dump, used_batches
+from helpers import wait_for
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.mark.parametrize("database", ["sqlite", "postgres"])
+def test_whole_exam_with_two_workers_stores_each_question_once(deploy, mock, database):
+    dep = deploy(database)
+    chapters = [(f"ch-{i}", 12) for i in range(6)]
+    dep.syllabus("demo", chapters)
+    enq = dep.cli("enqueue", "demo")
+    assert enq.returncode == 0, enq.stderr
+    assert "6 enqueued, 0 skipped" in enq.stdout
+    dep.worker(4)
+    dep.worker(4)
+    report = dep.wait_done("demo", 90)
+    assert report["chapters"]["done"] == 6, dump(report)
+    assert_stored_exactly_once(dep, "demo", dict(chapters))
+    needed = 6 * math.ceil(12 / 5)
+    stats = mock.stats()
+    assert stats["calls_total"] == needed, dump(stats)
+    assert report["usage"]["calls"] == needed and report["usage"]["calls_used"] == needed
+    assert report["usage"]["completion_tokens"] > 0
+    # A second enqueue of a finished exam publishes nothing and calls nothing.
+    again = dep.cli("enqueue", "demo")
+    assert "0 enqueued, 6 skipped" in again.stdout
+    exported = dep.cli("export", "demo", "-o", "-")
+    assert exported.returncode == 0
+    assert len(exported.stdout.splitlines()) == 72
+    time.sleep(1)
+    assert mock.stats()["calls_total"] == needed
+
+
+def test_sigkill_mid_chapters_then_a_new_worker_completes_without_repeating_batches(deploy, mock):
+    mock.configure(latency_s=0.4)
+    dep = deploy("sqlite")
+    chapters = [(f"ch-{i}", 40) for i in range(4)]
+    dep.syllabus("demo", chapters)
+    assert dep.cli("enqueue", "demo").returncode == 0
+    victim = dep.worker(4)
+    wait_for(lambda: dep.status("demo")["questions"]["done"] >= 30, 60, "some batches committed")
+    dep.kill(victim, signal.SIGKILL)
+    before = used_batches(dep.calls("demo"))
+    in_flight_at_kill = dep.status("demo")["usage"]["calls_in_flight"]
+    assert 1 <= in_flight_at_kill <= 4
+    dep.worker(4)
+    report = dep.wait_done("demo", 90)
+    assert report["chapters"]["done"] == 4, dump(report) + dep.worker_logs()
+    assert_stored_exactly_once(dep, "demo", dict(chapters))
+    calls = dep.calls("demo")
+    after = used_batches(calls)
+    assert len(after) == len(set(after))  # no batch committed twice
+    assert set(before) <= set(after)
+    # Batches committed before the kill were never requested again.
+    for call in calls[len(before) + in_flight_at_kill:]:
+        assert (call["chapter_id"], call["first_number"]) not in before
+    # Paid calls thrown away: only those in flight at the kill, each explained.
+    wasted = [c for c in calls if c["outcome"] == "wasted"]
+    assert len(wasted) == in_flight_at_kill
+    assert all(c["reason"].startswith("crash_before_commit") for c in wasted)
+    assert mock.stats()["calls_total"] == len(calls)
+
+
+def test_a_task_delivered_twice_while_it_runs_makes_one_set_of_calls(deploy, mock):
+    mock.configure(latency_s=0.5)
+    dep = deploy("sqlite")
+    dep.syllabus("demo", [("only", 20)])
+    dep.worker(4)
+    for _ in range(3):  # the same chapter published three times, runs concurrently
+        assert dep.cli("enqueue", "demo").returncode == 0
+    report = dep.wait_done("demo", 60)
+    assert report["chapters"]["done"] == 1
+    stats = mock.stats()
+    assert stats["calls_total"] == 4, dump(stats)
+    assert max(stats["max_inflight_by_chapter"].values()) == 1
+    assert_stored_exactly_once(dep, "demo", {"only": 20})
+
+
+@pytest.mark.parametrize("database", ["sqlite", "postgres"])
+def test_two_concurrent_enqueues_before_any_worker_generate_each_chapter_once(
+        deploy, mock, database):
+    dep = deploy(database)
+    chapters = [(f"ch-{i}", 10) for i in range(8)]
+    dep.syllabus("demo", chapters)
+    first, second = dep.spawn_cli("enqueue", "demo"), dep.spawn_cli("enqueue", "demo")
+    assert first.wait(60) == 0 and second.wait(60) == 0, (
+        first.stdout.read(), second.stdout.read())  # type: ignore[union-attr]
+    dep.worker(8)
+    report = dep.wait_done("demo", 60)
+    assert report["chapters"]["done"] == 8
+    time.sleep(1.5)  # let the duplicate messages drain: they must be no-ops
+    stats = mock.stats()
+    assert stats["calls_by_chapter"] == {f"demo/ch-{i}": 2 for i in range(8)}, dump(stats)
+    assert_stored_exactly_once(dep, "demo", dict(chapters))
+
+
+def test_a_rejected_api_key_pauses_the_exam_and_resume_finishes_it(deploy, mock):
+    mock.configure(api_key="sk-right")
+    dep = deploy("sqlite")
+    dep.syllabus("demo", [(f"ch-{i}", 5) for i in range(6)])
+    assert dep.cli("enqueue", "demo").returncode == 0
+    bad = dep.worker(1)
+    wait_for(lambda: dep.status("demo")["state"] == "paused", 30, "the exam to pause")
+    time.sleep(2)
+    assert mock.stats()["calls_total"] == 1  # one 401, then no more attempts burnt
+    report = dep.status("demo")
+    assert report["chapters"]["failed"] == 1 and "401" in report["pause_reason"]
+    shown = dep.cli("status", "demo")
+    assert "paused" in shown.stdout and "resume" in shown.stdout
+    dep.kill(bad)
+    dep.env["LLM_API_KEY"] = "sk-right"
+    dep.worker(4)
+    resumed = dep.cli("resume", "demo")
+    assert resumed.returncode == 0, resumed.stderr
+    report = dep.wait_done("demo", 60)
+    assert report["chapters"]["done"] == 6, dump(report)
+
+
+def test_local_run_killed_and_run_again_resumes_without_repeating_committed_work(deploy, mock):
+    mock.configure(latency_s=0.4)
+    dep = deploy("sqlite", lease_s=3)
+    chapters = [(f"ch-{i}", 40) for i in range(4)]
+    dep.syllabus("demo", chapters)
+    run = dep.spawn_cli("run", "demo", "--concurrency", "4")
+    wait_for(lambda: dep.store.exam_exists("demo")
+             and dep.status("demo")["questions"]["done"] >= 30, 60, "progress")
+    run.kill()
+    run.wait(10)
+    before = used_batches(dep.calls("demo"))
+    in_flight = dep.status("demo")["usage"]["calls_in_flight"]
+    again = dep.cli("run", "demo", "--concurrency", "4", timeout=120)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "160/160 questions" in again.stdout
+    assert_stored_exactly_once(dep, "demo", dict(chapters))
+    calls = dep.calls("demo")
+    for call in calls[len(before) + in_flight:]:
+        assert (call["chapter_id"], call["first_number"]) not in before
+    assert len([c for c in calls if c["outcome"] == "wasted"]) == in_flight
