@@ -253,7 +253,8 @@ def main(argv: list[str] | None = None) -> int:
         err.print("aborted")
         return 130
     except click.ClickException as exc:
-        exc.show()
+        # One line, like every other user error (click's default adds a usage block).
+        err.print(f"error: {exc.format_message()}", markup=False, soft_wrap=True)
         return exc.exit_code
     except ExamforgeError as exc:
         err.print(f"error: {exc}", markup=False, soft_wrap=True)

@@ -1,0 +1,108 @@
+"""Bad input: one clear line on stderr, a non-zero exit, no traceback, nothing written or
+enqueued. Runs the real CLI in a subprocess."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import redis
+
+pytestmark = pytest.mark.e2e
+
+GOOD = {"title": "T", "chapters": [{"id": "a", "title": "A", "questions": 5}]}
+
+
+def _write(dep, slug, content: bytes | str | dict) -> None:
+    folder = dep.workdir / "exams" / slug
+    folder.mkdir(parents=True, exist_ok=True)
+    if isinstance(content, dict):
+        content = json.dumps(content)
+    data = content.encode() if isinstance(content, str) else content
+    (folder / "syllabus.json").write_bytes(data)
+
+
+def _assert_refused(dep, result, *needles: str, code: int = 2) -> None:
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == code, (result.returncode, result.stdout, result.stderr)
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: ")
+    assert "Traceback" not in result.stderr + result.stdout
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+    queue = redis.Redis.from_url(dep.env["BROKER_URL"])
+    assert queue.llen(dep.env["TASK_QUEUE"]) == 0
+    if dep.store.exam_exists("bad") or dep.store.exam_exists("exam"):
+        pytest.fail("an exam row was written for refused input")
+
+
+@pytest.mark.parametrize("name, content, needles", [
+    ("not-utf8", b'{"title": "\xff\xfe"}', ["syllabus.json", "not UTF-8"]),
+    ("malformed", '{"title": "T", "chapters": [', ["syllabus.json", "malformed JSON", "line 1"]),
+    ("no-chapters", {"title": "T", "chapters": []}, ["syllabus.json", "chapters"]),
+    ("dup-ids", {"title": "T", "chapters": [{"id": "a", "title": "A", "questions": 1},
+                                            {"id": "a", "title": "B", "questions": 1}]},
+     ["syllabus.json", "duplicate chapter id 'a'"]),
+    ("zero", {"title": "T", "chapters": [{"id": "a", "title": "A", "questions": 0}]},
+     ["syllabus.json", "chapters[0].questions"]),
+    ("negative", {"title": "T", "chapters": [{"id": "a", "title": "A", "questions": -3}]},
+     ["syllabus.json", "chapters[0].questions"]),
+    ("too-many", {"title": "T", "chapters": [{"id": "a", "title": "A", "questions": 10**7}]},
+     ["syllabus.json", "chapters[0].questions", "outside"]),
+    ("bad-chapter-id", {"title": "T", "chapters": [{"id": "../x", "title": "A",
+                                                    "questions": 1}]},
+     ["syllabus.json", "chapters[0].id"]),
+])
+def test_bad_syllabus_is_refused(deploy, name, content, needles):
+    dep = deploy()
+    _write(dep, "exam", content)
+    _assert_refused(dep, dep.cli("enqueue", "exam"), *needles)
+
+
+@pytest.mark.parametrize("slug", ["nope", "../etc", "a/b", "has space", "UPPER", "a..b"])
+def test_unknown_or_unsafe_slug_is_refused(deploy, slug):
+    dep = deploy()
+    _assert_refused(dep, dep.cli("enqueue", "--", slug))
+
+
+def test_a_slug_with_a_leading_dash_is_refused_in_one_line(deploy):
+    dep = deploy()
+    _assert_refused(dep, dep.cli("enqueue", "-rf"))
+    _assert_refused(dep, dep.cli("enqueue", "--", "-rf"), "must match")
+
+
+def test_missing_syllabus_file_is_refused(deploy):
+    dep = deploy()
+    (dep.workdir / "exams" / "exam").mkdir(parents=True)
+    _assert_refused(dep, dep.cli("enqueue", "exam"), "syllabus.json")
+
+
+def test_broker_down_fails_fast_and_writes_nothing(deploy):
+    dep = deploy()
+    _write(dep, "exam", GOOD)
+    started = time.monotonic()
+    result = dep.cli("enqueue", "exam", BROKER_URL="redis://127.0.0.1:1/0")
+    assert time.monotonic() - started < 15
+    _assert_refused(dep, result, "broker", "unreachable", code=3)
+
+
+def test_unreachable_database_is_one_line(deploy):
+    dep = deploy()
+    _write(dep, "exam", GOOD)
+    for command in (["enqueue", "exam"], ["status", "exam"], ["export", "exam"]):
+        result = dep.cli(*command, DATABASE_URL="postgresql://postgres@127.0.0.1:1/none")
+        _assert_refused(dep, result, "database", "unreachable", code=3)
+
+
+def test_invalid_setting_is_one_line(deploy):
+    dep = deploy()
+    _write(dep, "exam", GOOD)
+    result = dep.cli("enqueue", "exam", QUESTIONS_PER_CALL="lots")
+    _assert_refused(dep, result, "QUESTIONS_PER_CALL")
+
+
+def test_status_and_export_of_an_unknown_exam(deploy):
+    dep = deploy()
+    _assert_refused(dep, dep.cli("status", "ghost", "--json"), "ghost")
+    _assert_refused(dep, dep.cli("export", "ghost"), "ghost")
