@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import email.utils
+import math
 from datetime import datetime, timezone
 
 
@@ -22,7 +23,10 @@ def backoff_s(
     (clamped to `retry_after_max_s` so a hostile header cannot park work for days).
     """
     attempt = max(1, attempt)
-    step = min(max_s, base_s * (2 ** (attempt - 1)))
+    # Cap the exponent: past ~2**1023 the int no longer converts to float (OverflowError), and
+    # the step is long past max_s anyway. `attempt` counts every attempt of a chapter, so it can
+    # grow without bound on a big chapter with a flaky provider.
+    step = min(max_s, base_s * (2 ** min(attempt - 1, 64)))
     delay = step * (0.5 + 0.5 * min(max(rand, 0.0), 1.0))
     if retry_after_s is not None and retry_after_s > 0:
         delay = max(delay, min(retry_after_s, retry_after_max_s))
@@ -47,6 +51,8 @@ def parse_retry_after(value: str | None, now: datetime | None = None) -> float |
             when = when.replace(tzinfo=timezone.utc)
         now = now or datetime.now(timezone.utc)
         seconds = (when - now).total_seconds()
-    if seconds != seconds or seconds < 0:  # NaN or in the past
-        return 0.0 if seconds == seconds else None
+    if not math.isfinite(seconds):  # "nan", "inf", "1e400": not a delay
+        return None
+    if seconds <= 0:  # in the past (or a negative delta): no wait asked
+        return 0.0
     return seconds

@@ -65,16 +65,24 @@ class LLMClient:
             raise RetryableProviderError(f"timeout: {type(exc).__name__}") from exc
         except httpx.TransportError as exc:
             raise RetryableProviderError(f"connection error: {type(exc).__name__}") from exc
-        return _translate(response)
+        except httpx.RequestError as exc:  # e.g. DecodingError: a corrupt compressed body
+            raise RetryableProviderError(f"unreadable reply: {type(exc).__name__}") from exc
+        return _translate(response, self._settings.llm_api_key.get_secret_value())
 
 
-def _error_text(response: httpx.Response) -> str:
+def _redact(text: str, secret: str) -> str:
+    """Providers echo the key they rejected ("Incorrect API key provided: sk-..."): drop it."""
+    return text.replace(secret, "***") if secret else text
+
+
+def _error_text(response: httpx.Response, secret: str) -> str:
     try:
         err = response.json().get("error")
         message = err.get("message") if isinstance(err, dict) else err
-    except (ValueError, AttributeError):
+    except (ValueError, AttributeError, RecursionError):
         message = None
-    return f"HTTP {response.status_code}" + (f": {str(message)[:200]}" if message else "")
+    text = f"HTTP {response.status_code}" + (f": {str(message)}" if message else "")
+    return _redact(text, secret)[:220]
 
 
 def _usage(data: dict[str, object]) -> tuple[int, int]:
@@ -86,29 +94,36 @@ def _usage(data: dict[str, object]) -> tuple[int, int]:
     return _int(usage.get("prompt_tokens")), _int(usage.get("completion_tokens"))
 
 
-def _translate(response: httpx.Response) -> Completion:
+def _translate(response: httpx.Response, secret: str) -> Completion:
     status = response.status_code
     if status in (401, 403):
-        raise AuthError(_error_text(response), status_code=status)
+        raise AuthError(_error_text(response, secret), status_code=status)
     if status in RETRYABLE_STATUS or status >= 500:
         raise RetryableProviderError(
-            _error_text(response),
+            _error_text(response, secret),
             status_code=status,
             retry_after_s=parse_retry_after(response.headers.get("retry-after")),
         )
     if status >= 400:
-        raise PermanentProviderError(_error_text(response), status_code=status)
+        raise PermanentProviderError(_error_text(response, secret), status_code=status)
     try:
         data = response.json()
         choice = data["choices"][0]
         message = choice.get("message") or {}
-    except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
+        content, finish_reason = message.get("content"), choice.get("finish_reason")
+        if not isinstance(content, (str, type(None))):
+            raise TypeError(f"message content is {type(content).__name__}, not a string")
+        if not isinstance(finish_reason, (str, type(None))):
+            raise TypeError(f"finish_reason is {type(finish_reason).__name__}, not a string")
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError, RecursionError) as exc:
         # A 200 whose envelope is broken is a provider fault (often a proxy), not model output.
-        raise RetryableProviderError(f"unreadable reply envelope: {exc!r}"[:200]) from exc
+        raise RetryableProviderError(
+            _redact(f"unreadable reply envelope: {exc!r}", secret)[:200]
+        ) from exc
     prompt_tokens, completion_tokens = _usage(data)
     return Completion(
-        content=message.get("content"),
-        finish_reason=choice.get("finish_reason"),
+        content=content,
+        finish_reason=finish_reason,
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
         model=str(data.get("model") or ""),

@@ -10,6 +10,10 @@ from examforge.errors import OutputInvalid
 
 _FENCE_RE = re.compile(r"^\s*```[a-zA-Z0-9_-]*\s*\n?(.*?)\n?```\s*$", re.DOTALL)
 _REFUSAL_RE = re.compile(r"^\s*(i'?m sorry|i am sorry|i can(no|')t|sorry,|as an ai)", re.IGNORECASE)
+# NUL (PostgreSQL text refuses it), lone surrogates (not encodable as UTF-8: every driver
+# refuses them) and the other C0/C1 controls but tab, newline and carriage return (terminal
+# escapes smuggled into logs and tables). JSON's \u escapes let a reply carry any of them.
+_BAD_CHAR_RE = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ud800-\udfff]")
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,8 @@ def _parse_item(item: object) -> Question | None:
         return None
     if not isinstance(explanation, str):
         return None
+    if any(_BAD_CHAR_RE.search(text) for text in (question, explanation, *choices)):
+        return None
     return Question(
         question.strip(), tuple(c.strip() for c in choices), answer, explanation.strip()  # type: ignore[arg-type]
     )
@@ -76,10 +82,11 @@ def parse_questions(
     body = _strip_fences(content)
     try:
         data = json.loads(body)
-    except (json.JSONDecodeError, RecursionError):
+    except (ValueError, RecursionError):  # JSONDecodeError, and e.g. a 5000-digit number
+        # The detail is stored with the call: it must not carry what the database refuses.
         if _REFUSAL_RE.match(content):
-            raise OutputInvalid("refusal", content.strip()[:80]) from None
-        raise OutputInvalid("malformed_json", body.strip()[:80]) from None
+            raise OutputInvalid("refusal", _BAD_CHAR_RE.sub("?", content.strip()[:80])) from None
+        raise OutputInvalid("malformed_json", _BAD_CHAR_RE.sub("?", body.strip()[:80])) from None
     items = data.get("questions") if isinstance(data, dict) else None
     if not isinstance(items, list):
         raise OutputInvalid("wrong_schema", "no questions list")

@@ -22,6 +22,9 @@ _NAME_RE = re.compile(NAME_PATTERN)
 # Anything but tab/newline below 0x20, DEL and the C1 block: invisible, and a way to smuggle
 # terminal escapes into logs and tables.
 _CONTROL_RE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+# Titles go into one `Key: value` line of the prompt each; a line break there could forge the
+# lines after it ("Number of questions: 999"), so titles are single-line. Prompts may wrap.
+_LINE_BREAK_RE = re.compile(r"[\n\r\x85\u2028\u2029]")
 MAX_SYLLABUS_BYTES = 1_000_000
 MAX_DEPTH = 8
 SYLLABUS_NAMES = ("syllabus.json", "syllabus.yaml", "syllabus.yml")
@@ -34,9 +37,11 @@ def check_name(value: str, what: str) -> str:
     return value
 
 
-def _clean_text(value: str) -> str:
+def _clean_text(value: str, *, single_line: bool = False) -> str:
     if _CONTROL_RE.search(value):
         raise ValueError("contains control characters")
+    if single_line and _LINE_BREAK_RE.search(value):
+        raise ValueError("must be a single line")
     value = value.strip()
     if not value:
         raise ValueError("must not be empty")
@@ -59,7 +64,7 @@ class Chapter(BaseModel):
     @field_validator("title")
     @classmethod
     def _title(cls, v: str) -> str:
-        return _clean_text(v)
+        return _clean_text(v, single_line=True)
 
     @field_validator("prompt")
     @classmethod
@@ -82,7 +87,7 @@ class Syllabus(BaseModel):
     @field_validator("title")
     @classmethod
     def _title(cls, v: str) -> str:
-        return _clean_text(v)
+        return _clean_text(v, single_line=True)
 
     @field_validator("chapters")
     @classmethod
@@ -143,12 +148,28 @@ def _depth(value: Any, level: int = 0) -> int:
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
-    """safe_load, plus duplicate keys refused (PyYAML silently keeps the last one)."""
+    """safe_load, plus duplicate keys refused (PyYAML silently keeps the last one) and aliases
+    refused (`*ref` shares a node, so a few kilobytes can expand into billions of values: the
+    "billion laughs"; a syllabus has no use for them)."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise yaml.composer.ComposerError(
+                None, None, f"alias *{event.anchor} is not allowed", event.start_mark
+            )
+        return super().compose_node(parent, index)
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        keys = [self.construct_object(k, deep=deep) for k, _ in node.value]
-        for key in keys:
-            if keys.count(key) > 1:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                duplicate = key in seen
+                seen.add(key)
+            except TypeError:  # unhashable: SafeConstructor reports it below
+                continue
+            if duplicate:
                 raise yaml.constructor.ConstructorError(
                     None, None, f"duplicate key {key!r}", node.start_mark
                 )
@@ -175,6 +196,7 @@ def _parse(path: Path, text: str) -> Any:
         raise SyllabusError(f"{path}: nested too deeply") from None
     except yaml.YAMLError as exc:
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else "invalid YAML"
+        first_line = _CONTROL_RE.sub("?", first_line)  # a %-escaped tag can carry anything
         mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
         raise SyllabusError(f"{path}: malformed YAML{where}: {first_line}") from None
@@ -183,6 +205,8 @@ def _parse(path: Path, text: str) -> Any:
 def _field(loc: tuple[Any, ...]) -> str:
     out = ""
     for part in loc:
+        if isinstance(part, str) and not part.isprintable():
+            part = repr(part)  # an unknown key is user text: keep the message one clean line
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
     return out or "(top level)"
 

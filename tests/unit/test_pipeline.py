@@ -85,7 +85,7 @@ def test_transient_error_releases_with_backoff_and_honours_retry_after(env):
     assert early.outcome == "retry" and "backoff" in early.detail
     assert fake.calls == 1
     report = _status(rt)
-    assert report["usage"]["calls_by_outcome"]["failed"] == 1
+    assert report["usage"]["calls_failed"] == 1
     assert "429" in report["chapter_list"][0]["last_error"]
 
 
@@ -133,7 +133,7 @@ def test_invalid_output_is_never_stored_and_re_asked_a_bounded_number_of_times(e
     assert fake.calls == 3  # the first ask and two re-asks
     report = _status(rt)
     assert report["questions"]["done"] == 0
-    assert report["usage"]["calls_by_outcome"]["wasted"] == 3
+    assert report["usage"]["calls_wasted"] == 3
     assert report["usage"]["completion_tokens"] == 150  # wasted tokens are still counted
 
 
@@ -204,4 +204,4 @@ def test_without_heartbeat_a_long_call_loses_the_lease_and_its_result(env):
     assert result.outcome == "lost"
     report = _status(rt)
     assert report["questions"]["done"] == 0
-    assert report["usage"]["calls_by_outcome"]["wasted"] == 1
+    assert report["usage"]["calls_wasted"] == 1

@@ -12,7 +12,6 @@ from examforge.output import Question
 from examforge.syllabus import load_syllabus
 from helpers import write_syllabus
 from storage import Store, connect, migrate
-from storage.models import CallOutcome
 from storage.store import Claimed, NotClaimed
 
 
@@ -79,7 +78,7 @@ def test_commit_is_fenced_by_the_lease(store, tmp_path):
                            completion_tokens=9, cost_usd=0.0)
     status = store.status("ex")
     assert status["questions"]["done"] == 0
-    assert status["usage"]["calls_by_outcome"]["wasted"] == 1
+    assert status["usage"]["calls_wasted"] == 1
     assert status["usage"]["completion_tokens"] == 9  # the wasted call is still accounted
     assert store.renew(["frozen", "new"], 10.0) == {"new"}
 
@@ -100,8 +99,8 @@ def test_takeover_marks_in_flight_calls_of_the_dead_holder_wasted(store, tmp_pat
     time.sleep(0.4)
     new = store.claim("ex", "a", "new", 10.0, 8)
     assert isinstance(new, Claimed) and new.took_over_calls == 1
-    calls = store.status("ex")["usage"]["calls_by_outcome"]
-    assert calls["wasted"] == 1 and calls["in_flight"] == 0
+    usage = store.status("ex")["usage"]
+    assert usage["calls_wasted"] == 1 and usage["calls_in_flight"] == 0
 
 
 def test_batches_commit_until_done_and_resume_skips_committed(store, tmp_path):
@@ -234,5 +233,5 @@ def test_unique_question_numbers_make_a_double_commit_impossible(store, tmp_path
     with pytest.raises(LeaseLost):  # same numbers again: the UNIQUE constraint refuses
         _commit(store, claim, 5, 1, tag="other")
     assert store.status("ex")["questions"]["done"] == 5
-    assert store.status("ex")["usage"]["calls_by_outcome"] == {
-        CallOutcome.in_flight.value: 0, "used": 1, "wasted": 1, "failed": 0}
+    usage = store.status("ex")["usage"]
+    assert (usage["calls_used"], usage["calls_wasted"], usage["calls_failed"]) == (1, 1, 0)

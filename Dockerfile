@@ -1,0 +1,14 @@
+FROM python:3.11-slim
+ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
+WORKDIR /app
+COPY pyproject.toml README.md ./
+COPY examforge ./examforge
+COPY tasks ./tasks
+COPY producer ./producer
+COPY storage ./storage
+RUN pip install .
+COPY exams ./exams
+RUN useradd --create-home examforge && chown -R examforge /app
+USER examforge
+ENTRYPOINT []
+CMD ["python", "-m", "producer", "--help"]

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Install examforge in .venv and generate the sample exam end to end against the bundled mock
+# model server (no API key needed). Uses the Redis at BROKER_URL (default localhost:6379) and a
+# SQLite file in ./demo-run/; with --local it needs no Redis at all (`producer run`).
+set -euo pipefail
+cd "$(dirname "$0")"
+SLUG=cloud-practitioner
+MODE=${1:-workers}
+
+[ -x .venv/bin/python ] || python3 -m venv .venv
+.venv/bin/python -m pip install -q -e '.[dev]'
+PY="$PWD/.venv/bin/python"
+
+mkdir -p demo-run
+export EXAMS_DIR="$PWD/exams"
+export DATABASE_URL="${DATABASE_URL:-sqlite:///$PWD/demo-run/examforge.db}"
+export BROKER_URL="${BROKER_URL:-redis://localhost:6379/0}"
+export LLM_BASE_URL="http://127.0.0.1:8089/v1"
+export LLM_PRICE_PROMPT_PER_MTOK=0.15 LLM_PRICE_COMPLETION_PER_MTOK=0.60  # what a small model costs
+
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
+trap cleanup EXIT
+
+"$PY" -m producer mock-llm --port 8089 --latency-s 0.3 >demo-run/mock.log 2>&1 &
+pids+=($!)
+for _ in $(seq 1 50); do grep -q listening demo-run/mock.log 2>/dev/null && break; sleep 0.1; done
+
+if [ "$MODE" = "--local" ]; then
+  "$PY" -m producer run "$SLUG" --concurrency 8
+else
+  "$PY" -m celery -A tasks worker -P threads -c 16 --loglevel WARNING >demo-run/worker.log 2>&1 &
+  pids+=($!)
+  "$PY" -m producer enqueue "$SLUG"
+  echo "waiting for the workers (log: demo-run/worker.log)..."
+  until "$PY" -m producer status "$SLUG" --json | "$PY" -c '
+import json, sys
+c = json.load(sys.stdin)["chapters"]
+sys.exit(0 if c["done"] + c["failed"] + c["cancelled"] == c["total"] else 1)'; do sleep 1; done
+fi
+"$PY" -m producer status "$SLUG"
+"$PY" -m producer export "$SLUG"
+head -n 1 "exams/$SLUG/generated.jsonl"

@@ -1,0 +1,52 @@
+"""docker-compose.yml cannot run here (no Docker engine): read it against what the tests run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from examforge.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _compose() -> dict:
+    return yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+
+
+def test_compose_has_the_services_the_readme_names():
+    services = _compose()["services"]
+    assert {"redis", "postgres", "worker", "beat", "flower", "mock"} <= set(services)
+
+
+def test_worker_is_scalable_and_runs_the_tested_command():
+    worker = _compose()["services"]["worker"]
+    assert "container_name" not in worker and "ports" not in worker
+    assert worker["command"][:6] == ["celery", "-A", "tasks", "worker", "-P", "threads"]
+
+
+def test_redis_is_private_with_a_password_and_persistence():
+    redis = _compose()["services"]["redis"]
+    assert "ports" not in redis
+    assert "--requirepass" in redis["command"] and "--appendonly" in redis["command"]
+    assert "@redis:6379" in _compose()["services"]["worker"]["environment"]["BROKER_URL"]
+    assert _compose()["services"]["worker"]["environment"]["BROKER_URL"].startswith("redis://:")
+
+
+def test_flower_requires_basic_auth_and_binds_to_loopback():
+    flower = _compose()["services"]["flower"]
+    assert any(part.startswith("--basic-auth=") for part in flower["command"])
+    assert all(p.startswith("127.0.0.1:") for p in flower["ports"])
+
+
+def test_mock_runs_the_cli_subcommand():
+    mock = _compose()["services"]["mock"]
+    assert mock["command"][:4] == ["python", "-m", "producer", "mock-llm"]
+
+
+def test_app_environment_names_are_real_settings():
+    known = {name.upper() for name in Settings.model_fields}
+    for name in ("worker", "beat", "flower", "producer"):
+        env = _compose()["services"][name]["environment"]
+        assert set(env) <= known, set(env) - known
