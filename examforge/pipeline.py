@@ -11,8 +11,9 @@ import logging
 import os
 import random
 import socket
+import threading
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from examforge.backoff import backoff_s
 from examforge.errors import (
@@ -35,6 +36,10 @@ from storage.store import Claimed, NotClaimed, Store
 log = logging.getLogger("examforge.pipeline")
 
 
+class HandBack(Exception):
+    """The process is shutting down: stop between calls and return the chapter to the queue."""
+
+
 @dataclass(frozen=True)
 class ChapterResult:
     """outcome: done | failed | skipped | lost | retry. `retry_in_s` is set for retry."""
@@ -53,6 +58,9 @@ class Runtime:
     store: Store
     client: LLMClient
     keeper: LeaseKeeper
+    # Set on SIGTERM: running chapters finish the call they are in, commit it, and hand the
+    # chapter back instead of starting another call.
+    stopping: threading.Event = field(default_factory=threading.Event)
 
     @classmethod
     def build(cls, settings: Settings, store: Store, client: LLMClient | None = None) -> "Runtime":
@@ -84,6 +92,10 @@ def process_chapter(rt: Runtime, exam: str, chapter_id: str) -> ChapterResult:
     except LeaseLost as exc:
         log.warning("lease lost; result discarded", extra={**fields, "error": str(exc)})
         return ChapterResult("lost", str(exc))
+    except HandBack:
+        store.release(claim, retry_in_s=0, error="handed back: worker shutting down")
+        log.info("handed back on shutdown", extra=fields)
+        return ChapterResult("retry", "handed back on shutdown", retry_in_s=0, calls=calls)
     except RetryableProviderError as exc:
         delay = backoff_s(claim.attempt, retry_after_s=exc.retry_after_s, rand=random.random(),
                           base_s=settings.retry_base_s, max_s=settings.retry_max_s,
@@ -138,6 +150,8 @@ def _generate(rt: Runtime, claim: Claimed, lost) -> int:  # type: ignore[no-unty
     invalid_in_row = 0
     calls = 0
     while stored < claim.target:
+        if rt.stopping.is_set():
+            raise HandBack()
         if lost.is_set():
             raise LeaseLost(f"lease on {claim.exam}/{claim.chapter_id} lost during the run")
         want = min(settings.questions_per_call, claim.target - stored)

@@ -4,10 +4,12 @@ retry mechanism. All the logic is in `examforge.pipeline` and `examforge.reconci
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import threading
 
 from celery import Celery
-from celery.signals import setup_logging, worker_ready
+from celery.signals import setup_logging, worker_ready, worker_shutting_down
 from sqlalchemy.exc import OperationalError, InterfaceError
 
 from examforge.errors import DatabaseUnavailable
@@ -91,6 +93,29 @@ def _reconcile_on_start(sender=None, **_):  # type: ignore[no-untyped-def]
         reconcile.apply_async(countdown=settings.lease_s + 2 * settings.heartbeat_interval_s)
     except Exception as exc:  # never stop a worker from starting over this
         log.warning("initial reconcile not sent: %s", exc)
+
+
+@worker_shutting_down.connect
+def _hand_back_on_shutdown(sig=None, how=None, **_):  # type: ignore[no-untyped-def]
+    """SIGTERM (warm shutdown): running chapters finish their current call, commit it, and
+    re-publish themselves; Celery's warm shutdown then waits for them to return. If a call is
+    still running after WORKER_SOFT_SHUTDOWN_S, escalate to Celery's cold shutdown (SIGQUIT):
+    its message goes back to the broker and its lease expires, so nothing is lost, and the one
+    call in flight is recorded as wasted by whoever takes the chapter over."""
+    rt = _runtime
+    if rt is not None:
+        rt.stopping.set()
+    if how != "Warm":
+        return
+    window_s = load_settings().worker_soft_shutdown_s
+
+    def escalate() -> None:
+        log.warning("soft shutdown window over; cold shutdown", extra={"window_s": window_s})
+        os.kill(os.getpid(), signal.SIGQUIT)
+
+    timer = threading.Timer(window_s, escalate)
+    timer.daemon = True
+    timer.start()
 
 
 @setup_logging.connect

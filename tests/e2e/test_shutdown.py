@@ -1,0 +1,63 @@
+"""SIGTERM: running calls finish and commit, the rest is handed back; nothing lost or repeated."""
+
+from __future__ import annotations
+
+import math
+import signal
+import time
+
+import pytest
+
+from harness import assert_stored_exactly_once, dump
+from helpers import wait_for
+
+pytestmark = pytest.mark.e2e
+
+
+def test_sigterm_finishes_running_calls_and_hands_chapters_back(deploy, mock):
+    mock.configure(latency_s=1.0)
+    dep = deploy("sqlite", worker_soft_shutdown_s=20)
+    chapters = [(f"ch-{i}", 30) for i in range(4)]
+    dep.syllabus("demo", chapters)
+    assert dep.cli("enqueue", "demo").returncode == 0
+    first = dep.worker(4)
+    wait_for(lambda: dep.status("demo")["usage"]["calls_in_flight"] == 4
+             and dep.status("demo")["questions"]["done"] >= 10, 60, "four calls in flight")
+    started = time.monotonic()
+    first.send_signal(signal.SIGTERM)
+    assert first.wait(30) == 0
+    took = time.monotonic() - started
+    assert took < 15, f"warm shutdown took {took:.1f}s"
+    report = dep.status("demo")
+    usage = report["usage"]
+    # Every call that was running finished and was committed: nothing in flight, nothing wasted.
+    assert usage["calls_in_flight"] == 0 and usage["calls_wasted"] == 0, dump(report)
+    assert report["chapters"]["running"] == 0
+    assert report["chapters"]["done"] < 4
+    dep.worker(4)
+    report = dep.wait_done("demo", 90)
+    assert report["chapters"]["done"] == 4, dump(report) + dep.worker_logs()
+    assert_stored_exactly_once(dep, "demo", dict(chapters))
+    needed = 4 * math.ceil(30 / 5)
+    assert report["usage"]["calls"] == needed and mock.stats()["calls_total"] == needed
+
+
+def test_a_call_outliving_the_window_escalates_to_a_cold_shutdown(deploy, mock):
+    mock.configure(latency_s=6.0)
+    dep = deploy("sqlite", worker_soft_shutdown_s=1, llm_timeout_s=20)
+    dep.syllabus("demo", [("slow", 5)])
+    assert dep.cli("enqueue", "demo").returncode == 0
+    first = dep.worker(2)
+    wait_for(lambda: dep.status("demo")["usage"]["calls_in_flight"] == 1, 30, "a call in flight")
+    started = time.monotonic()
+    first.send_signal(signal.SIGTERM)
+    first.wait(30)
+    assert time.monotonic() - started < 5.5  # did not wait for the 6 s call
+    mock.configure(latency_s=0.05)
+    dep.worker(2)
+    report = dep.wait_done("demo", 60)
+    assert report["chapters"]["done"] == 1, dump(report) + dep.worker_logs()
+    calls = dep.calls("demo")
+    wasted = [c for c in calls if c["outcome"] == "wasted"]
+    assert len(wasted) == 1 and wasted[0]["reason"].startswith("crash_before_commit")
+    assert_stored_exactly_once(dep, "demo", {"slow": 5})
