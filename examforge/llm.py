@@ -106,6 +106,12 @@ def _translate(response: httpx.Response, secret: str) -> Completion:
         )
     if status >= 400:
         raise PermanentProviderError(_error_text(response, secret), status_code=status)
+    if status >= 300:
+        # httpx does not follow redirects here on purpose: a POST redirected is a wrong
+        # LLM_BASE_URL (http vs https, a missing /v1), which no retry can fix.
+        raise PermanentProviderError(
+            f"HTTP {status} redirect to {response.headers.get('location', '?')[:200]}: "
+            "check LLM_BASE_URL", status_code=status)
     try:
         data = response.json()
         choice = data["choices"][0]

@@ -85,19 +85,22 @@ def process_chapter(rt: Runtime, exam: str, chapter_id: str) -> ChapterResult:
         log.warning("took over chapter; previous holder's calls marked wasted",
                     extra={**fields, "wasted": claim.took_over_calls})
     lost = rt.keeper.hold(claim.owner)
-    calls = 0
+    run = _Run()
     try:
-        calls = _generate(rt, claim, lost)
-        return ChapterResult("done", calls=calls)
+        _generate(rt, claim, lost, run)
+        return ChapterResult("done", calls=run.calls)
     except LeaseLost as exc:
         log.warning("lease lost; result discarded", extra={**fields, "error": str(exc)})
         return ChapterResult("lost", str(exc))
     except HandBack:
         store.release(claim, retry_in_s=0, error="handed back: worker shutting down")
         log.info("handed back on shutdown", extra=fields)
-        return ChapterResult("retry", "handed back on shutdown", retry_in_s=0, calls=calls)
+        return ChapterResult("retry", "handed back on shutdown", retry_in_s=0, calls=run.calls)
     except RetryableProviderError as exc:
-        delay = backoff_s(claim.attempt, retry_after_s=exc.retry_after_s, rand=random.random(),
+        # Back off by attempts since the last progress: a chapter that just committed a batch
+        # starts again from a short delay.
+        streak = 1 if run.committed else claim.attempts_since_progress
+        delay = backoff_s(streak, retry_after_s=exc.retry_after_s, rand=random.random(),
                           base_s=settings.retry_base_s, max_s=settings.retry_max_s,
                           retry_after_max_s=settings.retry_after_max_s)
         store.release(claim, retry_in_s=delay, error=f"transient: {exc}")
@@ -140,15 +143,22 @@ def _not_claimed(claim: NotClaimed, exam: str, chapter_id: str) -> ChapterResult
     return ChapterResult(outcome, f"{claim.reason} {claim.detail}".strip())
 
 
-def _generate(rt: Runtime, claim: Claimed, lost) -> int:  # type: ignore[no-untyped-def]
-    """Call the model batch by batch until the chapter has its questions. Returns calls made."""
+@dataclass
+class _Run:
+    """What one attempt did so far (read after an exception, too)."""
+
+    calls: int = 0
+    committed: int = 0
+
+
+def _generate(rt: Runtime, claim: Claimed, lost: threading.Event, run: _Run) -> None:
+    """Call the model batch by batch until the chapter has its questions."""
     settings, store = rt.settings, rt.store
     spec = ChapterSpec.model_construct(id=claim.chapter_id, title=claim.title,
                                        questions=claim.target, prompt=claim.prompt)
     stored, known = claim.stored, set(claim.known)
     avoid: list[str] = []
     invalid_in_row = 0
-    calls = 0
     while stored < claim.target:
         if rt.stopping.is_set():
             raise HandBack()
@@ -157,7 +167,7 @@ def _generate(rt: Runtime, claim: Claimed, lost) -> int:  # type: ignore[no-unty
         want = min(settings.questions_per_call, claim.target - stored)
         messages = build_messages(claim.exam, claim.exam_title, spec, want, avoid)
         call_id = store.start_call(claim, stored + 1, want)
-        calls += 1
+        run.calls += 1
         completion = _call(rt, call_id, messages)
         cost = settings.cost_usd(completion.prompt_tokens, completion.completion_tokens)
         usage = {"prompt_tokens": completion.prompt_tokens,
@@ -181,6 +191,7 @@ def _generate(rt: Runtime, claim: Claimed, lost) -> int:  # type: ignore[no-unty
                                   model=completion.model or settings.llm_model, note=note,
                                   **usage)
         invalid_in_row = 0
+        run.committed += len(parsed.questions)
         stored += len(parsed.questions)
         for q in parsed.questions:
             known.add(normalise(q.question))
@@ -189,7 +200,6 @@ def _generate(rt: Runtime, claim: Claimed, lost) -> int:  # type: ignore[no-unty
                  "attempt": claim.attempt, "stored": stored, "target": claim.target, **usage})
         if done:
             break
-    return calls
 
 
 def _call(rt: Runtime, call_id: int, messages: list[dict[str, str]]) -> Completion:

@@ -49,6 +49,7 @@ class Claimed:
     exam_title: str
     title: str
     prompt: str | None
+    attempts_since_progress: int = 1
     took_over_calls: int = 0
 
 
@@ -227,7 +228,7 @@ class Store:
                 exam=slug, chapter_id=chapter_id, owner=owner, attempt=row.attempts,
                 target=row.target, stored=len(texts), known=frozenset(map(normalise, texts)),
                 exam_title=row.exam_title, title=row.title, prompt=row.prompt,
-                took_over_calls=took_over,
+                attempts_since_progress=row.attempts_since_progress, took_over_calls=took_over,
             )
 
     def _why_not(self, conn: Connection, slug: str, chapter_id: str,

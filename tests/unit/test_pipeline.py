@@ -205,3 +205,18 @@ def test_without_heartbeat_a_long_call_loses_the_lease_and_its_result(env):
     report = _status(rt)
     assert report["questions"]["done"] == 0
     assert report["usage"]["calls_wasted"] == 1
+
+
+def test_backoff_restarts_small_after_progress(env):
+    rt, fake = env([("a", 20)], retry_base_s=1.0, retry_max_s=64.0)
+    err = lambda req, n: httpx.Response(503, json={"error": "down"})  # noqa: E731
+    for _ in range(4):  # four failed attempts in a row: the backoff grows
+        fake.script = [err]
+        result = process_chapter(rt, "ex", "a")
+        rt.store.engine.dispose()
+        with rt.store.engine.begin() as conn:  # skip the wait instead of sleeping
+            conn.exec_driver_sql("UPDATE chapter SET not_before_at = NULL")
+    assert result.retry_in_s >= 4.0
+    fake.script = [lambda req, n: fake.valid(n, "a"), err]  # progress, then a failure
+    result = process_chapter(rt, "ex", "a")
+    assert result.outcome == "retry" and result.retry_in_s <= 1.0
