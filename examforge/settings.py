@@ -63,7 +63,7 @@ class Settings(BaseSettings):
     retry_max_s: float = Field(120.0, gt=0, description="Backoff ceiling (far below visibility).")
     retry_after_max_s: float = Field(300.0, gt=0, description="Clamp on a provider's Retry-After.")
     visibility_timeout_s: int = Field(
-        7200, ge=60, description="Redis redelivery timeout for unacked messages."
+        7200, ge=1, description="Redis redelivery timeout for unacked messages."
     )
     broker_connect_timeout_s: float = Field(
         3.0, gt=0, description="How long the CLI waits for the broker before failing."

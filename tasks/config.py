@@ -17,6 +17,10 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "socket_timeout": 30,
         "socket_keepalive": True,
         "health_check_interval": 10,
+        # kombu sweeps for expired unacked messages every interval x throttle (10 x 10 s by
+        # default): one cheap ZRANGE every few seconds keeps redelivery close to the timeout.
+        "unacked_restore_interval": max(1, min(10, settings.visibility_timeout_s // 6)),
+        "unacked_restore_throttle": 1,
     }
     return {
         "broker_url": settings.broker_url,

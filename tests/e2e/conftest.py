@@ -27,9 +27,11 @@ def deploy(tmp_path: Path, redis_url: str, mock: Any, request: pytest.FixtureReq
     made: list[Deployment] = []
 
     def make(database: str = "sqlite", **settings: Any) -> Deployment:
-        url = (f"sqlite:///{tmp_path / 'examforge.db'}" if database == "sqlite"
-               else request.getfixturevalue("pg_url"))
-        dep = Deployment.create(tmp_path, url, redis_url, mock, **settings)
+        url = settings.pop("database_url", None) or (
+            f"sqlite:///{tmp_path / 'examforge.db'}" if database == "sqlite"
+            else request.getfixturevalue("pg_url"))
+        broker = settings.pop("broker_url", redis_url)
+        dep = Deployment.create(tmp_path, url, broker, mock, **settings)
         made.append(dep)
         return dep
 

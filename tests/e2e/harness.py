@@ -78,6 +78,16 @@ class Deployment:
         self.procs.append(proc)
         return proc
 
+    def beat(self, **env: str) -> subprocess.Popen[bytes]:
+        """`celery -A tasks beat`: the reconciler every RECONCILE_INTERVAL_S."""
+        log = open(self.workdir / f"worker-beat-{len(self.procs)}.log", "wb")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "tasks", "beat", "--loglevel", "INFO",
+             "--schedule", str(self.workdir / f"beat-{len(self.procs)}.schedule")],
+            cwd=self.workdir, env={**self.env, **env}, stdout=log, stderr=subprocess.STDOUT)
+        self.procs.append(proc)
+        return proc
+
     def kill(self, proc: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> None:
         proc.send_signal(sig)
         if sig in (signal.SIGKILL, signal.SIGTERM):
@@ -114,9 +124,10 @@ class Deployment:
 
         return wait_for(finished, timeout_s, f"exam {slug} to finish", interval_s=0.3)
 
-    def worker_logs(self) -> str:
-        return "\n".join(p.read_text(errors="replace")[-4000:]
-                         for p in sorted(self.workdir.glob("worker-*.log")))
+    def worker_logs(self, tail_chars: int | None = 4000) -> str:
+        """The workers' logs (by default the tail of each, for assertion messages)."""
+        texts = [p.read_text(errors="replace") for p in sorted(self.workdir.glob("worker-*.log"))]
+        return "\n".join(t[-tail_chars:] if tail_chars else t for t in texts)
 
     def calls(self, slug: str) -> list[dict[str, Any]]:
         from sqlalchemy import select

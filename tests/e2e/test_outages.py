@@ -1,0 +1,167 @@
+"""Recovery without a human: the reconciler, a wiped or restarted broker, a database outage,
+and the original message of a killed worker redelivered after the visibility timeout."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+
+import pytest
+import redis
+
+from harness import assert_stored_exactly_once, dump, used_batches
+from helpers import wait_for
+from services import PrivateRedis, TcpProxy
+
+pytestmark = pytest.mark.e2e
+
+
+def test_a_killed_workers_chapters_are_retaken_within_lease_plus_reconcile_interval(
+        deploy, mock):
+    mock.configure(latency_s=0.3)
+    dep = deploy("sqlite", lease_s=4, reconcile_interval_s=2)
+    chapters = [(f"ch-{i}", 40) for i in range(2)]
+    dep.syllabus("demo", chapters)
+    assert dep.cli("enqueue", "demo").returncode == 0
+    victim = dep.worker(2)
+    wait_for(lambda: dep.status("demo")["questions"]["done"] >= 10, 30, "progress")
+    dep.worker(2)  # an idle worker that has nothing queued: only the reconciler can help
+    dep.beat()
+    time.sleep(1)
+    dep.kill(victim)
+    killed_at = time.monotonic()
+    attempts = {c["id"]: c["attempts"] for c in dep.status("demo")["chapter_list"]}
+    retaken = wait_for(lambda: all(
+        c["attempts"] > attempts[c["id"]] or c["state"] == "done"
+        for c in dep.status("demo")["chapter_list"]), 30, "both chapters retaken")
+    took = time.monotonic() - killed_at
+    # LEASE_S + RECONCILE_INTERVAL_S + one heartbeat of grace, plus process scheduling slack.
+    assert retaken and took <= 4 + 2 + 1 + 3, f"took {took:.1f}s"
+    report = dep.wait_done("demo", 60)
+    assert report["chapters"]["done"] == 2
+    assert_stored_exactly_once(dep, "demo", dict(chapters))
+
+
+@pytest.mark.parametrize("how", ["flushall", "restart"])
+def test_a_broker_that_loses_everything_mid_run_still_completes_every_chapter(
+        deploy, mock, tmp_path, how):
+    broker = PrivateRedis(tmp_path).start()
+    try:
+        mock.configure(latency_s=0.3)
+        dep = deploy("sqlite", broker_url=broker.url, lease_s=4, reconcile_interval_s=2)
+        chapters = [(f"ch-{i}", 20) for i in range(10)]
+        dep.syllabus("demo", chapters)
+        assert dep.cli("enqueue", "demo").returncode == 0
+        dep.worker(3)
+        dep.worker(3)
+        dep.beat()
+        wait_for(lambda: dep.status("demo")["questions"]["done"] >= 20, 30, "progress")
+        if how == "flushall":
+            redis.Redis.from_url(broker.url).flushall()
+        else:
+            broker.restart(down_s=2)
+        report = dep.wait_done("demo", 120)
+        assert report["chapters"]["done"] == 10, dump(report) + dep.worker_logs()
+        assert_stored_exactly_once(dep, "demo", dict(chapters))
+        calls = dep.calls("demo")
+        assert len(used_batches(calls)) == len(set(used_batches(calls)))
+        assert mock.stats()["calls_total"] == len(calls)
+        wasted = [c for c in calls if c["outcome"] == "wasted"]
+        assert all(c["reason"] for c in wasted)
+    finally:
+        broker.stop()
+
+
+def test_workers_reconnect_after_a_broker_restart(deploy, mock, tmp_path):
+    """Redis goes away for 3 s (keeping its data this time): workers reconnect and finish."""
+    from tasks import app
+
+    assert app.conf.worker_cancel_long_running_tasks_on_connection_loss is True
+    broker = PrivateRedis(tmp_path).start()
+    proxy = TcpProxy("127.0.0.1", broker.port).start()
+    try:
+        mock.configure(latency_s=0.3)
+        url = f"redis://127.0.0.1:{proxy.port}/0"
+        dep = deploy("sqlite", broker_url=url, lease_s=4, reconcile_interval_s=2)
+        chapters = [(f"ch-{i}", 20) for i in range(6)]
+        dep.syllabus("demo", chapters)
+        assert dep.cli("enqueue", "demo").returncode == 0
+        dep.worker(3)
+        wait_for(lambda: dep.status("demo")["questions"]["done"] >= 10, 30, "progress")
+        proxy.cut()
+        time.sleep(3)
+        proxy.restore()
+        report = dep.wait_done("demo", 120)
+        assert report["chapters"]["done"] == 6, dump(report) + dep.worker_logs()
+        assert_stored_exactly_once(dep, "demo", dict(chapters))
+        assert "Connection to broker lost" in dep.worker_logs(tail_chars=None)
+    finally:
+        proxy.stop()
+        broker.stop()
+
+
+def test_a_database_outage_mid_run_retries_and_never_marks_a_partial_chapter_done(
+        deploy, mock, pg_url):
+    host_port = pg_url.split("@", 1)[1].split("/", 1)[0]
+    proxy = TcpProxy("127.0.0.1", int(host_port.rsplit(":", 1)[1])).start()
+    try:
+        mock.configure(latency_s=0.3)
+        via_proxy = pg_url.replace(host_port, f"127.0.0.1:{proxy.port}")
+        dep = deploy("sqlite", database_url=via_proxy, lease_s=6, reconcile_interval_s=2)
+        direct = deploy("sqlite", database_url=pg_url)  # the test's own view, not cut
+        chapters = [(f"ch-{i}", 30) for i in range(6)]
+        dep.syllabus("demo", chapters)
+        assert dep.cli("enqueue", "demo").returncode == 0
+        dep.worker(3)
+        dep.beat()
+        bad: list[dict] = []
+        stop = threading.Event()
+
+        def watch() -> None:
+            while not stop.is_set():
+                for c in direct.status("demo")["chapter_list"]:
+                    if c["state"] == "done" and c["questions"]["done"] < c["questions"]["target"]:
+                        bad.append(c)
+                time.sleep(0.1)
+
+        wait_for(lambda: direct.status("demo")["questions"]["done"] >= 20, 30, "progress")
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        proxy.cut()
+        time.sleep(3)
+        proxy.restore()
+        report = direct.wait_done("demo", 120)
+        stop.set()
+        watcher.join()
+        assert bad == []
+        assert report["chapters"]["done"] == 6, dump(report) + dep.worker_logs()
+        assert_stored_exactly_once(direct, "demo", dict(chapters))
+    finally:
+        proxy.stop()
+
+
+def test_the_original_message_redelivered_after_the_visibility_timeout_is_a_no_op(
+        deploy, mock, redis_url):
+    mock.configure(latency_s=0.3)
+    dep = deploy("sqlite", lease_s=3, reconcile_interval_s=1, visibility_timeout_s=6,
+                 retry_max_s=1)
+    dep.syllabus("demo", [("only", 30)])
+    assert dep.cli("enqueue", "demo").returncode == 0
+    victim = dep.worker(1)
+    wait_for(lambda: dep.status("demo")["questions"]["done"] >= 10, 30, "progress")
+    dep.kill(victim)
+    dep.worker(2)
+    dep.beat()
+    report = dep.wait_done("demo", 60)
+    assert report["chapters"]["done"] == 1
+    calls = mock.stats()["calls_total"]
+    client = redis.Redis.from_url(redis_url)
+    assert client.hlen("unacked") >= 1  # the dead worker's message is still out there
+    # kombu restores it after the visibility timeout; the worker then runs it: a no-op.
+    wait_for(lambda: client.hlen("unacked") == 0 and client.llen(dep.env["TASK_QUEUE"]) == 0,
+             40, "the original message to be restored and consumed")
+    time.sleep(1)
+    assert "'outcome': 'skipped'" in dep.worker_logs(tail_chars=None)
+    assert mock.stats()["calls_total"] == calls
+    assert_stored_exactly_once(dep, "demo", {"only": 30})
