@@ -23,21 +23,38 @@ def free_port() -> int:
 class PrivateRedis:
     """A redis-server on its own port that keeps nothing on disk: a restart wipes it."""
 
-    def __init__(self, workdir: Path, password: str | None = None) -> None:
+    def __init__(self, workdir: Path, password: str | None = None, tls: bool = False) -> None:
         self.port = free_port()
         self.password = password
         self.workdir = workdir
+        self.tls = tls
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
         auth = f":{self.password}@" if self.password else ""
+        if self.tls:
+            ca = self.workdir / "redis-cert.pem"
+            return (f"rediss://{auth}127.0.0.1:{self.port}/0"
+                    f"?ssl_cert_reqs=required&ssl_ca_certs={ca}")
         return f"redis://{auth}127.0.0.1:{self.port}/0"
+
+    def _tls_args(self) -> list[str]:
+        cert, key = self.workdir / "redis-cert.pem", self.workdir / "redis-key.pem"
+        if not cert.exists():
+            subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes",
+                            "-keyout", str(key), "-out", str(cert), "-days", "1",
+                            "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+                           check=True, capture_output=True)
+        return ["--port", "0", "--tls-port", str(self.port), "--tls-cert-file", str(cert),
+                "--tls-key-file", str(key), "--tls-ca-cert-file", str(cert),
+                "--tls-auth-clients", "no"]
 
     def start(self) -> "PrivateRedis":
         binary = shutil.which("redis-server") or "/usr/bin/redis-server"
-        args = [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-                "--appendonly", "no", "--dir", str(self.workdir)]
+        args = [binary, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                "--dir", str(self.workdir)]
+        args += self._tls_args() if self.tls else ["--port", str(self.port)]
         if self.password:
             args += ["--requirepass", self.password]
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
