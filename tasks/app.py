@@ -17,6 +17,9 @@ from examforge.pipeline import Runtime, process_chapter
 from examforge.settings import Settings, load_settings
 
 from tasks.config import celery_config
+from tasks.patches import patch_kombu_redis_close_race
+
+patch_kombu_redis_close_race()
 
 log = logging.getLogger("examforge.tasks")
 
