@@ -16,6 +16,7 @@ from examforge.errors import DatabaseUnavailable
 from examforge.pipeline import Runtime, process_chapter
 from examforge.settings import Settings, load_settings
 
+from tasks.broker import CHAPTER_TASK
 from tasks.config import celery_config
 from tasks.patches import patch_kombu_redis_close_race
 
@@ -28,11 +29,6 @@ app.conf.update(celery_config(load_settings()))
 
 _runtime: Runtime | None = None
 _runtime_lock = threading.Lock()
-
-
-def task_id(exam: str, chapter_id: str) -> str:
-    """The deterministic task id of a chapter (slug and id are both [a-z0-9-])."""
-    return f"examforge:{exam}:{chapter_id}"
 
 
 def runtime() -> Runtime:
@@ -61,7 +57,7 @@ def set_runtime(rt: Runtime | None) -> None:
 
 @app.task(
     bind=True,
-    name="examforge.generate_chapter",
+    name=CHAPTER_TASK,
     acks_late=True,
     max_retries=None,  # attempts are counted and capped in the database, which survives
     # Database hiccups are transient too; Celery's own backoff handles them.

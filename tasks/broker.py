@@ -12,6 +12,12 @@ from examforge.errors import BrokerUnavailable
 from examforge.settings import Settings
 
 EPOCH_KEY = "examforge:broker-epoch"
+CHAPTER_TASK = "examforge.generate_chapter"
+
+
+def task_id(exam: str, chapter_id: str) -> str:
+    """The deterministic task id of a chapter (slug and id are both [a-z0-9-])."""
+    return f"examforge:{exam}:{chapter_id}"
 
 
 def _redacted(url: str) -> str:
@@ -53,13 +59,12 @@ def broker_epoch(app: Celery, settings: Settings) -> str | None:
 
 def publish_chapters(app: Celery, exam: str, chapter_ids: Sequence[str]) -> None:
     """One message per chapter, with the chapter's deterministic task id."""
-    from tasks.app import generate_chapter, task_id
-
     try:
         with app.producer_or_acquire() as producer:
             for chapter_id in chapter_ids:
-                generate_chapter.apply_async(
-                    (exam, chapter_id), task_id=task_id(exam, chapter_id), producer=producer,
+                app.send_task(
+                    CHAPTER_TASK, (exam, chapter_id), task_id=task_id(exam, chapter_id),
+                    producer=producer,
                     retry=True, retry_policy={"max_retries": 2, "interval_start": 0.2,
                                               "interval_step": 0.5, "interval_max": 1},
                 )

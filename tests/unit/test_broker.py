@@ -1,0 +1,111 @@
+"""Publishing, the broker epoch and one reconcile pass, on fakeredis (no server needed)."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import fakeredis
+import kombu.pools
+import pytest
+from celery import Celery
+from kombu.transport import redis as kombu_redis
+
+from examforge.errors import BrokerUnavailable
+from examforge.syllabus import load_syllabus
+from helpers import write_syllabus
+from storage import Store, connect, migrate
+from tasks.broker import broker_epoch, check_broker, publish_chapters
+from tasks.config import celery_config
+from tasks.reconcile import reconcile_once
+
+
+@pytest.fixture
+def fake_server(monkeypatch):
+    server = fakeredis.FakeServer()
+
+    class Connection(fakeredis.FakeRedisConnection):
+        def __init__(self, *args, **kwargs):
+            kwargs["server"] = server
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(kombu_redis.Channel, "connection_class", Connection)
+    return server
+
+
+@pytest.fixture
+def app(make_settings, fake_server, monkeypatch):
+    settings = make_settings(broker_url="redis://fake:6379/0", task_queue="q-test")
+    celery = Celery("test")
+    celery.conf.update(celery_config(settings))
+    yield celery, settings
+    # kombu keeps producer pools process-wide, keyed by broker URL: drop this test's.
+    kombu.pools.reset()
+
+
+def _queue(fake_server, name="q-test"):
+    client = fakeredis.FakeRedis(server=fake_server)
+    return [json.loads(raw) for raw in client.lrange(name, 0, -1)]
+
+
+def test_one_message_per_chapter_with_its_deterministic_id_and_ids_only(app, fake_server):
+    celery, settings = app
+    publish_chapters(celery, "exam", ["a", "b", "c"])
+    messages = _queue(fake_server)
+    assert [m["headers"]["id"] for m in messages][::-1] == [
+        "examforge:exam:a", "examforge:exam:b", "examforge:exam:c"]
+    for message in messages:
+        assert message["content-type"] == "application/json"
+        args = json.loads(base64.b64decode(message["body"]))[0]
+        assert args[0] == "exam" and len(args) == 2
+
+
+def test_publishing_twice_gives_two_messages_with_the_same_id(app, fake_server):
+    # Celery does not deduplicate by task id (celery/celery#4070): the database must.
+    celery, _ = app
+    publish_chapters(celery, "exam", ["a"])
+    publish_chapters(celery, "exam", ["a"])
+    assert [m["headers"]["id"] for m in _queue(fake_server)] == ["examforge:exam:a"] * 2
+
+
+def test_the_broker_epoch_is_stable_until_the_broker_loses_its_data(app, fake_server):
+    celery, settings = app
+    first = broker_epoch(celery, settings)
+    assert first and broker_epoch(celery, settings) == first
+    fakeredis.FakeRedis(server=fake_server).flushall()
+    assert broker_epoch(celery, settings) not in (None, first)
+
+
+def test_the_epoch_is_none_for_other_brokers(make_settings):
+    settings = make_settings(broker_url="amqp://guest@localhost//")
+    assert broker_epoch(Celery("x"), settings) is None
+
+
+def test_check_broker_fails_fast_with_one_line(make_settings):
+    settings = make_settings(broker_url="redis://127.0.0.1:1/0", broker_connect_timeout_s=1)
+    celery = Celery("x")
+    celery.conf.update(celery_config(settings))
+    with pytest.raises(BrokerUnavailable) as info:
+        check_broker(celery, settings)
+    assert "\n" not in str(info.value) and "127.0.0.1:1" in str(info.value)
+
+
+def test_reconcile_re_enqueues_only_the_orphans(app, fake_server, make_settings):
+    celery, settings = app
+    path = write_syllabus(settings.exams_dir, "exam", [("a", 5), ("b", 5), ("c", 5)])
+    engine = connect(settings.database_url)
+    migrate(engine)
+    store = Store(engine)
+    store.sync_exam("exam", load_syllabus(path, max_questions=100))
+    epoch = broker_epoch(celery, settings)
+    store.mark_enqueued("exam", ["a", "b", "c"], epoch)
+    assert reconcile_once(settings, store, celery) == {"requeued": 0, "failed_at_cap": 0}
+    store.mark_picked("exam", "a")  # picked up by a worker that then died before claiming
+    object.__setattr__(settings, "heartbeat_s", 0.01)
+    import time
+
+    time.sleep(0.05)
+    assert reconcile_once(settings, store, celery) == {"requeued": 1, "failed_at_cap": 0}
+    assert [m["headers"]["id"] for m in _queue(fake_server)] == ["examforge:exam:a"]
+    fakeredis.FakeRedis(server=fake_server).flushall()  # the broker lost everything
+    assert reconcile_once(settings, store, celery)["requeued"] == 3
