@@ -36,7 +36,9 @@ def run_local(rt: Runtime, exam: str, chapter_ids: list[str], concurrency: int,
             for fut in finished:
                 chapter_id = running.pop(fut)
                 result = fut.result()
-                if result.outcome == "retry":
+                if result.outcome in ("retry", "lost"):
+                    # "lost": our lease expired (a stalled database, another process took the
+                    # chapter); come back and claim again, or find it done.
                     seq += 1
                     heapq.heappush(ready, (time.monotonic() + (result.retry_in_s or 1.0), seq,
                                            chapter_id))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import signal
 import time
@@ -147,3 +148,43 @@ def test_local_run_killed_and_run_again_resumes_without_repeating_committed_work
     for call in calls[len(before) + in_flight:]:
         assert (call["chapter_id"], call["first_number"]) not in before
     assert len([c for c in calls if c["outcome"] == "wasted"]) == in_flight
+
+
+def test_reconcile_command_recovers_a_killed_workers_chapters(deploy, mock):
+    mock.configure(latency_s=0.3)
+    dep = deploy("sqlite", lease_s=3)
+    chapters = [("a", 30), ("b", 30)]
+    dep.syllabus("demo", chapters)
+    assert dep.cli("enqueue", "demo").returncode == 0
+    victim = dep.worker(2)
+    wait_for(lambda: dep.status("demo")["questions"]["done"] >= 10, 30, "progress")
+    dep.kill(victim)
+    time.sleep(4)  # the leases expire
+    result = dep.cli("reconcile")
+    assert result.returncode == 0 and "re-enqueued 2" in result.stdout, result.stdout
+    dep.worker(2)
+    assert dep.wait_done("demo", 60)["chapters"]["done"] == 2
+    assert_stored_exactly_once(dep, "demo", dict(chapters))
+
+
+def test_status_json_contract_and_export_formats(deploy, mock):
+    dep = deploy("sqlite")
+    dep.syllabus("demo", [("a", 7), ("b", 3)])
+    assert dep.cli("run", "demo", "--concurrency", "2").returncode == 0
+    status = json.loads(dep.cli("status", "demo", "--json").stdout)
+    assert status["exam"] == "demo"
+    assert status["chapters"] == {"total": 2, "pending": 0, "running": 0, "done": 2,
+                                  "failed": 0, "cancelled": 0}
+    assert status["questions"] == {"target": 10, "done": 10}
+    assert all(isinstance(status["usage"][k], int)
+               for k in ("calls", "prompt_tokens", "completion_tokens"))
+    assert [c["state"] for c in status["chapter_list"]] == ["done", "done"]
+    assert {"attempts", "last_error", "last_error_at"} <= set(status["chapter_list"][0])
+    for fmt in ("jsonl", "json", "csv"):
+        assert dep.cli("export", "demo", "--format", fmt).returncode == 0
+    folder = dep.workdir / "exams" / "demo"
+    assert len((folder / "generated.jsonl").read_text().splitlines()) == 10
+    assert len(json.loads((folder / "generated.json").read_text())) == 10
+    assert len((folder / "generated.csv").read_text().splitlines()) == 11
+    table = dep.cli("status", "demo")
+    assert "10/10" in table.stdout and "chapters: 2/2 done" in table.stdout
