@@ -220,3 +220,18 @@ def test_backoff_restarts_small_after_progress(env):
     fake.script = [lambda req, n: fake.valid(n, "a"), err]  # progress, then a failure
     result = process_chapter(rt, "ex", "a")
     assert result.outcome == "retry" and result.retry_in_s <= 1.0
+
+
+def test_only_consecutive_auth_failures_count_towards_the_pause(env):
+    rt, fake = env([("a", 5), ("b", 5), ("c", 5), ("d", 5)], auth_failure_limit=2)
+    denied = lambda req, n: httpx.Response(403, json={"error": "forbidden"})  # noqa: E731
+    fake.script = [denied]
+    assert process_chapter(rt, "ex", "a").outcome == "failed"
+    assert _status(rt)["state"] == "active"  # one failure is not yet a pattern
+    assert process_chapter(rt, "ex", "b").outcome == "done"  # a success resets the count
+    fake.script = [denied]
+    assert process_chapter(rt, "ex", "c").outcome == "failed"
+    assert _status(rt)["state"] == "active"
+    fake.script = [denied]
+    assert process_chapter(rt, "ex", "d").outcome == "failed"
+    assert _status(rt)["state"] == "paused"
