@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, TypeVar
@@ -168,11 +169,16 @@ def run(slug: str, concurrency: int) -> None:
                   TimeElapsedColumn(), console=err, transient=False) as progress:
         bar = progress.add_task(f"{slug} questions", total=target)
 
+        last_tick = [0.0]
+
         def tick() -> None:
-            progress.update(bar, completed=store.status(slug)["questions"]["done"])  # type: ignore[index]
+            if time.monotonic() - last_tick[0] >= 0.5:  # a count, twice a second at most
+                last_tick[0] = time.monotonic()
+                progress.update(bar, completed=store.questions_done(slug))
 
         tick()
         results = run_local(rt, slug, plan.to_enqueue, concurrency, on_progress=tick)
+        last_tick[0] = 0.0
         tick()
     rt.client.close()
     failed = {c: r for c, r in results.items() if r.outcome == "failed"}

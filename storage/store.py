@@ -25,7 +25,7 @@ from examforge.errors import LeaseLost
 from examforge.output import Question as ParsedQuestion
 from examforge.output import normalise
 from examforge.syllabus import Syllabus
-from storage.db import db_now
+from storage.db import READ_ONLY, db_now
 from storage.models import Call, CallOutcome, Chapter, ChapterState, Exam, ExamState, Question
 
 E = Exam.__table__  # type: ignore[attr-defined]
@@ -76,6 +76,10 @@ class Store:
         self.engine = engine
         self._now = db_now(engine.dialect.name)
         self._insert = postgresql.insert if engine.dialect.name == "postgresql" else sqlite.insert
+
+    def _read(self) -> Connection:
+        """A connection for reads: on SQLite a deferred transaction that blocks no writer."""
+        return self.engine.connect().execution_options(**{READ_ONLY: True})
 
     # ------------------------------------------------------------ producer side
     def sync_exam(
@@ -386,13 +390,22 @@ class Store:
         if conn.execute(select(E.c.slug).where(E.c.slug == slug)).first() is None:
             raise UnknownExam(f"unknown exam {slug!r}: not in the database (run enqueue first)")
 
+    def questions_done(self, slug: str) -> int:
+        """Stored questions of the exam, up to each chapter's target: a cheap progress figure."""
+        with self._read() as conn:
+            rows = conn.execute(
+                select(func.count(), C.c.target).select_from(Q)
+                .join(C, and_(C.c.exam == Q.c.exam, C.c.chapter_id == Q.c.chapter_id))
+                .where(Q.c.exam == slug).group_by(Q.c.chapter_id, C.c.target)).all()
+        return sum(min(n, target) for n, target in rows)
+
     def exam_exists(self, slug: str) -> bool:
-        with self.engine.connect() as conn:
+        with self._read() as conn:
             return conn.execute(select(E.c.slug).where(E.c.slug == slug)).first() is not None
 
     def status(self, slug: str) -> dict[str, object]:
         """The whole picture of one exam, from the database alone."""
-        with self.engine.connect() as conn:
+        with self._read() as conn:
             self._require_exam(conn, slug)
             exam = conn.execute(select(E, self._now.label("now")).where(E.c.slug == slug)).one()
             stored = dict(conn.execute(
@@ -445,7 +458,7 @@ class Store:
 
     def questions(self, slug: str) -> list[dict[str, object]]:
         """Every stored question of the exam, in syllabus order, up to each chapter's target."""
-        with self.engine.connect() as conn:
+        with self._read() as conn:
             self._require_exam(conn, slug)
             rows = conn.execute(
                 select(Q, C.c.position).join(C, and_(C.c.exam == Q.c.exam,
@@ -471,7 +484,7 @@ class Store:
                      func.coalesce(C.c.lease_expires_at, C.c.picked_at) <= now - grace_s)]
         if epoch is not None:
             lost.append(or_(C.c.enqueue_epoch.is_(None), C.c.enqueue_epoch != epoch))
-        with self.engine.connect() as conn:
+        with self._read() as conn:
             rows = conn.execute(
                 select(C.c.exam, C.c.chapter_id).join(E, E.c.slug == C.c.exam)
                 .where(

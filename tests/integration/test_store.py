@@ -235,3 +235,32 @@ def test_unique_question_numbers_make_a_double_commit_impossible(store, tmp_path
     assert store.status("ex")["questions"]["done"] == 5
     usage = store.status("ex")["usage"]
     assert (usage["calls_used"], usage["calls_wasted"], usage["calls_failed"]) == (1, 1, 0)
+
+
+def test_schema_revision_constant_matches_alembics_head():
+    from alembic.script import ScriptDirectory
+
+    from storage.db import SCHEMA_REVISION, alembic_config
+
+    assert ScriptDirectory.from_config(alembic_config()).get_current_head() == SCHEMA_REVISION
+
+
+def test_questions_done_counts_up_to_each_target(store, tmp_path):
+    _sync(store, tmp_path, [("a", 5), ("b", 5)])
+    claim = store.claim("ex", "a", "w", 10.0, 8)
+    _commit(store, claim, 5)
+    assert store.questions_done("ex") == 5
+    _sync(store, tmp_path, [("a", 3), ("b", 5)])  # target lowered below what is stored
+    assert store.questions_done("ex") == 3 == store.status("ex")["questions"]["done"]
+
+
+def test_a_reader_does_not_block_a_writer_on_sqlite(sqlite_url, tmp_path):
+    engine = connect(sqlite_url)
+    migrate(engine)
+    store = Store(engine)
+    _sync(store, tmp_path, [("a", 5)])
+    with store._read() as reader:
+        reader.exec_driver_sql("SELECT count(*) FROM chapter").all()
+        started = time.monotonic()
+        assert isinstance(store.claim("ex", "a", "w", 10.0, 8), Claimed)  # not blocked
+        assert time.monotonic() - started < 2
