@@ -3,9 +3,9 @@
 Every number in the report is a ratio or a per-request cost measured in the same run against
 the same in-process mock server, never an absolute-time assertion. See bench/README.md.
 
-    /tmp/efvenv/bin/python bench/throughput.py [--questions 3200] [--chapters 64]
+    python bench/throughput.py [--questions 3200] [--chapters 64]
         [--latency-s 0.5] [--questions-per-reply 5] [--concurrency 32]
-        [--only baseline,embedded,...] [--no-wait] [--curator-python PATH]
+        [--only baseline,embedded,...] [--curator-python PATH]
 
 Systems (each run once):
   baseline      one asyncio + httpx process, semaphore of CONCURRENCY, same requests as
@@ -49,7 +49,6 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-SUITE_LOG = Path("/tmp/full-run.log")
 REDIS_URL = "redis://127.0.0.1:6379/12"
 PG_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 ALL_SYSTEMS = ("baseline", "embedded", "dist-sqlite", "dist-pg", "dist-pg-2x", "dist-sqlite-2x",
@@ -119,23 +118,6 @@ def stop_child(proc: subprocess.Popen, grace_s: float = 20) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait(timeout=10)
-
-
-def wait_for_suite(poll_s: float = 20, max_wait_s: float = 3600) -> None:
-    """Wait until the long test run has finished (a line starting with 'exit=')."""
-    start = time.monotonic()
-    while True:
-        try:
-            if any(line.startswith("exit=") for line in SUITE_LOG.read_text().splitlines()):
-                print(f"[bench] {SUITE_LOG} reports the test run finished", file=sys.stderr)
-                return
-        except OSError:
-            pass
-        if time.monotonic() - start > max_wait_s:
-            print(f"[bench] gave up waiting for {SUITE_LOG}; measuring anyway", file=sys.stderr)
-            return
-        print(f"[bench] waiting for the test run to finish ({SUITE_LOG}) ...", file=sys.stderr)
-        time.sleep(poll_s)
 
 
 # ----------------------------------------------------------------------------- the mock
@@ -749,8 +731,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--concurrency", type=int, default=32)
     p.add_argument("--only", default=",".join(ALL_SYSTEMS),
                    help=f"comma-separated subset of {','.join(ALL_SYSTEMS)}")
-    p.add_argument("--no-wait", action="store_true",
-                   help=f"do not wait for {SUITE_LOG} to report exit= (smoke tests only)")
     p.add_argument("--curator-python", default=DEFAULT_CURATOR_PYTHON)
     p.add_argument("--results", default=str(BENCH / "results.md"))
     p.add_argument("--keep", action="store_true", help="keep the scratch directory")
@@ -775,8 +755,6 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"unknown systems: {', '.join(sorted(unknown))}", file=sys.stderr)
         return 2
-    if not args.no_wait:
-        wait_for_suite()
     started = dt.datetime.now().astimezone()
     t_start = time.monotonic()
     targets, calls_needed = plan(args.questions, args.chapters, args.questions_per_reply)
