@@ -1,5 +1,5 @@
 """Thin Celery tasks: unpack arguments, call the plain function, turn its result into Celery's
-retry mechanism. All the logic is in `examforge.pipeline` and `examforge.reconcile`."""
+retry mechanism. All the logic is in `examforge.pipeline` and `tasks.reconcile`."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import threading
 
 from celery import Celery
 from celery.signals import setup_logging, worker_ready, worker_shutting_down
-from sqlalchemy.exc import OperationalError, InterfaceError
+from sqlalchemy.exc import InterfaceError, OperationalError
 
 from examforge.errors import DatabaseUnavailable
 from examforge.pipeline import Runtime, process_chapter
@@ -46,13 +46,6 @@ def build_runtime(settings: Settings) -> Runtime:
     engine = connect(settings.database_url)
     migrate(engine)
     return Runtime.build(settings, Store(engine))
-
-
-def set_runtime(rt: Runtime | None) -> None:
-    """For tests and embedded mode: use this runtime instead of building one."""
-    global _runtime
-    with _runtime_lock:
-        _runtime = rt
 
 
 @app.task(

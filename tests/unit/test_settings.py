@@ -1,0 +1,41 @@
+"""Settings come from the environment and .env, under the documented names."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from examforge.settings import Settings
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    for name in Settings.model_fields:
+        monkeypatch.delenv(name.upper(), raising=False)
+
+
+def test_defaults(clean_env, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    s = Settings()
+    assert s.broker_url == "redis://localhost:6379/0"
+    assert s.database_url == "sqlite:///examforge.db"
+    assert s.questions_per_call == 10 and str(s.exams_dir) == "exams"
+
+
+def test_dotenv_and_environment(clean_env, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / ".env").write_text(
+        "DATABASE_URL=postgresql://me@db:5432/exams\nLLM_API_KEY=sk-from-dotenv\n"
+        "QUESTIONS_PER_CALL=7\nLLM_TIMEOUT_S=12.5\nEXAMS_DIR=/data/exams\n")
+    monkeypatch.setenv("QUESTIONS_PER_CALL", "3")  # the environment wins over .env
+    s = Settings()
+    assert s.database_url == "postgresql+psycopg://me@db:5432/exams"
+    assert s.llm_api_key.get_secret_value() == "sk-from-dotenv"
+    assert "sk-from-dotenv" not in repr(s)
+    assert s.questions_per_call == 3 and s.llm_timeout_s == 12.5
+    assert str(s.exams_dir) == "/data/exams"
+
+
+def test_retry_ceiling_must_stay_far_below_the_visibility_timeout(clean_env):
+    with pytest.raises(ValidationError, match="RETRY_MAX_S"):
+        Settings(_env_file=None, retry_max_s=3000, visibility_timeout_s=3600)
