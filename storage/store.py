@@ -78,8 +78,13 @@ class Store:
         self._insert = postgresql.insert if engine.dialect.name == "postgresql" else sqlite.insert
 
     def _read(self) -> Connection:
-        """A connection for reads: on SQLite a deferred transaction that blocks no writer."""
-        return self.engine.connect().execution_options(**{READ_ONLY: True})
+        """A connection for reads that sees one snapshot across all its statements (a report
+        must never pair a chapter's new state with its old question count) and blocks no
+        writer: REPEATABLE READ on PostgreSQL, a deferred WAL transaction on SQLite."""
+        conn = self.engine.connect()
+        if self.engine.dialect.name == "postgresql":
+            return conn.execution_options(isolation_level="REPEATABLE READ")
+        return conn.execution_options(**{READ_ONLY: True})
 
     # ------------------------------------------------------------ producer side
     def sync_exam(

@@ -141,6 +141,14 @@ class TcpProxy:
     def restore(self) -> None:
         self._call(self._listen())
 
+    async def _shutdown(self) -> None:
+        await self._cut()
+        others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in others:
+            task.cancel()
+        await asyncio.gather(*others, return_exceptions=True)
+
     def stop(self) -> None:
-        self.cut()
+        self._call(self._shutdown())
         self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)

@@ -6,6 +6,7 @@ import threading
 import time
 
 import pytest
+from sqlalchemy import func, select
 
 from examforge.errors import LeaseLost
 from examforge.output import Question
@@ -264,3 +265,18 @@ def test_a_reader_does_not_block_a_writer_on_sqlite(sqlite_url, tmp_path):
         started = time.monotonic()
         assert isinstance(store.claim("ex", "a", "w", 10.0, 8), Claimed)  # not blocked
         assert time.monotonic() - started < 2
+
+
+def test_reads_see_one_snapshot_while_a_batch_commits(store, tmp_path):
+    """status() pairs each chapter's state with its question count from the same moment."""
+    from storage.store import C, Q
+
+    _sync(store, tmp_path, [("a", 10)])
+    claim = store.claim("ex", "a", "w", 30.0, 8)
+    _commit(store, claim, 5, 1)
+    with store._read() as conn:
+        stored = conn.execute(select(func.count()).select_from(Q)).scalar_one()
+        _commit(store, claim, 5, 6)  # the last batch lands between the two statements
+        state = conn.execute(select(C.c.state)).scalar_one()
+    assert (stored, state) == (5, "running")
+    assert store.status("ex")["chapter_list"][0]["state"] == "done"
