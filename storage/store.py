@@ -220,14 +220,7 @@ class Store:
             ).rowcount
             if won != 1:
                 return self._why_not(conn, slug, chapter_id, max_attempts)
-            # Calls still in flight belong to a holder whose lease expired: a crash, a freeze or
-            # a partition. Their output can no longer be committed.
-            took_over = conn.execute(
-                update(K).where(K.c.exam == slug, K.c.chapter_id == chapter_id,
-                                K.c.outcome == CallOutcome.in_flight.value)
-                .values(outcome=CallOutcome.wasted.value, finished_at=self._now,
-                        reason="crash_before_commit: holder lost its lease mid-call")
-            ).rowcount
+            took_over = self._waste_orphaned_calls(conn, slug, chapter_id)
             row = conn.execute(
                 select(C, E.c.title.label("exam_title")).join(E, E.c.slug == C.c.exam)
                 .where(C.c.exam == slug, C.c.chapter_id == chapter_id)).one()
@@ -239,6 +232,16 @@ class Store:
                 exam_title=row.exam_title, title=row.title, prompt=row.prompt,
                 attempts_since_progress=row.attempts_since_progress, took_over_calls=took_over,
             )
+
+    def _waste_orphaned_calls(self, conn: Connection, slug: str, chapter_id: str) -> int:
+        """Calls still in flight when nobody holds the lease belong to a holder whose lease
+        expired (a crash, a freeze, a partition): their output can no longer be committed."""
+        return conn.execute(
+            update(K).where(K.c.exam == slug, K.c.chapter_id == chapter_id,
+                            K.c.outcome == CallOutcome.in_flight.value)
+            .values(outcome=CallOutcome.wasted.value, finished_at=self._now,
+                    reason="crash_before_commit: holder lost its lease mid-call")
+        ).rowcount
 
     def _why_not(self, conn: Connection, slug: str, chapter_id: str,
                  max_attempts: int) -> NotClaimed:
@@ -264,6 +267,7 @@ class Store:
             conn.execute(update(C).where(C.c.exam == slug, C.c.chapter_id == chapter_id).values(
                 state=ChapterState.failed.value, lease_owner=None, lease_expires_at=None,
                 last_error=error, last_error_at=self._now, updated_at=self._now))
+            self._waste_orphaned_calls(conn, slug, chapter_id)
             return NotClaimed("cap", detail=error)
         return NotClaimed("busy", retry_in_s=0.5, detail="changed under us; check back")
 
@@ -506,12 +510,16 @@ class Store:
     def fail_capped(self, max_attempts: int) -> int:
         """Fail chapters that reached their attempt cap without progress."""
         with self.engine.begin() as conn:
-            return conn.execute(
-                update(C).where(C.c.state.in_(ACTIVE_STATES),
-                                C.c.attempts_since_progress >= max_attempts,
-                                or_(C.c.lease_owner.is_(None),
-                                    C.c.lease_expires_at <= self._now))
-                .values(state=ChapterState.failed.value, lease_owner=None,
-                        lease_expires_at=None, updated_at=self._now, last_error_at=self._now,
-                        last_error=func.coalesce(C.c.last_error, "") + " [attempt cap reached]")
-            ).rowcount
+            capped = conn.execute(
+                select(C.c.exam, C.c.chapter_id).where(
+                    C.c.state.in_(ACTIVE_STATES), C.c.attempts_since_progress >= max_attempts,
+                    or_(C.c.lease_owner.is_(None), C.c.lease_expires_at <= self._now))).all()
+            for exam, chapter_id in capped:
+                conn.execute(update(C).where(C.c.exam == exam, C.c.chapter_id == chapter_id)
+                             .values(state=ChapterState.failed.value, lease_owner=None,
+                                     lease_expires_at=None, updated_at=self._now,
+                                     last_error_at=self._now,
+                                     last_error=func.coalesce(C.c.last_error, "")
+                                     + " [attempt cap reached]"))
+                self._waste_orphaned_calls(conn, exam, chapter_id)
+            return len(capped)

@@ -280,3 +280,18 @@ def test_reads_see_one_snapshot_while_a_batch_commits(store, tmp_path):
         state = conn.execute(select(C.c.state)).scalar_one()
     assert (stored, state) == (5, "running")
     assert store.status("ex")["chapter_list"][0]["state"] == "done"
+
+
+@pytest.mark.parametrize("via", ["claim", "reconciler"])
+def test_failing_at_the_cap_explains_the_dead_holders_call(store, tmp_path, via):
+    _sync(store, tmp_path, [("a", 5)])
+    dead = store.claim("ex", "a", "dead", 0.2, 1)
+    store.start_call(dead, 1, 5)  # the process dies mid-call, at its last allowed attempt
+    time.sleep(0.4)
+    if via == "claim":
+        assert store.claim("ex", "a", "next", 10.0, 1).reason == "cap"
+    else:
+        assert store.fail_capped(1) == 1
+    report = store.status("ex")
+    assert report["chapters"]["failed"] == 1
+    assert (report["usage"]["calls_in_flight"], report["usage"]["calls_wasted"]) == (0, 1)
