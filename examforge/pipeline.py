@@ -14,6 +14,7 @@ import socket
 import threading
 import uuid
 from dataclasses import dataclass, field
+from typing import Any
 
 from examforge.backoff import backoff_s
 from examforge.errors import (
@@ -170,8 +171,9 @@ def _generate(rt: Runtime, claim: Claimed, lost: threading.Event, run: _Run) -> 
         run.calls += 1
         completion = _call(rt, call_id, messages)
         cost = settings.cost_usd(completion.prompt_tokens, completion.completion_tokens)
-        usage = {"prompt_tokens": completion.prompt_tokens,
-                 "completion_tokens": completion.completion_tokens, "cost_usd": cost}
+        usage: dict[str, Any] = {"prompt_tokens": completion.prompt_tokens,
+                                 "completion_tokens": completion.completion_tokens,
+                                 "cost_usd": cost}
         try:
             parsed = parse_questions(completion.content, completion.finish_reason, want, known)
         except OutputInvalid as exc:

@@ -62,7 +62,7 @@ class NotClaimed:
     detail: str = ""
 
 
-@dataclass(frozen=True)
+@dataclass
 class EnqueuePlan:
     to_enqueue: list[str] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)  # chapter -> why
@@ -417,7 +417,7 @@ class Store:
         with self._read() as conn:
             self._require_exam(conn, slug)
             exam = conn.execute(select(E, self._now.label("now")).where(E.c.slug == slug)).one()
-            stored = dict(conn.execute(
+            stored: dict[str, int] = dict(conn.execute(
                 select(Q.c.chapter_id, func.count()).where(Q.c.exam == slug)
                 .group_by(Q.c.chapter_id)).all())
             usage_rows = conn.execute(

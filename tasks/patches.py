@@ -33,4 +33,4 @@ def patch_kombu_redis_close_race() -> None:
         return original(self, asynchronous=asynchronous)
 
     setattr(_connparams, _PATCHED, True)
-    kombu_redis.Channel._connparams = _connparams
+    kombu_redis.Channel._connparams = _connparams  # type: ignore[method-assign]

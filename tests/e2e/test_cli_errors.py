@@ -106,3 +106,15 @@ def test_status_and_export_of_an_unknown_exam(deploy):
     dep = deploy()
     _assert_refused(dep, dep.cli("status", "ghost", "--json"), "ghost")
     _assert_refused(dep, dep.cli("export", "ghost"), "ghost")
+
+
+def test_enqueue_of_a_paused_exam_points_to_resume(deploy, mock):
+    mock.configure(api_key="sk-right")
+    dep = deploy()
+    dep.syllabus("demo", [("a", 5), ("b", 5)])
+    assert dep.cli("run", "demo").returncode == 1  # 401: the chapter fails, the exam pauses
+    result = dep.cli("enqueue", "demo")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines() == [
+        line for line in result.stderr.strip().splitlines() if "resume demo" in line]
+    assert "0 enqueued" in result.stdout

@@ -235,3 +235,15 @@ def test_only_consecutive_auth_failures_count_towards_the_pause(env):
     fake.script = [denied]
     assert process_chapter(rt, "ex", "d").outcome == "failed"
     assert _status(rt)["state"] == "paused"
+
+
+def test_enqueue_plan_of_a_paused_exam_says_so(env):
+    rt, fake = env([("a", 5), ("b", 5)])
+    fake.script = [lambda req, n: httpx.Response(401, json={"error": "bad key"})]
+    process_chapter(rt, "ex", "a")
+    from examforge.syllabus import load_syllabus as load
+
+    plan = rt.store.sync_exam("ex", load(rt.settings.exams_dir / "ex" / "syllabus.json",
+                                         max_questions=100))
+    assert plan.exam_paused and "401" in plan.exam_paused
+    assert plan.to_enqueue == [] and set(plan.skipped) == {"a", "b"}
