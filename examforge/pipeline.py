@@ -160,12 +160,13 @@ def _generate(rt: Runtime, claim: Claimed, lost: threading.Event, run: _Run) -> 
     stored, known = claim.stored, set(claim.known)
     avoid: list[str] = []
     invalid_in_row = 0
-    while stored < claim.target:
+    target = claim.target
+    while stored < target:
         if rt.stopping.is_set():
             raise HandBack()
         if lost.is_set():
             raise LeaseLost(f"lease on {claim.exam}/{claim.chapter_id} lost during the run")
-        want = min(settings.questions_per_call, claim.target - stored)
+        want = min(settings.questions_per_call, target - stored)
         messages = build_messages(claim.exam, claim.exam_title, spec, want, avoid)
         call_id = store.start_call(claim, stored + 1, want)
         run.calls += 1
@@ -189,19 +190,18 @@ def _generate(rt: Runtime, claim: Claimed, lost: threading.Event, run: _Run) -> 
                               "lease_lost: lease expired while the call ran", **usage)
             raise LeaseLost(f"lease on {claim.exam}/{claim.chapter_id} lost during the call")
         note = ", ".join(f"{n} {k} rejected" for k, n in parsed.rejected.items())
-        done = store.commit_batch(claim, settings.lease_s, call_id, stored + 1, parsed.questions,
-                                  model=completion.model or settings.llm_model, note=note,
-                                  **usage)
+        committed = store.commit_batch(claim, settings.lease_s, call_id, stored + 1,
+                                       parsed.questions, model=completion.model or
+                                       settings.llm_model, note=note, **usage)
         invalid_in_row = 0
         run.committed += len(parsed.questions)
-        stored += len(parsed.questions)
+        # The target may have been raised by an enqueue while this chapter ran.
+        stored, target = committed.stored, committed.target
         for q in parsed.questions:
             known.add(normalise(q.question))
             avoid.append(q.question)
         log.info("batch committed", extra={"exam": claim.exam, "chapter": claim.chapter_id,
-                 "attempt": claim.attempt, "stored": stored, "target": claim.target, **usage})
-        if done:
-            break
+                 "attempt": claim.attempt, "stored": stored, "target": target, **usage})
 
 
 def _call(rt: Runtime, call_id: int, messages: list[dict[str, str]]) -> Completion:

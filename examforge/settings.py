@@ -72,7 +72,11 @@ class Settings(BaseSettings):
     worker_soft_shutdown_s: float = Field(
         60.0, ge=0, description="On SIGTERM, how long running calls may finish."
     )
-    task_queue: str = Field("examforge", description="Celery queue name.")
+    task_queue: str = Field("examforge", description="Celery queue of chapter tasks.")
+    db_pool_size: int = Field(
+        10, ge=1, le=200,
+        description="Database connections per process (plus as many in overflow).",
+    )
 
     @field_validator("database_url")
     @classmethod
@@ -84,9 +88,16 @@ class Settings(BaseSettings):
         # A 2 s database stall must not expire a live lease: leave room for four missed beats.
         if self.heartbeat_s is not None and self.heartbeat_s * 4 > self.lease_s:
             raise ValueError("HEARTBEAT_S must be at most LEASE_S / 4")
-        if self.retry_max_s * 4 > self.visibility_timeout_s:
-            raise ValueError("RETRY_MAX_S must stay far below VISIBILITY_TIMEOUT_S")
+        if max(self.retry_max_s, self.retry_after_max_s) * 4 > self.visibility_timeout_s:
+            # A countdown that long would outlive the unacked message: Redis would redeliver it.
+            raise ValueError(
+                "RETRY_MAX_S and RETRY_AFTER_MAX_S must stay below VISIBILITY_TIMEOUT_S / 4")
         return self
+
+    @property
+    def control_queue(self) -> str:
+        """The reconciler's own queue, so a backlog of chapters never delays recovery."""
+        return f"{self.task_queue}-control"
 
     @property
     def heartbeat_interval_s(self) -> float:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import sys
 import time
 from datetime import datetime, timezone
@@ -36,7 +37,7 @@ def _settings() -> Settings:
 def _store(settings: Settings):  # type: ignore[no-untyped-def]
     from storage import Store, connect, migrate
 
-    engine = connect(settings.database_url)
+    engine = connect(settings.database_url, pool_size=settings.db_pool_size)
     migrate(engine)
     return Store(engine)
 
@@ -85,6 +86,10 @@ def enqueue(slug: str, regenerate: tuple[str, ...]) -> None:
     if plan.exam_paused:
         raise UserError(f"exam {slug} is paused ({plan.exam_paused}); "
                         f"fix the cause, then run: python -m producer resume {slug}")
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def _when(epoch: float | None) -> str | None:
@@ -164,6 +169,8 @@ def run(slug: str, concurrency: int) -> None:
         raise UserError(f"exam {slug} is paused ({plan.exam_paused}); "
                         f"fix the cause, then run: python -m producer resume {slug}")
     rt = Runtime.build(settings, store)
+    # SIGTERM stops like Ctrl-C: running calls finish and commit, nothing new is paid for.
+    signal.signal(signal.SIGTERM, _interrupt)
     target = store.status(slug)["questions"]["target"]  # type: ignore[index]
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=err, transient=False) as progress:
@@ -256,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cli.main(args=argv, prog_name="python -m producer", standalone_mode=False)
     except click.exceptions.Abort:
-        err.print("aborted")
+        err.print("interrupted: every committed batch is kept; run the same command to resume")
         return 130
     except click.ClickException as exc:
         # One line, like every other user error (click's default adds a usage block).

@@ -19,31 +19,45 @@ def run_local(rt: Runtime, exam: str, chapter_ids: list[str], concurrency: int,
     heapq.heapify(ready)
     results: dict[str, ChapterResult] = {}
     running: dict[Future[ChapterResult], str] = {}
-    seq = len(ready)
     with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="chapter") as pool:
-        while ready or running:
-            now = time.monotonic()
-            while ready and ready[0][0] <= now and len(running) < concurrency:
-                _, _, chapter_id = heapq.heappop(ready)
-                running[pool.submit(process_chapter, rt, exam, chapter_id)] = chapter_id
-            timeout = max(0.0, ready[0][0] - now) if ready else None
-            if running:
-                finished, _ = wait(running, timeout=min(timeout or 1.0, 1.0),
-                                   return_when=FIRST_COMPLETED)
-            else:
-                finished = set()
-                time.sleep(min(timeout or 0.1, 1.0))
-            for fut in finished:
-                chapter_id = running.pop(fut)
-                result = fut.result()
-                if result.outcome in ("retry", "lost"):
-                    # "lost": our lease expired (a stalled database, another process took the
-                    # chapter); come back and claim again, or find it done.
-                    seq += 1
-                    heapq.heappush(ready, (time.monotonic() + (result.retry_in_s or 1.0), seq,
-                                           chapter_id))
-                else:
-                    results[chapter_id] = result
-            if on_progress:
-                on_progress()
+        try:
+            _loop(rt, exam, pool, ready, running, results, concurrency, on_progress)
+        except BaseException:
+            # Ctrl-C, SIGTERM or a crash: running chapters finish the call they are in, commit
+            # it and stop; the pool's exit waits for exactly that, no more paid calls.
+            rt.stopping.set()
+            raise
     return results
+
+
+def _loop(rt: Runtime, exam: str, pool: ThreadPoolExecutor,
+          ready: list[tuple[float, int, str]], running: dict[Future[ChapterResult], str],
+          results: dict[str, ChapterResult], concurrency: int,
+          on_progress: Callable[[], None] | None) -> None:
+    """Submit ready chapters, collect results, re-schedule retries at their delay."""
+    seq = len(ready) + len(running) + len(results)
+    while ready or running:
+        now = time.monotonic()
+        while ready and ready[0][0] <= now and len(running) < concurrency:
+            _, _, chapter_id = heapq.heappop(ready)
+            running[pool.submit(process_chapter, rt, exam, chapter_id)] = chapter_id
+        timeout = max(0.0, ready[0][0] - now) if ready else None
+        if running:
+            finished, _ = wait(running, timeout=min(timeout or 1.0, 1.0),
+                               return_when=FIRST_COMPLETED)
+        else:
+            finished = set()
+            time.sleep(min(timeout or 0.1, 1.0))
+        for fut in finished:
+            chapter_id = running.pop(fut)
+            result = fut.result()
+            if result.outcome in ("retry", "lost"):
+                # "lost": our lease expired (a stalled database, another process took the
+                # chapter); come back and claim again, or find it done.
+                seq += 1
+                heapq.heappush(ready, (time.monotonic() + (result.retry_in_s or 1.0), seq,
+                                       chapter_id))
+            else:
+                results[chapter_id] = result
+        if on_progress:
+            on_progress()

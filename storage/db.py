@@ -21,7 +21,7 @@ READ_ONLY = "examforge_read_only"
 _MIGRATION_LOCK_ID = 0x65786166
 
 
-def connect(url: str, *, pool_size: int = 40) -> Engine:
+def connect(url: str, *, pool_size: int = 10) -> Engine:
     """An engine for `url`. SQLite gets WAL, a busy timeout and `BEGIN IMMEDIATE` transactions."""
     try:
         parsed = make_url(url)

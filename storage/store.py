@@ -19,7 +19,7 @@ from typing import Iterable, Sequence
 from sqlalchemy import and_, case, delete, func, insert, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from examforge.errors import LeaseLost
 from examforge.output import Question as ParsedQuestion
@@ -51,6 +51,16 @@ class Claimed:
     prompt: str | None
     attempts_since_progress: int = 1
     took_over_calls: int = 0
+
+
+@dataclass(frozen=True)
+class Committed:
+    stored: int
+    target: int
+
+    @property
+    def done(self) -> bool:
+        return self.stored >= self.target
 
 
 @dataclass(frozen=True)
@@ -307,11 +317,13 @@ class Store:
 
     def commit_batch(self, claim: Claimed, lease_s: float, call_id: int, first_number: int,
                      questions: Sequence[ParsedQuestion], *, model: str, prompt_tokens: int,
-                     completion_tokens: int, cost_usd: float, note: str = "") -> bool:
+                     completion_tokens: int, cost_usd: float, note: str = "") -> Committed:
         """Store one call's questions and its usage atomically, only while holding the lease.
 
-        Returns True when the chapter is now complete. Raises LeaseLost (after recording the
-        call as wasted) when the lease is gone: the result is discarded, never mixed in.
+        Returns the chapter's stored count and its target as they are now (the target may have
+        been raised by an `enqueue` while the chapter ran). Raises LeaseLost (after recording
+        the call as wasted) when the lease is gone: the result is discarded, never mixed in. Any
+        other database failure records the call as wasted too, with its tokens, and re-raises.
         """
         try:
             with self.engine.begin() as conn:
@@ -341,18 +353,30 @@ class Store:
                 conn.execute(update(E).where(E.c.slug == claim.exam, E.c.auth_failures > 0)
                              .values(auth_failures=0))
                 stored = self._stored(conn, claim.exam, claim.chapter_id)
-                if stored >= claim.target:
+                target = conn.execute(select(C.c.target).where(
+                    C.c.exam == claim.exam, C.c.chapter_id == claim.chapter_id)).scalar_one()
+                if stored >= target:
                     conn.execute(update(C).where(C.c.exam == claim.exam,
                                                  C.c.chapter_id == claim.chapter_id).values(
                         state=ChapterState.done.value, lease_owner=None, lease_expires_at=None))
-                    return True
-                return False
+                return Committed(stored=stored, target=target)
         except (LeaseLost, IntegrityError) as exc:
-            reason = ("lease_lost: committed by the lease holder's fence check" if
+            reason = ("lease_lost: the lease expired or was taken before the commit" if
                       isinstance(exc, LeaseLost) else "lease_lost: duplicate question number")
             self.finish_call(call_id, CallOutcome.wasted, reason, prompt_tokens=prompt_tokens,
                              completion_tokens=completion_tokens, cost_usd=cost_usd)
             raise LeaseLost(str(exc).splitlines()[0]) from None
+        except SQLAlchemyError as exc:
+            # The reply (and its bill) arrived but the database failed: say so with its tokens,
+            # so the takeover does not book it as a crash with none.
+            try:
+                self.finish_call(call_id, CallOutcome.wasted,
+                                 f"commit_failed: {str(exc).splitlines()[0][:300]}",
+                                 prompt_tokens=prompt_tokens,
+                                 completion_tokens=completion_tokens, cost_usd=cost_usd)
+            except SQLAlchemyError:
+                pass  # still down: the takeover will mark it wasted
+            raise
 
     def release(self, claim: Claimed, *, retry_in_s: float, error: str) -> bool:
         """Give the lease back after a transient failure; nobody may claim before `retry_in_s`."""

@@ -43,7 +43,7 @@ def runtime() -> Runtime:
 def build_runtime(settings: Settings) -> Runtime:
     from storage import Store, connect, migrate
 
-    engine = connect(settings.database_url)
+    engine = connect(settings.database_url, pool_size=settings.db_pool_size)
     migrate(engine)
     return Runtime.build(settings, Store(engine))
 

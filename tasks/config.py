@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from kombu import Exchange, Queue
+
 from examforge.settings import Settings
 
 
@@ -31,6 +33,11 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         # The database is the durable record of outcomes; no result backend to keep in sync.
         "task_ignore_result": True,
         "task_default_queue": settings.task_queue,
+        # Workers consume both queues; the reconciler's own queue keeps a backlog of chapter
+        # tasks from delaying recovery (a dedicated `-Q <queue>-control` worker can run it).
+        "task_queues": tuple(Queue(q, Exchange(q, type="direct"), routing_key=q)
+                             for q in (settings.task_queue, settings.control_queue)),
+        "task_routes": {"examforge.reconcile": {"queue": settings.control_queue}},
         # JSON only: pickle over a reachable broker is remote code execution.
         "task_serializer": "json",
         "result_serializer": "json",
@@ -54,6 +61,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "beat_schedule": {
             "reconcile": {"task": "examforge.reconcile",
                           "schedule": settings.reconcile_interval_s,
-                          "options": {"expires": settings.reconcile_interval_s}},
+                          # A pass that waited ten intervals is stale: a newer one is queued.
+                          "options": {"expires": settings.reconcile_interval_s * 10}},
         },
     }

@@ -25,8 +25,10 @@ def reconcile_once(settings: Settings, store: Store, app: Celery) -> dict[str, i
     for exam, chapter_id in orphans:
         by_exam[exam].append(chapter_id)
     for exam, chapter_ids in by_exam.items():
-        publish_chapters(app, exam, chapter_ids)
+        # Marked before publishing, so a worker's pick-up always reads as after the enqueue:
+        # if that worker dies too, the chapter is an orphan again.
         store.mark_enqueued(exam, chapter_ids, epoch)
+        publish_chapters(app, exam, chapter_ids)
         log.warning("re-enqueued orphaned chapters",
                     extra={"exam": exam, "chapters": ",".join(chapter_ids)})
     return {"requeued": len(orphans), "failed_at_cap": failed}

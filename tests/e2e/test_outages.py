@@ -145,7 +145,7 @@ def test_the_original_message_redelivered_after_the_visibility_timeout_is_a_no_o
         deploy, mock, redis_url):
     mock.configure(latency_s=0.3)
     dep = deploy("sqlite", lease_s=3, reconcile_interval_s=1, visibility_timeout_s=6,
-                 retry_max_s=1)
+                 retry_max_s=1, retry_after_max_s=1)
     dep.syllabus("demo", [("only", 30)])
     assert dep.cli("enqueue", "demo").returncode == 0
     victim = dep.worker(1)

@@ -188,3 +188,22 @@ def test_status_json_contract_and_export_formats(deploy, mock):
     assert len((folder / "generated.csv").read_text().splitlines()) == 11
     table = dep.cli("status", "demo")
     assert "10/10" in table.stdout and "chapters: 2/2 done" in table.stdout
+
+
+def test_ctrl_c_in_local_run_stops_paying_after_the_running_calls(deploy, mock):
+    mock.configure(latency_s=2.0)
+    dep = deploy("sqlite")
+    dep.syllabus("demo", [(f"ch-{i}", 60) for i in range(4)])
+    run = dep.spawn_cli("run", "demo", "--concurrency", "2")
+    wait_for(lambda: dep.store.exam_exists("demo")
+             and dep.status("demo")["usage"]["calls_in_flight"] == 2, 30, "two calls in flight")
+    calls_before = mock.stats()["calls_total"]
+    started = time.monotonic()
+    run.send_signal(signal.SIGINT)
+    assert run.wait(15) == 130
+    assert time.monotonic() - started < 4.5  # one call's latency, not whole chapters
+    output = run.stdout.read().decode()  # type: ignore[union-attr]
+    assert "Traceback" not in output and "run the same command to resume" in output
+    assert mock.stats()["calls_total"] == calls_before  # no call started after Ctrl-C
+    usage = dep.status("demo")["usage"]
+    assert usage["calls_in_flight"] == 0 and usage["calls_wasted"] == 0

@@ -107,12 +107,12 @@ def test_takeover_marks_in_flight_calls_of_the_dead_holder_wasted(store, tmp_pat
 def test_batches_commit_until_done_and_resume_skips_committed(store, tmp_path):
     _sync(store, tmp_path, [("a", 12)])
     claim = store.claim("ex", "a", "w", 10.0, 8)
-    assert _commit(store, claim, 5, 1)[1] is False
-    assert _commit(store, claim, 5, 6)[1] is False
+    assert _commit(store, claim, 5, 1)[1].done is False
+    assert _commit(store, claim, 5, 6)[1].done is False
     store.release(claim, retry_in_s=0, error="simulated crash")
     again = store.claim("ex", "a", "w2", 10.0, 8)
     assert isinstance(again, Claimed) and again.stored == 10 and len(again.known) == 10
-    assert _commit(store, again, 2, 11)[1] is True
+    assert _commit(store, again, 2, 11)[1].done is True
     assert store.claim("ex", "a", "w3", 10.0, 8) == NotClaimed("done")
     assert [q["number"] for q in store.questions("ex")] == list(range(1, 13))
 
@@ -295,3 +295,26 @@ def test_failing_at_the_cap_explains_the_dead_holders_call(store, tmp_path, via)
     report = store.status("ex")
     assert report["chapters"]["failed"] == 1
     assert (report["usage"]["calls_in_flight"], report["usage"]["calls_wasted"]) == (0, 1)
+
+
+def test_a_database_error_at_commit_still_accounts_the_call_with_its_tokens(store, tmp_path):
+    from sqlalchemy import event
+    from sqlalchemy.exc import OperationalError
+
+    _sync(store, tmp_path, [("a", 10)])
+    claim = store.claim("ex", "a", "w", 10.0, 8)
+    failures = [1]
+
+    @event.listens_for(store.engine, "before_cursor_execute")
+    def fail_once(conn, cursor, statement, *args):  # type: ignore[no-untyped-def]
+        if statement.startswith("INSERT INTO question") and failures:
+            failures.pop()
+            raise OperationalError(statement, {}, Exception("server closed the connection"))
+
+    with pytest.raises(OperationalError):
+        _commit(store, claim, 5)
+    event.remove(store.engine, "before_cursor_execute", fail_once)
+    usage = store.status("ex")["usage"]
+    assert (usage["calls_wasted"], usage["calls_in_flight"]) == (1, 0)
+    assert (usage["prompt_tokens"], usage["completion_tokens"]) == (10, 20)
+    assert store.status("ex")["questions"]["done"] == 0

@@ -109,3 +109,30 @@ def test_reconcile_re_enqueues_only_the_orphans(app, fake_server, make_settings)
     assert [m["headers"]["id"] for m in _queue(fake_server)] == ["examforge:exam:a"]
     fakeredis.FakeRedis(server=fake_server).flushall()  # the broker lost everything
     assert reconcile_once(settings, store, celery)["requeued"] == 3
+
+
+def test_a_re_enqueued_chapter_whose_fast_worker_dies_is_an_orphan_again(
+        app, fake_server, monkeypatch):
+    celery, settings = app
+    object.__setattr__(settings, "heartbeat_s", 0.01)
+    path = write_syllabus(settings.exams_dir, "exam", [("a", 5)])
+    engine = connect(settings.database_url)
+    migrate(engine)
+    store = Store(engine)
+    store.sync_exam("exam", load_syllabus(path, max_questions=100))
+    store.mark_enqueued("exam", ["a"], "an-epoch-the-broker-lost")
+    import tasks.reconcile as reconcile_module
+
+    real_publish = reconcile_module.publish_chapters
+
+    def publish_and_get_picked_at_once(app, exam, chapter_ids):  # type: ignore[no-untyped-def]
+        real_publish(app, exam, chapter_ids)
+        for chapter_id in chapter_ids:  # a worker takes the message before we return...
+            store.mark_picked(exam, chapter_id)  # ...and then dies without claiming
+
+    monkeypatch.setattr(reconcile_module, "publish_chapters", publish_and_get_picked_at_once)
+    assert reconcile_once(settings, store, celery)["requeued"] == 1  # the broker lost it
+    import time
+
+    time.sleep(0.05)
+    assert reconcile_once(settings, store, celery)["requeued"] == 1  # and its taker died

@@ -50,3 +50,11 @@ def test_app_environment_names_are_real_settings():
     for name in ("worker", "beat", "flower", "producer"):
         env = _compose()["services"][name]["environment"]
         assert set(env) <= known, set(env) - known
+
+
+def test_beat_runs_with_a_worker_on_the_control_queue_only():
+    from examforge.settings import Settings
+
+    beat = _compose()["services"]["beat"]["command"]
+    assert beat[:4] == ["celery", "-A", "tasks", "worker"] and "--beat" in beat
+    assert beat[beat.index("-Q") + 1] == Settings(_env_file=None).control_queue

@@ -247,3 +247,19 @@ def test_enqueue_plan_of_a_paused_exam_says_so(env):
                                          max_questions=100))
     assert plan.exam_paused and "401" in plan.exam_paused
     assert plan.to_enqueue == [] and set(plan.skipped) == {"a", "b"}
+
+
+def test_a_target_raised_while_the_chapter_runs_is_honoured(env):
+    rt, fake = env([("a", 10)])
+    from examforge.syllabus import load_syllabus as load
+
+    def raise_target(req, n):
+        path = write_syllabus(rt.settings.exams_dir, "ex", [("a", 20)])
+        plan = rt.store.sync_exam("ex", load(path, max_questions=100))
+        assert plan.to_enqueue == ["a"]  # enqueue sees it unfinished and publishes it
+        return fake.valid(n, "a")
+
+    fake.script = [raise_target]
+    assert process_chapter(rt, "ex", "a").outcome == "done"
+    assert _status(rt)["questions"] == {"target": 20, "done": 20}
+    assert fake.calls == 4
