@@ -88,6 +88,11 @@ def enqueue(slug: str, regenerate: tuple[str, ...]) -> None:
                         f"fix the cause, then run: python -m producer resume {slug}")
 
 
+def _short(text: str, limit: int = 120) -> str:
+    """One table cell: the whole error is in `status --json`."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
@@ -118,7 +123,7 @@ def status(slug: str, as_json: bool) -> None:
     for c in report["chapter_list"]:  # type: ignore[attr-defined]
         table.add_row(c["id"], c["state"], f"{c['questions']['done']}/{c['questions']['target']}",
                       str(c["attempts"]), str(c["calls"]),
-                      (f"{c['last_error_at']} {c['last_error']}" if c["last_error"] else ""))
+                      _short(f"{c['last_error_at']} {c['last_error']}") if c["last_error"] else "")
     out.print(table)
     out.print(f"chapters: {ch['done']}/{ch['total']} done, {ch['running']} running, "  # type: ignore[index]
               f"{ch['pending']} pending, {ch['failed']} failed, {ch['cancelled']} cancelled")  # type: ignore[index]
