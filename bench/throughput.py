@@ -791,8 +791,7 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(workdir, ignore_errors=True)
         else:
             print(f"[bench] scratch kept in {workdir}", file=sys.stderr)
-    shown_argv = ["/tmp/efvenv/bin/python" if sys.executable.startswith("/tmp/efvenv")
-                  else sys.executable, "bench/throughput.py", *argv]
+    shown_argv = ["python", "bench/throughput.py", *argv]
     report = render(results, args, shown_argv, started, time.monotonic() - t_start)
     print(report)
     Path(args.results).write_text(report)
