@@ -7,7 +7,6 @@ import signal
 import sys
 import time
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 import click

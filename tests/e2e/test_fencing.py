@@ -7,7 +7,6 @@ import glob
 import math
 import os
 import signal
-import time
 
 import pytest
 

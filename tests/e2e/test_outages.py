@@ -3,7 +3,6 @@ and the original message of a killed worker redelivered after the visibility tim
 
 from __future__ import annotations
 
-import signal
 import threading
 import time
 
