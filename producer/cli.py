@@ -34,11 +34,9 @@ def _settings() -> Settings:
 
 
 def _store(settings: Settings):  # type: ignore[no-untyped-def]
-    from storage import Store, connect, migrate
+    from storage import open_store
 
-    engine = connect(settings.database_url, pool_size=settings.db_pool_size)
-    migrate(engine)
-    return Store(engine)
+    return open_store(settings.database_url, pool_size=settings.db_pool_size)
 
 
 def _syllabus(settings: Settings, slug: str) -> Syllabus:

@@ -41,11 +41,10 @@ def runtime() -> Runtime:
 
 
 def build_runtime(settings: Settings) -> Runtime:
-    from storage import Store, connect, migrate
+    from storage import open_store
 
-    engine = connect(settings.database_url, pool_size=settings.db_pool_size)
-    migrate(engine)
-    return Runtime.build(settings, Store(engine))
+    return Runtime.build(settings, open_store(settings.database_url,
+                                              pool_size=settings.db_pool_size))
 
 
 @app.task(

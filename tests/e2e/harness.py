@@ -106,11 +106,11 @@ class Deployment:
     def store(self) -> Any:
         if self._store is None:
             from examforge.settings import normalise_database_url
-            from storage import Store, connect, migrate
+            from storage import open_store
 
-            engine = connect(normalise_database_url(self.env["DATABASE_URL"]), pool_size=2)
-            migrate(engine)  # safe beside the processes doing the same
-            self._store = Store(engine)
+            # Migrating is safe beside the processes doing the same.
+            self._store = open_store(normalise_database_url(self.env["DATABASE_URL"]),
+                                     pool_size=2)
         return self._store
 
     def status(self, slug: str) -> dict[str, Any]:

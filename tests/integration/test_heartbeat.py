@@ -14,7 +14,7 @@ from examforge.pipeline import Runtime, process_chapter
 from examforge.settings import Settings
 from examforge.syllabus import load_syllabus
 from helpers import write_syllabus
-from storage import Store, connect, migrate
+from storage import connect, open_store
 
 
 def test_settings_refuse_a_ttl_shorter_than_four_heartbeats():
@@ -41,9 +41,7 @@ def test_a_two_second_database_stall_does_not_expire_a_live_lease(
     object.__setattr__(settings, "lease_s", lease_s)
     object.__setattr__(settings, "heartbeat_s", heartbeat_s)
     path = write_syllabus(settings.exams_dir, "ex", [("a", 5)])
-    engine = connect(settings.database_url)
-    migrate(engine)
-    store = Store(engine)
+    store = open_store(settings.database_url)
     store.sync_exam("ex", load_syllabus(path, max_questions=100))
     fake = FakeLLM()
     rt = Runtime.build(settings, store, LLMClient(settings, transport=fake.transport()))
@@ -74,9 +72,7 @@ def test_one_beat_renews_many_leases_in_one_statement(make_settings):
     settings = make_settings()
     chapters = [(f"c{i}", 5) for i in range(128)]
     path = write_syllabus(settings.exams_dir, "ex", chapters)
-    engine = connect(settings.database_url)
-    migrate(engine)
-    store = Store(engine)
+    store = open_store(settings.database_url)
     store.sync_exam("ex", load_syllabus(path, max_questions=100))
     rt = Runtime.build(settings, store, LLMClient(settings, transport=FakeLLM().transport()))
     owners = [f"w{i}" for i in range(128)]
@@ -86,7 +82,7 @@ def test_one_beat_renews_many_leases_in_one_statement(make_settings):
 
     from sqlalchemy import event
 
-    @event.listens_for(engine, "before_cursor_execute")
+    @event.listens_for(store.engine, "before_cursor_execute")
     def count(conn, cursor, statement, *args):  # type: ignore[no-untyped-def]
         if statement.lstrip().upper().startswith("UPDATE"):
             statements.append(statement)

@@ -14,7 +14,7 @@ from kombu.transport import redis as kombu_redis
 from examforge.errors import BrokerUnavailable
 from examforge.syllabus import load_syllabus
 from helpers import write_syllabus
-from storage import Store, connect, migrate
+from storage import open_store
 from tasks.broker import broker_epoch, check_broker, publish_chapters
 from tasks.config import celery_config
 from tasks.reconcile import reconcile_once
@@ -93,9 +93,7 @@ def test_check_broker_fails_fast_with_one_line(make_settings):
 def test_reconcile_re_enqueues_only_the_orphans(app, fake_server, make_settings):
     celery, settings = app
     path = write_syllabus(settings.exams_dir, "exam", [("a", 5), ("b", 5), ("c", 5)])
-    engine = connect(settings.database_url)
-    migrate(engine)
-    store = Store(engine)
+    store = open_store(settings.database_url)
     store.sync_exam("exam", load_syllabus(path, max_questions=100))
     epoch = broker_epoch(celery, settings)
     store.mark_enqueued("exam", ["a", "b", "c"], epoch)
@@ -116,9 +114,7 @@ def test_a_re_enqueued_chapter_whose_fast_worker_dies_is_an_orphan_again(
     celery, settings = app
     object.__setattr__(settings, "heartbeat_s", 0.01)
     path = write_syllabus(settings.exams_dir, "exam", [("a", 5)])
-    engine = connect(settings.database_url)
-    migrate(engine)
-    store = Store(engine)
+    store = open_store(settings.database_url)
     store.sync_exam("exam", load_syllabus(path, max_questions=100))
     store.mark_enqueued("exam", ["a"], "an-epoch-the-broker-lost")
     import tasks.reconcile as reconcile_module

@@ -14,7 +14,7 @@ from examforge.llm import LLMClient
 from examforge.pipeline import Runtime, process_chapter
 from examforge.syllabus import load_syllabus
 from helpers import write_syllabus
-from storage import Store, connect, migrate
+from storage import open_store
 
 
 @pytest.fixture
@@ -22,9 +22,7 @@ def env(make_settings, tmp_path):
     def build(chapters=(("a", 12),), **overrides):
         settings = make_settings(**overrides)
         path = write_syllabus(settings.exams_dir, "ex", list(chapters))
-        engine = connect(settings.database_url)
-        migrate(engine)
-        store = Store(engine)
+        store = open_store(settings.database_url)
         store.sync_exam("ex", load_syllabus(path, max_questions=1000))
         fake = FakeLLM()
         rt = Runtime.build(settings, store, LLMClient(settings, transport=fake.transport()))
