@@ -327,6 +327,8 @@ class Store:
         """
         try:
             with self.engine.begin() as conn:
+                # The fence: this row is ours only while the lease is. It also locks the row,
+                # so the target it returns cannot change before we commit.
                 held = conn.execute(
                     update(C)
                     .where(C.c.exam == claim.exam, C.c.chapter_id == claim.chapter_id,
@@ -334,10 +336,11 @@ class Store:
                            C.c.state == ChapterState.running.value)
                     .values(attempts_since_progress=0, lease_expires_at=self._now + lease_s,
                             last_error=None, updated_at=self._now)
-                ).rowcount
-                if held != 1:
+                    .returning(C.c.target, C.c.updated_at)
+                ).one_or_none()
+                if held is None:
                     raise LeaseLost(f"lease on {claim.exam}/{claim.chapter_id} lost before commit")
-                now = conn.execute(select(self._now)).scalar_one()
+                target, now = held
                 conn.execute(insert(Q), [
                     {"exam": claim.exam, "chapter_id": claim.chapter_id,
                      "number": first_number + i, "question": q.question,
@@ -353,8 +356,6 @@ class Store:
                 conn.execute(update(E).where(E.c.slug == claim.exam, E.c.auth_failures > 0)
                              .values(auth_failures=0))
                 stored = self._stored(conn, claim.exam, claim.chapter_id)
-                target = conn.execute(select(C.c.target).where(
-                    C.c.exam == claim.exam, C.c.chapter_id == claim.chapter_id)).scalar_one()
                 if stored >= target:
                     conn.execute(update(C).where(C.c.exam == claim.exam,
                                                  C.c.chapter_id == claim.chapter_id).values(
