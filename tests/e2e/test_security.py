@@ -6,6 +6,7 @@ import base64
 import json
 import os
 import pickle
+import re
 import subprocess
 import sys
 import time
@@ -70,16 +71,33 @@ def test_the_api_key_is_never_in_task_arguments_logs_flower_or_the_database(
         args = json.loads(base64.b64decode(message["body"]))[0]
         assert args[0] == "demo" and args[1].startswith("ch-")  # ids only
         assert SECRET not in raw.decode()
+    # Flower only knows tasks whose events it received, and on a loaded machine it can
+    # take longer to connect its event receiver than the worker takes to finish three
+    # chapters. So the messages are held back until Flower has seen the worker online,
+    # then put back exactly as they were.
+    client = redis.Redis.from_url(redis_url)
+    client.delete(dep.env["TASK_QUEUE"])
     port = free_port()
     flower = subprocess.Popen(
         [sys.executable, "-m", "celery", "-A", "tasks", "flower", f"--port={port}",
          "--address=127.0.0.1", "--basic-auth=admin:pw"],
         cwd=dep.workdir, env=dep.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     dep.procs.append(flower)
-    dep.worker(2)  # no -E: task events are on in the app configuration
+    dep.worker(2)  # no -E: task and worker events are on in the app configuration
+    base = f"http://127.0.0.1:{port}"
+
+    def flower_sees_worker() -> bool:
+        try:
+            r = httpx.get(f"{base}/metrics", auth=("admin", "pw"), timeout=5)
+        except httpx.HTTPError:
+            return False
+        return r.status_code == 200 and re.search(
+            r'^flower_worker_online\{worker="[^"]+"\} 1\.0$', r.text, re.M) is not None
+
+    wait_for(flower_sees_worker, 60, "Flower to receive the worker's events")
+    client.rpush(dep.env["TASK_QUEUE"], *queued)
     report = dep.wait_done("demo", 60)
     assert report["chapters"]["done"] == 3
-    base = f"http://127.0.0.1:{port}"
     assert httpx.get(f"{base}/api/tasks", timeout=5).status_code == 401  # auth required
 
     def flower_tasks():  # type: ignore[no-untyped-def]
