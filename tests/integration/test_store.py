@@ -264,7 +264,7 @@ def test_a_reader_does_not_block_a_writer_on_sqlite(sqlite_url, tmp_path):
         reader.exec_driver_sql("SELECT count(*) FROM chapter").all()
         started = time.monotonic()
         assert isinstance(store.claim("ex", "a", "w", 10.0, 8), Claimed)  # not blocked
-        assert time.monotonic() - started < 2
+        assert time.monotonic() - started < 30  # blocked would mean the 60 s busy timeout
 
 
 def test_reads_see_one_snapshot_while_a_batch_commits(store, tmp_path):
