@@ -155,7 +155,8 @@ class MockProbe:
             if key.startswith(self.prefix):
                 self.last_end_t = time.monotonic()
 
-        state.begin_call, state.end_call = begin, end
+        # Wraps the mock's own hooks to see the first and last call of this system.
+        state.begin_call, state.end_call = begin, end  # type: ignore[method-assign]
 
     def arm(self, slug: str, watch: list[int] | None = None) -> None:
         self.prefix = f"{slug}/"
@@ -366,7 +367,7 @@ class DbProbe:
     def __init__(self, db_url: str) -> None:
         self.url = db_url
         if db_url.startswith("sqlite:///"):
-            self._sqlite = db_url[len("sqlite:///"):]
+            self._sqlite: str | None = db_url[len("sqlite:///"):]
             self._conn: Any = None
         else:
             self._sqlite = None
@@ -549,9 +550,11 @@ def run_distributed(name: str, mock: MockProbe, workdir: Path, targets: list[int
         cpu1 = {p.pid: proc_cpu_s(p.pid) for p in procs}
         servers1 = servers_cpu_s()
         code, enq_cpu = wait_rusage(enq, 60)
-        if code != 0:
-            res.error = f"enqueue exit {code}: {enq.stdout.read().decode()[-500:]}"
+        assert enq.stdout is not None
+        output = enq.stdout.read().decode()
         enq.stdout.close()
+        if code != 0:
+            res.error = f"enqueue exit {code}: {output[-500:]}"
         res.window_s = done - mock.first_call_t if mock.first_call_t else None
         res.e2e_s = done - launched
         res.cpu_window_s = sum(cpu1[p] - mock.cpu_at_first.get(p, cpu0[p]) for p in cpu1)
@@ -662,8 +665,9 @@ def render(results: list[Result], args: argparse.Namespace, argv: list[str],
                         f"{r.error.strip().splitlines()[-1][:120]} |" + " |" * 9)
             continue
         qw, qe = r.qps("window"), r.qps("e2e")
-        ratio_w = qw / base.qps("window") if base and qw and base.qps("window") else None
-        ratio_e = qe / base.qps("e2e") if base and qe and base.qps("e2e") else None
+        bw, be = (base.qps("window"), base.qps("e2e")) if base else (None, None)
+        ratio_w = qw / bw if qw and bw else None
+        ratio_e = qe / be if qe and be else None
         per = 1000 / r.calls_paid if r.calls_paid else None
         cpu_w = r.cpu_window_s * per if per and r.cpu_window_s is not None else None
         cpu_e = r.cpu_e2e_s * per if per and r.cpu_e2e_s is not None else None
