@@ -1,12 +1,16 @@
-"""Services a test owns outright, so it can restart or cut them: a private redis-server and a
-TCP proxy that can drop every connection (a database or broker outage, seen from the workers)."""
+"""Services a test owns outright, so it can restart or cut them: a private redis-server, a
+private PostgreSQL cluster, and a TCP proxy that can drop every connection (a database or broker
+outage, seen from the workers)."""
 
 from __future__ import annotations
 
 import asyncio
+import glob
+import os
 import shutil
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -78,6 +82,59 @@ class PrivateRedis:
         self.stop()
         time.sleep(down_s)
         self.start()
+
+
+class PrivatePostgres:
+    """A PostgreSQL cluster of its own (initdb in a scratch directory, its own port), so a test
+    can crash and restart the server itself without touching the machine's shared one."""
+
+    def __init__(self) -> None:
+        versions = sorted(glob.glob("/usr/lib/postgresql/*/bin"), key=lambda p: int(p.split("/")[-2]))
+        if not versions:
+            raise RuntimeError("PostgreSQL server binaries not found under /usr/lib/postgresql")
+        self.bin = Path(versions[-1])
+        self.port = free_port()
+        # Not under pytest's tmp_path: that is private to root, and the server runs as postgres.
+        self.dir = Path(tempfile.mkdtemp(prefix="examforge-pg-"))
+        self.data = self.dir / "data"
+        self.log = self.dir / "server.log"
+
+    @property
+    def url(self) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+
+    def _run(self, *args: str) -> None:
+        # initdb and postgres refuse to run as root: run them as the postgres user then.
+        prefix = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+        subprocess.run(prefix + list(args), check=True, capture_output=True, timeout=120)
+
+    def start(self) -> "PrivatePostgres":
+        if not self.data.exists():
+            if os.geteuid() == 0:
+                shutil.chown(self.dir, "postgres", "postgres")
+            self._run(str(self.bin / "initdb"), "-D", str(self.data), "-U", "postgres",
+                      "--auth=trust", "--no-sync")
+        self._run(str(self.bin / "pg_ctl"), "-D", str(self.data), "-l", str(self.log), "-w",
+                  "-o", f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1", "start")
+        return self
+
+    def crash(self) -> None:
+        """Stop the way a crash does: `immediate` kills every backend at once, no checkpoint,
+        open transactions are lost, and the next start replays the WAL."""
+        self._run(str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "-w", "stop")
+
+    def restart(self, down_s: float = 3.0) -> None:
+        self.crash()
+        time.sleep(down_s)
+        self.start()
+
+    def stop(self) -> None:
+        try:
+            self._run(str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "-w",
+                      "stop")
+        except subprocess.CalledProcessError:
+            pass  # not running
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 class TcpProxy:

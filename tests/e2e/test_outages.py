@@ -1,5 +1,6 @@
-"""Recovery without a human: the reconciler, a wiped or restarted broker, a database outage,
-and the original message of a killed worker redelivered after the visibility timeout."""
+"""Recovery without a human: the reconciler, a wiped or restarted broker, a database outage
+(connections cut, and a real PostgreSQL crash and restart), and the original message of a
+killed worker redelivered after the visibility timeout."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import redis
 
 from harness import assert_stored_exactly_once, dump, used_batches
 from helpers import wait_for
-from services import PrivateRedis, TcpProxy
+from services import PrivatePostgres, PrivateRedis, TcpProxy
 
 pytestmark = pytest.mark.e2e
 
@@ -138,6 +139,53 @@ def test_a_database_outage_mid_run_retries_and_never_marks_a_partial_chapter_don
         assert_stored_exactly_once(direct, "demo", dict(chapters))
     finally:
         proxy.stop()
+
+
+def test_a_real_postgresql_crash_and_restart_mid_run_loses_nothing(deploy, mock):
+    # The server itself goes down hard (pg_ctl -m immediate: backends killed, open transactions
+    # lost, WAL replayed on start), not just the connections to it.
+    server = PrivatePostgres().start()
+    try:
+        mock.configure(latency_s=0.3)
+        dep = deploy("sqlite", database_url=server.url, lease_s=6, reconcile_interval_s=2)
+        chapters = [(f"ch-{i}", 30) for i in range(6)]
+        dep.syllabus("demo", chapters)
+        assert dep.cli("enqueue", "demo").returncode == 0
+        dep.worker(3)
+        dep.beat()
+        seen: list[dict] = []
+        stop = threading.Event()
+
+        def watch() -> None:
+            while not stop.is_set():
+                try:
+                    seen.extend(c for c in dep.status("demo")["chapter_list"]
+                                if c["state"] == "done")
+                except Exception:  # the server is down: nothing to read
+                    pass
+                time.sleep(0.1)
+
+        wait_for(lambda: dep.status("demo")["questions"]["done"] >= 20, 30, "progress")
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        in_flight = dep.status("demo")["usage"]["calls_in_flight"]
+        server.restart(down_s=3)
+        report = dep.wait_done("demo", 120)
+        stop.set()
+        watcher.join()
+        assert in_flight > 0  # the crash really hit running calls
+        partial = [c for c in seen if c["questions"]["done"] < c["questions"]["target"]]
+        assert partial == []
+        assert report["chapters"]["done"] == 6, dump(report) + dep.worker_logs()
+        assert_stored_exactly_once(dep, "demo", dict(chapters))
+        # Workers went on by themselves, and every paid call that stored nothing says why.
+        wasted = [c for c in dep.calls("demo") if c["outcome"] != "used"]
+        assert all(c["reason"] for c in wasted), wasted
+        # At most the calls in flight when the server died: one per worker thread.
+        assert len(wasted) <= 3, wasted
+        assert report["usage"]["calls_in_flight"] == 0
+    finally:
+        server.stop()
 
 
 def test_the_original_message_redelivered_after_the_visibility_timeout_is_a_no_op(
