@@ -7,9 +7,13 @@ multiplies paid attempts. The transport is injectable: unit tests pass `httpx.Mo
 
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import dataclass
+from typing import Callable
 
 import httpx
+from pydantic import SecretStr
 
 from examforge.backoff import parse_retry_after
 from examforge.errors import (
@@ -21,6 +25,7 @@ from examforge.errors import (
 from examforge.settings import Settings
 
 RETRYABLE_STATUS = {408, 409, 425, 429}
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -30,44 +35,107 @@ class Completion:
     prompt_tokens: int
     completion_tokens: int
     model: str
+    fallback: bool = False  # served by LLM_FALLBACK_BASE_URL (priced with its rates)
+
+
+@dataclass(frozen=True)
+class _Endpoint:
+    http: httpx.Client
+    model: str
+    secret: str
+    fallback: bool
+
+
+class _Unreachable(Exception):
+    """The request never reached the endpoint (connect refused or timed out): nothing was paid,
+    so the same call may go to the fallback."""
 
 
 class LLMClient:
-    """A thread-safe client for many concurrent calls (one connection pool per process)."""
+    """A thread-safe client for many concurrent calls (one connection pool per endpoint).
 
-    def __init__(self, settings: Settings, transport: httpx.BaseTransport | None = None) -> None:
+    With LLM_FALLBACK_BASE_URL set, a call whose connection to the primary fails (refused, or
+    no connection within LLM_CONNECT_TIMEOUT_S) goes to the fallback at once, and so does every
+    call for the next LLM_FALLBACK_HOLD_S. Only connection failures fall back: the request was
+    never delivered, so nothing can have been paid twice. A 429, a 5xx or a read timeout came
+    from a primary that is up, and goes to the caller's retry policy as usual.
+    """
+
+    def __init__(self, settings: Settings, transport: httpx.BaseTransport | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._settings = settings
-        self._http = httpx.Client(
-            base_url=settings.llm_base_url.rstrip("/") + "/",
+        self._clock = clock
+        self._primary = self._endpoint(settings.llm_base_url, settings.llm_api_key,
+                                       settings.llm_model, transport, fallback=False)
+        self._fallback = None
+        if settings.llm_fallback_base_url:
+            self._fallback = self._endpoint(
+                settings.llm_fallback_base_url, settings.llm_fallback_api_key,
+                settings.llm_fallback_model or settings.llm_model, transport, fallback=True)
+        self._primary_down_until = float("-inf")
+
+    def _endpoint(self, base_url: str, key: SecretStr, model: str,
+                  transport: httpx.BaseTransport | None, *, fallback: bool) -> _Endpoint:
+        secret = key.get_secret_value()
+        http = httpx.Client(
+            base_url=base_url.rstrip("/") + "/",
             transport=transport,
             timeout=httpx.Timeout(
-                settings.llm_timeout_s, connect=settings.llm_connect_timeout_s
+                self._settings.llm_timeout_s, connect=self._settings.llm_connect_timeout_s
             ),
             limits=httpx.Limits(max_connections=512, max_keepalive_connections=128),
-            headers={"Authorization": f"Bearer {settings.llm_api_key.get_secret_value()}"},
+            headers={"Authorization": f"Bearer {secret}"} if secret else {},
         )
+        return _Endpoint(http, model, secret, fallback)
 
     def close(self) -> None:
-        self._http.close()
+        self._primary.http.close()
+        if self._fallback:
+            self._fallback.http.close()
 
     def complete(self, messages: list[dict[str, str]]) -> Completion:
         """One paid call. Raises a ProviderError subclass on any failure."""
+        fallback = self._fallback
+        skipped = fallback is not None and self._clock() < self._primary_down_until
+        if not skipped:
+            try:
+                return self._post(self._primary, messages)
+            except _Unreachable as exc:
+                if fallback is None:
+                    raise RetryableProviderError(str(exc)) from exc.__cause__
+                # A plain float store: threads racing here all write "now + hold", any wins.
+                self._primary_down_until = self._clock() + self._settings.llm_fallback_hold_s
+                log.warning("primary model endpoint unreachable; using the fallback",
+                            extra={"error": str(exc),
+                                   "hold_s": self._settings.llm_fallback_hold_s})
+        assert fallback is not None  # reached only when the primary was skipped or unreachable
+        try:
+            return self._post(fallback, messages)
+        except _Unreachable as exc:
+            where = "fallback; primary held off" if skipped else "primary and fallback"
+            raise RetryableProviderError(f"{exc} ({where})") from exc.__cause__
+
+    def _post(self, ep: _Endpoint, messages: list[dict[str, str]]) -> Completion:
         body: dict[str, object] = {
-            "model": self._settings.llm_model,
+            "model": ep.model,
             "messages": messages,
             "temperature": self._settings.llm_temperature,
         }
         if self._settings.llm_json_mode:
             body["response_format"] = {"type": "json_object"}
         try:
-            response = self._http.post("chat/completions", json=body)
+            response = ep.http.post("chat/completions", json=body)
+        except httpx.ConnectTimeout as exc:
+            raise _Unreachable(f"timeout: {type(exc).__name__}") from exc
+        except httpx.ConnectError as exc:
+            raise _Unreachable(f"connection error: {type(exc).__name__}") from exc
         except httpx.TimeoutException as exc:
             raise RetryableProviderError(f"timeout: {type(exc).__name__}") from exc
         except httpx.TransportError as exc:
             raise RetryableProviderError(f"connection error: {type(exc).__name__}") from exc
         except httpx.RequestError as exc:  # e.g. DecodingError: a corrupt compressed body
             raise RetryableProviderError(f"unreadable reply: {type(exc).__name__}") from exc
-        return _translate(response, self._settings.llm_api_key.get_secret_value())
+        return _translate(response, ep)
 
 
 def _redact(text: str, secret: str) -> str:
@@ -94,8 +162,8 @@ def _usage(data: dict[str, object]) -> tuple[int, int]:
     return _int(usage.get("prompt_tokens")), _int(usage.get("completion_tokens"))
 
 
-def _translate(response: httpx.Response, secret: str) -> Completion:
-    status = response.status_code
+def _translate(response: httpx.Response, ep: _Endpoint) -> Completion:
+    status, secret = response.status_code, ep.secret
     if status in (401, 403):
         raise AuthError(_error_text(response, secret), status_code=status)
     if status in RETRYABLE_STATUS or status >= 500:
@@ -132,7 +200,8 @@ def _translate(response: httpx.Response, secret: str) -> Completion:
         finish_reason=finish_reason,
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
-        model=str(data.get("model") or ""),
+        model=str(data.get("model") or ep.model),
+        fallback=ep.fallback,
     )
 
 

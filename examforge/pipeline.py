@@ -171,7 +171,8 @@ def _generate(rt: Runtime, claim: Claimed, lost: threading.Event, run: _Run) -> 
         call_id = store.start_call(claim, stored + 1, want)
         run.calls += 1
         completion = _call(rt, call_id, messages)
-        cost = settings.cost_usd(completion.prompt_tokens, completion.completion_tokens)
+        cost = settings.cost_usd(completion.prompt_tokens, completion.completion_tokens,
+                                 fallback=completion.fallback)
         usage: dict[str, Any] = {"prompt_tokens": completion.prompt_tokens,
                                  "completion_tokens": completion.completion_tokens,
                                  "cost_usd": cost}

@@ -45,6 +45,24 @@ class Settings(BaseSettings):
     llm_price_completion_per_mtok: float = Field(
         0.0, ge=0, description="USD per million completion tokens."
     )
+    llm_fallback_base_url: str | None = Field(
+        None,
+        description="A second OpenAI-compatible endpoint, used while LLM_BASE_URL is unreachable.",
+    )
+    llm_fallback_api_key: SecretStr = Field(
+        SecretStr(""), description="Bearer token for the fallback (empty: no Authorization header)."
+    )
+    llm_fallback_model: str | None = Field(None, description="Model at the fallback; default LLM_MODEL.")
+    llm_fallback_price_prompt_per_mtok: float = Field(
+        0.0, ge=0, description="USD per million prompt tokens at the fallback."
+    )
+    llm_fallback_price_completion_per_mtok: float = Field(
+        0.0, ge=0, description="USD per million completion tokens at the fallback."
+    )
+    llm_fallback_hold_s: float = Field(
+        60.0, ge=0,
+        description="After the primary was unreachable, send calls straight to the fallback this long.",
+    )
     questions_per_call: int = Field(10, ge=1, le=100, description="Questions asked per model call.")
     max_questions_per_chapter: int = Field(5000, ge=1, description="Sanity cap on a chapter's count.")
     exams_dir: Path = Field(Path("./exams"), description="Where SLUG/syllabus.json lives.")
@@ -103,11 +121,15 @@ class Settings(BaseSettings):
     def heartbeat_interval_s(self) -> float:
         return self.heartbeat_s if self.heartbeat_s is not None else self.lease_s / 4
 
-    def cost_usd(self, prompt_tokens: int, completion_tokens: int) -> float:
-        return (
-            prompt_tokens * self.llm_price_prompt_per_mtok
-            + completion_tokens * self.llm_price_completion_per_mtok
-        ) / 1_000_000
+    def cost_usd(self, prompt_tokens: int, completion_tokens: int, *,
+                 fallback: bool = False) -> float:
+        """What a call cost at the primary endpoint, or at the fallback."""
+        if fallback:
+            prompt, completion = (self.llm_fallback_price_prompt_per_mtok,
+                                  self.llm_fallback_price_completion_per_mtok)
+        else:
+            prompt, completion = self.llm_price_prompt_per_mtok, self.llm_price_completion_per_mtok
+        return (prompt_tokens * prompt + completion_tokens * completion) / 1_000_000
 
 
 @lru_cache(maxsize=1)

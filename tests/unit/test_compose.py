@@ -58,3 +58,17 @@ def test_beat_runs_with_a_worker_on_the_control_queue_only():
     beat = _compose()["services"]["beat"]["command"]
     assert beat[:4] == ["celery", "-A", "tasks", "worker"] and "--beat" in beat
     assert beat[beat.index("-Q") + 1] == Settings(_env_file=None).control_queue
+
+
+def test_app_environment_with_only_its_defaults_is_valid_settings(monkeypatch):
+    # What compose hands the app when .env sets nothing optional: ${VAR:-default} becomes the
+    # default (an empty one included), ${VAR:?message} a placeholder.
+    import re
+
+    env = _compose()["services"]["worker"]["environment"]
+    for name, value in env.items():
+        value = re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", str(value))
+        value = re.sub(r"\$\{\w+:\?[^}]*\}", "placeholder", value)
+        monkeypatch.setenv(name, value)
+    settings = Settings(_env_file=None)
+    assert settings.llm_fallback_base_url == "" and settings.llm_base_url == "http://mock:8089/v1"

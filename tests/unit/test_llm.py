@@ -186,11 +186,12 @@ def test_empty_but_well_formed_messages(client_for: Callable[..., tuple[LLMClien
     assert (completion.content, completion.finish_reason) == (content, finish_reason)
 
 
-def test_missing_model_is_empty_string(client_for: Callable[..., tuple[LLMClient, Recorder]]) -> None:
+def test_missing_model_is_the_model_asked_for(
+        client_for: Callable[..., tuple[LLMClient, Recorder]]) -> None:
     data = _envelope()
     del data["model"]
-    client, _ = client_for(lambda r: httpx.Response(200, json=data))
-    assert client.complete(MESSAGES).model == ""
+    client, _ = client_for(lambda r: httpx.Response(200, json=data), llm_model="asked-model")
+    assert client.complete(MESSAGES).model == "asked-model"
 
 
 BROKEN_ENVELOPES: list[tuple[str, Callable[[], httpx.Response]]] = [
