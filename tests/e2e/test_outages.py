@@ -101,6 +101,36 @@ def test_workers_reconnect_after_a_broker_restart(deploy, mock, tmp_path):
         broker.stop()
 
 
+class PartialDoneWatcher:
+    """Reads status every 0.1 s in a thread while it is open, and keeps every chapter it ever
+    sees marked done with fewer questions than its target. Reads that fail (the database is
+    down) are skipped."""
+
+    def __init__(self, dep, slug: str) -> None:  # type: ignore[no-untyped-def]
+        self.dep, self.slug = dep, slug
+        self.partial: list[dict] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch)
+
+    def _watch(self) -> None:
+        while not self._stop.is_set():
+            try:
+                chapters = self.dep.status(self.slug)["chapter_list"]
+            except Exception:  # the server is down: nothing to read
+                chapters = []
+            self.partial += [c for c in chapters if c["state"] == "done"
+                             and c["questions"]["done"] < c["questions"]["target"]]
+            time.sleep(0.1)
+
+    def __enter__(self) -> "PartialDoneWatcher":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
 def test_a_database_outage_mid_run_retries_and_never_marks_a_partial_chapter_done(
         deploy, mock, pg_url):
     host_port = pg_url.split("@", 1)[1].split("/", 1)[0]
@@ -115,26 +145,13 @@ def test_a_database_outage_mid_run_retries_and_never_marks_a_partial_chapter_don
         assert dep.cli("enqueue", "demo").returncode == 0
         dep.worker(3)
         dep.beat()
-        bad: list[dict] = []
-        stop = threading.Event()
-
-        def watch() -> None:
-            while not stop.is_set():
-                for c in direct.status("demo")["chapter_list"]:
-                    if c["state"] == "done" and c["questions"]["done"] < c["questions"]["target"]:
-                        bad.append(c)
-                time.sleep(0.1)
-
         wait_for(lambda: direct.status("demo")["questions"]["done"] >= 20, 30, "progress")
-        watcher = threading.Thread(target=watch)
-        watcher.start()
-        proxy.cut()
-        time.sleep(3)
-        proxy.restore()
-        report = direct.wait_done("demo", 120)
-        stop.set()
-        watcher.join()
-        assert bad == []
+        with PartialDoneWatcher(direct, "demo") as watcher:
+            proxy.cut()
+            time.sleep(3)
+            proxy.restore()
+            report = direct.wait_done("demo", 120)
+        assert watcher.partial == []
         assert report["chapters"]["done"] == 6, dump(report) + dep.worker_logs()
         assert_stored_exactly_once(direct, "demo", dict(chapters))
     finally:
@@ -153,29 +170,13 @@ def test_a_real_postgresql_crash_and_restart_mid_run_loses_nothing(deploy, mock)
         assert dep.cli("enqueue", "demo").returncode == 0
         dep.worker(3)
         dep.beat()
-        seen: list[dict] = []
-        stop = threading.Event()
-
-        def watch() -> None:
-            while not stop.is_set():
-                try:
-                    seen.extend(c for c in dep.status("demo")["chapter_list"]
-                                if c["state"] == "done")
-                except Exception:  # the server is down: nothing to read
-                    pass
-                time.sleep(0.1)
-
         wait_for(lambda: dep.status("demo")["questions"]["done"] >= 20, 30, "progress")
-        watcher = threading.Thread(target=watch)
-        watcher.start()
-        in_flight = dep.status("demo")["usage"]["calls_in_flight"]
-        server.restart(down_s=3)
-        report = dep.wait_done("demo", 120)
-        stop.set()
-        watcher.join()
+        with PartialDoneWatcher(dep, "demo") as watcher:
+            in_flight = dep.status("demo")["usage"]["calls_in_flight"]
+            server.restart(down_s=3)
+            report = dep.wait_done("demo", 120)
         assert in_flight > 0  # the crash really hit running calls
-        partial = [c for c in seen if c["questions"]["done"] < c["questions"]["target"]]
-        assert partial == []
+        assert watcher.partial == []
         assert report["chapters"]["done"] == 6, dump(report) + dep.worker_logs()
         assert_stored_exactly_once(dep, "demo", dict(chapters))
         # Workers went on by themselves, and every paid call that stored nothing says why.
