@@ -9,8 +9,11 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+import httpx
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from examforge.errors import ConfigError
 
 
 def normalise_database_url(url: str) -> str:
@@ -96,6 +99,18 @@ class Settings(BaseSettings):
         description="Database connections per process (plus as many in overflow).",
     )
 
+    @field_validator("llm_base_url", "llm_fallback_base_url")
+    @classmethod
+    def _http_url(cls, v: str | None) -> str | None:
+        # Checked here, not at the first call: a URL without a scheme would otherwise be a
+        # "connection error" retried until every chapter hit its attempt cap.
+        if not v:
+            return None
+        url = httpx.URL(v) if v.startswith(("http://", "https://")) else None
+        if url is None or not url.host:
+            raise ValueError(f"must be an http:// or https:// URL with a host, got {v[:100]!r}")
+        return v
+
     @field_validator("database_url")
     @classmethod
     def _normalise_db(cls, v: str) -> str:
@@ -134,5 +149,13 @@ class Settings(BaseSettings):
 
 @lru_cache(maxsize=1)
 def load_settings() -> Settings:
-    """Settings from the environment and `.env`; cached for the process."""
-    return Settings()
+    """Settings from the environment and `.env`; cached for the process.
+
+    Raises ConfigError with one line naming the first bad variable: callers print it as is.
+    """
+    try:
+        return Settings()
+    except ValidationError as exc:
+        e = exc.errors()[0]
+        field = ".".join(str(p) for p in e["loc"]).upper() or "settings"
+        raise ConfigError(f"environment/.env: {field}: {e['msg']}") from None

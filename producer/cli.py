@@ -10,12 +10,11 @@ from datetime import datetime, timezone
 from typing import Any, Callable, TypeVar
 
 import click
-from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 from sqlalchemy.exc import OperationalError
 
-from examforge.errors import ConfigError, DatabaseUnavailable, ExamforgeError, UserError
+from examforge.errors import DatabaseUnavailable, ExamforgeError, UserError
 from examforge.settings import Settings, load_settings
 from examforge.syllabus import Syllabus, find_syllabus, load_syllabus
 
@@ -25,12 +24,7 @@ out = Console(highlight=False)
 
 
 def _settings() -> Settings:
-    try:
-        return load_settings()
-    except ValidationError as exc:
-        e = exc.errors()[0]
-        field = ".".join(str(p) for p in e["loc"]).upper() or "settings"
-        raise ConfigError(f"environment/.env: {field}: {e['msg']}") from None
+    return load_settings()  # a ConfigError names the bad variable in one line
 
 
 def _store(settings: Settings):  # type: ignore[no-untyped-def]

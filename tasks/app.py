@@ -12,7 +12,7 @@ from celery import Celery
 from celery.signals import setup_logging, worker_ready, worker_shutting_down
 from sqlalchemy.exc import InterfaceError, OperationalError
 
-from examforge.errors import DatabaseUnavailable
+from examforge.errors import ConfigError, DatabaseUnavailable
 from examforge.pipeline import Runtime, process_chapter
 from examforge.settings import Settings, load_settings
 
@@ -24,8 +24,15 @@ patch_kombu_redis_close_race()
 
 log = logging.getLogger("examforge.tasks")
 
+try:
+    _settings_at_start = load_settings()
+except ConfigError as _exc:
+    # Celery would wrap any exception here in "Unable to load celery application" and a
+    # traceback; a bad setting is a user error: one line, non-zero exit.
+    raise SystemExit(f"error: {_exc}") from None
+
 app = Celery("examforge")
-app.conf.update(celery_config(load_settings()))
+app.conf.update(celery_config(_settings_at_start))
 
 _runtime: Runtime | None = None
 _runtime_lock = threading.Lock()

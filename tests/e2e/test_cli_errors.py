@@ -4,6 +4,8 @@ enqueued. Runs the real CLI in a subprocess."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 
 import pytest
@@ -100,6 +102,27 @@ def test_invalid_setting_is_one_line(deploy):
     _write(dep, "exam", GOOD)
     result = dep.cli("enqueue", "exam", QUESTIONS_PER_CALL="lots")
     _assert_refused(dep, result, "QUESTIONS_PER_CALL")
+
+
+def test_a_model_url_without_a_scheme_is_one_line(deploy):
+    dep = deploy()
+    _write(dep, "exam", GOOD)
+    result = dep.cli("enqueue", "exam", LLM_BASE_URL="localhost:8089/v1")
+    _assert_refused(dep, result, "LLM_BASE_URL", "http://")
+
+
+@pytest.mark.parametrize("command", [["worker", "-P", "threads"], ["beat"]])
+def test_a_worker_or_beat_with_an_invalid_setting_exits_with_one_line(deploy, command):
+    # Celery would otherwise print "Unable to load celery application" and a traceback.
+    dep = deploy()
+    result = subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "tasks", *command],
+        cwd=dep.workdir, env={**dep.env, "LEASE_S": "1", "HEARTBEAT_S": "5"},
+        capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0
+    output = (result.stdout + result.stderr).strip()
+    assert len(output.splitlines()) == 1 and output.startswith("error: environment/.env: "), output
+    assert "HEARTBEAT_S must be at most LEASE_S / 4" in output
 
 
 def test_status_and_export_of_an_unknown_exam(deploy):

@@ -71,4 +71,4 @@ def test_app_environment_with_only_its_defaults_is_valid_settings(monkeypatch):
         value = re.sub(r"\$\{\w+:\?[^}]*\}", "placeholder", value)
         monkeypatch.setenv(name, value)
     settings = Settings(_env_file=None)
-    assert settings.llm_fallback_base_url == "" and settings.llm_base_url == "http://mock:8089/v1"
+    assert settings.llm_fallback_base_url is None and settings.llm_base_url == "http://mock:8089/v1"

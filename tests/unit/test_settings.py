@@ -39,3 +39,16 @@ def test_dotenv_and_environment(clean_env, tmp_path, monkeypatch):
 def test_retry_ceiling_must_stay_far_below_the_visibility_timeout(clean_env):
     with pytest.raises(ValidationError, match="RETRY_MAX_S"):
         Settings(_env_file=None, retry_max_s=3000, visibility_timeout_s=3600)
+
+
+@pytest.mark.parametrize("url", ["localhost:8089/v1", "ftp://host/v1", "http://", "mock"])
+def test_a_model_url_without_scheme_or_host_is_refused_at_start(clean_env, url):
+    with pytest.raises(ValidationError, match="LLM_BASE_URL|llm_base_url"):
+        Settings(_env_file=None, llm_base_url=url)
+    with pytest.raises(ValidationError, match="llm_fallback_base_url"):
+        Settings(_env_file=None, llm_fallback_base_url=url)
+
+
+def test_an_empty_fallback_url_means_no_fallback(clean_env):
+    assert Settings(_env_file=None, llm_fallback_base_url="").llm_fallback_base_url is None
+    assert Settings(_env_file=None, llm_base_url="http://ollama:11434/v1").llm_base_url
