@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+import ssl
+from dataclasses import dataclass, field
 from typing import Callable
 
 import httpx
@@ -42,8 +43,8 @@ class Completion:
 class _Endpoint:
     http: httpx.Client
     model: str
-    secret: str
-    fallback: bool
+    secret: str = field(repr=False)  # never in a repr, a traceback's locals or a log
+    fallback: bool = False
 
 
 class _Unreachable(Exception):
@@ -128,6 +129,13 @@ class LLMClient:
         except httpx.ConnectTimeout as exc:
             raise _Unreachable(f"timeout: {type(exc).__name__}") from exc
         except httpx.ConnectError as exc:
+            if _caused_by(exc, ssl.SSLCertVerificationError):
+                # A certificate that does not verify is a configuration problem: no retry
+                # fixes it, and it must not quietly send the traffic to the fallback.
+                raise PermanentProviderError(
+                    f"TLS certificate verification failed for {ep.http.base_url.host}") from exc
+            # Refused, unreachable, or a name that does not resolve (in a compose network a
+            # service's name exists only while it runs): the request was never sent.
             raise _Unreachable(f"connection error: {type(exc).__name__}") from exc
         except httpx.TimeoutException as exc:
             raise RetryableProviderError(f"timeout: {type(exc).__name__}") from exc
@@ -136,6 +144,22 @@ class LLMClient:
         except httpx.RequestError as exc:  # e.g. DecodingError: a corrupt compressed body
             raise RetryableProviderError(f"unreadable reply: {type(exc).__name__}") from exc
         return _translate(response, ep)
+
+
+def _caused_by(exc: BaseException, kind: type[BaseException]) -> bool:
+    """Whether `kind` is anywhere in the chain (httpcore re-raises with `from None`, so the
+    original error sits on __context__)."""
+    seen: set[int] = set()
+    stack: list[BaseException | None] = [exc]
+    while stack:
+        e = stack.pop()
+        if e is None or id(e) in seen:
+            continue
+        if isinstance(e, kind):
+            return True
+        seen.add(id(e))
+        stack += [e.__cause__, e.__context__]
+    return False
 
 
 def _redact(text: str, secret: str) -> str:

@@ -10,7 +10,14 @@ from functools import lru_cache
 from pathlib import Path
 
 import httpx
-from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import (
+    Field,
+    SecretStr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from examforge.errors import ConfigError
@@ -101,14 +108,18 @@ class Settings(BaseSettings):
 
     @field_validator("llm_base_url", "llm_fallback_base_url")
     @classmethod
-    def _http_url(cls, v: str | None) -> str | None:
+    def _http_url(cls, v: str | None, info: ValidationInfo) -> str | None:
         # Checked here, not at the first call: a URL without a scheme would otherwise be a
-        # "connection error" retried until every chapter hit its attempt cap.
-        if not v:
-            return None
-        url = httpx.URL(v) if v.startswith(("http://", "https://")) else None
-        if url is None or not url.host:
-            raise ValueError(f"must be an http:// or https:// URL with a host, got {v[:100]!r}")
+        # "connection error" retried until every chapter hit its attempt cap. The value is not
+        # repeated in the message: a key pasted into the wrong variable would be printed.
+        if not v and info.field_name == "llm_fallback_base_url":
+            return None  # empty: no fallback
+        try:
+            url = httpx.URL(v or "")
+        except httpx.InvalidURL:
+            url = None
+        if url is None or url.scheme not in ("http", "https") or not url.host:
+            raise ValueError("must be an http:// or https:// URL with a host")
         return v
 
     @field_validator("database_url")

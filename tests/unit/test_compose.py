@@ -72,3 +72,12 @@ def test_app_environment_with_only_its_defaults_is_valid_settings(monkeypatch):
         monkeypatch.setenv(name, value)
     settings = Settings(_env_file=None)
     assert settings.llm_fallback_base_url is None and settings.llm_base_url == "http://mock:8089/v1"
+
+
+def test_every_model_setting_reaches_the_containers():
+    # Compose passes only what `environment` lists: a price left out would book every call
+    # at $0 under compose.
+    wanted = {name.upper() for name in Settings.model_fields if name.startswith("llm_")}
+    for name in ("worker", "beat", "producer"):
+        env = _compose()["services"][name]["environment"]
+        assert wanted <= set(env), (name, wanted - set(env))

@@ -10,7 +10,9 @@ from typing import Any, Callable, Iterator
 import httpx
 import pytest
 
-from examforge.errors import AuthError, RetryableProviderError
+import ssl
+
+from examforge.errors import AuthError, PermanentProviderError, RetryableProviderError
 from examforge.llm import LLMClient
 from fakellm import reply
 
@@ -165,3 +167,23 @@ def test_the_fallbacks_prices_apply_to_its_calls(make_settings: Callable[..., An
                       llm_fallback_price_completion_per_mtok=0.60)
     assert s.cost_usd(1_000_000, 1_000_000) == 0
     assert s.cost_usd(1_000_000, 1_000_000, fallback=True) == pytest.approx(0.75)
+
+
+def test_a_certificate_that_does_not_verify_is_permanent_and_does_not_fall_back(
+        client: LLMClient, hosts: Hosts) -> None:
+    def bad_certificate(request: httpx.Request) -> httpx.Response:
+        # What httpcore raises: ConnectError, re-raised `from None`, over the ssl error.
+        try:
+            raise ssl.SSLCertVerificationError(1, "certificate verify failed: self-signed")
+        except ssl.SSLError:
+            raise httpx.ConnectError("[SSL: CERTIFICATE_VERIFY_FAILED]", request=request) from None
+
+    hosts.behaviour[PRIMARY] = bad_certificate
+    with pytest.raises(PermanentProviderError, match=f"TLS certificate verification failed for {PRIMARY}"):
+        client.complete(MESSAGES)
+    assert hosts.hosts() == [PRIMARY]
+
+
+def test_the_endpoint_repr_never_shows_a_key(client: LLMClient) -> None:
+    text = repr(vars(client))
+    assert PRIMARY_KEY not in text and FALLBACK_KEY not in text

@@ -41,14 +41,35 @@ def test_retry_ceiling_must_stay_far_below_the_visibility_timeout(clean_env):
         Settings(_env_file=None, retry_max_s=3000, visibility_timeout_s=3600)
 
 
-@pytest.mark.parametrize("url", ["localhost:8089/v1", "ftp://host/v1", "http://", "mock"])
-def test_a_model_url_without_scheme_or_host_is_refused_at_start(clean_env, url):
-    with pytest.raises(ValidationError, match="LLM_BASE_URL|llm_base_url"):
-        Settings(_env_file=None, llm_base_url=url)
-    with pytest.raises(ValidationError, match="llm_fallback_base_url"):
-        Settings(_env_file=None, llm_fallback_base_url=url)
+@pytest.mark.parametrize("url", ["localhost:8089/v1", "ftp://host/v1", "http://", "mock",
+                                 "http://host:abc/v1", "http://[::1/v1", "sk-live-KEY-pasted-here"])
+def test_a_model_url_that_is_not_http_with_a_host_is_refused_at_start(clean_env, url):
+    for name in ("llm_base_url", "llm_fallback_base_url"):
+        with pytest.raises(ValidationError, match=name) as info:
+            Settings(_env_file=None, **{name: url})
+        # Exactly this, with no value echoed: it may be a key pasted into the wrong variable.
+        assert info.value.errors()[0]["msg"] == (
+            "Value error, must be an http:// or https:// URL with a host")
 
 
-def test_an_empty_fallback_url_means_no_fallback(clean_env):
+def test_an_empty_fallback_url_means_no_fallback_but_an_empty_primary_is_refused(clean_env):
     assert Settings(_env_file=None, llm_fallback_base_url="").llm_fallback_base_url is None
     assert Settings(_env_file=None, llm_base_url="http://ollama:11434/v1").llm_base_url
+    with pytest.raises(ValidationError, match="llm_base_url"):
+        Settings(_env_file=None, llm_base_url="")
+
+
+def test_load_settings_names_the_bad_variable_in_one_line(clean_env, monkeypatch, tmp_path):
+    from examforge.errors import ConfigError
+    from examforge.settings import load_settings
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("LLM_FALLBACK_BASE_URL", "http://host:abc/v1")
+    load_settings.cache_clear()
+    try:
+        with pytest.raises(ConfigError) as info:
+            load_settings()
+    finally:
+        load_settings.cache_clear()
+    assert str(info.value) == ("environment/.env: LLM_FALLBACK_BASE_URL: Value error, "
+                               "must be an http:// or https:// URL with a host")
