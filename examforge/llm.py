@@ -8,8 +8,9 @@ multiplies paid attempts. The transport is injectable: unit tests pass `httpx.Mo
 from __future__ import annotations
 
 import logging
-import time
 import ssl
+import threading
+import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -73,7 +74,8 @@ class LLMClient:
             self._fallback = self._endpoint(
                 settings.llm_fallback_base_url, settings.llm_fallback_api_key,
                 settings.llm_fallback_model or settings.llm_model, transport, fallback=True)
-        self._primary_down_until = float("-inf")
+        self._primary_down_until = float("-inf")  # -inf: the primary is not known to be down
+        self._lock = threading.Lock()
 
     def _endpoint(self, base_url: str, key: SecretStr, model: str,
                   transport: httpx.BaseTransport | None, *, fallback: bool) -> _Endpoint:
@@ -97,24 +99,43 @@ class LLMClient:
     def complete(self, messages: list[dict[str, str]]) -> Completion:
         """One paid call. Raises a ProviderError subclass on any failure."""
         fallback = self._fallback
-        skipped = fallback is not None and self._clock() < self._primary_down_until
+        skipped = not self._may_try_primary()
         if not skipped:
             try:
-                return self._post(self._primary, messages)
+                completion = self._post(self._primary, messages)
             except _Unreachable as exc:
                 if fallback is None:
                     raise RetryableProviderError(str(exc)) from exc.__cause__
-                # A plain float store: threads racing here all write "now + hold", any wins.
-                self._primary_down_until = self._clock() + self._settings.llm_fallback_hold_s
+                with self._lock:
+                    self._primary_down_until = self._clock() + self._settings.llm_fallback_hold_s
                 log.warning("primary model endpoint unreachable; using the fallback",
                             extra={"error": str(exc),
                                    "hold_s": self._settings.llm_fallback_hold_s})
+            else:
+                if fallback is not None:
+                    with self._lock:
+                        self._primary_down_until = float("-inf")  # it is back
+                return completion
         assert fallback is not None  # reached only when the primary was skipped or unreachable
         try:
             return self._post(fallback, messages)
         except _Unreachable as exc:
             where = "fallback; primary held off" if skipped else "primary and fallback"
             raise RetryableProviderError(f"{exc} ({where})") from exc.__cause__
+
+    def _may_try_primary(self) -> bool:
+        """False while the primary is held off. When a hold ends, one call probes the primary
+        and the others keep using the fallback until the probe has had its connect timeout:
+        32 threads do not all stall on a primary that is still down."""
+        if self._fallback is None:
+            return True
+        with self._lock:
+            now = self._clock()
+            if now < self._primary_down_until:
+                return False
+            if self._primary_down_until != float("-inf"):  # was down: this call is the probe
+                self._primary_down_until = now + self._settings.llm_connect_timeout_s + 1
+            return True
 
     def _post(self, ep: _Endpoint, messages: list[dict[str, str]]) -> Completion:
         body: dict[str, object] = {

@@ -187,3 +187,24 @@ def test_a_certificate_that_does_not_verify_is_permanent_and_does_not_fall_back(
 def test_the_endpoint_repr_never_shows_a_key(client: LLMClient) -> None:
     text = repr(vars(client))
     assert PRIMARY_KEY not in text and FALLBACK_KEY not in text
+
+
+def test_when_the_hold_ends_one_call_probes_the_primary_and_the_others_keep_to_the_fallback(
+        client: LLMClient, hosts: Hosts, clock: Clock) -> None:
+    hosts.behaviour[PRIMARY] = refused
+    client.complete(MESSAGES)  # primary refused: held off for 60 s
+    clock.now += 61
+    during_probe: list[bool] = []
+
+    def slow_refusal(request: httpx.Request) -> httpx.Response:
+        # While this probe is still connecting, another thread's call arrives.
+        during_probe.append(client.complete(MESSAGES).fallback)
+        return refused(request)
+
+    hosts.behaviour[PRIMARY] = slow_refusal
+    assert client.complete(MESSAGES).fallback
+    assert during_probe == [True]
+    assert hosts.hosts() == [PRIMARY, FALLBACK, PRIMARY, FALLBACK, FALLBACK]
+    clock.now += 59  # the failed probe started a new hold
+    client.complete(MESSAGES)
+    assert hosts.hosts()[-1] == FALLBACK
