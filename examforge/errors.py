@@ -71,6 +71,7 @@ class ProviderError(ExamforgeError):
         super().__init__(message)
         self.status_code = status_code
         self.retry_after_s = retry_after_s
+        self.endpoint: str | None = None  # "primary" or "fallback", set by the client
 
 
 class RetryableProviderError(ProviderError):

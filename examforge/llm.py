@@ -39,6 +39,10 @@ class Completion:
     model: str
     fallback: bool = False  # served by LLM_FALLBACK_BASE_URL (priced with its rates)
 
+    @property
+    def endpoint(self) -> str:
+        return "fallback" if self.fallback else "primary"
+
 
 @dataclass(frozen=True)
 class _Endpoint:
@@ -105,7 +109,7 @@ class LLMClient:
                 completion = self._post(self._primary, messages)
             except _Unreachable as exc:
                 if fallback is None:
-                    raise RetryableProviderError(str(exc)) from exc.__cause__
+                    raise _at(RetryableProviderError(str(exc)), self._primary) from exc.__cause__
                 with self._lock:
                     self._primary_down_until = self._clock() + self._settings.llm_fallback_hold_s
                 log.warning("primary model endpoint unreachable; using the fallback",
@@ -121,7 +125,7 @@ class LLMClient:
             return self._post(fallback, messages)
         except _Unreachable as exc:
             where = "fallback; primary held off" if skipped else "primary and fallback"
-            raise RetryableProviderError(f"{exc} ({where})") from exc.__cause__
+            raise _at(RetryableProviderError(f"{exc} ({where})"), fallback) from exc.__cause__
 
     def _may_try_primary(self) -> bool:
         """False while the primary is held off. When a hold ends, one call probes the primary
@@ -138,6 +142,12 @@ class LLMClient:
             return True
 
     def _post(self, ep: _Endpoint, messages: list[dict[str, str]]) -> Completion:
+        try:
+            return self._post_once(ep, messages)
+        except ProviderError as exc:
+            raise _at(exc, ep)
+
+    def _post_once(self, ep: _Endpoint, messages: list[dict[str, str]]) -> Completion:
         body: dict[str, object] = {
             "model": ep.model,
             "messages": messages,
@@ -165,6 +175,12 @@ class LLMClient:
         except httpx.RequestError as exc:  # e.g. DecodingError: a corrupt compressed body
             raise RetryableProviderError(f"unreadable reply: {type(exc).__name__}") from exc
         return _translate(response, ep)
+
+
+def _at(exc: ProviderError, ep: _Endpoint) -> ProviderError:
+    """Say which endpoint an error came from (the ledger books failed calls by endpoint too)."""
+    exc.endpoint = "fallback" if ep.fallback else "primary"
+    return exc
 
 
 def _caused_by(exc: BaseException, kind: type[BaseException]) -> bool:

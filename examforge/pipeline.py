@@ -175,7 +175,7 @@ def _generate(rt: Runtime, claim: Claimed, lost: threading.Event, run: _Run) -> 
                                  fallback=completion.fallback)
         usage: dict[str, Any] = {"prompt_tokens": completion.prompt_tokens,
                                  "completion_tokens": completion.completion_tokens,
-                                 "cost_usd": cost}
+                                 "cost_usd": cost, "endpoint": completion.endpoint}
         try:
             parsed = parse_questions(completion.content, completion.finish_reason, want, known)
         except OutputInvalid as exc:
@@ -209,7 +209,8 @@ def _call(rt: Runtime, call_id: int, messages: list[dict[str, str]]) -> Completi
     try:
         return rt.client.complete(messages)
     except ProviderError as exc:
-        rt.store.finish_call(call_id, CallOutcome.failed, str(exc), status_code=exc.status_code)
+        rt.store.finish_call(call_id, CallOutcome.failed, str(exc), status_code=exc.status_code,
+                             endpoint=exc.endpoint)
         raise
     except BaseException as exc:
         rt.store.finish_call(call_id, CallOutcome.failed, f"{type(exc).__name__}: {exc}")

@@ -123,6 +123,11 @@ def status(slug: str, as_json: bool) -> None:
               f"failed {u['calls_failed']}, in flight {u['calls_in_flight']}); "  # type: ignore[index]
               f"tokens: {u['prompt_tokens']} prompt + {u['completion_tokens']} completion; "  # type: ignore[index]
               f"cost: ${report['cost_usd']:.4f}")
+    by_endpoint: dict[str, dict[str, Any]] = report["usage_by_endpoint"]  # type: ignore[assignment]
+    if "fallback" in by_endpoint:
+        out.print("by endpoint: " + "; ".join(
+            f"{name} {e['calls']} calls, ${e['cost_usd']:.4f}"
+            for name, e in sorted(by_endpoint.items())))
     if report["state"] == "paused":
         out.print(f"[bold red]paused:[/] {report['pause_reason']} — "
                   f"resume with: python -m producer resume {slug}")

@@ -99,5 +99,7 @@ class Call(SQLModel, table=True):
     completion_tokens: int = 0
     cost_usd: float = 0.0
     questions_stored: int = 0
+    # "primary" or "fallback" (LLM_FALLBACK_BASE_URL); None while in flight or when unknown.
+    endpoint: Optional[str] = Field(default=None, max_length=16)
     started_at: float
     finished_at: Optional[float] = None

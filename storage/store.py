@@ -307,17 +307,19 @@ class Store:
 
     def finish_call(self, call_id: int, outcome: CallOutcome, reason: str, *,
                     status_code: int | None = None, prompt_tokens: int = 0,
-                    completion_tokens: int = 0, cost_usd: float = 0.0) -> None:
+                    completion_tokens: int = 0, cost_usd: float = 0.0,
+                    endpoint: str | None = None) -> None:
         """Record how a call that stored nothing ended (failed, or wasted with a reason)."""
         with self.engine.begin() as conn:
             conn.execute(update(K).where(K.c.id == call_id).values(
                 outcome=outcome.value, reason=reason[:500], status_code=status_code,
                 prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                cost_usd=cost_usd, finished_at=self._now))
+                cost_usd=cost_usd, endpoint=endpoint, finished_at=self._now))
 
     def commit_batch(self, claim: Claimed, lease_s: float, call_id: int, first_number: int,
                      questions: Sequence[ParsedQuestion], *, model: str, prompt_tokens: int,
-                     completion_tokens: int, cost_usd: float, note: str = "") -> Committed:
+                     completion_tokens: int, cost_usd: float, note: str = "",
+                     endpoint: str | None = None) -> Committed:
         """Store one call's questions and its usage atomically, only while holding the lease.
 
         Returns the chapter's stored count and its target as they are now (the target may have
@@ -352,7 +354,8 @@ class Store:
                 conn.execute(update(K).where(K.c.id == call_id).values(
                     outcome=CallOutcome.used.value, reason=note or None,
                     prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                    cost_usd=cost_usd, questions_stored=len(questions), finished_at=self._now))
+                    cost_usd=cost_usd, questions_stored=len(questions), endpoint=endpoint,
+                    finished_at=self._now))
                 conn.execute(update(E).where(E.c.slug == claim.exam, E.c.auth_failures > 0)
                              .values(auth_failures=0))
                 stored = self._stored(conn, claim.exam, claim.chapter_id)
@@ -365,7 +368,8 @@ class Store:
             reason = ("lease_lost: the lease expired or was taken before the commit" if
                       isinstance(exc, LeaseLost) else "lease_lost: duplicate question number")
             self.finish_call(call_id, CallOutcome.wasted, reason, prompt_tokens=prompt_tokens,
-                             completion_tokens=completion_tokens, cost_usd=cost_usd)
+                             completion_tokens=completion_tokens, cost_usd=cost_usd,
+                             endpoint=endpoint)
             raise LeaseLost(str(exc).splitlines()[0]) from None
         except SQLAlchemyError as exc:
             # The reply (and its bill) arrived but the database failed: say so with its tokens,
@@ -374,7 +378,8 @@ class Store:
                 self.finish_call(call_id, CallOutcome.wasted,
                                  f"commit_failed: {str(exc).splitlines()[0][:300]}",
                                  prompt_tokens=prompt_tokens,
-                                 completion_tokens=completion_tokens, cost_usd=cost_usd)
+                                 completion_tokens=completion_tokens, cost_usd=cost_usd,
+                                 endpoint=endpoint)
             except SQLAlchemyError:
                 pass  # still down: the takeover will mark it wasted
             raise
@@ -451,6 +456,16 @@ class Store:
                        func.coalesce(func.sum(K.c.completion_tokens), 0),
                        func.coalesce(func.sum(K.c.cost_usd), 0.0))
                 .where(K.c.exam == slug).group_by(K.c.chapter_id, K.c.outcome)).all()
+            by_endpoint = {
+                endpoint or "unknown": {"calls": n, "prompt_tokens": int(p),
+                                        "completion_tokens": int(c), "cost_usd": round(float(cost), 6)}
+                for endpoint, n, p, c, cost in conn.execute(
+                    select(K.c.endpoint, func.count(),
+                           func.coalesce(func.sum(K.c.prompt_tokens), 0),
+                           func.coalesce(func.sum(K.c.completion_tokens), 0),
+                           func.coalesce(func.sum(K.c.cost_usd), 0.0))
+                    .where(K.c.exam == slug).group_by(K.c.endpoint)).all()
+            }
             chapters = conn.execute(select(C).where(C.c.exam == slug)
                                     .order_by(C.c.position)).all()
         usage = {"calls": 0, "prompt_tokens": 0, "completion_tokens": 0,
@@ -487,7 +502,8 @@ class Store:
             "chapters": {"total": len(chapters), **counts},
             "questions": {"target": sum(c["questions"]["target"] for c in listed),
                           "done": sum(c["questions"]["done"] for c in listed)},
-            "usage": usage, "cost_usd": round(cost_usd, 6), "chapter_list": listed,
+            "usage": usage, "cost_usd": round(cost_usd, 6), "usage_by_endpoint": by_endpoint,
+            "chapter_list": listed,
         }
 
     def questions(self, slug: str) -> list[dict[str, object]]:

@@ -35,6 +35,14 @@ def test_workers_fall_back_to_the_second_endpoint_while_the_first_is_unreachable
     # Priced at the fallback's rate: $1 per prompt token here, so cost equals prompt tokens.
     assert report["cost_usd"] == pytest.approx(report["usage"]["prompt_tokens"])
     assert "using the fallback" in dep.worker_logs(tail_chars=None)
+    # The ledger says which endpoint served each call, so each bill can be matched.
+    assert {c["endpoint"] for c in dep.calls("demo")} == {"fallback"}
+    assert report["usage_by_endpoint"] == {"fallback": {
+        "calls": 5, "prompt_tokens": report["usage"]["prompt_tokens"],
+        "completion_tokens": report["usage"]["completion_tokens"],
+        "cost_usd": report["cost_usd"]}}
+    table = dep.cli("status", "demo").stdout
+    assert "by endpoint: fallback 5 calls" in table
 
 
 def test_local_mode_falls_back_too(deploy, mock):

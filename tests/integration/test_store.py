@@ -318,3 +318,40 @@ def test_a_database_error_at_commit_still_accounts_the_call_with_its_tokens(stor
     assert (usage["calls_wasted"], usage["calls_in_flight"]) == (1, 0)
     assert (usage["prompt_tokens"], usage["completion_tokens"]) == (10, 20)
     assert store.status("ex")["questions"]["done"] == 0
+
+
+def test_an_0001_database_with_calls_upgrades_to_head_keeping_its_rows(db_url):
+    from alembic import command
+    from sqlalchemy import text
+
+    from storage.db import alembic_config
+
+    engine = connect(db_url)
+    with engine.begin() as conn:
+        command.upgrade(alembic_config(conn), "0001")
+        conn.execute(text(
+            "INSERT INTO call (exam, chapter_id, attempt, first_number, requested, worker, "
+            "outcome, prompt_tokens, completion_tokens, cost_usd, questions_stored, started_at) "
+            "VALUES ('ex', 'a', 1, 1, 5, 'w', 'used', 10, 20, 0.5, 5, 1.0)"))
+    migrate(engine)  # what every command does on start
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == "0002"
+        rows = conn.execute(text("SELECT prompt_tokens, cost_usd, endpoint FROM call")).all()
+    assert [tuple(r) for r in rows] == [(10, 0.5, None)]
+    engine.dispose()
+
+
+def test_the_migrations_build_exactly_the_models_schema(db_url):
+    # A model changed without a migration (or the reverse) shows up here, on both databases.
+    from alembic.autogenerate import compare_metadata
+    from alembic.migration import MigrationContext
+    from sqlmodel import SQLModel
+
+    import storage.models  # noqa: F401  (registers the tables)
+
+    engine = connect(db_url)
+    migrate(engine)
+    with engine.connect() as conn:
+        diff = compare_metadata(MigrationContext.configure(conn), SQLModel.metadata)
+    engine.dispose()
+    assert diff == []

@@ -208,3 +208,25 @@ def test_when_the_hold_ends_one_call_probes_the_primary_and_the_others_keep_to_t
     clock.now += 59  # the failed probe started a new hold
     client.complete(MESSAGES)
     assert hosts.hosts()[-1] == FALLBACK
+
+
+def test_errors_and_completions_say_which_endpoint_they_came_from(
+        client: LLMClient, hosts: Hosts, clock: Clock) -> None:
+    hosts.behaviour[PRIMARY] = lambda r: httpx.Response(503)
+    with pytest.raises(RetryableProviderError) as info:
+        client.complete(MESSAGES)
+    assert info.value.endpoint == "primary"
+    hosts.behaviour[PRIMARY] = refused
+    hosts.behaviour[FALLBACK] = lambda r: httpx.Response(500)
+    with pytest.raises(RetryableProviderError) as info:
+        client.complete(MESSAGES)
+    assert info.value.endpoint == "fallback"
+    hosts.behaviour[FALLBACK] = no_answer_to_connect
+    with pytest.raises(RetryableProviderError) as info:
+        client.complete(MESSAGES)
+    assert info.value.endpoint == "fallback"
+    hosts.behaviour[FALLBACK] = lambda r: reply('{"questions": []}')
+    assert client.complete(MESSAGES).endpoint == "fallback"
+    clock.now += 3600
+    hosts.behaviour[PRIMARY] = lambda r: reply('{"questions": []}')
+    assert client.complete(MESSAGES).endpoint == "primary"

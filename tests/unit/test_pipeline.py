@@ -261,3 +261,17 @@ def test_a_target_raised_while_the_chapter_runs_is_honoured(env):
     assert process_chapter(rt, "ex", "a").outcome == "done"
     assert _status(rt)["questions"] == {"target": 20, "done": 20}
     assert fake.calls == 4
+
+
+def test_every_call_that_got_an_answer_records_its_endpoint(env):
+    # used, wasted (invalid output) and failed (a 503) alike; no fallback is configured here.
+    rt, fake = env([("a", 5)], max_reasks=2, retry_base_s=0.01)
+    fake.script = [lambda req, n: httpx.Response(503), lambda req, n: reply("not json")]
+    assert process_chapter(rt, "ex", "a").outcome == "retry"
+    time.sleep(0.05)
+    assert process_chapter(rt, "ex", "a").outcome == "done"
+    report = _status(rt)
+    assert (report["usage"]["calls_failed"], report["usage"]["calls_wasted"],
+            report["usage"]["calls_used"]) == (1, 1, 1)
+    assert set(report["usage_by_endpoint"]) == {"primary"}
+    assert report["usage_by_endpoint"]["primary"]["calls"] == 3
