@@ -51,6 +51,10 @@ class _Endpoint:
     secret: str = field(repr=False)  # never in a repr, a traceback's locals or a log
     fallback: bool = False
 
+    @property
+    def name(self) -> str:
+        return "fallback" if self.fallback else "primary"
+
 
 class _Unreachable(Exception):
     """The request never reached the endpoint (connect refused or timed out): nothing was paid,
@@ -60,11 +64,12 @@ class _Unreachable(Exception):
 class LLMClient:
     """A thread-safe client for many concurrent calls (one connection pool per endpoint).
 
-    With LLM_FALLBACK_BASE_URL set, a call whose connection to the primary fails (refused, or
-    no connection within LLM_CONNECT_TIMEOUT_S) goes to the fallback at once, and so does every
-    call for the next LLM_FALLBACK_HOLD_S. Only connection failures fall back: the request was
-    never delivered, so nothing can have been paid twice. A 429, a 5xx or a read timeout came
-    from a primary that is up, and goes to the caller's retry policy as usual.
+    With LLM_FALLBACK_BASE_URL set, a call whose connection to the primary fails (refused, a
+    name that does not resolve, or no connection within LLM_CONNECT_TIMEOUT_S) goes to the
+    fallback at once, and so does every call for the next LLM_FALLBACK_HOLD_S. Only connection
+    failures fall back: the request was never delivered, so nothing can have been paid twice.
+    A 429, a 5xx or a read timeout came from a primary that is up, and goes to the caller's
+    retry policy as usual; a TLS certificate that does not verify is a permanent error.
     """
 
     def __init__(self, settings: Settings, transport: httpx.BaseTransport | None = None,
@@ -179,7 +184,7 @@ class LLMClient:
 
 def _at(exc: ProviderError, ep: _Endpoint) -> ProviderError:
     """Say which endpoint an error came from (the ledger books failed calls by endpoint too)."""
-    exc.endpoint = "fallback" if ep.fallback else "primary"
+    exc.endpoint = ep.name
     return exc
 
 
