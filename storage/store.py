@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 from sqlalchemy import and_, case, delete, func, insert, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
@@ -451,34 +451,34 @@ class Store:
                 select(Q.c.chapter_id, func.count()).where(Q.c.exam == slug)
                 .group_by(Q.c.chapter_id)).all())
             usage_rows = conn.execute(
-                select(K.c.chapter_id, K.c.outcome, func.count(),
+                select(K.c.chapter_id, K.c.outcome, K.c.endpoint, func.count(),
                        func.coalesce(func.sum(K.c.prompt_tokens), 0),
                        func.coalesce(func.sum(K.c.completion_tokens), 0),
                        func.coalesce(func.sum(K.c.cost_usd), 0.0))
-                .where(K.c.exam == slug).group_by(K.c.chapter_id, K.c.outcome)).all()
-            by_endpoint = {
-                endpoint or "unknown": {"calls": n, "prompt_tokens": int(p),
-                                        "completion_tokens": int(c), "cost_usd": round(float(cost), 6)}
-                for endpoint, n, p, c, cost in conn.execute(
-                    select(K.c.endpoint, func.count(),
-                           func.coalesce(func.sum(K.c.prompt_tokens), 0),
-                           func.coalesce(func.sum(K.c.completion_tokens), 0),
-                           func.coalesce(func.sum(K.c.cost_usd), 0.0))
-                    .where(K.c.exam == slug).group_by(K.c.endpoint)).all()
-            }
+                .where(K.c.exam == slug)
+                .group_by(K.c.chapter_id, K.c.outcome, K.c.endpoint)).all()
             chapters = conn.execute(select(C).where(C.c.exam == slug)
                                     .order_by(C.c.position)).all()
         usage = {"calls": 0, "prompt_tokens": 0, "completion_tokens": 0,
                  **{f"calls_{o.value}": 0 for o in CallOutcome}}
         cost_usd = 0.0
         calls_by_chapter: dict[str, int] = {}
-        for chapter_id, outcome, n, p, c, cost in usage_rows:
+        by_endpoint: dict[str, dict[str, Any]] = {}
+        for chapter_id, outcome, endpoint, n, p, c, cost in usage_rows:
             usage["calls"] += n
             usage["prompt_tokens"] += int(p)
             usage["completion_tokens"] += int(c)
             usage[f"calls_{outcome}"] = usage.get(f"calls_{outcome}", 0) + n
             cost_usd += float(cost)
             calls_by_chapter[chapter_id] = calls_by_chapter.get(chapter_id, 0) + n
+            ep = by_endpoint.setdefault(endpoint or "unknown", {
+                "calls": 0, "prompt_tokens": 0, "completion_tokens": 0, "cost_usd": 0.0})
+            ep["calls"] += n
+            ep["prompt_tokens"] += int(p)
+            ep["completion_tokens"] += int(c)
+            ep["cost_usd"] += float(cost)
+        for ep in by_endpoint.values():
+            ep["cost_usd"] = round(ep["cost_usd"], 6)
         counts = {s.value: 0 for s in ChapterState}
         listed = []
         for ch in chapters:
