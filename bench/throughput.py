@@ -93,6 +93,19 @@ def servers_delta(before: dict[int, float], after: dict[int, float]) -> float:
     return sum(max(0.0, cpu - before.get(pid, 0.0)) for pid, cpu in after.items())
 
 
+def _record_child_report(res: "Result", stdout: bytes, launched: float, mock: Any) -> dict[str, Any]:
+    """Read the JSON line a timed child process (baseline, curator) prints last, and fill in
+    the result's timings and CPU from it."""
+    report: dict[str, Any] = json.loads(stdout.decode().strip().splitlines()[-1])
+    # monotonic clocks are system-wide on Linux, so the child's timestamp is comparable.
+    done = report["done_monotonic"]
+    res.e2e_s = done - launched
+    res.window_s = done - mock.first_call_t if mock.first_call_t else None
+    res.cpu_window_s = report["work_cpu_s"]
+    res.cpu_e2e_s = report["total_cpu_s"]
+    return report
+
+
 def wait_rusage(proc: subprocess.Popen, timeout_s: float) -> tuple[int, float]:
     """Wait for a child we started; return (exit code, its user+sys CPU seconds)."""
     deadline = time.monotonic() + timeout_s
@@ -330,13 +343,7 @@ def run_baseline(mock: MockProbe, workdir: Path, targets: list[int], calls_neede
     if proc.returncode != 0:
         res.error = stderr.decode()[-800:]
         return res
-    report = json.loads(stdout.decode().strip().splitlines()[-1])
-    # monotonic clocks are system-wide on Linux, so the child's timestamp is comparable.
-    done = report["done_monotonic"]
-    res.e2e_s = done - launched
-    res.window_s = done - mock.first_call_t if mock.first_call_t else None
-    res.cpu_window_s = report["work_cpu_s"]
-    res.cpu_e2e_s = report["total_cpu_s"]
+    report = _record_child_report(res, stdout, launched, mock)
     lines = out.read_text().splitlines()
     keys = {(json.loads(line)["chapter_id"], json.loads(line)["number"]) for line in lines}
     res.questions_stored = len(keys)
@@ -629,12 +636,7 @@ def run_curator(mock: MockProbe, workdir: Path, targets: list[int], calls_needed
     if proc.returncode != 0:
         res.error = f"exit {proc.returncode}: " + stderr.decode(errors="replace")[-800:]
         return res
-    report = json.loads(stdout.decode().strip().splitlines()[-1])
-    done = report["done_monotonic"]
-    res.e2e_s = done - launched
-    res.window_s = done - mock.first_call_t if mock.first_call_t else None
-    res.cpu_window_s = report["work_cpu_s"]
-    res.cpu_e2e_s = report["total_cpu_s"]
+    report = _record_child_report(res, stdout, launched, mock)
     res.questions_stored = report["stored"]
     res.calls_paid, res.calls_other = mock.calls_for(slug)
     res.max_inflight = mock.max_inflight()
