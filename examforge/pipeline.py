@@ -192,8 +192,8 @@ def _generate(rt: Runtime, claim: Claimed, lost: threading.Event, run: _Run) -> 
             raise LeaseLost(f"lease on {claim.exam}/{claim.chapter_id} lost during the call")
         note = ", ".join(f"{n} {k} rejected" for k, n in parsed.rejected.items())
         committed = store.commit_batch(claim, settings.lease_s, call_id, stored + 1,
-                                       parsed.questions, model=completion.model or
-                                       settings.llm_model, note=note, **usage)
+                                       parsed.questions, model=completion.model, note=note,
+                                       **usage)
         invalid_in_row = 0
         run.committed += len(parsed.questions)
         # The target may have been raised by an enqueue while this chapter ran.
