@@ -1,6 +1,14 @@
-"""The request sent to the model for one batch of a chapter."""
+"""The request sent to the model for one batch of a chapter.
+
+The user message is a list of `Label: value` lines. The labels are a closed vocabulary
+(`Label`), shared with the mock model server, which reads the same lines back with
+`read_fields` instead of keeping its own copy of them.
+"""
 
 from __future__ import annotations
+
+import re
+from enum import Enum
 
 from examforge.syllabus import Chapter
 
@@ -12,22 +20,62 @@ SYSTEM_PROMPT = (
 )
 
 
+class Label(str, Enum):
+    """The `Label: value` lines of the user message."""
+
+    exam = "Exam"
+    exam_title = "Exam title"
+    chapter_id = "Chapter id"
+    chapter_title = "Chapter title"
+    count = "Number of questions"
+    guidance = "Guidance"
+
+
+AVOID_HEADER = "Do not repeat these existing questions:"
+
+
+def field_line(label: Label, value: object) -> str:
+    return f"{label.value}: {value}"
+
+
+def _label_pattern(label: Label) -> str:
+    # Tolerate the decoration other clients put around a label (list bullets, markdown bold)
+    # and any run of blanks between its words.
+    words = r"[ \t]+".join(map(re.escape, label.value.split()))
+    return rf"^[ \t>*_\-]*(?P<label>{words})[ \t]*:[ \t*_]*(?P<value>.*?)[ \t]*$"
+
+
+_FIELD_RES = {label: re.compile(_label_pattern(label), re.MULTILINE | re.IGNORECASE)
+              for label in Label}
+
+
+def read_fields(text: str) -> dict[Label, str]:
+    """The first value of each label found in a user message (the inverse of the lines
+    `build_messages` writes)."""
+    found: dict[Label, str] = {}
+    for label, pattern in _FIELD_RES.items():
+        match = pattern.search(text)
+        if match:
+            found[label] = match.group("value")
+    return found
+
+
 def build_messages(
     exam_slug: str, exam_title: str, chapter: Chapter, count: int, avoid: list[str]
 ) -> list[dict[str, str]]:
     """Messages for one call. The fixed `Key: value` lines are also what the mock server reads."""
     lines = [
-        f"Exam: {exam_slug}",
-        f"Exam title: {exam_title}",
-        f"Chapter id: {chapter.id}",
-        f"Chapter title: {chapter.title}",
-        f"Number of questions: {count}",
+        field_line(Label.exam, exam_slug),
+        field_line(Label.exam_title, exam_title),
+        field_line(Label.chapter_id, chapter.id),
+        field_line(Label.chapter_title, chapter.title),
+        field_line(Label.count, count),
     ]
     if chapter.prompt:
-        lines.append(f"Guidance: {chapter.prompt}")
+        lines.append(field_line(Label.guidance, chapter.prompt))
     if avoid:
         # Enough to steer away from repeats without sending the whole chapter every call.
-        lines.append("Do not repeat these existing questions:")
+        lines.append(AVOID_HEADER)
         lines.extend(f"- {q}" for q in avoid[-20:])
     return [
         {"role": "system", "content": SYSTEM_PROMPT},
