@@ -27,7 +27,7 @@ class Label(str, Enum):
     exam_title = "Exam title"
     chapter_id = "Chapter id"
     chapter_title = "Chapter title"
-    count = "Number of questions"
+    question_count = "Number of questions"
     guidance = "Guidance"
 
 
@@ -69,7 +69,7 @@ def build_messages(
         field_line(Label.exam_title, exam_title),
         field_line(Label.chapter_id, chapter.id),
         field_line(Label.chapter_title, chapter.title),
-        field_line(Label.count, count),
+        field_line(Label.question_count, count),
     ]
     if chapter.prompt:
         lines.append(field_line(Label.guidance, chapter.prompt))
