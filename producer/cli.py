@@ -102,7 +102,8 @@ def status(slug: str, as_json: bool) -> None:
     settings = _settings()
     report = _store(settings).status(slug)
     report["chapter_list"] = [
-        {**c, "last_error_at": _when(c["last_error_at"])} for c in report["chapter_list"]  # type: ignore[attr-defined]
+        {**c, "last_error_at": _when(c["last_error_at"]), "requeued_at": _when(c["requeued_at"])}
+        for c in report["chapter_list"]  # type: ignore[attr-defined]
     ]
     if as_json:
         click.echo(json.dumps(report, ensure_ascii=False))
@@ -128,6 +129,12 @@ def status(slug: str, as_json: bool) -> None:
         out.print("by endpoint: " + "; ".join(
             f"{name} {e['calls']} calls, ${e['cost_usd']:.4f}"
             for name, e in sorted(by_endpoint.items())))
+    requeued = [c for c in report["chapter_list"] if c["requeues"]]  # type: ignore[attr-defined]
+    if requeued:
+        last = max(requeued, key=lambda c: c["requeued_at"] or 0)
+        out.print(f"reconciler: re-published {len(requeued)} chapters "
+                  f"({sum(c['requeues'] for c in requeued)} times); last at "
+                  f"{last['requeued_at']}: {_short(last['requeue_reason'] or '')}")
     if report["state"] == "paused":
         out.print(f"[bold red]paused:[/] {report['pause_reason']} — "
                   f"resume with: python -m producer resume {slug}")
@@ -210,7 +217,8 @@ def reconcile() -> None:
     store = _store(settings)
     check_broker(app, settings)
     result = reconcile_once(settings, store, app)
-    out.print(f"re-enqueued {result['requeued']}, failed at attempt cap {result['failed_at_cap']}")
+    out.print(f"re-enqueued {result['requeued']} ({result['requeued_lost']} whose message the "
+              f"broker lost), failed at attempt cap {result['failed_at_cap']}")
 
 
 @cli.command()
@@ -238,6 +246,21 @@ def cancel(slug: str, chapters: tuple[str, ...]) -> None:
     settings = _settings()
     n = _store(settings).cancel(slug, list(chapters) or None)
     out.print(f"cancelled {n} chapters of {slug}")
+
+
+@cli.command()
+def doctor() -> None:
+    """Check the database, the broker's eviction policy and persistence, and the model
+    endpoint; exit 1 if anything would lose or stall work."""
+    from producer.doctor import run_checks
+
+    settings = _settings()
+    findings = run_checks(settings)
+    for f in findings:
+        style = {"ok": "green", "warn": "yellow", "fail": "bold red"}[f.level.value]
+        out.print(f"[{style}]{f.level.value:<4}[/] {f.check}: {f.message}", soft_wrap=True)
+    if any(f.level.value == "fail" for f in findings):
+        sys.exit(1)
 
 
 @cli.command()

@@ -57,6 +57,10 @@ class Chapter(SQLModel, table=True):
     enqueued_at: Optional[float] = None
     enqueue_epoch: Optional[str] = Field(default=None, max_length=64)
     picked_at: Optional[float] = None
+    # Times the reconciler re-published this chapter, the last time and why (status shows it).
+    requeues: int = 0
+    requeued_at: Optional[float] = None
+    requeue_reason: Optional[str] = Field(default=None, sa_column=Column(Text))
     last_error: Optional[str] = Field(default=None, sa_column=Column(Text))
     last_error_at: Optional[float] = None
     updated_at: float

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any, Iterable, Sequence
 
-from sqlalchemy import and_, case, delete, func, insert, or_, select, update
+from sqlalchemy import and_, case, delete, func, insert, or_, select, tuple_, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
@@ -70,6 +71,31 @@ class NotClaimed:
     reason: str  # done | failed | cancelled | paused | busy | backoff | missing | cap
     retry_in_s: float | None = None
     detail: str = ""
+
+
+class RequeueReason(str, Enum):
+    """Why the reconciler re-published a chapter."""
+
+    worker_vanished = "worker_vanished"  # a worker took the message, then its lease expired
+    broker_epoch_changed = "broker_epoch_changed"  # the broker lost every message it had
+    message_lost = "message_lost"  # the queue lost this chapter's message, the epoch survived
+
+
+@dataclass(frozen=True)
+class Orphan:
+    exam: str
+    chapter_id: str
+    reason: RequeueReason
+
+
+@dataclass(frozen=True)
+class LostAudit:
+    """What Store.lost_messages found: chapters waiting for a message in the queue's list,
+    the messages the list holds, and the chapters to re-publish."""
+
+    waiting: int
+    queued: int
+    lost: list[tuple[str, str]]
 
 
 @dataclass
@@ -170,10 +196,17 @@ class Store:
         conn.execute(update(C).where(where).values(**values))
         return None
 
-    def mark_enqueued(self, slug: str, chapter_ids: Sequence[str], epoch: str | None) -> None:
+    def mark_enqueued(self, slug: str, chapter_ids: Sequence[str], epoch: str | None,
+                      requeue_reason: str | None = None) -> None:
+        """Record that a message is about to be published for each chapter. With
+        `requeue_reason`, the reconciler is re-publishing them: count it and say why."""
+        values: dict[str, Any] = {"enqueued_at": self._now, "enqueue_epoch": epoch}
+        if requeue_reason is not None:
+            values.update(requeues=C.c.requeues + 1, requeued_at=self._now,
+                          requeue_reason=requeue_reason[:500])
         with self.engine.begin() as conn:
             conn.execute(update(C).where(C.c.exam == slug, C.c.chapter_id.in_(chapter_ids))
-                         .values(enqueued_at=self._now, enqueue_epoch=epoch))
+                         .values(**values))
 
     def resume(self, slug: str) -> list[str]:
         """Clear a pause and reset failed chapters to pending; returns the chapters to enqueue."""
@@ -495,6 +528,8 @@ class Store:
                 "calls": calls_by_chapter.get(ch.chapter_id, 0),
                 "last_error": ch.last_error, "last_error_at": ch.last_error_at,
                 "lease_owner": ch.lease_owner if state == ChapterState.running.value else None,
+                "requeues": ch.requeues, "requeued_at": ch.requeued_at,
+                "requeue_reason": ch.requeue_reason,
             })
         return {
             "exam": slug, "title": exam.title, "state": exam.state,
@@ -520,7 +555,7 @@ class Store:
                  "answer_index": r.answer_index, "explanation": r.explanation,
                  "model": r.model, "created_at": r.created_at} for r in rows]
 
-    def orphans(self, grace_s: float, epoch: str | None) -> list[tuple[str, str]]:
+    def orphans(self, grace_s: float, epoch: str | None) -> list[Orphan]:
         """Chapters that need work but that no message will bring to a worker.
 
         A chapter is orphaned when it is pending with no live lease, its backoff (if any)
@@ -530,13 +565,15 @@ class Store:
         enqueued (a changed chapter awaiting --regenerate) are left alone.
         """
         now = self._now
-        lost = [and_(C.c.picked_at.is_not(None), C.c.picked_at >= C.c.enqueued_at,
-                     func.coalesce(C.c.lease_expires_at, C.c.picked_at) <= now - grace_s)]
+        vanished = and_(C.c.picked_at.is_not(None), C.c.picked_at >= C.c.enqueued_at,
+                        func.coalesce(C.c.lease_expires_at, C.c.picked_at) <= now - grace_s)
+        lost = [vanished]
         if epoch is not None:
             lost.append(or_(C.c.enqueue_epoch.is_(None), C.c.enqueue_epoch != epoch))
         with self._read() as conn:
             rows = conn.execute(
-                select(C.c.exam, C.c.chapter_id).join(E, E.c.slug == C.c.exam)
+                select(C.c.exam, C.c.chapter_id, vanished.label("vanished"))
+                .join(E, E.c.slug == C.c.exam)
                 .where(
                     E.c.state == ExamState.active.value,
                     C.c.state.in_(ACTIVE_STATES),
@@ -546,7 +583,53 @@ class Store:
                     or_(*lost),
                 )
                 .order_by(C.c.exam, C.c.position)).all()
-        return [(r.exam, r.chapter_id) for r in rows]
+        return [Orphan(r.exam, r.chapter_id,
+                       RequeueReason.worker_vanished if r.vanished
+                       else RequeueReason.broker_epoch_changed) for r in rows]
+
+    def lost_messages(self, *, min_age_s: float, queued: int,
+                      unacked: Iterable[tuple[str, str]]) -> LostAudit:
+        """Chapters whose message the queue has lost while its broker epoch survived.
+
+        A chapter waits for a message in the queue's list when it was enqueued at least
+        `min_age_s` ago (so its message was published before the broker was read), no worker
+        has picked it since, and no worker holds its message (`unacked`: the chapters of the
+        messages delivered to workers and not yet acked). Each such chapter needs a message of
+        its own in the list, so when the list holds fewer (`queued`) than their number, at
+        least the difference have lost theirs. Those are returned, oldest enqueue first
+        (within one enqueue, the last published first: the writes a lagging replica lacks).
+
+        Duplicates and stale messages in the list can only hide a loss, never invent one, so
+        a long but complete queue is never re-published; a hidden loss shows once the workers
+        have consumed what hid it.
+        """
+        where = [
+            E.c.state == ExamState.active.value,
+            C.c.state == ChapterState.pending.value,
+            C.c.enqueued_at.is_not(None),
+            C.c.enqueued_at <= self._now - min_age_s,
+            or_(C.c.picked_at.is_(None), C.c.picked_at < C.c.enqueued_at),
+        ]
+        pick = select(C.c.exam, C.c.chapter_id).join(E, E.c.slug == C.c.exam)
+        held = sorted(set(unacked))
+        with self._read() as conn:
+            waiting = conn.execute(select(func.count()).select_from(C)
+                                   .join(E, E.c.slug == C.c.exam).where(*where)).scalar_one()
+            # Most held messages belong to running or retrying chapters, which are not
+            # waiting; the few that are (delivered, not started yet) are found in chunks.
+            in_workers: set[tuple[str, str]] = set()
+            for i in range(0, len(held), 500):
+                in_workers.update((r.exam, r.chapter_id) for r in conn.execute(
+                    pick.where(*where, tuple_(C.c.exam, C.c.chapter_id).in_(held[i:i + 500]))))
+            waiting -= len(in_workers)
+            lost: list[tuple[str, str]] = []
+            if waiting > queued:
+                rows = conn.execute(pick.where(*where)
+                                    .order_by(C.c.enqueued_at, C.c.position.desc())
+                                    .limit(waiting - queued + len(in_workers))).all()
+                lost = [(r.exam, r.chapter_id) for r in rows
+                        if (r.exam, r.chapter_id) not in in_workers][:waiting - queued]
+        return LostAudit(waiting=waiting, queued=queued, lost=lost)
 
     def fail_capped(self, max_attempts: int) -> int:
         """Fail chapters that reached their attempt cap without progress."""

@@ -87,6 +87,14 @@ def _reconcile_on_start(sender=None, **_):  # type: ignore[no-untyped-def]
     # pass now, and one when the dead worker's leases must have expired.
     settings = load_settings()
     try:
+        from tasks.health import Level, broker_findings
+
+        for finding in broker_findings(app, settings):
+            if finding.level is not Level.ok:
+                log.warning("broker configuration: %s: %s", finding.check, finding.message)
+    except Exception as exc:  # a check, never a reason not to start
+        log.warning("broker configuration not checked: %s", exc)
+    try:
         reconcile.apply_async()
         reconcile.apply_async(countdown=settings.lease_s + 2 * settings.heartbeat_interval_s)
     except Exception as exc:  # never stop a worker from starting over this

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import re
 import uuid
+from dataclasses import dataclass
 from typing import Sequence
 
 from celery import Celery
@@ -15,9 +17,76 @@ EPOCH_KEY = "examforge:broker-epoch"
 CHAPTER_TASK = "examforge.generate_chapter"
 
 
+TASK_ID_PREFIX = "examforge:"
+_TASK_ID_RE = re.compile(r"^examforge:([a-z0-9-]+):([a-z0-9-]+)$")
+
+
 def task_id(exam: str, chapter_id: str) -> str:
     """The deterministic task id of a chapter (slug and id are both [a-z0-9-])."""
-    return f"examforge:{exam}:{chapter_id}"
+    return f"{TASK_ID_PREFIX}{exam}:{chapter_id}"
+
+
+def parse_task_id(value: str) -> tuple[str, str] | None:
+    """(exam, chapter id) of a chapter task id, None for anything else."""
+    match = _TASK_ID_RE.match(value)
+    return (match.group(1), match.group(2)) if match else None
+
+
+# What the broker holds for one queue, in one round trip: the length of its list (messages
+# waiting), and the task ids of its messages that workers took and have not acked yet. kombu
+# keeps every unacked message, whatever its queue, in one hash as JSON [message, exchange,
+# routing key]; the hash is scanned inside Redis so that only the ids cross the network. The
+# id is read as the first "examforge:..." in the message: its headers carry it (and root_id,
+# the same for our tasks) while the body is base64.
+_HOLDINGS_LUA = """
+local queued = redis.call('LLEN', KEYS[1])
+local suffix = ARGV[1]
+local n = #suffix
+local ids = {}
+local cursor = '0'
+repeat
+  local page = redis.call('HSCAN', KEYS[2], cursor, 'COUNT', 1000)
+  cursor = page[1]
+  local entries = page[2]
+  for i = 2, #entries, 2 do
+    local entry = entries[i]
+    if string.sub(entry, -n) == suffix then
+      local id = string.match(entry, ARGV[2])
+      if id then ids[#ids + 1] = id end
+    end
+  end
+until cursor == '0'
+return {queued, ids}
+"""
+
+
+@dataclass(frozen=True)
+class QueueHoldings:
+    queued: int  # messages in the queue's list
+    unacked: list[tuple[str, str]]  # (exam, chapter) of messages delivered and not yet acked
+
+
+def is_redis(settings: Settings) -> bool:
+    return settings.broker_url.startswith(("redis://", "rediss://", "unix://"))
+
+
+def queue_holdings(app: Celery, settings: Settings) -> QueueHoldings | None:
+    """What the broker holds for the chapter queue; None for brokers other than Redis."""
+    if not is_redis(settings):
+        return None
+    from kombu.transport.redis import Channel
+
+    queue = settings.task_queue
+    try:
+        with app.connection_for_write() as conn:
+            client = conn.default_channel.client
+            queued, ids = client.eval(_HOLDINGS_LUA, 2, queue, Channel.unacked_key,
+                                      f'"{queue}"]', "examforge:[%w%-:]+")
+    except Exception as exc:
+        raise BrokerUnavailable(f"broker queue unreadable: {exc}".splitlines()[0]) from None
+    unacked = [pair for raw in ids if (pair := parse_task_id(
+        raw.decode() if isinstance(raw, bytes) else raw))]
+    return QueueHoldings(int(queued), unacked)
 
 
 def _redacted(url: str) -> str:
@@ -45,7 +114,7 @@ def broker_epoch(app: Celery, settings: Settings) -> str | None:
     """An id that lives in the broker itself: when Redis loses its data (restart without
     persistence, FLUSHALL) the id changes, and the reconciler knows every queued message of the
     old epoch is gone. None for brokers other than Redis."""
-    if not settings.broker_url.startswith(("redis://", "rediss://", "unix://")):
+    if not is_redis(settings):
         return None
     try:
         with app.connection_for_write() as conn:

@@ -1,34 +1,92 @@
-"""One reconcile pass: re-enqueue orphaned chapters, fail chapters past their attempt cap."""
+"""One reconcile pass: make the queue match the database again.
+
+- Chapters a worker took and then vanished with, and every unfinished chapter when the broker
+  lost its data (its epoch changed): re-enqueued (`Store.orphans`).
+- Chapters whose message the queue lost while the epoch survived (a failover to a lagging
+  replica, an evicting `maxmemory-policy`, `celery purge`, a deleted key): found by comparing
+  what the broker holds for the queue with what the database says waits in it
+  (`Store.lost_messages`), and re-published. The broker is read first and the database after:
+  a chapter that moves on between the two reads can then only make the queue look fuller than
+  it is, never emptier, so a complete queue is never re-published.
+- Chapters past their attempt cap: failed.
+
+Safe to run anywhere, any number of times: a duplicate message is a no-op at the worker.
+"""
 
 from __future__ import annotations
 
 import logging
+import time
 from collections import defaultdict
+from typing import Iterable
 
 from celery import Celery
 
 from examforge.settings import Settings
-from storage.store import Store
-from tasks.broker import broker_epoch, publish_chapters
+from storage.store import RequeueReason, Store
+from tasks.broker import QueueHoldings, broker_epoch, publish_chapters, queue_holdings
 
 log = logging.getLogger("examforge.reconcile")
 
+# Between the two reads of the broker: longer than a message spends between leaving the list
+# and entering the unacked hash (two round trips of the worker that took it).
+_SECOND_READ_AFTER_S = 0.05
+
 
 def reconcile_once(settings: Settings, store: Store, app: Celery) -> dict[str, int]:
-    """Make the queue match the database again. Safe to run anywhere, any number of times:
-    a duplicate message is a no-op at the worker."""
     failed = store.fail_capped(settings.max_attempts)
     epoch = broker_epoch(app, settings)
+    holdings = _read_twice(app, settings)
     # Grace: one heartbeat, so a message that was just picked up gets the chance to claim.
     orphans = store.orphans(grace_s=settings.heartbeat_interval_s, epoch=epoch)
+    by_reason: dict[RequeueReason, list[tuple[str, str]]] = defaultdict(list)
+    for orphan in orphans:
+        by_reason[orphan.reason].append((orphan.exam, orphan.chapter_id))
+    for reason, chapters in by_reason.items():
+        _requeue(settings, store, app, epoch, chapters, reason, _WHY[reason])
+    lost = 0
+    if holdings is not None and RequeueReason.broker_epoch_changed not in by_reason:
+        # Published at least two passes ago, so its message had time to reach the broker.
+        audit = store.lost_messages(min_age_s=2 * settings.reconcile_interval_s,
+                                    queued=holdings.queued, unacked=holdings.unacked)
+        if audit.lost:
+            why = (f"the queue held {audit.queued} messages for {audit.waiting} chapters "
+                   "waiting in it")
+            _requeue(settings, store, app, epoch, audit.lost, RequeueReason.message_lost, why)
+            lost = len(audit.lost)
+    return {"requeued": len(orphans) + lost, "requeued_lost": lost, "failed_at_cap": failed}
+
+
+_WHY = {
+    RequeueReason.worker_vanished: "a worker took its message, then lost its lease",
+    RequeueReason.broker_epoch_changed: "the broker lost its data (restart without "
+                                        "persistence, FLUSHALL)",
+}
+
+
+def _read_twice(app: Celery, settings: Settings) -> QueueHoldings | None:
+    """The broker's holdings, read twice a moment apart: a message caught between the list and
+    the unacked hash in one read is in one of them in the other."""
+    first = queue_holdings(app, settings)
+    if first is None:
+        return None
+    time.sleep(_SECOND_READ_AFTER_S)
+    second = queue_holdings(app, settings)
+    assert second is not None
+    return QueueHoldings(max(first.queued, second.queued),
+                         sorted(set(first.unacked) | set(second.unacked)))
+
+
+def _requeue(settings: Settings, store: Store, app: Celery, epoch: str | None,
+             chapters: Iterable[tuple[str, str]], reason: RequeueReason, why: str) -> None:
     by_exam: dict[str, list[str]] = defaultdict(list)
-    for exam, chapter_id in orphans:
+    for exam, chapter_id in chapters:
         by_exam[exam].append(chapter_id)
     for exam, chapter_ids in by_exam.items():
         # Marked before publishing, so a worker's pick-up always reads as after the enqueue:
         # if that worker dies too, the chapter is an orphan again.
-        store.mark_enqueued(exam, chapter_ids, epoch)
+        store.mark_enqueued(exam, chapter_ids, epoch, requeue_reason=f"{reason.value}: {why}")
         publish_chapters(app, exam, chapter_ids)
-        log.warning("re-enqueued orphaned chapters",
-                    extra={"exam": exam, "chapters": ",".join(chapter_ids)})
-    return {"requeued": len(orphans), "failed_at_cap": failed}
+        log.warning("re-enqueued chapters", extra={
+            "exam": exam, "reason": reason.value, "why": why, "count": len(chapter_ids),
+            "chapters": ",".join(chapter_ids[:20]) + ("..." if len(chapter_ids) > 20 else "")})

@@ -27,8 +27,10 @@ def free_port() -> int:
 class PrivateRedis:
     """A redis-server on its own port that keeps nothing on disk: a restart wipes it."""
 
-    def __init__(self, workdir: Path, password: str | None = None, tls: bool = False) -> None:
+    def __init__(self, workdir: Path, password: str | None = None, tls: bool = False,
+                 extra_args: tuple[str, ...] = ()) -> None:
         self.port = free_port()
+        self.extra_args = extra_args
         self.password = password
         self.workdir = workdir
         self.tls = tls
@@ -61,9 +63,15 @@ class PrivateRedis:
         args += self._tls_args() if self.tls else ["--port", str(self.port)]
         if self.password:
             args += ["--requirepass", self.password]
+        args += list(self.extra_args)
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_for(self._up, 10, f"redis-server on port {self.port}")
         return self
+
+    def client(self):  # type: ignore[no-untyped-def]
+        import redis
+
+        return redis.Redis.from_url(self.url)
 
     def _up(self) -> bool:
         try:
