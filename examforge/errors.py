@@ -10,6 +10,8 @@
     │   └── DatabaseUnavailable
     ├── ProviderError                the model provider failed a call
     │   ├── RetryableProviderError   timeout, connection reset, 429, 5xx: retrying can fix it
+    │   │   └── DeadlineExceeded     no complete reply within LLM_TIMEOUT_S (may be billed)
+    │   ├── ReplyTooLarge            a reply over LLM_MAX_REPLY_BYTES, cut off (may be billed)
     │   └── PermanentProviderError   400, 404, 422: retrying cannot fix it
     │       └── AuthError            401, 403: stop the whole exam
     ├── OutputInvalid                the model answered, but not with usable questions
@@ -72,10 +74,23 @@ class ProviderError(ExamforgeError):
         self.status_code = status_code
         self.retry_after_s = retry_after_s
         self.endpoint: str | None = None  # "primary" or "fallback", set by the client
+        # Set when the provider may bill the call although no usage came back (the request
+        # was sent and the reply abandoned): our own count of the prompt.
+        self.prompt_tokens_estimate: int | None = None
 
 
 class RetryableProviderError(ProviderError):
     """Raised for timeouts, connection errors, 429 and 5xx: a later attempt may succeed."""
+
+
+class DeadlineExceeded(RetryableProviderError):
+    """Raised when a reply did not arrive in full within LLM_TIMEOUT_S of sending the request
+    (a silent server, or one that trickles its reply); the connection is closed."""
+
+
+class ReplyTooLarge(ProviderError):
+    """Raised when a reply is larger than LLM_MAX_REPLY_BYTES: it is cut off and refused, so a
+    broken or hostile endpoint cannot exhaust a worker's memory."""
 
 
 class PermanentProviderError(ProviderError):

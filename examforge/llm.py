@@ -7,6 +7,7 @@ multiplies paid attempts. The transport is injectable: unit tests pass `httpx.Mo
 
 from __future__ import annotations
 
+import json
 import logging
 import ssl
 import threading
@@ -18,13 +19,17 @@ import httpx
 from pydantic import SecretStr
 
 from examforge.backoff import parse_retry_after
+from examforge.deadline import DeadlineTransport, deadline
 from examforge.errors import (
     AuthError,
+    DeadlineExceeded,
     PermanentProviderError,
     ProviderError,
+    ReplyTooLarge,
     RetryableProviderError,
 )
 from examforge.settings import Settings
+from examforge.tokens import count_messages
 
 RETRYABLE_STATUS = {408, 409, 425, 429}
 log = logging.getLogger(__name__)
@@ -91,11 +96,12 @@ class LLMClient:
         secret = key.get_secret_value()
         http = httpx.Client(
             base_url=base_url.rstrip("/") + "/",
-            transport=transport,
+            # Every socket operation is also bounded by the call's total deadline (_post_once).
+            transport=transport or DeadlineTransport(limits=httpx.Limits(
+                max_connections=512, max_keepalive_connections=128)),
             timeout=httpx.Timeout(
                 self._settings.llm_timeout_s, connect=self._settings.llm_connect_timeout_s
             ),
-            limits=httpx.Limits(max_connections=512, max_keepalive_connections=128),
             headers={"Authorization": f"Bearer {secret}"} if secret else {},
         )
         return _Endpoint(http, model, secret, fallback)
@@ -160,8 +166,11 @@ class LLMClient:
         }
         if self._settings.llm_json_mode:
             body["response_format"] = {"type": "json_object"}
+        cap = self._settings.llm_max_reply_bytes
         try:
-            response = ep.http.post("chat/completions", json=body)
+            with deadline(self._settings.llm_timeout_s), \
+                    ep.http.stream("POST", "chat/completions", json=body) as response:
+                raw = _read_capped(response, cap)
         except httpx.ConnectTimeout as exc:
             raise _Unreachable(f"timeout: {type(exc).__name__}") from exc
         except httpx.ConnectError as exc:
@@ -174,12 +183,42 @@ class LLMClient:
             # service's name exists only while it runs): the request was never sent.
             raise _Unreachable(f"connection error: {type(exc).__name__}") from exc
         except httpx.TimeoutException as exc:
+            if isinstance(exc, httpx.ReadTimeout):
+                # Sent and not answered in full within the deadline (a read is never given
+                # more than what is left of it): the provider may well bill it.
+                err: ProviderError = DeadlineExceeded(
+                    f"deadline: no complete reply within LLM_TIMEOUT_S="
+                    f"{self._settings.llm_timeout_s:g}s ({type(exc).__name__})")
+                err.prompt_tokens_estimate = count_messages(messages, ep.model)
+                raise err from exc
             raise RetryableProviderError(f"timeout: {type(exc).__name__}") from exc
+        except _TooLarge as exc:
+            err = ReplyTooLarge(f"reply_too_large: {exc} (LLM_MAX_REPLY_BYTES={cap})")
+            err.prompt_tokens_estimate = count_messages(messages, ep.model)
+            raise err from None
         except httpx.TransportError as exc:
             raise RetryableProviderError(f"connection error: {type(exc).__name__}") from exc
         except httpx.RequestError as exc:  # e.g. DecodingError: a corrupt compressed body
             raise RetryableProviderError(f"unreadable reply: {type(exc).__name__}") from exc
-        return _translate(response, ep)
+        return _translate(response, raw, ep)
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def _read_capped(response: httpx.Response, cap: int) -> bytes:
+    """The whole body, refused as soon as it passes `cap` bytes (decompressed, so a small
+    gzip bomb is caught too); a declared Content-Length over the cap is refused unread."""
+    declared = response.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > cap:
+        raise _TooLarge(f"Content-Length {declared} bytes")
+    body = bytearray()
+    for chunk in response.iter_bytes():
+        body += chunk
+        if len(body) > cap:
+            raise _TooLarge(f"more than {cap} bytes")
+    return bytes(body)
 
 
 def _at(exc: ProviderError, ep: _Endpoint) -> ProviderError:
@@ -209,9 +248,9 @@ def _redact(text: str, secret: str) -> str:
     return text.replace(secret, "***") if secret else text
 
 
-def _error_text(response: httpx.Response, secret: str) -> str:
+def _error_text(response: httpx.Response, raw: bytes, secret: str) -> str:
     try:
-        err = response.json().get("error")
+        err = json.loads(raw).get("error")
         message = err.get("message") if isinstance(err, dict) else err
     except (ValueError, AttributeError, RecursionError):
         message = None
@@ -228,18 +267,18 @@ def _usage(data: dict[str, object]) -> tuple[int, int]:
     return _int(usage.get("prompt_tokens")), _int(usage.get("completion_tokens"))
 
 
-def _translate(response: httpx.Response, ep: _Endpoint) -> Completion:
+def _translate(response: httpx.Response, raw: bytes, ep: _Endpoint) -> Completion:
     status, secret = response.status_code, ep.secret
     if status in (401, 403):
-        raise AuthError(_error_text(response, secret), status_code=status)
+        raise AuthError(_error_text(response, raw, secret), status_code=status)
     if status in RETRYABLE_STATUS or status >= 500:
         raise RetryableProviderError(
-            _error_text(response, secret),
+            _error_text(response, raw, secret),
             status_code=status,
             retry_after_s=parse_retry_after(response.headers.get("retry-after")),
         )
     if status >= 400:
-        raise PermanentProviderError(_error_text(response, secret), status_code=status)
+        raise PermanentProviderError(_error_text(response, raw, secret), status_code=status)
     if status >= 300:
         # httpx does not follow redirects here on purpose: a POST redirected is a wrong
         # LLM_BASE_URL (http vs https, a missing /v1), which no retry can fix.
@@ -247,7 +286,7 @@ def _translate(response: httpx.Response, ep: _Endpoint) -> Completion:
             f"HTTP {status} redirect to {response.headers.get('location', '?')[:200]}: "
             "check LLM_BASE_URL", status_code=status)
     try:
-        data = response.json()
+        data = json.loads(raw)
         choice = data["choices"][0]
         message = choice.get("message") or {}
         content, finish_reason = message.get("content"), choice.get("finish_reason")

@@ -19,10 +19,12 @@ from typing import Any
 from examforge.backoff import backoff_s
 from examforge.errors import (
     AuthError,
+    DeadlineExceeded,
     LeaseLost,
     OutputInvalid,
     PermanentProviderError,
     ProviderError,
+    ReplyTooLarge,
     RetryableProviderError,
 )
 from examforge.heartbeat import LeaseKeeper
@@ -170,7 +172,16 @@ def _generate(rt: Runtime, claim: Claimed, lost: threading.Event, run: _Run) -> 
         messages = build_messages(claim.exam, claim.exam_title, spec, want, avoid)
         call_id = store.start_call(claim, stored + 1, want)
         run.calls += 1
-        completion = _call(rt, call_id, messages)
+        try:
+            completion = _call(rt, call_id, messages)
+        except ReplyTooLarge as exc:
+            # A broken endpoint's reply, not a transient fault: re-asked like invalid output.
+            invalid_in_row += 1
+            log.warning("reply too large; refused", extra={"exam": claim.exam,
+                        "chapter": claim.chapter_id, "error": str(exc)})
+            if invalid_in_row > settings.max_reasks:
+                raise OutputInvalid("reply_too_large", str(exc)) from None
+            continue
         cost = settings.cost_usd(completion.prompt_tokens, completion.completion_tokens,
                                  fallback=completion.fallback)
         usage: dict[str, Any] = {"prompt_tokens": completion.prompt_tokens,
@@ -208,6 +219,15 @@ def _generate(rt: Runtime, claim: Claimed, lost: threading.Event, run: _Run) -> 
 def _call(rt: Runtime, call_id: int, messages: list[dict[str, str]]) -> Completion:
     try:
         return rt.client.complete(messages)
+    except (DeadlineExceeded, ReplyTooLarge) as exc:
+        # Sent, and the reply abandoned: the provider may bill it, so it is booked as wasted
+        # with our own count of its prompt (no usage came back).
+        prompt = exc.prompt_tokens_estimate or 0
+        rt.store.finish_call(call_id, CallOutcome.wasted, str(exc), status_code=exc.status_code,
+                             prompt_tokens=prompt, endpoint=exc.endpoint,
+                             cost_usd=rt.settings.cost_usd(prompt, 0,
+                                                           fallback=exc.endpoint == "fallback"))
+        raise
     except ProviderError as exc:
         rt.store.finish_call(call_id, CallOutcome.failed, str(exc), status_code=exc.status_code,
                              endpoint=exc.endpoint)

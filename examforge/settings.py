@@ -47,7 +47,14 @@ class Settings(BaseSettings):
     )
     llm_api_key: SecretStr = Field(SecretStr("sk-mock"), description="Bearer token for the provider.")
     llm_model: str = Field("mock-model", description="Model name sent to the provider.")
-    llm_timeout_s: float = Field(60.0, gt=0, description="Read timeout of one model call.")
+    llm_timeout_s: float = Field(
+        60.0, gt=0,
+        description="Deadline of one model call, from sending the request to the reply's last byte.",
+    )
+    llm_max_reply_bytes: int = Field(
+        4 * 1024 * 1024, ge=1024,
+        description="A reply larger than this is cut off and refused (bytes, after decompression).",
+    )
     llm_connect_timeout_s: float = Field(5.0, gt=0, description="Connect timeout of one model call.")
     llm_json_mode: bool = Field(True, description="Send response_format json_object.")
     llm_temperature: float = Field(0.7, ge=0, le=2)

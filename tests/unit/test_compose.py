@@ -29,7 +29,11 @@ def test_worker_is_scalable_and_runs_the_tested_command():
 def test_redis_is_private_with_a_password_and_persistence():
     redis = _compose()["services"]["redis"]
     assert "ports" not in redis
-    assert "--requirepass" in redis["command"] and "--appendonly" in redis["command"]
+    command = redis["command"]
+    assert "--requirepass" in command
+    # What `producer doctor` requires: an append-only file, and no eviction of the queue.
+    assert command[command.index("--appendonly") + 1] == "yes"
+    assert command[command.index("--maxmemory-policy") + 1] == "noeviction"
     assert "@redis:6379" in _compose()["services"]["worker"]["environment"]["BROKER_URL"]
     assert _compose()["services"]["worker"]["environment"]["BROKER_URL"].startswith("redis://:")
 

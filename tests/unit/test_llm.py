@@ -13,6 +13,7 @@ import pytest
 
 from examforge.errors import (
     AuthError,
+    DeadlineExceeded,
     PermanentProviderError,
     ProviderError,
     RetryableProviderError,
@@ -356,30 +357,34 @@ def test_retry_after_is_ignored_on_permanent_errors(
 
 # --- transport failures ---------------------------------------------------------------------
 
-TRANSPORT_ERRORS: list[tuple[type[httpx.RequestError], str]] = [
-    (httpx.ConnectTimeout, "timeout: ConnectTimeout"),
-    (httpx.ReadTimeout, "timeout: ReadTimeout"),
-    (httpx.WriteTimeout, "timeout: WriteTimeout"),
-    (httpx.PoolTimeout, "timeout: PoolTimeout"),
-    (httpx.ConnectError, "connection error: ConnectError"),
-    (httpx.ReadError, "connection error: ReadError"),
-    (httpx.WriteError, "connection error: WriteError"),
-    (httpx.RemoteProtocolError, "connection error: RemoteProtocolError"),
-    (httpx.LocalProtocolError, "connection error: LocalProtocolError"),
-    (httpx.ProxyError, "connection error: ProxyError"),
+TRANSPORT_ERRORS: list[tuple[type[httpx.RequestError], type[Exception], str]] = [
+    (httpx.ConnectTimeout, RetryableProviderError, "timeout: ConnectTimeout"),
+    # A read is never given more than what is left of the call's deadline: a read timeout
+    # means no complete reply within LLM_TIMEOUT_S (and the provider may bill the call).
+    (httpx.ReadTimeout, DeadlineExceeded,
+     "deadline: no complete reply within LLM_TIMEOUT_S=5s (ReadTimeout)"),
+    (httpx.WriteTimeout, RetryableProviderError, "timeout: WriteTimeout"),
+    (httpx.PoolTimeout, RetryableProviderError, "timeout: PoolTimeout"),
+    (httpx.ConnectError, RetryableProviderError, "connection error: ConnectError"),
+    (httpx.ReadError, RetryableProviderError, "connection error: ReadError"),
+    (httpx.WriteError, RetryableProviderError, "connection error: WriteError"),
+    (httpx.RemoteProtocolError, RetryableProviderError, "connection error: RemoteProtocolError"),
+    (httpx.LocalProtocolError, RetryableProviderError, "connection error: LocalProtocolError"),
+    (httpx.ProxyError, RetryableProviderError, "connection error: ProxyError"),
 ]
 
 
-@pytest.mark.parametrize(("exc_type", "message"), TRANSPORT_ERRORS)
+@pytest.mark.parametrize(("exc_type", "error_type", "message"), TRANSPORT_ERRORS)
 def test_transport_errors_are_retryable(client_for: Callable[..., tuple[LLMClient, Recorder]],
-                                        exc_type: type[httpx.RequestError], message: str) -> None:
+                                        exc_type: type[httpx.RequestError],
+                                        error_type: type[Exception], message: str) -> None:
     def handler(request: httpx.Request) -> httpx.Response:
         # The message mentions the key, as some proxies' errors do: it must not surface.
         raise exc_type(f"failed with Authorization: Bearer {KEY}", request=request)
 
     client, rec = client_for(handler)
     err = complete_error(client)
-    assert type(err) is RetryableProviderError
+    assert type(err) is error_type
     assert str(err) == message
     assert err.status_code is None and err.retry_after_s is None
     assert isinstance(err.__cause__, exc_type)

@@ -275,3 +275,33 @@ def test_every_call_that_got_an_answer_records_its_endpoint(env):
             report["usage"]["calls_used"]) == (1, 1, 1)
     assert set(report["usage_by_endpoint"]) == {"primary"}
     assert report["usage_by_endpoint"]["primary"]["calls"] == 3
+
+
+def test_a_reply_past_its_deadline_is_wasted_with_its_prompt_booked_and_retried(env):
+    # A read timeout means no complete reply within LLM_TIMEOUT_S: the call was sent, the
+    # provider may bill it, so it is wasted (not failed), with our count of the prompt.
+    rt, fake = env([("a", 5)], llm_price_prompt_per_mtok=1000.0)
+
+    def never_finishes(req, n):
+        raise httpx.ReadTimeout("the reply trickled past the deadline", request=req)
+
+    fake.script = [never_finishes]
+    result = process_chapter(rt, "ex", "a")
+    assert result.outcome == "retry"
+    report = _status(rt)
+    assert report["usage"]["calls_wasted"] == 1 and report["usage"]["calls_failed"] == 0
+    assert report["usage"]["prompt_tokens"] > 0 and report["cost_usd"] > 0
+    assert report["chapter_list"][0]["last_error"].startswith("transient: deadline")
+    time.sleep(0.1)
+    assert process_chapter(rt, "ex", "a").outcome == "done"
+
+
+def test_an_oversized_reply_is_wasted_and_re_asked_then_fails_the_chapter(env):
+    rt, fake = env([("a", 5)], llm_max_reply_bytes=2048, max_reasks=2)
+    huge = lambda req, n: reply("x" * 10_000)  # noqa: E731
+    fake.script = [huge, huge, huge]
+    result = process_chapter(rt, "ex", "a")
+    assert result.outcome == "failed" and "reply_too_large" in result.detail
+    assert fake.calls == 3  # the first call and MAX_REASKS re-asks
+    usage = _status(rt)["usage"]
+    assert usage["calls_wasted"] == 3 and usage["calls_used"] == 0
