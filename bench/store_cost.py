@@ -22,7 +22,7 @@ from sqlalchemy import create_engine, text
 from examforge.output import Question
 from examforge.syllabus import Chapter, Syllabus
 from storage import Store, connect, migrate
-from storage.store import Claimed
+from storage.store import Claimed, Usage
 
 
 def measure(url: str, pre_ping: bool, chapters: int, per_chapter: int, per_call: int
@@ -42,10 +42,11 @@ def measure(url: str, pre_ping: bool, chapters: int, per_chapter: int, per_call:
         assert isinstance(claim, Claimed), claim
         for first in range(1, per_chapter + 1, per_call):
             call_id = store.start_call(claim, first, per_call)
+            assert isinstance(call_id, int)
             batch = [Question(f"q {i}.{first + j}?", ("a", "b", "c", "d"), 0, "")
                      for j in range(per_call)]
             store.commit_batch(claim, 30.0, call_id, first, batch,
-                               model="m", prompt_tokens=10, completion_tokens=20, cost_usd=0.0)
+                               model="m", usage=Usage(10, 20, 0.0))
             calls += 1
     cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
     engine.dispose()

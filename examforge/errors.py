@@ -8,17 +8,45 @@
     ├── InfrastructureError          a service we depend on is down: one line, exit 3
     │   ├── BrokerUnavailable
     │   └── DatabaseUnavailable
-    ├── ProviderError                the model provider failed a call
-    │   ├── RetryableProviderError   timeout, connection reset, 429, 5xx: retrying can fix it
+    ├── ProviderError                the model provider failed a call (examforge.classify
+    │   │                            decides which, from the status and the error body)
+    │   ├── RetryableProviderError   timeout, connection reset, 5xx: retrying can fix it
+    │   │   ├── RateLimited          429 from a rate limit: every worker holds back
     │   │   └── DeadlineExceeded     no complete reply within LLM_TIMEOUT_S (may be billed)
     │   ├── ReplyTooLarge            a reply over LLM_MAX_REPLY_BYTES, cut off (may be billed)
-    │   └── PermanentProviderError   400, 404, 422: retrying cannot fix it
-    │       └── AuthError            401, 403: stop the whole exam
+    │   └── PermanentProviderError   400, 422, ...: this request is wrong; fail the chapter
+    │       └── ExamStopped          nothing can succeed until a person acts: pause the exam
+    │           ├── AuthError        401, 403: the key was rejected
+    │           ├── QuotaExceeded    insufficient_quota, 402, a credit balance too low
+    │           └── ModelNotFound    the provider does not know LLM_MODEL
+    ├── BudgetExceeded               the next call's worst case does not fit in the budget
     ├── OutputInvalid                the model answered, but not with usable questions
     └── LeaseLost                    another worker owns the chapter now; our result is void
 """
 
 from __future__ import annotations
+
+from enum import Enum
+from typing import Mapping
+
+
+class ErrorKind(str, Enum):
+    """What went wrong with a call, as the ledger and `status` name it."""
+
+    rate_limited = "rate_limited"
+    quota = "quota"
+    auth = "auth"
+    model_not_found = "model_not_found"
+    bad_request = "bad_request"
+    server_error = "server_error"
+    conflict = "conflict"  # 408, 409, 425: the server asks for the request again
+    timeout = "timeout"
+    deadline = "deadline"
+    connection = "connection"
+    unreadable = "unreadable"  # a 200 whose envelope is broken, a corrupt body
+    reply_too_large = "reply_too_large"
+    redirect = "redirect"
+    tls = "tls"
 
 
 class ExamforgeError(Exception):
@@ -63,6 +91,8 @@ class DatabaseUnavailable(InfrastructureError):
 class ProviderError(ExamforgeError):
     """Raised when a model call fails."""
 
+    default_kind = ErrorKind.server_error
+
     def __init__(
         self,
         message: str | None = None,
@@ -73,32 +103,78 @@ class ProviderError(ExamforgeError):
         super().__init__(message)
         self.status_code = status_code
         self.retry_after_s = retry_after_s
+        self.kind: ErrorKind = self.default_kind
         self.endpoint: str | None = None  # "primary" or "fallback", set by the client
         # Set when the provider may bill the call although no usage came back (the request
         # was sent and the reply abandoned): our own count of the prompt.
         self.prompt_tokens_estimate: int | None = None
+        # The reply's headers, when there was a reply (rate-limit hints for the limiter).
+        self.headers: Mapping[str, str] | None = None
 
 
 class RetryableProviderError(ProviderError):
     """Raised for timeouts, connection errors, 429 and 5xx: a later attempt may succeed."""
 
 
+class RateLimited(RetryableProviderError):
+    """Raised for a 429 from a rate limit: the provider's limit is shared, so every worker on
+    that endpoint holds back until its Retry-After, and no attempt of the chapter is counted."""
+
+    default_kind = ErrorKind.rate_limited
+
+
 class DeadlineExceeded(RetryableProviderError):
     """Raised when a reply did not arrive in full within LLM_TIMEOUT_S of sending the request
     (a silent server, or one that trickles its reply); the connection is closed."""
+
+    default_kind = ErrorKind.deadline
 
 
 class ReplyTooLarge(ProviderError):
     """Raised when a reply is larger than LLM_MAX_REPLY_BYTES: it is cut off and refused, so a
     broken or hostile endpoint cannot exhaust a worker's memory."""
 
+    default_kind = ErrorKind.reply_too_large
+
 
 class PermanentProviderError(ProviderError):
     """Raised for 4xx replies other than 408/409/429: the request itself is wrong."""
 
+    default_kind = ErrorKind.bad_request
 
-class AuthError(PermanentProviderError):
+
+class ExamStopped(PermanentProviderError):
+    """Raised when no call of the exam can succeed until a person fixes something: the exam is
+    paused with the reason, and `producer resume SLUG` continues it."""
+
+
+class AuthError(ExamStopped):
     """Raised when the provider rejects the API key (401/403)."""
+
+    default_kind = ErrorKind.auth
+
+
+class QuotaExceeded(ExamStopped):
+    """Raised when the account has no quota or credit left (OpenAI's 429 insufficient_quota,
+    402 Payment Required, "credit balance is too low"): waiting does not fix it."""
+
+    default_kind = ErrorKind.quota
+
+
+class ModelNotFound(ExamStopped):
+    """Raised when the provider does not know the model asked for (LLM_MODEL)."""
+
+    default_kind = ErrorKind.model_not_found
+
+
+class BudgetExceeded(ExamforgeError):
+    """Raised when the next call's worst case does not fit in what is left of the exam's
+    budget. With calls still in flight elsewhere, their real cost may free room: wait. With
+    none, nothing more fits: the exam is paused until its budget is raised."""
+
+    def __init__(self, message: str, *, others_in_flight: bool) -> None:
+        super().__init__(message)
+        self.others_in_flight = others_in_flight
 
 
 class OutputInvalid(ExamforgeError):

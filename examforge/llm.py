@@ -1,8 +1,14 @@
 """The provider client: one OpenAI-compatible chat-completions call, no retries of its own.
 
 Every httpx and HTTP failure is translated into the error vocabulary of `examforge.errors` here
-and nowhere else. Retries are decided by the caller (the Celery task), so no SDK-level retry
-multiplies paid attempts. The transport is injectable: unit tests pass `httpx.MockTransport`.
+and nowhere else (the table of HTTP errors is `examforge.classify`). Retries are decided by the
+caller, so no SDK-level retry multiplies paid attempts. The transport is injectable: unit
+tests pass `httpx.MockTransport`.
+
+A call goes through two steps: `admit` waits until the endpoint's rate limit (shared by every
+worker, `examforge.ratelimit`) has room for it, and `complete` sends it. The caller writes the
+call to its ledger between the two, so a call waiting for the limiter is never booked as
+sent, and a call sent is always booked first.
 """
 
 from __future__ import annotations
@@ -13,26 +19,34 @@ import ssl
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable, Mapping
 
 import httpx
 from pydantic import SecretStr
 
 from examforge.backoff import parse_retry_after
+from examforge.classify import Action, classify
 from examforge.deadline import DeadlineTransport, deadline
 from examforge.errors import (
     AuthError,
     DeadlineExceeded,
+    ErrorKind,
+    ModelNotFound,
     PermanentProviderError,
     ProviderError,
+    QuotaExceeded,
+    RateLimited,
     ReplyTooLarge,
     RetryableProviderError,
 )
+from examforge.prices import Price
+from examforge.ratelimit import EndpointLimit, Limiter, Limits, LocalLimiter, acquire
 from examforge.settings import Settings
-from examforge.tokens import count_messages
+from examforge.tokens import count_messages, count_text
 
-RETRYABLE_STATUS = {408, 409, 425, 429}
 log = logging.getLogger(__name__)
+# A 429 that names no Retry-After still holds every worker back this long.
+DEFAULT_RATE_HOLD_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -43,6 +57,9 @@ class Completion:
     completion_tokens: int
     model: str
     fallback: bool = False  # served by LLM_FALLBACK_BASE_URL (priced with its rates)
+    usage_estimated: bool = False  # the reply had no usage: these are our own counts
+    cost_usd: float = 0.0
+    price_known: bool = True
 
     @property
     def endpoint(self) -> str:
@@ -53,6 +70,9 @@ class Completion:
 class _Endpoint:
     http: httpx.Client
     model: str
+    base_url: str
+    price: Price
+    limit: EndpointLimit
     secret: str = field(repr=False)  # never in a repr, a traceback's locals or a log
     fallback: bool = False
 
@@ -61,9 +81,34 @@ class _Endpoint:
         return "fallback" if self.fallback else "primary"
 
 
+@dataclass
+class Admission:
+    """A call the rate limiter has let through (and charged `tokens` for), not yet sent."""
+
+    endpoint: _Endpoint
+    tokens: int
+    waited_s: float = 0.0
+    used: bool = False
+
+
 class _Unreachable(Exception):
     """The request never reached the endpoint (connect refused or timed out): nothing was paid,
     so the same call may go to the fallback."""
+
+
+LimiterFactory = Callable[[str, str], Limiter]  # (base_url, model) -> the endpoint's limiter
+
+
+def local_limiters() -> LimiterFactory:
+    """One in-process limiter per endpoint (`producer run`, tests)."""
+    made: dict[tuple[str, str], Limiter] = {}
+    lock = threading.Lock()
+
+    def get(base_url: str, model: str) -> Limiter:
+        with lock:
+            return made.setdefault((base_url, model), LocalLimiter())
+
+    return get
 
 
 class LLMClient:
@@ -78,21 +123,29 @@ class LLMClient:
     """
 
     def __init__(self, settings: Settings, transport: httpx.BaseTransport | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 limiters: LimiterFactory | None = None) -> None:
         self._settings = settings
         self._clock = clock
-        self._primary = self._endpoint(settings.llm_base_url, settings.llm_api_key,
-                                       settings.llm_model, transport, fallback=False)
+        limiters = limiters or local_limiters()
+        self._primary = self._endpoint(
+            settings.llm_base_url, settings.llm_api_key, settings.llm_model, transport,
+            limiters, Limits(settings.llm_rpm, settings.llm_tpm, settings.llm_rate_burst_s),
+            fallback=False)
         self._fallback = None
         if settings.llm_fallback_base_url:
             self._fallback = self._endpoint(
                 settings.llm_fallback_base_url, settings.llm_fallback_api_key,
-                settings.llm_fallback_model or settings.llm_model, transport, fallback=True)
+                settings.llm_fallback_model or settings.llm_model, transport, limiters,
+                Limits(settings.llm_fallback_rpm, settings.llm_fallback_tpm,
+                       settings.llm_rate_burst_s),
+                fallback=True)
         self._primary_down_until = float("-inf")  # -inf: the primary is not known to be down
         self._lock = threading.Lock()
 
     def _endpoint(self, base_url: str, key: SecretStr, model: str,
-                  transport: httpx.BaseTransport | None, *, fallback: bool) -> _Endpoint:
+                  transport: httpx.BaseTransport | None, limiters: LimiterFactory,
+                  limits: Limits, *, fallback: bool) -> _Endpoint:
         secret = key.get_secret_value()
         http = httpx.Client(
             base_url=base_url.rstrip("/") + "/",
@@ -104,20 +157,79 @@ class LLMClient:
             ),
             headers={"Authorization": f"Bearer {secret}"} if secret else {},
         )
-        return _Endpoint(http, model, secret, fallback)
+        return _Endpoint(http, model, base_url, self._settings.price(fallback=fallback),
+                         EndpointLimit(limiters(base_url, model), limits), secret, fallback)
 
     def close(self) -> None:
         self._primary.http.close()
         if self._fallback:
             self._fallback.http.close()
 
-    def complete(self, messages: list[dict[str, str]]) -> Completion:
+    # ------------------------------------------------------------------ pricing
+    def worst_case_usd(self, prompt_tokens: int, max_tokens: int) -> float:
+        """The most a call can cost: its prompt and all of its max_tokens, at the dearer of the
+        endpoints that may serve it (a call admitted for the primary may end at the fallback)."""
+        prices = [self._primary.price] + ([self._fallback.price] if self._fallback else [])
+        return max(p.cost_usd(prompt_tokens, max_tokens) for p in prices)
+
+    @property
+    def prices_known(self) -> bool:
+        return self._primary.price.known and (self._fallback is None or self._fallback.price.known)
+
+    @property
+    def model(self) -> str:
+        return self._primary.model
+
+    def count_prompt(self, messages: list[dict[str, str]]) -> int:
+        return count_messages(messages, self._primary.model)
+
+    # ------------------------------------------------------------------ admission
+    def admit(self, messages: list[dict[str, str]], max_tokens: int | None, *,
+              max_wait_s: float, check: Callable[[], None] = lambda: None,
+              prompt_tokens: int | None = None) -> Admission:
+        """Wait until the endpoint this call will go to has room for it under its rate limit.
+
+        Raises RateLimited (with the wait still ahead as retry_after_s) when that would take
+        longer than `max_wait_s`: the caller hands the work back rather than hold it.
+        """
+        ep = self._primary if self._may_try_primary(peek=True) else self._fallback
+        assert ep is not None
+        tokens = self._tokens(ep, messages, max_tokens, prompt_tokens)
+        try:
+            waited = acquire(ep.limit, tokens, max_wait_s=max_wait_s, check=check)
+        except TimeoutError as exc:
+            wait_s = float(exc.args[0]) if exc.args else max_wait_s
+            raise _at(RateLimited(f"rate limit: the shared limiter asks to wait {wait_s:.1f}s",
+                                  retry_after_s=wait_s), ep) from None
+        return Admission(ep, tokens, waited)
+
+    def cancel(self, admission: Admission) -> None:
+        """The admitted call will not be sent (its budget had no room): give its tokens back."""
+        if not admission.used and admission.tokens:
+            admission.endpoint.limit.limiter.adjust(admission.endpoint.limit.limits,
+                                                    -admission.tokens)
+        admission.used = True
+
+    def _tokens(self, ep: _Endpoint, messages: list[dict[str, str]], max_tokens: int | None,
+                prompt_tokens: int | None) -> int:
+        if not ep.limit.limits.tpm:
+            return 0  # nothing to charge tokens to: skip counting them
+        if prompt_tokens is None:
+            prompt_tokens = count_messages(messages, ep.model)
+        return prompt_tokens + (max_tokens or 0)
+
+    # ------------------------------------------------------------------ the call
+    def complete(self, messages: list[dict[str, str]], *, max_tokens: int | None = None,
+                 admission: Admission | None = None) -> Completion:
         """One paid call. Raises a ProviderError subclass on any failure."""
+        if admission is None:
+            admission = self.admit(messages, max_tokens, max_wait_s=float("inf"))
+        admission.used = True
         fallback = self._fallback
-        skipped = not self._may_try_primary()
+        skipped = admission.endpoint.fallback or not self._may_try_primary()
         if not skipped:
             try:
-                completion = self._post(self._primary, messages)
+                completion = self._post(self._primary, messages, max_tokens, admission.tokens)
             except _Unreachable as exc:
                 if fallback is None:
                     raise _at(RetryableProviderError(str(exc)), self._primary) from exc.__cause__
@@ -132,40 +244,81 @@ class LLMClient:
                         self._primary_down_until = float("-inf")  # it is back
                 return completion
         assert fallback is not None  # reached only when the primary was skipped or unreachable
+        tokens = admission.tokens
+        if not admission.endpoint.fallback:
+            # Admitted for the primary, which turned out unreachable: the fallback has a limit
+            # of its own. A short wait at most; nothing was sent anywhere yet.
+            tokens = self._tokens(fallback, messages, max_tokens, None)
+            acquire(fallback.limit, tokens, max_wait_s=float("inf"))
         try:
-            return self._post(fallback, messages)
+            return self._post(fallback, messages, max_tokens, tokens)
         except _Unreachable as exc:
             where = "fallback; primary held off" if skipped else "primary and fallback"
             raise _at(RetryableProviderError(f"{exc} ({where})"), fallback) from exc.__cause__
 
-    def _may_try_primary(self) -> bool:
+    def _may_try_primary(self, *, peek: bool = False) -> bool:
         """False while the primary is held off. When a hold ends, one call probes the primary
         and the others keep using the fallback until the probe has had its connect timeout:
-        32 threads do not all stall on a primary that is still down."""
+        32 threads do not all stall on a primary that is still down. `peek` asks without
+        becoming the probe."""
         if self._fallback is None:
             return True
         with self._lock:
             now = self._clock()
             if now < self._primary_down_until:
                 return False
-            if self._primary_down_until != float("-inf"):  # was down: this call is the probe
+            if self._primary_down_until != float("-inf") and not peek:
+                # Was down: this call is the probe.
                 self._primary_down_until = now + self._settings.llm_connect_timeout_s + 1
             return True
 
-    def _post(self, ep: _Endpoint, messages: list[dict[str, str]]) -> Completion:
+    def _post(self, ep: _Endpoint, messages: list[dict[str, str]], max_tokens: int | None,
+              tokens: int) -> Completion:
         try:
-            return self._post_once(ep, messages)
+            completion, headers = self._post_once(ep, messages, max_tokens)
+        except _Unreachable:
+            if tokens:  # never reached the provider: nothing was counted there
+                ep.limit.limiter.adjust(ep.limit.limits, -tokens)
+            raise
         except ProviderError as exc:
+            if exc.headers:
+                ep.limit.observe(exc.headers, tokens)
+            if isinstance(exc, RateLimited):
+                ep.limit.limiter.hold(exc.retry_after_s or DEFAULT_RATE_HOLD_S)
+            if tokens and not isinstance(exc, (DeadlineExceeded, ReplyTooLarge)):
+                # Refused or failed before the provider did the work: it did not count it.
+                ep.limit.limiter.adjust(ep.limit.limits, -tokens)
             raise _at(exc, ep)
+        ep.limit.observe(headers, tokens)
+        if tokens:
+            ep.limit.settle(tokens, completion.prompt_tokens + completion.completion_tokens)
+        return completion
 
-    def _post_once(self, ep: _Endpoint, messages: list[dict[str, str]]) -> Completion:
+    def _body(self, ep: _Endpoint, messages: list[dict[str, str]],
+              max_tokens: int | None) -> dict[str, object]:
         body: dict[str, object] = {
             "model": ep.model,
             "messages": messages,
             "temperature": self._settings.llm_temperature,
         }
+        if max_tokens is not None:
+            body[self._max_tokens_param(ep)] = max_tokens
         if self._settings.llm_json_mode:
             body["response_format"] = {"type": "json_object"}
+        return body
+
+    def _max_tokens_param(self, ep: _Endpoint) -> str:
+        chosen = self._settings.llm_max_tokens_param
+        if chosen != "auto":
+            return chosen
+        # OpenAI's reasoning models refuse max_tokens; elsewhere (Ollama, vLLM, gateways) the
+        # older name is the one every server knows.
+        host = ep.http.base_url.host
+        return "max_completion_tokens" if host.endswith("openai.com") else "max_tokens"
+
+    def _post_once(self, ep: _Endpoint, messages: list[dict[str, str]],
+                   max_tokens: int | None) -> tuple[Completion, httpx.Headers]:
+        body = self._body(ep, messages, max_tokens)
         cap = self._settings.llm_max_reply_bytes
         try:
             with deadline(self._settings.llm_timeout_s), \
@@ -177,8 +330,10 @@ class LLMClient:
             if _caused_by(exc, ssl.SSLCertVerificationError):
                 # A certificate that does not verify is a configuration problem: no retry
                 # fixes it, and it must not quietly send the traffic to the fallback.
-                raise PermanentProviderError(
-                    f"TLS certificate verification failed for {ep.http.base_url.host}") from exc
+                err: ProviderError = PermanentProviderError(
+                    f"TLS certificate verification failed for {ep.http.base_url.host}")
+                err.kind = ErrorKind.tls
+                raise err from exc
             # Refused, unreachable, or a name that does not resolve (in a compose network a
             # service's name exists only while it runs): the request was never sent.
             raise _Unreachable(f"connection error: {type(exc).__name__}") from exc
@@ -186,21 +341,27 @@ class LLMClient:
             if isinstance(exc, httpx.ReadTimeout):
                 # Sent and not answered in full within the deadline (a read is never given
                 # more than what is left of it): the provider may well bill it.
-                err: ProviderError = DeadlineExceeded(
+                err = DeadlineExceeded(
                     f"deadline: no complete reply within LLM_TIMEOUT_S="
                     f"{self._settings.llm_timeout_s:g}s ({type(exc).__name__})")
                 err.prompt_tokens_estimate = count_messages(messages, ep.model)
                 raise err from exc
-            raise RetryableProviderError(f"timeout: {type(exc).__name__}") from exc
+            err = RetryableProviderError(f"timeout: {type(exc).__name__}")
+            err.kind = ErrorKind.timeout
+            raise err from exc
         except _TooLarge as exc:
             err = ReplyTooLarge(f"reply_too_large: {exc} (LLM_MAX_REPLY_BYTES={cap})")
             err.prompt_tokens_estimate = count_messages(messages, ep.model)
             raise err from None
         except httpx.TransportError as exc:
-            raise RetryableProviderError(f"connection error: {type(exc).__name__}") from exc
+            err = RetryableProviderError(f"connection error: {type(exc).__name__}")
+            err.kind = ErrorKind.connection
+            raise err from exc
         except httpx.RequestError as exc:  # e.g. DecodingError: a corrupt compressed body
-            raise RetryableProviderError(f"unreadable reply: {type(exc).__name__}") from exc
-        return _translate(response, raw, ep)
+            err = RetryableProviderError(f"unreadable reply: {type(exc).__name__}")
+            err.kind = ErrorKind.unreadable
+            raise err from exc
+        return _translate(response, raw, ep, messages), response.headers
 
 
 class _TooLarge(Exception):
@@ -248,43 +409,82 @@ def _redact(text: str, secret: str) -> str:
     return text.replace(secret, "***") if secret else text
 
 
-def _error_text(response: httpx.Response, raw: bytes, secret: str) -> str:
+def _error_fields(raw: bytes) -> tuple[str | None, str | None, str | None]:
+    """(message, code, type) of an OpenAI-style error body; None where absent."""
     try:
         err = json.loads(raw).get("error")
-        message = err.get("message") if isinstance(err, dict) else err
     except (ValueError, AttributeError, RecursionError):
-        message = None
-    text = f"HTTP {response.status_code}" + (f": {str(message)}" if message else "")
-    return _redact(text, secret)[:220]
+        return None, None, None
+    if not isinstance(err, dict):
+        return (str(err) if err else None), None, None
+
+    def text(v: object) -> str | None:
+        return str(v) if isinstance(v, (str, int)) and str(v) else None
+
+    return text(err.get("message")), text(err.get("code")), text(err.get("type"))
 
 
-def _usage(data: dict[str, object]) -> tuple[int, int]:
+def _retry_after_s(headers: Mapping[str, str]) -> float | None:
+    """OpenAI sends retry-after-ms beside Retry-After; the finer one wins."""
+    ms = headers.get("retry-after-ms")
+    if ms:
+        try:
+            return max(0.0, float(ms) / 1000)
+        except ValueError:
+            pass
+    return parse_retry_after(headers.get("retry-after"))
+
+
+_ERROR_CLASS: dict[tuple[Action, ErrorKind | None], type[ProviderError]] = {
+    (Action.retry, ErrorKind.rate_limited): RateLimited,
+    (Action.retry, None): RetryableProviderError,
+    (Action.pause_exam, ErrorKind.auth): AuthError,
+    (Action.pause_exam, ErrorKind.quota): QuotaExceeded,
+    (Action.pause_exam, ErrorKind.model_not_found): ModelNotFound,
+    (Action.fail_chapter, None): PermanentProviderError,
+}
+
+
+def _error(response: httpx.Response, raw: bytes, ep: _Endpoint) -> ProviderError:
+    status = response.status_code
+    message, code, type_ = _error_fields(raw)
+    rule = classify(status, code, type_, message or "")
+    cls = _ERROR_CLASS.get((rule.action, rule.kind)) or _ERROR_CLASS[(rule.action, None)]
+    text = _redact(f"HTTP {status}" + (f": {message}" if message else ""), ep.secret)[:220]
+    err = cls(text, status_code=status, retry_after_s=_retry_after_s(response.headers)
+              if rule.action is Action.retry else None)
+    err.kind = rule.kind
+    err.headers = response.headers  # the limiter learns from them
+    return err
+
+
+def _usage(data: dict[str, object]) -> tuple[int, int] | None:
     usage = data.get("usage")
     if not isinstance(usage, dict):
-        return 0, 0
-    def _int(v: object) -> int:
-        return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else 0
-    return _int(usage.get("prompt_tokens")), _int(usage.get("completion_tokens"))
+        return None
+
+    def _int(v: object) -> int | None:
+        return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
+
+    prompt, completion = _int(usage.get("prompt_tokens")), _int(usage.get("completion_tokens"))
+    if prompt is None or completion is None:
+        return None
+    return prompt, completion
 
 
-def _translate(response: httpx.Response, raw: bytes, ep: _Endpoint) -> Completion:
+def _translate(response: httpx.Response, raw: bytes, ep: _Endpoint,
+               messages: list[dict[str, Any]]) -> Completion:
     status, secret = response.status_code, ep.secret
-    if status in (401, 403):
-        raise AuthError(_error_text(response, raw, secret), status_code=status)
-    if status in RETRYABLE_STATUS or status >= 500:
-        raise RetryableProviderError(
-            _error_text(response, raw, secret),
-            status_code=status,
-            retry_after_s=parse_retry_after(response.headers.get("retry-after")),
-        )
     if status >= 400:
-        raise PermanentProviderError(_error_text(response, raw, secret), status_code=status)
+        raise _error(response, raw, ep)
     if status >= 300:
         # httpx does not follow redirects here on purpose: a POST redirected is a wrong
         # LLM_BASE_URL (http vs https, a missing /v1), which no retry can fix.
-        raise PermanentProviderError(
+        err: ProviderError = PermanentProviderError(
             f"HTTP {status} redirect to {response.headers.get('location', '?')[:200]}: "
             "check LLM_BASE_URL", status_code=status)
+        err.kind = ErrorKind.redirect
+        raise err
     try:
         data = json.loads(raw)
         choice = data["choices"][0]
@@ -296,10 +496,17 @@ def _translate(response: httpx.Response, raw: bytes, ep: _Endpoint) -> Completio
             raise TypeError(f"finish_reason is {type(finish_reason).__name__}, not a string")
     except (ValueError, KeyError, IndexError, TypeError, AttributeError, RecursionError) as exc:
         # A 200 whose envelope is broken is a provider fault (often a proxy), not model output.
-        raise RetryableProviderError(
-            _redact(f"unreadable reply envelope: {exc!r}", secret)[:200]
-        ) from exc
-    prompt_tokens, completion_tokens = _usage(data)
+        err = RetryableProviderError(
+            _redact(f"unreadable reply envelope: {exc!r}", secret)[:200])
+        err.kind = ErrorKind.unreadable
+        raise err from exc
+    usage = _usage(data)
+    estimated = usage is None
+    if usage is None:
+        # Some servers and gateways send no usage. That call is not free: count it ourselves
+        # (the prompt as sent, the reply as received) and say the count is ours.
+        usage = (count_messages(messages, ep.model), count_text(content or "", ep.model))
+    prompt_tokens, completion_tokens = usage
     return Completion(
         content=content,
         finish_reason=finish_reason,
@@ -307,7 +514,10 @@ def _translate(response: httpx.Response, raw: bytes, ep: _Endpoint) -> Completio
         completion_tokens=completion_tokens,
         model=str(data.get("model") or ep.model),
         fallback=ep.fallback,
+        usage_estimated=estimated,
+        cost_usd=ep.price.cost_usd(prompt_tokens, completion_tokens),
+        price_known=ep.price.known,
     )
 
 
-__all__ = ["Completion", "LLMClient", "ProviderError"]
+__all__ = ["Admission", "Completion", "LLMClient", "ProviderError", "local_limiters"]

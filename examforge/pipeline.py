@@ -2,7 +2,7 @@
 
 Celery tasks and the embedded `producer run` both call `process_chapter`; it never raises for
 the outcomes of the work itself, it returns a `ChapterResult` saying what happened and when
-(if ever) to come back.
+(if ever) to come back. What to do after an error is `examforge.retry.decide`.
 """
 
 from __future__ import annotations
@@ -14,33 +14,32 @@ import socket
 import threading
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
 
-from examforge.backoff import backoff_s
 from examforge.errors import (
-    AuthError,
+    BudgetExceeded,
     DeadlineExceeded,
     LeaseLost,
     OutputInvalid,
-    PermanentProviderError,
     ProviderError,
     ReplyTooLarge,
-    RetryableProviderError,
 )
 from examforge.heartbeat import LeaseKeeper
-from examforge.llm import Completion, LLMClient
+from examforge.llm import Admission, Completion, LLMClient
 from examforge.output import normalise, parse_questions
 from examforge.prompt import build_messages
+from examforge.retry import Action, HandBack, decide
 from examforge.settings import Settings
 from examforge.syllabus import Chapter as ChapterSpec
 from storage.models import CallOutcome
-from storage.store import Claimed, NotClaimed, Store
+from storage.store import Claimed, NoRoom, NotClaimed, Store, Usage
 
 log = logging.getLogger("examforge.pipeline")
 
+# The longest a chapter waits in its thread for the shared rate limiter; past that it is handed
+# back to the queue for the wait (uncounted), and the thread takes other work.
+RATE_WAIT_MAX_S = 60.0
 
-class HandBack(Exception):
-    """The process is shutting down: stop between calls and return the chapter to the queue."""
+__all__ = ["ChapterResult", "HandBack", "Runtime", "new_owner", "process_chapter"]
 
 
 @dataclass(frozen=True)
@@ -92,44 +91,43 @@ def process_chapter(rt: Runtime, exam: str, chapter_id: str) -> ChapterResult:
     try:
         _generate(rt, claim, lost, run)
         return ChapterResult("done", calls=run.calls)
-    except LeaseLost as exc:
-        log.warning("lease lost; result discarded", extra={**fields, "error": str(exc)})
-        return ChapterResult("lost", str(exc))
-    except HandBack:
-        store.release(claim, retry_in_s=0, error="handed back: worker shutting down")
-        log.info("handed back on shutdown", extra=fields)
-        return ChapterResult("retry", "handed back on shutdown", retry_in_s=0, calls=run.calls)
-    except RetryableProviderError as exc:
+    except BaseException as exc:
         # Back off by attempts since the last progress: a chapter that just committed a batch
         # starts again from a short delay.
         streak = 1 if run.committed else claim.attempts_since_progress
-        delay = backoff_s(streak, retry_after_s=exc.retry_after_s, rand=random.random(),
-                          base_s=settings.retry_base_s, max_s=settings.retry_max_s,
-                          retry_after_max_s=settings.retry_after_max_s)
-        store.release(claim, retry_in_s=delay, error=f"transient: {exc}")
-        log.info("transient failure; retry scheduled",
-                 extra={**fields, "error": str(exc), "retry_in_s": round(delay, 2)})
-        return ChapterResult("retry", str(exc), retry_in_s=delay)
-    except AuthError as exc:
-        store.fail(claim, f"auth: {exc}", pause_exam_after=settings.auth_failure_limit)
-        log.error("provider rejected the API key", extra={**fields, "error": str(exc)})
-        return ChapterResult("failed", f"auth: {exc}")
-    except PermanentProviderError as exc:
-        store.fail(claim, f"permanent: {exc}")
-        return ChapterResult("failed", f"permanent: {exc}")
-    except OutputInvalid as exc:
-        store.fail(claim, f"invalid output after {settings.max_reasks} re-asks: {exc}")
-        return ChapterResult("failed", f"invalid output: {exc}")
-    except BaseException as exc:
-        # Database down, a bug, a shutdown: hand the chapter back for someone else to take.
-        try:
-            store.release(claim, retry_in_s=settings.retry_base_s,
-                          error=f"{type(exc).__name__}: {exc}")
-        except Exception:  # the database itself may be what failed; the lease will expire
-            pass
-        raise
+        decision = decide(exc, streak=streak, settings=settings, rand=random.random())
+        return _carry_out(rt, claim, decision, exc, run, fields)
     finally:
         rt.keeper.drop(claim.owner)
+
+
+def _carry_out(rt: Runtime, claim: Claimed, decision, exc: BaseException,  # type: ignore[no-untyped-def]
+               run: "_Run", fields: dict[str, object]) -> ChapterResult:
+    store = rt.store
+    extra = {**fields, "reason": decision.reason[:300]}
+    if decision.action is Action.lost:
+        log.warning("lease lost; result discarded", extra=extra)
+        return ChapterResult("lost", decision.reason)
+    if decision.action is Action.fail:
+        store.fail(claim, decision.reason, pause_exam_after=decision.pause_exam_after)
+        log.error("chapter failed", extra=extra)
+        return ChapterResult("failed", decision.reason)
+    if decision.action is Action.pause:
+        if store.pause_exam(claim.exam, decision.reason):
+            log.error("exam paused", extra=extra)
+        store.release(claim, retry_in_s=0, error=decision.reason, count_attempt=False)
+        return ChapterResult("skipped", f"paused: {decision.reason}", calls=run.calls)
+    if decision.action is Action.reraise:
+        try:
+            store.release(claim, retry_in_s=decision.delay_s, error=decision.reason)
+        except Exception:  # the database itself may be what failed; the lease will expire
+            pass
+        raise exc
+    store.release(claim, retry_in_s=decision.delay_s, error=decision.reason,
+                  count_attempt=decision.count_attempt)
+    log.info("chapter handed back; retry scheduled",
+             extra={**extra, "retry_in_s": round(decision.delay_s, 2)})
+    return ChapterResult("retry", decision.reason, retry_in_s=decision.delay_s, calls=run.calls)
 
 
 def _not_claimed(claim: NotClaimed, exam: str, chapter_id: str) -> ChapterResult:
@@ -163,17 +161,21 @@ def _generate(rt: Runtime, claim: Claimed, lost: threading.Event, run: _Run) -> 
     avoid: list[str] = []
     invalid_in_row = 0
     target = claim.target
-    while stored < target:
+
+    def check() -> None:
         if rt.stopping.is_set():
             raise HandBack()
         if lost.is_set():
             raise LeaseLost(f"lease on {claim.exam}/{claim.chapter_id} lost during the run")
+
+    while stored < target:
+        check()
         want = min(settings.questions_per_call, target - stored)
-        messages = build_messages(claim.exam, claim.exam_title, spec, want, avoid)
-        call_id = store.start_call(claim, stored + 1, want)
+        call_id, messages, max_tokens, admission = _start(rt, claim, spec, stored, want, avoid,
+                                                          check)
         run.calls += 1
         try:
-            completion = _call(rt, call_id, messages)
+            completion = _call(rt, call_id, messages, max_tokens, admission)
         except ReplyTooLarge as exc:
             # A broken endpoint's reply, not a transient fault: re-asked like invalid output.
             invalid_in_row += 1
@@ -182,29 +184,28 @@ def _generate(rt: Runtime, claim: Claimed, lost: threading.Event, run: _Run) -> 
             if invalid_in_row > settings.max_reasks:
                 raise OutputInvalid("reply_too_large", str(exc)) from None
             continue
-        cost = settings.cost_usd(completion.prompt_tokens, completion.completion_tokens,
-                                 fallback=completion.fallback)
-        usage: dict[str, Any] = {"prompt_tokens": completion.prompt_tokens,
-                                 "completion_tokens": completion.completion_tokens,
-                                 "cost_usd": cost, "endpoint": completion.endpoint}
+        usage = Usage(completion.prompt_tokens, completion.completion_tokens,
+                      completion.cost_usd, completion.endpoint, completion.usage_estimated)
         try:
             parsed = parse_questions(completion.content, completion.finish_reason, want, known)
         except OutputInvalid as exc:
-            store.finish_call(call_id, CallOutcome.wasted, f"invalid_output: {exc}"[:500], **usage)
+            store.finish_call(call_id, CallOutcome.wasted, f"invalid_output: {exc}"[:500],
+                              usage=usage)
             invalid_in_row += 1
             log.warning("invalid model output", extra={"exam": claim.exam,
-                        "chapter": claim.chapter_id, "kind": exc.kind, **usage})
+                        "chapter": claim.chapter_id, "kind": exc.kind,
+                        "cost_usd": usage.cost_usd})
             if invalid_in_row > settings.max_reasks:
                 raise
             continue
         if lost.is_set():
             store.finish_call(call_id, CallOutcome.wasted,
-                              "lease_lost: lease expired while the call ran", **usage)
+                              "lease_lost: lease expired while the call ran", usage=usage)
             raise LeaseLost(f"lease on {claim.exam}/{claim.chapter_id} lost during the call")
         note = ", ".join(f"{n} {k} rejected" for k, n in parsed.rejected.items())
         committed = store.commit_batch(claim, settings.lease_s, call_id, stored + 1,
                                        parsed.questions, model=completion.model, note=note,
-                                       **usage)
+                                       usage=usage)
         invalid_in_row = 0
         run.committed += len(parsed.questions)
         # The target may have been raised by an enqueue while this chapter ran.
@@ -213,24 +214,57 @@ def _generate(rt: Runtime, claim: Claimed, lost: threading.Event, run: _Run) -> 
             known.add(normalise(q.question))
             avoid.append(q.question)
         log.info("batch committed", extra={"exam": claim.exam, "chapter": claim.chapter_id,
-                 "attempt": claim.attempt, "stored": stored, "target": target, **usage})
+                 "attempt": claim.attempt, "stored": stored, "target": target,
+                 "prompt_tokens": usage.prompt_tokens,
+                 "completion_tokens": usage.completion_tokens, "cost_usd": usage.cost_usd})
 
 
-def _call(rt: Runtime, call_id: int, messages: list[dict[str, str]]) -> Completion:
+def _start(rt: Runtime, claim: Claimed, spec: ChapterSpec, stored: int, want: int,
+           avoid: list[str], check) -> tuple[int, list[dict[str, str]], int, Admission]:  # type: ignore[no-untyped-def]
+    """Admit the next call under the rate limit, then book it and reserve its worst case
+    against the budget. When the budget has room for fewer questions, ask for fewer."""
+    settings, client = rt.settings, rt.client
+    while True:
+        messages = build_messages(claim.exam, claim.exam_title, spec, want, avoid)
+        prompt_tokens = client.count_prompt(messages)
+        max_tokens = settings.max_tokens(want)
+        admission = client.admit(messages, max_tokens, max_wait_s=RATE_WAIT_MAX_S,
+                                 check=check, prompt_tokens=prompt_tokens)
+        reserve = client.worst_case_usd(prompt_tokens, max_tokens)
+        booked = rt.store.start_call(claim, stored + 1, want, prompt_tokens=prompt_tokens,
+                                     max_tokens=max_tokens, reserve_usd=reserve,
+                                     model=client.model, price_known=client.prices_known)
+        if not isinstance(booked, NoRoom):
+            return booked, messages, max_tokens, admission
+        client.cancel(admission)
+        fits = max((n for n in range(want - 1, 0, -1)
+                    if client.worst_case_usd(prompt_tokens, settings.max_tokens(n))
+                    <= booked.headroom_usd), default=0)
+        if fits:
+            want = fits
+            continue
+        raise BudgetExceeded(
+            f"${booked.spent_usd:.4f} spent and ${booked.reserved_usd:.4f} reserved of "
+            f"${booked.budget_usd:.4f}; the next call needs up to ${booked.needed_usd:.4f}",
+            others_in_flight=booked.reserved_usd > 1e-12)
+
+
+def _call(rt: Runtime, call_id: int, messages: list[dict[str, str]], max_tokens: int,
+          admission: Admission) -> Completion:
     try:
-        return rt.client.complete(messages)
+        return rt.client.complete(messages, max_tokens=max_tokens, admission=admission)
     except (DeadlineExceeded, ReplyTooLarge) as exc:
-        # Sent, and the reply abandoned: the provider may bill it, so it is booked as wasted
-        # with our own count of its prompt (no usage came back).
+        # Sent, and the reply abandoned: the provider may bill all of it, so it is booked as
+        # wasted at its worst case (our count of its prompt, and all of max_tokens).
         prompt = exc.prompt_tokens_estimate or 0
+        price = rt.settings.price(fallback=exc.endpoint == "fallback")
         rt.store.finish_call(call_id, CallOutcome.wasted, str(exc), status_code=exc.status_code,
-                             prompt_tokens=prompt, endpoint=exc.endpoint,
-                             cost_usd=rt.settings.cost_usd(prompt, 0,
-                                                           fallback=exc.endpoint == "fallback"))
+                             usage=Usage(prompt, max_tokens, price.cost_usd(prompt, max_tokens),
+                                         exc.endpoint, estimated=True))
         raise
     except ProviderError as exc:
         rt.store.finish_call(call_id, CallOutcome.failed, str(exc), status_code=exc.status_code,
-                             endpoint=exc.endpoint)
+                             usage=Usage(endpoint=exc.endpoint))
         raise
     except BaseException as exc:
         rt.store.finish_call(call_id, CallOutcome.failed, f"{type(exc).__name__}: {exc}")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 import httpx
 from pydantic import (
@@ -21,6 +22,10 @@ from pydantic import (
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from examforge.errors import ConfigError
+from examforge.prices import Price, resolve
+
+# The reply's JSON wrapper around its questions, and a margin.
+MAX_TOKENS_OVERHEAD = 100
 
 
 def normalise_database_url(url: str) -> str:
@@ -58,9 +63,28 @@ class Settings(BaseSettings):
     llm_connect_timeout_s: float = Field(5.0, gt=0, description="Connect timeout of one model call.")
     llm_json_mode: bool = Field(True, description="Send response_format json_object.")
     llm_temperature: float = Field(0.7, ge=0, le=2)
-    llm_price_prompt_per_mtok: float = Field(0.0, ge=0, description="USD per million prompt tokens.")
-    llm_price_completion_per_mtok: float = Field(
-        0.0, ge=0, description="USD per million completion tokens."
+    llm_price_prompt_per_mtok: float | None = Field(
+        None, ge=0,
+        description="USD per million prompt tokens; unset: the built-in price of LLM_MODEL.",
+    )
+    llm_price_completion_per_mtok: float | None = Field(
+        None, ge=0,
+        description="USD per million completion tokens; unset: the built-in price of LLM_MODEL.",
+    )
+    llm_max_tokens_per_question: int = Field(
+        400, ge=50, le=20_000,
+        description="max_tokens allowance per question asked (the call's worst case for budgets).",
+    )
+    llm_max_tokens_param: Literal["auto", "max_tokens", "max_completion_tokens"] = Field(
+        "auto",
+        description="Request field for the cap: auto is max_completion_tokens at api.openai.com "
+                    "(its reasoning models refuse max_tokens), max_tokens elsewhere.",
+    )
+    llm_rpm: int | None = Field(None, ge=1, description="Provider's requests per minute, shared.")
+    llm_tpm: int | None = Field(None, ge=1, description="Provider's tokens per minute, shared.")
+    llm_rate_burst_s: float = Field(
+        1.0, gt=0, le=60,
+        description="How much of the rate the shared limiter lets through at once (seconds' worth).",
     )
     llm_fallback_base_url: str | None = Field(
         None,
@@ -70,15 +94,20 @@ class Settings(BaseSettings):
         SecretStr(""), description="Bearer token for the fallback (empty: no Authorization header)."
     )
     llm_fallback_model: str | None = Field(None, description="Model at the fallback; default LLM_MODEL.")
-    llm_fallback_price_prompt_per_mtok: float = Field(
-        0.0, ge=0, description="USD per million prompt tokens at the fallback."
+    llm_fallback_price_prompt_per_mtok: float | None = Field(
+        None, ge=0, description="USD per million prompt tokens at the fallback; unset: built-in."
     )
-    llm_fallback_price_completion_per_mtok: float = Field(
-        0.0, ge=0, description="USD per million completion tokens at the fallback."
+    llm_fallback_price_completion_per_mtok: float | None = Field(
+        None, ge=0, description="USD per million completion tokens at the fallback; unset: built-in."
     )
+    llm_fallback_rpm: int | None = Field(None, ge=1, description="The fallback's requests per minute.")
+    llm_fallback_tpm: int | None = Field(None, ge=1, description="The fallback's tokens per minute.")
     llm_fallback_hold_s: float = Field(
         60.0, ge=0,
         description="After the primary was unreachable, send calls straight to the fallback this long.",
+    )
+    budget_usd: float | None = Field(
+        None, gt=0, description="Default budget of a new exam (enqueue/run --budget-usd sets one)."
     )
     questions_per_call: int = Field(10, ge=1, le=100, description="Questions asked per model call.")
     max_questions_per_chapter: int = Field(5000, ge=1, description="Sanity cap on a chapter's count.")
@@ -129,10 +158,31 @@ class Settings(BaseSettings):
             raise ValueError("must be an http:// or https:// URL with a host")
         return v
 
+    @field_validator("llm_price_prompt_per_mtok", "llm_price_completion_per_mtok",
+                     "llm_fallback_price_prompt_per_mtok",
+                     "llm_fallback_price_completion_per_mtok", "llm_rpm", "llm_tpm",
+                     "llm_fallback_rpm", "llm_fallback_tpm", "budget_usd", "heartbeat_s",
+                     mode="before")
+    @classmethod
+    def _empty_is_unset(cls, v: object) -> object:
+        # compose passes `${LLM_RPM:-}` as an empty string when the operator set nothing.
+        return None if isinstance(v, str) and not v.strip() else v
+
     @field_validator("database_url")
     @classmethod
     def _normalise_db(cls, v: str) -> str:
         return normalise_database_url(v)
+
+    @model_validator(mode="after")
+    def _check_prices(self) -> "Settings":
+        for prefix in ("llm_price", "llm_fallback_price"):
+            given = [getattr(self, f"{prefix}_{kind}_per_mtok") is not None
+                     for kind in ("prompt", "completion")]
+            if any(given) and not all(given):
+                # Half a price would silently book the other half at $0.
+                raise ValueError(f"{prefix.upper()}_PROMPT_PER_MTOK and "
+                                 f"{prefix.upper()}_COMPLETION_PER_MTOK go together: set both")
+        return self
 
     @model_validator(mode="after")
     def _check_timing(self) -> "Settings":
@@ -154,15 +204,32 @@ class Settings(BaseSettings):
     def heartbeat_interval_s(self) -> float:
         return self.heartbeat_s if self.heartbeat_s is not None else self.lease_s / 4
 
+    def price(self, *, fallback: bool = False) -> Price:
+        """What a token costs at the primary endpoint, or at the fallback."""
+        if fallback:
+            return resolve(self.llm_fallback_model or self.llm_model,
+                           self.llm_fallback_price_prompt_per_mtok,
+                           self.llm_fallback_price_completion_per_mtok)
+        return resolve(self.llm_model, self.llm_price_prompt_per_mtok,
+                       self.llm_price_completion_per_mtok)
+
     def cost_usd(self, prompt_tokens: int, completion_tokens: int, *,
                  fallback: bool = False) -> float:
         """What a call cost at the primary endpoint, or at the fallback."""
-        if fallback:
-            prompt, completion = (self.llm_fallback_price_prompt_per_mtok,
-                                  self.llm_fallback_price_completion_per_mtok)
-        else:
-            prompt, completion = self.llm_price_prompt_per_mtok, self.llm_price_completion_per_mtok
-        return (prompt_tokens * prompt + completion_tokens * completion) / 1_000_000
+        return self.price(fallback=fallback).cost_usd(prompt_tokens, completion_tokens)
+
+    def max_tokens(self, questions: int) -> int:
+        """The cap sent with a call asking for `questions`: generous enough that a good reply
+        is never cut off (a question is 100-200 tokens in English, two or three times that in
+        scripts the tokenizer splits finely), and the call's worst case for budgets."""
+        return MAX_TOKENS_OVERHEAD + questions * self.llm_max_tokens_per_question
+
+    def unpriced_models(self) -> list[str]:
+        """Models that would be booked at $0 because no price is known for them."""
+        models = [] if self.price().known else [self.llm_model]
+        if self.llm_fallback_base_url and not self.price(fallback=True).known:
+            models.append(self.llm_fallback_model or self.llm_model)
+        return models
 
 
 @lru_cache(maxsize=1)

@@ -7,6 +7,7 @@ import signal
 import sys
 import time
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 import click
@@ -47,23 +48,107 @@ def cli() -> None:
     """
 
 
+def _warn_unpriced(settings: Settings) -> None:
+    """A $0 bill must never be a surprise: say so on every command that starts work."""
+    for model in settings.unpriced_models():
+        err.print(f"warning: no price is known for model {model!r}: its calls are booked at "
+                  "$0 (set LLM_PRICE_PROMPT_PER_MTOK and LLM_PRICE_COMPLETION_PER_MTOK)",
+                  markup=False, soft_wrap=True)
+
+
+_budget_option = click.option(
+    "--budget-usd", type=click.FloatRange(min=0, min_open=True), default=None,
+    help="The exam's budget in USD, never exceeded; a raised one resumes an exam it paused "
+         "(default for a new exam: BUDGET_USD).")
+_dry_run_option = click.option(
+    "--dry-run", is_flag=True,
+    help="Print the calls, tokens and cost it would take; send and write nothing.")
+
+
+def _dry_run(settings: Settings, slug: str, syllabus: Syllabus, budget_usd: float | None,
+             as_json: bool = False) -> None:
+    from examforge.estimate import estimate
+
+    stored, per_question, budget = _read_only_state(settings, slug)
+    est = estimate(slug, syllabus, settings, stored=stored,
+                   completion_per_question=per_question)
+    budget = budget_usd if budget_usd is not None else budget
+    if as_json:
+        click.echo(json.dumps({**est.as_dict(), "budget_usd": budget}))
+        return
+    p = est.price
+    already = sum(c.stored for c in est.chapters)
+    out.print(f"dry run of {slug}: nothing was sent or written", soft_wrap=True)
+    out.print(f"  questions to generate: {est.questions} in "
+              f"{sum(1 for c in est.chapters if c.calls)} of {len(est.chapters)} chapters "
+              f"({already} already stored)", soft_wrap=True)
+    out.print(f"  calls: {est.calls} (up to {settings.questions_per_call} questions each)")
+    out.print(f"  prompt tokens: {est.prompt_tokens:,} (counted with {est.tokenizer} for "
+              f"{est.model})", soft_wrap=True)
+    out.print(f"  completion tokens: up to {est.max_completion_tokens:,} (max_tokens: "
+              f"{settings.llm_max_tokens_per_question} per question), expected "
+              f"{est.expected_completion_tokens:,} ({est.completion_per_question:.0f} per "
+              f"question, {est.completion_source})", soft_wrap=True)
+    out.print(f"  price: ${p.prompt_per_mtok:g} / ${p.completion_per_mtok:g} per million "
+              f"prompt / completion tokens ({p.source})", soft_wrap=True)
+    out.print(f"  cost: worst case ${est.worst_usd:.4f}, expected ${est.expected_usd:.4f}")
+    if budget is not None:
+        verdict = ("fits even at worst case" if est.worst_usd <= budget else
+                   "the expected cost fits, the worst case does not" if
+                   est.expected_usd <= budget else "does not fit: the exam will pause")
+        out.print(f"  budget: ${budget:.4f}: {verdict}", soft_wrap=True)
+    _warn_unpriced(settings)
+
+
+def _read_only_state(settings: Settings,
+                     slug: str) -> tuple[dict[str, list[str]], float | None, float | None]:
+    """What the database already holds for a dry run, without creating or migrating it."""
+    from sqlalchemy.engine import make_url
+
+    from storage import Store, connect
+    from storage.db import SCHEMA_REVISION, current_revision
+
+    url = make_url(settings.database_url)
+    if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:") \
+            and not Path(url.database).exists():
+        return {}, None, None
+    engine = connect(settings.database_url, pool_size=1)
+    try:
+        if current_revision(engine) != SCHEMA_REVISION:
+            return {}, None, None
+        store = Store(engine)
+        budget = store.status(slug)["budget_usd"] if store.exam_exists(slug) else None
+        return store.stored_texts(slug), store.completion_tokens_per_question(), budget  # type: ignore[return-value]
+    finally:
+        engine.dispose()
+
+
 @cli.command()
 @click.argument("slug")
 @click.option("--regenerate", "regenerate", multiple=True, metavar="CHAPTER",
               help="Delete a changed chapter's questions and generate it again (repeatable).")
-def enqueue(slug: str, regenerate: tuple[str, ...]) -> None:
+@_budget_option
+@_dry_run_option
+@click.option("--json", "as_json", is_flag=True, help="With --dry-run: one JSON object.")
+def enqueue(slug: str, regenerate: tuple[str, ...], budget_usd: float | None, dry_run: bool,
+            as_json: bool) -> None:
     """Record the exam and enqueue one task per chapter that is not done."""
     settings = _settings()
     syllabus = _syllabus(settings, slug)
     unknown = [c for c in regenerate if c not in {ch.id for ch in syllabus.chapters}]
     if unknown:
         raise UserError(f"--regenerate: chapter {unknown[0]!r} is not in the syllabus of {slug}")
+    if dry_run:
+        _dry_run(settings, slug, syllabus, budget_usd, as_json)
+        return
     store = _store(settings)
     from tasks import app
     from tasks.broker import broker_epoch, check_broker, publish_chapters
 
     check_broker(app, settings)  # before writing anything
-    plan = store.sync_exam(slug, syllabus, regenerate)
+    _warn_unpriced(settings)
+    plan = store.sync_exam(slug, syllabus, regenerate, budget_usd=budget_usd,
+                           default_budget_usd=settings.budget_usd)
     if plan.to_enqueue:
         epoch = broker_epoch(app, settings)
         # Marked before publishing: a worker's pick-up always reads as after its enqueue.
@@ -124,6 +209,20 @@ def status(slug: str, as_json: bool) -> None:
               f"failed {u['calls_failed']}, in flight {u['calls_in_flight']}); "  # type: ignore[index]
               f"tokens: {u['prompt_tokens']} prompt + {u['completion_tokens']} completion; "  # type: ignore[index]
               f"cost: ${report['cost_usd']:.4f}")
+    if report["budget_usd"] is not None:
+        budget = float(report["budget_usd"])  # type: ignore[arg-type]
+        spent, reserved = float(report["spent_usd"]), float(report["reserved_usd"])  # type: ignore[arg-type]
+        out.print(f"budget: ${budget:.4f}; spent ${spent:.4f}, reserved ${reserved:.4f} "
+                  f"(calls in flight, at their worst case), headroom "
+                  f"${max(0.0, budget - spent - reserved):.4f}")
+    if u["calls_estimated"]:  # type: ignore[index]
+        out.print(f"estimated usage: {u['calls_estimated']} calls booked at our own token "  # type: ignore[index]
+                  f"count (no usage from the provider, or no reply), "
+                  f"${u['estimated_cost_usd']:.4f} of the cost")  # type: ignore[index]
+    unpriced: dict[str, int] = report["unpriced_calls"]  # type: ignore[assignment]
+    for model, n in unpriced.items():
+        out.print(f"[yellow]warning:[/] {n} calls of model {model!r} booked at $0: no price "
+                  "was known (set LLM_PRICE_PROMPT_PER_MTOK and LLM_PRICE_COMPLETION_PER_MTOK)")
     by_endpoint: dict[str, dict[str, Any]] = report["usage_by_endpoint"]  # type: ignore[assignment]
     if "fallback" in by_endpoint:
         out.print("by endpoint: " + "; ".join(
@@ -162,7 +261,9 @@ def export(slug: str, fmt: str, target: str | None) -> None:
 @click.argument("slug")
 @click.option("-c", "--concurrency", default=8, show_default=True, type=click.IntRange(1, 512),
               help="Threads calling the model at once.")
-def run(slug: str, concurrency: int) -> None:
+@_budget_option
+@_dry_run_option
+def run(slug: str, concurrency: int, budget_usd: float | None, dry_run: bool) -> None:
     """Generate an exam in this process, with no broker (resumable)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -171,8 +272,13 @@ def run(slug: str, concurrency: int) -> None:
 
     settings = _settings()
     syllabus = _syllabus(settings, slug)
+    if dry_run:
+        _dry_run(settings, slug, syllabus, budget_usd)
+        return
     store = _store(settings)
-    plan = store.sync_exam(slug, syllabus)
+    _warn_unpriced(settings)
+    plan = store.sync_exam(slug, syllabus, budget_usd=budget_usd,
+                           default_budget_usd=settings.budget_usd)
     if plan.exam_paused:
         raise UserError(f"exam {slug} is paused ({plan.exam_paused}); "
                         f"fix the cause, then run: python -m producer resume {slug}")
@@ -231,6 +337,7 @@ def resume(slug: str) -> None:
     settings = _settings()
     store = _store(settings)
     check_broker(app, settings)
+    _warn_unpriced(settings)
     chapters = store.resume(slug)
     if chapters:
         store.mark_enqueued(slug, chapters, broker_epoch(app, settings))

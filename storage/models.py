@@ -12,7 +12,9 @@ from sqlmodel import Field, SQLModel
 
 class ExamState(str, Enum):
     active = "active"
-    paused = "paused"  # the circuit breaker tripped (401/403); `producer resume` clears it
+    # Nothing more is sent until a person acts: a rejected key, an exhausted quota, the budget
+    # spent (pause_reason says which); `producer resume` (or a raised budget) clears it.
+    paused = "paused"
 
 
 class ChapterState(str, Enum):
@@ -36,6 +38,12 @@ class Exam(SQLModel, table=True):
     state: str = Field(default=ExamState.active.value, max_length=16)
     pause_reason: Optional[str] = Field(default=None, sa_column=Column(Text))
     auth_failures: int = 0
+    # Money, in USD. `spent_usd` is the booked cost of every call (the same as the sum of the
+    # ledger's cost_usd), `reserved_usd` the worst cases of the calls in flight. Kept on the
+    # exam row so that the budget check and the reservation are one conditional UPDATE.
+    budget_usd: Optional[float] = None
+    spent_usd: float = 0.0
+    reserved_usd: float = 0.0
     created_at: float
     updated_at: float
 
@@ -105,5 +113,13 @@ class Call(SQLModel, table=True):
     questions_stored: int = 0
     # "primary" or "fallback" (LLM_FALLBACK_BASE_URL); None while in flight or when unknown.
     endpoint: Optional[str] = Field(default=None, max_length=16)
+    # The model asked for, the call's cap and its worst-case cost (reserved against the
+    # budget while it is in flight); whether its tokens are our own count (the provider sent
+    # no usage, or the reply never came) and whether a price was known for its model.
+    model: Optional[str] = Field(default=None, max_length=128)
+    max_tokens: Optional[int] = None
+    reserved_usd: float = 0.0
+    usage_estimated: bool = False
+    price_known: bool = True
     started_at: float
     finished_at: Optional[float] = None

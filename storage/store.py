@@ -35,6 +35,8 @@ Q = Question.__table__  # type: ignore[attr-defined]
 K = Call.__table__  # type: ignore[attr-defined]
 
 ACTIVE_STATES = (ChapterState.pending.value, ChapterState.running.value)
+# An exam paused with a reason starting so is resumed by a raised budget.
+BUDGET_PAUSE_PREFIX = "budget:"
 
 
 # ---------------------------------------------------------------- claim results
@@ -62,6 +64,31 @@ class Committed:
     @property
     def done(self) -> bool:
         return self.stored >= self.target
+
+
+@dataclass(frozen=True)
+class Usage:
+    """What one call consumed, as booked in the ledger."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float = 0.0
+    endpoint: str | None = None  # "primary" or "fallback"
+    estimated: bool = False  # our own count: the provider sent none, or never replied
+
+
+@dataclass(frozen=True)
+class NoRoom:
+    """A call's worst case does not fit in what is left of the exam's budget."""
+
+    budget_usd: float
+    spent_usd: float
+    reserved_usd: float  # by the calls in flight (their real cost may turn out lower)
+    needed_usd: float
+
+    @property
+    def headroom_usd(self) -> float:
+        return max(0.0, self.budget_usd - self.spent_usd - self.reserved_usd)
 
 
 @dataclass(frozen=True)
@@ -124,9 +151,13 @@ class Store:
 
     # ------------------------------------------------------------ producer side
     def sync_exam(
-        self, slug: str, syllabus: Syllabus, regenerate: Iterable[str] = ()
+        self, slug: str, syllabus: Syllabus, regenerate: Iterable[str] = (), *,
+        budget_usd: float | None = None, default_budget_usd: float | None = None,
     ) -> EnqueuePlan:
         """Record the exam and its chapters; decide which chapters need a task.
+
+        `budget_usd` sets the exam's budget (a raised one resumes an exam its budget paused);
+        a new exam given none gets `default_budget_usd` (BUDGET_USD).
 
         Safe under concurrent calls: rows are created with INSERT .. ON CONFLICT DO NOTHING and
         changed with conditional UPDATEs.
@@ -138,11 +169,14 @@ class Store:
             conn.execute(
                 self._insert(E)
                 .values(slug=slug, title=syllabus.title, state=ExamState.active.value,
-                        auth_failures=0, created_at=now, updated_at=now)
+                        auth_failures=0, created_at=now, updated_at=now,
+                        budget_usd=budget_usd if budget_usd is not None else default_budget_usd)
                 .on_conflict_do_nothing()
             )
             conn.execute(update(E).where(E.c.slug == slug, E.c.title != syllabus.title)
                          .values(title=syllabus.title, updated_at=now))
+            if budget_usd is not None:
+                self._set_budget(conn, slug, budget_usd)
             exam = conn.execute(select(E.c.state, E.c.pause_reason).where(E.c.slug == slug)).one()
             if exam.state == ExamState.paused.value:
                 plan.exam_paused = exam.pause_reason or "paused"
@@ -195,6 +229,22 @@ class Store:
             values.update(state=ChapterState.pending.value, attempts_since_progress=0)
         conn.execute(update(C).where(where).values(**values))
         return None
+
+    def set_budget(self, slug: str, budget_usd: float) -> None:
+        """Set the exam's budget; a raised one resumes an exam that its budget paused."""
+        with self.engine.begin() as conn:
+            self._require_exam(conn, slug)
+            self._set_budget(conn, slug, budget_usd)
+
+    def _set_budget(self, conn: Connection, slug: str, budget_usd: float) -> None:
+        conn.execute(update(E).where(E.c.slug == slug).values(budget_usd=budget_usd,
+                                                              updated_at=self._now))
+        # Paused because the budget ran out, and the new one leaves room: carry on.
+        conn.execute(update(E).where(
+            E.c.slug == slug, E.c.state == ExamState.paused.value,
+            E.c.pause_reason.like(f"{BUDGET_PAUSE_PREFIX}%"),
+            E.c.spent_usd + E.c.reserved_usd < budget_usd)
+            .values(state=ExamState.active.value, pause_reason=None, updated_at=self._now))
 
     def mark_enqueued(self, slug: str, chapter_ids: Sequence[str], epoch: str | None,
                       requeue_reason: str | None = None) -> None:
@@ -278,13 +328,27 @@ class Store:
 
     def _waste_orphaned_calls(self, conn: Connection, slug: str, chapter_id: str) -> int:
         """Calls still in flight when nobody holds the lease belong to a holder whose lease
-        expired (a crash, a freeze, a partition): their output can no longer be committed."""
-        return conn.execute(
+        expired (a crash, a freeze, a partition): their output can no longer be committed.
+        Their reply never came back, so each is booked at its worst case (its prompt and its
+        max_tokens: the provider may have generated and billed all of it), marked estimated,
+        and its reservation settled."""
+        rows = conn.execute(
             update(K).where(K.c.exam == slug, K.c.chapter_id == chapter_id,
                             K.c.outcome == CallOutcome.in_flight.value)
             .values(outcome=CallOutcome.wasted.value, finished_at=self._now,
-                    reason="crash_before_commit: holder lost its lease mid-call")
-        ).rowcount
+                    reason="crash_before_commit: holder lost its lease mid-call",
+                    completion_tokens=func.coalesce(K.c.max_tokens, 0),
+                    cost_usd=K.c.reserved_usd, usage_estimated=True)
+            .returning(K.c.reserved_usd)).scalars().all()
+        if rows:
+            self._settle(conn, slug, reserved_usd=sum(rows), cost_usd=sum(rows))
+        return len(rows)
+
+    def _settle(self, conn: Connection, slug: str, *, reserved_usd: float,
+                cost_usd: float) -> None:
+        """Move calls from reserved to spent on the exam's running totals."""
+        conn.execute(update(E).where(E.c.slug == slug).values(
+            reserved_usd=E.c.reserved_usd - reserved_usd, spent_usd=E.c.spent_usd + cost_usd))
 
     def _why_not(self, conn: Connection, slug: str, chapter_id: str,
                  max_attempts: int) -> NotClaimed:
@@ -328,31 +392,61 @@ class Store:
             ).scalars().all()
         return set(rows)
 
-    def start_call(self, claim: Claimed, first_number: int, requested: int) -> int:
+    def start_call(self, claim: Claimed, first_number: int, requested: int, *,
+                   prompt_tokens: int = 0, max_tokens: int | None = None,
+                   reserve_usd: float = 0.0, model: str | None = None,
+                   price_known: bool = True) -> int | NoRoom:
+        """Record a call before it is sent, and reserve its worst case against the exam's
+        budget, in one transaction. The check and the reservation are one conditional UPDATE
+        of the exam row, so any number of workers can never reserve past the budget together.
+        Returns the call's id, or NoRoom (nothing written) when the worst case does not fit."""
         with self.engine.begin() as conn:
+            fits = conn.execute(
+                update(E).where(E.c.slug == claim.exam, or_(
+                    E.c.budget_usd.is_(None),
+                    E.c.spent_usd + E.c.reserved_usd + reserve_usd <= E.c.budget_usd + 1e-12))
+                .values(reserved_usd=E.c.reserved_usd + reserve_usd)).rowcount
+            if fits != 1:
+                exam = conn.execute(select(E.c.budget_usd, E.c.spent_usd, E.c.reserved_usd)
+                                    .where(E.c.slug == claim.exam)).one()
+                return NoRoom(exam.budget_usd, exam.spent_usd, exam.reserved_usd, reserve_usd)
             return conn.execute(
                 insert(K).values(exam=claim.exam, chapter_id=claim.chapter_id,
                                  attempt=claim.attempt, first_number=first_number,
                                  requested=requested, worker=claim.owner,
-                                 outcome=CallOutcome.in_flight.value, started_at=self._now)
+                                 outcome=CallOutcome.in_flight.value, started_at=self._now,
+                                 prompt_tokens=prompt_tokens, max_tokens=max_tokens,
+                                 reserved_usd=reserve_usd, model=model,
+                                 price_known=price_known)
                 .returning(K.c.id)
             ).scalar_one()
 
+    def _finish(self, conn: Connection, call_id: int, values: dict[str, Any],
+                usage: Usage) -> bool:
+        """End an in-flight call with `values` and its usage, settling its reservation; False
+        (nothing changed) when it had already ended (the takeover settled it first)."""
+        row = conn.execute(
+            update(K).where(K.c.id == call_id, K.c.outcome == CallOutcome.in_flight.value)
+            .values(**values, prompt_tokens=usage.prompt_tokens,
+                    completion_tokens=usage.completion_tokens, cost_usd=usage.cost_usd,
+                    endpoint=usage.endpoint, usage_estimated=usage.estimated,
+                    finished_at=self._now)
+            .returning(K.c.exam, K.c.reserved_usd)).one_or_none()
+        if row is None:
+            return False
+        self._settle(conn, row.exam, reserved_usd=row.reserved_usd, cost_usd=usage.cost_usd)
+        return True
+
     def finish_call(self, call_id: int, outcome: CallOutcome, reason: str, *,
-                    status_code: int | None = None, prompt_tokens: int = 0,
-                    completion_tokens: int = 0, cost_usd: float = 0.0,
-                    endpoint: str | None = None) -> None:
+                    status_code: int | None = None, usage: Usage = Usage()) -> None:
         """Record how a call that stored nothing ended (failed, or wasted with a reason)."""
         with self.engine.begin() as conn:
-            conn.execute(update(K).where(K.c.id == call_id).values(
-                outcome=outcome.value, reason=reason[:500], status_code=status_code,
-                prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                cost_usd=cost_usd, endpoint=endpoint, finished_at=self._now))
+            self._finish(conn, call_id, {"outcome": outcome.value, "reason": reason[:500],
+                                         "status_code": status_code}, usage)
 
     def commit_batch(self, claim: Claimed, lease_s: float, call_id: int, first_number: int,
-                     questions: Sequence[ParsedQuestion], *, model: str, prompt_tokens: int,
-                     completion_tokens: int, cost_usd: float, note: str = "",
-                     endpoint: str | None = None) -> Committed:
+                     questions: Sequence[ParsedQuestion], *, model: str, usage: Usage,
+                     note: str = "") -> Committed:
         """Store one call's questions and its usage atomically, only while holding the lease.
 
         Returns the chapter's stored count and its target as they are now (the target may have
@@ -384,11 +478,12 @@ class Store:
                      "model": model, "call_id": call_id, "created_at": now}
                     for i, q in enumerate(questions)
                 ])
-                conn.execute(update(K).where(K.c.id == call_id).values(
-                    outcome=CallOutcome.used.value, reason=note or None,
-                    prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                    cost_usd=cost_usd, questions_stored=len(questions), endpoint=endpoint,
-                    finished_at=self._now))
+                if not self._finish(conn, call_id, {
+                        "outcome": CallOutcome.used.value, "reason": note or None,
+                        "questions_stored": len(questions)}, usage):
+                    # Settled by a takeover in the meantime: the fence above makes that
+                    # impossible while we hold the lease, so this is a bug, not a race.
+                    raise LeaseLost(f"call {call_id} was already settled")
                 conn.execute(update(E).where(E.c.slug == claim.exam, E.c.auth_failures > 0)
                              .values(auth_failures=0))
                 stored = self._stored(conn, claim.exam, claim.chapter_id)
@@ -400,9 +495,7 @@ class Store:
         except (LeaseLost, IntegrityError) as exc:
             reason = ("lease_lost: the lease expired or was taken before the commit" if
                       isinstance(exc, LeaseLost) else "lease_lost: duplicate question number")
-            self.finish_call(call_id, CallOutcome.wasted, reason, prompt_tokens=prompt_tokens,
-                             completion_tokens=completion_tokens, cost_usd=cost_usd,
-                             endpoint=endpoint)
+            self.finish_call(call_id, CallOutcome.wasted, reason, usage=usage)
             raise LeaseLost(str(exc).splitlines()[0]) from None
         except SQLAlchemyError as exc:
             # The reply (and its bill) arrived but the database failed: say so with its tokens,
@@ -410,15 +503,21 @@ class Store:
             try:
                 self.finish_call(call_id, CallOutcome.wasted,
                                  f"commit_failed: {str(exc).splitlines()[0][:300]}",
-                                 prompt_tokens=prompt_tokens,
-                                 completion_tokens=completion_tokens, cost_usd=cost_usd,
-                                 endpoint=endpoint)
+                                 usage=usage)
             except SQLAlchemyError:
                 pass  # still down: the takeover will mark it wasted
             raise
 
-    def release(self, claim: Claimed, *, retry_in_s: float, error: str) -> bool:
-        """Give the lease back after a transient failure; nobody may claim before `retry_in_s`."""
+    def release(self, claim: Claimed, *, retry_in_s: float, error: str,
+                count_attempt: bool = True) -> bool:
+        """Give the lease back after a transient failure; nobody may claim before `retry_in_s`.
+        With `count_attempt` false (a rate limit, a budget wait, a shutdown) this attempt is
+        taken back from the chapter's streak without progress: it cannot bring it nearer its
+        attempt cap."""
+        values: dict[str, Any] = {}
+        if not count_attempt:
+            values["attempts_since_progress"] = case(
+                (C.c.attempts_since_progress > 0, C.c.attempts_since_progress - 1), else_=0)
         with self.engine.begin() as conn:
             return conn.execute(
                 update(C).where(C.c.exam == claim.exam, C.c.chapter_id == claim.chapter_id,
@@ -426,8 +525,18 @@ class Store:
                                 C.c.state == ChapterState.running.value)
                 .values(state=ChapterState.pending.value, lease_owner=None,
                         lease_expires_at=None, not_before_at=self._now + retry_in_s,
-                        last_error=error[:1000], last_error_at=self._now, updated_at=self._now)
+                        last_error=error[:1000], last_error_at=self._now, updated_at=self._now,
+                        **values)
             ).rowcount == 1
+
+    def pause_exam(self, slug: str, reason: str) -> bool:
+        """Stop sending anything for the exam until a person acts (`resume`, a raised budget).
+        Running calls finish and are kept. False if it was not active (already paused)."""
+        with self.engine.begin() as conn:
+            return conn.execute(update(E).where(
+                E.c.slug == slug, E.c.state == ExamState.active.value).values(
+                state=ExamState.paused.value, pause_reason=reason[:500],
+                updated_at=self._now)).rowcount == 1
 
     def fail(self, claim: Claimed, error: str, *, pause_exam_after: int | None = None) -> None:
         """Fail the chapter now. With `pause_exam_after`, count an auth failure against the exam
@@ -471,6 +580,27 @@ class Store:
                 .where(Q.c.exam == slug).group_by(Q.c.chapter_id, C.c.target)).all()
         return sum(min(n, target) for n, target in rows)
 
+    def stored_texts(self, slug: str) -> dict[str, list[str]]:
+        """The text of every stored question of the exam, by chapter (empty if unknown)."""
+        with self._read() as conn:
+            rows = conn.execute(select(Q.c.chapter_id, Q.c.question).where(Q.c.exam == slug)
+                                .order_by(Q.c.chapter_id, Q.c.number)).all()
+        out: dict[str, list[str]] = {}
+        for chapter_id, text in rows:
+            out.setdefault(chapter_id, []).append(text)
+        return out
+
+    def completion_tokens_per_question(self) -> float | None:
+        """What this database's calls have really used per question stored (None before any
+        call with real usage), for estimates."""
+        with self._read() as conn:
+            tokens, questions = conn.execute(
+                select(func.coalesce(func.sum(K.c.completion_tokens), 0),
+                       func.coalesce(func.sum(K.c.questions_stored), 0))
+                .where(K.c.outcome == CallOutcome.used.value,
+                       K.c.usage_estimated.is_(False))).one()
+        return tokens / questions if questions else None
+
     def exam_exists(self, slug: str) -> bool:
         with self._read() as conn:
             return conn.execute(select(E.c.slug).where(E.c.slug == slug)).first() is not None
@@ -484,20 +614,29 @@ class Store:
                 select(Q.c.chapter_id, func.count()).where(Q.c.exam == slug)
                 .group_by(Q.c.chapter_id)).all())
             usage_rows = conn.execute(
-                select(K.c.chapter_id, K.c.outcome, K.c.endpoint, func.count(),
+                select(K.c.chapter_id, K.c.outcome, K.c.endpoint, K.c.usage_estimated,
+                       K.c.price_known, K.c.model, func.count(),
                        func.coalesce(func.sum(K.c.prompt_tokens), 0),
                        func.coalesce(func.sum(K.c.completion_tokens), 0),
                        func.coalesce(func.sum(K.c.cost_usd), 0.0))
                 .where(K.c.exam == slug)
-                .group_by(K.c.chapter_id, K.c.outcome, K.c.endpoint)).all()
+                .group_by(K.c.chapter_id, K.c.outcome, K.c.endpoint, K.c.usage_estimated,
+                          K.c.price_known, K.c.model)).all()
             chapters = conn.execute(select(C).where(C.c.exam == slug)
                                     .order_by(C.c.position)).all()
-        usage = {"calls": 0, "prompt_tokens": 0, "completion_tokens": 0,
-                 **{f"calls_{o.value}": 0 for o in CallOutcome}}
+        usage: dict[str, Any] = {"calls": 0, "prompt_tokens": 0, "completion_tokens": 0,
+                                 **{f"calls_{o.value}": 0 for o in CallOutcome},
+                                 "calls_estimated": 0, "estimated_cost_usd": 0.0}
         cost_usd = 0.0
         calls_by_chapter: dict[str, int] = {}
         by_endpoint: dict[str, dict[str, Any]] = {}
-        for chapter_id, outcome, endpoint, n, p, c, cost in usage_rows:
+        unpriced: dict[str, int] = {}
+        for chapter_id, outcome, endpoint, estimated, priced, model, n, p, c, cost in usage_rows:
+            if estimated:
+                usage["calls_estimated"] += n
+                usage["estimated_cost_usd"] += float(cost)
+            if not priced:
+                unpriced[model or "unknown"] = unpriced.get(model or "unknown", 0) + n
             usage["calls"] += n
             usage["prompt_tokens"] += int(p)
             usage["completion_tokens"] += int(c)
@@ -537,7 +676,12 @@ class Store:
             "chapters": {"total": len(chapters), **counts},
             "questions": {"target": sum(c["questions"]["target"] for c in listed),
                           "done": sum(c["questions"]["done"] for c in listed)},
-            "usage": usage, "cost_usd": round(cost_usd, 6), "usage_by_endpoint": by_endpoint,
+            "usage": {**usage, "estimated_cost_usd": round(usage["estimated_cost_usd"], 6)},
+            "cost_usd": round(cost_usd, 6), "usage_by_endpoint": by_endpoint,
+            # Calls booked at $0 because no price was known for their model, by model.
+            "unpriced_calls": unpriced,
+            "budget_usd": exam.budget_usd, "spent_usd": round(exam.spent_usd, 6),
+            "reserved_usd": round(max(exam.reserved_usd, 0.0), 6),
             "chapter_list": listed,
         }
 

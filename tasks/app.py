@@ -48,10 +48,19 @@ def runtime() -> Runtime:
 
 
 def build_runtime(settings: Settings) -> Runtime:
+    from examforge.llm import LLMClient
+    from examforge.ratelimit import redis_limiters
     from storage import open_store
+    from tasks.broker import is_redis
 
+    # The provider's rate limit is shared by every worker process through the broker's Redis
+    # (Celery's own rate_limit is per worker).
+    limiters = redis_limiters(settings.broker_url) if is_redis(settings) else None
+    if limiters is None:
+        log.warning("broker is not Redis: each worker applies LLM_RPM/LLM_TPM on its own")
     return Runtime.build(settings, open_store(settings.database_url,
-                                              pool_size=settings.db_pool_size))
+                                              pool_size=settings.db_pool_size),
+                         LLMClient(settings, limiters=limiters))
 
 
 @app.task(

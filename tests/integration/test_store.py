@@ -13,7 +13,9 @@ from examforge.output import Question
 from examforge.syllabus import load_syllabus
 from helpers import write_syllabus
 from storage import Store, connect, migrate
-from storage.store import Claimed, NotClaimed
+from storage.db import SCHEMA_REVISION
+from storage.models import CallOutcome
+from storage.store import Claimed, NoRoom, NotClaimed, Orphan, RequeueReason, Usage
 
 
 @pytest.fixture
@@ -36,7 +38,7 @@ def _qs(n, start=0, tag="q"):
 def _commit(store, claim, n, first=1, lease_s=10.0, tag="q"):
     call = store.start_call(claim, first, n)
     return call, store.commit_batch(claim, lease_s, call, first, _qs(n, first, tag), model="m",
-                                    prompt_tokens=10, completion_tokens=20, cost_usd=0.001)
+                                    usage=Usage(10, 20, 0.001))
 
 
 def test_migrate_is_idempotent(db_url):
@@ -75,8 +77,7 @@ def test_commit_is_fenced_by_the_lease(store, tmp_path):
     assert isinstance(second, Claimed)
     call = store.start_call(first, 1, 5)
     with pytest.raises(LeaseLost):
-        store.commit_batch(first, 10.0, call, 1, _qs(5), model="m", prompt_tokens=7,
-                           completion_tokens=9, cost_usd=0.0)
+        store.commit_batch(first, 10.0, call, 1, _qs(5), model="m", usage=Usage(7, 9, 0.0))
     status = store.status("ex")
     assert status["questions"]["done"] == 0
     assert status["usage"]["calls_wasted"] == 1
@@ -210,9 +211,13 @@ def test_orphans_finds_picked_chapters_without_a_live_lease_and_lost_epochs(stor
     assert isinstance(dead, Claimed)
     assert store.orphans(grace_s=0, epoch="epoch-1") == []  # lease is live
     time.sleep(0.4)
-    assert store.orphans(grace_s=0, epoch="epoch-1") == [("ex", "a")]
+    assert store.orphans(grace_s=0, epoch="epoch-1") == [
+        Orphan("ex", "a", RequeueReason.worker_vanished)]
     # The broker lost its data: every unfinished chapter of the old epoch is an orphan.
-    assert store.orphans(grace_s=0, epoch="epoch-2") == [("ex", "a"), ("ex", "b"), ("ex", "c")]
+    assert store.orphans(grace_s=0, epoch="epoch-2") == [
+        Orphan("ex", "a", RequeueReason.worker_vanished),
+        Orphan("ex", "b", RequeueReason.broker_epoch_changed),
+        Orphan("ex", "c", RequeueReason.broker_epoch_changed)]
     store.mark_enqueued("ex", ["a", "b", "c"], "epoch-2")
     assert store.orphans(grace_s=0, epoch="epoch-2") == []
 
@@ -330,14 +335,23 @@ def test_an_0001_database_with_calls_upgrades_to_head_keeping_its_rows(db_url):
     with engine.begin() as conn:
         command.upgrade(alembic_config(conn), "0001")
         conn.execute(text(
+            "INSERT INTO exam (slug, title, state, auth_failures, created_at, updated_at) "
+            "VALUES ('ex', 'Ex', 'active', 0, 1.0, 1.0)"))
+        conn.execute(text(
             "INSERT INTO call (exam, chapter_id, attempt, first_number, requested, worker, "
             "outcome, prompt_tokens, completion_tokens, cost_usd, questions_stored, started_at) "
-            "VALUES ('ex', 'a', 1, 1, 5, 'w', 'used', 10, 20, 0.5, 5, 1.0)"))
+            "VALUES ('ex', 'a', 1, 1, 5, 'w', 'used', 10, 20, 0.5, 5, 1.0), "
+            "('ex', 'a', 2, 6, 5, 'w', 'wasted', 10, 20, 0.25, 0, 2.0)"))
     migrate(engine)  # what every command does on start
     with engine.connect() as conn:
-        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == "0002"
-        rows = conn.execute(text("SELECT prompt_tokens, cost_usd, endpoint FROM call")).all()
-    assert [tuple(r) for r in rows] == [(10, 0.5, None)]
+        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() \
+            == SCHEMA_REVISION
+        rows = conn.execute(text("SELECT prompt_tokens, cost_usd, endpoint, reserved_usd, "
+                                 "usage_estimated FROM call ORDER BY id")).all()
+        exam = conn.execute(text("SELECT spent_usd, reserved_usd, budget_usd FROM exam")).one()
+    assert [tuple(r) for r in rows] == [(10, 0.5, None, 0.0, False), (10, 0.25, None, 0.0, False)]
+    # The exam's running total starts as the sum of what its ledger already booked.
+    assert tuple(exam) == (0.75, 0.0, None)
     engine.dispose()
 
 
@@ -355,3 +369,96 @@ def test_the_migrations_build_exactly_the_models_schema(db_url):
         diff = compare_metadata(MigrationContext.configure(conn), SQLModel.metadata)
     engine.dispose()
     assert diff == []
+
+
+# --- budgets ---------------------------------------------------------------------------------
+
+def _totals_match_the_ledger(store, slug="ex"):
+    with store.engine.connect() as conn:
+        spent, reserved = conn.execute(text_(
+            "SELECT spent_usd, reserved_usd FROM exam WHERE slug = :s"), {"s": slug}).one()
+        ledger = conn.execute(text_(
+            "SELECT COALESCE(SUM(cost_usd), 0), COALESCE(SUM(CASE WHEN outcome = 'in_flight' "
+            "THEN reserved_usd ELSE 0 END), 0) FROM call WHERE exam = :s"), {"s": slug}).one()
+    assert spent == pytest.approx(ledger[0]) and reserved == pytest.approx(ledger[1])
+    return spent, reserved
+
+
+def text_(sql):
+    from sqlalchemy import text
+
+    return text(sql)
+
+
+def test_concurrent_reservations_never_pass_the_budget(store, tmp_path):
+    """Sixteen threads race to reserve $0.30 calls against a $2.00 budget: six fit, never
+    seven, whatever the interleaving (the check and the reservation are one UPDATE)."""
+    chapters = [(f"c{i}", 5) for i in range(16)]
+    _sync(store, tmp_path, chapters)
+    store.set_budget("ex", 2.0)
+    claims = [store.claim("ex", c, f"w{c}", 30.0, 8) for c, _ in chapters]
+    barrier = threading.Barrier(len(claims))
+    results: list[object] = []
+    lock = threading.Lock()
+
+    def reserve(claim):
+        barrier.wait()
+        got = store.start_call(claim, 1, 5, reserve_usd=0.30, max_tokens=1000)
+        with lock:
+            results.append(got)
+
+    threads = [threading.Thread(target=reserve, args=(c,)) for c in claims]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    booked = [r for r in results if isinstance(r, int)]
+    assert len(booked) == 6
+    spent, reserved = _totals_match_the_ledger(store)
+    assert spent == 0 and reserved == pytest.approx(1.80) and spent + reserved <= 2.0
+
+
+def test_a_settled_call_frees_what_it_did_not_spend(store, tmp_path):
+    _sync(store, tmp_path, [("a", 10)])
+    store.set_budget("ex", 1.0)
+    claim = store.claim("ex", "a", "w", 30.0, 8)
+    call = store.start_call(claim, 1, 5, reserve_usd=0.9)
+    assert isinstance(store.start_call(claim, 6, 5, reserve_usd=0.2), NoRoom)
+    store.commit_batch(claim, 30.0, call, 1, _qs(5), model="m", usage=Usage(10, 20, 0.1))
+    assert _totals_match_the_ledger(store) == (pytest.approx(0.1), 0)
+    failed = store.start_call(claim, 6, 5, reserve_usd=0.5)
+    assert isinstance(failed, int)
+    store.finish_call(failed, CallOutcome.failed, "HTTP 503")  # a refused call costs nothing
+    assert _totals_match_the_ledger(store) == (pytest.approx(0.1), 0)
+
+
+def test_a_crashed_calls_reservation_is_settled_at_its_worst_case_by_the_takeover(store, tmp_path):
+    _sync(store, tmp_path, [("a", 10)])
+    store.set_budget("ex", 5.0)
+    dead = store.claim("ex", "a", "dead", 0.2, 8)
+    store.start_call(dead, 1, 5, prompt_tokens=300, max_tokens=2100, reserve_usd=0.75)
+    assert _totals_match_the_ledger(store) == (0, pytest.approx(0.75))
+    time.sleep(0.4)
+    heir = store.claim("ex", "a", "heir", 30.0, 8)
+    assert isinstance(heir, Claimed) and heir.took_over_calls == 1
+    spent, reserved = _totals_match_the_ledger(store)
+    assert spent == pytest.approx(0.75) and reserved == 0  # the provider may bill all of it
+    with store.engine.connect() as conn:
+        row = conn.execute(text_("SELECT prompt_tokens, completion_tokens, usage_estimated, "
+                                 "outcome FROM call")).one()
+    assert tuple(row) == (300, 2100, True, "wasted")
+    # The late holder's commit changes nothing and books nothing twice.
+    with pytest.raises(LeaseLost):
+        store.commit_batch(dead, 30.0, 1, 1, _qs(5), model="m", usage=Usage(300, 400, 0.2))
+    assert _totals_match_the_ledger(store)[0] == pytest.approx(0.75)
+
+
+def test_a_raised_budget_resumes_an_exam_its_budget_paused(store, tmp_path):
+    _sync(store, tmp_path, [("a", 10)])
+    store.set_budget("ex", 1.0)
+    assert store.pause_exam("ex", "budget: $1.0000 spent")
+    store.set_budget("ex", 0.5)  # still no room beyond what is spent? nothing spent: resumes
+    assert store.status("ex")["state"] == "active"
+    assert store.pause_exam("ex", "quota: HTTP 429")
+    store.set_budget("ex", 10.0)  # another reason: a budget does not lift it
+    assert store.status("ex")["state"] == "paused"

@@ -280,7 +280,8 @@ def test_every_call_that_got_an_answer_records_its_endpoint(env):
 def test_a_reply_past_its_deadline_is_wasted_with_its_prompt_booked_and_retried(env):
     # A read timeout means no complete reply within LLM_TIMEOUT_S: the call was sent, the
     # provider may bill it, so it is wasted (not failed), with our count of the prompt.
-    rt, fake = env([("a", 5)], llm_price_prompt_per_mtok=1000.0)
+    rt, fake = env([("a", 5)], llm_price_prompt_per_mtok=1000.0,
+                   llm_price_completion_per_mtok=0.0)
 
     def never_finishes(req, n):
         raise httpx.ReadTimeout("the reply trickled past the deadline", request=req)
@@ -305,3 +306,124 @@ def test_an_oversized_reply_is_wasted_and_re_asked_then_fails_the_chapter(env):
     assert fake.calls == 3  # the first call and MAX_REASKS re-asks
     usage = _status(rt)["usage"]
     assert usage["calls_wasted"] == 3 and usage["calls_used"] == 0
+
+
+# --- spend and rate control ------------------------------------------------------------------
+
+def _chapter(rt):
+    return _status(rt)["chapter_list"][0]
+
+
+def test_every_call_sends_max_tokens_sized_from_the_questions_asked(env):
+    rt, fake = env([("a", 7)], llm_max_tokens_per_question=300)
+    process_chapter(rt, "ex", "a")
+    assert [r["max_tokens"] for r in fake.requests] == [
+        rt.settings.max_tokens(5), rt.settings.max_tokens(2)]
+
+
+def test_a_budget_stops_the_exam_before_it_is_exceeded_and_a_raised_one_finishes_it(env):
+    # Each call's worst case is its max_tokens at $1000 per million: $0.50 per question asked.
+    # The fake bills 50 completion tokens a call ($0.05), so the budget shrinks calls to what
+    # still fits, then pauses the exam when not even one question does.
+    rt, fake = env([("a", 60)], llm_price_prompt_per_mtok=0.0,
+                   llm_price_completion_per_mtok=1000.0, llm_max_tokens_per_question=500)
+    rt.store.set_budget("ex", 1.0)
+    result = process_chapter(rt, "ex", "a")
+    assert result.outcome == "skipped" and "paused" in result.detail
+    report = _status(rt)
+    assert report["state"] == "paused" and report["pause_reason"].startswith("budget:")
+    assert report["spent_usd"] <= report["budget_usd"] == 1.0
+    assert report["reserved_usd"] == 0 and report["usage"]["calls_in_flight"] == 0
+    asked = [int(r["messages"][-1]["content"].split("Number of questions: ")[1].split()[0])
+             for r in fake.requests]
+    assert asked[0] == 1 and max(asked) == 1  # $0.60 for one question fits; two do not
+    assert all(rt.settings.max_tokens(n) * 1e-3 <= 1.0 for n in asked)
+    # The chapter was handed back, not failed, and no attempt was counted against it.
+    assert _chapter(rt)["state"] == "pending" and _chapter(rt)["attempts_since_progress"] == 0
+    paid_before = fake.calls
+    rt.store.set_budget("ex", 100.0)
+    assert _status(rt)["state"] == "active"
+    assert process_chapter(rt, "ex", "a").outcome == "done"
+    report = _status(rt)
+    assert report["questions"]["done"] == 60
+    assert report["usage"]["calls_used"] == fake.calls  # nothing paid twice, nothing wasted
+    assert fake.calls > paid_before
+
+
+def test_no_room_while_others_are_in_flight_waits_uncounted_instead_of_pausing(env):
+    rt, fake = env([("a", 5), ("b", 5)], llm_price_prompt_per_mtok=0.0,
+                   llm_price_completion_per_mtok=1000.0, llm_max_tokens_per_question=200)
+    rt.store.set_budget("ex", 1.2)  # one call's worst case (5 questions) is $1.10
+    held = threading.Event()
+    release = threading.Event()
+
+    def slow(req, n):
+        held.set()
+        release.wait(10)
+        return fake.valid(n, "a")
+
+    fake.script = [slow]
+    first = threading.Thread(target=process_chapter, args=(rt, "ex", "a"))
+    first.start()
+    assert held.wait(10)
+    result = process_chapter(rt, "ex", "b")  # $1.10 is reserved by "a"; $0.10 left
+    release.set()
+    first.join(10)
+    assert result.outcome == "retry" and result.detail.startswith("budget_wait")
+    assert _status(rt)["state"] == "active"
+    b = [c for c in _status(rt)["chapter_list"] if c["id"] == "b"][0]
+    assert b["attempts_since_progress"] == 0
+
+
+def test_an_exhausted_quota_pauses_the_exam_at_once_and_resume_continues(env):
+    rt, fake = env([("a", 5), ("b", 5)])
+    quota = lambda req, n: httpx.Response(429, json={"error": {  # noqa: E731
+        "message": "You exceeded your current quota, please check your plan and billing "
+                   "details.", "type": "insufficient_quota", "code": "insufficient_quota"}})
+    fake.script = [quota]
+    result = process_chapter(rt, "ex", "a")
+    assert result.outcome == "skipped"
+    report = _status(rt)
+    assert report["state"] == "paused" and report["pause_reason"].startswith("quota:")
+    assert "exceeded your current quota" in report["pause_reason"]
+    # Nothing else is sent for this exam, and the chapter is not failed.
+    assert process_chapter(rt, "ex", "b").outcome == "skipped"
+    assert fake.calls == 1
+    assert _chapter(rt)["state"] == "pending"
+    rt.store.resume("ex")
+    assert process_chapter(rt, "ex", "a").outcome == "done"
+
+
+def test_a_rate_limit_429_never_counts_toward_the_attempt_cap(env):
+    rt, fake = env([("a", 5)], retry_base_s=0.01, max_attempts=2)
+    limited = lambda req, n: httpx.Response(  # noqa: E731
+        429, headers={"retry-after-ms": "20"},
+        json={"error": {"message": "Rate limit reached", "type": "requests",
+                        "code": "rate_limit_exceeded"}})
+    fake.script = [limited] * 5
+    for _ in range(5):
+        result = process_chapter(rt, "ex", "a")
+        assert result.outcome == "retry" and result.detail.startswith("rate_limited")
+        assert result.retry_in_s == pytest.approx(0.02)
+        time.sleep(0.05)
+    assert _chapter(rt)["attempts_since_progress"] == 0  # five refusals, cap of two: alive
+    assert process_chapter(rt, "ex", "a").outcome == "done"
+
+
+def test_a_reply_without_usage_is_booked_at_our_own_count_and_marked(env):
+    rt, fake = env([("a", 5)], llm_price_prompt_per_mtok=1.0,
+                   llm_price_completion_per_mtok=2.0)
+
+    def no_usage(req, n):
+        response = fake.valid(n)
+        body = json.loads(response.content)
+        del body["usage"]
+        return httpx.Response(200, json=body)
+
+    fake.script = [no_usage]
+    assert process_chapter(rt, "ex", "a").outcome == "done"
+    report = _status(rt)
+    assert report["usage"]["calls_estimated"] == 1
+    assert report["usage"]["prompt_tokens"] > 0 and report["usage"]["completion_tokens"] > 0
+    assert report["cost_usd"] > 0
+    assert report["usage"]["estimated_cost_usd"] == pytest.approx(report["cost_usd"])

@@ -1,0 +1,130 @@
+"""What an exam will cost before anything is sent: `enqueue SLUG --dry-run`.
+
+The calls are the ones the pipeline would make (each chapter's missing questions, in batches
+of QUESTIONS_PER_CALL), and each call's prompt is built by the same code and counted by the
+same tokenizer as a real call, including its "do not repeat" list. The completion has two
+figures: the worst case (every call uses all of its max_tokens: what the budget reserves) and
+an expectation from the completion tokens per question this database has already seen (or
+DEFAULT_COMPLETION_PER_QUESTION before it has seen any). Both assume every reply is complete;
+re-asks after invalid or short replies add calls.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from examforge.prices import Price
+from examforge.prompt import build_messages
+from examforge.settings import Settings
+from examforge.syllabus import Syllabus
+from examforge.tokens import count_messages, encoding_for
+
+# Completion tokens of one multiple-choice question with its explanation, as JSON, when no
+# call has been seen yet (English; scripts the tokenizer splits finely take two or three times).
+DEFAULT_COMPLETION_PER_QUESTION = 150
+# A stand-in for a question not generated yet, in the "do not repeat" list of later calls.
+_PLACEHOLDER = ("Which of the following statements about this topic is correct, given the "
+                "situation described in the scenario?")
+
+
+@dataclass
+class ChapterEstimate:
+    chapter_id: str
+    stored: int
+    target: int
+    calls: int = 0
+    prompt_tokens: int = 0
+    max_completion_tokens: int = 0
+
+
+@dataclass
+class Estimate:
+    exam: str
+    model: str
+    tokenizer: str
+    price: Price
+    completion_per_question: float
+    completion_source: str
+    chapters: list[ChapterEstimate] = field(default_factory=list)
+    worst_price: Price | None = None  # the dearer endpoint, when a fallback may serve calls
+
+    @property
+    def calls(self) -> int:
+        return sum(c.calls for c in self.chapters)
+
+    @property
+    def questions(self) -> int:
+        return sum(max(0, c.target - c.stored) for c in self.chapters)
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(c.prompt_tokens for c in self.chapters)
+
+    @property
+    def max_completion_tokens(self) -> int:
+        return sum(c.max_completion_tokens for c in self.chapters)
+
+    @property
+    def expected_completion_tokens(self) -> int:
+        return round(self.questions * self.completion_per_question)
+
+    @property
+    def worst_usd(self) -> float:
+        return (self.worst_price or self.price).cost_usd(self.prompt_tokens,
+                                                          self.max_completion_tokens)
+
+    @property
+    def expected_usd(self) -> float:
+        return self.price.cost_usd(self.prompt_tokens, self.expected_completion_tokens)
+
+    def as_dict(self) -> dict[str, object]:
+        return {"exam": self.exam, "model": self.model, "tokenizer": self.tokenizer,
+                "calls": self.calls, "questions": self.questions,
+                "prompt_tokens": self.prompt_tokens,
+                "max_completion_tokens": self.max_completion_tokens,
+                "expected_completion_tokens": self.expected_completion_tokens,
+                "completion_per_question": round(self.completion_per_question, 1),
+                "completion_source": self.completion_source,
+                "price": {"prompt_per_mtok": self.price.prompt_per_mtok,
+                          "completion_per_mtok": self.price.completion_per_mtok,
+                          "source": self.price.source, "known": self.price.known},
+                "worst_usd": round(self.worst_usd, 6),
+                "expected_usd": round(self.expected_usd, 6),
+                "chapters": [c.__dict__ for c in self.chapters]}
+
+
+def estimate(slug: str, syllabus: Syllabus, settings: Settings, *,
+             stored: dict[str, list[str]] | None = None,
+             completion_per_question: float | None = None) -> Estimate:
+    """`stored`: the questions already stored per chapter (nothing is asked for those);
+    `completion_per_question`: what this database's calls have used so far, if any."""
+    stored = stored or {}
+    model = settings.llm_model
+    price = settings.price()
+    worst = price
+    if settings.llm_fallback_base_url:
+        fallback = settings.price(fallback=True)
+        if fallback.completion_per_mtok + fallback.prompt_per_mtok > \
+                price.completion_per_mtok + price.prompt_per_mtok:
+            worst = fallback
+    est = Estimate(
+        exam=slug, model=model, tokenizer=encoding_for(model).name, price=price,
+        completion_per_question=completion_per_question or DEFAULT_COMPLETION_PER_QUESTION,
+        completion_source=("observed in this database" if completion_per_question
+                           else "default"),
+        worst_price=worst)
+    for chapter in syllabus.chapters:
+        texts = list(stored.get(chapter.id, []))
+        ch = ChapterEstimate(chapter.id, stored=len(texts), target=chapter.questions)
+        have = len(texts)
+        avoid: list[str] = []  # as the pipeline: the questions this run has added
+        while have < chapter.questions:
+            want = min(settings.questions_per_call, chapter.questions - have)
+            messages = build_messages(slug, syllabus.title, chapter, want, avoid)
+            ch.calls += 1
+            ch.prompt_tokens += count_messages(messages, model)
+            ch.max_completion_tokens += settings.max_tokens(want)
+            have += want
+            avoid = (avoid + [_PLACEHOLDER] * want)[-20:]
+        est.chapters.append(ch)
+    return est

@@ -1,0 +1,103 @@
+"""What to do with a chapter after its attempt ended in an error: one pure decision.
+
+`decide(error, ...)` maps every way an attempt can end early to one `Decision`, the way
+procrastinate's RetryStrategy does, so the policy reads as one table and is tested as one
+(tests/unit/test_retry.py). The pipeline only carries the decision out.
+
+    error                       action     attempt counted  delay
+    LeaseLost                   lost       -                -  (someone else holds it now)
+    HandBack (shutdown)         release    no               0
+    RateLimited                 release    no               Retry-After (or the limiter's wait)
+    BudgetExceeded, others in   release    no               BUDGET_WAIT_S
+      flight
+    BudgetExceeded, none        pause      no               -  (raise the budget to resume)
+    QuotaExceeded, ModelNotFound pause     no               -  (`resume` after the fix)
+    AuthError                   fail+pause yes              -  (pauses after AUTH_FAILURE_LIMIT)
+    other RetryableProviderError release   yes              backoff(streak), >= Retry-After
+    PermanentProviderError      fail       yes              -
+    OutputInvalid               fail       yes              -
+    anything else (database)    release    yes              RETRY_BASE_S, then re-raised
+
+A chapter fails at MAX_ATTEMPTS attempts without progress; an attempt that is not counted
+(rate limits, budget waits, shutdowns) never brings it closer to that.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from examforge.backoff import backoff_s
+from examforge.errors import (
+    AuthError,
+    BudgetExceeded,
+    ExamStopped,
+    LeaseLost,
+    OutputInvalid,
+    PermanentProviderError,
+    RateLimited,
+    RetryableProviderError,
+)
+from examforge.settings import Settings
+
+# How long a chapter waits when the budget has no room now but calls in flight elsewhere may
+# settle below their worst case and free some.
+BUDGET_WAIT_S = 2.0
+
+
+class HandBack(Exception):
+    """The process is shutting down: stop between calls and return the chapter to the queue."""
+
+
+class Action(str, Enum):
+    release = "release"  # give the lease back; come back after `delay_s`
+    fail = "fail"  # the chapter is failed with `reason`
+    pause = "pause"  # the exam is paused with `reason`; the chapter waits, uncounted
+    lost = "lost"  # the lease is gone: nothing to give back
+    reraise = "reraise"  # release, then let the error propagate (Celery's own retry)
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Action
+    reason: str
+    delay_s: float = 0.0
+    count_attempt: bool = True
+    pause_exam_after: int | None = None  # with fail: count an auth failure against the exam
+
+
+def decide(error: BaseException, *, streak: int, settings: Settings,
+           rand: float) -> Decision:
+    """`streak`: attempts without progress, counting this one (1 after a committed batch)."""
+    if isinstance(error, LeaseLost):
+        return Decision(Action.lost, str(error))
+    if isinstance(error, HandBack):
+        return Decision(Action.release, "handed back: worker shutting down", 0.0,
+                        count_attempt=False)
+    if isinstance(error, RateLimited):
+        wait = error.retry_after_s or settings.retry_base_s
+        return Decision(Action.release, f"rate_limited: {error}",
+                        min(wait, settings.retry_after_max_s), count_attempt=False)
+    if isinstance(error, BudgetExceeded):
+        if error.others_in_flight:
+            return Decision(Action.release, f"budget_wait: {error}", BUDGET_WAIT_S,
+                            count_attempt=False)
+        return Decision(Action.pause, f"budget: {error}", count_attempt=False)
+    if isinstance(error, AuthError):
+        return Decision(Action.fail, f"auth: {error}",
+                        pause_exam_after=settings.auth_failure_limit)
+    if isinstance(error, ExamStopped):
+        return Decision(Action.pause, f"{error.kind.value}: {error}", count_attempt=False)
+    if isinstance(error, RetryableProviderError):
+        delay = backoff_s(streak, retry_after_s=error.retry_after_s, rand=rand,
+                          base_s=settings.retry_base_s, max_s=settings.retry_max_s,
+                          retry_after_max_s=settings.retry_after_max_s)
+        return Decision(Action.release, f"transient: {error}", delay)
+    if isinstance(error, PermanentProviderError):
+        return Decision(Action.fail, f"permanent: {error}")
+    if isinstance(error, OutputInvalid):
+        return Decision(Action.fail,
+                        f"invalid output after {settings.max_reasks} re-asks: {error}")
+    # The database down, a bug: hand the chapter back for someone else to take, and let the
+    # error reach Celery, which retries the task with its own backoff.
+    return Decision(Action.reraise, f"{type(error).__name__}: {error}", settings.retry_base_s)
