@@ -41,7 +41,7 @@ def measure(url: str, pre_ping: bool, chapters: int, per_chapter: int, per_call:
         claim = store.claim("bench", f"c{i}", "bench-worker", 30.0, 8)
         assert isinstance(claim, Claimed), claim
         for first in range(1, per_chapter + 1, per_call):
-            call_id = store.start_call(claim, first, per_call)
+            call_id = store.start_call(claim, first, per_call, lease_s=30.0)
             assert isinstance(call_id, int)
             batch = [Question(f"q {i}.{first + j}?", ("a", "b", "c", "d"), 0, "")
                      for j in range(per_call)]

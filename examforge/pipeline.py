@@ -231,9 +231,14 @@ def _start(rt: Runtime, claim: Claimed, spec: ChapterSpec, stored: int, want: in
         admission = client.admit(messages, max_tokens, max_wait_s=RATE_WAIT_MAX_S,
                                  check=check, prompt_tokens=prompt_tokens)
         reserve = client.worst_case_usd(prompt_tokens, max_tokens)
-        booked = rt.store.start_call(claim, stored + 1, want, prompt_tokens=prompt_tokens,
-                                     max_tokens=max_tokens, reserve_usd=reserve,
-                                     model=client.model, price_known=client.prices_known)
+        try:
+            booked = rt.store.start_call(claim, stored + 1, want, lease_s=settings.lease_s,
+                                         prompt_tokens=prompt_tokens, max_tokens=max_tokens,
+                                         reserve_usd=reserve, model=client.model,
+                                         price_known=client.prices_known)
+        except BaseException:
+            client.cancel(admission)
+            raise
         if not isinstance(booked, NoRoom):
             return booked, messages, max_tokens, admission
         client.cancel(admission)

@@ -393,14 +393,24 @@ class Store:
         return set(rows)
 
     def start_call(self, claim: Claimed, first_number: int, requested: int, *,
-                   prompt_tokens: int = 0, max_tokens: int | None = None,
-                   reserve_usd: float = 0.0, model: str | None = None,
-                   price_known: bool = True) -> int | NoRoom:
+                   lease_s: float, prompt_tokens: int = 0,
+                   max_tokens: int | None = None, reserve_usd: float = 0.0,
+                   model: str | None = None, price_known: bool = True) -> int | NoRoom:
         """Record a call before it is sent, and reserve its worst case against the exam's
-        budget, in one transaction. The check and the reservation are one conditional UPDATE
-        of the exam row, so any number of workers can never reserve past the budget together.
-        Returns the call's id, or NoRoom (nothing written) when the worst case does not fit."""
+        budget, in one transaction, only while the lease is held (the same fence as the
+        commit: a holder frozen past its lease between two calls must not send one more).
+        The budget check and the reservation are one conditional UPDATE of the exam row, so
+        any number of workers can never reserve past the budget together. Returns the call's
+        id, or NoRoom (nothing written) when the worst case does not fit; raises LeaseLost."""
         with self.engine.begin() as conn:
+            held = conn.execute(
+                update(C).where(C.c.exam == claim.exam, C.c.chapter_id == claim.chapter_id,
+                                C.c.lease_owner == claim.owner,
+                                C.c.lease_expires_at > self._now,
+                                C.c.state == ChapterState.running.value)
+                .values(lease_expires_at=self._now + lease_s)).rowcount
+            if held != 1:
+                raise LeaseLost(f"lease on {claim.exam}/{claim.chapter_id} lost before a call")
             fits = conn.execute(
                 update(E).where(E.c.slug == claim.exam, or_(
                     E.c.budget_usd.is_(None),
@@ -425,17 +435,28 @@ class Store:
                 usage: Usage) -> bool:
         """End an in-flight call with `values` and its usage, settling its reservation; False
         (nothing changed) when it had already ended (the takeover settled it first)."""
+        booked = {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
+                  "cost_usd": usage.cost_usd, "endpoint": usage.endpoint,
+                  "usage_estimated": usage.estimated}
         row = conn.execute(
             update(K).where(K.c.id == call_id, K.c.outcome == CallOutcome.in_flight.value)
-            .values(**values, prompt_tokens=usage.prompt_tokens,
-                    completion_tokens=usage.completion_tokens, cost_usd=usage.cost_usd,
-                    endpoint=usage.endpoint, usage_estimated=usage.estimated,
-                    finished_at=self._now)
+            .values(**values, **booked, finished_at=self._now)
             .returning(K.c.exam, K.c.reserved_usd)).one_or_none()
-        if row is None:
-            return False
-        self._settle(conn, row.exam, reserved_usd=row.reserved_usd, cost_usd=usage.cost_usd)
-        return True
+        if row is not None:
+            self._settle(conn, row.exam, reserved_usd=row.reserved_usd, cost_usd=usage.cost_usd)
+            return True
+        if not usage.estimated:
+            # A holder that lost its lease mid-call (frozen, partitioned) came back with the
+            # reply: the takeover booked the call at its worst case, and its real usage is now
+            # known. Book that instead; the call stays wasted.
+            old = conn.execute(select(K.c.exam, K.c.cost_usd).where(
+                K.c.id == call_id, K.c.outcome == CallOutcome.wasted.value,
+                K.c.usage_estimated.is_(True)).with_for_update()).one_or_none()
+            if old is not None:
+                conn.execute(update(K).where(K.c.id == call_id).values(**booked))
+                self._settle(conn, old.exam, reserved_usd=0.0,
+                             cost_usd=usage.cost_usd - old.cost_usd)
+        return False
 
     def finish_call(self, call_id: int, outcome: CallOutcome, reason: str, *,
                     status_code: int | None = None, usage: Usage = Usage()) -> None:
