@@ -19,7 +19,7 @@ EXAM = BankExam("ex", "Exam", (BankChapter("a", "A", 1), BankChapter("b", "B", 2
 
 
 def test_formats_name_their_file_suffix():
-    assert {name: f.suffix for name, f in FORMATS.items()} == {"moodle-xml": ".xml"}
+    assert {name: f.suffix for name, f in FORMATS.items()} == {"moodle-xml": ".xml", "gift": ".gift.txt"}
 
 
 def test_unknown_format_is_a_value_error():
@@ -75,7 +75,7 @@ def _one_at_a_time(questions: list[BankQuestion], out: io.BytesIO) -> Iterator[B
         yield q
 
 
-@pytest.mark.parametrize("fmt", ["moodle-xml"])
+@pytest.mark.parametrize("fmt", ["moodle-xml", "gift"])
 def test_text_writers_write_each_question_before_reading_the_next(fmt):
     out = io.BytesIO()
     assert write_bank(fmt, hostile_exam(), _one_at_a_time(hostile_questions(), out), out) == 39
