@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import BinaryIO, Callable, Iterable
 
-from examforge.banks import gift, moodle_xml
+from examforge.banks import anki, gift, moodle_xml
 from examforge.banks.model import BankChapter, BankExam, BankQuestion
 
 __all__ = ["BankChapter", "BankExam", "BankQuestion", "Format", "FORMATS", "write_bank"]
@@ -39,6 +39,7 @@ FORMATS: dict[str, Format] = {
         Format("moodle-xml", ".xml", moodle_xml.write, streams=True),
         # Moodle's GIFT import accepts text/plain files: the name must end in .txt.
         Format("gift", ".gift.txt", gift.write, streams=True),
+        Format("anki", ".apkg", anki.write, streams=False),
     )
 }
 

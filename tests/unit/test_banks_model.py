@@ -19,7 +19,7 @@ EXAM = BankExam("ex", "Exam", (BankChapter("a", "A", 1), BankChapter("b", "B", 2
 
 
 def test_formats_name_their_file_suffix():
-    assert {name: f.suffix for name, f in FORMATS.items()} == {"moodle-xml": ".xml", "gift": ".gift.txt"}
+    assert {name: f.suffix for name, f in FORMATS.items()} == {"moodle-xml": ".xml", "gift": ".gift.txt", "anki": ".apkg"}
 
 
 def test_unknown_format_is_a_value_error():
