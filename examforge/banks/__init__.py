@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import BinaryIO, Callable, Iterable
 
-from examforge.banks import anki, gift, moodle_xml
+from examforge.banks import anki, gift, moodle_xml, qti
 from examforge.banks.model import BankChapter, BankExam, BankQuestion
 
 __all__ = ["BankChapter", "BankExam", "BankQuestion", "Format", "FORMATS", "write_bank"]
@@ -40,6 +40,7 @@ FORMATS: dict[str, Format] = {
         # Moodle's GIFT import accepts text/plain files: the name must end in .txt.
         Format("gift", ".gift.txt", gift.write, streams=True),
         Format("anki", ".apkg", anki.write, streams=False),
+        Format("qti", ".qti.zip", qti.write, streams=True),
     )
 }
 

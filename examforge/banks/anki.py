@@ -116,7 +116,8 @@ def write(exam: BankExam, questions: Iterable[BankQuestion], out: BinaryIO) -> i
     for chapter, q in checked(exam, questions):
         deck = decks.get(chapter.id)
         if deck is None:
-            deck = genanki.Deck(chapter_deck_id(exam, chapter), deck_name(exam.title, chapter.title))
+            name = deck_name(exam.title, chapter.title)
+            deck = genanki.Deck(chapter_deck_id(exam, chapter), name)
             decks[chapter.id] = deck
         deck.add_note(_note(exam, q))
         count += 1

@@ -81,7 +81,8 @@ def _question(exam: BankExam, q: BankQuestion) -> str:
 def write(exam: BankExam, questions: Iterable[BankQuestion], out: BinaryIO) -> int:
     """Stream the bank as GIFT: one question in memory at a time."""
     # A comment-only block: Moodle skips it, and an empty bank is still a GIFT file.
-    out.write(f"// {exam.slug}: {one_line(exam.title)} (examforge question bank)\n\n".encode("utf-8"))
+    header = f"// {exam.slug}: {one_line(exam.title)} (examforge question bank)\n\n"
+    out.write(header.encode("utf-8"))
     count = 0
     current: BankChapter | None = None
     for chapter, q in checked(exam, questions):

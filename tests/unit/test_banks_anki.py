@@ -129,7 +129,8 @@ def test_anki_itself_updates_the_notes_of_a_reimported_bank_instead_of_duplicati
 
         first = import_bank(questions, now=1_800_000_000.0)
         assert len(first.new) == len(questions) and not first.updated
-        edited = [dataclasses.replace(q, explanation=f"{q.explanation} (edited)") for q in questions]
+        edited = [dataclasses.replace(q, explanation=f"{q.explanation} (edited)")
+                  for q in questions]
         second = import_bank(edited, now=1_800_000_100.0)
         assert not second.new and len(second.updated) == len(questions)
         assert col.note_count() == len(questions)

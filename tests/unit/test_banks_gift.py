@@ -48,7 +48,8 @@ class Cursor:
                 self.i += 2
                 continue
             if c in SPECIAL or c == "\n":
-                raise GiftError(f"unescaped {c!r} at {self.i}: {self.text[self.i - 20:self.i + 20]!r}")
+                context = self.text[max(0, self.i - 20):self.i + 20]
+                raise GiftError(f"unescaped {c!r} at {self.i}: {context!r}")
             out.append(c)
             self.i += 1
         return "".join(out)

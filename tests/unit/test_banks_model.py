@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import random
 from typing import Iterator
 
 import pytest
@@ -19,7 +20,8 @@ EXAM = BankExam("ex", "Exam", (BankChapter("a", "A", 1), BankChapter("b", "B", 2
 
 
 def test_formats_name_their_file_suffix():
-    assert {name: f.suffix for name, f in FORMATS.items()} == {"moodle-xml": ".xml", "gift": ".gift.txt", "anki": ".apkg"}
+    assert {name: f.suffix for name, f in FORMATS.items()} == {
+        "moodle-xml": ".xml", "gift": ".gift.txt", "anki": ".apkg", "qti": ".qti.zip"}
 
 
 def test_unknown_format_is_a_value_error():
@@ -51,7 +53,7 @@ def test_writers_refuse_a_stream_that_breaks_the_contract(fmt, questions, messag
     (lambda: BankQuestion("a", 1, "nul \x00", ("a", "b", "c", "d"), 0, ""), "cannot be exported"),
     (lambda: BankQuestion("a", 1, "q", ("a", "b", "c", "d"), 0, "unit sep \x1f"),
      "cannot be exported"),
-    (lambda: BankQuestion("a", 1, "q", ("a", "b", "c"), 0, ""), "exactly 4 choices"),  # type: ignore[arg-type]
+    (lambda: BankQuestion("a", 1, "q", ("a", "b", "c"), 0, ""), "exactly 4 choices"),
     (lambda: BankQuestion("a", 1, "q", ("a", "b", "c", "d"), 4, ""), "answer_index"),
     (lambda: BankQuestion("a", 0, "q", ("a", "b", "c", "d"), 0, ""), "number"),
     (lambda: BankExam("Bad Slug", "t", ()), "must match"),
@@ -70,7 +72,7 @@ def _one_at_a_time(questions: list[BankQuestion], out: io.BytesIO) -> Iterator[B
     written = out.tell()
     for k, q in enumerate(questions):
         if k:
-            assert out.tell() > written, f"question {k} not written before question {k + 1} was read"
+            assert out.tell() > written, f"question {k} not written before {k + 1} was read"
             written = out.tell()
         yield q
 
@@ -79,3 +81,33 @@ def _one_at_a_time(questions: list[BankQuestion], out: io.BytesIO) -> Iterator[B
 def test_text_writers_write_each_question_before_reading_the_next(fmt):
     out = io.BytesIO()
     assert write_bank(fmt, hostile_exam(), _one_at_a_time(hostile_questions(), out), out) == 39
+
+
+def _big_bank(chapters: int, per_chapter: int) -> tuple[BankExam, list[BankQuestion]]:
+    rng = random.Random(7)
+
+    def words() -> str:  # incompressible enough that deflate emits output as it goes
+        return " ".join(f"{rng.getrandbits(48):x}" for _ in range(30))
+
+    exam = BankExam("big", "Big", tuple(BankChapter(f"c{i}", f"C{i}", i) for i in range(chapters)))
+    questions = [BankQuestion(f"c{i}", n, words(), (words(), words(), words(), words()), n % 4,
+                              words())
+                 for i in range(chapters) for n in range(1, per_chapter + 1)]
+    return exam, questions
+
+
+def test_qti_writes_each_finished_chapter_before_reading_the_rest():
+    exam, questions = _big_bank(chapters=3, per_chapter=150)
+    out = io.BytesIO()
+    written_at_chapter_start: list[int] = []
+
+    def stream() -> Iterator[BankQuestion]:
+        for q in questions:
+            if q.number == 1:
+                written_at_chapter_start.append(out.tell())
+            yield q
+
+    assert write_bank("qti", exam, stream(), out) == 450
+    # Chapter 1 (some 300 kB of XML) reaches the file, deflated, before chapter 3 is read.
+    first, _, third = written_at_chapter_start
+    assert third - first > 100_000, written_at_chapter_start
