@@ -27,29 +27,33 @@ Writer = Callable[[BankExam, Iterable[BankQuestion], BinaryIO], int]
 
 @dataclass(frozen=True)
 class Format:
+    """One export format: its name in FORMATS, its file suffix and its writer."""
+
     name: str
     suffix: str  # what the exported file's name ends with, e.g. "generated" + suffix
     write: Writer
-    streams: bool  # True when the writer holds at most one question (or chapter) at a time
 
 
 FORMATS: dict[str, Format] = {
     f.name: f
     for f in (
-        Format("moodle-xml", ".xml", moodle_xml.write, streams=True),
-        # Moodle's GIFT import accepts text/plain files: the name must end in .txt.
-        Format("gift", ".gift.txt", gift.write, streams=True),
-        Format("anki", ".apkg", anki.write, streams=False),
-        Format("qti", ".qti.zip", qti.write, streams=True),
+        Format("moodle-xml", ".xml", moodle_xml.write),
+        # Moodle's GIFT import checks the file's type by its extension (text/plain): .txt.
+        Format("gift", ".gift.txt", gift.write),
+        Format("anki", ".apkg", anki.write),
+        Format("qti", ".qti.zip", qti.write),
     )
 }
 
 
 def write_bank(fmt: str, exam: BankExam, questions: Iterable[BankQuestion], out: BinaryIO) -> int:
     """Write the whole bank in format `fmt` to the binary file `out`; return how many
-    questions it holds. Raises ValueError for an unknown format or a question that breaks
-    the contract (unknown chapter, chapters interleaved, numbers not increasing, characters
-    no format can carry)."""
+    questions it holds.
+
+    Raises ValueError for an unknown format, or for a question that breaks the contract
+    (unknown chapter, chapters interleaved, numbers not increasing within a chapter). That
+    can happen midway, with part of the bank already written: discard `out` then (the
+    caller's write-to-temporary-and-rename does)."""
     try:
         writer = FORMATS[fmt].write
     except KeyError:
