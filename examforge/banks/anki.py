@@ -9,8 +9,10 @@ Identity, so that importing an updated bank updates notes instead of duplicating
   derives it from the fields, so two notes with the same text collide and any edit makes a new
   note (genanki#61); Anki matches an imported note to an existing one by GUID.
 - deck ids from the exam slug (and chapter id), the note type id a constant: stable across
-  exports, so re-imports land in the same decks and note type. Change `MODEL_NAME`'s version
-  (hence its id) if the fields ever change, or Anki will not map old notes onto the new type.
+  exports, so re-imports land in the same decks and note type. The note type is part of the
+  contract: Anki updates a note only from a file whose note type matches the one it has, so
+  new fields (which need a new `MODEL_NAME`, hence id) make a re-import report the existing
+  notes as conflicting, unless the teacher ticks "Merge note types" (checked with Anki 26.9).
 
 genanki keeps every note in memory and writes the collection at the end, so unlike the text
 formats this one holds the whole bank (a few hundred bytes a question) until it is written.
@@ -21,7 +23,12 @@ whitespace runs become `_` and `"` is dropped. Choices are shown in the stored o
 
 from __future__ import annotations
 
+import itertools
+import os
+import sqlite3
+import tempfile
 import time
+import zipfile
 from typing import BinaryIO, Iterable
 
 import genanki
@@ -109,6 +116,23 @@ def _now() -> float:
     return time.time()
 
 
+def _write_apkg(package: genanki.Package, out: BinaryIO, timestamp: float) -> None:
+    """genanki's Package.write_to_file without its leak: it never deletes the temporary
+    collection it builds (one file per export, as large as the bank)."""
+    with tempfile.TemporaryDirectory(prefix="examforge-anki-") as tmp:
+        db = os.path.join(tmp, "collection.anki2")
+        conn = sqlite3.connect(db)
+        try:
+            # Note and card ids count up from the time in ms, as genanki's own writer does.
+            package.write_to_db(conn.cursor(), timestamp, itertools.count(int(timestamp * 1000)))
+            conn.commit()
+        finally:
+            conn.close()
+        with zipfile.ZipFile(out, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+            zf.write(db, "collection.anki2")
+            zf.writestr("media", "{}")  # no media files
+
+
 def write(exam: BankExam, questions: Iterable[BankQuestion], out: BinaryIO) -> int:
     """Write the bank as an .apkg (a zip holding an SQLite collection) to `out`."""
     decks: dict[str, genanki.Deck] = {}
@@ -122,5 +146,5 @@ def write(exam: BankExam, questions: Iterable[BankQuestion], out: BinaryIO) -> i
         deck.add_note(_note(exam, q))
         count += 1
     top = genanki.Deck(exam_deck_id(exam), deck_name(exam.title))
-    genanki.Package([top, *decks.values()]).write_to_file(out, timestamp=_now())
+    _write_apkg(genanki.Package([top, *decks.values()]), out, _now())
     return count

@@ -6,6 +6,7 @@ import dataclasses
 import io
 import json
 import sqlite3
+import tempfile
 import zipfile
 from pathlib import Path
 
@@ -140,3 +141,12 @@ def test_anki_itself_updates_the_notes_of_a_reimported_bank_instead_of_duplicati
         assert f"{exam.title}::{exam.chapters[1].title.replace('::', ': :')}" in deck_names
     finally:
         col.close()
+
+
+def test_the_export_leaves_no_temporary_file_behind(tmp_path, monkeypatch):
+    # genanki's own Package.write_to_file leaves its temporary collection in the temp dir.
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    write_bank("anki", hostile_exam(), hostile_questions(), io.BytesIO())
+    assert list(scratch.iterdir()) == []
