@@ -16,8 +16,8 @@ explanation as general feedback (`general_fb`, shown whatever the answer).
 Why not text2qti itself: it reads its own Markdown-based text, so every question would need
 escaping into that syntax (and Markdown would reinterpret `*`, `_`, backticks and raw HTML in
 model text); it builds the whole quiz in memory; and its identifiers are hashes of content,
-whereas ours come from the question's identity, so "Overwrite assessment content with
-matching IDs" on a re-import updates the same quiz and questions.
+whereas ours come from the question's identity, so that "Overwrite assessment content with
+matching IDs" on a re-import can update the same quiz and questions.
 
 Streaming: the assessment is written into the zip as questions arrive, but a group's size
 must precede its items, so each chapter's items wait in a spooled temporary file (memory up
@@ -226,10 +226,10 @@ _SECTION_END = "    </section>\n"
 
 
 def _field(label: str, entry: str) -> str:
-    return (f"            <qtimetadatafield>\n"
+    return ("            <qtimetadatafield>\n"
             f"              <fieldlabel>{escape(label)}</fieldlabel>\n"
             f"              <fieldentry>{escape(entry)}</fieldentry>\n"
-            f"            </qtimetadatafield>\n")
+            "            </qtimetadatafield>\n")
 
 
 def _mattext(text: str) -> str:
@@ -257,10 +257,10 @@ def _item(ids: _Ids, q: BankQuestion) -> str:
     for cid, choice in zip(choice_ids, q.choices):
         parts.append(
             f"              <response_label ident={quoteattr(cid)}>\n"
-            f"                <material>\n"
+            "                <material>\n"
             f"                  {_mattext(choice)}\n"
-            f"                </material>\n"
-            f"              </response_label>\n")
+            "                </material>\n"
+            "              </response_label>\n")
     parts += [
         "            </render_choice>\n          </response_lid>\n        </presentation>\n",
         "        <resprocessing>\n          <outcomes>\n"
