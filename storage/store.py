@@ -445,15 +445,15 @@ class Store:
         if row is not None:
             self._settle(conn, row.exam, reserved_usd=row.reserved_usd, cost_usd=usage.cost_usd)
             return True
-        if not usage.estimated:
+        if not usage.estimated and values.get("outcome") == CallOutcome.wasted.value:
             # A holder that lost its lease mid-call (frozen, partitioned) came back with the
-            # reply: the takeover booked the call at its worst case, and its real usage is now
-            # known. Book that instead; the call stays wasted.
+            # reply: the takeover booked the call at its worst case, and its real usage and
+            # the real reason are now known. Book those instead.
             old = conn.execute(select(K.c.exam, K.c.cost_usd).where(
                 K.c.id == call_id, K.c.outcome == CallOutcome.wasted.value,
                 K.c.usage_estimated.is_(True)).with_for_update()).one_or_none()
             if old is not None:
-                conn.execute(update(K).where(K.c.id == call_id).values(**booked))
+                conn.execute(update(K).where(K.c.id == call_id).values(**values, **booked))
                 self._settle(conn, old.exam, reserved_usd=0.0,
                              cost_usd=usage.cost_usd - old.cost_usd)
         return False
