@@ -42,11 +42,14 @@ from examforge.errors import (
 from examforge.prices import Price
 from examforge.ratelimit import EndpointLimit, Limiter, Limits, LocalLimiter, acquire
 from examforge.settings import Settings
-from examforge.tokens import count_messages, count_text
+from examforge.tokens import count_messages, count_text, is_exact
 
 log = logging.getLogger(__name__)
 # A 429 that names no Retry-After still holds every worker back this long.
 DEFAULT_RATE_HOLD_S = 1.0
+# Llama, Qwen and the like split text into up to ~20 % more tokens than cl100k_base, which
+# counts their prompts: a budget reserves that much more for them.
+PROMPT_MARGIN = 1.25
 
 
 @dataclass(frozen=True)
@@ -142,6 +145,8 @@ class LLMClient:
                 fallback=True)
         self._primary_down_until = float("-inf")  # -inf: the primary is not known to be down
         self._lock = threading.Lock()
+        self._exact_counts = is_exact(self._primary.model) and (
+            self._fallback is None or is_exact(self._fallback.model))
 
     def _endpoint(self, base_url: str, key: SecretStr, model: str,
                   transport: httpx.BaseTransport | None, limiters: LimiterFactory,
@@ -157,8 +162,10 @@ class LLMClient:
             ),
             headers={"Authorization": f"Bearer {secret}"} if secret else {},
         )
-        return _Endpoint(http, model, base_url, self._settings.price(fallback=fallback),
-                         EndpointLimit(limiters(base_url, model), limits), secret, fallback)
+        limit = EndpointLimit(limiters(base_url, model), limits,
+                              refund_unused=self._settings.llm_tpm_counts == "usage")
+        return _Endpoint(http, model, base_url, self._settings.price(fallback=fallback), limit,
+                         secret, fallback)
 
     def close(self) -> None:
         self._primary.http.close()
@@ -168,9 +175,12 @@ class LLMClient:
     # ------------------------------------------------------------------ pricing
     def worst_case_usd(self, prompt_tokens: int, max_tokens: int) -> float:
         """The most a call can cost: its prompt and all of its max_tokens, at the dearer of the
-        endpoints that may serve it (a call admitted for the primary may end at the fallback)."""
+        endpoints that may serve it (a call admitted for the primary may end at the fallback).
+        A prompt counted with the fallback tokenizer (a model tiktoken does not know) is
+        reserved with a margin, since the provider's own tokenizer may count more."""
         prices = [self._primary.price] + ([self._fallback.price] if self._fallback else [])
-        return max(p.cost_usd(prompt_tokens, max_tokens) for p in prices)
+        prompt = prompt_tokens if self._exact_counts else int(prompt_tokens * PROMPT_MARGIN) + 1
+        return max(p.cost_usd(prompt, max_tokens) for p in prices)
 
     @property
     def prices_known(self) -> bool:

@@ -82,6 +82,11 @@ class Settings(BaseSettings):
     )
     llm_rpm: int | None = Field(None, ge=1, description="Provider's requests per minute, shared.")
     llm_tpm: int | None = Field(None, ge=1, description="Provider's tokens per minute, shared.")
+    llm_tpm_counts: Literal["max_tokens", "usage"] = Field(
+        "max_tokens",
+        description="What the provider charges to TPM: prompt + max_tokens when it admits a "
+                    "request (OpenAI), or the real usage (then unused tokens are refunded).",
+    )
     llm_rate_burst_s: float = Field(
         1.0, gt=0, le=60,
         description="How much of the rate the shared limiter lets through at once (seconds' worth).",

@@ -79,6 +79,17 @@ def encoding_for(model: str) -> Encoding:
     return _load(FALLBACK_ENCODING)
 
 
+def is_exact(model: str) -> bool:
+    """Whether `model`'s own encoding is the one counting (not the fallback's approximation)."""
+    import tiktoken
+
+    try:
+        name = tiktoken.encoding_name_for_model(model.rsplit("/", 1)[-1])
+    except KeyError:
+        return False
+    return encoding_for(model).name.removesuffix("_offline") == name
+
+
 def count_text(text: str, model: str) -> int:
     """Tokens of one piece of text (a reply's content, say)."""
     if not text:
