@@ -251,8 +251,8 @@ def migrate() -> None:
                                            "allow_extra_args": True})
 @click.pass_context
 def mock_llm(ctx: click.Context) -> None:
-    """Run the OpenAI-compatible mock server (see --help of examforge.mockllm)."""
-    from examforge.mockllm import main as mock_main
+    """Run the OpenAI-compatible mock server (see python -m mockllm --help)."""
+    from mockllm import main as mock_main
 
     sys.exit(mock_main(list(ctx.args)))
 

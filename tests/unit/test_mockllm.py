@@ -1,4 +1,4 @@
-"""Tests for the mock OpenAI-compatible LLM server (examforge.mockllm)."""
+"""Tests for the mock OpenAI-compatible LLM server (mockllm)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from examforge.mockllm import (
+from mockllm import (
     ALL_FAULTS,
     DEFAULT_FAULTS,
     MALFORMED_CONTENT,
@@ -469,7 +469,7 @@ def test_300_concurrent_requests() -> None:
 
 def test_cli_serves_until_sigterm() -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
-    command = [sys.executable, "-m", "examforge.mockllm", "--port", "0", "--latency-s", "0"]
+    command = [sys.executable, "-m", "mockllm", "--port", "0", "--latency-s", "0"]
     command += ["--questions-per-reply", "2"]
     with subprocess.Popen(
         command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
