@@ -1,25 +1,21 @@
-"""What the mock reads from a chat request: the chapter key, title, question count and model."""
+"""What the mock reads from a chat request: the chapter key, title, question count and model.
+
+The user message is read with examforge's own prompt vocabulary (`examforge.prompt.Label`,
+`read_fields`), so the mock follows the prompt whenever its lines change.
+"""
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any
 
+from examforge.prompt import Label, read_fields
 from mockllm.faults import MODEL_ID
 
 UNKNOWN_CHAPTER = "unknown"
 DEFAULT_QUESTION_COUNT = 5
-
-def _field_re(label: str, value: str) -> re.Pattern[str]:
-    """Regex for a ``Label: value`` prompt line, tolerating list/markdown decoration."""
-    return re.compile(rf"^[ \t>*_\-]*{label}[ \t]*:[ \t*_]*{value}", re.MULTILINE | re.IGNORECASE)
-
-
-_EXAM_RE = _field_re("Exam", r"(\S+)")
-_CHAPTER_ID_RE = _field_re(r"Chapter[ \t]+id", r"(\S+)")
-_TITLE_RE = _field_re(r"Chapter[ \t]+title", r"(.*?)[ \t]*$")
-_COUNT_RE = _field_re(r"Number[ \t]+of[ \t]+questions", r"(\d+)")
+# Looked up by value, not by member name, so a renamed member cannot break the mock.
+_COUNT_LABEL = Label("Number of questions")
 
 
 @dataclass(frozen=True)
@@ -33,7 +29,7 @@ class ChatPrompt:
     model: str = MODEL_ID
 
 
-def _message_text(content: Any) -> str:
+def message_text(content: Any) -> str:
     """Flatten OpenAI message content (a string or a list of text parts)."""
     if isinstance(content, str):
         return content
@@ -50,24 +46,27 @@ def _last_user_text(body: dict[str, Any]) -> str:
         return ""
     for message in reversed(messages):
         if isinstance(message, dict) and message.get("role") == "user":
-            return _message_text(message.get("content"))
+            return message_text(message.get("content"))
     return ""
+
+
+def _first_token(value: str | None) -> str | None:
+    parts = value.split() if value else []
+    return parts[0] if parts else None
 
 
 def parse_prompt(body: dict[str, Any]) -> ChatPrompt:
     """Extract chapter key, title and question count from an OpenAI request body."""
-    text = _last_user_text(body)
-    exam = _EXAM_RE.search(text)
-    chapter = _CHAPTER_ID_RE.search(text)
-    title = _TITLE_RE.search(text)
-    count = _COUNT_RE.search(text)
-    chapter_id = chapter.group(1) if chapter else UNKNOWN_CHAPTER
-    key = f"{exam.group(1)}/{chapter_id}" if exam and chapter else UNKNOWN_CHAPTER
+    fields = read_fields(_last_user_text(body))
+    exam = _first_token(fields.get(Label.exam))
+    chapter = _first_token(fields.get(Label.chapter_id))
+    count = _first_token(fields.get(_COUNT_LABEL))
+    chapter_id = chapter or UNKNOWN_CHAPTER
     model = body.get("model")
     return ChatPrompt(
-        key=key,
+        key=f"{exam}/{chapter}" if exam and chapter else UNKNOWN_CHAPTER,
         chapter_id=chapter_id,
-        title=(title.group(1) if title and title.group(1) else chapter_id),
-        count=int(count.group(1)) if count else DEFAULT_QUESTION_COUNT,
+        title=fields.get(Label.chapter_title) or chapter_id,
+        count=int(count) if count and count.isdigit() else DEFAULT_QUESTION_COUNT,
         model=model if isinstance(model, str) and model else MODEL_ID,
     )
