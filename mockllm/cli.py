@@ -1,32 +1,73 @@
-"""The ``mock-llm`` command: serve until SIGTERM or SIGINT."""
+"""The ``mock-llm`` command: serve until SIGTERM or SIGINT.
+
+Its options are built from ``MockConfig``'s fields and their help lines, so every field
+(and so every ``/_config`` setting) has an option.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import contextlib
+import dataclasses
+import json
 import signal
 import sys
+import typing
+from typing import Any
 
-from mockllm.config import MockConfig
+from mockllm.config import RATELIMIT_HEADER_MODES, MockConfig
+from mockllm.faults import ALL_FAULTS, DEFAULT_FAULTS, FAULT_HELP, OPT_IN_FAULTS
 from mockllm.service import MockService
 
 DEFAULT_PORT = 8089
 
 
-def _build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="mockllm", description="OpenAI-compatible mock LLM with fault injection.")
+def _faults_help() -> str:
+    listed = "; ".join(f"{name}: {FAULT_HELP[name]}" for name in ALL_FAULTS)
+    return (
+        f"comma-separated faults drawn at random when --fault-rate > 0 (default: all but 400, 401, "
+        f"{', '.join(OPT_IN_FAULTS)}). Every fault, also usable in --script: {listed}"
+    )
+
+
+def _option_kwargs(config_field: dataclasses.Field[Any], hint: Any, default: Any) -> dict[str, Any]:
+    name = config_field.name
+    help_text = str(config_field.metadata.get("help", name))
+    kwargs: dict[str, Any] = {"dest": name, "help": help_text}
+    if name == "faults":
+        return {**kwargs, "default": ",".join(DEFAULT_FAULTS), "metavar": "NAMES", "help": _faults_help()}
+    if name == "script":
+        return {**kwargs, "default": {}, "type": json.loads, "metavar": "JSON",
+                "help": f'{help_text}, e.g. \'{{"demo/ch-1": ["429", "ok", "trickle"]}}\''}
+    if name == "ratelimit_headers":
+        return {**kwargs, "default": default, "choices": RATELIMIT_HEADER_MODES,
+                "help": f"{help_text} (default: {default})"}
+    if hint is bool:
+        return {**kwargs, "action": "store_true", "default": default}
+    kinds = [arg for arg in typing.get_args(hint) if arg is not type(None)] or [hint]
+    kind = kinds[0]
+    shown = "unset" if default is None else default
+    return {**kwargs, "default": default, "type": kind, "metavar": kind.__name__.upper(),
+            "help": f"{help_text} (default: {shown})"}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mock-llm",
+        description="OpenAI-compatible mock LLM (chat completions, files, batches) with fault injection, "
+        "rate limits, quota and a usage log. Every option below can also be changed at runtime with "
+        "POST /_config.",
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT,
+                        help=f"port to listen on, 0 for any free port (default: {DEFAULT_PORT})")
     defaults = MockConfig()
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=DEFAULT_PORT)
-    parser.add_argument("--latency-s", type=float, default=defaults.latency_s)
-    parser.add_argument("--questions-per-reply", type=int, default=None)
-    parser.add_argument("--api-key", default=None)
-    parser.add_argument("--fault-rate", type=float, default=defaults.fault_rate)
-    parser.add_argument("--faults", default=",".join(defaults.faults), help="comma-separated fault names")
-    parser.add_argument("--seed", type=int, default=defaults.seed)
-    parser.add_argument("--retry-after-s", type=float, default=defaults.retry_after_s)
-    parser.add_argument("--stall-s", type=float, default=defaults.stall_s)
+    hints = typing.get_type_hints(MockConfig)
+    for config_field in dataclasses.fields(MockConfig):
+        option = "--" + config_field.name.replace("_", "-")
+        default = getattr(defaults, config_field.name)
+        parser.add_argument(option, **_option_kwargs(config_field, hints[config_field.name], default))
     return parser
 
 
@@ -36,6 +77,7 @@ async def _serve_until_signalled(service: MockService, host: str, port: int) -> 
     for signum in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(signum, stop.set)
+    await service.warm_up()
     bound_port = await service.listen(host, port)
     print(f"mock-llm listening on http://{host}:{bound_port}/v1", flush=True)
     await stop.wait()
@@ -44,30 +86,18 @@ async def _serve_until_signalled(service: MockService, host: str, port: int) -> 
 
 def main(argv: list[str] | None = None) -> int:
     """CLI entry point: serve until SIGTERM/SIGINT, then exit 0."""
-    parser = _build_parser()
-    args = parser.parse_args(argv)
+    parser = build_parser()
+    args = vars(parser.parse_args(argv))
+    host, port = args.pop("host"), args.pop("port")
     try:
-        config = MockConfig(
-            latency_s=args.latency_s,
-            questions_per_reply=args.questions_per_reply,
-            api_key=args.api_key,
-            fault_rate=args.fault_rate,
-            faults=args.faults,
-            seed=args.seed,
-            retry_after_s=args.retry_after_s,
-            stall_s=args.stall_s,
-        )
-    except ValueError as exc:
+        config = MockConfig(**args)
+    except (TypeError, ValueError) as exc:
         parser.error(str(exc))
     try:
-        asyncio.run(_serve_until_signalled(MockService(config), args.host, args.port))
+        asyncio.run(_serve_until_signalled(MockService(config), host, port))
     except KeyboardInterrupt:  # a signal that beat the handler installation
         pass
     except OSError as exc:
-        sys.stderr.write(f"mock-llm: cannot listen on {args.host}:{args.port}: {exc}\n")
+        sys.stderr.write(f"mock-llm: cannot listen on {host}:{port}: {exc}\n")
         return 1
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

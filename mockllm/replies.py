@@ -1,45 +1,35 @@
-"""Reply bodies: the content of each outcome and the OpenAI envelope around it."""
+"""Reply bodies: the content of each outcome and the OpenAI envelope around it.
+
+Usage is counted the way providers count it, with examforge's tiktoken-based counter:
+``prompt_tokens`` from the request's messages, ``completion_tokens`` from the content
+actually sent. A completion longer than the request's ``max_tokens`` (or
+``max_completion_tokens``) is cut at that many tokens with ``finish_reason: "length"``.
+"""
 
 from __future__ import annotations
 
 import copy
 import json
-import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from mockllm.config import MockConfig
+from examforge.tokens import count_text, encoding_for
 from mockllm.faults import OK
-from mockllm.prompt import ChatPrompt
 
 MALFORMED_CONTENT = 'Sure! Here are your questions: {"questions": ['
 REFUSAL_CONTENT = "I'm sorry, but I can't help with that."
+# What a model stuck in a loop writes; ASCII, so one character is one byte of the body.
+OVERSIZED_UNIT = "The correct answer is B because B is the correct answer. "
 
 
-def make_question(chapter_id: str, title: str, serial: int) -> dict[str, Any]:
-    """Build one well-formed question; ``serial`` makes its text unique within the chapter."""
-    answer_index = serial % 4
-    return {
-        "question": f"[{chapter_id} #{serial}] Which statement about {title} is correct? (variant {serial})",
-        "choices": [f"Statement {letter} about {title} (variant {serial})" for letter in "ABCD"],
-        "answer_index": answer_index,
-        "explanation": f"Statement {'ABCD'[answer_index]} is the correct one for variant {serial}.",
-    }
+@dataclass
+class Item:
+    """A question in a reply: new (``of_serial`` None) or a paraphrase of an earlier serial."""
 
-
-def _dumps(payload: Any) -> str:
-    return json.dumps(payload, ensure_ascii=False)
-
-
-def question_count(outcome: str, prompt: ChatPrompt, config: MockConfig) -> int:
-    count = prompt.count
-    if config.questions_per_reply is not None:
-        count = min(count, config.questions_per_reply)
-    if outcome == "short":
-        # Halving the capped count keeps "short" strictly shorter than a normal reply.
-        return max(0, count // 2)
-    return count
+    question: dict[str, Any]
+    serial: int
+    of_serial: int | None = None
 
 
 @dataclass
@@ -47,88 +37,139 @@ class Content:
     text: str
     finish_reason: str
     # Well-formed, never-served-before questions a correct client may keep.
-    fresh: list[dict[str, Any]]
+    fresh: list[Item] = field(default_factory=list)
+    # Well-formed paraphrases of questions served before (near-duplicates).
+    rewordings: list[Item] = field(default_factory=list)
 
 
-def render_content(
-    outcome: str, questions: list[dict[str, Any]], earlier: dict[str, Any] | None, variant: int
-) -> Content:
-    """Turn freshly minted questions into the reply content for ``outcome``."""
-    if outcome in (OK, "stall", "short"):
-        return Content(_dumps({"questions": questions}), "stop", questions)
+def _dumps(payload: Any) -> str:
+    return json.dumps(payload, ensure_ascii=False)
+
+
+def _split(items: list[Item]) -> tuple[list[Item], list[Item]]:
+    return [i for i in items if i.of_serial is None], [i for i in items if i.of_serial is not None]
+
+
+def _valid(text: str, items: list[Item]) -> Content:
+    fresh, rewordings = _split(items)
+    return Content(text, "stop", fresh, rewordings)
+
+
+def render_content(outcome: str, items: list[Item], earlier: dict[str, Any] | None, variant: int) -> Content:
+    """Turn the reply's questions into the reply content for ``outcome``."""
+    questions = [item.question for item in items]
+    if outcome in (OK, "stall", "short", "trickle"):
+        return _valid(_dumps({"questions": questions}), items)
     if outcome == "fenced":
-        return Content(f"```json\n{_dumps({'questions': questions})}\n```", "stop", questions)
+        return _valid(f"```json\n{_dumps({'questions': questions})}\n```", items)
     if outcome == "malformed":
-        return Content(MALFORMED_CONTENT, "stop", [])
+        return Content(MALFORMED_CONTENT, "stop")
     if outcome == "truncated":
         full = _dumps({"questions": questions})
-        return Content(full[: len(full) // 2], "length", [])
+        return Content(full[: len(full) // 2], "length")
     if outcome == "wrong_schema":
         # Alternate between the two schema mistakes models actually make.
         if variant % 2 == 0:
-            return Content(_dumps({"items": questions}), "stop", [])
+            return Content(_dumps({"items": questions}), "stop")
         stripped = [{k: v for k, v in q.items() if k != "answer_index"} for q in questions]
-        return Content(_dumps({"questions": stripped}), "stop", [])
+        return Content(_dumps({"questions": stripped}), "stop")
     if outcome in ("bad_choices", "bad_index"):
-        broken = copy.deepcopy(questions) or [make_question("broken", "nothing", 0)]
+        broken = copy.deepcopy(questions) or [_placeholder_question()]
         if outcome == "bad_choices":
             broken[0]["choices"] = broken[0]["choices"][:3]
         else:
             broken[0]["answer_index"] = 7
-        return Content(_dumps({"questions": broken}), "stop", questions[1:])
+        fresh, rewordings = _split(items[1:])
+        return Content(_dumps({"questions": broken}), "stop", fresh, rewordings)
     if outcome == "refusal":
-        return Content(REFUSAL_CONTENT, "stop", [])
+        return Content(REFUSAL_CONTENT, "stop")
     if outcome == "empty":
-        return Content("", "stop", [])
+        return Content("", "stop")
     if outcome == "duplicate":
-        return _render_duplicate(questions, earlier)
+        return _render_duplicate(items, earlier)
     raise ValueError(f"not an output outcome: {outcome}")
 
 
-def _render_duplicate(questions: list[dict[str, Any]], earlier: dict[str, Any] | None) -> Content:
+def _placeholder_question() -> dict[str, Any]:
+    return {"question": "Which option is correct?", "choices": ["A", "B", "C", "D"], "answer_index": 0,
+            "explanation": "A is correct."}
+
+
+def _render_duplicate(items: list[Item], earlier: dict[str, Any] | None) -> Content:
     if earlier is not None:
-        reply = [copy.deepcopy(earlier), *questions[1:]]
-        return Content(_dumps({"questions": reply}), "stop", questions[1:])
+        reply = [copy.deepcopy(earlier), *(item.question for item in items[1:])]
+        fresh, rewordings = _split(items[1:])
+        return Content(_dumps({"questions": reply}), "stop", fresh, rewordings)
     # Nothing served to this chapter yet: repeat a question within the reply.
-    kept = questions[: max(len(questions) - 1, 1)]
-    reply = [*kept, copy.deepcopy(kept[0])] if kept else []
-    return Content(_dumps({"questions": reply}), "stop", kept)
+    kept = items[: max(len(items) - 1, 1)]
+    reply = [item.question for item in kept]
+    if kept:
+        reply.append(copy.deepcopy(kept[0].question))
+    fresh, rewordings = _split(kept)
+    return Content(_dumps({"questions": reply}), "stop", fresh, rewordings)
 
 
-def _tokens(chars: int) -> int:
-    # ~4 characters per token is the usual rule of thumb; never report 0.
-    return max(1, chars // 4)
+def cut_at_max_tokens(content: Content, model: str, max_tokens: int | None) -> tuple[Content, int, bool]:
+    """Apply ``max_tokens`` as a provider does; return (content, completion tokens, whether cut)."""
+    tokens = count_text(content.text, model)
+    if max_tokens is None or tokens <= max_tokens:
+        return content, tokens, False
+    encoding: Any = encoding_for(model)  # tiktoken's Encoding; the Protocol declares only encode
+    ids = encoding.encode(content.text, disallowed_special=())
+    text = encoding.decode(ids[:max_tokens])
+    return Content(text, "length"), max_tokens, True
 
 
-def completion_payload(completion_id: str, prompt: ChatPrompt, content: Content, request_chars: int) -> dict[str, Any]:
-    """Standard ``chat.completion`` object with rough usage figures."""
-    prompt_tokens = _tokens(request_chars)
-    completion_tokens = _tokens(len(content.text))
+def usage_payload(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     return {
-        "id": completion_id,
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": prompt.model,
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": content.text},
-                "finish_reason": content.finish_reason,
-            }
-        ],
-        "usage": {
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-        },
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
     }
 
 
-def error_payload(message: str, error_type: str, code: str | None = None) -> dict[str, Any]:
-    """OpenAI-style error body."""
-    return {"error": {"message": message, "type": error_type, "param": None, "code": code}}
+def completion_payload(
+    completion_id: str,
+    model: str,
+    text: str,
+    finish_reason: str,
+    prompt_tokens: int,
+    completion_tokens: int,
+    omit_usage: bool = False,
+) -> dict[str, Any]:
+    """Standard ``chat.completion`` object."""
+    payload: dict[str, Any] = {
+        "id": completion_id,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": text, "refusal": None},
+                "logprobs": None,
+                "finish_reason": finish_reason,
+            }
+        ],
+    }
+    if not omit_usage:
+        payload["usage"] = usage_payload(prompt_tokens, completion_tokens)
+    return payload
 
 
-def retry_after_seconds(config: MockConfig) -> int:
-    """Value of the Retry-After header: ``retry_after_s`` rounded up, at least 1."""
-    return max(1, math.ceil(config.retry_after_s))
+def oversized_payload(
+    completion_id: str, model: str, prompt_tokens: int, body_bytes: int, omit_usage: bool
+) -> tuple[dict[str, Any], int]:
+    """A valid chat completion of exactly ``body_bytes`` bytes (as JSON) whose content is a loop.
+
+    Its completion tokens are counted per repeated unit (counting 16 MiB with tiktoken would
+    block the event loop for seconds); the figure is what the body reports and what is billed.
+    """
+    unit_tokens = count_text(OVERSIZED_UNIT, model)
+    # Size the usage figures first: their digits are part of the body.
+    estimate = body_bytes // len(OVERSIZED_UNIT) * unit_tokens
+    skeleton = completion_payload(completion_id, model, "", "length", prompt_tokens, estimate, omit_usage)
+    overhead = len(json.dumps(skeleton, ensure_ascii=False).encode())
+    chars = max(0, body_bytes - overhead)
+    text = (OVERSIZED_UNIT * (chars // len(OVERSIZED_UNIT) + 1))[:chars]
+    return completion_payload(completion_id, model, text, "length", prompt_tokens, estimate, omit_usage), estimate

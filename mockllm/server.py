@@ -57,6 +57,7 @@ class MockServer:
         self._loop = asyncio.get_running_loop()
         self._stop_event = asyncio.Event()
         try:
+            await self._service.warm_up()
             self.port = await self._service.listen(self.host, self.port)
         except BaseException as exc:  # handed to the starting thread, which re-raises it
             failure.append(exc)
@@ -97,8 +98,12 @@ class MockServer:
         """Same document as ``GET /_stats``."""
         return self._on_loop(self._service.state.snapshot)
 
+    def usage(self) -> list[dict[str, Any]]:
+        """The usage log, same records as ``GET /_usage``: one per chat request, oldest first."""
+        return self._on_loop(self._service.state.usage.to_list)
+
     def reset(self) -> None:
-        """Same as ``POST /_reset``: zero stats, clear scripts, re-seed fault draws."""
+        """Same as ``POST /_reset``: zero stats, usage log and buckets, clear scripts, re-seed."""
         self._on_loop(self._service.state.reset)
 
     def configure(self, **fields: Any) -> MockConfig:

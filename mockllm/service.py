@@ -4,18 +4,35 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from collections.abc import Awaitable, Callable
+from typing import Any
 
+from mockllm.chat import ChatCall, ChatEngine, ChatError, Completion
 from mockllm.config import MockConfig
-from mockllm.faults import AUTH_FAILED, ERROR_FAULTS, INVALID_REQUEST, MODEL_ID
-from mockllm.http import HttpError, Connection, Request, Response, error_response, json_response
-from mockllm.prompt import UNKNOWN_CHAPTER, ChatPrompt, parse_prompt
-from mockllm.replies import completion_payload, render_content, question_count, retry_after_seconds, Content
+from mockllm.faults import AUTH_FAILED, COMPLETION_OUTCOMES, ERROR_FAULTS, INVALID_REQUEST, MODEL_ID
+from mockllm.http import (
+    Connection,
+    HttpError,
+    Request,
+    Response,
+    error_payload,
+    error_response,
+    json_response,
+)
+from mockllm.prompt import UNKNOWN_CHAPTER, parse_prompt
 from mockllm.state import MockState
 
 LISTEN_BACKLOG = 1024
 
-Handler = Callable[[Connection, Request], Awaitable[bool]]
+Params = dict[str, str]
+Handler = Callable[[Connection, Request, Params], Awaitable[bool]]
+SimpleHandler = Callable[[Request, Params], Response]
+
+
+def _compile(pattern: str) -> re.Pattern[str]:
+    """``/files/{id}/content`` -> a regex with a named group per ``{name}``."""
+    return re.compile("^" + re.sub(r"\{(\w+)\}", r"(?P<\1>[^/]+)", pattern) + "$")
 
 
 class MockService:
@@ -23,24 +40,33 @@ class MockService:
 
     def __init__(self, config: MockConfig) -> None:
         self.state = MockState(config)
+        self.engine = ChatEngine(self.state)
         self._connections: set[Connection] = set()
         self._handlers: set[asyncio.Task[None]] = set()
         self._server: asyncio.Server | None = None
+        simple = self._simple
         # Paths are matched without their optional "/v1" prefix, so clients can
         # reach everything, control endpoints included, from the base URL.
-        self._routes: dict[tuple[str, str], Handler] = {
-            ("POST", "/chat/completions"): self._chat_completions,
-            ("GET", "/models"): self._simple(self._models),
-            ("GET", "/_stats"): self._simple(self._stats),
-            ("POST", "/_reset"): self._simple(self._reset),
-            ("POST", "/_config"): self._simple(self._set_config),
-            ("GET", "/_config"): self._simple(self._get_config),
-        }
+        routes: list[tuple[str, str, Handler]] = [
+            ("POST", "/chat/completions", self._chat_completions),
+            ("GET", "/models", simple(self._models)),
+            ("GET", "/_stats", simple(self._stats)),
+            ("GET", "/_usage", simple(self._usage)),
+            ("POST", "/_reset", simple(self._reset)),
+            ("POST", "/_config", simple(self._set_config)),
+            ("GET", "/_config", simple(self._get_config)),
+        ]
+        self._routes = [(method, _compile(path), handler) for method, path, handler in routes]
+
+    async def warm_up(self) -> None:
+        """Load the default model's tokenizer before the first request needs it."""
+        await self.engine.warm_up(MODEL_ID)
 
     async def listen(self, host: str, port: int) -> int:
         """Start accepting connections; return the bound port."""
         self._server = await asyncio.start_server(self._serve_connection, host, port, backlog=LISTEN_BACKLOG)
-        return self._server.sockets[0].getsockname()[1]
+        port_bound: int = self._server.sockets[0].getsockname()[1]
+        return port_bound
 
     async def close(self) -> None:
         """Stop listening and close every open connection."""
@@ -82,40 +108,48 @@ class MockService:
 
     async def _dispatch(self, connection: Connection, request: Request) -> bool:
         path = request.path.removeprefix("/v1") if request.path.startswith("/v1/") else request.path
-        handler = self._routes.get((request.method, path))
-        if handler is not None:
-            return await handler(connection, request)
-        if any(route_path == path for _, route_path in self._routes):
+        path_known = False
+        for method, pattern, handler in self._routes:
+            match = pattern.match(path)
+            if match is None:
+                continue
+            path_known = True
+            if method == request.method:
+                return await handler(connection, request, match.groupdict())
+        if path_known:
             response = error_response(405, f"method {request.method} not allowed", "invalid_request_error")
         else:
             response = error_response(404, f"unknown path {request.path}", "invalid_request_error")
         return await connection.send(response, request.keep_alive) and request.keep_alive
 
-    @staticmethod
-    def _simple(handler: Callable[[Request], Response]) -> Handler:
+    def _simple(self, handler: SimpleHandler) -> Handler:
         """Adapt a request -> response function to the connection-level handler shape."""
 
-        async def run(connection: Connection, request: Request) -> bool:
-            return await connection.send(handler(request), request.keep_alive) and request.keep_alive
+        async def run(connection: Connection, request: Request, params: Params) -> bool:
+            return await connection.send(handler(request, params), request.keep_alive) and request.keep_alive
 
         return run
 
     # ---- control endpoints
 
-    def _models(self, _request: Request) -> Response:
+    def _models(self, _request: Request, _params: Params) -> Response:
         return json_response(200, {"object": "list", "data": [{"id": MODEL_ID, "object": "model"}]})
 
-    def _stats(self, _request: Request) -> Response:
+    def _stats(self, _request: Request, _params: Params) -> Response:
         return json_response(200, self.state.snapshot())
 
-    def _reset(self, _request: Request) -> Response:
+    def _usage(self, _request: Request, _params: Params) -> Response:
+        return json_response(200, {"object": "list", "data": self.state.usage.to_list(),
+                                   **self.state.usage.totals()})
+
+    def _reset(self, _request: Request, _params: Params) -> Response:
         self.state.reset()
         return json_response(200, {"status": "reset"})
 
-    def _get_config(self, _request: Request) -> Response:
+    def _get_config(self, _request: Request, _params: Params) -> Response:
         return json_response(200, self.state.config.to_dict())
 
-    def _set_config(self, request: Request) -> Response:
+    def _set_config(self, request: Request, _params: Params) -> Response:
         try:
             updates = request.json()
             if not isinstance(updates, dict):
@@ -131,59 +165,87 @@ class MockService:
         expected = self.state.config.api_key
         return expected is None or request.headers.get("authorization", "") == f"Bearer {expected}"
 
-    async def _chat_completions(self, connection: Connection, request: Request) -> bool:
+    async def _chat_completions(self, connection: Connection, request: Request, _params: Params) -> bool:
         state = self.state
         try:
-            body = request.json()
+            body: Any = request.json()
         except ValueError:
             body = None
         prompt = parse_prompt(body) if isinstance(body, dict) else None
         key = prompt.key if prompt else UNKNOWN_CHAPTER
+        model = prompt.model if prompt else MODEL_ID
+        # Looked up on the instance at each call: the benchmark wraps these two hooks.
         state.begin_call(key)
         try:
-            if prompt is None:
-                state.record_outcome(key, INVALID_REQUEST)
-                response = error_response(400, "request body must be a JSON object", "invalid_request_error")
-            elif not self._authorized(request):
-                state.record_outcome(key, AUTH_FAILED)
-                response = error_response(401, *ERROR_FAULTS["401"][1:])
-            else:
-                outcome = state.next_outcome(key)
-                state.record_outcome(key, outcome)
-                return await self._answer(connection, request, prompt, outcome)
-            return await connection.send(response, request.keep_alive) and request.keep_alive
+            return await self._chat(connection, request, body, key, model)
         finally:
             state.end_call(key)
 
-    async def _answer(self, connection: Connection, request: Request, prompt: ChatPrompt, outcome: str) -> bool:
-        config = self.state.config
-        delay = config.stall_s if outcome == "stall" else config.latency_s
-        if not await connection.wait_unless_closed(delay):
-            return False
-        if outcome == "reset":
-            connection.reset()
-            return False
-        if outcome in ERROR_FAULTS:
-            response = self._fault_error(prompt.key, outcome)
-            return await connection.send(response, request.keep_alive) and request.keep_alive
-        content = self._content(prompt, outcome)
-        payload = completion_payload(self.state.next_completion_id(), prompt, content, len(request.body))
-        delivered = await connection.send(json_response(200, payload), request.keep_alive)
-        if delivered:
-            self.state.record_delivery(prompt.key, content.fresh)
+    async def _send_error(
+        self, connection: Connection, request: Request, key: str, model: str, exc: ChatError,
+        call: ChatCall | None = None, headers: dict[str, str] | None = None,
+    ) -> bool:
+        self.state.record_outcome(key, exc.outcome)
+        response = json_response(exc.status, exc.payload, {**(headers or {}), **exc.headers})
+        delivered = await connection.send(response, request.keep_alive)
+        self.engine.log(key, model, exc.status, exc.outcome, call=call, delivered=delivered)
         return delivered and request.keep_alive
 
-    def _fault_error(self, key: str, outcome: str) -> Response:
-        status, message, error_type, code = ERROR_FAULTS[outcome]
-        response = error_response(status, message, error_type, code)
-        if outcome == "429":
-            seconds = retry_after_seconds(self.state.config)
-            response.headers["Retry-After"] = str(seconds)
-            self.state.promise_retry_after(key, seconds)
-        return response
+    def _limit_headers(self, call: ChatCall) -> dict[str, str]:
+        return {"x-request-id": call.request_id, **self.state.limiter.headers(self.state.config.ratelimit_headers)}
 
-    def _content(self, prompt: ChatPrompt, outcome: str) -> Content:
-        state = self.state
-        questions = state.mint_questions(prompt, question_count(outcome, prompt, state.config))
-        variant = state.next_wrong_schema_variant() if outcome == "wrong_schema" else 0
-        return render_content(outcome, questions, state.first_served.get(prompt.key), variant)
+    async def _chat(self, connection: Connection, request: Request, body: Any, key: str, model: str) -> bool:
+        state, engine = self.state, self.engine
+        if not isinstance(body, dict):
+            invalid = ChatError(400, INVALID_REQUEST, error_payload("request body must be a JSON object",
+                                                                    "invalid_request_error"))
+            return await self._send_error(connection, request, key, model, invalid)
+        if not self._authorized(request):
+            denied = ChatError(401, AUTH_FAILED, error_payload(*ERROR_FAULTS["401"][1:]))
+            return await self._send_error(connection, request, key, model, denied)
+        try:
+            call = await engine.read(body)
+        except ChatError as exc:
+            return await self._send_error(connection, request, key, model, exc)
+        try:
+            engine.check_quota()
+            engine.admit(call)
+        except ChatError as exc:
+            return await self._send_error(connection, request, key, model, exc, call, self._limit_headers(call))
+        outcome = state.next_outcome(key)
+        state.record_outcome(key, outcome)
+        config = state.config
+        delay = config.stall_s if outcome == "stall" else config.latency_s
+        if not await connection.wait_unless_closed(delay):
+            return self._abandoned(call, outcome)
+        if outcome == "reset":
+            connection.reset()
+            engine.log(key, model, None, outcome, call=call, delivered=False)
+            return False
+        if outcome in ERROR_FAULTS:
+            fault = engine.fault_error(call, outcome)
+            response = json_response(fault.status, fault.payload, {**self._limit_headers(call), **fault.headers})
+            delivered = await connection.send(response, request.keep_alive)
+            engine.log(key, model, fault.status, outcome, call=call, delivered=delivered)
+            return delivered and request.keep_alive
+        completion = engine.complete(call, outcome)
+        response = json_response(200, completion.payload, self._limit_headers(call))
+        if outcome == "trickle":
+            delivered = await connection.trickle(
+                response, request.keep_alive, config.trickle_pieces, config.trickle_interval_s)
+        else:
+            delivered = await connection.send(response, request.keep_alive)
+        self._delivered(call, outcome, completion, delivered)
+        return delivered and request.keep_alive
+
+    def _abandoned(self, call: ChatCall, outcome: str) -> bool:
+        """The client hung up while the reply was being "generated": a provider bills it anyway."""
+        completion = self.engine.complete(call, outcome) if outcome in COMPLETION_OUTCOMES else None
+        status = 200 if completion else (ERROR_FAULTS[outcome][0] if outcome in ERROR_FAULTS else None)
+        self.engine.log(call.key, call.model, status, outcome, call=call, completion=completion, delivered=False)
+        return False
+
+    def _delivered(self, call: ChatCall, outcome: str, completion: Completion, delivered: bool) -> None:
+        if delivered:
+            self.state.record_delivery(call.key, completion.content)
+        self.engine.log(call.key, call.model, 200, outcome, call=call, completion=completion, delivered=delivered)
