@@ -1,4 +1,4 @@
-"""The mock's HTTP application: routes, control endpoints and chat completions."""
+"""The mock's HTTP application: routes, control endpoints, chat completions, files and batches."""
 
 from __future__ import annotations
 
@@ -8,9 +8,11 @@ import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from mockllm.batches import BatchRunner
 from mockllm.chat import ChatCall, ChatEngine, ChatError, Completion
 from mockllm.config import MockConfig
 from mockllm.faults import AUTH_FAILED, COMPLETION_OUTCOMES, ERROR_FAULTS, INVALID_REQUEST, MODEL_ID
+from mockllm.files import ApiError, FileStore
 from mockllm.http import (
     Connection,
     HttpError,
@@ -19,6 +21,7 @@ from mockllm.http import (
     error_payload,
     error_response,
     json_response,
+    parse_multipart,
 )
 from mockllm.prompt import UNKNOWN_CHAPTER, parse_prompt
 from mockllm.state import MockState
@@ -41,10 +44,17 @@ class MockService:
     def __init__(self, config: MockConfig) -> None:
         self.state = MockState(config)
         self.engine = ChatEngine(self.state)
+        self.files = FileStore()
+        self.batches = BatchRunner(self.engine, self.files)
         self._connections: set[Connection] = set()
         self._handlers: set[asyncio.Task[None]] = set()
         self._server: asyncio.Server | None = None
         simple = self._simple
+
+        def api(handler: Callable[[Request, Params], Any]) -> Handler:
+            """A JSON API endpoint: ``handler`` returns the reply's payload."""
+            return simple(self._api(lambda request, params: json_response(200, handler(request, params))))
+
         # Paths are matched without their optional "/v1" prefix, so clients can
         # reach everything, control endpoints included, from the base URL.
         routes: list[tuple[str, str, Handler]] = [
@@ -55,6 +65,15 @@ class MockService:
             ("POST", "/_reset", simple(self._reset)),
             ("POST", "/_config", simple(self._set_config)),
             ("GET", "/_config", simple(self._get_config)),
+            ("POST", "/files", api(self._upload_file)),
+            ("GET", "/files", api(lambda request, _: self.files.listing(request.query))),
+            ("GET", "/files/{id}", api(lambda _, params: self.files.get(params["id"]).to_dict())),
+            ("GET", "/files/{id}/content", simple(self._api(self._file_content))),
+            ("DELETE", "/files/{id}", api(lambda _, params: self.files.delete(params["id"]))),
+            ("POST", "/batches", api(self._create_batch)),
+            ("GET", "/batches", api(lambda request, _: self.batches.listing(request.query))),
+            ("GET", "/batches/{id}", api(lambda _, params: self.batches.get(params["id"]).to_dict())),
+            ("POST", "/batches/{id}/cancel", api(lambda _, params: self.batches.cancel(params["id"]).to_dict())),
         ]
         self._routes = [(method, _compile(path), handler) for method, path, handler in routes]
 
@@ -69,9 +88,10 @@ class MockService:
         return port_bound
 
     async def close(self) -> None:
-        """Stop listening and close every open connection."""
+        """Stop listening, stop running batches and close every open connection."""
         if self._server is not None:
             self._server.close()
+        await self.batches.close()
         for connection in list(self._connections):
             connection.close()
         # Let handlers see their closed transport and return: a handler still
@@ -130,6 +150,19 @@ class MockService:
 
         return run
 
+    def _api(self, handler: SimpleHandler) -> SimpleHandler:
+        """An OpenAI API endpoint: the API key is checked, ApiError becomes its error reply."""
+
+        def run(request: Request, params: Params) -> Response:
+            if not self._authorized(request):
+                return error_response(401, *ERROR_FAULTS["401"][1:])
+            try:
+                return handler(request, params)
+            except ApiError as exc:
+                return json_response(exc.status, exc.payload)
+
+        return run
+
     # ---- control endpoints
 
     def _models(self, _request: Request, _params: Params) -> Response:
@@ -158,6 +191,27 @@ class MockService:
         except ValueError as exc:
             return error_response(400, str(exc), "invalid_request_error")
         return json_response(200, config.to_dict())
+
+    # ---- files and batches
+
+    def _upload_file(self, request: Request, _params: Params) -> dict[str, Any]:
+        try:
+            fields = parse_multipart(request.body, request.headers.get("content-type", ""))
+        except ValueError as exc:
+            raise ApiError(400, str(exc)) from exc
+        filename, content = fields.get("file", (None, None))
+        purpose = fields.get("purpose", (None, b""))[1].decode("utf-8", "replace").strip()
+        return self.files.upload(filename, purpose, content).to_dict()
+
+    def _file_content(self, _request: Request, params: Params) -> Response:
+        return Response(200, self.files.get(params["id"]).content, content_type="application/octet-stream")
+
+    def _create_batch(self, request: Request, _params: Params) -> dict[str, Any]:
+        try:
+            body = request.json()
+        except ValueError:
+            raise ApiError(400, "request body is not valid JSON") from None
+        return self.batches.create(body).to_dict()
 
     # ---- chat completions
 
