@@ -43,11 +43,14 @@ def _option_kwargs(config_field: dataclasses.Field[Any], hint: Any, default: Any
     if name == "ratelimit_headers":
         return {**kwargs, "default": default, "choices": RATELIMIT_HEADER_MODES,
                 "help": f"{help_text} (default: {default})"}
+    if name == "api_key":
+        return {**kwargs, "default": None, "metavar": "KEY",
+                "help": f"{help_text} (default: {config_field.metadata['unset']})"}
     if hint is bool:
         return {**kwargs, "action": "store_true", "default": default}
     kinds = [arg for arg in typing.get_args(hint) if arg is not type(None)] or [hint]
     kind = kinds[0]
-    shown = "unset" if default is None else default
+    shown = config_field.metadata.get("unset", "unset") if default is None else default
     return {**kwargs, "default": default, "type": kind, "metavar": kind.__name__.upper(),
             "help": f"{help_text} (default: {shown})"}
 
@@ -84,15 +87,20 @@ async def _serve_until_signalled(service: MockService, host: str, port: int) -> 
     await service.close()
 
 
-def main(argv: list[str] | None = None) -> int:
-    """CLI entry point: serve until SIGTERM/SIGINT, then exit 0."""
+def parse_args(argv: list[str] | None = None) -> tuple[str, int, MockConfig]:
+    """(host, port, config) from the command line; exits with status 2 on a bad option."""
     parser = build_parser()
     args = vars(parser.parse_args(argv))
     host, port = args.pop("host"), args.pop("port")
     try:
-        config = MockConfig(**args)
+        return host, port, MockConfig(**args)
     except (TypeError, ValueError) as exc:
         parser.error(str(exc))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI entry point: serve until SIGTERM/SIGINT, then exit 0."""
+    host, port, config = parse_args(argv)
     try:
         asyncio.run(_serve_until_signalled(MockService(config), host, port))
     except KeyboardInterrupt:  # a signal that beat the handler installation

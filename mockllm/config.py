@@ -19,8 +19,9 @@ RATELIMIT_HEADER_MODES: tuple[str, ...] = ("openai", "absent", "azure")
 MIB = 1024 * 1024
 
 
-def _help(text: str) -> dict[str, str]:
-    return {"help": text}
+def _help(text: str, unset: str | None = None) -> dict[str, str]:
+    """Field metadata for the CLI: its help line, and what an unset (None) default means."""
+    return {"help": text, **({"unset": unset} if unset else {})}
 
 
 def _as_name_list(value: Any, allowed: Iterable[str], what: str) -> list[str]:
@@ -91,8 +92,9 @@ class MockConfig:
 
     latency_s: float = field(default=0.05, metadata=_help("seconds each reply takes"))
     questions_per_reply: int | None = field(
-        default=None, metadata=_help("at most this many questions per reply (default: as many as asked)"))
-    api_key: str | None = field(default=None, metadata=_help("require 'Authorization: Bearer KEY' (default: any)"))
+        default=None, metadata=_help("at most this many questions per reply", unset="as many as asked"))
+    api_key: str | None = field(
+        default=None, metadata=_help("require 'Authorization: Bearer KEY'", unset="any key or none"))
     fault_rate: float = field(default=0.0, metadata=_help("share of calls (0..1) that get a random fault"))
     faults: list[str] = field(
         default_factory=lambda: list(DEFAULT_FAULTS), metadata=_help("faults drawn at random (see --faults)"))
@@ -105,10 +107,10 @@ class MockConfig:
     # --- usage
     omit_usage: bool = field(default=False, metadata=_help("send replies without a usage object, as some gateways do"))
     # --- rate limits and quota
-    rpm: int | None = field(default=None, metadata=_help("requests per minute (token bucket; default unlimited)"))
+    rpm: int | None = field(default=None, metadata=_help("requests per minute (a token bucket)", unset="unlimited"))
     tpm: int | None = field(
         default=None,
-        metadata=_help("tokens per minute: prompt + max_tokens charged at admission (default unlimited)"))
+        metadata=_help("tokens per minute: prompt + max_tokens charged at admission", unset="unlimited"))
     burst_fraction: float = field(
         default=0.1,
         metadata=_help("bucket size as a share of the per-minute limit (never less than one request)"))
@@ -119,7 +121,7 @@ class MockConfig:
     quota_exhausted: bool = field(
         default=False, metadata=_help("answer every chat call with 429 insufficient_quota"))
     quota_tokens: int | None = field(
-        default=None, metadata=_help("the quota runs out after this many billed tokens (default unlimited)"))
+        default=None, metadata=_help("the quota runs out after this many billed tokens", unset="unlimited"))
     # --- fault parameters
     trickle_pieces: int = field(default=60, metadata=_help("pieces the trickle fault sends the body in"))
     trickle_interval_s: float = field(default=1.0, metadata=_help("seconds between two trickled pieces"))
@@ -130,19 +132,19 @@ class MockConfig:
         metadata=_help("share (0..1) of a reply's questions that paraphrase questions already served to "
                        "the chapter"))
     answer_position: int | None = field(
-        default=None, metadata=_help("put the correct choice always at this index 0..3 (default: spread)"))
+        default=None, metadata=_help("put the correct choice always at this index 0..3", unset="spread"))
     # --- batches
     batch_validation_s: float = field(default=0.1, metadata=_help("seconds a batch spends in 'validating'"))
     batch_request_s: float = field(default=0.01, metadata=_help("seconds each request of a batch takes"))
     batch_finalizing_s: float = field(default=0.1, metadata=_help("seconds a batch spends in 'finalizing'"))
     batch_expire_after_s: float | None = field(
         default=None,
-        metadata=_help("a batch not finished this many seconds after creation expires (default: never; "
-                       "OpenAI's window is 24h)"))
+        metadata=_help("a batch not finished this many seconds after creation expires (OpenAI's window is "
+                       "24h)", unset="never"))
     batch_enqueued_token_limit: int | None = field(
         default=None,
         metadata=_help("a batch whose requests add up to more tokens (prompt + max_tokens) fails "
-                       "validation with token_limit_exceeded (default unlimited)"))
+                       "validation with token_limit_exceeded", unset="unlimited"))
 
     def __post_init__(self) -> None:
         # Normalising here means both the constructor and dataclasses.replace
