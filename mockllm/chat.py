@@ -198,7 +198,7 @@ class ChatEngine:
         if cut:
             state.cut_at_max_tokens += 1
         if call.max_tokens is None and call.batch_id is None:
-            # TPM charged the prompt only; the completion is charged now that it is known.
+            # Admission charged TPM the prompt only; the completion is charged as it is generated.
             state.limiter.debit_tokens(tokens)
         payload = completion_payload(
             completion_id, call.model, content.text, content.finish_reason, call.prompt_tokens, tokens,

@@ -5,8 +5,9 @@ Requests per minute and tokens per minute are token buckets that refill continuo
 less than one request's worth): a 600 RPM limit behaves like 10 requests a second with a
 burst of 60, which is how a per-minute limit behaves at real providers. A request is charged
 one request and ``prompt tokens + max_tokens`` tokens at admission (OpenAI counts
-``max_tokens`` toward TPM); without ``max_tokens`` the real completion is charged when it has
-been generated, which may take the bucket below zero and hold back the next requests.
+``max_tokens`` toward TPM); without ``max_tokens`` the real completion is charged as it is
+generated, right after admission, which may take the bucket below zero and hold back the next
+requests.
 A request dearer than the whole bucket is admitted when the bucket is full (and leaves it in
 debt); one dearer than the whole minute can never run and gets OpenAI's "Request too large".
 

@@ -268,21 +268,26 @@ class MockService:
             return await self._send_error(connection, request, key, model, exc, call, self._limit_headers(call))
         outcome = state.next_outcome(key)
         state.record_outcome(key, outcome)
+        # Generated at admission, so a completion charged to TPM (when max_tokens is absent) is
+        # charged before the next request is admitted, and billed even if the client leaves.
+        completion = engine.complete(call, outcome) if outcome in COMPLETION_OUTCOMES else None
         config = state.config
         delay = config.stall_s if outcome == "stall" else config.latency_s
         if not await connection.wait_unless_closed(delay):
-            return self._abandoned(call, outcome)
+            # The client hung up while the reply was being "generated": a provider bills it anyway.
+            status = 200 if completion else ERROR_FAULTS[outcome][0] if outcome in ERROR_FAULTS else None
+            engine.log(key, model, status, outcome, call=call, completion=completion, delivered=False)
+            return False
         if outcome == "reset":
             connection.reset()
             engine.log(key, model, None, outcome, call=call, delivered=False)
             return False
-        if outcome in ERROR_FAULTS:
+        if completion is None:
             fault = engine.fault_error(call, outcome)
             response = json_response(fault.status, fault.payload, {**self._limit_headers(call), **fault.headers})
             delivered = await connection.send(response, request.keep_alive)
             engine.log(key, model, fault.status, outcome, call=call, delivered=delivered)
             return delivered and request.keep_alive
-        completion = engine.complete(call, outcome)
         response = json_response(200, completion.payload, self._limit_headers(call))
         if outcome == "trickle":
             delivered = await connection.trickle(
@@ -291,13 +296,6 @@ class MockService:
             delivered = await connection.send(response, request.keep_alive)
         self._delivered(call, outcome, completion, delivered)
         return delivered and request.keep_alive
-
-    def _abandoned(self, call: ChatCall, outcome: str) -> bool:
-        """The client hung up while the reply was being "generated": a provider bills it anyway."""
-        completion = self.engine.complete(call, outcome) if outcome in COMPLETION_OUTCOMES else None
-        status = 200 if completion else (ERROR_FAULTS[outcome][0] if outcome in ERROR_FAULTS else None)
-        self.engine.log(call.key, call.model, status, outcome, call=call, completion=completion, delivered=False)
-        return False
 
     def _delivered(self, call: ChatCall, outcome: str, completion: Completion, delivered: bool) -> None:
         if delivered:

@@ -223,6 +223,18 @@ def test_without_max_tokens_the_real_completion_is_charged(server: MockServer, c
     assert 6000 - spent - 3 <= remaining <= 6000 - spent + 3  # refilled a little meanwhile
 
 
+def test_the_completion_is_charged_before_the_next_request_is_admitted(server: MockServer) -> None:
+    server.configure(latency_s=0.3, tpm=6000, burst_fraction=0.1)  # 600 tokens deep
+    async def two_at_once() -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=server.base_url or "", timeout=10) as http:
+            return list(await asyncio.gather(*(http.post("/chat/completions", json=body(n=5)) for _ in range(2))))
+
+    statuses = sorted(r.status_code for r in asyncio.run(two_at_once()))
+    # The first reply's ~600 completion tokens were charged at its admission, while it was
+    # still being "generated", so the second request found the bucket empty.
+    assert statuses == [200, 429]
+
+
 def test_a_request_larger_than_the_minute_is_refused_without_retry_after(
     server: MockServer, client: httpx.Client
 ) -> None:
