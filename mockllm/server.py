@@ -8,10 +8,12 @@ import contextlib
 import copy
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from mockllm.config import MockConfig
 from mockllm.service import MockService
+
+T = TypeVar("T")
 
 
 def _client_host(host: str) -> str:
@@ -78,12 +80,12 @@ class MockServer:
         self._thread = None
         self._loop = None
 
-    def _on_loop(self, fn: Callable[..., Any], *args: Any) -> Any:
+    def _on_loop(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn`` on the server loop, since the state is not thread-safe."""
         loop = self._loop
         if loop is None or not loop.is_running():
             return fn(*args)
-        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        future: concurrent.futures.Future[T] = concurrent.futures.Future()
 
         def run() -> None:
             try:

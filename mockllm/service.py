@@ -123,7 +123,8 @@ class MockService:
             pass
         finally:
             self._connections.discard(connection)
-            self._handlers.discard(handler)  # type: ignore[arg-type]
+            if handler is not None:
+                self._handlers.discard(handler)
             connection.close()
 
     async def _dispatch(self, connection: Connection, request: Request) -> bool:

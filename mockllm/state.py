@@ -217,7 +217,23 @@ class MockState:
         return best
 
     def snapshot(self) -> dict[str, Any]:
-        """JSON-ready copy of the stats."""
+        """JSON-ready copy of the stats (``GET /_stats``), zeroed by ``/_reset``.
+
+        Calls: ``calls_total`` (HTTP chat calls and batch requests), ``batch_calls_total``,
+        ``calls_by_chapter``, ``outcomes`` and ``outcomes_by_chapter`` (see ``mockllm.faults``),
+        ``inflight``, ``max_inflight``, ``max_inflight_by_chapter``, ``retry_after_violations``
+        (a chapter called again before the Retry-After of its injected 429 or the retry-after-ms
+        of its rate limit: ``{"chapter", "early_by_s"}``).
+        Content: ``questions_served_by_chapter`` (new well-formed questions delivered),
+        ``rewordings_by_chapter`` and ``rewordings`` (each delivered paraphrase:
+        ``{"chapter", "of_serial", "question", "original"}``), ``cut_at_max_tokens``.
+        Rate limits: ``admitted_total``, ``admitted_at`` (seconds since the reset at which each
+        request passed the limiter), ``max_admitted_in_1s`` (the busiest 1-second window),
+        ``rate_limited_by_type`` (``requests``/``tokens``).
+        Spend: ``billed_calls``, ``billed_undelivered_calls``, ``billed_prompt_tokens``,
+        ``billed_completion_tokens``, ``billed_tokens``, ``billed_batch_tokens``,
+        ``billed_tokens_by_chapter``.
+        """
         return {
             "calls_total": self.calls_total,
             "batch_calls_total": self.batch_calls_total,

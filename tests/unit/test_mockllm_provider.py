@@ -225,6 +225,7 @@ def test_without_max_tokens_the_real_completion_is_charged(server: MockServer, c
 
 def test_the_completion_is_charged_before_the_next_request_is_admitted(server: MockServer) -> None:
     server.configure(latency_s=0.3, tpm=6000, burst_fraction=0.1)  # 600 tokens deep
+
     async def two_at_once() -> list[httpx.Response]:
         async with httpx.AsyncClient(base_url=server.base_url or "", timeout=10) as http:
             return list(await asyncio.gather(*(http.post("/chat/completions", json=body(n=5)) for _ in range(2))))
