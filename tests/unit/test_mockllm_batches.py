@@ -120,7 +120,7 @@ def test_files_and_batches_need_the_api_key(server: MockServer, client: httpx.Cl
 def test_a_batch_runs_every_request_and_results_are_matched_by_custom_id(
     server: MockServer, client: httpx.Client
 ) -> None:
-    server.configure(batch_validation_s=0.2, batch_request_s=0.02)
+    server.configure(batch_validation_s=0.2, batch_request_s=0.05)
     ids = [f"req-{i}" for i in range(8)]
     created = _create(client, [_line(cid, chapter=f"ch-{i % 2}") for i, cid in enumerate(ids)],
                       metadata={"run": "r-1", "intent": "abc"})
@@ -259,17 +259,17 @@ def test_sixteen_metadata_pairs_are_accepted(client: httpx.Client) -> None:
 
 
 def test_a_batch_that_runs_past_its_window_expires(server: MockServer, client: httpx.Client) -> None:
-    server.configure(batch_request_s=0.05, batch_expire_after_s=0.3)
-    batch = _finished(client, _create(client, [_line(f"r{i}") for i in range(20)])["id"])
+    server.configure(batch_request_s=0.05, batch_expire_after_s=0.5)
+    batch = _finished(client, _create(client, [_line(f"r{i}") for i in range(40)])["id"])
     assert batch["status"] == "expired" and batch["expired_at"]
     done, failed = batch["request_counts"]["completed"], batch["request_counts"]["failed"]
-    assert 0 < done < 20 and done + failed == 20 == batch["request_counts"]["total"]
+    assert 0 < done < 40 and done + failed == 40 == batch["request_counts"]["total"]
     output = _file_lines(client, batch["output_file_id"])
     errors = _file_lines(client, batch["error_file_id"])
     assert len(output) == done and len(errors) == failed
     assert {line["error"]["code"] for line in errors} == {"batch_expired"}
     assert all(line["response"] is None for line in errors)
-    assert {line["custom_id"] for line in output + errors} == {f"r{i}" for i in range(20)}
+    assert {line["custom_id"] for line in output + errors} == {f"r{i}" for i in range(40)}
 
 
 def test_cancel_stops_a_running_batch(server: MockServer, client: httpx.Client) -> None:
