@@ -205,7 +205,7 @@ def test_an_early_retry_after_a_rate_limit_is_recorded(server: MockServer, clien
 
 def test_tpm_charges_max_tokens_at_admission(server: MockServer, client: httpx.Client) -> None:
     prompt_tokens = count_messages(body()["messages"], "gpt-test")
-    server.configure(tpm=60_000, burst_fraction=0.1)  # 6000 tokens deep
+    server.configure(tpm=6000, burst_fraction=1.0)  # 6000 tokens deep, refilled at 100 a second
     per_request = prompt_tokens + 1900
     admitted = [chat(client, max_tokens=1900).status_code for _ in range(4)]
     assert admitted == [200, 200, 200, 429]  # 3 x ~1930 fit in 6000, the fourth does not
