@@ -3,6 +3,7 @@ ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
 WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY examforge ./examforge
+COPY mockllm ./mockllm
 COPY tasks ./tasks
 COPY producer ./producer
 COPY storage ./storage

@@ -141,7 +141,7 @@ class MockProbe:
     processes under test is sampled at the moment the first call arrives."""
 
     def __init__(self, latency_s: float, questions_per_reply: int) -> None:
-        from examforge.mockllm import MockConfig, MockServer
+        from mockllm import MockConfig, MockServer
 
         self.server = MockServer(MockConfig(latency_s=latency_s,
                                             questions_per_reply=questions_per_reply))
@@ -688,7 +688,7 @@ def render(results: list[Result], args: argparse.Namespace, argv: list[str],
         f"- date: {started.isoformat(timespec='seconds')}; total benchmark time {total_s:.0f} s",
         f"- machine: nproc={os.cpu_count()}, {platform.platform()}, Python "
         f"{platform.python_version()}",
-        f"- mock: in-process `examforge.mockllm`, latency {args.latency_s} s, "
+        f"- mock: in-process `mockllm`, latency {args.latency_s} s, "
         f"{args.questions_per_reply} questions per reply, no faults",
         f"- work: {args.questions} questions in {len(plan(args.questions, args.chapters, args.questions_per_reply)[0])} "
         f"chapters, QUESTIONS_PER_CALL={args.questions_per_reply}, concurrency "

@@ -377,12 +377,12 @@ def migrate() -> None:
     out.print("schema is up to date")
 
 
-@cli.command("mock-llm", context_settings={"ignore_unknown_options": True,
-                                           "allow_extra_args": True})
+@cli.command("mock-llm", add_help_option=False,  # --help is the mock's own, listing every option
+             context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
 @click.pass_context
 def mock_llm(ctx: click.Context) -> None:
-    """Run the OpenAI-compatible mock server (see --help of examforge.mockllm)."""
-    from examforge.mockllm import main as mock_main
+    """Run the OpenAI-compatible mock server (see python -m mockllm --help)."""
+    from mockllm import main as mock_main
 
     sys.exit(mock_main(list(ctx.args)))
 

@@ -85,7 +85,7 @@ def redis_url() -> str:
 @pytest.fixture
 def mock_llm() -> Iterator[Any]:
     """The project's mock model server, in this process, on a free port."""
-    from examforge.mockllm import MockConfig, MockServer
+    from mockllm import MockConfig, MockServer
 
     server = MockServer(MockConfig(latency_s=0.01))
     server.start()

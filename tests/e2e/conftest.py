@@ -13,7 +13,7 @@ from harness import Deployment  # noqa: E402
 
 @pytest.fixture
 def mock() -> Iterator[Any]:
-    from examforge.mockllm import MockConfig, MockServer
+    from mockllm import MockConfig, MockServer
 
     server = MockServer(MockConfig(latency_s=0.05))
     server.base_url = server.start()

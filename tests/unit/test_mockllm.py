@@ -1,4 +1,4 @@
-"""Tests for the mock OpenAI-compatible LLM server (examforge.mockllm)."""
+"""Tests for the mock OpenAI-compatible LLM server (mockllm)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ from typing import Any
 import httpx
 import pytest
 
-from examforge.mockllm import (
+from examforge.tokens import count_messages, count_text
+from mockllm import (
     ALL_FAULTS,
     DEFAULT_FAULTS,
     MALFORMED_CONTENT,
@@ -103,7 +104,9 @@ def test_normal_reply_has_openai_shape(server: MockServer, client: httpx.Client)
     usage = data["usage"]
     assert usage["prompt_tokens"] >= 1 and usage["completion_tokens"] >= 1
     assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
-    assert usage["completion_tokens"] == len(choice["message"]["content"]) // 4
+    # Counted the way providers count them (tiktoken), not estimated from characters.
+    assert usage["completion_tokens"] == count_text(choice["message"]["content"], "gpt-test")
+    assert usage["prompt_tokens"] == count_messages(_body(n=3)["messages"], "gpt-test")
     questions = _questions(response)
     assert len(questions) == 3
     for question in questions:
@@ -118,7 +121,7 @@ def test_question_texts_never_repeat_even_across_reset(server: MockServer, clien
     server.reset()
     texts += [q["question"] for q in _questions(_chat(client, n=4))]
     assert len(texts) == 16 and len(set(texts)) == 16
-    assert all(text.startswith("[ch-1 #") for text in texts)
+    assert all("EC2 basics" in text for text in texts)
 
 
 def test_questions_per_reply_caps_the_reply(server: MockServer, client: httpx.Client) -> None:
@@ -294,7 +297,7 @@ def test_bad_index_fault(server: MockServer, client: httpx.Client) -> None:
 def test_refusal_and_empty_faults(server: MockServer, client: httpx.Client, fault: str, expected: str) -> None:
     response = _scripted(server, client, fault)
     assert _content(response) == expected
-    assert response.json()["usage"]["completion_tokens"] >= 1
+    assert response.json()["usage"]["completion_tokens"] == count_text(expected, "gpt-test")
 
 
 def test_duplicate_fault_repeats_an_earlier_question(server: MockServer, client: httpx.Client) -> None:
@@ -450,7 +453,8 @@ def test_configure_rejects_bad_values(server: MockServer) -> None:
 def test_default_faults_are_transient_and_output_faults() -> None:
     assert MockConfig().faults == list(DEFAULT_FAULTS)
     assert "400" not in DEFAULT_FAULTS and "401" not in DEFAULT_FAULTS
-    assert set(DEFAULT_FAULTS) | {"400", "401"} == set(ALL_FAULTS)
+    assert "trickle" not in DEFAULT_FAULTS and "oversized" not in DEFAULT_FAULTS  # opt-in: slow or huge
+    assert set(DEFAULT_FAULTS) | {"400", "401", "trickle", "oversized"} == set(ALL_FAULTS)
 
 
 def test_300_concurrent_requests() -> None:
@@ -469,7 +473,7 @@ def test_300_concurrent_requests() -> None:
 
 def test_cli_serves_until_sigterm() -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
-    command = [sys.executable, "-m", "examforge.mockllm", "--port", "0", "--latency-s", "0"]
+    command = [sys.executable, "-m", "mockllm", "--port", "0", "--latency-s", "0"]
     command += ["--questions-per-reply", "2"]
     with subprocess.Popen(
         command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True

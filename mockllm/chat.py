@@ -1,0 +1,245 @@
+"""One chat completion, from request body to reply, shared by the HTTP endpoint and batches.
+
+The steps, in the order a provider takes them: read and validate the body (400), check the
+quota (429 ``insufficient_quota``), admit under the rate limits (429 ``rate_limit_exceeded``;
+the HTTP endpoint only, batches have their own queue), draw the outcome (script or seeded
+fault), then build the completion or the error of that outcome, and log its usage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from examforge.tokens import count_messages, encoding_for
+from mockllm.faults import (
+    ERROR_FAULTS,
+    INSUFFICIENT_QUOTA,
+    INVALID_REQUEST,
+    RATE_LIMITED,
+    REQUEST_TOO_LARGE,
+)
+from mockllm.http import error_payload
+from mockllm.limits import INSUFFICIENT_QUOTA_MESSAGE, quota_exceeded, retry_headers
+from mockllm.prompt import ChatPrompt, parse_prompt
+from mockllm.replies import (
+    Content,
+    completion_payload,
+    cut_at_max_tokens,
+    oversized_payload,
+    render_content,
+)
+from mockllm.state import MockState
+from mockllm.usage import UsageRecord
+
+
+class ChatError(Exception):
+    """Raised when a chat request is answered with an error before any model work."""
+
+    def __init__(
+        self, status: int, outcome: str, payload: dict[str, Any], headers: dict[str, str] | None = None
+    ) -> None:
+        super().__init__(payload["error"]["message"])
+        self.status = status
+        self.outcome = outcome
+        self.payload = payload
+        self.headers = dict(headers or {})
+
+
+def _invalid(message: str, param: str | None = None, code: str | None = None) -> ChatError:
+    return ChatError(400, INVALID_REQUEST, error_payload(message, "invalid_request_error", code, param))
+
+
+@dataclass(frozen=True)
+class ChatCall:
+    """A validated chat request."""
+
+    prompt: ChatPrompt
+    max_tokens: int | None
+    prompt_tokens: int
+    request_id: str
+    batch_id: str | None = None
+    custom_id: str | None = None
+
+    @property
+    def key(self) -> str:
+        return self.prompt.key
+
+    @property
+    def model(self) -> str:
+        return self.prompt.model
+
+    def admission_tokens(self) -> int:
+        """What TPM charges at admission: the prompt plus the most the completion may take."""
+        return self.prompt_tokens + (self.max_tokens or 0)
+
+
+@dataclass
+class Completion:
+    """A 200 reply: its body, and what it carries."""
+
+    payload: dict[str, Any]
+    content: Content
+    completion_tokens: int
+    finish_reason: str
+
+
+def _max_tokens(body: dict[str, Any]) -> int | None:
+    """``max_completion_tokens`` or ``max_tokens`` (the smaller if both), validated like OpenAI."""
+    found = []
+    for name in ("max_tokens", "max_completion_tokens"):
+        value = body.get(name)
+        if value is None:
+            continue
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise _invalid(f"Invalid type for '{name}': expected an integer, but got {type(value).__name__} "
+                           "instead.", name, "invalid_type")
+        if value < 1:
+            raise _invalid(f"Invalid '{name}': integer below minimum value. Expected a value >= 1, but got "
+                           f"{value} instead.", name, "integer_below_min_value")
+        found.append(value)
+    return min(found) if found else None
+
+
+def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise _invalid("'messages' is a required property and must be a non-empty array", "messages")
+    if not all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages):
+        raise _invalid("Invalid 'messages': each message must be an object with a 'role'", "messages")
+    return messages
+
+
+class ChatEngine:
+    """The chat logic over one ``MockState``."""
+
+    def __init__(self, state: MockState) -> None:
+        self.state = state
+        self._tokenizers_ready: set[str] = set()
+        self._request_seq = 0
+
+    async def warm_up(self, model: str) -> None:
+        """Load ``model``'s tokenizer off the event loop: the first use may read (or try to
+        download) its encoding, and the other requests must keep flowing meanwhile."""
+        if model not in self._tokenizers_ready:
+            await asyncio.to_thread(encoding_for, model)
+            self._tokenizers_ready.add(model)
+
+    def next_request_id(self) -> str:
+        self._request_seq += 1
+        return f"req_mock_{self._request_seq:08d}"
+
+    async def read(self, body: Any, batch_id: str | None = None, custom_id: str | None = None) -> ChatCall:
+        """Validate a request body and count its prompt tokens; raises ChatError (400)."""
+        if not isinstance(body, dict):
+            raise _invalid("request body must be a JSON object")
+        messages = _messages(body)
+        max_tokens = _max_tokens(body)
+        prompt = parse_prompt(body)
+        await self.warm_up(prompt.model)
+        return ChatCall(
+            prompt=prompt,
+            max_tokens=max_tokens,
+            prompt_tokens=count_messages(messages, prompt.model),
+            request_id=self.next_request_id(),
+            batch_id=batch_id,
+            custom_id=custom_id,
+        )
+
+    def check_quota(self) -> None:
+        """Raise ChatError (429 insufficient_quota) when the quota is used up."""
+        config = self.state.config
+        if quota_exceeded(config.quota_exhausted, config.quota_tokens, self.state.usage.billed_tokens):
+            payload = error_payload(INSUFFICIENT_QUOTA_MESSAGE, "insufficient_quota", "insufficient_quota")
+            raise ChatError(429, INSUFFICIENT_QUOTA, payload)
+
+    def admit(self, call: ChatCall) -> None:
+        """Charge the rate limits, or raise ChatError (429 rate_limit_exceeded) charging nothing."""
+        state = self.state
+        refusal = state.limiter.admit(call.admission_tokens())
+        if refusal is None:
+            state.record_admission()
+            return
+        state.record_rate_limited(refusal.limit_type)
+        payload = error_payload(refusal.message(call.model), refusal.limit_type, "rate_limit_exceeded")
+        if refusal.too_large:  # waiting cannot help: no Retry-After
+            raise ChatError(429, REQUEST_TOO_LARGE, payload)
+        mode = state.config.ratelimit_headers
+        if mode != "azure":
+            state.promise_retry_after(call.key, refusal.wait_s)
+        raise ChatError(429, RATE_LIMITED, payload, retry_headers(refusal.wait_s, mode))
+
+    def fault_error(self, call: ChatCall, outcome: str) -> ChatError:
+        """The error reply of an injected error fault (429, 500, 503, 400, 401)."""
+        status, message, error_type, code = ERROR_FAULTS[outcome]
+        headers: dict[str, str] = {}
+        if outcome == "429":
+            seconds = max(1, math.ceil(self.state.config.retry_after_s))
+            headers["Retry-After"] = str(seconds)
+            self.state.promise_retry_after(call.key, seconds)
+        return ChatError(status, outcome, error_payload(message, error_type, code), headers)
+
+    def complete(self, call: ChatCall, outcome: str) -> Completion:
+        """Generate the 200 reply of ``outcome`` (ok, an output fault, stall, trickle, oversized)."""
+        state, config = self.state, self.state.config
+        completion_id = state.next_completion_id()
+        if outcome == "oversized":
+            # A broken upstream or gateway, not a model: max_tokens does not hold it back.
+            payload, tokens = oversized_payload(
+                completion_id, call.model, call.prompt_tokens, config.oversized_bytes, config.omit_usage)
+            return Completion(payload, Content("", "length"), tokens, "length")
+        items = state.mint_items(call.prompt, question_count(outcome, call.prompt.count, config.questions_per_reply))
+        variant = state.next_wrong_schema_variant() if outcome == "wrong_schema" else 0
+        content = render_content(outcome, items, state.first_served.get(call.key), variant)
+        content, tokens, cut = cut_at_max_tokens(content, call.model, call.max_tokens)
+        if cut:
+            state.cut_at_max_tokens += 1
+        if call.max_tokens is None and call.batch_id is None:
+            # Admission charged TPM the prompt only; the completion is charged as it is generated.
+            state.limiter.debit_tokens(tokens)
+        payload = completion_payload(
+            completion_id, call.model, content.text, content.finish_reason, call.prompt_tokens, tokens,
+            config.omit_usage)
+        return Completion(payload, content, tokens, content.finish_reason)
+
+    def log(
+        self,
+        key: str,
+        model: str,
+        status: int | None,
+        outcome: str,
+        *,
+        call: ChatCall | None = None,
+        completion: Completion | None = None,
+        delivered: bool,
+        batch_id: str | None = None,
+        custom_id: str | None = None,
+    ) -> None:
+        """Record one request in the usage log; a completion is billed whether delivered or not."""
+        self.state.record_usage(UsageRecord(
+            time=time.time(),
+            chapter=key,
+            model=model,
+            status=status,
+            outcome=outcome,
+            prompt_tokens=call.prompt_tokens if call else 0,
+            completion_tokens=completion.completion_tokens if completion else 0,
+            billed=completion is not None,
+            delivered=delivered,
+            request_id=call.request_id if call else self.next_request_id(),
+            finish_reason=completion.finish_reason if completion else None,
+            max_tokens=call.max_tokens if call else None,
+            batch_id=batch_id if batch_id is not None else (call.batch_id if call else None),
+            custom_id=custom_id if custom_id is not None else (call.custom_id if call else None),
+        ))
+
+
+def question_count(outcome: str, asked: int, per_reply: int | None) -> int:
+    count = asked if per_reply is None else min(asked, per_reply)
+    if outcome == "short":
+        # Halving the capped count keeps "short" strictly shorter than a normal reply.
+        return max(0, count // 2)
+    return count

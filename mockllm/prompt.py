@@ -1,0 +1,72 @@
+"""What the mock reads from a chat request: the chapter key, title, question count and model.
+
+The user message is read with examforge's own prompt vocabulary (`examforge.prompt.Label`,
+`read_fields`), so the mock follows the prompt whenever its lines change.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from examforge.prompt import Label, read_fields
+from mockllm.faults import MODEL_ID
+
+UNKNOWN_CHAPTER = "unknown"
+DEFAULT_QUESTION_COUNT = 5
+# Looked up by value, not by member name, so a renamed member cannot break the mock.
+_COUNT_LABEL = Label("Number of questions")
+
+
+@dataclass(frozen=True)
+class ChatPrompt:
+    """What the mock extracted from a chat request."""
+
+    key: str
+    chapter_id: str
+    title: str
+    count: int
+    model: str = MODEL_ID
+
+
+def message_text(content: Any) -> str:
+    """Flatten OpenAI message content (a string or a list of text parts)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(
+            str(part.get("text", "")) for part in content if isinstance(part, dict) and part.get("type") == "text"
+        )
+    return ""
+
+
+def _last_user_text(body: dict[str, Any]) -> str:
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        return ""
+    for message in reversed(messages):
+        if isinstance(message, dict) and message.get("role") == "user":
+            return message_text(message.get("content"))
+    return ""
+
+
+def _first_token(value: str | None) -> str | None:
+    parts = value.split() if value else []
+    return parts[0] if parts else None
+
+
+def parse_prompt(body: dict[str, Any]) -> ChatPrompt:
+    """Extract chapter key, title and question count from an OpenAI request body."""
+    fields = read_fields(_last_user_text(body))
+    exam = _first_token(fields.get(Label.exam))
+    chapter = _first_token(fields.get(Label.chapter_id))
+    count = _first_token(fields.get(_COUNT_LABEL))
+    chapter_id = chapter or UNKNOWN_CHAPTER
+    model = body.get("model")
+    return ChatPrompt(
+        key=f"{exam}/{chapter}" if exam and chapter else UNKNOWN_CHAPTER,
+        chapter_id=chapter_id,
+        title=fields.get(Label.chapter_title) or chapter_id,
+        count=int(count) if count and count.isdigit() else DEFAULT_QUESTION_COUNT,
+        model=model if isinstance(model, str) and model else MODEL_ID,
+    )

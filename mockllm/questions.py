@@ -1,0 +1,464 @@
+"""Question texts: lexically distinct questions per chapter, and paraphrases of them.
+
+A question is a tuple of slots (stem, concept, scenario, actor, goal, qualifier) drawn from
+word banks. Serial ``s`` of a chapter maps, through a per-chapter affine bijection, to a row
+``n`` of an orthogonal array over ``Z_P`` (``P`` prime): row ``n = a*P + b`` takes the slots
+``a, b, a+b, a+2b, a+3b (mod P)``. Two rows of such an array agree in at most one of those
+columns, so two questions of one chapter share at most one of their five word groups: their
+word-shingle Jaccard stays far below 0.3 (the test measures it). Each chapter draws its own
+subset and order of every bank, so chapters read differently too. ``P*P`` (841) questions per
+chapter are pairwise distinct this way; beyond that a chapter cycles through the array again
+with its banks re-drawn, and a "(part N)" suffix keeps the texts unique.
+
+A paraphrase (``reword``) renders the same slots with other surface forms, the way a model
+repeats itself over a long chapter: "Which ..." against "What ...", synonyms for the concept,
+actor and goal, the scenario clause moved to the front or the end, another qualifier. The
+choices and the answer stay the same.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from dataclasses import dataclass, replace
+from typing import Any
+
+P = 29  # prime; every bank below has at least P entries
+ANSWER_SLOTS = 4
+
+# (the "Which ..." form, the "What ..." form). {q} is a qualifier, where the stem has one.
+STEMS: tuple[tuple[str, str], ...] = (
+    ("Which of the following is the {q} way for {actor} to handle {concept} in {title} {goal}",
+     "What is the {q} way for {actor} to handle {concept} in {title} {goal}"),
+    ("Which step should {actor} take first to improve {concept} for {title} {goal}",
+     "What should {actor} do first to improve {concept} for {title} {goal}"),
+    ("Which choice describes the {q} plan {actor} could adopt for {concept} in {title} {goal}",
+     "What is the {q} plan {actor} could adopt for {concept} in {title} {goal}"),
+    ("Which measure would let {actor} secure {concept} within {title} {goal}",
+     "What measure would let {actor} secure {concept} within {title} {goal}"),
+    ("Which of these actions is the {q} option for {actor} reviewing {concept} in {title} {goal}",
+     "What action is the {q} option for {actor} reviewing {concept} in {title} {goal}"),
+    ("Which decision about {concept} in {title} should {actor} make {goal}",
+     "What decision about {concept} in {title} should {actor} make {goal}"),
+    ("Which habit helps {actor} keep {concept} healthy across {title} {goal}",
+     "What habit helps {actor} keep {concept} healthy across {title} {goal}"),
+    ("Which of the following should {actor} prioritise for {concept} in {title} {goal}",
+     "What should {actor} prioritise for {concept} in {title} {goal}"),
+    ("Which tool or technique gives {actor} the {q} view of {concept} in {title} {goal}",
+     "What tool or technique gives {actor} the {q} view of {concept} in {title} {goal}"),
+    ("Which way of documenting {concept} in {title} suits {actor} {goal}",
+     "What way of documenting {concept} in {title} suits {actor} {goal}"),
+    ("Which of the listed tasks would {actor} automate first around {concept} in {title} {goal}",
+     "What would {actor} automate first around {concept} in {title} {goal}"),
+    ("Which responsibility for {concept} in {title} should {actor} delegate {goal}",
+     "What responsibility for {concept} in {title} should {actor} hand over {goal}"),
+    ("Which signal should {actor} watch for {concept} in {title} {goal}",
+     "What signal should {actor} keep an eye on for {concept} in {title} {goal}"),
+    ("Which standard is the {q} fit when {actor} formalises {concept} in {title} {goal}",
+     "What standard is the {q} fit when {actor} formalises {concept} in {title} {goal}"),
+    ("Which budget line should {actor} reserve for {concept} in {title} {goal}",
+     "What budget line should {actor} set aside for {concept} in {title} {goal}"),
+    ("Which message should {actor} send stakeholders about {concept} in {title} {goal}",
+     "What should {actor} tell stakeholders about {concept} in {title} {goal}"),
+    ("Which criterion lets {actor} evaluate {concept} in {title} {goal}",
+     "What criterion lets {actor} judge {concept} in {title} {goal}"),
+    ("Which simplification of {concept} in {title} is the {q} move for {actor} {goal}",
+     "What simplification of {concept} in {title} is the {q} move for {actor} {goal}"),
+    ("Which safeguard should {actor} add to {concept} in {title} {goal}",
+     "What safeguard should {actor} build into {concept} in {title} {goal}"),
+    ("Which schedule for revisiting {concept} in {title} should {actor} follow {goal}",
+     "What schedule for revisiting {concept} in {title} should {actor} keep {goal}"),
+    ("Which validation step confirms that {actor} has {concept} in {title} under control {goal}",
+     "What validation step shows that {actor} has {concept} in {title} under control {goal}"),
+    ("Which of the following trade-offs around {concept} in {title} is the {q} one for {actor} {goal}",
+     "What trade-off around {concept} in {title} is the {q} one for {actor} {goal}"),
+    ("Which question should {actor} ask first about {concept} in {title} {goal}",
+     "What should {actor} ask first about {concept} in {title} {goal}"),
+    ("Which pilot would tell {actor} most about {concept} in {title} {goal}",
+     "What pilot would tell {actor} the most about {concept} in {title} {goal}"),
+    ("Which of these metrics is the {q} guide for {actor} tracking {concept} in {title} {goal}",
+     "What metric is the {q} guide for {actor} tracking {concept} in {title} {goal}"),
+    ("Which handover note about {concept} in {title} should {actor} write {goal}",
+     "What handover note about {concept} in {title} should {actor} leave {goal}"),
+    ("Which default setting for {concept} in {title} should {actor} choose {goal}",
+     "What default setting for {concept} in {title} should {actor} pick {goal}"),
+    ("Which of the options is the {q} escalation path for {actor} dealing with {concept} in {title} {goal}",
+     "What is the {q} escalation path for {actor} dealing with {concept} in {title} {goal}"),
+    ("Which experiment should {actor} run on {concept} in {title} {goal}",
+     "What experiment should {actor} carry out on {concept} in {title} {goal}"),
+)
+
+# (wording, synonym)
+CONCEPTS: tuple[tuple[str, str], ...] = (
+    ("capacity planning", "capacity forecasting"),
+    ("access control", "permission management"),
+    ("failure isolation", "fault containment"),
+    ("cost allocation", "spend attribution"),
+    ("data retention", "record keeping rules"),
+    ("version pinning", "dependency locking"),
+    ("audit logging", "activity trails"),
+    ("latency budgets", "response time allowances"),
+    ("schema changes", "data model revisions"),
+    ("backup rotation", "snapshot cycling"),
+    ("rollout staging", "phased releases"),
+    ("quota management", "usage ceilings"),
+    ("secret rotation", "credential renewal"),
+    ("cache invalidation", "cache refresh rules"),
+    ("load shedding", "overload protection"),
+    ("replica placement", "copy distribution"),
+    ("alert thresholds", "alarm trigger levels"),
+    ("change approval", "change sign-off"),
+    ("incident reviews", "post-incident analysis"),
+    ("encryption at rest", "stored data encryption"),
+    ("network segmentation", "network partitioning"),
+    ("throughput tuning", "throughput optimisation"),
+    ("retry policies", "retry rules"),
+    ("configuration drift", "settings divergence"),
+    ("service ownership", "service accountability"),
+    ("health checks", "liveness probes"),
+    ("documentation upkeep", "keeping documentation current"),
+    ("tagging conventions", "labelling schemes"),
+    ("dependency mapping", "charting dependencies"),
+    ("traffic routing", "request steering"),
+    ("key management", "handling of encryption keys"),
+)
+
+SCENARIOS: tuple[tuple[str, str], ...] = (
+    ("during a quarterly compliance audit", "while a quarterly compliance review is under way"),
+    ("after an unexpected spike in traffic", "following a sudden surge in load"),
+    ("when a legacy workload is being migrated", "while an older workload moves to the new setup"),
+    ("before a major product launch", "ahead of a big release"),
+    ("while a new region is being brought online", "as a fresh region comes into service"),
+    ("after a failed deployment was rolled back", "once a broken release has been reverted"),
+    ("when the monthly bill grows faster than usage", "as monthly costs outpace actual usage"),
+    ("during an overnight maintenance window", "in a scheduled late-night maintenance slot"),
+    ("when two teams share the same environment", "if a single environment serves two teams"),
+    ("after a security review flagged a gap", "once an internal security check has found a weakness"),
+    ("while onboarding several new engineers", "as a group of new engineers joins"),
+    ("when a key vendor announces a deprecation", "after an important supplier retires a feature"),
+    ("during a disaster recovery drill", "while rehearsing recovery from a major outage"),
+    ("when latency targets are missed for a week", "after a week of missed response time goals"),
+    ("before handing the system to an operations team", "ahead of a handover to the operations group"),
+    ("when a customer reports inconsistent results", "after a client complains about results that do not match"),
+    ("while budgets are frozen for the quarter", "during a quarter with no new spending allowed"),
+    ("after an auditor asks for evidence of controls", "once an external assessor requests proof of safeguards"),
+    ("when traffic shifts to mobile clients", "as most requests start arriving from phones"),
+    ("during a merger of two product lines", "while two product lines are being combined"),
+    ("when the on-call rotation is short-staffed", "if too few people are available for on-call duty"),
+    ("after data volumes double in a month", "once the stored data has grown twofold within a month"),
+    ("before a contract renewal with a hosting provider", "ahead of renegotiating the hosting agreement"),
+    ("when a pilot project becomes production", "as a trial project turns into a live service"),
+    ("after a near miss that nobody noticed for days", "following a close call that went unseen for days"),
+    ("while a regulator is drafting new rules", "as new regulations are being written"),
+    ("when the original author has left the company", "now that the person who built it has moved on"),
+    ("during the busiest week of the year", "in the peak week of the annual cycle"),
+    ("after a dependency released a breaking change", "once an upstream library shipped an incompatible update"),
+    ("when half of the fleet runs an older version", "while part of the servers still run an outdated release"),
+)
+
+ACTORS: tuple[tuple[str, str], ...] = (
+    ("an operator", "a system operator"),
+    ("a platform engineer", "an infrastructure engineer"),
+    ("the on-call developer", "the developer on call"),
+    ("a security reviewer", "a security auditor"),
+    ("a project lead", "a team lead"),
+    ("a new administrator", "a recently hired administrator"),
+    ("a cost analyst", "a finance analyst"),
+    ("the release manager", "the person managing releases"),
+    ("a database specialist", "a data store expert"),
+    ("a support engineer", "a customer support engineer"),
+    ("a solutions architect", "a system designer"),
+    ("the compliance officer", "the person responsible for compliance"),
+    ("a site reliability engineer", "an SRE"),
+    ("a junior developer", "an entry-level developer"),
+    ("the product owner", "the owner of the product"),
+    ("a consultant", "an outside adviser"),
+    ("a quality engineer", "a test engineer"),
+    ("the network team", "the networking group"),
+    ("a data engineer", "a pipeline engineer"),
+    ("an internal auditor", "an in-house inspector"),
+    ("a startup founder", "the founder of a small company"),
+    ("an IT manager", "a technology manager"),
+    ("a candidate studying for the exam", "a student preparing for the test"),
+    ("a cloud architect", "a cloud designer"),
+    ("the operations lead", "the head of operations"),
+    ("a backend developer", "a server-side developer"),
+    ("a technical writer", "a documentation author"),
+    ("the incident commander", "the person leading the incident response"),
+    ("a procurement officer", "a purchasing manager"),
+    ("a machine learning engineer", "an ML engineer"),
+)
+
+GOALS: tuple[tuple[str, str], ...] = (
+    ("to keep costs predictable", "so that spending stays predictable"),
+    ("to reduce the risk of data loss", "so that less data can be lost"),
+    ("to meet the service level objective", "so the agreed service target is met"),
+    ("to pass the next audit", "so the coming audit succeeds"),
+    ("to shorten recovery time", "so that recovery takes less time"),
+    ("to avoid surprises in production", "so nothing unexpected happens in production"),
+    ("to limit the impact of mistakes", "so that errors do less damage"),
+    ("to support twice the current load", "so the system copes with double today's load"),
+    ("to keep customers informed", "so customers stay in the loop"),
+    ("to make ownership clear", "so that everyone knows who owns what"),
+    ("to stay within the approved budget", "so the approved budget is not exceeded"),
+    ("to detect problems earlier", "so issues are noticed sooner"),
+    ("to simplify future upgrades", "so later upgrades are easier"),
+    ("to protect sensitive records", "so confidential records stay safe"),
+    ("to keep latency low for users", "so users see fast responses"),
+    ("to reduce manual work", "so less work is done by hand"),
+    ("to satisfy the security team", "so the security team signs off"),
+    ("to make results reproducible", "so the same results can be obtained again"),
+    ("to prepare for a regional outage", "so a regional failure can be survived"),
+    ("to keep environments consistent", "so all environments stay alike"),
+    ("to lower operational toil", "so routine operational chores shrink"),
+    ("to give auditors clear evidence", "so auditors get unambiguous proof"),
+    ("to speed up onboarding", "so new staff become productive faster"),
+    ("to cut wasted compute", "so idle machines stop burning money"),
+    ("to keep the rollback path open", "so a release can still be undone"),
+    ("to avoid a single point of failure", "so no one component can take everything down"),
+    ("to shrink the blast radius of outages", "so an outage touches fewer users"),
+    ("to keep licences compliant", "so licence terms are respected"),
+    ("to make capacity visible to finance", "so the finance team sees what capacity costs"),
+)
+
+QUALIFIERS: tuple[tuple[str, str], ...] = (
+    ("best", "most effective"),
+    ("safest", "least risky"),
+    ("most reliable", "most dependable"),
+    ("most practical", "most workable"),
+    ("most appropriate", "most suitable"),
+    ("most cost-effective", "most economical"),
+    ("simplest", "least complicated"),
+    ("most defensible", "most justifiable"),
+    ("quickest", "fastest"),
+    ("most sustainable", "most durable"),
+    ("clearest", "most transparent"),
+)
+
+GOOD_PRACTICES: tuple[str, ...] = (
+    "Define a clear owner and review the setup on a fixed schedule",
+    "Automate the check and alert when it deviates from the baseline",
+    "Start with a small pilot and measure the effect before expanding",
+    "Record the decision together with the reason behind it",
+    "Roll the change out in stages with a tested rollback plan",
+    "Measure the current baseline before changing anything",
+    "Limit access to the people who need it and log every use",
+    "Rehearse the recovery path regularly and time it",
+    "Tie every resource to a budget owner through tags",
+    "Keep the configuration in version control and review every change",
+    "Set explicit thresholds and page only on user-visible symptoms",
+    "Separate environments so a mistake in one cannot reach another",
+)
+
+BAD_PRACTICES: tuple[str, ...] = (
+    "Wait until users complain before doing anything",
+    "Apply the change everywhere at once without testing",
+    "Rely on one senior engineer remembering how it works",
+    "Disable the related alerts to reduce noise",
+    "Skip the documentation to save time",
+    "Grant everyone administrator rights to avoid delays",
+    "Postpone the decision until the next budget cycle",
+    "Copy the settings from an unrelated project",
+    "Buy the largest available option just in case",
+    "Let each developer choose their own approach",
+    "Keep the credentials in a shared spreadsheet",
+    "Treat every warning as a false positive",
+    "Turn off logging in production to improve speed",
+    "Ask the vendor to take full responsibility for it",
+)
+
+for _bank in (STEMS, CONCEPTS, SCENARIOS, ACTORS, GOALS):
+    assert len(_bank) >= P, "every bank needs at least P entries for the orthogonal array"
+
+
+@dataclass(frozen=True)
+class Slots:
+    """The meaning of a question: which word group fills each part (indices into the banks)."""
+
+    stem: int
+    concept: int
+    scenario: int
+    actor: int
+    goal: int
+    qualifier: int
+    part: int  # 0 for the first P*P questions of a chapter, then 1, 2, ...
+
+
+@dataclass(frozen=True)
+class Style:
+    """How a question is worded; a paraphrase flips some of these."""
+
+    what_form: bool = False  # "What ..." instead of "Which ..."
+    scenario_first: bool = False
+    synonyms: bool = False  # concept and actor synonyms
+    goal_alt: bool = False
+    scenario_alt: bool = False
+    qualifier_alt: bool = False
+
+
+@dataclass(frozen=True)
+class _ChapterBanks:
+    multiplier: int
+    offset: int
+    stems: tuple[int, ...]
+    concepts: tuple[int, ...]
+    scenarios: tuple[int, ...]
+    actors: tuple[int, ...]
+    goals: tuple[int, ...]
+
+
+def _rng(*parts: object) -> random.Random:
+    digest = hashlib.sha256("\x1f".join(map(str, parts)).encode()).digest()
+    return random.Random(int.from_bytes(digest[:8], "big"))
+
+
+def _chapter_banks(chapter_key: str, part: int) -> _ChapterBanks:
+    rng = _rng("banks", chapter_key, part)
+    # An affine map s -> (m*s + c) mod P*P is a bijection when P does not divide m; a
+    # multiplier with both digits nonzero makes consecutive serials change every column.
+    multiplier = rng.randrange(1, P) * P + rng.randrange(1, P)
+    return _ChapterBanks(
+        multiplier=multiplier,
+        offset=rng.randrange(P * P),
+        stems=tuple(rng.sample(range(len(STEMS)), P)),
+        concepts=tuple(rng.sample(range(len(CONCEPTS)), P)),
+        scenarios=tuple(rng.sample(range(len(SCENARIOS)), P)),
+        actors=tuple(rng.sample(range(len(ACTORS)), P)),
+        goals=tuple(rng.sample(range(len(GOALS)), P)),
+    )
+
+
+_BANKS_CACHE: dict[tuple[str, int], _ChapterBanks] = {}
+
+
+def slots_for(chapter_key: str, serial: int) -> Slots:
+    """The slots of question ``serial`` (1, 2, ...) of a chapter: a pure function."""
+    index = max(serial, 1) - 1
+    part, index = divmod(index, P * P)
+    banks = _BANKS_CACHE.get((chapter_key, part))
+    if banks is None:
+        banks = _BANKS_CACHE.setdefault((chapter_key, part), _chapter_banks(chapter_key, part))
+    row = (banks.multiplier * index + banks.offset) % (P * P)
+    a, b = divmod(row, P)
+    return Slots(
+        stem=banks.stems[a],
+        concept=banks.concepts[b],
+        scenario=banks.scenarios[(a + b) % P],
+        actor=banks.actors[(a + 2 * b) % P],
+        goal=banks.goals[(a + 3 * b) % P],
+        qualifier=(a + 4 * b) % P % len(QUALIFIERS),
+        part=part,
+    )
+
+
+def base_style(serial: int) -> Style:
+    """The wording of a question when first served, varied with the serial: two questions that
+    share a goal or a scenario often word it differently, which keeps their overlap low."""
+    return Style(
+        what_form=serial % 3 == 0,
+        scenario_first=serial % 4 == 1,
+        goal_alt=serial * 7 % 5 < 2,
+        scenario_alt=serial * 3 % 7 < 3,
+    )
+
+
+def render(slots: Slots, style: Style, title: str) -> str:
+    """The question text for ``slots`` worded as ``style``."""
+    which_form, what_form = STEMS[slots.stem]
+    template = what_form if style.what_form else which_form
+    concept = CONCEPTS[slots.concept][1 if style.synonyms else 0]
+    actor = ACTORS[slots.actor][1 if style.synonyms else 0]
+    goal = GOALS[slots.goal][1 if style.goal_alt else 0]
+    qualifier = QUALIFIERS[slots.qualifier][1 if style.qualifier_alt else 0]
+    scenario = SCENARIOS[slots.scenario][1 if style.scenario_alt else 0]
+    body = template.format(q=qualifier, actor=actor, concept=concept, title=title, goal=goal)
+    if style.scenario_first:
+        text = f"{scenario[0].upper()}{scenario[1:]}, {body[0].lower()}{body[1:]}?"
+    else:
+        text = f"{body} {scenario}?"
+    if slots.part:
+        text = f"{text} (part {slots.part + 1})"
+    return text
+
+
+def has_qualifier(slots: Slots) -> bool:
+    return "{q}" in STEMS[slots.stem][0]
+
+
+# The transformations a paraphrase combines, cycled so rewordings vary among themselves. Two
+# at a time, and at most one long phrase (goal or scenario) reworded: the paraphrase stays
+# nearer its original than any other question of the chapter (the test checks it), as a
+# model's repeats of itself do.
+_REWORDINGS: tuple[tuple[str, ...], ...] = (
+    ("form", "position"),
+    ("synonyms", "qualifier"),
+    ("form", "synonyms"),
+    ("position", "goal"),
+    ("form", "qualifier"),
+    ("synonyms", "position"),
+    ("goal", "form"),
+    ("scenario", "position"),
+)
+
+
+def reword_style(slots: Slots, original: Style, variant: int) -> Style:
+    """Another wording of the same question: at least two visible transformations."""
+    wanted = list(_REWORDINGS[variant % len(_REWORDINGS)])
+    if "qualifier" in wanted and not has_qualifier(slots):
+        wanted[wanted.index("qualifier")] = "goal" if "goal" not in wanted else "position"
+    style = original
+    for change in wanted:
+        if change == "form":
+            style = replace(style, what_form=not style.what_form)
+        elif change == "position":
+            style = replace(style, scenario_first=not style.scenario_first)
+        elif change == "synonyms":
+            style = replace(style, synonyms=not style.synonyms)
+        elif change == "goal":
+            style = replace(style, goal_alt=not style.goal_alt)
+        elif change == "scenario":
+            style = replace(style, scenario_alt=not style.scenario_alt)
+        elif change == "qualifier":
+            style = replace(style, qualifier_alt=not style.qualifier_alt)
+    return style
+
+
+def answer_index(serial: int, answer_position: int | None) -> int:
+    """Where the correct choice goes: fixed when configured, else spread over the four slots."""
+    return answer_position if answer_position is not None else serial % ANSWER_SLOTS
+
+
+def make_question(
+    chapter_key: str, title: str, serial: int, answer_position: int | None = None
+) -> dict[str, Any]:
+    """Question ``serial`` of a chapter, well formed: four distinct choices, one correct."""
+    slots = slots_for(chapter_key, serial)
+    return question_from(slots, base_style(serial), chapter_key, title, serial, answer_position)
+
+
+def question_from(
+    slots: Slots, style: Style, chapter_key: str, title: str, serial: int, answer_position: int | None
+) -> dict[str, Any]:
+    """The question of ``slots`` worded as ``style``; choices depend only on the serial."""
+    rng = _rng("choices", chapter_key, serial)
+    correct = rng.choice(GOOD_PRACTICES)
+    choices = rng.sample(BAD_PRACTICES, ANSWER_SLOTS - 1)
+    index = answer_index(serial, answer_position)
+    choices.insert(index, correct)
+    concept = CONCEPTS[slots.concept][0]
+    return {
+        "question": render(slots, style, title),
+        "choices": choices,
+        "answer_index": index,
+        "explanation": f"{correct} keeps {concept} under control; the other options leave it to chance "
+        "or add risk.",
+    }
+
+
+def reword(
+    chapter_key: str, title: str, serial: int, variant: int, answer_position: int | None = None
+) -> dict[str, Any]:
+    """A paraphrase of question ``serial``: same meaning, choices and answer, other wording."""
+    slots = slots_for(chapter_key, serial)
+    style = reword_style(slots, base_style(serial), variant)
+    return question_from(slots, style, chapter_key, title, serial, answer_position)

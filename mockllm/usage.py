@@ -1,0 +1,84 @@
+"""The usage log: every chat request the mock answered, with what it would have been billed.
+
+A reply is billed when the mock generated a completion for it (a 200), whether or not the
+client read it: real providers bill a non-streamed completion the client hung up on. Error
+replies, refusals by a limit and dropped connections are not billed. ``delivered`` says
+whether the whole reply reached the client's socket.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class UsageRecord:
+    time: float  # Unix time the reply was decided
+    chapter: str
+    model: str
+    status: int | None  # None: no HTTP reply at all (the connection was reset)
+    outcome: str
+    prompt_tokens: int
+    completion_tokens: int
+    billed: bool
+    delivered: bool
+    request_id: str
+    finish_reason: str | None = None
+    max_tokens: int | None = None
+    batch_id: str | None = None
+    custom_id: str | None = None
+
+    @property
+    def batch(self) -> bool:
+        return self.batch_id is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "batch": self.batch}
+
+
+class UsageLog:
+    """The records and their billed totals."""
+
+    def __init__(self) -> None:
+        self.records: list[UsageRecord] = []
+        self.billed_calls = 0
+        self.billed_undelivered_calls = 0
+        self.billed_prompt_tokens = 0
+        self.billed_completion_tokens = 0
+        self.billed_batch_tokens = 0
+        self.billed_tokens_by_chapter: Counter[str] = Counter()
+
+    @property
+    def billed_tokens(self) -> int:
+        return self.billed_prompt_tokens + self.billed_completion_tokens
+
+    def add(self, record: UsageRecord) -> None:
+        self.records.append(record)
+        if not record.billed:
+            return
+        tokens = record.prompt_tokens + record.completion_tokens
+        self.billed_calls += 1
+        self.billed_undelivered_calls += not record.delivered
+        self.billed_prompt_tokens += record.prompt_tokens
+        self.billed_completion_tokens += record.completion_tokens
+        self.billed_tokens_by_chapter[record.chapter] += tokens
+        if record.batch:
+            self.billed_batch_tokens += tokens
+
+    def totals(self) -> dict[str, Any]:
+        """The billed totals, as they appear in the stats."""
+        return {
+            "billed_calls": self.billed_calls,
+            "billed_undelivered_calls": self.billed_undelivered_calls,
+            "billed_prompt_tokens": self.billed_prompt_tokens,
+            "billed_completion_tokens": self.billed_completion_tokens,
+            "billed_tokens": self.billed_tokens,
+            "billed_batch_tokens": self.billed_batch_tokens,
+            "billed_tokens_by_chapter": dict(self.billed_tokens_by_chapter),
+        }
+
+    def to_list(self) -> list[dict[str, Any]]:
+        return [record.to_dict() for record in self.records]
