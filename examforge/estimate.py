@@ -17,7 +17,7 @@ from examforge.prices import Price
 from examforge.prompt import build_messages
 from examforge.settings import Settings
 from examforge.syllabus import Syllabus
-from examforge.tokens import count_messages, encoding_for
+from examforge.tokens import count_messages, encoding_name
 
 # Completion tokens of one multiple-choice question with its explanation, as JSON, when no
 # call has been seen yet (English; scripts the tokenizer splits finely take two or three times).
@@ -108,7 +108,7 @@ def estimate(slug: str, syllabus: Syllabus, settings: Settings, *,
                 price.completion_per_mtok + price.prompt_per_mtok:
             worst = fallback
     est = Estimate(
-        exam=slug, model=model, tokenizer=encoding_for(model).name, price=price,
+        exam=slug, model=model, tokenizer=encoding_name(model), price=price,
         completion_per_question=completion_per_question or DEFAULT_COMPLETION_PER_QUESTION,
         completion_source=("observed in this database" if completion_per_question
                            else "default"),

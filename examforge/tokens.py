@@ -53,14 +53,18 @@ def _load_with_deadline(name: str) -> Encoding | None:
         try:
             result.append(_load(name))
         except Exception as exc:  # no network, a proxy, a corrupt cache: fall back
-            log.warning("tokenizer %s unavailable (%s); counting with %s", name,
-                        str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__,
-                        FALLBACK_ENCODING)
+            log.warning("tokenizer %s could not be loaded (%s); counting with %s", name,
+                        type(exc).__name__, FALLBACK_ENCODING)
 
     thread = threading.Thread(target=fetch, name=f"tiktoken-{name}", daemon=True)
     thread.start()
     thread.join(_DOWNLOAD_WAIT_S)
     return result[0] if result else None
+
+
+def encoding_name(model: str) -> str:
+    """The name of the encoding that counts `model`'s tokens here."""
+    return encoding_for(model).name.removesuffix("_offline")
 
 
 @lru_cache(maxsize=32)
@@ -87,7 +91,7 @@ def is_exact(model: str) -> bool:
         name = tiktoken.encoding_name_for_model(model.rsplit("/", 1)[-1])
     except KeyError:
         return False
-    return encoding_for(model).name.removesuffix("_offline") == name
+    return encoding_name(model) == name
 
 
 def count_text(text: str, model: str) -> int:
