@@ -22,9 +22,19 @@ from examforge.tokens import count_messages, encoding_name
 # Completion tokens of one multiple-choice question with its explanation, as JSON, when no
 # call has been seen yet (English; scripts the tokenizer splits finely take two or three times).
 DEFAULT_COMPLETION_PER_QUESTION = 150
-# A stand-in for a question not generated yet, in the "do not repeat" list of later calls.
-_PLACEHOLDER = ("Which of the following statements about this topic is correct, given the "
-                "situation described in the scenario?")
+# A stand-in for a question not generated yet, in the "do not repeat" list of later calls:
+# a typical exam question, about 30 tokens (the mean length of stored questions replaces it
+# once the database has some).
+_PLACEHOLDER = ("A team is moving a busy service to managed infrastructure this quarter; which "
+                "of the following choices best protects its availability while keeping the "
+                "running cost predictable?")
+
+
+def _placeholder(samples: list[str]) -> str:
+    if not samples:
+        return _PLACEHOLDER
+    length = round(sum(map(len, samples)) / len(samples))
+    return (_PLACEHOLDER * (length // len(_PLACEHOLDER) + 1))[:length]
 
 
 @dataclass
@@ -99,6 +109,7 @@ def estimate(slug: str, syllabus: Syllabus, settings: Settings, *,
     """`stored`: the questions already stored per chapter (nothing is asked for those);
     `completion_per_question`: what this database's calls have used so far, if any."""
     stored = stored or {}
+    placeholder = _placeholder([q for texts in stored.values() for q in texts])
     model = settings.llm_model
     price = settings.price()
     worst = price
@@ -125,6 +136,6 @@ def estimate(slug: str, syllabus: Syllabus, settings: Settings, *,
             ch.prompt_tokens += count_messages(messages, model)
             ch.max_completion_tokens += settings.max_tokens(want)
             have += want
-            avoid = (avoid + [_PLACEHOLDER] * want)[-20:]
+            avoid = (avoid + [placeholder] * want)[-20:]
         est.chapters.append(ch)
     return est

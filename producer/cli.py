@@ -20,8 +20,16 @@ from examforge.settings import Settings, load_settings
 from examforge.syllabus import Syllabus, find_syllabus, load_syllabus
 
 F = TypeVar("F", bound=Callable[..., Any])
-err = Console(stderr=True, highlight=False)
-out = Console(highlight=False)
+def _console(stderr: bool = False) -> Console:
+    """Lines never wrap (they are read by scripts, logs and `| tee` as often as by people);
+    off a terminal, tables get room for long cells instead of rich's 80 columns."""
+    stream = sys.stderr if stderr else sys.stdout
+    return Console(stderr=stderr, highlight=False, soft_wrap=True,
+                   width=None if stream.isatty() else 200)
+
+
+err = _console(stderr=True)
+out = _console()
 
 
 def _settings() -> Settings:
