@@ -50,13 +50,17 @@ def main(spec_path: str) -> int:
                      "explanation": q.explanation} for q in parsed.questions]
 
     dataset = Dataset.from_list(spec["rows"])
+    generation: dict[str, object] = {"temperature": 0.7}
+    if spec.get("max_tokens"):  # the same cap examforge sends (bench/ratelimit.py)
+        generation["max_tokens"] = spec["max_tokens"]
     llm = ExamQuestions(
         model_name="mock-model",
         backend="openai",
-        generation_params={"temperature": 0.7},
+        generation_params=generation,
         backend_params={
             "base_url": spec["base_url"], "api_key": "sk-mock",
-            "max_requests_per_minute": 1_000_000, "max_tokens_per_minute": 1_000_000_000,
+            "max_requests_per_minute": spec.get("rpm") or 1_000_000,
+            "max_tokens_per_minute": spec.get("tpm") or 1_000_000_000,
             "max_concurrent_requests": spec["concurrency"], "max_retries": 3,
         },
     )  # the construction-time probe request happens here, before the timed window

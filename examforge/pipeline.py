@@ -14,6 +14,7 @@ import socket
 import threading
 import uuid
 from dataclasses import dataclass, field
+from typing import Callable
 
 from examforge.errors import (
     BudgetExceeded,
@@ -27,7 +28,7 @@ from examforge.heartbeat import LeaseKeeper
 from examforge.llm import Admission, Completion, LLMClient
 from examforge.output import normalise, parse_questions
 from examforge.prompt import build_messages
-from examforge.retry import Action, HandBack, decide
+from examforge.retry import Action, Decision, HandBack, decide
 from examforge.settings import Settings
 from examforge.syllabus import Chapter as ChapterSpec
 from storage.models import CallOutcome
@@ -101,7 +102,7 @@ def process_chapter(rt: Runtime, exam: str, chapter_id: str) -> ChapterResult:
         rt.keeper.drop(claim.owner)
 
 
-def _carry_out(rt: Runtime, claim: Claimed, decision, exc: BaseException,  # type: ignore[no-untyped-def]
+def _carry_out(rt: Runtime, claim: Claimed, decision: Decision, exc: BaseException,
                run: "_Run", fields: dict[str, object]) -> ChapterResult:
     store = rt.store
     extra = {**fields, "reason": decision.reason[:300]}
@@ -220,7 +221,8 @@ def _generate(rt: Runtime, claim: Claimed, lost: threading.Event, run: _Run) -> 
 
 
 def _start(rt: Runtime, claim: Claimed, spec: ChapterSpec, stored: int, want: int,
-           avoid: list[str], check) -> tuple[int, list[dict[str, str]], int, Admission]:  # type: ignore[no-untyped-def]
+           avoid: list[str], check: Callable[[], None],
+           ) -> tuple[int, list[dict[str, str]], int, Admission]:
     """Admit the next call under the rate limit, then book it and reserve its worst case
     against the budget. When the budget has room for fewer questions, ask for fewer."""
     settings, client = rt.settings, rt.client
