@@ -43,3 +43,17 @@ def test_the_store_cost_benchmark_runs_on_both_databases(pg_url):
     assert [line.split()[:2] for line in lines] == [
         ["sqlite", "True"], ["postgresql", "True"], ["sqlite", "False"], ["postgresql", "False"]]
     assert all(float(line.split()[2]) > 0 for line in lines)
+
+
+def test_the_rate_limit_benchmark_runs_and_nothing_is_refused(redis_url, tmp_path):
+    results = tmp_path / "ratelimit.md"
+    run = subprocess.run(
+        [sys.executable, "bench/ratelimit.py", "--chapters", "12", "--rpm", "1200",
+         "--tpm", "240000", "--workers", "2", "--threads", "4", "--latency-s", "0.05",
+         "--only", "examforge", "--results", str(results)],
+        cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    (row,) = json.loads(results.with_suffix(".json").read_text())
+    assert row["questions_stored"] == 60 and row["admitted"] == 12, row
+    assert row["refused"] == 0 and row["billed_calls"] == 12, row
+    assert "| examforge" in results.read_text()
