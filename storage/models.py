@@ -38,9 +38,10 @@ class Exam(SQLModel, table=True):
     state: str = Field(default=ExamState.active.value, max_length=16)
     pause_reason: Optional[str] = Field(default=None, sa_column=Column(Text))
     auth_failures: int = 0
-    # Money, in USD. `spent_usd` is the booked cost of every call (the same as the sum of the
-    # ledger's cost_usd), `reserved_usd` the worst cases of the calls in flight. Kept on the
-    # exam row so that the budget check and the reservation are one conditional UPDATE.
+    # Money, in USD. For an exam with a budget, `spent_usd` is the booked cost of every call
+    # (the sum of the ledger's cost_usd) and `reserved_usd` the worst cases of the calls in
+    # flight, kept on the exam row so that the budget check and the reservation are one
+    # conditional UPDATE. An exam without a budget keeps none (status sums the ledger).
     budget_usd: Optional[float] = None
     spent_usd: float = 0.0
     reserved_usd: float = 0.0

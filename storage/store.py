@@ -13,6 +13,7 @@ The rules it enforces:
 from __future__ import annotations
 
 import json
+import threading
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Iterable, Sequence
@@ -137,6 +138,8 @@ class Store:
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
+        self._beat: Engine | None = None
+        self._beat_lock = threading.Lock()
         self._now = db_now(engine.dialect.name)
         self._insert = postgresql.insert if engine.dialect.name == "postgresql" else sqlite.insert
 
@@ -237,8 +240,16 @@ class Store:
             self._set_budget(conn, slug, budget_usd)
 
     def _set_budget(self, conn: Connection, slug: str, budget_usd: float) -> None:
-        conn.execute(update(E).where(E.c.slug == slug).values(budget_usd=budget_usd,
-                                                              updated_at=self._now))
+        # FOR UPDATE waits for every call starting or settling (they hold the row in KEY
+        # SHARE mode), so the totals computed here from the ledger include all of them.
+        conn.execute(select(E.c.slug).where(E.c.slug == slug).with_for_update())
+        spent, reserved = conn.execute(
+            select(func.coalesce(func.sum(K.c.cost_usd), 0.0),
+                   func.coalesce(func.sum(case((K.c.outcome == CallOutcome.in_flight.value,
+                                                K.c.reserved_usd), else_=0.0)), 0.0))
+            .where(K.c.exam == slug)).one()
+        conn.execute(update(E).where(E.c.slug == slug).values(
+            budget_usd=budget_usd, spent_usd=spent, reserved_usd=reserved, updated_at=self._now))
         # Paused because the budget ran out, and the new one leaves room: carry on.
         conn.execute(update(E).where(
             E.c.slug == slug, E.c.state == ExamState.paused.value,
@@ -344,11 +355,24 @@ class Store:
             self._settle(conn, slug, reserved_usd=sum(rows), cost_usd=sum(rows))
         return len(rows)
 
+    def _budgeted(self, conn: Connection, slug: str) -> bool:
+        """Whether the exam has a budget. On PostgreSQL this holds the exam row in KEY SHARE
+        mode until the transaction ends: starting and settling calls never wait for each other
+        on it, while setting a budget (FOR UPDATE) waits for all of them, so the totals it
+        computes from the ledger miss no call. An exam without a budget keeps no running
+        totals, so its workers never queue on its row."""
+        query = select(E.c.budget_usd).where(E.c.slug == slug)
+        if self.engine.dialect.name == "postgresql":
+            query = query.with_for_update(key_share=True)
+        return conn.execute(query).scalar_one_or_none() is not None
+
     def _settle(self, conn: Connection, slug: str, *, reserved_usd: float,
                 cost_usd: float) -> None:
-        """Move calls from reserved to spent on the exam's running totals."""
-        conn.execute(update(E).where(E.c.slug == slug).values(
-            reserved_usd=E.c.reserved_usd - reserved_usd, spent_usd=E.c.spent_usd + cost_usd))
+        """Move calls from reserved to spent on a budgeted exam's running totals."""
+        if self._budgeted(conn, slug):
+            conn.execute(update(E).where(E.c.slug == slug).values(
+                reserved_usd=E.c.reserved_usd - reserved_usd,
+                spent_usd=E.c.spent_usd + cost_usd))
 
     def _why_not(self, conn: Connection, slug: str, chapter_id: str,
                  max_attempts: int) -> NotClaimed:
@@ -379,18 +403,36 @@ class Store:
         return NotClaimed("busy", retry_in_s=0.5, detail="changed under us; check back")
 
     def renew(self, owners: Sequence[str], lease_s: float) -> set[str]:
-        """Extend the live leases of `owners`; returns the owners that still hold theirs."""
+        """Extend the live leases of `owners`; returns the owners that still hold theirs.
+
+        The heartbeat has a connection of its own, so it never waits behind the workers'
+        queries for one. On PostgreSQL it also skips rows a transaction has locked: those are
+        the holder's own (starting or committing a call, which renews the lease itself; a
+        takeover only ever locks an expired lease), so the beat never queues behind them."""
         if not owners:
             return set()
-        with self.engine.begin() as conn:
-            rows = conn.execute(
-                update(C)
-                .where(C.c.lease_owner.in_(owners), C.c.lease_expires_at > self._now,
-                       C.c.state == ChapterState.running.value)
-                .values(lease_expires_at=self._now + lease_s)
-                .returning(C.c.lease_owner)
-            ).scalars().all()
-        return set(rows)
+        live = [C.c.lease_owner.in_(owners), C.c.lease_expires_at > self._now,
+                C.c.state == ChapterState.running.value]
+        with self._heartbeat_engine().begin() as conn:
+            if conn.dialect.name != "postgresql":
+                return set(conn.execute(
+                    update(C).where(*live).values(lease_expires_at=self._now + lease_s)
+                    .returning(C.c.lease_owner)).scalars().all())
+            alive = set(conn.execute(select(C.c.lease_owner).where(*live)).scalars().all())
+            unlocked = (select(C.c.exam, C.c.chapter_id).where(*live)
+                        .with_for_update(skip_locked=True))
+            conn.execute(update(C).where(tuple_(C.c.exam, C.c.chapter_id).in_(unlocked))
+                         .values(lease_expires_at=self._now + lease_s))
+        return alive
+
+    def _heartbeat_engine(self) -> Engine:
+        with self._beat_lock:
+            if self._beat is None:
+                from storage.db import connect
+
+                self._beat = connect(self.engine.url.render_as_string(hide_password=False),
+                                     pool_size=1)
+            return self._beat
 
     def start_call(self, claim: Claimed, first_number: int, requested: int, *,
                    lease_s: float, prompt_tokens: int = 0,
@@ -411,12 +453,12 @@ class Store:
                 .values(lease_expires_at=self._now + lease_s)).rowcount
             if held != 1:
                 raise LeaseLost(f"lease on {claim.exam}/{claim.chapter_id} lost before a call")
-            fits = conn.execute(
-                update(E).where(E.c.slug == claim.exam, or_(
-                    E.c.budget_usd.is_(None),
-                    E.c.spent_usd + E.c.reserved_usd + reserve_usd <= E.c.budget_usd + 1e-12))
-                .values(reserved_usd=E.c.reserved_usd + reserve_usd)).rowcount
-            if fits != 1:
+            fits = not self._budgeted(conn, claim.exam) or conn.execute(
+                update(E).where(
+                    E.c.slug == claim.exam,
+                    E.c.spent_usd + E.c.reserved_usd + reserve_usd <= E.c.budget_usd + 1e-12)
+                .values(reserved_usd=E.c.reserved_usd + reserve_usd)).rowcount == 1
+            if not fits:
                 exam = conn.execute(select(E.c.budget_usd, E.c.spent_usd, E.c.reserved_usd)
                                     .where(E.c.slug == claim.exam)).one()
                 return NoRoom(exam.budget_usd, exam.spent_usd, exam.reserved_usd, reserve_usd)
@@ -639,7 +681,8 @@ class Store:
                        K.c.price_known, K.c.model, func.count(),
                        func.coalesce(func.sum(K.c.prompt_tokens), 0),
                        func.coalesce(func.sum(K.c.completion_tokens), 0),
-                       func.coalesce(func.sum(K.c.cost_usd), 0.0))
+                       func.coalesce(func.sum(K.c.cost_usd), 0.0),
+                       func.coalesce(func.sum(K.c.reserved_usd), 0.0))
                 .where(K.c.exam == slug)
                 .group_by(K.c.chapter_id, K.c.outcome, K.c.endpoint, K.c.usage_estimated,
                           K.c.price_known, K.c.model)).all()
@@ -652,7 +695,11 @@ class Store:
         calls_by_chapter: dict[str, int] = {}
         by_endpoint: dict[str, dict[str, Any]] = {}
         unpriced: dict[str, int] = {}
-        for chapter_id, outcome, endpoint, estimated, priced, model, n, p, c, cost in usage_rows:
+        reserved_usd = 0.0
+        for (chapter_id, outcome, endpoint, estimated, priced, model, n, p, c, cost,
+             reserved) in usage_rows:
+            if outcome == CallOutcome.in_flight.value:
+                reserved_usd += float(reserved)
             if estimated:
                 usage["calls_estimated"] += n
                 usage["estimated_cost_usd"] += float(cost)
@@ -701,8 +748,8 @@ class Store:
             "cost_usd": round(cost_usd, 6), "usage_by_endpoint": by_endpoint,
             # Calls booked at $0 because no price was known for their model, by model.
             "unpriced_calls": unpriced,
-            "budget_usd": exam.budget_usd, "spent_usd": round(exam.spent_usd, 6),
-            "reserved_usd": round(max(exam.reserved_usd, 0.0), 6),
+            "budget_usd": exam.budget_usd, "spent_usd": round(cost_usd, 6),
+            "reserved_usd": round(reserved_usd, 6),
             "chapter_list": listed,
         }
 

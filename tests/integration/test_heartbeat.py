@@ -82,7 +82,8 @@ def test_one_beat_renews_many_leases_in_one_statement(make_settings):
 
     from sqlalchemy import event
 
-    @event.listens_for(store.engine, "before_cursor_execute")
+    # The heartbeat has a connection (an engine) of its own, never waiting for the workers'.
+    @event.listens_for(store._heartbeat_engine(), "before_cursor_execute")
     def count(conn, cursor, statement, *args):  # type: ignore[no-untyped-def]
         if statement.lstrip().upper().startswith("UPDATE"):
             statements.append(statement)
@@ -93,3 +94,28 @@ def test_one_beat_renews_many_leases_in_one_statement(make_settings):
     assert not any(flag.is_set() for flag in lost)
     time.sleep(1.2)  # past the original 1 s TTL: only the renewal keeps them
     assert len(store.renew(owners, 30.0)) == 128
+
+
+def test_a_beat_never_waits_behind_a_holders_own_transaction(pg_url, tmp_path):
+    """A holder mid-commit keeps its chapter row locked; on PostgreSQL the beat skips that row
+    (the commit renews the lease itself) instead of queueing behind it."""
+    from sqlalchemy import text
+
+    from storage import connect, migrate
+    from storage.store import Store
+
+    engine = connect(pg_url)
+    migrate(engine)
+    store = Store(engine)
+    path = write_syllabus(tmp_path / "exams", "ex", [("a", 5), ("b", 5)])
+    store.sync_exam("ex", load_syllabus(path, max_questions=100))
+    store.claim("ex", "a", "wa", 30.0, 8)
+    store.claim("ex", "b", "wb", 30.0, 8)
+    with engine.connect() as holder:
+        holder.execute(text("BEGIN"))
+        holder.execute(text("UPDATE chapter SET updated_at = updated_at WHERE chapter_id = 'a'"))
+        started = time.monotonic()
+        assert store.renew(["wa", "wb"], 30.0) == {"wa", "wb"}
+        assert time.monotonic() - started < 2.0
+        holder.execute(text("ROLLBACK"))
+    engine.dispose()
