@@ -177,11 +177,24 @@ class BudgetExceeded(ExamforgeError):
         self.others_in_flight = others_in_flight
 
 
+class Rejection(str, Enum):
+    """Why a model reply, or one question in it, was not stored."""
+
+    truncated = "truncated"  # finish_reason "length": the reply was cut at max_tokens
+    empty = "empty"
+    refusal = "refusal"
+    malformed_json = "malformed_json"
+    wrong_schema = "wrong_schema"  # not the questions object, or a question missing a field
+    duplicate = "duplicate"  # already stored in the chapter, or twice in the reply
+    too_few = "too_few"  # a valid reply with no question in it
+    reply_too_large = "reply_too_large"
+
+
 class OutputInvalid(ExamforgeError):
     """Raised when a model reply holds no usable questions."""
 
-    def __init__(self, kind: str, detail: str = "") -> None:
-        super().__init__(f"{kind}: {detail}" if detail else kind)
+    def __init__(self, kind: Rejection, detail: str = "") -> None:
+        super().__init__(f"{kind.value}: {detail}" if detail else kind.value)
         self.kind = kind
 
 

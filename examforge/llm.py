@@ -213,11 +213,23 @@ class LLMClient:
                                   retry_after_s=wait_s), ep) from None
         return Admission(ep, tokens, waited)
 
+    def try_admit(self, messages: list[dict[str, str]], max_tokens: int | None, *,
+                  prompt_tokens: int | None = None) -> Admission | None:
+        """`admit` without waiting: the admission if the limiter has room now, else None (and
+        None when the limiter cannot be reached: the waiting `admit` handles that)."""
+        ep = self._primary if self._may_try_primary(peek=True) else self._fallback
+        assert ep is not None
+        tokens = self._tokens(ep, messages, max_tokens, prompt_tokens)
+        try:
+            wait = ep.limit.try_acquire(tokens)
+        except Exception:  # noqa: BLE001 - an unreachable limiter: the slow path waits on it
+            return None
+        return Admission(ep, tokens) if wait <= 0 else None
+
     def cancel(self, admission: Admission) -> None:
         """The admitted call will not be sent (its budget had no room): give its tokens back."""
-        if not admission.used and admission.tokens:
-            admission.endpoint.limit.limiter.adjust(admission.endpoint.limit.limits,
-                                                    -admission.tokens)
+        if not admission.used:
+            admission.endpoint.limit.refund(admission.tokens)
         admission.used = True
 
     def _tokens(self, ep: _Endpoint, messages: list[dict[str, str]], max_tokens: int | None,
@@ -287,17 +299,16 @@ class LLMClient:
         try:
             completion, headers = self._post_once(ep, messages, max_tokens)
         except _Unreachable:
-            if tokens:  # never reached the provider: nothing was counted there
-                ep.limit.limiter.adjust(ep.limit.limits, -tokens)
+            ep.limit.refund(tokens)  # never reached the provider: nothing was counted there
             raise
         except ProviderError as exc:
             if exc.headers:
                 ep.limit.observe(exc.headers, tokens)
             if isinstance(exc, RateLimited):
-                ep.limit.limiter.hold(exc.retry_after_s or DEFAULT_RATE_HOLD_S)
-            if tokens and not isinstance(exc, (DeadlineExceeded, ReplyTooLarge)):
+                ep.limit.hold(exc.retry_after_s or DEFAULT_RATE_HOLD_S)
+            if not isinstance(exc, (DeadlineExceeded, ReplyTooLarge)):
                 # Refused or failed before the provider did the work: it did not count it.
-                ep.limit.limiter.adjust(ep.limit.limits, -tokens)
+                ep.limit.refund(tokens)
             raise _at(exc, ep)
         ep.limit.observe(headers, tokens)
         if tokens:

@@ -6,7 +6,7 @@ import json
 import re
 from dataclasses import dataclass
 
-from examforge.errors import OutputInvalid
+from examforge.errors import OutputInvalid, Rejection
 
 _FENCE_RE = re.compile(r"^\s*```[a-zA-Z0-9_-]*\s*\n?(.*?)\n?```\s*$", re.DOTALL)
 _REFUSAL_RE = re.compile(r"^\s*(i'?m sorry|i am sorry|i can(no|')t|sorry,|as an ai)", re.IGNORECASE)
@@ -63,7 +63,7 @@ class Parsed:
     """Valid questions (at most `wanted`, none already known) and what was rejected, by kind."""
 
     questions: list[Question]
-    rejected: dict[str, int]
+    rejected: dict[Rejection, int]
 
 
 def parse_questions(
@@ -76,36 +76,37 @@ def parse_questions(
     are rejected as duplicates.
     """
     if finish_reason == "length":
-        raise OutputInvalid("truncated", "finish_reason is length")
+        raise OutputInvalid(Rejection.truncated, "finish_reason is length")
     if content is None or not content.strip():
-        raise OutputInvalid("empty", "no content")
+        raise OutputInvalid(Rejection.empty, "no content")
     body = _strip_fences(content)
     try:
         data = json.loads(body)
     except (ValueError, RecursionError):  # JSONDecodeError, and e.g. a 5000-digit number
         # The detail is stored with the call: it must not carry what the database refuses.
         if _REFUSAL_RE.match(content):
-            raise OutputInvalid("refusal", _BAD_CHAR_RE.sub("?", content.strip()[:80])) from None
-        raise OutputInvalid("malformed_json", _BAD_CHAR_RE.sub("?", body.strip()[:80])) from None
+            raise OutputInvalid(Rejection.refusal, _BAD_CHAR_RE.sub("?", content.strip()[:80])) from None
+        raise OutputInvalid(Rejection.malformed_json,
+                            _BAD_CHAR_RE.sub("?", body.strip()[:80])) from None
     items = data.get("questions") if isinstance(data, dict) else None
     if not isinstance(items, list):
-        raise OutputInvalid("wrong_schema", "no questions list")
-    rejected: dict[str, int] = {}
+        raise OutputInvalid(Rejection.wrong_schema, "no questions list")
+    rejected: dict[Rejection, int] = {}
     out: list[Question] = []
     seen = set(known)
     for item in items:
         q = _parse_item(item)
         if q is None:
-            rejected["wrong_schema"] = rejected.get("wrong_schema", 0) + 1
+            rejected[Rejection.wrong_schema] = rejected.get(Rejection.wrong_schema, 0) + 1
             continue
         key = normalise(q.question)
         if key in seen:
-            rejected["duplicate"] = rejected.get("duplicate", 0) + 1
+            rejected[Rejection.duplicate] = rejected.get(Rejection.duplicate, 0) + 1
             continue
         seen.add(key)
         if len(out) < wanted:
             out.append(q)
     if not out:
-        kind = max(rejected, key=lambda k: rejected[k]) if rejected else "too_few"
+        kind = max(rejected, key=lambda k: rejected[k]) if rejected else Rejection.too_few
         raise OutputInvalid(kind, "no valid question in reply")
     return Parsed(out, rejected)

@@ -14,6 +14,7 @@ import socket
 import threading
 import uuid
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Callable
 
 from examforge.errors import (
@@ -22,6 +23,7 @@ from examforge.errors import (
     LeaseLost,
     OutputInvalid,
     ProviderError,
+    Rejection,
     ReplyTooLarge,
 )
 from examforge.heartbeat import LeaseKeeper
@@ -31,8 +33,17 @@ from examforge.prompt import build_messages
 from examforge.retry import Action, Decision, HandBack, decide
 from examforge.settings import Settings
 from examforge.syllabus import Chapter as ChapterSpec
-from storage.models import CallOutcome
-from storage.store import Claimed, NoRoom, NotClaimed, Store, Usage
+from storage.models import CallOutcome, CallReason
+from storage.store import (
+    CallPlan,
+    ChapterView,
+    Claimed,
+    NoRoom,
+    NotClaimed,
+    NotClaimedReason,
+    Store,
+    Usage,
+)
 
 log = logging.getLogger("examforge.pipeline")
 
@@ -43,11 +54,21 @@ RATE_WAIT_MAX_S = 60.0
 __all__ = ["ChapterResult", "HandBack", "Runtime", "new_owner", "process_chapter"]
 
 
+class Outcome(str, Enum):
+    """How one delivery of a chapter ended."""
+
+    done = "done"  # the chapter has all its questions
+    failed = "failed"  # it cannot succeed without a person (see its last error)
+    skipped = "skipped"  # nothing to do here: done, cancelled, or its exam paused
+    lost = "lost"  # the lease went to someone else; their result counts
+    retry = "retry"  # come back after `retry_in_s`
+
+
 @dataclass(frozen=True)
 class ChapterResult:
-    """outcome: done | failed | skipped | lost | retry. `retry_in_s` is set for retry."""
+    """`retry_in_s` is set for Outcome.retry."""
 
-    outcome: str
+    outcome: Outcome
     detail: str = ""
     retry_in_s: float | None = None
     calls: int = 0
@@ -79,9 +100,23 @@ def new_owner() -> str:
 def process_chapter(rt: Runtime, exam: str, chapter_id: str) -> ChapterResult:
     """Generate whatever the chapter is missing, committing each call's questions as they come."""
     store, settings = rt.store, rt.settings
-    store.mark_picked(exam, chapter_id)
-    claim = store.claim(exam, chapter_id, new_owner(), settings.lease_s, settings.max_attempts)
+    lost = threading.Event()  # replaced by the lease keeper's flag once the lease is held
+
+    def check() -> None:
+        if rt.stopping.is_set():
+            raise HandBack()
+        if lost.is_set():
+            raise LeaseLost(f"lease on {exam}/{chapter_id} lost during the run")
+
+    calls = _Calls(rt, check)
+    try:
+        claim = store.claim(exam, chapter_id, new_owner(), settings.lease_s,
+                            settings.max_attempts, plan_first=calls.plan)
+    except BaseException:
+        calls.discard()
+        raise
     if isinstance(claim, NotClaimed):
+        calls.discard()
         return _not_claimed(claim, exam, chapter_id)
     fields = {"exam": exam, "chapter": chapter_id, "attempt": claim.attempt}
     if claim.took_over_calls:
@@ -90,9 +125,10 @@ def process_chapter(rt: Runtime, exam: str, chapter_id: str) -> ChapterResult:
     lost = rt.keeper.hold(claim.owner)
     run = _Run()
     try:
-        _generate(rt, claim, lost, run)
-        return ChapterResult("done", calls=run.calls)
+        _generate(rt, claim, lost, run, calls)
+        return ChapterResult(Outcome.done, calls=run.calls)
     except BaseException as exc:
+        calls.discard()
         # Back off by attempts since the last progress: a chapter that just committed a batch
         # starts again from a short delay.
         streak = 1 if run.committed else claim.attempts_since_progress
@@ -108,16 +144,16 @@ def _carry_out(rt: Runtime, claim: Claimed, decision: Decision, exc: BaseExcepti
     extra = {**fields, "reason": decision.reason[:300]}
     if decision.action is Action.lost:
         log.warning("lease lost; result discarded", extra=extra)
-        return ChapterResult("lost", decision.reason)
+        return ChapterResult(Outcome.lost, decision.reason)
     if decision.action is Action.fail:
         store.fail(claim, decision.reason, pause_exam_after=decision.pause_exam_after)
         log.error("chapter failed", extra=extra)
-        return ChapterResult("failed", decision.reason)
+        return ChapterResult(Outcome.failed, decision.reason)
     if decision.action is Action.pause:
         if store.pause_exam(claim.exam, decision.reason):
             log.error("exam paused", extra=extra)
         store.release(claim, retry_in_s=0, error=decision.reason, count_attempt=False)
-        return ChapterResult("skipped", f"paused: {decision.reason}", calls=run.calls)
+        return ChapterResult(Outcome.skipped, f"paused: {decision.reason}", calls=run.calls)
     if decision.action is Action.reraise:
         try:
             store.release(claim, retry_in_s=decision.delay_s, error=decision.reason)
@@ -128,21 +164,22 @@ def _carry_out(rt: Runtime, claim: Claimed, decision: Decision, exc: BaseExcepti
                   count_attempt=decision.count_attempt)
     log.info("chapter handed back; retry scheduled",
              extra={**extra, "retry_in_s": round(decision.delay_s, 2)})
-    return ChapterResult("retry", decision.reason, retry_in_s=decision.delay_s, calls=run.calls)
+    return ChapterResult(Outcome.retry, decision.reason, retry_in_s=decision.delay_s,
+                         calls=run.calls)
 
 
 def _not_claimed(claim: NotClaimed, exam: str, chapter_id: str) -> ChapterResult:
     if claim.retry_in_s is not None:
         # Busy (a live lease elsewhere) or in backoff: make no call, check back when it ends.
         log.info("chapter not claimable now; checking back",
-                 extra={"exam": exam, "chapter": chapter_id, "reason": claim.reason,
+                 extra={"exam": exam, "chapter": chapter_id, "reason": claim.reason.value,
                         "retry_in_s": round(claim.retry_in_s, 2)})
-        return ChapterResult("retry", f"{claim.reason}: {claim.detail}",
+        return ChapterResult(Outcome.retry, f"{claim.reason.value}: {claim.detail}",
                              retry_in_s=claim.retry_in_s + 0.5)
-    outcome = "failed" if claim.reason == "cap" else "skipped"
+    outcome = Outcome.failed if claim.reason is NotClaimedReason.cap else Outcome.skipped
     log.info("chapter needs no work here",
-             extra={"exam": exam, "chapter": chapter_id, "reason": claim.reason})
-    return ChapterResult(outcome, f"{claim.reason} {claim.detail}".strip())
+             extra={"exam": exam, "chapter": chapter_id, "reason": claim.reason.value})
+    return ChapterResult(outcome, f"{claim.reason.value} {claim.detail}".strip())
 
 
 @dataclass
@@ -153,107 +190,176 @@ class _Run:
     committed: int = 0
 
 
-def _generate(rt: Runtime, claim: Claimed, lost: threading.Event, run: _Run) -> None:
+@dataclass
+class _Next:
+    """The next call as it will be sent: its messages, cap and rate-limit admission."""
+
+    want: int
+    messages: list[dict[str, str]]
+    prompt_tokens: int
+    max_tokens: int
+    reserve_usd: float
+    admission: Admission | None = None
+
+
+class _Calls:
+    """Plans a chapter's calls. `plan` runs inside the store's transactions (the claim, each
+    commit) so that a call is recorded in the same transaction that frees its slot: one write
+    per paid call. It never waits: when the shared rate limiter asks to wait, it plans nothing
+    and the call is started afterwards, outside any transaction (`start`)."""
+
+    def __init__(self, rt: Runtime, check: Callable[[], None]) -> None:
+        self.rt = rt
+        self.check = check
+        self.avoid: list[str] = []
+        self.next: _Next | None = None
+
+    def _build(self, view: ChapterView, want: int) -> _Next:
+        rt = self.rt
+        spec = ChapterSpec.model_construct(id=view.chapter_id, title=view.title,
+                                           questions=view.target, prompt=view.prompt)
+        messages = build_messages(view.exam, view.exam_title, spec, want, self.avoid)
+        prompt_tokens = rt.client.count_prompt(messages)
+        max_tokens = rt.settings.max_tokens(want)
+        return _Next(want, messages, prompt_tokens, max_tokens,
+                     rt.client.worst_case_usd(prompt_tokens, max_tokens))
+
+    def _plan(self, view: ChapterView, nxt: _Next) -> CallPlan:
+        return CallPlan(view.stored + 1, nxt.want, nxt.prompt_tokens, nxt.max_tokens,
+                        nxt.reserve_usd, self.rt.client.model, self.rt.client.prices_known)
+
+    def plan(self, view: ChapterView) -> CallPlan | None:
+        want = min(self.rt.settings.questions_per_call, view.target - view.stored)
+        if want <= 0 or self.rt.stopping.is_set():
+            return None
+        nxt = self._build(view, want)
+        nxt.admission = self.rt.client.try_admit(nxt.messages, nxt.max_tokens,
+                                                 prompt_tokens=nxt.prompt_tokens)
+        if nxt.admission is None:
+            return None
+        self.next = nxt
+        return self._plan(view, nxt)
+
+    def discard(self) -> None:
+        """The planned call was not recorded (no room in the budget, a failed transaction)."""
+        if self.next is not None and self.next.admission is not None:
+            self.rt.client.cancel(self.next.admission)
+        self.next = None
+
+    def start(self, claim: Claimed, view: ChapterView) -> int:
+        """The slow path: wait for the rate limiter, then record the call in a transaction of
+        its own. When the budget has room for fewer questions, ask for fewer."""
+        rt = self.rt
+        want = min(rt.settings.questions_per_call, view.target - view.stored)
+        while True:
+            nxt = self._build(view, want)
+            nxt.admission = rt.client.admit(nxt.messages, nxt.max_tokens,
+                                            max_wait_s=RATE_WAIT_MAX_S, check=self.check,
+                                            prompt_tokens=nxt.prompt_tokens)
+            self.next = nxt
+            plan = self._plan(view, nxt)
+            try:
+                booked = rt.store.start_call(
+                    claim, plan.first_number, plan.requested, lease_s=rt.settings.lease_s,
+                    prompt_tokens=plan.prompt_tokens, max_tokens=plan.max_tokens,
+                    reserve_usd=plan.reserve_usd, model=plan.model,
+                    price_known=plan.price_known)
+            except BaseException:
+                self.discard()
+                raise
+            if not isinstance(booked, NoRoom):
+                return booked
+            self.discard()
+            want = self.fitting(booked, nxt.prompt_tokens, want)
+
+    def fitting(self, room: NoRoom, prompt_tokens: int, want: int) -> int:
+        """The most questions below `want` whose call still fits the budget's headroom."""
+        client, settings = self.rt.client, self.rt.settings
+        fits = max((n for n in range(want - 1, 0, -1)
+                    if client.worst_case_usd(prompt_tokens, settings.max_tokens(n))
+                    <= room.headroom_usd), default=0)
+        if fits:
+            return fits
+        raise BudgetExceeded(
+            f"${room.spent_usd:.4f} spent and ${room.reserved_usd:.4f} reserved of "
+            f"${room.budget_usd:.4f}; the next call needs up to ${room.needed_usd:.4f}",
+            others_in_flight=room.reserved_usd > 1e-12)
+
+
+def _generate(rt: Runtime, claim: Claimed, lost: threading.Event, run: _Run,
+              calls: _Calls) -> None:
     """Call the model batch by batch until the chapter has its questions."""
     settings, store = rt.settings, rt.store
-    spec = ChapterSpec.model_construct(id=claim.chapter_id, title=claim.title,
-                                       questions=claim.target, prompt=claim.prompt)
     stored, known = claim.stored, set(claim.known)
-    avoid: list[str] = []
     invalid_in_row = 0
     target = claim.target
-
-    def check() -> None:
-        if rt.stopping.is_set():
-            raise HandBack()
-        if lost.is_set():
-            raise LeaseLost(f"lease on {claim.exam}/{claim.chapter_id} lost during the run")
-
+    planned = claim.first_call
     while stored < target:
-        check()
-        want = min(settings.questions_per_call, target - stored)
-        call_id, messages, max_tokens, admission = _start(rt, claim, spec, stored, want, avoid,
-                                                          check)
+        view = claim.view(stored, target)
+        if isinstance(planned, int):
+            call_id = planned  # recorded in the last transaction, lease held: send it
+        else:
+            # Nothing planned (the limiter asked to wait, or a re-ask), or no room in the
+            # budget for the planned call: the slow path waits, shrinks or pauses.
+            calls.discard()
+            calls.check()
+            call_id = calls.start(claim, view)
+        planned = None
+        nxt = calls.next
+        assert nxt is not None and nxt.admission is not None
+        calls.next = None
         run.calls += 1
         try:
-            completion = _call(rt, call_id, messages, max_tokens, admission)
+            completion = _call(rt, call_id, nxt.messages, nxt.max_tokens, nxt.admission)
         except ReplyTooLarge as exc:
             # A broken endpoint's reply, not a transient fault: re-asked like invalid output.
             invalid_in_row += 1
             log.warning("reply too large; refused", extra={"exam": claim.exam,
                         "chapter": claim.chapter_id, "error": str(exc)})
             if invalid_in_row > settings.max_reasks:
-                raise OutputInvalid("reply_too_large", str(exc)) from None
+                raise OutputInvalid(Rejection.reply_too_large, str(exc)) from None
             continue
         usage = Usage(completion.prompt_tokens, completion.completion_tokens,
                       completion.cost_usd, completion.endpoint, completion.usage_estimated)
         try:
-            parsed = parse_questions(completion.content, completion.finish_reason, want, known)
+            parsed = parse_questions(completion.content, completion.finish_reason, nxt.want,
+                                     known)
         except OutputInvalid as exc:
-            store.finish_call(call_id, CallOutcome.wasted, f"invalid_output: {exc}"[:500],
+            store.finish_call(call_id, CallOutcome.wasted, CallReason.invalid_output, str(exc),
                               usage=usage)
             invalid_in_row += 1
             log.warning("invalid model output", extra={"exam": claim.exam,
-                        "chapter": claim.chapter_id, "kind": exc.kind,
+                        "chapter": claim.chapter_id, "kind": exc.kind.value,
                         "cost_usd": usage.cost_usd})
             if invalid_in_row > settings.max_reasks:
                 raise
             continue
         if lost.is_set():
-            store.finish_call(call_id, CallOutcome.wasted,
-                              "lease_lost: lease expired while the call ran", usage=usage)
+            store.finish_call(call_id, CallOutcome.wasted, CallReason.lease_lost,
+                              "the lease expired while the call ran", usage=usage)
             raise LeaseLost(f"lease on {claim.exam}/{claim.chapter_id} lost during the call")
-        note = ", ".join(f"{n} {k} rejected" for k, n in parsed.rejected.items())
-        committed = store.commit_batch(claim, settings.lease_s, call_id, stored + 1,
-                                       parsed.questions, model=completion.model, note=note,
-                                       usage=usage)
+        note = ", ".join(f"{n} {k.value} rejected" for k, n in parsed.rejected.items())
+        for q in parsed.questions:  # the next call's prompt already avoids this batch
+            calls.avoid.append(q.question)
+        try:
+            committed = store.commit_batch(claim, settings.lease_s, call_id, stored + 1,
+                                           parsed.questions, model=completion.model,
+                                           note=note, usage=usage, plan_next=calls.plan)
+        except BaseException:
+            calls.discard()
+            raise
         invalid_in_row = 0
         run.committed += len(parsed.questions)
         # The target may have been raised by an enqueue while this chapter ran.
         stored, target = committed.stored, committed.target
+        planned = committed.next_call
         for q in parsed.questions:
             known.add(normalise(q.question))
-            avoid.append(q.question)
-        log.info("batch committed", extra={"exam": claim.exam, "chapter": claim.chapter_id,
-                 "attempt": claim.attempt, "stored": stored, "target": target,
-                 "prompt_tokens": usage.prompt_tokens,
-                 "completion_tokens": usage.completion_tokens, "cost_usd": usage.cost_usd})
-
-
-def _start(rt: Runtime, claim: Claimed, spec: ChapterSpec, stored: int, want: int,
-           avoid: list[str], check: Callable[[], None],
-           ) -> tuple[int, list[dict[str, str]], int, Admission]:
-    """Admit the next call under the rate limit, then book it and reserve its worst case
-    against the budget. When the budget has room for fewer questions, ask for fewer."""
-    settings, client = rt.settings, rt.client
-    while True:
-        messages = build_messages(claim.exam, claim.exam_title, spec, want, avoid)
-        prompt_tokens = client.count_prompt(messages)
-        max_tokens = settings.max_tokens(want)
-        admission = client.admit(messages, max_tokens, max_wait_s=RATE_WAIT_MAX_S,
-                                 check=check, prompt_tokens=prompt_tokens)
-        reserve = client.worst_case_usd(prompt_tokens, max_tokens)
-        try:
-            booked = rt.store.start_call(claim, stored + 1, want, lease_s=settings.lease_s,
-                                         prompt_tokens=prompt_tokens, max_tokens=max_tokens,
-                                         reserve_usd=reserve, model=client.model,
-                                         price_known=client.prices_known)
-        except BaseException:
-            client.cancel(admission)
-            raise
-        if not isinstance(booked, NoRoom):
-            return booked, messages, max_tokens, admission
-        client.cancel(admission)
-        fits = max((n for n in range(want - 1, 0, -1)
-                    if client.worst_case_usd(prompt_tokens, settings.max_tokens(n))
-                    <= booked.headroom_usd), default=0)
-        if fits:
-            want = fits
-            continue
-        raise BudgetExceeded(
-            f"${booked.spent_usd:.4f} spent and ${booked.reserved_usd:.4f} reserved of "
-            f"${booked.budget_usd:.4f}; the next call needs up to ${booked.needed_usd:.4f}",
-            others_in_flight=booked.reserved_usd > 1e-12)
+        if log.isEnabledFor(logging.INFO):
+            log.info("batch committed", extra={
+                "exam": claim.exam, "chapter": claim.chapter_id, "attempt": claim.attempt,
+                "stored": stored, "target": target, "prompt_tokens": usage.prompt_tokens,
+                "completion_tokens": usage.completion_tokens, "cost_usd": usage.cost_usd})
 
 
 def _call(rt: Runtime, call_id: int, messages: list[dict[str, str]], max_tokens: int,
@@ -265,14 +371,17 @@ def _call(rt: Runtime, call_id: int, messages: list[dict[str, str]], max_tokens:
         # wasted at its worst case (our count of its prompt, and all of max_tokens).
         prompt = exc.prompt_tokens_estimate or 0
         price = rt.settings.price(fallback=exc.endpoint == "fallback")
-        rt.store.finish_call(call_id, CallOutcome.wasted, str(exc), status_code=exc.status_code,
+        rt.store.finish_call(call_id, CallOutcome.wasted, exc.kind, str(exc),
+                             status_code=exc.status_code,
                              usage=Usage(prompt, max_tokens, price.cost_usd(prompt, max_tokens),
                                          exc.endpoint, estimated=True))
         raise
     except ProviderError as exc:
-        rt.store.finish_call(call_id, CallOutcome.failed, str(exc), status_code=exc.status_code,
+        rt.store.finish_call(call_id, CallOutcome.failed, exc.kind, str(exc),
+                             status_code=exc.status_code,
                              usage=Usage(endpoint=exc.endpoint))
         raise
     except BaseException as exc:
-        rt.store.finish_call(call_id, CallOutcome.failed, f"{type(exc).__name__}: {exc}")
+        rt.store.finish_call(call_id, CallOutcome.failed, CallReason.unexpected,
+                             f"{type(exc).__name__}: {exc}")
         raise

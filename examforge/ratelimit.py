@@ -36,6 +36,8 @@ from typing import Any, Callable, Mapping, Protocol
 log = logging.getLogger(__name__)
 # Float sums of intervals drift by ulps; a burst of ten must not become nine.
 _EPSILON_S = 1e-9
+# After a 429 with no limit configured, how long a worker keeps checking the shared hold.
+HOLD_WATCH_S = 600.0
 
 
 @dataclass(frozen=True)
@@ -288,6 +290,7 @@ class EndpointLimit:
         self.configured = configured
         self._learned_rpm: float | None = None
         self._learned_tpm: float | None = None
+        self._watch_until = float("-inf")
         self.refund_unused = refund_unused
 
     @property
@@ -298,8 +301,39 @@ class EndpointLimit:
         return Limits(tighter(self.configured.rpm, self._learned_rpm),
                       tighter(self.configured.tpm, self._learned_tpm), self.configured.burst_s)
 
+    @property
+    def active(self) -> bool:
+        """Whether there is anything to enforce: a limit configured or learned, or a recent
+        429 (whose hold, set by any worker, must be seen). When not, nobody's Redis is asked."""
+        limits = self.limits
+        return bool(limits.rpm or limits.tpm) or time.monotonic() < self._watch_until
+
+    def watch_holds(self, seconds: float = HOLD_WATCH_S) -> None:
+        self._watch_until = max(self._watch_until, time.monotonic() + seconds)
+
     def try_acquire(self, tokens: int) -> float:
+        if not self.active:
+            return 0.0
         return self.limiter.try_acquire(self.limits, tokens)
+
+    def hold(self, seconds: float) -> None:
+        """Every worker on this endpoint waits `seconds` (a 429's Retry-After)."""
+        self.watch_holds()
+        self._quietly(self.limiter.hold, seconds)
+
+    def refund(self, tokens: int) -> None:
+        """Tokens charged for a request the provider never counted (refused, unreachable)."""
+        if tokens:
+            self._quietly(self.limiter.adjust, self.limits, -tokens)
+
+    def _quietly(self, fn: Callable[..., None], *args: Any) -> None:
+        """Bookkeeping after a call was made must never fail the call: a limiter that cannot
+        be reached now is seen (and waited for) at the next admission."""
+        try:
+            fn(*args)
+        except Exception as exc:  # noqa: BLE001
+            log.warning("rate limiter unreachable; bookkeeping skipped: %s",
+                        str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
 
     def settle(self, reserved: int, actual: int) -> None:
         """Correct the tokens charged at admission with the reply's real usage: more is always
@@ -307,7 +341,7 @@ class EndpointLimit:
         (OpenAI counts a request's max_tokens toward TPM when it admits it)."""
         delta = actual - reserved
         if delta > 0 or (delta < 0 and self.refund_unused):
-            self.limiter.adjust(self.limits, delta)
+            self._quietly(self.limiter.adjust, self.limits, delta)
 
     def observe(self, headers: Mapping[str, str], last_tokens: int) -> None:
         """Learn from a reply's headers: adopt an advertised limit tighter than ours, and when
@@ -324,7 +358,7 @@ class EndpointLimit:
         if ad.remaining_tokens is not None and limits.tpm and ad.remaining_tokens < last_tokens:
             tokens_wait = (last_tokens - ad.remaining_tokens) * limits.token_interval_s
         if requests_wait or tokens_wait:
-            self.limiter.push_back(limits, requests_wait, tokens_wait)
+            self._quietly(self.limiter.push_back, limits, requests_wait, tokens_wait)
 
 
 def acquire(limit: EndpointLimit, tokens: int, *, max_wait_s: float,

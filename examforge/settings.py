@@ -131,6 +131,10 @@ class Settings(BaseSettings):
     retry_base_s: float = Field(2.0, gt=0, description="First backoff step for transient errors.")
     retry_max_s: float = Field(120.0, gt=0, description="Backoff ceiling (far below visibility).")
     retry_after_max_s: float = Field(300.0, gt=0, description="Clamp on a provider's Retry-After.")
+    db_retry_base_s: int = Field(
+        2, ge=1, description="First backoff step of a task whose database was unreachable.")
+    db_retry_max_s: int = Field(
+        60, ge=1, description="Backoff ceiling of a task whose database was unreachable.")
     visibility_timeout_s: int = Field(
         7200, ge=1, description="Redis redelivery timeout for unacked messages."
     )

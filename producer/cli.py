@@ -8,7 +8,7 @@ import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 import click
 from rich.console import Console
@@ -18,6 +18,10 @@ from sqlalchemy.exc import OperationalError
 from examforge.errors import DatabaseUnavailable, ExamforgeError, UserError
 from examforge.settings import Settings, load_settings
 from examforge.syllabus import Syllabus, find_syllabus, load_syllabus
+
+if TYPE_CHECKING:
+    from storage import Store
+    from storage.reports import ExamReport
 
 F = TypeVar("F", bound=Callable[..., Any])
 def _console(stderr: bool = False) -> Console:
@@ -36,7 +40,7 @@ def _settings() -> Settings:
     return load_settings()  # a ConfigError names the bad variable in one line
 
 
-def _store(settings: Settings):  # type: ignore[no-untyped-def]
+def _store(settings: Settings) -> Store:
     from storage import open_store
 
     return open_store(settings.database_url, pool_size=settings.db_pool_size)
@@ -125,8 +129,8 @@ def _read_only_state(settings: Settings,
         if current_revision(engine) != SCHEMA_REVISION:
             return {}, None, None
         store = Store(engine)
-        budget = store.status(slug)["budget_usd"] if store.exam_exists(slug) else None
-        return store.stored_texts(slug), store.completion_tokens_per_question(), budget  # type: ignore[return-value]
+        budget = store.status(slug).budget_usd if store.exam_exists(slug) else None
+        return store.stored_texts(slug), store.completion_tokens_per_question(), budget
     finally:
         engine.dispose()
 
@@ -194,57 +198,57 @@ def status(slug: str, as_json: bool) -> None:
     """Progress, usage and errors of an exam, from the database alone."""
     settings = _settings()
     report = _store(settings).status(slug)
-    report["chapter_list"] = [
-        {**c, "last_error_at": _when(c["last_error_at"]), "requeued_at": _when(c["requeued_at"])}
-        for c in report["chapter_list"]  # type: ignore[attr-defined]
-    ]
     if as_json:
-        click.echo(json.dumps(report, ensure_ascii=False))
+        data = report.as_dict()
+        for c in data["chapter_list"]:
+            c["last_error_at"], c["requeued_at"] = _when(c["last_error_at"]), _when(c["requeued_at"])
+        click.echo(json.dumps(data, ensure_ascii=False))
         return
-    ch, q, u = report["chapters"], report["questions"], report["usage"]
-    table = Table(title=f"{report['title']} ({slug}) — {report['state']}")
+    _print_status(report)
+
+
+def _print_status(report: ExamReport) -> None:
+    ch, q, u = report.chapters, report.questions, report.usage
+    table = Table(title=f"{report.title} ({report.exam}) — {report.state}")
     for col in ("chapter", "state", "questions", "attempts", "calls", "last error"):
         table.add_column(col)
-    for c in report["chapter_list"]:  # type: ignore[attr-defined]
-        table.add_row(c["id"], c["state"], f"{c['questions']['done']}/{c['questions']['target']}",
-                      str(c["attempts"]), str(c["calls"]),
-                      _short(f"{c['last_error_at']} {c['last_error']}") if c["last_error"] else "")
+    for c in report.chapter_list:
+        error = _short(f"{_when(c.last_error_at)} {c.last_error}") if c.last_error else ""
+        table.add_row(c.id, c.state, f"{c.questions.done}/{c.questions.target}",
+                      str(c.attempts), str(c.calls), error)
     out.print(table)
-    out.print(f"chapters: {ch['done']}/{ch['total']} done, {ch['running']} running, "  # type: ignore[index]
-              f"{ch['pending']} pending, {ch['failed']} failed, {ch['cancelled']} cancelled")  # type: ignore[index]
-    out.print(f"questions: {q['done']}/{q['target']}")  # type: ignore[index]
-    out.print(f"calls: {u['calls']} (used {u['calls_used']}, wasted {u['calls_wasted']}, "  # type: ignore[index]
-              f"failed {u['calls_failed']}, in flight {u['calls_in_flight']}); "  # type: ignore[index]
-              f"tokens: {u['prompt_tokens']} prompt + {u['completion_tokens']} completion; "  # type: ignore[index]
-              f"cost: ${report['cost_usd']:.4f}")
-    if report["budget_usd"] is not None:
-        budget = float(report["budget_usd"])  # type: ignore[arg-type]
-        spent, reserved = float(report["spent_usd"]), float(report["reserved_usd"])  # type: ignore[arg-type]
-        out.print(f"budget: ${budget:.4f}; spent ${spent:.4f}, reserved ${reserved:.4f} "
-                  f"(calls in flight, at their worst case), headroom "
-                  f"${max(0.0, budget - spent - reserved):.4f}")
-    if u["calls_estimated"]:  # type: ignore[index]
-        out.print(f"estimated usage: {u['calls_estimated']} calls booked at our own token "  # type: ignore[index]
-                  f"count (no usage from the provider, or no reply), "
-                  f"${u['estimated_cost_usd']:.4f} of the cost")  # type: ignore[index]
-    unpriced: dict[str, int] = report["unpriced_calls"]  # type: ignore[assignment]
-    for model, n in unpriced.items():
+    out.print(f"chapters: {ch.done}/{ch.total} done, {ch.running} running, "
+              f"{ch.pending} pending, {ch.failed} failed, {ch.cancelled} cancelled")
+    out.print(f"questions: {q.done}/{q.target}")
+    out.print(f"calls: {u.calls} (used {u.calls_used}, wasted {u.calls_wasted}, "
+              f"failed {u.calls_failed}, in flight {u.calls_in_flight}); "
+              f"tokens: {u.prompt_tokens} prompt + {u.completion_tokens} completion; "
+              f"cost: ${report.cost_usd:.4f}")
+    if report.budget_usd is not None:
+        headroom = max(0.0, report.budget_usd - report.spent_usd - report.reserved_usd)
+        out.print(f"budget: ${report.budget_usd:.4f}; spent ${report.spent_usd:.4f}, reserved "
+                  f"${report.reserved_usd:.4f} (calls in flight, at their worst case), "
+                  f"headroom ${headroom:.4f}")
+    if u.calls_estimated:
+        out.print(f"estimated usage: {u.calls_estimated} calls booked at our own token count "
+                  f"(no usage from the provider, or no reply), ${u.estimated_cost_usd:.4f} of "
+                  "the cost")
+    for model, n in report.unpriced_calls.items():
         out.print(f"[yellow]warning:[/] {n} calls of model {model!r} booked at $0: no price "
                   "was known (set LLM_PRICE_PROMPT_PER_MTOK and LLM_PRICE_COMPLETION_PER_MTOK)")
-    by_endpoint: dict[str, dict[str, Any]] = report["usage_by_endpoint"]  # type: ignore[assignment]
-    if "fallback" in by_endpoint:
+    if "fallback" in report.usage_by_endpoint:
         out.print("by endpoint: " + "; ".join(
-            f"{name} {e['calls']} calls, ${e['cost_usd']:.4f}"
-            for name, e in sorted(by_endpoint.items())))
-    requeued = [c for c in report["chapter_list"] if c["requeues"]]  # type: ignore[attr-defined]
+            f"{name} {e.calls} calls, ${e.cost_usd:.4f}"
+            for name, e in sorted(report.usage_by_endpoint.items())))
+    requeued = [c for c in report.chapter_list if c.requeues]
     if requeued:
-        last = max(requeued, key=lambda c: c["requeued_at"] or 0)
+        last = max(requeued, key=lambda c: c.requeued_at or 0)
         out.print(f"reconciler: re-published {len(requeued)} chapters "
-                  f"({sum(c['requeues'] for c in requeued)} times); last at "
-                  f"{last['requeued_at']}: {_short(last['requeue_reason'] or '')}")
-    if report["state"] == "paused":
-        out.print(f"[bold red]paused:[/] {report['pause_reason']} — "
-                  f"resume with: python -m producer resume {slug}")
+                  f"({sum(c.requeues for c in requeued)} times); last at "
+                  f"{_when(last.requeued_at)}: {_short(last.requeue_reason or '')}")
+    if report.state == "paused":
+        out.print(f"[bold red]paused:[/] {report.pause_reason} — "
+                  f"resume with: python -m producer resume {report.exam}")
 
 
 @cli.command()
@@ -258,11 +262,13 @@ def export(slug: str, fmt: str, target: str | None) -> None:
     from producer.export import export as write
 
     settings = _settings()
-    rows = _store(settings).questions(slug)
+    store = _store(settings)
+    if not store.exam_exists(slug):
+        store.questions(slug)  # raises UnknownExam with the usual message
     target = target or str(settings.exams_dir / slug / f"generated.{fmt}")
-    write(rows, fmt, target)
+    n = write(store.iter_questions(slug), fmt, target)
     if target != "-":
-        err.print(f"wrote {len(rows)} questions to {target}")
+        err.print(f"wrote {n} questions to {target}")
 
 
 @cli.command()
@@ -293,7 +299,7 @@ def run(slug: str, concurrency: int, budget_usd: float | None, dry_run: bool) ->
     rt = Runtime.build(settings, store)
     # SIGTERM stops like Ctrl-C: running calls finish and commit, nothing new is paid for.
     signal.signal(signal.SIGTERM, _interrupt)
-    target = store.status(slug)["questions"]["target"]  # type: ignore[index]
+    target = store.status(slug).questions.target
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=err, transient=False) as progress:
         bar = progress.add_task(f"{slug} questions", total=target)
@@ -314,8 +320,8 @@ def run(slug: str, concurrency: int, budget_usd: float | None, dry_run: bool) ->
     for chapter_id, result in failed.items():
         err.print(f"failed {slug}/{chapter_id}: {result.detail}")
     report = store.status(slug)
-    out.print(f"{report['questions']['done']}/{report['questions']['target']} questions; "  # type: ignore[index]
-              f"{report['chapters']['done']}/{report['chapters']['total']} chapters done")  # type: ignore[index]
+    out.print(f"{report.questions.done}/{report.questions.target} questions; "
+              f"{report.chapters.done}/{report.chapters.total} chapters done")
     if failed:
         sys.exit(1)
 

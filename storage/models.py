@@ -32,6 +32,20 @@ class CallOutcome(str, Enum):
     failed = "failed"  # the provider failed the call (timeout, 429, 5xx, 4xx)
 
 
+class CallReason(str, Enum):
+    """Why a call ended as it did, for the reasons that are the ledger's own. A call the
+    provider failed (or whose reply was abandoned) records the provider error's kind instead
+    (`examforge.errors.ErrorKind`: rate_limited, deadline, server_error, ...); the human text
+    is in `detail` either way."""
+
+    crash_before_commit = "crash_before_commit"  # its holder lost the lease mid-call
+    lease_lost = "lease_lost"  # the reply came back after the lease was gone
+    commit_failed = "commit_failed"  # the reply came back, the database refused the batch
+    invalid_output = "invalid_output"  # the reply held no usable question (re-asked)
+    unexpected = "unexpected"  # an error that is not the provider's (a bug, a shutdown)
+    legacy = "legacy"  # recorded before reasons were a closed list: see `detail`
+
+
 class Exam(SQLModel, table=True):
     slug: str = Field(primary_key=True, max_length=64)
     title: str = Field(sa_column=Column(Text, nullable=False))
@@ -106,7 +120,9 @@ class Call(SQLModel, table=True):
     requested: int
     worker: str = Field(max_length=128)
     outcome: str = Field(default=CallOutcome.in_flight.value, max_length=16)
-    reason: Optional[str] = Field(default=None, sa_column=Column(Text))
+    # A CallReason or an ErrorKind value (None for a call that stored its questions).
+    reason: Optional[str] = Field(default=None, max_length=32)
+    detail: Optional[str] = Field(default=None, sa_column=Column(Text))
     status_code: Optional[int] = None
     prompt_tokens: int = 0
     completion_tokens: int = 0

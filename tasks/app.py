@@ -68,10 +68,11 @@ def build_runtime(settings: Settings) -> Runtime:
     name=CHAPTER_TASK,
     acks_late=True,
     max_retries=None,  # attempts are counted and capped in the database, which survives
-    # Database hiccups are transient too; Celery's own backoff handles them.
+    # Database hiccups are transient too; Celery's own backoff handles them (the one retry
+    # policy examforge.retry leaves to Celery: a database down cannot record a decision).
     autoretry_for=(OperationalError, InterfaceError, DatabaseUnavailable),
-    retry_backoff=2,
-    retry_backoff_max=60,
+    retry_backoff=_settings_at_start.db_retry_base_s,
+    retry_backoff_max=_settings_at_start.db_retry_max_s,
     retry_jitter=True,
 )
 def generate_chapter(self, exam: str, chapter_id: str) -> dict[str, object]:  # type: ignore[no-untyped-def]

@@ -114,7 +114,7 @@ class Deployment:
         return self._store
 
     def status(self, slug: str) -> dict[str, Any]:
-        return self.store.status(slug)
+        return self.store.status(slug).as_dict()
 
     def wait_done(self, slug: str, timeout_s: float = 120) -> dict[str, Any]:
         def finished() -> dict[str, Any] | None:

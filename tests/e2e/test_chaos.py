@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from storage.models import CallReason
 from harness import Deployment, assert_stored_exactly_once, dump
 from helpers import wait_for
 from services import PrivateRedis
@@ -141,8 +142,8 @@ def test_chaos(deploy, mock, tmp_path, database):
         stats = mock.stats()
         calls = dep.calls("exam")
         wasted = [c for c in calls if c["outcome"] == "wasted"]
-        crash_wasted = [c for c in wasted if c["reason"].startswith(
-            ("crash_before_commit", "lease_lost"))]
+        crash_wasted = [c for c in wasted if c["reason"] in (
+            CallReason.crash_before_commit, CallReason.lease_lost)]
         summary = {
             "database": database, "chapters": CHAPTERS, "questions": CHAPTERS * QUESTIONS,
             "seed": SEED, "elapsed_s": round(elapsed, 1), "paid_calls": stats["calls_total"],

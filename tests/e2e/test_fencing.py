@@ -10,6 +10,7 @@ import signal
 
 import pytest
 
+from storage.models import CallReason
 from harness import assert_stored_exactly_once, dump
 from helpers import wait_for
 
@@ -36,7 +37,7 @@ def test_a_worker_frozen_past_its_lease_cannot_commit_when_thawed(deploy, mock):
     assert report["chapters"]["done"] == 1
     # The thawed worker's reply arrives now; its commit must change nothing.
     wait_for(lambda: next(c for c in dep.calls("demo") if c["id"] == frozen_call["id"])
-             ["reason"].startswith("lease_lost"), 30, "the late call to be recorded as lost")
+             ["reason"] == CallReason.lease_lost, 30, "the late call to be recorded as lost")
     late = next(c for c in dep.calls("demo") if c["id"] == frozen_call["id"])
     assert late["outcome"] == "wasted" and late["completion_tokens"] > 0, late
     assert_stored_exactly_once(dep, "demo", {"only": 25})

@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from examforge.errors import ErrorKind
 from harness import assert_stored_exactly_once, dump
 from helpers import wait_for
 
@@ -31,7 +32,7 @@ def test_a_reply_that_trickles_is_abandoned_at_the_deadline_and_the_chapter_fini
     assert_stored_exactly_once(dep, "exam", {"slow": 10, "fast": 10})
     abandoned = [c for c in dep.calls("exam") if c["outcome"] == "wasted"]
     assert len(abandoned) == 1 and abandoned[0]["chapter_id"] == "slow", dump(abandoned)
-    assert abandoned[0]["reason"].startswith("deadline")
+    assert abandoned[0]["reason"] == ErrorKind.deadline
     # The provider may bill the abandoned call: booked at its worst case, marked estimated.
     assert abandoned[0]["usage_estimated"] and abandoned[0]["prompt_tokens"] > 0
     # Abandoned means the connection was closed, not left to trickle on in the background.
@@ -51,6 +52,6 @@ def test_an_oversized_reply_is_refused_and_re_asked(deploy, mock):
     assert report["chapters"]["done"] == 1, dump(report) + dep.worker_logs()
     assert worker.poll() is None  # the worker is alive and well
     wasted = [c for c in dep.calls("exam") if c["outcome"] == "wasted"]
-    assert len(wasted) == 1 and wasted[0]["reason"].startswith("reply_too_large"), dump(wasted)
+    assert len(wasted) == 1 and wasted[0]["reason"] == ErrorKind.reply_too_large, dump(wasted)
     assert report["usage"]["calls_used"] == 2
     assert_stored_exactly_once(dep, "exam", {"big": 10})

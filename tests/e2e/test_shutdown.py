@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from storage.models import CallReason
 from harness import assert_stored_exactly_once, dump
 from helpers import wait_for
 
@@ -59,5 +60,5 @@ def test_a_call_outliving_the_window_escalates_to_a_cold_shutdown(deploy, mock):
     assert report["chapters"]["done"] == 1, dump(report) + dep.worker_logs()
     calls = dep.calls("demo")
     wasted = [c for c in calls if c["outcome"] == "wasted"]
-    assert len(wasted) == 1 and wasted[0]["reason"].startswith("crash_before_commit")
+    assert len(wasted) == 1 and wasted[0]["reason"] == CallReason.crash_before_commit
     assert_stored_exactly_once(dep, "demo", {"slow": 5})

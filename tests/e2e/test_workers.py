@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from storage.models import CallReason
 from harness import assert_stored_exactly_once, dump, used_batches
 from helpers import wait_for
 
@@ -69,7 +70,7 @@ def test_sigkill_mid_chapters_then_a_new_worker_completes_without_repeating_batc
     # Paid calls thrown away: only those in flight at the kill, each explained.
     wasted = [c for c in calls if c["outcome"] == "wasted"]
     assert len(wasted) == in_flight_at_kill
-    assert all(c["reason"].startswith("crash_before_commit") for c in wasted)
+    assert all(c["reason"] == CallReason.crash_before_commit for c in wasted)
     assert mock.stats()["calls_total"] == len(calls)
 
 

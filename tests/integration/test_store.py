@@ -78,7 +78,7 @@ def test_commit_is_fenced_by_the_lease(store, tmp_path):
     assert isinstance(second, Claimed) and second.took_over_calls == 1
     with pytest.raises(LeaseLost):
         store.commit_batch(first, 10.0, call, 1, _qs(5), model="m", usage=Usage(7, 9, 0.0))
-    status = store.status("ex")
+    status = store.status("ex").as_dict()
     assert status["questions"]["done"] == 0
     assert status["usage"]["calls_wasted"] == 1
     # The wasted call is still accounted, with the real usage the late holder brought back.
@@ -93,7 +93,7 @@ def test_a_holder_frozen_past_its_lease_between_calls_cannot_start_another(store
     time.sleep(0.4)  # frozen between two calls (waiting for the rate limiter, say)
     with pytest.raises(LeaseLost):
         store.start_call(frozen, 1, 5, lease_s=0.2)
-    assert store.status("ex")["usage"]["calls"] == 0  # nothing recorded, nothing sent
+    assert store.status("ex").as_dict()["usage"]["calls"] == 0  # nothing recorded, nothing sent
 
 
 def test_expired_lease_cannot_be_renewed_or_committed_even_if_nobody_took_it(store, tmp_path):
@@ -112,7 +112,7 @@ def test_takeover_marks_in_flight_calls_of_the_dead_holder_wasted(store, tmp_pat
     time.sleep(0.4)
     new = store.claim("ex", "a", "new", 10.0, 8)
     assert isinstance(new, Claimed) and new.took_over_calls == 1
-    usage = store.status("ex")["usage"]
+    usage = store.status("ex").as_dict()["usage"]
     assert usage["calls_wasted"] == 1 and usage["calls_in_flight"] == 0
 
 
@@ -148,7 +148,7 @@ def test_attempt_cap_fails_a_chapter_that_never_progresses(store, tmp_path):
         store.release(claim, retry_in_s=0, error="boom")
     capped = store.claim("ex", "a", "w9", 10.0, 3)
     assert capped.reason == "cap"
-    chapter = store.status("ex")["chapter_list"][0]
+    chapter = store.status("ex").as_dict()["chapter_list"][0]
     assert chapter["state"] == "failed" and "attempt cap" in chapter["last_error"]
     assert chapter["attempts"] == 3
 
@@ -160,14 +160,14 @@ def test_progress_resets_the_attempt_streak(store, tmp_path):
         assert isinstance(claim, Claimed), claim
         _commit(store, claim, 1, i + 1)
         store.release(claim, retry_in_s=0, error="transient")
-    assert store.status("ex")["chapter_list"][0]["attempts_since_progress"] == 0
+    assert store.status("ex").as_dict()["chapter_list"][0]["attempts_since_progress"] == 0
 
 
 def test_auth_failures_pause_the_exam(store, tmp_path):
     _sync(store, tmp_path, [("a", 5), ("b", 5)])
     claim = store.claim("ex", "a", "w", 10.0, 8)
     store.fail(claim, "auth: HTTP 401", pause_exam_after=1)
-    report = store.status("ex")
+    report = store.status("ex").as_dict()
     assert report["state"] == "paused" and "401" in report["pause_reason"]
     assert store.claim("ex", "b", "w", 10.0, 8).reason == "paused"
     assert store.resume("ex") == ["a", "b"]
@@ -190,7 +190,7 @@ def test_sync_exam_plans_changed_raised_and_regenerated_chapters(store, tmp_path
     path = write_syllabus(tmp_path / "exams", "ex", changed)
     plan = store.sync_exam("ex", load_syllabus(path, max_questions=100), regenerate=["a"])
     assert "a" in plan.to_enqueue
-    assert store.status("ex")["chapter_list"][0]["questions"]["done"] == 0
+    assert store.status("ex").as_dict()["chapter_list"][0]["questions"]["done"] == 0
 
 
 def test_concurrent_sync_exam_is_safe(store, tmp_path):
@@ -210,7 +210,7 @@ def test_concurrent_sync_exam_is_safe(store, tmp_path):
     for t in threads:
         t.join()
     assert errors == []
-    assert store.status("ex")["chapters"]["total"] == 20
+    assert store.status("ex").as_dict()["chapters"]["total"] == 20
 
 
 def test_orphans_finds_picked_chapters_without_a_live_lease_and_lost_epochs(store, tmp_path):
@@ -240,7 +240,7 @@ def test_cancel_stops_a_running_holder(store, tmp_path):
     assert store.renew(["w"], 10.0) == set()
     with pytest.raises(LeaseLost):
         _commit(store, claim, 5)
-    assert store.status("ex")["chapters"]["cancelled"] == 1
+    assert store.status("ex").as_dict()["chapters"]["cancelled"] == 1
 
 
 def test_unique_question_numbers_make_a_double_commit_impossible(store, tmp_path):
@@ -249,8 +249,8 @@ def test_unique_question_numbers_make_a_double_commit_impossible(store, tmp_path
     _commit(store, claim, 5, 1)
     with pytest.raises(LeaseLost):  # same numbers again: the UNIQUE constraint refuses
         _commit(store, claim, 5, 1, tag="other")
-    assert store.status("ex")["questions"]["done"] == 5
-    usage = store.status("ex")["usage"]
+    assert store.status("ex").as_dict()["questions"]["done"] == 5
+    usage = store.status("ex").as_dict()["usage"]
     assert (usage["calls_used"], usage["calls_wasted"], usage["calls_failed"]) == (1, 1, 0)
 
 
@@ -268,7 +268,7 @@ def test_questions_done_counts_up_to_each_target(store, tmp_path):
     _commit(store, claim, 5)
     assert store.questions_done("ex") == 5
     _sync(store, tmp_path, [("a", 3), ("b", 5)])  # target lowered below what is stored
-    assert store.questions_done("ex") == 3 == store.status("ex")["questions"]["done"]
+    assert store.questions_done("ex") == 3 == store.status("ex").as_dict()["questions"]["done"]
 
 
 def test_a_reader_does_not_block_a_writer_on_sqlite(sqlite_url, tmp_path):
@@ -295,7 +295,7 @@ def test_reads_see_one_snapshot_while_a_batch_commits(store, tmp_path):
         _commit(store, claim, 5, 6)  # the last batch lands between the two statements
         state = conn.execute(select(C.c.state)).scalar_one()
     assert (stored, state) == (5, "running")
-    assert store.status("ex")["chapter_list"][0]["state"] == "done"
+    assert store.status("ex").as_dict()["chapter_list"][0]["state"] == "done"
 
 
 @pytest.mark.parametrize("via", ["claim", "reconciler"])
@@ -308,7 +308,7 @@ def test_failing_at_the_cap_explains_the_dead_holders_call(store, tmp_path, via)
         assert store.claim("ex", "a", "next", 10.0, 1).reason == "cap"
     else:
         assert store.fail_capped(1) == 1
-    report = store.status("ex")
+    report = store.status("ex").as_dict()
     assert report["chapters"]["failed"] == 1
     assert (report["usage"]["calls_in_flight"], report["usage"]["calls_wasted"]) == (0, 1)
 
@@ -330,10 +330,10 @@ def test_a_database_error_at_commit_still_accounts_the_call_with_its_tokens(stor
     with pytest.raises(OperationalError):
         _commit(store, claim, 5)
     event.remove(store.engine, "before_cursor_execute", fail_once)
-    usage = store.status("ex")["usage"]
+    usage = store.status("ex").as_dict()["usage"]
     assert (usage["calls_wasted"], usage["calls_in_flight"]) == (1, 0)
     assert (usage["prompt_tokens"], usage["completion_tokens"]) == (10, 20)
-    assert store.status("ex")["questions"]["done"] == 0
+    assert store.status("ex").as_dict()["questions"]["done"] == 0
 
 
 def test_an_0001_database_with_calls_upgrades_to_head_keeping_its_rows(db_url):
@@ -465,7 +465,7 @@ def test_a_crashed_calls_reservation_is_settled_at_its_worst_case_by_the_takeove
         with pytest.raises(LeaseLost):
             store.commit_batch(dead, 30.0, 1, 1, _qs(5), model="m", usage=Usage(300, 400, 0.2))
         assert _totals_match_the_ledger(store) == (pytest.approx(0.2), 0)
-    report = store.status("ex")
+    report = store.status("ex").as_dict()
     assert report["questions"]["done"] == 0 and report["usage"]["calls_wasted"] == 1
     assert report["usage"]["calls_estimated"] == 0
 
@@ -475,7 +475,39 @@ def test_a_raised_budget_resumes_an_exam_its_budget_paused(store, tmp_path):
     store.set_budget("ex", 1.0)
     assert store.pause_exam("ex", "budget: $1.0000 spent")
     store.set_budget("ex", 0.5)  # still no room beyond what is spent? nothing spent: resumes
-    assert store.status("ex")["state"] == "active"
+    assert store.status("ex").as_dict()["state"] == "active"
     assert store.pause_exam("ex", "quota: HTTP 429")
     store.set_budget("ex", 10.0)  # another reason: a budget does not lift it
-    assert store.status("ex")["state"] == "paused"
+    assert store.status("ex").as_dict()["state"] == "paused"
+
+
+def test_0005_turns_the_ledgers_reasons_into_a_closed_list_keeping_the_text(db_url):
+    from alembic import command
+    from sqlalchemy import text
+
+    from storage.db import alembic_config
+
+    engine = connect(db_url)
+    with engine.begin() as conn:
+        command.upgrade(alembic_config(conn), "0004")
+        conn.execute(text(
+            "INSERT INTO call (exam, chapter_id, attempt, first_number, requested, worker, "
+            "outcome, reason, prompt_tokens, completion_tokens, cost_usd, questions_stored, "
+            "started_at, reserved_usd, usage_estimated, price_known) VALUES "
+            "('ex', 'a', 1, 1, 5, 'w', 'wasted', 'crash_before_commit: holder lost its lease', "
+            " 0, 0, 0, 0, 1.0, 0, false, true),"
+            "('ex', 'a', 1, 1, 5, 'w', 'failed', 'HTTP 503: overloaded', 0, 0, 0, 0, 1.0, 0, "
+            " false, true),"
+            "('ex', 'a', 1, 1, 5, 'w', 'failed', 'something else entirely', 0, 0, 0, 0, 1.0, 0, "
+            " false, true),"
+            "('ex', 'a', 1, 1, 5, 'w', 'used', '1 duplicate rejected', 0, 0, 0, 4, 1.0, 0, "
+            " false, true)"))
+    migrate(engine)
+    with engine.connect() as conn:
+        rows = conn.execute(text("SELECT outcome, reason, detail FROM call ORDER BY id")).all()
+    assert [tuple(r) for r in rows] == [
+        ("wasted", "crash_before_commit", "crash_before_commit: holder lost its lease"),
+        ("failed", "server_error", "HTTP 503: overloaded"),
+        ("failed", "legacy", "something else entirely"),
+        ("used", None, "1 duplicate rejected")]
+    engine.dispose()

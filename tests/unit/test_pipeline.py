@@ -32,7 +32,7 @@ def env(make_settings, tmp_path):
 
 
 def _status(rt):
-    return rt.store.status("ex")
+    return rt.store.status("ex").as_dict()
 
 
 def test_a_chapter_takes_exactly_the_calls_its_questions_need(env):
@@ -427,3 +427,34 @@ def test_a_reply_without_usage_is_booked_at_our_own_count_and_marked(env):
     assert report["usage"]["prompt_tokens"] > 0 and report["usage"]["completion_tokens"] > 0
     assert report["cost_usd"] > 0
     assert report["usage"]["estimated_cost_usd"] == pytest.approx(report["cost_usd"])
+
+
+def test_one_write_transaction_per_paid_call(env):
+    """The claim records the first call, and each commit records the next one: a chapter of
+    four calls takes five write transactions (the claim, four commits; the last commit starts
+    no fifth call). It took ten before: mark_picked, the claim, then a start and a commit for
+    each call."""
+    from sqlalchemy import event
+
+    rt, fake = env([("a", 20)])
+    writes: list[str] = []
+
+    @event.listens_for(rt.store.engine, "begin")
+    def _count(conn):  # type: ignore[no-untyped-def]
+        if not conn.get_execution_options().get("examforge_read_only"):
+            writes.append("write")
+
+    assert process_chapter(rt, "ex", "a").outcome == "done"
+    assert fake.calls == 4 and len(writes) == 5
+    calls = rt.store.status("ex").usage
+    assert calls.calls_used == 4 and calls.calls_in_flight == 0
+
+
+def test_a_call_that_must_wait_for_the_limiter_is_started_after_the_wait(env):
+    # With a limit of one request at a time, the next call cannot be admitted inside the
+    # commit: it is recorded after the wait, in a transaction of its own, never before.
+    rt, fake = env([("a", 10)], llm_rpm=120, llm_rate_burst_s=0.5)
+    started = time.monotonic()
+    assert process_chapter(rt, "ex", "a").outcome == "done"
+    assert time.monotonic() - started >= 0.4  # 120 RPM: the second call waited ~0.5 s
+    assert fake.calls == 2 and _status(rt)["usage"]["calls_used"] == 2

@@ -195,7 +195,24 @@ def test_acquire_waits_out_an_unreachable_limiter_instead_of_sending():
 
 def test_acquire_hands_back_when_the_wait_is_longer_than_allowed():
     limit = EndpointLimit(LocalLimiter(), Limits())
-    limit.limiter.hold(30)
+    limit.hold(30)
     with pytest.raises(TimeoutError) as info:
         acquire(limit, 0, max_wait_s=5)
     assert 29 < info.value.args[0] <= 30
+
+
+def test_an_endpoint_with_nothing_to_enforce_never_asks_the_limiter():
+    class Counting(LocalLimiter):
+        asked = 0
+
+        def try_acquire(self, limits, tokens):  # type: ignore[no-untyped-def]
+            Counting.asked += 1
+            return super().try_acquire(limits, tokens)
+
+    limit = EndpointLimit(Counting(), Limits())  # no RPM/TPM configured or learned
+    assert limit.try_acquire(100) == 0 and Counting.asked == 0
+    limit.hold(0.01)  # a 429 was seen: holds set by any worker are watched from now on
+    limit.try_acquire(100)
+    assert Counting.asked == 1
+    limit.observe({"x-ratelimit-limit-requests": "600"}, last_tokens=0)
+    assert limit.active and limit.limits.rpm == 600  # learned from the provider

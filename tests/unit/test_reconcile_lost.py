@@ -96,7 +96,7 @@ def test_half_the_queue_trimmed_re_publishes_exactly_the_missing_half(env, fake_
     result = reconcile_once(settings, store, celery)
     assert result["requeued_lost"] == 5 and result["requeued"] == 5
     assert _ids(fake_server) == chapters  # each chapter has exactly one message again
-    report = store.status("exam")
+    report = store.status("exam").as_dict()
     requeued = {c["id"]: c for c in report["chapter_list"] if c["requeues"]}
     assert set(requeued) == {"c5", "c6", "c7", "c8", "c9"}
     assert all(c["requeue_reason"].startswith(RequeueReason.message_lost.value)
@@ -116,7 +116,7 @@ def test_the_whole_queue_deleted_or_purged_is_re_published(env, fake_server):
     with celery.connection_for_write() as conn:
         conn.default_channel.queue_purge(QUEUE)  # what `celery -A tasks purge` does
     assert reconcile_once(settings, store, celery)["requeued_lost"] == 3
-    assert store.status("exam")["chapter_list"][0]["requeues"] == 2
+    assert store.status("exam").as_dict()["chapter_list"][0]["requeues"] == 2
 
 
 def test_a_message_a_worker_holds_unacked_counts_as_present(env, fake_server, worker_channel):
@@ -169,5 +169,5 @@ def test_a_broker_that_lost_its_epoch_is_handled_once_not_twice(env, fake_server
     result = reconcile_once(settings, store, celery)
     assert result == {"requeued": 2, "requeued_lost": 0, "failed_at_cap": 0}
     assert _ids(fake_server) == ["a", "b"]
-    reasons = {c["requeue_reason"].split(":")[0] for c in store.status("exam")["chapter_list"]}
+    reasons = {c["requeue_reason"].split(":")[0] for c in store.status("exam").as_dict()["chapter_list"]}
     assert reasons == {RequeueReason.broker_epoch_changed.value}

@@ -15,6 +15,7 @@ from examforge.errors import (
     PermanentProviderError,
     QuotaExceeded,
     RateLimited,
+    Rejection,
     RetryableProviderError,
 )
 from examforge.retry import BUDGET_WAIT_S, Action, HandBack, decide
@@ -36,7 +37,7 @@ ROWS = [
     (RetryableProviderError("HTTP 503"), Action.release, True, None, "transient:"),
     (DeadlineExceeded("deadline"), Action.release, True, None, "transient: deadline"),
     (PermanentProviderError("HTTP 400"), Action.fail, True, None, "permanent:"),
-    (OutputInvalid("truncated"), Action.fail, True, None, "invalid output after 3 re-asks"),
+    (OutputInvalid(Rejection.truncated), Action.fail, True, None, "invalid output after 3 re-asks"),
     (OperationalError("x", {}, Exception("db down")), Action.reraise, True, 0.05,
      "OperationalError"),
 ]

@@ -1,0 +1,71 @@
+"""What every part of the store shares: the tables, the database clock, snapshots for reads."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Iterator
+
+from sqlalchemy import func, select
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Connection, Engine
+
+from storage.db import READ_ONLY, db_now
+from storage.models import Call, Chapter, ChapterState, Exam, Question
+
+E = Exam.__table__  # type: ignore[attr-defined]
+C = Chapter.__table__  # type: ignore[attr-defined]
+Q = Question.__table__  # type: ignore[attr-defined]
+K = Call.__table__  # type: ignore[attr-defined]
+
+ACTIVE_STATES = (ChapterState.pending.value, ChapterState.running.value)
+# An exam paused with a reason starting so is resumed by a raised budget.
+BUDGET_PAUSE_PREFIX = "budget:"
+
+
+class StoreBase:
+    """The engine and the helpers every part of the store uses."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._beat: Engine | None = None
+        self._beat_lock = threading.Lock()
+        self._now = db_now(engine.dialect.name)
+        self._insert = postgresql.insert if engine.dialect.name == "postgresql" else sqlite.insert
+        # SQLite allows one writer at a time. Without this lock, a process's threads that
+        # want to write at once each enter BEGIN IMMEDIATE and spin in SQLite's busy handler
+        # (sleeping and retrying) until the holder commits; with it they take turns in order,
+        # and SQLite's own locking only has to arbitrate between processes.
+        self._writer = threading.Lock() if engine.dialect.name == "sqlite" else None
+
+    @contextlib.contextmanager
+    def _write(self, engine: Engine | None = None) -> Iterator[Connection]:
+        """One write transaction (on `engine`, default the store's own)."""
+        engine = engine or self.engine
+        if self._writer is None:
+            with engine.begin() as conn:
+                yield conn
+            return
+        with self._writer, engine.begin() as conn:
+            yield conn
+
+    def _read(self) -> Connection:
+        """A connection for reads that sees one snapshot across all its statements (a report
+        must never pair a chapter's new state with its old question count) and blocks no
+        writer: REPEATABLE READ on PostgreSQL, a deferred WAL transaction on SQLite."""
+        conn = self.engine.connect()
+        if self.engine.dialect.name == "postgresql":
+            return conn.execution_options(isolation_level="REPEATABLE READ")
+        return conn.execution_options(**{READ_ONLY: True})
+
+    @staticmethod
+    def _stored(conn: Connection, slug: str, chapter_id: str) -> int:
+        return conn.execute(select(func.count()).select_from(Q).where(
+            Q.c.exam == slug, Q.c.chapter_id == chapter_id)).scalar_one()
+
+    @staticmethod
+    def _require_exam(conn: Connection, slug: str) -> None:
+        from examforge.errors import UnknownExam
+
+        if conn.execute(select(E.c.slug).where(E.c.slug == slug)).first() is None:
+            raise UnknownExam(f"unknown exam {slug!r}: not in the database (run enqueue first)")

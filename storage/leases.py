@@ -1,0 +1,220 @@
+"""Leases: who may work on a chapter, and until when (on the database's clock). Claims are
+conditional UPDATEs, so two workers can never both win; one heartbeat renews a process's
+leases in one statement; a lost lease is noticed before the next call and at the commit."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, Sequence
+
+from sqlalchemy import case, or_, select, tuple_, update
+from sqlalchemy.engine import Connection, Engine
+
+from examforge.output import normalise
+from storage.base import ACTIVE_STATES, C, E, Q
+from storage.ledger import ChapterView, Ledger, NoRoom, Planner
+from storage.models import ChapterState, ExamState
+
+
+@dataclass(frozen=True)
+class Claimed:
+    exam: str
+    chapter_id: str
+    owner: str
+    attempt: int
+    target: int
+    stored: int
+    known: frozenset[str]
+    exam_title: str
+    title: str
+    prompt: str | None
+    attempts_since_progress: int = 1
+    took_over_calls: int = 0
+    # The first call, recorded in the claim's own transaction when the caller planned one:
+    # its id, NoRoom (the budget has no room for it), or None (nothing planned).
+    first_call: int | NoRoom | None = None
+
+    def view(self, stored: int | None = None, target: int | None = None) -> ChapterView:
+        return ChapterView(self.exam, self.chapter_id, self.exam_title, self.title, self.prompt,
+                           self.stored if stored is None else stored,
+                           self.target if target is None else target)
+
+
+class NotClaimedReason(str, Enum):
+    done = "done"
+    failed = "failed"
+    cancelled = "cancelled"
+    paused = "paused"  # the exam is paused
+    busy = "busy"  # another worker holds a live lease
+    backoff = "backoff"  # its backoff has not ended
+    missing = "missing"  # no such chapter
+    cap = "cap"  # it reached its attempt cap: failed now
+
+
+@dataclass(frozen=True)
+class NotClaimed:
+    """Why a chapter was not claimed. `retry_in_s` is set when checking back later makes sense."""
+
+    reason: NotClaimedReason
+    retry_in_s: float | None = None
+    detail: str = ""
+
+
+class Leases(Ledger):
+    """Claim, renew, release and fail chapters."""
+
+    def mark_picked(self, slug: str, chapter_id: str) -> None:
+        """A worker received this chapter's message. `claim` notes it itself, in its own
+        transaction; this is for tests that play a worker dying before it claims."""
+        with self._write() as conn:
+            conn.execute(update(C).where(C.c.exam == slug, C.c.chapter_id == chapter_id)
+                         .values(picked_at=self._now))
+
+    def claim(self, slug: str, chapter_id: str, owner: str, lease_s: float,
+              max_attempts: int, *, plan_first: Planner | None = None) -> Claimed | NotClaimed:
+        """Take the chapter's lease if nobody holds a live one and it still needs work, and
+        note that a worker received its message (picked_at: the reconciler's evidence of
+        delivery), in one transaction. With `plan_first`, the first call is recorded in the
+        same transaction too (see Ledger.start_planned)."""
+        with self._write() as conn:
+            exam_active = select(E.c.slug).where(
+                E.c.slug == slug, E.c.state == ExamState.active.value).exists()
+            won = conn.execute(
+                update(C)
+                .where(
+                    C.c.exam == slug, C.c.chapter_id == chapter_id,
+                    C.c.state.in_(ACTIVE_STATES),
+                    or_(C.c.lease_owner.is_(None), C.c.lease_expires_at <= self._now),
+                    or_(C.c.not_before_at.is_(None), C.c.not_before_at <= self._now),
+                    C.c.attempts_since_progress < max_attempts,
+                    exam_active,
+                )
+                .values(lease_owner=owner, lease_expires_at=self._now + lease_s,
+                        state=ChapterState.running.value, attempts=C.c.attempts + 1,
+                        attempts_since_progress=C.c.attempts_since_progress + 1,
+                        not_before_at=None, picked_at=self._now, updated_at=self._now)
+            ).rowcount
+            if won != 1:
+                conn.execute(update(C).where(C.c.exam == slug, C.c.chapter_id == chapter_id)
+                             .values(picked_at=self._now))
+                return self._why_not(conn, slug, chapter_id, max_attempts)
+            took_over = self._waste_orphaned_calls(conn, slug, chapter_id)
+            row = conn.execute(
+                select(C, E.c.title.label("exam_title")).join(E, E.c.slug == C.c.exam)
+                .where(C.c.exam == slug, C.c.chapter_id == chapter_id)).one()
+            texts = conn.execute(select(Q.c.question).where(
+                Q.c.exam == slug, Q.c.chapter_id == chapter_id)).scalars().all()
+            claimed = Claimed(
+                exam=slug, chapter_id=chapter_id, owner=owner, attempt=row.attempts,
+                target=row.target, stored=len(texts), known=frozenset(map(normalise, texts)),
+                exam_title=row.exam_title, title=row.title, prompt=row.prompt,
+                attempts_since_progress=row.attempts_since_progress, took_over_calls=took_over,
+            )
+            if plan_first is None:
+                return claimed
+            first = self._start_planned(conn, claimed, plan_first(claimed.view()))
+            return dataclasses.replace(claimed, first_call=first)
+
+    def _why_not(self, conn: Connection, slug: str, chapter_id: str,
+                 max_attempts: int) -> NotClaimed:
+        row = conn.execute(
+            select(C, E.c.state.label("exam_state"), E.c.pause_reason, self._now.label("now"))
+            .join(E, E.c.slug == C.c.exam)
+            .where(C.c.exam == slug, C.c.chapter_id == chapter_id)).one_or_none()
+        if row is None:
+            return NotClaimed(NotClaimedReason.missing, detail=f"no chapter {slug}/{chapter_id} in the database")
+        if row.state in (ChapterState.done.value, ChapterState.failed.value,
+                         ChapterState.cancelled.value):
+            return NotClaimed(NotClaimedReason(row.state))
+        if row.exam_state == ExamState.paused.value:
+            return NotClaimed(NotClaimedReason.paused, detail=row.pause_reason or "")
+        if row.lease_owner is not None and (row.lease_expires_at or 0) > row.now:
+            return NotClaimed(NotClaimedReason.busy, retry_in_s=row.lease_expires_at - row.now,
+                              detail=f"held by {row.lease_owner}")
+        if row.not_before_at is not None and row.not_before_at > row.now:
+            return NotClaimed(NotClaimedReason.backoff, retry_in_s=row.not_before_at - row.now)
+        if row.attempts_since_progress >= max_attempts:
+            error = (f"attempt cap: {row.attempts_since_progress} attempts without progress; "
+                     f"last error: {row.last_error or 'none recorded (worker crashed?)'}")
+            conn.execute(update(C).where(C.c.exam == slug, C.c.chapter_id == chapter_id).values(
+                state=ChapterState.failed.value, lease_owner=None, lease_expires_at=None,
+                last_error=error, last_error_at=self._now, updated_at=self._now))
+            self._waste_orphaned_calls(conn, slug, chapter_id)
+            return NotClaimed(NotClaimedReason.cap, detail=error)
+        return NotClaimed(NotClaimedReason.busy, retry_in_s=0.5,
+                          detail="changed under us; check back")
+
+    def renew(self, owners: Sequence[str], lease_s: float) -> set[str]:
+        """Extend the live leases of `owners`; returns the owners that still hold theirs.
+
+        The heartbeat has a connection of its own, so it never waits behind the workers'
+        queries for one. On PostgreSQL it also skips rows a transaction has locked: those are
+        the holder's own (starting or committing a call, which renews the lease itself; a
+        takeover only ever locks an expired lease), so the beat never queues behind them."""
+        if not owners:
+            return set()
+        live = [C.c.lease_owner.in_(owners), C.c.lease_expires_at > self._now,
+                C.c.state == ChapterState.running.value]
+        with self._write(self._heartbeat_engine()) as conn:
+            if conn.dialect.name != "postgresql":
+                return set(conn.execute(
+                    update(C).where(*live).values(lease_expires_at=self._now + lease_s)
+                    .returning(C.c.lease_owner)).scalars().all())
+            alive = set(conn.execute(select(C.c.lease_owner).where(*live)).scalars().all())
+            unlocked = (select(C.c.exam, C.c.chapter_id).where(*live)
+                        .with_for_update(skip_locked=True))
+            conn.execute(update(C).where(tuple_(C.c.exam, C.c.chapter_id).in_(unlocked))
+                         .values(lease_expires_at=self._now + lease_s))
+        return alive
+
+    def _heartbeat_engine(self) -> Engine:
+        with self._beat_lock:
+            if self._beat is None:
+                from storage.db import connect
+
+                self._beat = connect(self.engine.url.render_as_string(hide_password=False),
+                                     pool_size=1)
+            return self._beat
+
+    def release(self, claim: Claimed, *, retry_in_s: float, error: str,
+                count_attempt: bool = True) -> bool:
+        """Give the lease back after a transient failure; nobody may claim before `retry_in_s`.
+        With `count_attempt` false (a rate limit, a budget wait, a shutdown) this attempt is
+        taken back from the chapter's streak without progress: it cannot bring it nearer its
+        attempt cap."""
+        values: dict[str, Any] = {}
+        if not count_attempt:
+            values["attempts_since_progress"] = case(
+                (C.c.attempts_since_progress > 0, C.c.attempts_since_progress - 1), else_=0)
+        with self._write() as conn:
+            return conn.execute(
+                update(C).where(C.c.exam == claim.exam, C.c.chapter_id == claim.chapter_id,
+                                C.c.lease_owner == claim.owner,
+                                C.c.state == ChapterState.running.value)
+                .values(state=ChapterState.pending.value, lease_owner=None,
+                        lease_expires_at=None, not_before_at=self._now + retry_in_s,
+                        last_error=error[:1000], last_error_at=self._now, updated_at=self._now,
+                        **values)
+            ).rowcount == 1
+
+    def fail(self, claim: Claimed, error: str, *, pause_exam_after: int | None = None) -> None:
+        """Fail the chapter now. With `pause_exam_after`, count an auth failure against the exam
+        and pause it when that many happened in a row."""
+        with self._write() as conn:
+            conn.execute(
+                update(C).where(C.c.exam == claim.exam, C.c.chapter_id == claim.chapter_id,
+                                C.c.lease_owner == claim.owner)
+                .values(state=ChapterState.failed.value, lease_owner=None,
+                        lease_expires_at=None, last_error=error[:1000],
+                        last_error_at=self._now, updated_at=self._now))
+            if pause_exam_after is not None:
+                failures = E.c.auth_failures + 1
+                conn.execute(update(E).where(E.c.slug == claim.exam).values(
+                    auth_failures=failures,
+                    state=case((failures >= pause_exam_after, ExamState.paused.value),
+                               else_=E.c.state),
+                    pause_reason=case((failures >= pause_exam_after, error[:500]),
+                                      else_=E.c.pause_reason),
+                    updated_at=self._now))

@@ -1,0 +1,289 @@
+"""The ledger of paid calls: each is recorded (and its worst case reserved against the exam's
+budget) before it is sent, and settled with its real usage when it ends. A batch of questions
+is committed together with its call's usage, only while the lease is held (fencing)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+from sqlalchemy import func, insert, select, update
+from sqlalchemy.engine import Connection
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
+
+from examforge.errors import LeaseLost
+from examforge.output import Question as ParsedQuestion
+from storage.base import C, E, K, Q, StoreBase
+from storage.models import CallOutcome, CallReason, ChapterState
+
+if TYPE_CHECKING:
+    from storage.leases import Claimed
+
+
+@dataclass(frozen=True)
+class Usage:
+    """What one call consumed, as booked in the ledger."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float = 0.0
+    endpoint: str | None = None  # "primary" or "fallback"
+    estimated: bool = False  # our own count: the provider sent none, or never replied
+
+
+@dataclass(frozen=True)
+class NoRoom:
+    """A call's worst case does not fit in what is left of the exam's budget."""
+
+    budget_usd: float
+    spent_usd: float
+    reserved_usd: float  # by the calls in flight (their real cost may turn out lower)
+    needed_usd: float
+
+    @property
+    def headroom_usd(self) -> float:
+        return max(0.0, self.budget_usd - self.spent_usd - self.reserved_usd)
+
+
+@dataclass(frozen=True)
+class Committed:
+    stored: int
+    target: int
+    # The next call, recorded in the commit's own transaction when the caller planned one.
+    next_call: int | NoRoom | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.stored >= self.target
+
+
+@dataclass(frozen=True)
+class ChapterView:
+    """What a planner sees of a chapter, inside the transaction that frees its next call."""
+
+    exam: str
+    chapter_id: str
+    exam_title: str
+    title: str
+    prompt: str | None
+    stored: int
+    target: int
+
+
+@dataclass(frozen=True)
+class CallPlan:
+    """A call to record (and reserve against the budget) before it is sent."""
+
+    first_number: int
+    requested: int
+    prompt_tokens: int = 0
+    max_tokens: int | None = None
+    reserve_usd: float = 0.0
+    model: str | None = None
+    price_known: bool = True
+
+
+# Called inside a write transaction (the claim, or a batch's commit) with the chapter as it now
+# stands: returns the next call to record in that same transaction, or None for none (the
+# chapter is complete, or the rate limiter asks to wait, which must happen outside it).
+Planner = Callable[[ChapterView], "CallPlan | None"]
+
+
+class Ledger(StoreBase):
+    """Calls: started, finished, committed with their batch; budgets reserved and settled."""
+
+    def _waste_orphaned_calls(self, conn: Connection, slug: str, chapter_id: str) -> int:
+        """Calls still in flight when nobody holds the lease belong to a holder whose lease
+        expired (a crash, a freeze, a partition): their output can no longer be committed.
+        Their reply never came back, so each is booked at its worst case (its prompt and its
+        max_tokens: the provider may have generated and billed all of it), marked estimated,
+        and its reservation settled."""
+        rows = conn.execute(
+            update(K).where(K.c.exam == slug, K.c.chapter_id == chapter_id,
+                            K.c.outcome == CallOutcome.in_flight.value)
+            .values(outcome=CallOutcome.wasted.value, finished_at=self._now,
+                    reason=CallReason.crash_before_commit.value,
+                    detail="its holder lost the lease mid-call (a crash, a freeze, a partition)",
+                    completion_tokens=func.coalesce(K.c.max_tokens, 0),
+                    cost_usd=K.c.reserved_usd, usage_estimated=True)
+            .returning(K.c.reserved_usd)).scalars().all()
+        if rows:
+            self._settle(conn, slug, reserved_usd=sum(rows), cost_usd=sum(rows))
+        return len(rows)
+
+    def _budgeted(self, conn: Connection, slug: str) -> bool:
+        """Whether the exam has a budget. On PostgreSQL this holds the exam row in KEY SHARE
+        mode until the transaction ends: starting and settling calls never wait for each other
+        on it, while setting a budget (FOR UPDATE) waits for all of them, so the totals it
+        computes from the ledger miss no call. An exam without a budget keeps no running
+        totals, so its workers never queue on its row."""
+        query = select(E.c.budget_usd).where(E.c.slug == slug)
+        if self.engine.dialect.name == "postgresql":
+            query = query.with_for_update(key_share=True)
+        return conn.execute(query).scalar_one_or_none() is not None
+
+    def _settle(self, conn: Connection, slug: str, *, reserved_usd: float,
+                cost_usd: float) -> None:
+        """Move calls from reserved to spent on a budgeted exam's running totals."""
+        if self._budgeted(conn, slug):
+            conn.execute(update(E).where(E.c.slug == slug).values(
+                reserved_usd=E.c.reserved_usd - reserved_usd,
+                spent_usd=E.c.spent_usd + cost_usd))
+
+    def start_call(self, claim: Claimed, first_number: int, requested: int, *,
+                   lease_s: float, prompt_tokens: int = 0,
+                   max_tokens: int | None = None, reserve_usd: float = 0.0,
+                   model: str | None = None, price_known: bool = True) -> int | NoRoom:
+        """Record a call before it is sent, in a transaction of its own, only while the lease
+        is held (the same fence as the commit: a holder frozen past its lease between two
+        calls must not send one more); raises LeaseLost. The usual path records calls in the
+        claim's and the commits' own transactions instead (`plan_first`, `plan_next`): this is
+        for a call that had to wait for the rate limiter, or to shrink to fit the budget."""
+        with self._write() as conn:
+            held = conn.execute(
+                update(C).where(C.c.exam == claim.exam, C.c.chapter_id == claim.chapter_id,
+                                C.c.lease_owner == claim.owner,
+                                C.c.lease_expires_at > self._now,
+                                C.c.state == ChapterState.running.value)
+                .values(lease_expires_at=self._now + lease_s)).rowcount
+            if held != 1:
+                raise LeaseLost(f"lease on {claim.exam}/{claim.chapter_id} lost before a call")
+            started = self._start_planned(conn, claim, CallPlan(
+                first_number, requested, prompt_tokens, max_tokens, reserve_usd, model,
+                price_known))
+            assert started is not None
+            return started
+
+    def _start_planned(self, conn: Connection, claim: Claimed,
+                       plan: CallPlan | None) -> int | NoRoom | None:
+        """Record `plan` and reserve its worst case against the exam's budget, in the caller's
+        transaction (which holds the lease). The budget check and the reservation are one
+        conditional UPDATE of the exam row, so any number of workers can never reserve past
+        the budget together. Returns the call's id, NoRoom (nothing recorded) when the worst
+        case does not fit, or None when nothing was planned."""
+        if plan is None:
+            return None
+        fits = not self._budgeted(conn, claim.exam) or conn.execute(
+            update(E).where(
+                E.c.slug == claim.exam,
+                E.c.spent_usd + E.c.reserved_usd + plan.reserve_usd <= E.c.budget_usd + 1e-12)
+            .values(reserved_usd=E.c.reserved_usd + plan.reserve_usd)).rowcount == 1
+        if not fits:
+            exam = conn.execute(select(E.c.budget_usd, E.c.spent_usd, E.c.reserved_usd)
+                                .where(E.c.slug == claim.exam)).one()
+            return NoRoom(exam.budget_usd, exam.spent_usd, exam.reserved_usd, plan.reserve_usd)
+        return conn.execute(
+            insert(K).values(exam=claim.exam, chapter_id=claim.chapter_id,
+                             attempt=claim.attempt, first_number=plan.first_number,
+                             requested=plan.requested, worker=claim.owner,
+                             outcome=CallOutcome.in_flight.value, started_at=self._now,
+                             prompt_tokens=plan.prompt_tokens, max_tokens=plan.max_tokens,
+                             reserved_usd=plan.reserve_usd, model=plan.model,
+                             price_known=plan.price_known)
+            .returning(K.c.id)
+        ).scalar_one()
+
+    def _finish(self, conn: Connection, call_id: int, values: dict[str, Any],
+                usage: Usage) -> bool:
+        """End an in-flight call with `values` and its usage, settling its reservation; False
+        (nothing changed) when it had already ended (the takeover settled it first)."""
+        booked = {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
+                  "cost_usd": usage.cost_usd, "endpoint": usage.endpoint,
+                  "usage_estimated": usage.estimated}
+        row = conn.execute(
+            update(K).where(K.c.id == call_id, K.c.outcome == CallOutcome.in_flight.value)
+            .values(**values, **booked, finished_at=self._now)
+            .returning(K.c.exam, K.c.reserved_usd)).one_or_none()
+        if row is not None:
+            self._settle(conn, row.exam, reserved_usd=row.reserved_usd, cost_usd=usage.cost_usd)
+            return True
+        if not usage.estimated and values.get("outcome") == CallOutcome.wasted.value:
+            # A holder that lost its lease mid-call (frozen, partitioned) came back with the
+            # reply: the takeover booked the call at its worst case, and its real usage and
+            # the real reason are now known. Book those instead.
+            old = conn.execute(select(K.c.exam, K.c.cost_usd).where(
+                K.c.id == call_id, K.c.outcome == CallOutcome.wasted.value,
+                K.c.usage_estimated.is_(True)).with_for_update()).one_or_none()
+            if old is not None:
+                conn.execute(update(K).where(K.c.id == call_id).values(**values, **booked))
+                self._settle(conn, old.exam, reserved_usd=0.0,
+                             cost_usd=usage.cost_usd - old.cost_usd)
+        return False
+
+    def finish_call(self, call_id: int, outcome: CallOutcome, reason: str, detail: str = "",
+                    *, status_code: int | None = None, usage: Usage = Usage()) -> None:
+        """Record how a call that stored nothing ended: failed or wasted, with its reason (a
+        CallReason or an ErrorKind) and the text that explains it."""
+        with self._write() as conn:
+            self._finish(conn, call_id, {"outcome": outcome.value, "reason": getattr(reason, "value", reason),
+                                         "detail": detail[:1000] or None,
+                                         "status_code": status_code}, usage)
+
+    def commit_batch(self, claim: Claimed, lease_s: float, call_id: int, first_number: int,
+                     questions: Sequence[ParsedQuestion], *, model: str, usage: Usage,
+                     note: str = "", plan_next: Planner | None = None) -> Committed:
+        """Store one call's questions and its usage atomically, only while holding the lease.
+
+        Returns the chapter's stored count and its target as they are now (the target may have
+        been raised by an `enqueue` while the chapter ran). Raises LeaseLost (after recording
+        the call as wasted) when the lease is gone: the result is discarded, never mixed in. Any
+        other database failure records the call as wasted too, with its tokens, and re-raises.
+        """
+        try:
+            with self._write() as conn:
+                # The fence: this row is ours only while the lease is. It also locks the row,
+                # so the target it returns cannot change before we commit.
+                held = conn.execute(
+                    update(C)
+                    .where(C.c.exam == claim.exam, C.c.chapter_id == claim.chapter_id,
+                           C.c.lease_owner == claim.owner, C.c.lease_expires_at > self._now,
+                           C.c.state == ChapterState.running.value)
+                    .values(attempts_since_progress=0, lease_expires_at=self._now + lease_s,
+                            last_error=None, updated_at=self._now)
+                    .returning(C.c.target, C.c.updated_at)
+                ).one_or_none()
+                if held is None:
+                    raise LeaseLost(f"lease on {claim.exam}/{claim.chapter_id} lost before commit")
+                target, now = held
+                conn.execute(insert(Q), [
+                    {"exam": claim.exam, "chapter_id": claim.chapter_id,
+                     "number": first_number + i, "question": q.question,
+                     "choices": json.dumps(list(q.choices), ensure_ascii=False),
+                     "answer_index": q.answer_index, "explanation": q.explanation,
+                     "model": model, "call_id": call_id, "created_at": now}
+                    for i, q in enumerate(questions)
+                ])
+                if not self._finish(conn, call_id, {
+                        "outcome": CallOutcome.used.value, "reason": None,
+                        "detail": note or None, "questions_stored": len(questions)}, usage):
+                    # Settled by a takeover in the meantime: the fence above makes that
+                    # impossible while we hold the lease, so this is a bug, not a race.
+                    raise LeaseLost(f"call {call_id} was already settled")
+                conn.execute(update(E).where(E.c.slug == claim.exam, E.c.auth_failures > 0)
+                             .values(auth_failures=0))
+                stored = self._stored(conn, claim.exam, claim.chapter_id)
+                if stored >= target:
+                    conn.execute(update(C).where(C.c.exam == claim.exam,
+                                                 C.c.chapter_id == claim.chapter_id).values(
+                        state=ChapterState.done.value, lease_owner=None, lease_expires_at=None))
+                    return Committed(stored=stored, target=target)
+                # The next call is recorded in this same transaction: one write per paid call.
+                following = None if plan_next is None else self._start_planned(
+                    conn, claim, plan_next(claim.view(stored, target)))
+                return Committed(stored=stored, target=target, next_call=following)
+        except (LeaseLost, IntegrityError) as exc:
+            detail = ("the lease expired or was taken before the commit" if
+                      isinstance(exc, LeaseLost) else "duplicate question number")
+            self.finish_call(call_id, CallOutcome.wasted, CallReason.lease_lost, detail,
+                             usage=usage)
+            raise LeaseLost(str(exc).splitlines()[0]) from None
+        except SQLAlchemyError as exc:
+            # The reply (and its bill) arrived but the database failed: say so with its tokens,
+            # so the takeover does not book it as a crash with none.
+            try:
+                self.finish_call(call_id, CallOutcome.wasted, CallReason.commit_failed,
+                                 str(exc).splitlines()[0][:300], usage=usage)
+            except SQLAlchemyError:
+                pass  # still down: the takeover will mark it wasted
+            raise

@@ -1,0 +1,250 @@
+"""Reports: what an exam's database rows say, read in one snapshot that blocks no writer."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+from sqlalchemy import and_, func, select
+
+from storage.base import C, E, K, Q, StoreBase
+from storage.models import CallOutcome, ChapterState
+
+
+@dataclass
+class Progress:
+    target: int
+    done: int
+
+
+@dataclass
+class ChapterCounts:
+    """Chapters by state (a running chapter whose lease expired counts as pending)."""
+
+    total: int = 0
+    pending: int = 0
+    running: int = 0
+    done: int = 0
+    failed: int = 0
+    cancelled: int = 0
+
+    def count(self, state: ChapterState) -> None:
+        setattr(self, state.value, getattr(self, state.value) + 1)
+
+
+@dataclass
+class UsageTotals:
+    """Every call of the exam, by outcome, with its tokens and money."""
+
+    calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    calls_in_flight: int = 0
+    calls_used: int = 0
+    calls_wasted: int = 0
+    calls_failed: int = 0
+    calls_estimated: int = 0  # booked at our own token count (no usage from the provider)
+    estimated_cost_usd: float = 0.0
+    cost_usd: float = field(default=0.0, repr=False)
+    reserved_usd: float = field(default=0.0, repr=False)
+
+    def add(self, outcome: CallOutcome, n: int, prompt: int, completion: int, cost: float,
+            reserved: float, estimated: bool) -> None:
+        self.calls += n
+        self.prompt_tokens += prompt
+        self.completion_tokens += completion
+        setattr(self, f"calls_{outcome.value}", getattr(self, f"calls_{outcome.value}") + n)
+        self.cost_usd += cost
+        if outcome is CallOutcome.in_flight:
+            self.reserved_usd += reserved
+        if estimated:
+            self.calls_estimated += n
+            self.estimated_cost_usd += cost
+
+    def rounded(self) -> "UsageTotals":
+        return dataclasses.replace(self, estimated_cost_usd=round(self.estimated_cost_usd, 6))
+
+
+@dataclass
+class EndpointUsage:
+    calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float = 0.0
+
+    def add(self, n: int, prompt: int, completion: int, cost: float) -> None:
+        self.calls += n
+        self.prompt_tokens += prompt
+        self.completion_tokens += completion
+        self.cost_usd += cost
+
+    def rounded(self) -> "EndpointUsage":
+        return dataclasses.replace(self, cost_usd=round(self.cost_usd, 6))
+
+
+@dataclass
+class ChapterReport:
+    id: str
+    title: str
+    state: str
+    questions: Progress
+    attempts: int
+    attempts_since_progress: int
+    calls: int
+    last_error: str | None
+    last_error_at: float | None
+    lease_owner: str | None
+    requeues: int
+    requeued_at: float | None
+    requeue_reason: str | None
+
+
+@dataclass
+class ExamReport:
+    """`status`: what the database says of one exam. `as_dict()` is the `status --json`
+    contract."""
+
+    exam: str
+    title: str
+    state: str
+    pause_reason: str | None
+    chapters: ChapterCounts
+    questions: Progress
+    usage: UsageTotals
+    cost_usd: float
+    usage_by_endpoint: dict[str, EndpointUsage]
+    unpriced_calls: dict[str, int]  # calls booked at $0 (no price known), by model
+    budget_usd: float | None
+    spent_usd: float
+    reserved_usd: float  # the worst cases of the calls in flight
+    chapter_list: list[ChapterReport]
+
+    def as_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        for hidden in ("cost_usd", "reserved_usd"):
+            data["usage"].pop(hidden)
+        return data
+
+
+class Reports(StoreBase):
+    """Status, exports and the figures estimates use."""
+
+    def questions_done(self, slug: str) -> int:
+        """Stored questions of the exam, up to each chapter's target: a cheap progress figure."""
+        with self._read() as conn:
+            rows = conn.execute(
+                select(func.count(), C.c.target).select_from(Q)
+                .join(C, and_(C.c.exam == Q.c.exam, C.c.chapter_id == Q.c.chapter_id))
+                .where(Q.c.exam == slug).group_by(Q.c.chapter_id, C.c.target)).all()
+        return sum(min(n, target) for n, target in rows)
+
+    def stored_texts(self, slug: str) -> dict[str, list[str]]:
+        """The text of every stored question of the exam, by chapter (empty if unknown)."""
+        with self._read() as conn:
+            rows = conn.execute(select(Q.c.chapter_id, Q.c.question).where(Q.c.exam == slug)
+                                .order_by(Q.c.chapter_id, Q.c.number)).all()
+        out: dict[str, list[str]] = {}
+        for chapter_id, text in rows:
+            out.setdefault(chapter_id, []).append(text)
+        return out
+
+    def completion_tokens_per_question(self) -> float | None:
+        """What this database's calls have really used per question stored (None before any
+        call with real usage), for estimates."""
+        with self._read() as conn:
+            tokens, questions = conn.execute(
+                select(func.coalesce(func.sum(K.c.completion_tokens), 0),
+                       func.coalesce(func.sum(K.c.questions_stored), 0))
+                .where(K.c.outcome == CallOutcome.used.value,
+                       K.c.usage_estimated.is_(False))).one()
+        return tokens / questions if questions else None
+
+    def exam_exists(self, slug: str) -> bool:
+        with self._read() as conn:
+            return conn.execute(select(E.c.slug).where(E.c.slug == slug)).first() is not None
+
+    def status(self, slug: str) -> ExamReport:
+        """The whole picture of one exam, from the database alone."""
+        with self._read() as conn:
+            self._require_exam(conn, slug)
+            exam = conn.execute(select(E, self._now.label("now")).where(E.c.slug == slug)).one()
+            stored: dict[str, int] = dict(conn.execute(  # type: ignore[arg-type]
+                select(Q.c.chapter_id, func.count()).where(Q.c.exam == slug)
+                .group_by(Q.c.chapter_id)).all())
+            usage_rows = conn.execute(
+                select(K.c.chapter_id, K.c.outcome, K.c.endpoint, K.c.usage_estimated,
+                       K.c.price_known, K.c.model, func.count(),
+                       func.coalesce(func.sum(K.c.prompt_tokens), 0),
+                       func.coalesce(func.sum(K.c.completion_tokens), 0),
+                       func.coalesce(func.sum(K.c.cost_usd), 0.0),
+                       func.coalesce(func.sum(K.c.reserved_usd), 0.0))
+                .where(K.c.exam == slug)
+                .group_by(K.c.chapter_id, K.c.outcome, K.c.endpoint, K.c.usage_estimated,
+                          K.c.price_known, K.c.model)).all()
+            chapters = conn.execute(select(C).where(C.c.exam == slug)
+                                    .order_by(C.c.position)).all()
+        usage = UsageTotals()
+        calls_by_chapter: dict[str, int] = {}
+        by_endpoint: dict[str, EndpointUsage] = {}
+        unpriced: dict[str, int] = {}
+        for (chapter_id, outcome, endpoint, estimated, priced, model, n, p, c, cost,
+             reserved) in usage_rows:
+            usage.add(CallOutcome(outcome), n, int(p), int(c), float(cost), float(reserved),
+                      bool(estimated))
+            if not priced:
+                unpriced[model or "unknown"] = unpriced.get(model or "unknown", 0) + n
+            calls_by_chapter[chapter_id] = calls_by_chapter.get(chapter_id, 0) + n
+            by_endpoint.setdefault(endpoint or "unknown", EndpointUsage()).add(
+                n, int(p), int(c), float(cost))
+        counts = ChapterCounts(total=len(chapters))
+        listed = []
+        for ch in chapters:
+            state = ChapterState(ch.state)
+            if state is ChapterState.running and not (
+                    ch.lease_owner and (ch.lease_expires_at or 0) > exam.now):
+                state = ChapterState.pending
+            counts.count(state)
+            listed.append(ChapterReport(
+                id=ch.chapter_id, title=ch.title, state=state.value,
+                questions=Progress(ch.target, min(stored.get(ch.chapter_id, 0), ch.target)),
+                attempts=ch.attempts, attempts_since_progress=ch.attempts_since_progress,
+                calls=calls_by_chapter.get(ch.chapter_id, 0), last_error=ch.last_error,
+                last_error_at=ch.last_error_at,
+                lease_owner=ch.lease_owner if state is ChapterState.running else None,
+                requeues=ch.requeues, requeued_at=ch.requeued_at,
+                requeue_reason=ch.requeue_reason))
+        return ExamReport(
+            exam=slug, title=exam.title, state=exam.state, pause_reason=exam.pause_reason,
+            chapters=counts,
+            questions=Progress(sum(c.questions.target for c in listed),
+                               sum(c.questions.done for c in listed)),
+            usage=usage.rounded(), cost_usd=round(usage.cost_usd, 6),
+            usage_by_endpoint={k: v.rounded() for k, v in by_endpoint.items()},
+            unpriced_calls=unpriced, budget_usd=exam.budget_usd,
+            spent_usd=round(usage.cost_usd, 6), reserved_usd=round(usage.reserved_usd, 6),
+            chapter_list=listed)
+
+    def questions(self, slug: str) -> list[dict[str, object]]:
+        """Every stored question of the exam, in syllabus order, up to each chapter's target."""
+        return list(self.iter_questions(slug))
+
+    def iter_questions(self, slug: str, *, batch: int = 1000) -> Iterator[dict[str, object]]:
+        """`questions` as a stream, for exports of any size: one snapshot, read `batch` rows at
+        a time (a server-side cursor on PostgreSQL, a stepping cursor on SQLite), so memory
+        stays flat however many questions there are."""
+        with self._read() as conn:
+            self._require_exam(conn, slug)
+            rows = conn.execution_options(stream_results=True, yield_per=batch).execute(
+                select(Q.c.exam, Q.c.chapter_id, Q.c.number, Q.c.question, Q.c.choices,
+                       Q.c.answer_index, Q.c.explanation, Q.c.model, Q.c.created_at)
+                .join(C, and_(C.c.exam == Q.c.exam, C.c.chapter_id == Q.c.chapter_id))
+                .where(Q.c.exam == slug, Q.c.number <= C.c.target)
+                .order_by(C.c.position, Q.c.number))
+            loads = json.loads
+            for r in rows:
+                yield {"exam": r.exam, "chapter_id": r.chapter_id, "number": r.number,
+                       "question": r.question, "choices": loads(r.choices),
+                       "answer_index": r.answer_index, "explanation": r.explanation,
+                       "model": r.model, "created_at": r.created_at}
