@@ -12,6 +12,7 @@ import os
 import random
 import socket
 import threading
+import time
 import uuid
 from dataclasses import dataclass, field
 from enum import Enum
@@ -109,6 +110,7 @@ def process_chapter(rt: Runtime, exam: str, chapter_id: str) -> ChapterResult:
             raise LeaseLost(f"lease on {exam}/{chapter_id} lost during the run")
 
     calls = _Calls(rt, check)
+    began = time.monotonic()
     try:
         claim = store.claim(exam, chapter_id, new_owner(), settings.lease_s,
                             settings.max_attempts, plan_first=calls.plan)
@@ -125,6 +127,8 @@ def process_chapter(rt: Runtime, exam: str, chapter_id: str) -> ChapterResult:
     lost = rt.keeper.hold(claim.owner)
     run = _Run()
     try:
+        if isinstance(claim.first_call, int):
+            _still_ours(rt, claim, claim.first_call, began)
         _generate(rt, claim, lost, run, calls)
         return ChapterResult(Outcome.done, calls=run.calls)
     except BaseException as exc:
@@ -341,10 +345,13 @@ def _generate(rt: Runtime, claim: Claimed, lost: threading.Event, run: _Run,
         note = ", ".join(f"{n} {k.value} rejected" for k, n in parsed.rejected.items())
         for q in parsed.questions:  # the next call's prompt already avoids this batch
             calls.avoid.append(q.question)
+        began = time.monotonic()
         try:
             committed = store.commit_batch(claim, settings.lease_s, call_id, stored + 1,
                                            parsed.questions, model=completion.model,
                                            note=note, usage=usage, plan_next=calls.plan)
+            if isinstance(committed.next_call, int):
+                _still_ours(rt, claim, committed.next_call, began)
         except BaseException:
             calls.discard()
             raise
@@ -360,6 +367,20 @@ def _generate(rt: Runtime, claim: Claimed, lost: threading.Event, run: _Run,
                 "exam": claim.exam, "chapter": claim.chapter_id, "attempt": claim.attempt,
                 "stored": stored, "target": target, "prompt_tokens": usage.prompt_tokens,
                 "completion_tokens": usage.completion_tokens, "cost_usd": usage.cost_usd})
+
+
+def _still_ours(rt: Runtime, claim: Claimed, call_id: int, began: float) -> None:
+    """A call recorded in a transaction that took longer than a quarter of the lease (the
+    process frozen in the middle of it, a stalled database) may belong to a lease that has
+    expired since: confirm the lease before sending it, and if it is gone, record the call
+    as never sent (it costs nothing) instead of paying for it."""
+    if time.monotonic() - began <= rt.settings.lease_s / 4:
+        return
+    if rt.store.confirm(claim, rt.settings.lease_s):
+        return
+    rt.store.finish_call(call_id, CallOutcome.failed, CallReason.lease_lost,
+                         "not sent: the lease was lost while the call was being recorded")
+    raise LeaseLost(f"lease on {claim.exam}/{claim.chapter_id} lost before a call")
 
 
 def _call(rt: Runtime, call_id: int, messages: list[dict[str, str]], max_tokens: int,

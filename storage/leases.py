@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Sequence
 
-from sqlalchemy import case, or_, select, tuple_, update
+from sqlalchemy import case, or_, select, update
 from sqlalchemy.engine import Connection, Engine
 
 from examforge.output import normalise
@@ -79,6 +79,7 @@ class Leases(Ledger):
         delivery), in one transaction. With `plan_first`, the first call is recorded in the
         same transaction too (see Ledger.start_planned)."""
         with self._write() as conn:
+            self._exam_first(conn, slug)
             exam_active = select(E.c.slug).where(
                 E.c.slug == slug, E.c.state == ExamState.active.value).exists()
             won = conn.execute(
@@ -117,6 +118,17 @@ class Leases(Ledger):
             first = self._start_planned(conn, claimed, plan_first(claimed.view()))
             return dataclasses.replace(claimed, first_call=first)
 
+    def confirm(self, claim: Claimed, lease_s: float) -> bool:
+        """Whether the lease is still held, renewing it if so (for a call recorded in a
+        transaction that took suspiciously long: a freeze in the middle of it)."""
+        with self._write() as conn:
+            return conn.execute(
+                update(C).where(C.c.exam == claim.exam, C.c.chapter_id == claim.chapter_id,
+                                C.c.lease_owner == claim.owner,
+                                C.c.lease_expires_at > self._now,
+                                C.c.state == ChapterState.running.value)
+                .values(lease_expires_at=self._now + lease_s)).rowcount == 1
+
     def _why_not(self, conn: Connection, slug: str, chapter_id: str,
                  max_attempts: int) -> NotClaimed:
         row = conn.execute(
@@ -150,24 +162,17 @@ class Leases(Ledger):
         """Extend the live leases of `owners`; returns the owners that still hold theirs.
 
         The heartbeat has a connection of its own, so it never waits behind the workers'
-        queries for one. On PostgreSQL it also skips rows a transaction has locked: those are
-        the holder's own (starting or committing a call, which renews the lease itself; a
-        takeover only ever locks an expired lease), so the beat never queues behind them."""
+        queries for one; and no transaction holds a chapter's row while it queues for
+        something else (see Ledger._exam_first), so the renewal waits at most for a short
+        critical section."""
         if not owners:
             return set()
-        live = [C.c.lease_owner.in_(owners), C.c.lease_expires_at > self._now,
-                C.c.state == ChapterState.running.value]
         with self._write(self._heartbeat_engine()) as conn:
-            if conn.dialect.name != "postgresql":
-                return set(conn.execute(
-                    update(C).where(*live).values(lease_expires_at=self._now + lease_s)
-                    .returning(C.c.lease_owner)).scalars().all())
-            alive = set(conn.execute(select(C.c.lease_owner).where(*live)).scalars().all())
-            unlocked = (select(C.c.exam, C.c.chapter_id).where(*live)
-                        .with_for_update(skip_locked=True))
-            conn.execute(update(C).where(tuple_(C.c.exam, C.c.chapter_id).in_(unlocked))
-                         .values(lease_expires_at=self._now + lease_s))
-        return alive
+            return set(conn.execute(
+                update(C).where(C.c.lease_owner.in_(owners), C.c.lease_expires_at > self._now,
+                                C.c.state == ChapterState.running.value)
+                .values(lease_expires_at=self._now + lease_s)
+                .returning(C.c.lease_owner)).scalars().all())
 
     def _heartbeat_engine(self) -> Engine:
         with self._beat_lock:

@@ -113,15 +113,24 @@ class Ledger(StoreBase):
         return len(rows)
 
     def _budgeted(self, conn: Connection, slug: str) -> bool:
-        """Whether the exam has a budget. On PostgreSQL this holds the exam row in KEY SHARE
-        mode until the transaction ends: starting and settling calls never wait for each other
-        on it, while setting a budget (FOR UPDATE) waits for all of them, so the totals it
+        """Whether the exam has a budget. On PostgreSQL this holds the exam row FOR KEY SHARE
+        until the transaction ends: starting and settling calls never wait for each other on
+        it, while setting a budget (FOR UPDATE) waits for all of them, so the totals it
         computes from the ledger miss no call. An exam without a budget keeps no running
         totals, so its workers never queue on its row."""
         query = select(E.c.budget_usd).where(E.c.slug == slug)
         if self.engine.dialect.name == "postgresql":
-            query = query.with_for_update(key_share=True)
+            query = query.with_for_update(read=True, key_share=True)  # FOR KEY SHARE
         return conn.execute(query).scalar_one_or_none() is not None
+
+    def _exam_first(self, conn: Connection, slug: str) -> None:
+        """Lock order for transactions that may change a budgeted exam's totals: the exam row
+        first, then the chapter's. Workers of a budgeted exam queue on its row (the budget
+        check and the reservation must be one atomic step); taken first, that queue holds no
+        chapter row, so the heartbeat's renewal never waits behind it."""
+        if self.engine.dialect.name == "postgresql" and self._budgeted(conn, slug):
+            conn.execute(select(E.c.slug).where(E.c.slug == slug)
+                         .with_for_update(key_share=True))  # FOR NO KEY UPDATE
 
     def _settle(self, conn: Connection, slug: str, *, reserved_usd: float,
                 cost_usd: float) -> None:
@@ -141,6 +150,7 @@ class Ledger(StoreBase):
         claim's and the commits' own transactions instead (`plan_first`, `plan_next`): this is
         for a call that had to wait for the rate limiter, or to shrink to fit the budget."""
         with self._write() as conn:
+            self._exam_first(conn, claim.exam)
             held = conn.execute(
                 update(C).where(C.c.exam == claim.exam, C.c.chapter_id == claim.chapter_id,
                                 C.c.lease_owner == claim.owner,
@@ -198,10 +208,12 @@ class Ledger(StoreBase):
         if row is not None:
             self._settle(conn, row.exam, reserved_usd=row.reserved_usd, cost_usd=usage.cost_usd)
             return True
-        if not usage.estimated and values.get("outcome") == CallOutcome.wasted.value:
-            # A holder that lost its lease mid-call (frozen, partitioned) came back with the
-            # reply: the takeover booked the call at its worst case, and its real usage and
-            # the real reason are now known. Book those instead.
+        if not usage.estimated and values.get("outcome") in (CallOutcome.wasted.value,
+                                                             CallOutcome.failed.value):
+            # A holder that lost its lease mid-call (frozen, partitioned) came back: the
+            # takeover booked the call at its worst case, and what really happened (the real
+            # usage of its reply, or that it was never sent) and why are now known. Book
+            # those instead.
             old = conn.execute(select(K.c.exam, K.c.cost_usd).where(
                 K.c.id == call_id, K.c.outcome == CallOutcome.wasted.value,
                 K.c.usage_estimated.is_(True)).with_for_update()).one_or_none()
@@ -232,6 +244,7 @@ class Ledger(StoreBase):
         """
         try:
             with self._write() as conn:
+                self._exam_first(conn, claim.exam)
                 # The fence: this row is ours only while the lease is. It also locks the row,
                 # so the target it returns cannot change before we commit.
                 held = conn.execute(

@@ -3,3 +3,14 @@ from pathlib import Path
 
 # Share the unit tier's fake provider.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
+
+
+def pytest_collection_modifyitems(config, items):  # type: ignore[no-untyped-def]
+    """Every test of this tier talks to the machine's real PostgreSQL or Redis:
+    `-m integration` selects them, `-m "not integration"` leaves them out."""
+    import pytest
+
+    here = Path(__file__).resolve().parent
+    for item in items:
+        if here in Path(str(item.fspath)).resolve().parents:
+            item.add_marker(pytest.mark.integration)
