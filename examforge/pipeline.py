@@ -204,6 +204,7 @@ class _Next:
     max_tokens: int
     reserve_usd: float
     admission: Admission | None = None
+    view: ChapterView | None = None  # the chapter's state it was prepared for
 
 
 class _Calls:
@@ -217,6 +218,7 @@ class _Calls:
         self.check = check
         self.avoid: list[str] = []
         self.next: _Next | None = None
+        self.prepared: _Next | None = None
 
     def _build(self, view: ChapterView, want: int) -> _Next:
         rt = self.rt
@@ -232,23 +234,51 @@ class _Calls:
         return CallPlan(view.stored + 1, nxt.want, nxt.prompt_tokens, nxt.max_tokens,
                         nxt.reserve_usd, self.rt.client.model, self.rt.client.prices_known)
 
-    def plan(self, view: ChapterView) -> CallPlan | None:
+    def _admitted(self, view: ChapterView) -> _Next | None:
         want = min(self.rt.settings.questions_per_call, view.target - view.stored)
         if want <= 0 or self.rt.stopping.is_set():
             return None
         nxt = self._build(view, want)
         nxt.admission = self.rt.client.try_admit(nxt.messages, nxt.max_tokens,
                                                  prompt_tokens=nxt.prompt_tokens)
-        if nxt.admission is None:
+        return nxt if nxt.admission is not None else None
+
+    def plan(self, view: ChapterView) -> CallPlan | None:
+        """The planner the store calls inside its transaction. A call prepared beforehand for
+        exactly this state of the chapter (`prepare`) costs nothing here; otherwise (the claim,
+        whose state is only known inside) it is built now."""
+        prepared, self.prepared = self.prepared, None
+        if prepared is not None:
+            assert prepared.view is not None
+            if (prepared.view.stored, prepared.view.target) != (view.stored, view.target):
+                self._cancel(prepared)  # the target changed under us: the slow path re-plans
+                return None
+            self.next = prepared
+            return self._plan(view, prepared)
+        nxt = self._admitted(view)
+        if nxt is None:
             return None
         self.next = nxt
         return self._plan(view, nxt)
 
+    def prepare(self, view: ChapterView) -> None:
+        """Build and admit the next call before the transaction that will record it: the
+        prompt, its token count and the limiter's answer are computed outside it, so the
+        transaction (and, on SQLite, the one write lock) is held only for the writes."""
+        nxt = self._admitted(view)
+        if nxt is not None:
+            nxt.view = view
+        self.prepared = nxt
+
+    def _cancel(self, nxt: _Next | None) -> None:
+        if nxt is not None and nxt.admission is not None:
+            self.rt.client.cancel(nxt.admission)
+
     def discard(self) -> None:
         """The planned call was not recorded (no room in the budget, a failed transaction)."""
-        if self.next is not None and self.next.admission is not None:
-            self.rt.client.cancel(self.next.admission)
-        self.next = None
+        self._cancel(self.next)
+        self._cancel(self.prepared)
+        self.next = self.prepared = None
 
     def start(self, claim: Claimed, view: ChapterView) -> int:
         """The slow path: wait for the rate limiter, then record the call in a transaction of
@@ -345,6 +375,8 @@ def _generate(rt: Runtime, claim: Claimed, lost: threading.Event, run: _Run,
         note = ", ".join(f"{n} {k.value} rejected" for k, n in parsed.rejected.items())
         for q in parsed.questions:  # the next call's prompt already avoids this batch
             calls.avoid.append(q.question)
+        if stored + len(parsed.questions) < target:
+            calls.prepare(claim.view(stored + len(parsed.questions), target))
         began = time.monotonic()
         try:
             committed = store.commit_batch(claim, settings.lease_s, call_id, stored + 1,

@@ -145,7 +145,7 @@ def test_a_database_outage_mid_run_retries_and_never_marks_a_partial_chapter_don
         assert dep.cli("enqueue", "demo").returncode == 0
         dep.worker(3)
         dep.beat()
-        wait_for(lambda: direct.status("demo").as_dict()["questions"]["done"] >= 20, 30, "progress")
+        wait_for(lambda: direct.status("demo")["questions"]["done"] >= 20, 30, "progress")
         with PartialDoneWatcher(direct, "demo") as watcher:
             proxy.cut()
             time.sleep(3)

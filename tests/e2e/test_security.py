@@ -95,6 +95,10 @@ def test_the_api_key_is_never_in_task_arguments_logs_flower_or_the_database(
             r'^flower_worker_online\{worker="[^"]+"\} 1\.0$', r.text, re.M) is not None
 
     wait_for(flower_sees_worker, 60, "Flower to receive the worker's events")
+    # Task events are off until someone watches: Flower's enable_events broadcast (every 5 s)
+    # turns them on in the worker, which logs it. Only tasks run after that are listed.
+    wait_for(lambda: "Events of group {task} enabled by remote" in dep.worker_logs(None), 60,
+             "Flower to switch the worker's task events on")
     client.rpush(dep.env["TASK_QUEUE"], *queued)
     report = dep.wait_done("demo", 60)
     assert report["chapters"]["done"] == 3
