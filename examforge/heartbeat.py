@@ -25,6 +25,7 @@ class LeaseKeeper:
         self._held: dict[str, threading.Event] = {}  # owner -> "lost" flag
         self._lock = threading.Lock()
         self._wake = threading.Event()
+        self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
 
     def hold(self, owner: str) -> threading.Event:
@@ -32,7 +33,8 @@ class LeaseKeeper:
         lost = threading.Event()
         with self._lock:
             self._held[owner] = lost
-            if self._thread is None or not self._thread.is_alive():
+            if not self._stopped.is_set() and (self._thread is None
+                                               or not self._thread.is_alive()):
                 self._thread = threading.Thread(target=self._run, name="lease-keeper",
                                                 daemon=True)
                 self._thread.start()
@@ -61,8 +63,18 @@ class LeaseKeeper:
                     log.warning("lease lost", extra={"owner": owner})
                     self._held[owner].set()
 
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """End the renewal thread (a process shutting down, a test finishing); the leases it
+        held then expire on their own."""
+        self._stopped.set()
+        self._wake.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout_s)
+
     def _run(self) -> None:
-        while True:
+        while not self._stopped.is_set():
             self._wake.wait(self._interval_s)
             self._wake.clear()
-            self.beat()
+            if not self._stopped.is_set():
+                self.beat()

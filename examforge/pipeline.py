@@ -92,6 +92,11 @@ class Runtime:
         return cls(settings, store, client or LLMClient(settings),
                    LeaseKeeper(store, settings.lease_s, settings.heartbeat_interval_s))
 
+    def close(self) -> None:
+        """Stop the heartbeat and close the provider's connections."""
+        self.keeper.stop()
+        self.client.close()
+
 
 def new_owner() -> str:
     """A fencing token unique to one claim: who holds the lease, and which claim it was."""

@@ -315,7 +315,7 @@ def run(slug: str, concurrency: int, budget_usd: float | None, dry_run: bool) ->
         results = run_local(rt, slug, plan.to_enqueue, concurrency, on_progress=tick)
         last_tick[0] = 0.0
         tick()
-    rt.client.close()
+    rt.close()
     failed = {c: r for c, r in results.items() if r.outcome == "failed"}
     for chapter_id, result in failed.items():
         err.print(f"failed {slug}/{chapter_id}: {result.detail}")

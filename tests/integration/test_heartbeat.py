@@ -59,6 +59,7 @@ def test_a_two_second_database_stall_does_not_expire_a_live_lease(
         # Another process could have taken the chapter: this worker must not commit.
         assert result.outcome == "lost", result
         assert store.status("ex").as_dict()["questions"]["done"] == 0
+    rt.close()
 
 
 

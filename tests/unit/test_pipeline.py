@@ -19,6 +19,8 @@ from storage import open_store
 
 @pytest.fixture
 def env(make_settings, tmp_path):
+    built = []
+
     def build(chapters=(("a", 12),), **overrides):
         settings = make_settings(**overrides)
         path = write_syllabus(settings.exams_dir, "ex", list(chapters))
@@ -26,9 +28,13 @@ def env(make_settings, tmp_path):
         store.sync_exam("ex", load_syllabus(path, max_questions=1000))
         fake = FakeLLM()
         rt = Runtime.build(settings, store, LLMClient(settings, transport=fake.transport()))
+        built.append(rt)
         return rt, fake
 
-    return build
+    yield build
+    for rt in built:  # no heartbeat thread outlives its test
+        rt.close()
+        rt.store.engine.dispose()
 
 
 def _status(rt):
@@ -458,3 +464,12 @@ def test_a_call_that_must_wait_for_the_limiter_is_started_after_the_wait(env):
     assert process_chapter(rt, "ex", "a").outcome == "done"
     assert time.monotonic() - started >= 0.4  # 120 RPM: the second call waited ~0.5 s
     assert fake.calls == 2 and _status(rt)["usage"]["calls_used"] == 2
+
+
+def test_the_lease_keeper_thread_stops(env):
+    rt, _ = env([("a", 5)])
+    process_chapter(rt, "ex", "a")
+    thread = rt.keeper._thread
+    assert thread is not None and thread.is_alive()
+    rt.keeper.stop()
+    assert not thread.is_alive()

@@ -60,6 +60,7 @@ def test_one_beat_renews_many_leases_in_one_statement(make_settings):
     assert not any(flag.is_set() for flag in lost)
     time.sleep(1.2)  # past the original 1 s TTL: only the renewal keeps them
     assert len(store.renew(owners, 30.0)) == 128
+    rt.close()
 
 
 def test_schema_revision_constant_matches_alembics_head():
