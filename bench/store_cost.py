@@ -45,7 +45,7 @@ def measure(url: str, pre_ping: bool, chapters: int, per_chapter: int, per_call:
             assert isinstance(call_id, int)
             batch = [Question(f"q {i}.{first + j}?", ("a", "b", "c", "d"), 0, "")
                      for j in range(per_call)]
-            store.commit_batch(claim, 30.0, call_id, first, batch,
+            store.commit_batch(claim, 30.0, call_id, batch,
                                model="m", usage=Usage(10, 20, 0.0))
             calls += 1
     cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0

@@ -156,12 +156,12 @@ class MockProbe:
         self.cpu_at_first: dict[int, float] = {}
         self.servers_at_first: dict[int, float] = {}
 
-        def begin(key: str) -> None:
+        def begin(key: str, *rest: Any) -> None:
             if self.first_call_t is None and key.startswith(self.prefix):
                 self.first_call_t = time.monotonic()
                 self.cpu_at_first = {pid: proc_cpu_s(pid) for pid in self.watch}
                 self.servers_at_first = servers_cpu_s()
-            self._begin(key)
+            self._begin(key, *rest)
 
         def end(key: str) -> None:
             self._end(key)
@@ -399,10 +399,10 @@ class DbProbe:
             return 0
 
     def chapters_done(self, slug: str) -> int:
-        return self._query("SELECT count(*) FROM chapter WHERE exam = %s AND state = 'done'", slug)
+        return self._query("SELECT count(*) FROM slice WHERE exam = %s AND state = 'done'", slug)
 
     def chapters_failed(self, slug: str) -> int:
-        return self._query("SELECT count(*) FROM chapter WHERE exam = %s AND state = 'failed'",
+        return self._query("SELECT count(*) FROM slice WHERE exam = %s AND state = 'failed'",
                            slug)
 
     def questions(self, slug: str) -> int:

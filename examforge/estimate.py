@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from examforge.prices import Price
 from examforge.prompt import build_messages
 from examforge.settings import Settings
-from examforge.syllabus import Syllabus
+from examforge.syllabus import Syllabus, slice_ranges
 from examforge.tokens import count_messages, encoding_name
 
 # Completion tokens of one multiple-choice question with its explanation, as JSON, when no
@@ -127,15 +127,22 @@ def estimate(slug: str, syllabus: Syllabus, settings: Settings, *,
     for chapter in syllabus.chapters:
         texts = list(stored.get(chapter.id, []))
         ch = ChapterEstimate(chapter.id, stored=len(texts), target=chapter.questions)
-        have = len(texts)
-        avoid: list[str] = []  # as the pipeline: the questions this run has added
-        while have < chapter.questions:
-            want = min(settings.questions_per_call, chapter.questions - have)
-            messages = build_messages(slug, syllabus.title, chapter, want, avoid)
-            ch.calls += 1
-            ch.prompt_tokens += count_messages(messages, model)
-            ch.max_completion_tokens += settings.max_tokens(want)
-            have += want
-            avoid = (avoid + [placeholder] * want)[-20:]
+        ranges = list(slice_ranges(1, chapter.questions, settings.slice_questions))
+        for first, count in ranges:
+            # As the pipeline: each slice in batches of its own; the prompt lists what the
+            # chapter has (the stored questions are taken to be its first numbers).
+            have = max(0, min(count, len(texts) - (first - 1)))
+            avoid = (texts + [placeholder] * (first - 1 + have - len(texts)))[-20:]
+            numbers = ((first, first + count - 1, chapter.questions) if len(ranges) > 1
+                       else None)
+            while have < count:
+                want = min(settings.questions_per_call, count - have)
+                messages = build_messages(slug, syllabus.title, chapter, want, avoid,
+                                          numbers=numbers)
+                ch.calls += 1
+                ch.prompt_tokens += count_messages(messages, model)
+                ch.max_completion_tokens += settings.max_tokens(want)
+                have += want
+                avoid = (avoid + [placeholder] * want)[-20:]
         est.chapters.append(ch)
     return est

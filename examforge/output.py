@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from dataclasses import dataclass
@@ -27,6 +28,11 @@ class Question:
 def normalise(text: str) -> str:
     """The form in which two questions count as the same."""
     return " ".join(text.lower().split())
+
+
+def text_hash(text: str) -> str:
+    """The key under which the database keeps a chapter's questions unique (by `normalise`)."""
+    return hashlib.md5(normalise(text).encode()).hexdigest()
 
 
 def _strip_fences(content: str) -> str:

@@ -103,8 +103,9 @@ def new_owner() -> str:
     return f"{socket.gethostname()[:60]}/{os.getpid()}/{uuid.uuid4().hex[:16]}"
 
 
-def process_chapter(rt: Runtime, exam: str, chapter_id: str) -> ChapterResult:
-    """Generate whatever the chapter is missing, committing each call's questions as they come."""
+def process_chapter(rt: Runtime, exam: str, chapter_id: str, slice_no: int = 0) -> ChapterResult:
+    """Generate whatever the slice of the chapter is missing, committing each call's questions
+    as they come. (One slice: the unit of work; a chapter of one slice is the whole chapter.)"""
     store, settings = rt.store, rt.settings
     lost = threading.Event()  # replaced by the lease keeper's flag once the lease is held
 
@@ -118,14 +119,14 @@ def process_chapter(rt: Runtime, exam: str, chapter_id: str) -> ChapterResult:
     began = time.monotonic()
     try:
         claim = store.claim(exam, chapter_id, new_owner(), settings.lease_s,
-                            settings.max_attempts, plan_first=calls.plan)
+                            settings.max_attempts, slice_no=slice_no, plan_first=calls.plan)
     except BaseException:
         calls.discard()
         raise
     if isinstance(claim, NotClaimed):
         calls.discard()
-        return _not_claimed(claim, exam, chapter_id)
-    fields = {"exam": exam, "chapter": chapter_id, "attempt": claim.attempt}
+        return _not_claimed(claim, exam, chapter_id, slice_no)
+    fields = {"exam": exam, "chapter": chapter_id, "slice": slice_no, "attempt": claim.attempt}
     if claim.took_over_calls:
         log.warning("took over chapter; previous holder's calls marked wasted",
                     extra={**fields, "wasted": claim.took_over_calls})
@@ -177,17 +178,19 @@ def _carry_out(rt: Runtime, claim: Claimed, decision: Decision, exc: BaseExcepti
                          calls=run.calls)
 
 
-def _not_claimed(claim: NotClaimed, exam: str, chapter_id: str) -> ChapterResult:
+def _not_claimed(claim: NotClaimed, exam: str, chapter_id: str, slice_no: int) -> ChapterResult:
     if claim.retry_in_s is not None:
         # Busy (a live lease elsewhere) or in backoff: make no call, check back when it ends.
-        log.info("chapter not claimable now; checking back",
-                 extra={"exam": exam, "chapter": chapter_id, "reason": claim.reason.value,
+        log.info("slice not claimable now; checking back",
+                 extra={"exam": exam, "chapter": chapter_id, "slice": slice_no,
+                        "reason": claim.reason.value,
                         "retry_in_s": round(claim.retry_in_s, 2)})
         return ChapterResult(Outcome.retry, f"{claim.reason.value}: {claim.detail}",
                              retry_in_s=claim.retry_in_s + 0.5)
     outcome = Outcome.failed if claim.reason is NotClaimedReason.cap else Outcome.skipped
-    log.info("chapter needs no work here",
-             extra={"exam": exam, "chapter": chapter_id, "reason": claim.reason.value})
+    log.info("slice needs no work here",
+             extra={"exam": exam, "chapter": chapter_id, "slice": slice_no,
+                    "reason": claim.reason.value})
     return ChapterResult(outcome, f"{claim.reason.value} {claim.detail}".strip())
 
 
@@ -228,15 +231,24 @@ class _Calls:
     def _build(self, view: ChapterView, want: int) -> _Next:
         rt = self.rt
         spec = ChapterSpec.model_construct(id=view.chapter_id, title=view.title,
-                                           questions=view.target, prompt=view.prompt)
-        messages = build_messages(view.exam, view.exam_title, spec, want, self.avoid)
+                                           questions=view.chapter_target or view.target,
+                                           prompt=view.prompt)
+        # What the chapter has: read by the store in the transaction before this call (the
+        # claim, or the last commit, which sees every slice's questions), plus the batch
+        # just received. Slices of one chapter are also steered to their own numbers.
+        numbers = None
+        if view.chapter_target > view.target:
+            numbers = (view.first_number, view.first_number + view.target - 1,
+                       view.chapter_target)
+        messages = build_messages(view.exam, view.exam_title, spec, want,
+                                  self.avoid or list(view.recent), numbers=numbers)
         prompt_tokens = rt.client.count_prompt(messages)
         max_tokens = rt.settings.max_tokens(want)
         return _Next(want, messages, prompt_tokens, max_tokens,
                      rt.client.worst_case_usd(prompt_tokens, max_tokens))
 
     def _plan(self, view: ChapterView, nxt: _Next) -> CallPlan:
-        return CallPlan(view.stored + 1, nxt.want, nxt.prompt_tokens, nxt.max_tokens,
+        return CallPlan(view.next_number, nxt.want, nxt.prompt_tokens, nxt.max_tokens,
                         nxt.reserve_usd, self.rt.client.model, self.rt.client.prices_known)
 
     def _admitted(self, view: ChapterView) -> _Next | None:
@@ -384,7 +396,7 @@ def _generate(rt: Runtime, claim: Claimed, lost: threading.Event, run: _Run,
             calls.prepare(claim.view(stored + len(parsed.questions), target))
         began = time.monotonic()
         try:
-            committed = store.commit_batch(claim, settings.lease_s, call_id, stored + 1,
+            committed = store.commit_batch(claim, settings.lease_s, call_id,
                                            parsed.questions, model=completion.model,
                                            note=note, usage=usage, plan_next=calls.plan)
             if isinstance(committed.next_call, int):
@@ -392,16 +404,29 @@ def _generate(rt: Runtime, claim: Claimed, lost: threading.Event, run: _Run,
         except BaseException:
             calls.discard()
             raise
-        invalid_in_row = 0
-        run.committed += len(parsed.questions)
-        # The target may have been raised by an enqueue while this chapter ran.
+        # The target may have been raised by an enqueue while this slice ran.
         stored, target = committed.stored, committed.target
         planned = committed.next_call
-        for q in parsed.questions:
-            known.add(normalise(q.question))
+        if committed.recent:
+            calls.avoid = list(committed.recent)  # what every slice of the chapter stored
+        for text in committed.kept:
+            known.add(normalise(text))
+        if not committed.kept:
+            # Every question was one another slice had just stored: re-asked like any
+            # invalid output (the call is booked as wasted).
+            invalid_in_row += 1
+            log.warning("every question already stored by another slice", extra={
+                "exam": claim.exam, "chapter": claim.chapter_id, "slice": claim.slice_no})
+            if invalid_in_row > settings.max_reasks:
+                raise OutputInvalid(Rejection.duplicate,
+                                    "every question was one the chapter already had")
+            continue
+        invalid_in_row = 0
+        run.committed += len(committed.kept)
         if log.isEnabledFor(logging.INFO):
             log.info("batch committed", extra={
-                "exam": claim.exam, "chapter": claim.chapter_id, "attempt": claim.attempt,
+                "exam": claim.exam, "chapter": claim.chapter_id, "slice": claim.slice_no,
+                "attempt": claim.attempt,
                 "stored": stored, "target": target, "prompt_tokens": usage.prompt_tokens,
                 "completion_tokens": usage.completion_tokens, "cost_usd": usage.cost_usd})
 

@@ -28,6 +28,8 @@ class Label(str, Enum):
     chapter_id = "Chapter id"
     chapter_title = "Chapter title"
     question_count = "Number of questions"
+    # "101-150 of 300": the part of the chapter this call writes, when its slices run at once.
+    question_numbers = "Question numbers"
     guidance = "Guidance"
 
 
@@ -61,9 +63,11 @@ def read_fields(text: str) -> dict[Label, str]:
 
 
 def build_messages(
-    exam_slug: str, exam_title: str, chapter: Chapter, count: int, avoid: list[str]
+    exam_slug: str, exam_title: str, chapter: Chapter, count: int, avoid: list[str],
+    numbers: tuple[int, int, int] | None = None,
 ) -> list[dict[str, str]]:
-    """Messages for one call. The fixed `Key: value` lines are also what the mock server reads."""
+    """Messages for one call. The fixed `Key: value` lines are also what the mock server reads.
+    `numbers` (first, last, of how many) steers a slice to its own share of the chapter."""
     lines = [
         field_line(Label.exam, exam_slug),
         field_line(Label.exam_title, exam_title),
@@ -71,6 +75,11 @@ def build_messages(
         field_line(Label.chapter_title, chapter.title),
         field_line(Label.question_count, count),
     ]
+    if numbers is not None:
+        first, last, total = numbers
+        lines.append(field_line(Label.question_numbers,
+                                f"{first}-{last} of {total} (cover a different part of the "
+                                "chapter's ground than the other numbers)"))
     if chapter.prompt:
         lines.append(field_line(Label.guidance, chapter.prompt))
     if avoid:

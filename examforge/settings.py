@@ -115,6 +115,11 @@ class Settings(BaseSettings):
         None, gt=0, description="Default budget of a new exam (enqueue/run --budget-usd sets one)."
     )
     questions_per_call: int = Field(10, ge=1, le=100, description="Questions asked per model call.")
+    slice_questions: int = Field(
+        50, ge=1, le=100_000,
+        description="Questions per slice: a chapter is cut into slices of at most this many, "
+                    "each its own task, so that many workers generate one chapter at once. "
+                    "Applies to chapters enqueued (or raised, or regenerated) after it is set.")
     max_questions_per_chapter: int = Field(5000, ge=1, description="Sanity cap on a chapter's count.")
     exams_dir: Path = Field(Path("./exams"), description="Where SLUG/syllabus.json lives.")
     lease_s: float = Field(30.0, gt=0, description="Chapter lease TTL (database clock).")

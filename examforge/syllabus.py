@@ -10,7 +10,7 @@ import hashlib
 import json
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -242,3 +242,10 @@ def load_syllabus(path: Path, *, max_questions: int) -> Syllabus:
                 f"{path}: chapters[{i}].questions: {chapter.questions} is outside 1..{max_questions}"
             )
     return syllabus
+
+
+def slice_ranges(first: int, last: int, size: int) -> Iterator[tuple[int, int]]:
+    """(first number, count) of the slices covering numbers first..last, `size` at most each:
+    how a chapter is cut into units of work (storage.models.Slice)."""
+    for start in range(first, last + 1, size):
+        yield start, min(size, last - start + 1)

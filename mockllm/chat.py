@@ -69,6 +69,10 @@ class ChatCall:
         return self.prompt.key
 
     @property
+    def requester(self) -> str:
+        return self.prompt.requester
+
+    @property
     def model(self) -> str:
         return self.prompt.model
 
@@ -169,7 +173,7 @@ class ChatEngine:
             raise ChatError(429, REQUEST_TOO_LARGE, payload)
         mode = state.config.ratelimit_headers
         if mode != "azure":
-            state.promise_retry_after(call.key, refusal.wait_s)
+            state.promise_retry_after(call.requester, refusal.wait_s)
         raise ChatError(429, RATE_LIMITED, payload, retry_headers(refusal.wait_s, mode))
 
     def fault_error(self, call: ChatCall, outcome: str) -> ChatError:
@@ -179,7 +183,7 @@ class ChatEngine:
         if outcome == "429":
             seconds = max(1, math.ceil(self.state.config.retry_after_s))
             headers["Retry-After"] = str(seconds)
-            self.state.promise_retry_after(call.key, seconds)
+            self.state.promise_retry_after(call.requester, seconds)
         return ChatError(status, outcome, error_payload(message, error_type, code), headers)
 
     def complete(self, call: ChatCall, outcome: str) -> Completion:

@@ -27,6 +27,13 @@ class ChatPrompt:
     title: str
     count: int
     model: str = MODEL_ID
+    # The part of the chapter asked for ("101-150"), when its slices run at once: with the
+    # chapter, who a Retry-After was promised to.
+    part: str | None = None
+
+    @property
+    def requester(self) -> str:
+        return f"{self.key}#{self.part}" if self.part else self.key
 
 
 def message_text(content: Any) -> str:
@@ -69,4 +76,5 @@ def parse_prompt(body: dict[str, Any]) -> ChatPrompt:
         title=fields.get(Label.chapter_title) or chapter_id,
         count=int(count) if count and count.isdigit() else DEFAULT_QUESTION_COUNT,
         model=model if isinstance(model, str) and model else MODEL_ID,
+        part=_first_token(fields.get(Label.question_numbers)),
     )

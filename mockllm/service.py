@@ -230,7 +230,7 @@ class MockService:
         key = prompt.key if prompt else UNKNOWN_CHAPTER
         model = prompt.model if prompt else MODEL_ID
         # Looked up on the instance at each call: the benchmark wraps these two hooks.
-        state.begin_call(key)
+        state.begin_call(key, prompt.requester if prompt else key)
         try:
             return await self._chat(connection, request, body, key, model)
         finally:

@@ -87,15 +87,16 @@ class MockState:
 
     # ---- calls and outcomes
 
-    def begin_call(self, key: str) -> None:
-        """Count an HTTP chat call, track concurrency and check the Retry-After promise."""
+    def begin_call(self, key: str, requester: str | None = None) -> None:
+        """Count an HTTP chat call, track concurrency and check the Retry-After promise made
+        to its requester (the chapter, or the part of it a slice asks for)."""
         self.calls_total += 1
         self.calls_by_chapter[key] += 1
         self.inflight += 1
         self.inflight_by_chapter[key] += 1
         self.max_inflight = max(self.max_inflight, self.inflight)
         self.max_inflight_by_chapter[key] = max(self.max_inflight_by_chapter.get(key, 0), self.inflight_by_chapter[key])
-        self._check_retry_after(key)
+        self._check_retry_after(requester or key)
 
     def begin_batch_call(self, key: str) -> None:
         """Count a request of a batch (no connection, so no concurrency or Retry-After)."""
@@ -223,7 +224,8 @@ class MockState:
         ``calls_by_chapter``, ``outcomes`` and ``outcomes_by_chapter`` (see ``mockllm.faults``),
         ``inflight``, ``max_inflight``, ``max_inflight_by_chapter``, ``retry_after_violations``
         (a chapter called again before the Retry-After of its injected 429 or the retry-after-ms
-        of its rate limit: ``{"chapter", "early_by_s"}``).
+        of its rate limit: ``{"chapter", "early_by_s"}``; for a request naming its part of the
+        chapter, a slice's "Question numbers", the chapter reads ``"exam/chapter#101-150"``).
         Content: ``questions_served_by_chapter`` (new well-formed questions delivered),
         ``rewordings_by_chapter`` and ``rewordings`` (each delivered paraphrase:
         ``{"chapter", "of_serial", "question", "original"}``), ``cut_at_max_tokens``.

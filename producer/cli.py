@@ -155,19 +155,24 @@ def enqueue(slug: str, regenerate: tuple[str, ...], budget_usd: float | None, dr
         return
     store = _store(settings)
     from tasks import app
-    from tasks.broker import broker_epoch, check_broker, publish_chapters
+    from tasks.broker import broker_epoch, check_broker, publish_slices
 
     check_broker(app, settings)  # before writing anything
     _warn_unpriced(settings)
     plan = store.sync_exam(slug, syllabus, regenerate, budget_usd=budget_usd,
-                           default_budget_usd=settings.budget_usd)
-    if plan.to_enqueue:
+                           default_budget_usd=settings.budget_usd,
+                           slice_questions=settings.slice_questions)
+    if plan.slices:
         epoch = broker_epoch(app, settings)
         # Marked before publishing: a worker's pick-up always reads as after its enqueue.
-        store.mark_enqueued(slug, plan.to_enqueue, epoch)
-        publish_chapters(app, slug, plan.to_enqueue)
+        store.mark_enqueued(slug, plan.slices, epoch)
+        publish_slices(app, slug, plan.slices)
+    per_chapter: dict[str, int] = {}
+    for chapter_id, _ in plan.slices:
+        per_chapter[chapter_id] = per_chapter.get(chapter_id, 0) + 1
     for chapter_id in plan.to_enqueue:
-        out.print(f"enqueued  {slug}/{chapter_id}")
+        n = per_chapter[chapter_id]
+        out.print(f"enqueued  {slug}/{chapter_id}" + (f" ({n} slices)" if n > 1 else ""))
     for chapter_id, why in plan.skipped.items():
         out.print(f"skipped   {slug}/{chapter_id}: {why}")
     out.print(f"{len(plan.to_enqueue)} enqueued, {len(plan.skipped)} skipped")
@@ -210,11 +215,16 @@ def status(slug: str, as_json: bool) -> None:
 def _print_status(report: ExamReport) -> None:
     ch, q, u = report.chapters, report.questions, report.usage
     table = Table(title=f"{report.title} ({report.exam}) — {report.state}")
-    for col in ("chapter", "state", "questions", "attempts", "calls", "last error"):
+    for col in ("chapter", "state", "questions", "slices done", "attempts", "calls",
+                "last error"):
         table.add_column(col)
     for c in report.chapter_list:
         error = _short(f"{_when(c.last_error_at)} {c.last_error}") if c.last_error else ""
-        table.add_row(c.id, c.state, f"{c.questions.done}/{c.questions.target}",
+        slices = f"{c.slices_done}/{len(c.slices)}"
+        running = sum(1 for s in c.slices if s.state == "running")
+        if running and len(c.slices) > 1:
+            slices += f" ({running} running)"
+        table.add_row(c.id, c.state, f"{c.questions.done}/{c.questions.target}", slices,
                       str(c.attempts), str(c.calls), error)
     out.print(table)
     out.print(f"chapters: {ch.done}/{ch.total} done, {ch.running} running, "
@@ -292,7 +302,8 @@ def run(slug: str, concurrency: int, budget_usd: float | None, dry_run: bool) ->
     store = _store(settings)
     _warn_unpriced(settings)
     plan = store.sync_exam(slug, syllabus, budget_usd=budget_usd,
-                           default_budget_usd=settings.budget_usd)
+                           default_budget_usd=settings.budget_usd,
+                           slice_questions=settings.slice_questions)
     if plan.exam_paused:
         raise UserError(f"exam {slug} is paused ({plan.exam_paused}); "
                         f"fix the cause, then run: python -m producer resume {slug}")
@@ -312,13 +323,13 @@ def run(slug: str, concurrency: int, budget_usd: float | None, dry_run: bool) ->
                 progress.update(bar, completed=store.questions_done(slug))
 
         tick()
-        results = run_local(rt, slug, plan.to_enqueue, concurrency, on_progress=tick)
+        results = run_local(rt, slug, plan.slices, concurrency, on_progress=tick)
         last_tick[0] = 0.0
         tick()
     rt.close()
-    failed = {c: r for c, r in results.items() if r.outcome == "failed"}
-    for chapter_id, result in failed.items():
-        err.print(f"failed {slug}/{chapter_id}: {result.detail}")
+    failed = {ref: r for ref, r in results.items() if r.outcome == "failed"}
+    for (chapter_id, slice_no), result in failed.items():
+        err.print(f"failed {slug}/{chapter_id} slice {slice_no}: {result.detail}")
     report = store.status(slug)
     out.print(f"{report.questions.done}/{report.questions.target} questions; "
               f"{report.chapters.done}/{report.chapters.total} chapters done")
@@ -346,17 +357,18 @@ def reconcile() -> None:
 def resume(slug: str) -> None:
     """Un-pause an exam (after fixing the API key) and re-enqueue its failed chapters."""
     from tasks import app
-    from tasks.broker import broker_epoch, check_broker, publish_chapters
+    from tasks.broker import broker_epoch, check_broker, publish_slices
 
     settings = _settings()
     store = _store(settings)
     check_broker(app, settings)
     _warn_unpriced(settings)
-    chapters = store.resume(slug)
-    if chapters:
-        store.mark_enqueued(slug, chapters, broker_epoch(app, settings))
-        publish_chapters(app, slug, chapters)
-    out.print(f"resumed {slug}: {len(chapters)} chapters enqueued")
+    slices = store.resume(slug)
+    if slices:
+        store.mark_enqueued(slug, slices, broker_epoch(app, settings))
+        publish_slices(app, slug, slices)
+    chapters = len({chapter_id for chapter_id, _ in slices})
+    out.print(f"resumed {slug}: {chapters} chapters enqueued ({len(slices)} slices)")
 
 
 @cli.command()

@@ -1,5 +1,6 @@
 """`producer run`: the embedded mode. Same claim / call / commit code as the workers, with a
-thread pool instead of a broker. Killed and started again, it resumes from the database."""
+thread pool instead of a broker: each slice is a job of the pool, so the slices of one chapter
+run at once here too. Killed and started again, it resumes from the database."""
 
 from __future__ import annotations
 
@@ -11,14 +12,17 @@ from typing import Callable
 from examforge.pipeline import ChapterResult, Runtime, process_chapter
 
 
-def run_local(rt: Runtime, exam: str, chapter_ids: list[str], concurrency: int,
-              on_progress: Callable[[], None] | None = None) -> dict[str, ChapterResult]:
-    """Process chapters until each is done, failed or skipped; transient failures are retried
+Slice = tuple[str, int]  # (chapter_id, slice_no)
+
+
+def run_local(rt: Runtime, exam: str, slices: list[Slice], concurrency: int,
+              on_progress: Callable[[], None] | None = None) -> dict[Slice, ChapterResult]:
+    """Process slices until each is done, failed or skipped; transient failures are retried
     after the delay the pipeline asks for (backoff, Retry-After, another holder's lease)."""
-    ready: list[tuple[float, int, str]] = [(0.0, i, c) for i, c in enumerate(chapter_ids)]
+    ready: list[tuple[float, int, Slice]] = [(0.0, i, s) for i, s in enumerate(slices)]
     heapq.heapify(ready)
-    results: dict[str, ChapterResult] = {}
-    running: dict[Future[ChapterResult], str] = {}
+    results: dict[Slice, ChapterResult] = {}
+    running: dict[Future[ChapterResult], Slice] = {}
     with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="chapter") as pool:
         try:
             _loop(rt, exam, pool, ready, running, results, concurrency, on_progress)
@@ -31,16 +35,16 @@ def run_local(rt: Runtime, exam: str, chapter_ids: list[str], concurrency: int,
 
 
 def _loop(rt: Runtime, exam: str, pool: ThreadPoolExecutor,
-          ready: list[tuple[float, int, str]], running: dict[Future[ChapterResult], str],
-          results: dict[str, ChapterResult], concurrency: int,
+          ready: list[tuple[float, int, Slice]], running: dict[Future[ChapterResult], Slice],
+          results: dict[Slice, ChapterResult], concurrency: int,
           on_progress: Callable[[], None] | None) -> None:
     """Submit ready chapters, collect results, re-schedule retries at their delay."""
     seq = len(ready) + len(running) + len(results)
     while ready or running:
         now = time.monotonic()
         while ready and ready[0][0] <= now and len(running) < concurrency:
-            _, _, chapter_id = heapq.heappop(ready)
-            running[pool.submit(process_chapter, rt, exam, chapter_id)] = chapter_id
+            _, _, ref = heapq.heappop(ready)
+            running[pool.submit(process_chapter, rt, exam, *ref)] = ref
         timeout = max(0.0, ready[0][0] - now) if ready else None
         if running:
             finished, _ = wait(running, timeout=min(timeout or 1.0, 1.0),
@@ -49,15 +53,14 @@ def _loop(rt: Runtime, exam: str, pool: ThreadPoolExecutor,
             finished = set()
             time.sleep(min(timeout or 0.1, 1.0))
         for fut in finished:
-            chapter_id = running.pop(fut)
+            ref = running.pop(fut)
             result = fut.result()
             if result.outcome in ("retry", "lost"):
                 # "lost": our lease expired (a stalled database, another process took the
                 # chapter); come back and claim again, or find it done.
                 seq += 1
-                heapq.heappush(ready, (time.monotonic() + (result.retry_in_s or 1.0), seq,
-                                       chapter_id))
+                heapq.heappush(ready, (time.monotonic() + (result.retry_in_s or 1.0), seq, ref))
             else:
-                results[chapter_id] = result
+                results[ref] = result
         if on_progress:
             on_progress()

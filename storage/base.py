@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Iterator
+from typing import Any, Iterator
 
-from sqlalchemy import func, select
+from sqlalchemy import and_, func, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 
 from storage.db import READ_ONLY, db_now
-from storage.models import Call, Chapter, ChapterState, Exam, Question
+from storage.models import Call, ChapterState, Slice, Exam, Question
 
 E = Exam.__table__  # type: ignore[attr-defined]
-C = Chapter.__table__  # type: ignore[attr-defined]
+S = Slice.__table__  # type: ignore[attr-defined]
 Q = Question.__table__  # type: ignore[attr-defined]
 K = Call.__table__  # type: ignore[attr-defined]
 
@@ -62,6 +62,27 @@ class StoreBase:
     def _stored(conn: Connection, slug: str, chapter_id: str) -> int:
         return conn.execute(select(func.count()).select_from(Q).where(
             Q.c.exam == slug, Q.c.chapter_id == chapter_id)).scalar_one()
+
+    @staticmethod
+    def _slice_stored(conn: Connection, slug: str, chapter_id: str, first: int,
+                      target: int) -> int:
+        """The chapter's stored questions in the range first .. first + target - 1."""
+        return conn.execute(select(func.count()).select_from(Q).where(
+            Q.c.exam == slug, Q.c.chapter_id == chapter_id, Q.c.number >= first,
+            Q.c.number < first + target)).scalar_one()
+
+    @staticmethod
+    def _slice_rows(conn: Connection, slug: str, *columns: Any) -> list[Any]:
+        """Every slice of the exam with `columns` and the count of questions in its range
+        (`stored`), in syllabus order."""
+        in_range = and_(Q.c.exam == S.c.exam, Q.c.chapter_id == S.c.chapter_id,
+                        Q.c.number >= S.c.first_number,
+                        Q.c.number < S.c.first_number + S.c.target)
+        cols = (S.c.chapter_id, S.c.slice_no, S.c.position, *columns)
+        return list(conn.execute(
+            select(*cols, func.count(Q.c.id).label("stored"))
+            .select_from(S.outerjoin(Q, in_range)).where(S.c.exam == slug)
+            .group_by(*cols).order_by(S.c.position, S.c.chapter_id, S.c.slice_no)))
 
     @staticmethod
     def _require_exam(conn: Connection, slug: str) -> None:

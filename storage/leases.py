@@ -9,12 +9,12 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Sequence
 
-from sqlalchemy import case, or_, select, update
+from sqlalchemy import case, func, or_, select, update
 from sqlalchemy.engine import Connection, Engine
 
 from examforge.output import normalise
-from storage.base import ACTIVE_STATES, C, E, Q
-from storage.ledger import ChapterView, Ledger, NoRoom, Planner
+from storage.base import ACTIVE_STATES, E, Q, S
+from storage.ledger import RECENT_QUESTIONS, ChapterView, Ledger, NoRoom, Planner
 from storage.models import ChapterState, ExamState
 
 
@@ -35,11 +35,27 @@ class Claimed:
     # The first call, recorded in the claim's own transaction when the caller planned one:
     # its id, NoRoom (the budget has no room for it), or None (nothing planned).
     first_call: int | NoRoom | None = None
+    # The slice: `target` and `stored` count its range, from `first_number`; `chapter_target`
+    # is the whole chapter's. `recent`: the chapter's latest stored questions, all slices.
+    slice_no: int = 0
+    first_number: int = 1
+    chapter_target: int = 0
+    recent: tuple[str, ...] = ()
 
     def view(self, stored: int | None = None, target: int | None = None) -> ChapterView:
         return ChapterView(self.exam, self.chapter_id, self.exam_title, self.title, self.prompt,
                            self.stored if stored is None else stored,
-                           self.target if target is None else target)
+                           self.target if target is None else target,
+                           self.slice_no, self.first_number,
+                           self.chapter_target or self.target, self.recent)
+
+    def where(self) -> tuple[Any, ...]:
+        """The conditions that select this claim's slice row."""
+        return slice_where(self.exam, self.chapter_id, self.slice_no)
+
+
+def slice_where(exam: str, chapter_id: str, slice_no: int) -> tuple[Any, ...]:
+    return S.c.exam == exam, S.c.chapter_id == chapter_id, S.c.slice_no == slice_no
 
 
 class NotClaimedReason(str, Enum):
@@ -65,53 +81,63 @@ class NotClaimed:
 class Leases(Ledger):
     """Claim, renew, release and fail chapters."""
 
-    def mark_picked(self, slug: str, chapter_id: str) -> None:
-        """A worker received this chapter's message. `claim` notes it itself, in its own
+    def mark_picked(self, slug: str, chapter_id: str, slice_no: int = 0) -> None:
+        """A worker received this slice's message. `claim` notes it itself, in its own
         transaction; this is for tests that play a worker dying before it claims."""
         with self._write() as conn:
-            conn.execute(update(C).where(C.c.exam == slug, C.c.chapter_id == chapter_id)
+            conn.execute(update(S).where(*slice_where(slug, chapter_id, slice_no))
                          .values(picked_at=self._now))
 
     def claim(self, slug: str, chapter_id: str, owner: str, lease_s: float,
-              max_attempts: int, *, plan_first: Planner | None = None) -> Claimed | NotClaimed:
-        """Take the chapter's lease if nobody holds a live one and it still needs work, and
+              max_attempts: int, *, slice_no: int = 0,
+              plan_first: Planner | None = None) -> Claimed | NotClaimed:
+        """Take the slice's lease if nobody holds a live one and it still needs work, and
         note that a worker received its message (picked_at: the reconciler's evidence of
         delivery), in one transaction. With `plan_first`, the first call is recorded in the
         same transaction too (see Ledger.start_planned)."""
+        key = slice_where(slug, chapter_id, slice_no)
         with self._write() as conn:
             self._exam_first(conn, slug)
             exam_active = select(E.c.slug).where(
                 E.c.slug == slug, E.c.state == ExamState.active.value).exists()
             won = conn.execute(
-                update(C)
+                update(S)
                 .where(
-                    C.c.exam == slug, C.c.chapter_id == chapter_id,
-                    C.c.state.in_(ACTIVE_STATES),
-                    or_(C.c.lease_owner.is_(None), C.c.lease_expires_at <= self._now),
-                    or_(C.c.not_before_at.is_(None), C.c.not_before_at <= self._now),
-                    C.c.attempts_since_progress < max_attempts,
+                    *key,
+                    S.c.state.in_(ACTIVE_STATES),
+                    or_(S.c.lease_owner.is_(None), S.c.lease_expires_at <= self._now),
+                    or_(S.c.not_before_at.is_(None), S.c.not_before_at <= self._now),
+                    S.c.attempts_since_progress < max_attempts,
                     exam_active,
                 )
                 .values(lease_owner=owner, lease_expires_at=self._now + lease_s,
-                        state=ChapterState.running.value, attempts=C.c.attempts + 1,
-                        attempts_since_progress=C.c.attempts_since_progress + 1,
+                        state=ChapterState.running.value, attempts=S.c.attempts + 1,
+                        attempts_since_progress=S.c.attempts_since_progress + 1,
                         not_before_at=None, picked_at=self._now, updated_at=self._now)
             ).rowcount
             if won != 1:
-                conn.execute(update(C).where(C.c.exam == slug, C.c.chapter_id == chapter_id)
-                             .values(picked_at=self._now))
-                return self._why_not(conn, slug, chapter_id, max_attempts)
-            took_over = self._waste_orphaned_calls(conn, slug, chapter_id)
+                conn.execute(update(S).where(*key).values(picked_at=self._now))
+                return self._why_not(conn, slug, chapter_id, slice_no, max_attempts)
+            took_over = self._waste_orphaned_calls(conn, slug, chapter_id, slice_no)
             row = conn.execute(
-                select(C, E.c.title.label("exam_title")).join(E, E.c.slug == C.c.exam)
-                .where(C.c.exam == slug, C.c.chapter_id == chapter_id)).one()
-            texts = conn.execute(select(Q.c.question).where(
-                Q.c.exam == slug, Q.c.chapter_id == chapter_id)).scalars().all()
+                select(S, E.c.title.label("exam_title")).join(E, E.c.slug == S.c.exam)
+                .where(*key)).one()
+            numbers_texts = conn.execute(select(Q.c.number, Q.c.question).where(
+                Q.c.exam == slug, Q.c.chapter_id == chapter_id).order_by(Q.c.id)).all()
+            last = row.first_number + row.target
+            chapter_target = conn.execute(
+                select(func.max(S.c.first_number + S.c.target - 1))
+                .where(S.c.exam == slug, S.c.chapter_id == chapter_id)).scalar_one()
             claimed = Claimed(
                 exam=slug, chapter_id=chapter_id, owner=owner, attempt=row.attempts,
-                target=row.target, stored=len(texts), known=frozenset(map(normalise, texts)),
+                target=row.target,
+                stored=sum(1 for n, _ in numbers_texts if row.first_number <= n < last),
+                known=frozenset(normalise(t) for _, t in numbers_texts),
                 exam_title=row.exam_title, title=row.title, prompt=row.prompt,
                 attempts_since_progress=row.attempts_since_progress, took_over_calls=took_over,
+                slice_no=slice_no, first_number=row.first_number,
+                chapter_target=chapter_target or row.target,
+                recent=tuple(t for _, t in numbers_texts[-RECENT_QUESTIONS:]),
             )
             if plan_first is None:
                 return claimed
@@ -123,20 +149,22 @@ class Leases(Ledger):
         transaction that took suspiciously long: a freeze in the middle of it)."""
         with self._write() as conn:
             return conn.execute(
-                update(C).where(C.c.exam == claim.exam, C.c.chapter_id == claim.chapter_id,
-                                C.c.lease_owner == claim.owner,
-                                C.c.lease_expires_at > self._now,
-                                C.c.state == ChapterState.running.value)
+                update(S).where(*claim.where(),
+                                S.c.lease_owner == claim.owner,
+                                S.c.lease_expires_at > self._now,
+                                S.c.state == ChapterState.running.value)
                 .values(lease_expires_at=self._now + lease_s)).rowcount == 1
 
-    def _why_not(self, conn: Connection, slug: str, chapter_id: str,
+    def _why_not(self, conn: Connection, slug: str, chapter_id: str, slice_no: int,
                  max_attempts: int) -> NotClaimed:
+        key = slice_where(slug, chapter_id, slice_no)
         row = conn.execute(
-            select(C, E.c.state.label("exam_state"), E.c.pause_reason, self._now.label("now"))
-            .join(E, E.c.slug == C.c.exam)
-            .where(C.c.exam == slug, C.c.chapter_id == chapter_id)).one_or_none()
+            select(S, E.c.state.label("exam_state"), E.c.pause_reason, self._now.label("now"))
+            .join(E, E.c.slug == S.c.exam)
+            .where(*key)).one_or_none()
         if row is None:
-            return NotClaimed(NotClaimedReason.missing, detail=f"no chapter {slug}/{chapter_id} in the database")
+            return NotClaimed(NotClaimedReason.missing,
+                              detail=f"no slice {slug}/{chapter_id}/{slice_no} in the database")
         if row.state in (ChapterState.done.value, ChapterState.failed.value,
                          ChapterState.cancelled.value):
             return NotClaimed(NotClaimedReason(row.state))
@@ -150,10 +178,10 @@ class Leases(Ledger):
         if row.attempts_since_progress >= max_attempts:
             error = (f"attempt cap: {row.attempts_since_progress} attempts without progress; "
                      f"last error: {row.last_error or 'none recorded (worker crashed?)'}")
-            conn.execute(update(C).where(C.c.exam == slug, C.c.chapter_id == chapter_id).values(
+            conn.execute(update(S).where(*key).values(
                 state=ChapterState.failed.value, lease_owner=None, lease_expires_at=None,
                 last_error=error, last_error_at=self._now, updated_at=self._now))
-            self._waste_orphaned_calls(conn, slug, chapter_id)
+            self._waste_orphaned_calls(conn, slug, chapter_id, slice_no)
             return NotClaimed(NotClaimedReason.cap, detail=error)
         return NotClaimed(NotClaimedReason.busy, retry_in_s=0.5,
                           detail="changed under us; check back")
@@ -169,10 +197,10 @@ class Leases(Ledger):
             return set()
         with self._write(self._heartbeat_engine()) as conn:
             return set(conn.execute(
-                update(C).where(C.c.lease_owner.in_(owners), C.c.lease_expires_at > self._now,
-                                C.c.state == ChapterState.running.value)
+                update(S).where(S.c.lease_owner.in_(owners), S.c.lease_expires_at > self._now,
+                                S.c.state == ChapterState.running.value)
                 .values(lease_expires_at=self._now + lease_s)
-                .returning(C.c.lease_owner)).scalars().all())
+                .returning(S.c.lease_owner)).scalars().all())
 
     def _heartbeat_engine(self) -> Engine:
         with self._beat_lock:
@@ -192,12 +220,12 @@ class Leases(Ledger):
         values: dict[str, Any] = {}
         if not count_attempt:
             values["attempts_since_progress"] = case(
-                (C.c.attempts_since_progress > 0, C.c.attempts_since_progress - 1), else_=0)
+                (S.c.attempts_since_progress > 0, S.c.attempts_since_progress - 1), else_=0)
         with self._write() as conn:
             return conn.execute(
-                update(C).where(C.c.exam == claim.exam, C.c.chapter_id == claim.chapter_id,
-                                C.c.lease_owner == claim.owner,
-                                C.c.state == ChapterState.running.value)
+                update(S).where(*claim.where(),
+                                S.c.lease_owner == claim.owner,
+                                S.c.state == ChapterState.running.value)
                 .values(state=ChapterState.pending.value, lease_owner=None,
                         lease_expires_at=None, not_before_at=self._now + retry_in_s,
                         last_error=error[:1000], last_error_at=self._now, updated_at=self._now,
@@ -209,8 +237,7 @@ class Leases(Ledger):
         and pause it when that many happened in a row."""
         with self._write() as conn:
             conn.execute(
-                update(C).where(C.c.exam == claim.exam, C.c.chapter_id == claim.chapter_id,
-                                C.c.lease_owner == claim.owner)
+                update(S).where(*claim.where(), S.c.lease_owner == claim.owner)
                 .values(state=ChapterState.failed.value, lease_owner=None,
                         lease_expires_at=None, last_error=error[:1000],
                         last_error_at=self._now, updated_at=self._now))

@@ -4,6 +4,7 @@ is committed together with its call's usage, only while the lease is held (fenci
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Sequence
@@ -14,11 +15,17 @@ from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from examforge.errors import LeaseLost
 from examforge.output import Question as ParsedQuestion
-from storage.base import C, E, K, Q, StoreBase
+from examforge.output import text_hash
+from storage.base import E, K, Q, S, StoreBase
 from storage.models import CallOutcome, CallReason, ChapterState
 
 if TYPE_CHECKING:
     from storage.leases import Claimed
+
+# What a prompt shows of the questions a chapter already has (see examforge.prompt).
+RECENT_QUESTIONS = 20
+# A commit that loses a race with another slice storing the same question checks again.
+_DUPLICATE_RACE_RETRIES = 3
 
 
 @dataclass(frozen=True)
@@ -48,10 +55,15 @@ class NoRoom:
 
 @dataclass(frozen=True)
 class Committed:
-    stored: int
-    target: int
+    stored: int  # in the slice's range
+    target: int  # the slice's
     # The next call, recorded in the commit's own transaction when the caller planned one.
     next_call: int | NoRoom | None = None
+    # The questions of the batch that another slice of the chapter had stored first (dropped),
+    # and the chapter's latest stored questions, all slices, read in the commit's transaction.
+    duplicates: int = 0
+    recent: tuple[str, ...] = ()
+    kept: tuple[str, ...] = ()  # the texts of the questions this commit stored
 
     @property
     def done(self) -> bool:
@@ -67,8 +79,17 @@ class ChapterView:
     exam_title: str
     title: str
     prompt: str | None
-    stored: int
-    target: int
+    stored: int  # in the slice's range
+    target: int  # the slice's
+    slice_no: int = 0
+    first_number: int = 1
+    chapter_target: int = 0
+    recent: tuple[str, ...] = ()  # the chapter's latest stored questions, all slices
+
+    @property
+    def next_number(self) -> int:
+        """The number the next stored question of the slice gets."""
+        return self.first_number + self.stored
 
 
 @dataclass(frozen=True)
@@ -93,7 +114,8 @@ Planner = Callable[[ChapterView], "CallPlan | None"]
 class Ledger(StoreBase):
     """Calls: started, finished, committed with their batch; budgets reserved and settled."""
 
-    def _waste_orphaned_calls(self, conn: Connection, slug: str, chapter_id: str) -> int:
+    def _waste_orphaned_calls(self, conn: Connection, slug: str, chapter_id: str,
+                              slice_no: int) -> int:
         """Calls still in flight when nobody holds the lease belong to a holder whose lease
         expired (a crash, a freeze, a partition): their output can no longer be committed.
         Their reply never came back, so each is booked at its worst case (its prompt and its
@@ -101,6 +123,7 @@ class Ledger(StoreBase):
         and its reservation settled."""
         rows = conn.execute(
             update(K).where(K.c.exam == slug, K.c.chapter_id == chapter_id,
+                            K.c.slice_no == slice_no,
                             K.c.outcome == CallOutcome.in_flight.value)
             .values(outcome=CallOutcome.wasted.value, finished_at=self._now,
                     reason=CallReason.crash_before_commit.value,
@@ -152,10 +175,9 @@ class Ledger(StoreBase):
         with self._write() as conn:
             self._exam_first(conn, claim.exam)
             held = conn.execute(
-                update(C).where(C.c.exam == claim.exam, C.c.chapter_id == claim.chapter_id,
-                                C.c.lease_owner == claim.owner,
-                                C.c.lease_expires_at > self._now,
-                                C.c.state == ChapterState.running.value)
+                update(S).where(*claim.where(), S.c.lease_owner == claim.owner,
+                                S.c.lease_expires_at > self._now,
+                                S.c.state == ChapterState.running.value)
                 .values(lease_expires_at=self._now + lease_s)).rowcount
             if held != 1:
                 raise LeaseLost(f"lease on {claim.exam}/{claim.chapter_id} lost before a call")
@@ -185,7 +207,7 @@ class Ledger(StoreBase):
             return NoRoom(exam.budget_usd, exam.spent_usd, exam.reserved_usd, plan.reserve_usd)
         return conn.execute(
             insert(K).values(exam=claim.exam, chapter_id=claim.chapter_id,
-                             attempt=claim.attempt, first_number=plan.first_number,
+                             slice_no=claim.slice_no, attempt=claim.attempt, first_number=plan.first_number,
                              requested=plan.requested, worker=claim.owner,
                              outcome=CallOutcome.in_flight.value, started_at=self._now,
                              prompt_tokens=plan.prompt_tokens, max_tokens=plan.max_tokens,
@@ -232,59 +254,39 @@ class Ledger(StoreBase):
                                          "detail": detail[:1000] or None,
                                          "status_code": status_code}, usage)
 
-    def commit_batch(self, claim: Claimed, lease_s: float, call_id: int, first_number: int,
+    def commit_batch(self, claim: Claimed, lease_s: float, call_id: int,
                      questions: Sequence[ParsedQuestion], *, model: str, usage: Usage,
                      note: str = "", plan_next: Planner | None = None) -> Committed:
         """Store one call's questions and its usage atomically, only while holding the lease.
 
-        Returns the chapter's stored count and its target as they are now (the target may have
-        been raised by an `enqueue` while the chapter ran). Raises LeaseLost (after recording
-        the call as wasted) when the lease is gone: the result is discarded, never mixed in. Any
-        other database failure records the call as wasted too, with its tokens, and re-raises.
+        The questions are numbered on from the slice's stored count as read inside the
+        transaction (the lease holder is the only writer of its range, so the numbers stay
+        contiguous). A question whose normalised text the chapter already has, stored by
+        another of its slices since this one's claim, is dropped (UNIQUE(exam, chapter_id,
+        norm_hash) makes storing it twice impossible whichever slices race); a batch left with
+        none stores nothing and its call is booked as wasted (invalid output).
+
+        Returns the slice's stored count and its target as they are now (the target may have
+        been raised by an `enqueue` while it ran). Raises LeaseLost (after recording the call
+        as wasted) when the lease is gone: the result is discarded, never mixed in. Any other
+        database failure records the call as wasted too, with its tokens, and re-raises.
         """
+        hashes = [text_hash(q.question) for q in questions]
         try:
-            with self._write() as conn:
-                self._exam_first(conn, claim.exam)
-                # The fence: this row is ours only while the lease is. It also locks the row,
-                # so the target it returns cannot change before we commit.
-                held = conn.execute(
-                    update(C)
-                    .where(C.c.exam == claim.exam, C.c.chapter_id == claim.chapter_id,
-                           C.c.lease_owner == claim.owner, C.c.lease_expires_at > self._now,
-                           C.c.state == ChapterState.running.value)
-                    .values(attempts_since_progress=0, lease_expires_at=self._now + lease_s,
-                            last_error=None, updated_at=self._now)
-                    .returning(C.c.target, C.c.updated_at)
-                ).one_or_none()
-                if held is None:
-                    raise LeaseLost(f"lease on {claim.exam}/{claim.chapter_id} lost before commit")
-                target, now = held
-                conn.execute(insert(Q), [
-                    {"exam": claim.exam, "chapter_id": claim.chapter_id,
-                     "number": first_number + i, "question": q.question,
-                     "choices": json.dumps(list(q.choices), ensure_ascii=False),
-                     "answer_index": q.answer_index, "explanation": q.explanation,
-                     "model": model, "call_id": call_id, "created_at": now}
-                    for i, q in enumerate(questions)
-                ])
-                if not self._finish(conn, call_id, {
-                        "outcome": CallOutcome.used.value, "reason": None,
-                        "detail": note or None, "questions_stored": len(questions)}, usage):
-                    # Settled by a takeover in the meantime: the fence above makes that
-                    # impossible while we hold the lease, so this is a bug, not a race.
-                    raise LeaseLost(f"call {call_id} was already settled")
-                conn.execute(update(E).where(E.c.slug == claim.exam, E.c.auth_failures > 0)
-                             .values(auth_failures=0))
-                stored = self._stored(conn, claim.exam, claim.chapter_id)
-                if stored >= target:
-                    conn.execute(update(C).where(C.c.exam == claim.exam,
-                                                 C.c.chapter_id == claim.chapter_id).values(
-                        state=ChapterState.done.value, lease_owner=None, lease_expires_at=None))
-                    return Committed(stored=stored, target=target)
-                # The next call is recorded in this same transaction: one write per paid call.
-                following = None if plan_next is None else self._start_planned(
-                    conn, claim, plan_next(claim.view(stored, target)))
-                return Committed(stored=stored, target=target, next_call=following)
+            for attempt in range(_DUPLICATE_RACE_RETRIES + 1):
+                try:
+                    with self._write() as conn:
+                        return self._commit(conn, claim, lease_s, call_id, questions, hashes,
+                                            model=model, usage=usage, note=note,
+                                            plan_next=plan_next)
+                except IntegrityError as exc:
+                    # Another slice committed one of these questions after our check read
+                    # the chapter (PostgreSQL: its transaction was open): check again.
+                    if "norm_hash" not in str(exc) and "uq_question_text" not in str(exc):
+                        raise
+                    if attempt == _DUPLICATE_RACE_RETRIES:
+                        raise
+            raise AssertionError("unreachable")
         except (LeaseLost, IntegrityError) as exc:
             detail = ("the lease expired or was taken before the commit" if
                       isinstance(exc, LeaseLost) else "duplicate question number")
@@ -300,3 +302,69 @@ class Ledger(StoreBase):
             except SQLAlchemyError:
                 pass  # still down: the takeover will mark it wasted
             raise
+
+    def _commit(self, conn: Connection, claim: Claimed, lease_s: float, call_id: int,
+                questions: Sequence[ParsedQuestion], hashes: list[str], *, model: str,
+                usage: Usage, note: str, plan_next: Planner | None) -> Committed:
+        self._exam_first(conn, claim.exam)
+        # The fence: this row is ours only while the lease is. It also locks the row, so the
+        # target it returns cannot change before we commit.
+        held = conn.execute(
+            update(S)
+            .where(*claim.where(), S.c.lease_owner == claim.owner,
+                   S.c.lease_expires_at > self._now, S.c.state == ChapterState.running.value)
+            .values(lease_expires_at=self._now + lease_s, updated_at=self._now)
+            .returning(S.c.target, S.c.first_number, S.c.updated_at)
+        ).one_or_none()
+        if held is None:
+            raise LeaseLost(f"lease on {claim.exam}/{claim.chapter_id}/{claim.slice_no} "
+                            "lost before commit")
+        target, first, now = held
+        taken = set(conn.execute(select(Q.c.norm_hash).where(
+            Q.c.exam == claim.exam, Q.c.chapter_id == claim.chapter_id,
+            Q.c.norm_hash.in_(hashes))).scalars()) if hashes else set()
+        kept = [(q, h) for q, h in zip(questions, hashes) if h not in taken]
+        stored = self._slice_stored(conn, claim.exam, claim.chapter_id, first, target)
+        if kept:
+            conn.execute(insert(Q), [
+                {"exam": claim.exam, "chapter_id": claim.chapter_id,
+                 "number": first + stored + i, "question": q.question,
+                 "choices": json.dumps(list(q.choices), ensure_ascii=False),
+                 "answer_index": q.answer_index, "explanation": q.explanation,
+                 "norm_hash": h, "model": model, "call_id": call_id, "created_at": now}
+                for i, (q, h) in enumerate(kept)])
+            stored += len(kept)
+            conn.execute(update(S).where(*claim.where()).values(
+                attempts_since_progress=0, last_error=None))
+            values: dict[str, Any] = {"outcome": CallOutcome.used.value, "reason": None,
+                                      "detail": note or None, "questions_stored": len(kept)}
+        else:
+            values = {"outcome": CallOutcome.wasted.value,
+                      "reason": CallReason.invalid_output.value,
+                      "detail": "every question was one the chapter already had (stored by "
+                                "another slice)"}
+        if not self._finish(conn, call_id, values, usage):
+            # Settled by a takeover in the meantime: the fence above makes that impossible
+            # while we hold the lease, so this is a bug, not a race.
+            raise LeaseLost(f"call {call_id} was already settled")
+        conn.execute(update(E).where(E.c.slug == claim.exam, E.c.auth_failures > 0)
+                     .values(auth_failures=0))
+        recent: tuple[str, ...] = ()
+        if claim.chapter_target > claim.target:
+            # Other slices write this chapter too: the next prompts show what it has now.
+            recent = tuple(reversed(conn.execute(
+                select(Q.c.question).where(Q.c.exam == claim.exam,
+                                           Q.c.chapter_id == claim.chapter_id)
+                .order_by(Q.c.id.desc()).limit(RECENT_QUESTIONS)).scalars().all()))
+        result = Committed(stored=stored, target=target, duplicates=len(questions) - len(kept),
+                           recent=recent, kept=tuple(q.question for q, _ in kept))
+        if stored >= target:
+            conn.execute(update(S).where(*claim.where()).values(
+                state=ChapterState.done.value, lease_owner=None, lease_expires_at=None))
+            return result
+        if not kept:
+            return result  # re-asked through the slow path, like any invalid output
+        # The next call is recorded in this same transaction: one write per paid call.
+        following = None if plan_next is None else self._start_planned(
+            conn, claim, plan_next(claim.view(stored, target)))
+        return dataclasses.replace(result, next_call=following)

@@ -63,14 +63,23 @@ class Exam(SQLModel, table=True):
     updated_at: float
 
 
-class Chapter(SQLModel, table=True):
+class Slice(SQLModel, table=True):
+    """The unit of work: a fixed range of one chapter's question numbers, `first_number` to
+    `first_number + target - 1`, with its own lease, attempts, backoff and message. The ranges
+    of a chapter's slices are disjoint, so UNIQUE(exam, chapter_id, number) still makes a
+    double commit impossible while its slices run at once; the chapter is done when all of
+    them are. The chapter's own fields (position, title, prompt, spec_hash) are repeated on
+    each of its slices so that a claim reads one row; they always change together."""
+
     exam: str = Field(primary_key=True, foreign_key="exam.slug", max_length=64)
     chapter_id: str = Field(primary_key=True, max_length=64)
+    slice_no: int = Field(default=0, primary_key=True)
+    first_number: int = 1
     position: int
     title: str = Field(sa_column=Column(Text, nullable=False))
     prompt: Optional[str] = Field(default=None, sa_column=Column(Text))
     spec_hash: str = Field(max_length=32)
-    target: int
+    target: int  # questions in this slice's range
     state: str = Field(default=ChapterState.pending.value, max_length=16)
     attempts: int = 0
     attempts_since_progress: int = 0
@@ -92,6 +101,9 @@ class Chapter(SQLModel, table=True):
 class Question(SQLModel, table=True):
     __table_args__ = (
         UniqueConstraint("exam", "chapter_id", "number", name="uq_question_number"),
+        # No two questions of a chapter with the same normalised text, whichever slices
+        # stored them (NULL for rows stored before this rule, which are never compared).
+        UniqueConstraint("exam", "chapter_id", "norm_hash", name="uq_question_text"),
     )
 
     id: Optional[int] = Field(default=None, primary_key=True)
@@ -102,6 +114,7 @@ class Question(SQLModel, table=True):
     choices: str = Field(sa_column=Column(Text, nullable=False))  # JSON list of 4 strings
     answer_index: int
     explanation: str = Field(sa_column=Column(Text, nullable=False))
+    norm_hash: Optional[str] = Field(default=None, max_length=32)
     model: str = Field(default="", max_length=128)
     call_id: Optional[int] = None
     created_at: float
@@ -115,6 +128,7 @@ class Call(SQLModel, table=True):
     id: Optional[int] = Field(default=None, primary_key=True)
     exam: str = Field(max_length=64)
     chapter_id: str = Field(max_length=64)
+    slice_no: int = 0
     attempt: int
     first_number: int
     requested: int

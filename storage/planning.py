@@ -7,38 +7,50 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Sequence
 
-from sqlalchemy import bindparam, case, delete, func, select, update
+from sqlalchemy import bindparam, case, delete, func, select, tuple_, update
 from sqlalchemy.engine import Connection
 
 from examforge.syllabus import Chapter as SyllabusChapter
-from examforge.syllabus import Syllabus
-from storage.base import ACTIVE_STATES, BUDGET_PAUSE_PREFIX, C, E, K, Q, StoreBase
+from examforge.syllabus import Syllabus, slice_ranges
+from storage.base import ACTIVE_STATES, BUDGET_PAUSE_PREFIX, E, K, Q, S, StoreBase
 from storage.models import CallOutcome, ChapterState, ExamState
+
+
+# A slice as the producer publishes it: (chapter_id, slice_no).
+SliceRef = tuple[str, int]
+
+DEFAULT_SLICE_QUESTIONS = 50
 
 
 @dataclass
 class EnqueuePlan:
-    to_enqueue: list[str] = field(default_factory=list)
+    to_enqueue: list[str] = field(default_factory=list)  # chapters with work, in order
+    slices: list[SliceRef] = field(default_factory=list)  # their slices that need a task
     skipped: dict[str, str] = field(default_factory=dict)  # chapter -> why
     exam_paused: str | None = None
 
 
-
-
 class Planning(StoreBase):
-    """Exams and chapters as the producer sees them."""
+    """Exams, chapters and their slices as the producer sees them."""
 
     def sync_exam(
         self, slug: str, syllabus: Syllabus, regenerate: Iterable[str] = (), *,
         budget_usd: float | None = None, default_budget_usd: float | None = None,
+        slice_questions: int = DEFAULT_SLICE_QUESTIONS,
     ) -> EnqueuePlan:
-        """Record the exam and its chapters; decide which chapters need a task.
+        """Record the exam and its chapters' slices; decide which slices need a task.
+
+        A new chapter is cut into slices of `slice_questions` (SLICE_QUESTIONS) questions; a
+        chapter's slices keep their ranges for life (their questions are numbered within
+        them), so a raised target adds slices for the new numbers and a lowered one trims the
+        ranges past it. `--regenerate` deletes a chapter's questions and slices and cuts it
+        again.
 
         `budget_usd` sets the exam's budget (a raised one resumes an exam its budget paused);
         a new exam given none gets `default_budget_usd` (BUDGET_USD).
 
         Safe under concurrent calls: rows are created with INSERT .. ON CONFLICT DO NOTHING and
-        changed with conditional UPDATEs.
+        changed under the slices' row locks.
         """
         regenerate = set(regenerate)
         plan = EnqueuePlan()
@@ -58,39 +70,89 @@ class Planning(StoreBase):
             exam = conn.execute(select(E.c.state, E.c.pause_reason).where(E.c.slug == slug)).one()
             if exam.state == ExamState.paused.value:
                 plan.exam_paused = exam.pause_reason or "paused"
-            # In bulk: one multi-row insert, one read of every chapter and of the counts of
-            # stored questions, then the changes grouped into a few executemany statements
-            # (a 10,000-chapter exam is a handful of statements, not 40,000).
-            fresh = [{"exam": slug, "chapter_id": ch.id, "position": i, "title": ch.title,
-                      "prompt": ch.prompt, "spec_hash": ch.spec_hash, "target": ch.questions,
-                      "state": ChapterState.pending.value, "updated_at": now}
-                     for i, ch in enumerate(syllabus.chapters)]
-            for chunk in _chunks(fresh, 500):
-                conn.execute(self._insert(C).on_conflict_do_nothing(), chunk)
-            rows = {r.chapter_id: r for r in conn.execute(
-                select(C).where(C.c.exam == slug).with_for_update())}
+            # In bulk: a few reads of the whole exam and the changes grouped into executemany
+            # statements (a 10,000-chapter exam is a handful of statements, not 40,000).
+            # First the structure: which slices exist, with which ranges and chapter fields.
+            rows: dict[str, list[Any]] = defaultdict(list)
+            for r in conn.execute(select(S).where(S.c.exam == slug)
+                                  .order_by(S.c.chapter_id, S.c.slice_no).with_for_update()):
+                rows[r.chapter_id].append(r)
             stored: dict[str, int] = dict(conn.execute(  # type: ignore[arg-type]
                 select(Q.c.chapter_id, func.count()).where(Q.c.exam == slug)
                 .group_by(Q.c.chapter_id)).all())
+            fresh: list[dict[str, Any]] = []
             changes: dict[tuple[str, ...], list[dict[str, Any]]] = defaultdict(list)
             wiped: list[str] = []
+            held: dict[str, str] = {}  # chapters left as they are, and why
             for position, ch in enumerate(syllabus.chapters):
-                why, values, wipe = _plan_chapter(ch, position, rows[ch.id],
-                                                  stored.get(ch.id, 0), ch.id in regenerate,
-                                                  now)
+                why, values, cut_from, wipe = _plan_structure(
+                    ch, position, rows.get(ch.id, []), stored.get(ch.id, 0),
+                    ch.id in regenerate, now)
+                if why is not None:
+                    held[ch.id] = why
+                    continue
                 if wipe:
                     wiped.append(ch.id)
-                if values:
-                    changes[tuple(sorted(values))].append({"_cid": ch.id, **values})
-                if why is None and plan.exam_paused is None:
-                    plan.to_enqueue.append(ch.id)
-                else:
-                    plan.skipped[ch.id] = why or f"exam paused: {plan.exam_paused}"
+                    rows[ch.id] = []
+                next_no = max((r.slice_no for r in rows.get(ch.id, [])), default=-1) + 1
+                for i, (first, count) in enumerate(
+                        slice_ranges(cut_from, ch.questions, slice_questions)):
+                    fresh.append({"exam": slug, "chapter_id": ch.id, "slice_no": next_no + i,
+                                  "first_number": first, "target": count,
+                                  "position": position, "title": ch.title,
+                                  "prompt": ch.prompt, "spec_hash": ch.spec_hash,
+                                  "state": ChapterState.pending.value, "updated_at": now})
+                for r in rows.get(ch.id, []):
+                    row_values = dict(values)
+                    trimmed = max(0, min(r.target, ch.questions - r.first_number + 1))
+                    if trimmed != r.target:
+                        row_values["target"] = trimmed
+                    if row_values:
+                        changes[tuple(sorted(row_values))].append(
+                            {"_cid": ch.id, "_sno": r.slice_no, **row_values})
             for chunk in _chunks(wiped, 500):
                 conn.execute(delete(Q).where(Q.c.exam == slug, Q.c.chapter_id.in_(chunk)))
+                conn.execute(delete(S).where(S.c.exam == slug, S.c.chapter_id.in_(chunk)))
             for columns, batch in changes.items():
-                conn.execute(update(C).where(C.c.exam == slug, C.c.chapter_id == bindparam("_cid"))
+                conn.execute(update(S).where(S.c.exam == slug,
+                                             S.c.chapter_id == bindparam("_cid"),
+                                             S.c.slice_no == bindparam("_sno"))
                              .values({c: bindparam(c) for c in columns}), batch)
+            for chunk in _chunks(fresh, 500):
+                conn.execute(self._insert(S).on_conflict_do_nothing(), chunk)
+            # Then the work: each slice's state from what its range holds.
+            slices: dict[str, list[Any]] = defaultdict(list)
+            for r in self._slice_rows(conn, slug, S.c.target, S.c.state, S.c.lease_owner):
+                slices[r.chapter_id].append(r)
+            states: dict[tuple[str, ...], list[dict[str, Any]]] = defaultdict(list)
+            for ch in syllabus.chapters:
+                if ch.id in held:
+                    plan.skipped[ch.id] = held[ch.id]
+                    continue
+                wanted: list[SliceRef] = []
+                reasons: set[str] = set()
+                for r in slices.get(ch.id, []):
+                    why, values = _plan_slice(r)
+                    if values:
+                        states[tuple(sorted(values))].append(
+                            {"_cid": ch.id, "_sno": r.slice_no, "updated_at": now, **values})
+                    if why is None:
+                        wanted.append((ch.id, r.slice_no))
+                    else:
+                        reasons.add(why)
+                if wanted and plan.exam_paused is None:
+                    plan.to_enqueue.append(ch.id)
+                    plan.slices.extend(wanted)
+                elif wanted:
+                    plan.skipped[ch.id] = f"exam paused: {plan.exam_paused}"
+                else:
+                    plan.skipped[ch.id] = "cancelled" if "cancelled" in reasons else "done"
+            for columns, batch in states.items():
+                conn.execute(update(S).where(S.c.exam == slug,
+                                             S.c.chapter_id == bindparam("_cid"),
+                                             S.c.slice_no == bindparam("_sno"))
+                             .values({c: bindparam(c) for c in columns + ("updated_at",)}),
+                             batch)
         return plan
 
     def set_budget(self, slug: str, budget_usd: float) -> None:
@@ -117,43 +179,46 @@ class Planning(StoreBase):
             E.c.spent_usd + E.c.reserved_usd < budget_usd)
             .values(state=ExamState.active.value, pause_reason=None, updated_at=self._now))
 
-    def mark_enqueued(self, slug: str, chapter_ids: Sequence[str], epoch: str | None,
+    def mark_enqueued(self, slug: str, slices: Sequence[SliceRef], epoch: str | None,
                       requeue_reason: str | None = None) -> None:
-        """Record that a message is about to be published for each chapter. With
+        """Record that a message is about to be published for each slice. With
         `requeue_reason`, the reconciler is re-publishing them: count it and say why."""
         values: dict[str, Any] = {"enqueued_at": self._now, "enqueue_epoch": epoch}
         if requeue_reason is not None:
-            values.update(requeues=C.c.requeues + 1, requeued_at=self._now,
+            values.update(requeues=S.c.requeues + 1, requeued_at=self._now,
                           requeue_reason=requeue_reason[:500])
         with self._write() as conn:
-            for chunk in _chunks(chapter_ids, 1000):
-                conn.execute(update(C).where(C.c.exam == slug, C.c.chapter_id.in_(chunk))
-                             .values(**values))
+            for chunk in _chunks(slices, 1000):
+                conn.execute(update(S).where(
+                    S.c.exam == slug, tuple_(S.c.chapter_id, S.c.slice_no).in_(list(chunk)))
+                    .values(**values))
 
-    def resume(self, slug: str) -> list[str]:
-        """Clear a pause and reset failed chapters to pending; returns the chapters to enqueue."""
+    def resume(self, slug: str) -> list[SliceRef]:
+        """Clear a pause and reset failed slices to pending; returns the slices to enqueue."""
         with self._write() as conn:
             self._require_exam(conn, slug)
             conn.execute(update(E).where(E.c.slug == slug).values(
                 state=ExamState.active.value, pause_reason=None, auth_failures=0,
                 updated_at=self._now))
-            conn.execute(update(C).where(C.c.exam == slug, C.c.state == ChapterState.failed.value)
+            conn.execute(update(S).where(S.c.exam == slug, S.c.state == ChapterState.failed.value)
                          .values(state=ChapterState.pending.value, attempts_since_progress=0,
                                  not_before_at=None, updated_at=self._now))
-            return list(conn.execute(
-                select(C.c.chapter_id).where(C.c.exam == slug, C.c.state.in_(ACTIVE_STATES))
-                .order_by(C.c.position)).scalars())
+            return [(r.chapter_id, r.slice_no) for r in conn.execute(
+                select(S.c.chapter_id, S.c.slice_no)
+                .where(S.c.exam == slug, S.c.state.in_(ACTIVE_STATES))
+                .order_by(S.c.position, S.c.slice_no))]
 
     def cancel(self, slug: str, chapter_ids: Sequence[str] | None = None) -> int:
-        """Cancel chapters that are not done; a running holder loses its lease at its next beat."""
+        """Cancel the slices of chapters that are not done; a running holder loses its lease at
+        its next beat. Returns the number of chapters with a slice cancelled."""
         with self._write() as conn:
             self._require_exam(conn, slug)
-            where = [C.c.exam == slug, C.c.state.in_(ACTIVE_STATES + (ChapterState.failed.value,))]
+            where = [S.c.exam == slug, S.c.state.in_(ACTIVE_STATES + (ChapterState.failed.value,))]
             if chapter_ids:
-                where.append(C.c.chapter_id.in_(chapter_ids))
-            return conn.execute(update(C).where(*where).values(
+                where.append(S.c.chapter_id.in_(chapter_ids))
+            return len(set(conn.execute(update(S).where(*where).values(
                 state=ChapterState.cancelled.value, lease_owner=None, lease_expires_at=None,
-                updated_at=self._now)).rowcount
+                updated_at=self._now).returning(S.c.chapter_id)).scalars()))
 
     def pause_exam(self, slug: str, reason: str) -> bool:
         """Stop sending anything for the exam until a person acts (`resume`, a raised budget).
@@ -170,40 +235,46 @@ def _chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
         yield items[i:i + size]
 
 
-def _plan_chapter(ch: SyllabusChapter, position: int, row: Any, stored: int, regenerate: bool,
-                  now: float) -> tuple[str | None, dict[str, Any], bool]:
-    """What enqueue does with one chapter: (why it is not enqueued, or None; the columns that
-    change; whether its stored questions are deleted first, for --regenerate)."""
-    changed = row.spec_hash != ch.spec_hash
-    values: dict[str, Any] = {}
-    wipe = False
+def _plan_structure(ch: SyllabusChapter, position: int, rows: list[Any], stored: int,
+                    regenerate: bool, now: float
+                    ) -> tuple[str | None, dict[str, Any], int, bool]:
+    """What enqueue does to one chapter's slices: (why it is left as it is, or None; the
+    chapter fields that change on every slice; the first number new slices start at, past
+    the existing ranges; whether its questions and slices are deleted first, to cut it
+    afresh)."""
+    end = max((r.first_number + r.target - 1 for r in rows), default=0)
+    if not rows:
+        return None, {}, 1, False
     if regenerate:
-        if row.lease_owner is not None and (row.lease_expires_at or 0) > now:
-            return "running: cannot regenerate while a worker holds it; retry later", {}, False
-        wipe, stored, changed = True, 0, False
-        values.update(state=ChapterState.pending.value, attempts_since_progress=0,
-                      last_error=None, title=ch.title, prompt=ch.prompt, spec_hash=ch.spec_hash)
-    elif changed and stored > 0:
-        return (f"changed: title or prompt differs from the {stored} stored questions; "
-                f"rerun with --regenerate {ch.id}"), {}, False
-    elif changed:
+        if any(r.lease_owner is not None and (r.lease_expires_at or 0) > now for r in rows):
+            return ("running: cannot regenerate while a worker holds it; retry later", {}, 0,
+                    False)
+        return None, {}, 1, True
+    values: dict[str, Any] = {}
+    head = rows[0]
+    if head.spec_hash != ch.spec_hash:
+        if stored > 0:
+            return (f"changed: title or prompt differs from the {stored} stored questions; "
+                    f"rerun with --regenerate {ch.id}"), {}, 0, False
         values.update(title=ch.title, prompt=ch.prompt, spec_hash=ch.spec_hash)
-    if row.position != position:
+    if head.position != position:
         values["position"] = position
-    if row.target != ch.questions:
-        values["target"] = ch.questions
-    state = values.get("state", row.state)
-    why: str | None = None
-    if state == ChapterState.cancelled.value:
-        why = "cancelled"
-    elif stored >= ch.questions:
-        why = "done"
-        if state != ChapterState.done.value or row.lease_owner is not None:
-            values.update(state=ChapterState.done.value, lease_owner=None,
-                          lease_expires_at=None)
-    elif state in (ChapterState.done.value, ChapterState.failed.value):
-        # More questions asked for, or a failed chapter enqueued again by the user.
-        values.update(state=ChapterState.pending.value, attempts_since_progress=0)
     if values:
         values["updated_at"] = now
-    return why, values, wipe
+    return None, values, end + 1, False
+
+
+def _plan_slice(row: Any) -> tuple[str | None, dict[str, Any]]:
+    """What enqueue does with one slice: (why it is not enqueued, or None; the columns that
+    change)."""
+    if row.state == ChapterState.cancelled.value:
+        return "cancelled", {}
+    if row.stored >= row.target:
+        if row.state != ChapterState.done.value or row.lease_owner is not None:
+            return "done", {"state": ChapterState.done.value, "lease_owner": None,
+                            "lease_expires_at": None}
+        return "done", {}
+    if row.state in (ChapterState.done.value, ChapterState.failed.value):
+        # More questions asked for, or a failed slice enqueued again by the user.
+        return None, {"state": ChapterState.pending.value, "attempts_since_progress": 0}
+    return None, {}

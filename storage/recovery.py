@@ -9,8 +9,8 @@ from typing import Iterable
 
 from sqlalchemy import and_, func, or_, select, tuple_, update
 
-from storage.base import ACTIVE_STATES, C, E
-from storage.leases import Leases
+from storage.base import ACTIVE_STATES, E, S
+from storage.leases import Leases, slice_where
 from storage.models import ChapterState, ExamState
 
 
@@ -27,6 +27,11 @@ class Orphan:
     exam: str
     chapter_id: str
     reason: RequeueReason
+    slice_no: int = 0
+
+
+# A slice as the broker's messages name it: (exam, chapter_id, slice_no).
+SliceKey = tuple[str, str, int]
 
 
 @dataclass(frozen=True)
@@ -36,7 +41,7 @@ class LostAudit:
 
     waiting: int
     queued: int
-    lost: list[tuple[str, str]]
+    lost: list[SliceKey]
 
 
 class Recovery(Leases):
@@ -52,30 +57,30 @@ class Recovery(Leases):
         enqueued (a changed chapter awaiting --regenerate) are left alone.
         """
         now = self._now
-        vanished = and_(C.c.picked_at.is_not(None), C.c.picked_at >= C.c.enqueued_at,
-                        func.coalesce(C.c.lease_expires_at, C.c.picked_at) <= now - grace_s)
+        vanished = and_(S.c.picked_at.is_not(None), S.c.picked_at >= S.c.enqueued_at,
+                        func.coalesce(S.c.lease_expires_at, S.c.picked_at) <= now - grace_s)
         lost = [vanished]
         if epoch is not None:
-            lost.append(or_(C.c.enqueue_epoch.is_(None), C.c.enqueue_epoch != epoch))
+            lost.append(or_(S.c.enqueue_epoch.is_(None), S.c.enqueue_epoch != epoch))
         with self._read() as conn:
             rows = conn.execute(
-                select(C.c.exam, C.c.chapter_id, vanished.label("vanished"))
-                .join(E, E.c.slug == C.c.exam)
+                select(S.c.exam, S.c.chapter_id, S.c.slice_no, vanished.label("vanished"))
+                .join(E, E.c.slug == S.c.exam)
                 .where(
                     E.c.state == ExamState.active.value,
-                    C.c.state.in_(ACTIVE_STATES),
-                    C.c.enqueued_at.is_not(None),  # never enqueued: left out on purpose
-                    or_(C.c.lease_owner.is_(None), C.c.lease_expires_at <= now - grace_s),
-                    or_(C.c.not_before_at.is_(None), C.c.not_before_at <= now - grace_s),
+                    S.c.state.in_(ACTIVE_STATES),
+                    S.c.enqueued_at.is_not(None),  # never enqueued: left out on purpose
+                    or_(S.c.lease_owner.is_(None), S.c.lease_expires_at <= now - grace_s),
+                    or_(S.c.not_before_at.is_(None), S.c.not_before_at <= now - grace_s),
                     or_(*lost),
                 )
-                .order_by(C.c.exam, C.c.position)).all()
+                .order_by(S.c.exam, S.c.position, S.c.slice_no)).all()
         return [Orphan(r.exam, r.chapter_id,
                        RequeueReason.worker_vanished if r.vanished
-                       else RequeueReason.broker_epoch_changed) for r in rows]
+                       else RequeueReason.broker_epoch_changed, r.slice_no) for r in rows]
 
     def lost_messages(self, *, min_age_s: float, queued: int,
-                      unacked: Iterable[tuple[str, str]]) -> LostAudit:
+                      unacked: Iterable[SliceKey]) -> LostAudit:
         """Chapters whose message the queue has lost while its broker epoch survived.
 
         A chapter waits for a message in the queue's list when it was enqueued at least
@@ -92,45 +97,48 @@ class Recovery(Leases):
         """
         where = [
             E.c.state == ExamState.active.value,
-            C.c.state == ChapterState.pending.value,
-            C.c.enqueued_at.is_not(None),
-            C.c.enqueued_at <= self._now - min_age_s,
-            or_(C.c.picked_at.is_(None), C.c.picked_at < C.c.enqueued_at),
+            S.c.state == ChapterState.pending.value,
+            S.c.enqueued_at.is_not(None),
+            S.c.enqueued_at <= self._now - min_age_s,
+            or_(S.c.picked_at.is_(None), S.c.picked_at < S.c.enqueued_at),
         ]
-        pick = select(C.c.exam, C.c.chapter_id).join(E, E.c.slug == C.c.exam)
+        pick = select(S.c.exam, S.c.chapter_id, S.c.slice_no).join(E, E.c.slug == S.c.exam)
         held = sorted(set(unacked))
         with self._read() as conn:
-            waiting = conn.execute(select(func.count()).select_from(C)
-                                   .join(E, E.c.slug == C.c.exam).where(*where)).scalar_one()
+            waiting = conn.execute(select(func.count()).select_from(S)
+                                   .join(E, E.c.slug == S.c.exam).where(*where)).scalar_one()
             # Most held messages belong to running or retrying chapters, which are not
             # waiting; the few that are (delivered, not started yet) are found in chunks.
-            in_workers: set[tuple[str, str]] = set()
+            in_workers: set[SliceKey] = set()
             for i in range(0, len(held), 500):
-                in_workers.update((r.exam, r.chapter_id) for r in conn.execute(
-                    pick.where(*where, tuple_(C.c.exam, C.c.chapter_id).in_(held[i:i + 500]))))
+                in_workers.update((r.exam, r.chapter_id, r.slice_no) for r in conn.execute(
+                    pick.where(*where, tuple_(S.c.exam, S.c.chapter_id, S.c.slice_no)
+                               .in_(held[i:i + 500]))))
             waiting -= len(in_workers)
-            lost: list[tuple[str, str]] = []
+            lost: list[SliceKey] = []
             if waiting > queued:
                 rows = conn.execute(pick.where(*where)
-                                    .order_by(C.c.enqueued_at, C.c.position.desc())
+                                    .order_by(S.c.enqueued_at, S.c.position.desc(),
+                                              S.c.slice_no.desc())
                                     .limit(waiting - queued + len(in_workers))).all()
-                lost = [(r.exam, r.chapter_id) for r in rows
-                        if (r.exam, r.chapter_id) not in in_workers][:waiting - queued]
+                lost = [(r.exam, r.chapter_id, r.slice_no) for r in rows
+                        if (r.exam, r.chapter_id, r.slice_no) not in in_workers
+                        ][:waiting - queued]
         return LostAudit(waiting=waiting, queued=queued, lost=lost)
 
     def fail_capped(self, max_attempts: int) -> int:
         """Fail chapters that reached their attempt cap without progress."""
         with self._write() as conn:
             capped = conn.execute(
-                select(C.c.exam, C.c.chapter_id).where(
-                    C.c.state.in_(ACTIVE_STATES), C.c.attempts_since_progress >= max_attempts,
-                    or_(C.c.lease_owner.is_(None), C.c.lease_expires_at <= self._now))).all()
-            for exam, chapter_id in capped:
-                conn.execute(update(C).where(C.c.exam == exam, C.c.chapter_id == chapter_id)
+                select(S.c.exam, S.c.chapter_id, S.c.slice_no).where(
+                    S.c.state.in_(ACTIVE_STATES), S.c.attempts_since_progress >= max_attempts,
+                    or_(S.c.lease_owner.is_(None), S.c.lease_expires_at <= self._now))).all()
+            for exam, chapter_id, slice_no in capped:
+                conn.execute(update(S).where(*slice_where(exam, chapter_id, slice_no))
                              .values(state=ChapterState.failed.value, lease_owner=None,
                                      lease_expires_at=None, updated_at=self._now,
                                      last_error_at=self._now,
-                                     last_error=func.coalesce(C.c.last_error, "")
+                                     last_error=func.coalesce(S.c.last_error, "")
                                      + " [attempt cap reached]"))
-                self._waste_orphaned_calls(conn, exam, chapter_id)
+                self._waste_orphaned_calls(conn, exam, chapter_id, slice_no)
             return len(capped)

@@ -9,7 +9,7 @@ from typing import Any, Iterator
 
 from sqlalchemy import and_, func, select
 
-from storage.base import C, E, K, Q, StoreBase
+from storage.base import E, K, Q, S, StoreBase
 from storage.models import CallOutcome, ChapterState
 
 
@@ -85,7 +85,26 @@ class EndpointUsage:
 
 
 @dataclass
+class SliceReport:
+    """One slice: numbers `first` to `last` of its chapter."""
+
+    slice: int
+    first: int
+    last: int
+    state: str
+    stored: int
+    attempts: int
+    lease_owner: str | None
+    last_error: str | None
+    requeues: int
+
+
+@dataclass
 class ChapterReport:
+    """A chapter, summed over its slices: running while any slice runs, pending while any
+    waits, then failed, cancelled, and done when all of them are. The last error and the
+    last requeue are the latest of any slice."""
+
     id: str
     title: str
     state: str
@@ -99,6 +118,23 @@ class ChapterReport:
     requeues: int
     requeued_at: float | None
     requeue_reason: str | None
+    slices: list[SliceReport] = field(default_factory=list)
+
+    @property
+    def slices_done(self) -> int:
+        return sum(1 for s in self.slices if s.state == ChapterState.done.value)
+
+
+_CHAPTER_STATE_ORDER = (ChapterState.running, ChapterState.pending, ChapterState.failed,
+                        ChapterState.cancelled, ChapterState.done)
+
+
+def chapter_state(slice_states: list[ChapterState]) -> ChapterState:
+    """A chapter's state from its slices' (see ChapterReport)."""
+    for state in _CHAPTER_STATE_ORDER:
+        if state in slice_states:
+            return state
+    return ChapterState.done
 
 
 @dataclass
@@ -134,11 +170,8 @@ class Reports(StoreBase):
     def questions_done(self, slug: str) -> int:
         """Stored questions of the exam, up to each chapter's target: a cheap progress figure."""
         with self._read() as conn:
-            rows = conn.execute(
-                select(func.count(), C.c.target).select_from(Q)
-                .join(C, and_(C.c.exam == Q.c.exam, C.c.chapter_id == Q.c.chapter_id))
-                .where(Q.c.exam == slug).group_by(Q.c.chapter_id, C.c.target)).all()
-        return sum(min(n, target) for n, target in rows)
+            return conn.execute(select(func.count()).select_from(Q).join(S, self._in_range())
+                                .where(Q.c.exam == slug)).scalar_one()
 
     def stored_texts(self, slug: str) -> dict[str, list[str]]:
         """The text of every stored question of the exam, by chapter (empty if unknown)."""
@@ -170,9 +203,6 @@ class Reports(StoreBase):
         with self._read() as conn:
             self._require_exam(conn, slug)
             exam = conn.execute(select(E, self._now.label("now")).where(E.c.slug == slug)).one()
-            stored: dict[str, int] = dict(conn.execute(  # type: ignore[arg-type]
-                select(Q.c.chapter_id, func.count()).where(Q.c.exam == slug)
-                .group_by(Q.c.chapter_id)).all())
             usage_rows = conn.execute(
                 select(K.c.chapter_id, K.c.outcome, K.c.endpoint, K.c.usage_estimated,
                        K.c.price_known, K.c.model, func.count(),
@@ -183,8 +213,11 @@ class Reports(StoreBase):
                 .where(K.c.exam == slug)
                 .group_by(K.c.chapter_id, K.c.outcome, K.c.endpoint, K.c.usage_estimated,
                           K.c.price_known, K.c.model)).all()
-            chapters = conn.execute(select(C).where(C.c.exam == slug)
-                                    .order_by(C.c.position)).all()
+            slices = self._slice_rows(conn, slug, *(
+                S.c[name] for name in ("title", "first_number", "target", "state", "attempts",
+                                       "attempts_since_progress", "lease_owner",
+                                       "lease_expires_at", "last_error", "last_error_at",
+                                       "requeues", "requeued_at", "requeue_reason")))
         usage = UsageTotals()
         calls_by_chapter: dict[str, int] = {}
         by_endpoint: dict[str, EndpointUsage] = {}
@@ -198,23 +231,15 @@ class Reports(StoreBase):
             calls_by_chapter[chapter_id] = calls_by_chapter.get(chapter_id, 0) + n
             by_endpoint.setdefault(endpoint or "unknown", EndpointUsage()).add(
                 n, int(p), int(c), float(cost))
-        counts = ChapterCounts(total=len(chapters))
-        listed = []
-        for ch in chapters:
-            state = ChapterState(ch.state)
-            if state is ChapterState.running and not (
-                    ch.lease_owner and (ch.lease_expires_at or 0) > exam.now):
-                state = ChapterState.pending
-            counts.count(state)
-            listed.append(ChapterReport(
-                id=ch.chapter_id, title=ch.title, state=state.value,
-                questions=Progress(ch.target, min(stored.get(ch.chapter_id, 0), ch.target)),
-                attempts=ch.attempts, attempts_since_progress=ch.attempts_since_progress,
-                calls=calls_by_chapter.get(ch.chapter_id, 0), last_error=ch.last_error,
-                last_error_at=ch.last_error_at,
-                lease_owner=ch.lease_owner if state is ChapterState.running else None,
-                requeues=ch.requeues, requeued_at=ch.requeued_at,
-                requeue_reason=ch.requeue_reason))
+        by_chapter: dict[str, list[Any]] = {}
+        for sl in slices:
+            by_chapter.setdefault(sl.chapter_id, []).append(sl)
+        counts = ChapterCounts(total=len(by_chapter))
+        listed = [self._chapter_report(chapter_id, rows, exam.now,
+                                       calls_by_chapter.get(chapter_id, 0))
+                  for chapter_id, rows in by_chapter.items()]
+        for chapter in listed:
+            counts.count(ChapterState(chapter.state))
         return ExamReport(
             exam=slug, title=exam.title, state=exam.state, pause_reason=exam.pause_reason,
             chapters=counts,
@@ -225,6 +250,41 @@ class Reports(StoreBase):
             unpriced_calls=unpriced, budget_usd=exam.budget_usd,
             spent_usd=round(usage.cost_usd, 6), reserved_usd=round(usage.reserved_usd, 6),
             chapter_list=listed)
+
+    @staticmethod
+    def _chapter_report(chapter_id: str, rows: list[Any], now: float,
+                        calls: int) -> ChapterReport:
+        reports = []
+        for sl in rows:
+            state = ChapterState(sl.state)
+            live = sl.lease_owner and (sl.lease_expires_at or 0) > now
+            if state is ChapterState.running and not live:
+                state = ChapterState.pending
+            reports.append(SliceReport(
+                slice=sl.slice_no, first=sl.first_number,
+                last=sl.first_number + sl.target - 1, state=state.value,
+                stored=min(sl.stored, sl.target), attempts=sl.attempts,
+                lease_owner=sl.lease_owner if state is ChapterState.running else None,
+                last_error=sl.last_error, requeues=sl.requeues))
+        state = chapter_state([ChapterState(r.state) for r in reports])
+        erred = max(rows, key=lambda r: r.last_error_at or 0.0)
+        requeued = max(rows, key=lambda r: r.requeued_at or 0.0)
+        target = sum(r.target for r in rows)
+        return ChapterReport(
+            id=chapter_id, title=rows[0].title, state=state.value,
+            questions=Progress(target, sum(r.stored for r in reports)),
+            attempts=sum(r.attempts for r in rows),
+            attempts_since_progress=max(r.attempts_since_progress for r in rows),
+            calls=calls, last_error=erred.last_error, last_error_at=erred.last_error_at,
+            lease_owner=next((r.lease_owner for r in reports if r.lease_owner), None),
+            requeues=sum(r.requeues for r in rows), requeued_at=requeued.requeued_at,
+            requeue_reason=requeued.requeue_reason, slices=reports)
+
+    @staticmethod
+    def _in_range() -> Any:
+        """A question joined to the slice whose range holds its number."""
+        return and_(S.c.exam == Q.c.exam, S.c.chapter_id == Q.c.chapter_id,
+                    Q.c.number >= S.c.first_number, Q.c.number < S.c.first_number + S.c.target)
 
     def questions(self, slug: str) -> list[dict[str, object]]:
         """Every stored question of the exam, in syllabus order, up to each chapter's target."""
@@ -239,9 +299,9 @@ class Reports(StoreBase):
             rows = conn.execution_options(stream_results=True, yield_per=batch).execute(
                 select(Q.c.exam, Q.c.chapter_id, Q.c.number, Q.c.question, Q.c.choices,
                        Q.c.answer_index, Q.c.explanation, Q.c.model, Q.c.created_at)
-                .join(C, and_(C.c.exam == Q.c.exam, C.c.chapter_id == Q.c.chapter_id))
-                .where(Q.c.exam == slug, Q.c.number <= C.c.target)
-                .order_by(C.c.position, Q.c.number))
+                .join(S, self._in_range())
+                .where(Q.c.exam == slug)
+                .order_by(S.c.position, Q.c.number))
             loads = json.loads
             for r in rows:
                 yield {"exam": r.exam, "chapter_id": r.chapter_id, "number": r.number,

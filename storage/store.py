@@ -1,11 +1,16 @@
 """The store: every state change of an exam goes through here, in one transaction each.
 
+The unit of work is a slice of a chapter: a fixed range of its question numbers (see
+`storage.models.Slice`); a chapter is done when all of its slices are.
+
 The rules it enforces:
-- a chapter is worked on only by the holder of its lease (owner token + expiry on the database
+- a slice is worked on only by the holder of its lease (owner token + expiry on the database
   clock); claims are conditional UPDATEs, so two workers can never both win;
 - a batch of questions is committed only while the lease is still held (fencing): a worker that
   was frozen past its lease changes zero rows and its call is recorded as wasted;
-- UNIQUE(exam, chapter_id, number) makes a double commit impossible even if the rest failed;
+- UNIQUE(exam, chapter_id, number) makes a double commit impossible even if the rest failed
+  (slices' ranges are disjoint), and UNIQUE(exam, chapter_id, norm_hash) makes storing one
+  question twice impossible, whichever slices race;
 - every paid call is a row written before the request is sent, so a crash leaves it in_flight
   and the next claim explains it as wasted.
 
@@ -17,11 +22,11 @@ of `base` (the tables and the database clock).
 
 from __future__ import annotations
 
-from storage.base import ACTIVE_STATES, BUDGET_PAUSE_PREFIX, C, E, K, Q
-from storage.leases import Claimed, NotClaimed, NotClaimedReason
+from storage.base import ACTIVE_STATES, BUDGET_PAUSE_PREFIX, E, K, Q, S
+from storage.leases import Claimed, NotClaimed, NotClaimedReason, slice_where
 from storage.ledger import CallPlan, ChapterView, Committed, NoRoom, Planner, Usage
-from storage.planning import EnqueuePlan, Planning
-from storage.recovery import LostAudit, Orphan, Recovery, RequeueReason
+from storage.planning import DEFAULT_SLICE_QUESTIONS, EnqueuePlan, Planning, SliceRef
+from storage.recovery import LostAudit, Orphan, Recovery, RequeueReason, SliceKey
 from storage.reports import Reports
 
 
@@ -29,6 +34,7 @@ class Store(Planning, Recovery, Reports):
     """All database access for exams, chapters, questions and calls."""
 
 
-__all__ = ["ACTIVE_STATES", "BUDGET_PAUSE_PREFIX", "C", "CallPlan", "ChapterView", "Claimed",
-           "Committed", "E", "EnqueuePlan", "K", "LostAudit", "NoRoom", "NotClaimed",
-           "NotClaimedReason", "Orphan", "Planner", "Q", "RequeueReason", "Store", "Usage"]
+__all__ = ["ACTIVE_STATES", "BUDGET_PAUSE_PREFIX", "DEFAULT_SLICE_QUESTIONS", "CallPlan",
+           "ChapterView", "Claimed", "Committed", "E", "EnqueuePlan", "K", "LostAudit",
+           "NoRoom", "NotClaimed", "NotClaimedReason", "Orphan", "Planner", "Q",
+           "RequeueReason", "S", "SliceKey", "SliceRef", "Store", "Usage", "slice_where"]

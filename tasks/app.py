@@ -75,8 +75,9 @@ def build_runtime(settings: Settings) -> Runtime:
     retry_backoff_max=_settings_at_start.db_retry_max_s,
     retry_jitter=True,
 )
-def generate_chapter(self, exam: str, chapter_id: str) -> dict[str, object]:  # type: ignore[no-untyped-def]
-    result = process_chapter(runtime(), exam, chapter_id)
+def generate_chapter(self, exam: str, chapter_id: str, slice_no: int = 0) -> dict[str, object]:  # type: ignore[no-untyped-def]
+    # slice_no defaults to 0: a message published before chapters had slices names none.
+    result = process_chapter(runtime(), exam, chapter_id, slice_no)
     if result.outcome == "retry":
         # Not autoretry_for: the countdown must honour Retry-After and the lease expiry, which
         # the plain function computed. Same task id, a new message; ours is acked on return.

@@ -1,4 +1,4 @@
-"""Talking to the broker from the producer side: fail fast, publish chapters, broker epoch."""
+"""Talking to the broker from the producer side: fail fast, publish slices, broker epoch."""
 
 from __future__ import annotations
 
@@ -19,18 +19,21 @@ CHAPTER_TASK = "examforge.generate_chapter"
 
 
 TASK_ID_PREFIX = "examforge:"
-_TASK_ID_RE = re.compile(r"^examforge:([a-z0-9-]+):([a-z0-9-]+)$")
+# examforge:SLUG:CHAPTER:SLICE; before slices, examforge:SLUG:CHAPTER (slice 0).
+_TASK_ID_RE = re.compile(r"^examforge:([a-z0-9-]+):([a-z0-9-]+)(?::([0-9]+))?$")
 
 
-def task_id(exam: str, chapter_id: str) -> str:
-    """The deterministic task id of a chapter (slug and id are both [a-z0-9-])."""
-    return f"{TASK_ID_PREFIX}{exam}:{chapter_id}"
+def task_id(exam: str, chapter_id: str, slice_no: int = 0) -> str:
+    """The deterministic task id of a slice (slug and chapter id are both [a-z0-9-])."""
+    return f"{TASK_ID_PREFIX}{exam}:{chapter_id}:{slice_no}"
 
 
-def parse_task_id(value: str) -> tuple[str, str] | None:
-    """(exam, chapter id) of a chapter task id, None for anything else."""
+def parse_task_id(value: str) -> tuple[str, str, int] | None:
+    """(exam, chapter id, slice) of a slice's task id, None for anything else."""
     match = _TASK_ID_RE.match(value)
-    return (match.group(1), match.group(2)) if match else None
+    if not match:
+        return None
+    return match.group(1), match.group(2), int(match.group(3) or 0)
 
 
 # What the broker holds for one queue, in one round trip: the length of its list (messages
@@ -64,7 +67,7 @@ return {queued, ids}
 @dataclass(frozen=True)
 class QueueHoldings:
     queued: int  # messages in the queue's list
-    unacked: list[tuple[str, str]]  # (exam, chapter) of messages delivered and not yet acked
+    unacked: list[tuple[str, str, int]]  # (exam, chapter, slice) of messages delivered, not acked
 
 
 def is_redis(settings: Settings) -> bool:
@@ -127,16 +130,16 @@ def broker_epoch(app: Celery, settings: Settings) -> str | None:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def publish_chapters(app: Celery, exam: str, chapter_ids: Sequence[str]) -> None:
-    """One message per chapter, with the chapter's deterministic task id, pipelined: kombu's
+def publish_slices(app: Celery, exam: str, slices: Sequence[tuple[str, int]]) -> None:
+    """One message per slice, with its deterministic task id, pipelined: kombu's
     `Producer.batch()` buffers the publishes of one connection in a Redis pipeline, a round
     trip per thousand messages instead of one per message. A batch that fails part-way leaves
-    some chapters marked enqueued without a message: the reconciler finds and re-publishes
+    some slices marked enqueued without a message: the reconciler finds and re-publishes
     those (Store.lost_messages)."""
     try:
         with app.producer_or_acquire() as producer, producer.batch(max_size=PUBLISH_BATCH):
-            for chapter_id in chapter_ids:
-                app.send_task(CHAPTER_TASK, (exam, chapter_id),
-                              task_id=task_id(exam, chapter_id), producer=producer)
+            for chapter_id, slice_no in slices:
+                app.send_task(CHAPTER_TASK, (exam, chapter_id, slice_no),
+                              task_id=task_id(exam, chapter_id, slice_no), producer=producer)
     except (KombuOperationalError, OSError) as exc:
         raise BrokerUnavailable(f"publishing to the broker failed: {exc}".splitlines()[0]) from None

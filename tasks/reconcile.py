@@ -23,8 +23,8 @@ from typing import Iterable
 from celery import Celery
 
 from examforge.settings import Settings
-from storage.store import RequeueReason, Store
-from tasks.broker import QueueHoldings, broker_epoch, publish_chapters, queue_holdings
+from storage.store import RequeueReason, SliceKey, Store
+from tasks.broker import QueueHoldings, broker_epoch, publish_slices, queue_holdings
 
 log = logging.getLogger("examforge.reconcile")
 
@@ -39,9 +39,9 @@ def reconcile_once(settings: Settings, store: Store, app: Celery) -> dict[str, i
     holdings = _read_twice(app, settings)
     # Grace: one heartbeat, so a message that was just picked up gets the chance to claim.
     orphans = store.orphans(grace_s=settings.heartbeat_interval_s, epoch=epoch)
-    by_reason: dict[RequeueReason, list[tuple[str, str]]] = defaultdict(list)
+    by_reason: dict[RequeueReason, list[SliceKey]] = defaultdict(list)
     for orphan in orphans:
-        by_reason[orphan.reason].append((orphan.exam, orphan.chapter_id))
+        by_reason[orphan.reason].append((orphan.exam, orphan.chapter_id, orphan.slice_no))
     for reason, chapters in by_reason.items():
         _requeue(settings, store, app, epoch, chapters, reason, _WHY[reason])
     lost = 0
@@ -50,7 +50,7 @@ def reconcile_once(settings: Settings, store: Store, app: Celery) -> dict[str, i
         audit = store.lost_messages(min_age_s=2 * settings.reconcile_interval_s,
                                     queued=holdings.queued, unacked=holdings.unacked)
         if audit.lost:
-            why = (f"the queue held {audit.queued} messages for {audit.waiting} chapters "
+            why = (f"the queue held {audit.queued} messages for {audit.waiting} slices "
                    "waiting in it")
             _requeue(settings, store, app, epoch, audit.lost, RequeueReason.message_lost, why)
             lost = len(audit.lost)
@@ -78,15 +78,16 @@ def _read_twice(app: Celery, settings: Settings) -> QueueHoldings | None:
 
 
 def _requeue(settings: Settings, store: Store, app: Celery, epoch: str | None,
-             chapters: Iterable[tuple[str, str]], reason: RequeueReason, why: str) -> None:
-    by_exam: dict[str, list[str]] = defaultdict(list)
-    for exam, chapter_id in chapters:
-        by_exam[exam].append(chapter_id)
-    for exam, chapter_ids in by_exam.items():
+             slices: Iterable[SliceKey], reason: RequeueReason, why: str) -> None:
+    by_exam: dict[str, list[tuple[str, int]]] = defaultdict(list)
+    for exam, chapter_id, slice_no in slices:
+        by_exam[exam].append((chapter_id, slice_no))
+    for exam, refs in by_exam.items():
         # Marked before publishing, so a worker's pick-up always reads as after the enqueue:
-        # if that worker dies too, the chapter is an orphan again.
-        store.mark_enqueued(exam, chapter_ids, epoch, requeue_reason=f"{reason.value}: {why}")
-        publish_chapters(app, exam, chapter_ids)
-        log.warning("re-enqueued chapters", extra={
-            "exam": exam, "reason": reason.value, "why": why, "count": len(chapter_ids),
-            "chapters": ",".join(chapter_ids[:20]) + ("..." if len(chapter_ids) > 20 else "")})
+        # if that worker dies too, the slice is an orphan again.
+        store.mark_enqueued(exam, refs, epoch, requeue_reason=f"{reason.value}: {why}")
+        publish_slices(app, exam, refs)
+        names = [f"{c}:{n}" for c, n in refs[:20]]
+        log.warning("re-enqueued slices", extra={
+            "exam": exam, "reason": reason.value, "why": why, "count": len(refs),
+            "slices": ",".join(names) + ("..." if len(refs) > 20 else "")})

@@ -43,12 +43,12 @@ def wait_lease_expired(store: Any, exam: str, chapter_id: str, timeout_s: float 
     store checks, instead of a sleep guessed to be long enough."""
     from sqlalchemy import select
 
-    from storage.base import C
+    from storage.base import S
 
     def expired() -> bool:
         with store.engine.connect() as conn:
-            row = conn.execute(select(C.c.lease_expires_at, store._now.label("now")).where(
-                C.c.exam == exam, C.c.chapter_id == chapter_id)).one()
+            row = conn.execute(select(S.c.lease_expires_at, store._now.label("now")).where(
+                S.c.exam == exam, S.c.chapter_id == chapter_id)).one()
         return row.lease_expires_at is None or row.lease_expires_at <= row.now
 
     wait_for(expired, timeout_s, f"the lease on {exam}/{chapter_id} to expire", interval_s=0.02)
@@ -58,12 +58,12 @@ def wait_backoff_over(store: Any, exam: str, chapter_id: str, timeout_s: float =
     """Until the chapter's backoff (not_before_at) has passed on the database's clock."""
     from sqlalchemy import select
 
-    from storage.base import C
+    from storage.base import S
 
     def over() -> bool:
         with store.engine.connect() as conn:
-            row = conn.execute(select(C.c.not_before_at, store._now.label("now")).where(
-                C.c.exam == exam, C.c.chapter_id == chapter_id)).one()
+            row = conn.execute(select(S.c.not_before_at, store._now.label("now")).where(
+                S.c.exam == exam, S.c.chapter_id == chapter_id)).one()
         return row.not_before_at is None or row.not_before_at <= row.now
 
     wait_for(over, timeout_s, f"the backoff of {exam}/{chapter_id} to end", interval_s=0.02)

@@ -29,6 +29,9 @@ pytestmark = pytest.mark.e2e
 CHAPTERS = int(os.environ.get("CHAOS_CHAPTERS", "20"))
 SEED = int(os.environ.get("CHAOS_SEED", "2026"))
 QUESTIONS = 40
+# Each chapter in slices that run at once (two of 20 by default): the chaos applies to slices.
+SLICE_QUESTIONS = int(os.environ.get("CHAOS_SLICE_QUESTIONS", "20"))
+SLICES = -(-QUESTIONS // SLICE_QUESTIONS)
 LEASE_S = 3
 WORKERS = 3
 THREADS = 4
@@ -114,7 +117,7 @@ def test_chaos(deploy, mock, tmp_path, database):
                        stall_s=6.0)
         dep = deploy(database, broker_url=broker.url, lease_s=LEASE_S, reconcile_interval_s=1,
                      llm_timeout_s=2, retry_base_s=0.2, retry_max_s=2, max_reasks=6,
-                     max_attempts=10)
+                     max_attempts=10, slice_questions=SLICE_QUESTIONS)
         chapters = [(f"ch-{i:03d}", QUESTIONS) for i in range(CHAPTERS)]
         dep.syllabus("exam", chapters)
         assert dep.cli("enqueue", "exam").returncode == 0
@@ -133,7 +136,7 @@ def test_chaos(deploy, mock, tmp_path, database):
         chaos.kill_one()
         _wait_progress(dep, 0.60)
         assert dep.cli("enqueue", "exam").returncode == 0  # duplicate deliveries
-        chaos.log.append("enqueue run again: duplicate messages for every unfinished chapter")
+        chaos.log.append("enqueue run again: duplicate messages for every unfinished slice")
         _wait_progress(dep, 0.70)
         chaos.kill_one()
 
@@ -146,7 +149,7 @@ def test_chaos(deploy, mock, tmp_path, database):
             CallReason.crash_before_commit, CallReason.lease_lost)]
         summary = {
             "database": database, "chapters": CHAPTERS, "questions": CHAPTERS * QUESTIONS,
-            "seed": SEED, "elapsed_s": round(elapsed, 1), "paid_calls": stats["calls_total"],
+            "slices_per_chapter": SLICES, "seed": SEED, "elapsed_s": round(elapsed, 1), "paid_calls": stats["calls_total"],
             "calls_used": report["usage"]["calls_used"], "calls_failed": report["usage"][
                 "calls_failed"], "calls_wasted": len(wasted),
             "wasted_by_crash_or_freeze": len(crash_wasted),
@@ -165,7 +168,9 @@ def test_chaos(deploy, mock, tmp_path, database):
         # worker's call (already sent, so the provider finishes it) and its successor's.
         assert _overlapping_batches(calls) <= {
             pair for pair in _overlapping_batches(calls) if set(pair) & chaos.at_risk}
-        assert max(stats["max_inflight_by_chapter"].values()) <= 2, dump(stats)
+        # Per slice: its own call and, after a kill or freeze, its successor's.
+        assert max(stats["max_inflight_by_chapter"].values()) <= 2 * SLICES, dump(stats)
+        assert all(len(c["slices"]) == SLICES for c in report["chapter_list"])
         # Thrown-away calls: at most those in flight at the kills and the freeze, all explained.
         unexplained = [c for c in crash_wasted if c["id"] not in chaos.at_risk]
         assert not unexplained, dump(unexplained) + dump(summary) + dep.worker_logs()

@@ -112,7 +112,7 @@ def test_the_api_key_is_never_in_task_arguments_logs_flower_or_the_database(
         return r.json() if r.status_code == 200 and len(r.json()) >= 3 else None
 
     tasks = wait_for(flower_tasks, 30, "Flower to list the chapter tasks")
-    assert {f"examforge:demo:ch-{i}" for i in range(3)} <= set(tasks)
+    assert {f"examforge:demo:ch-{i}:0" for i in range(3)} <= set(tasks)
     assert SECRET not in json.dumps(tasks)
     assert SECRET not in dep.worker_logs(tail_chars=None)
     with dep.store.engine.connect() as conn:

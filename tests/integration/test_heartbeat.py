@@ -18,10 +18,10 @@ from storage import connect, open_store
 
 
 def _stall(engine, seconds: float, started: threading.Event) -> None:
-    """Hold the write lock the heartbeat needs (SQLite) or lock the chapter table (PostgreSQL)."""
+    """Hold the write lock the heartbeat needs (SQLite) or lock the slice table (PostgreSQL)."""
     with engine.begin() as conn:  # on SQLite this is BEGIN IMMEDIATE: the write lock
         if engine.dialect.name == "postgresql":
-            conn.exec_driver_sql("LOCK TABLE chapter IN ACCESS EXCLUSIVE MODE")
+            conn.exec_driver_sql("LOCK TABLE slice IN ACCESS EXCLUSIVE MODE")
         started.set()
         time.sleep(seconds)
 

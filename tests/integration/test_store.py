@@ -7,6 +7,7 @@ import time
 
 import pytest
 from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
 
 from examforge.errors import LeaseLost
 from examforge.output import Question
@@ -37,7 +38,7 @@ def _qs(n, start=0, tag="q"):
 
 def _commit(store, claim, n, first=1, lease_s=10.0, tag="q"):
     call = store.start_call(claim, first, n, lease_s=lease_s)
-    return call, store.commit_batch(claim, lease_s, call, first, _qs(n, first, tag), model="m",
+    return call, store.commit_batch(claim, lease_s, call, _qs(n, first, tag), model="m",
                                     usage=Usage(10, 20, 0.001))
 
 
@@ -77,7 +78,7 @@ def test_commit_is_fenced_by_the_lease(store, tmp_path):
     second = store.claim("ex", "a", "new", 10.0, 8)
     assert isinstance(second, Claimed) and second.took_over_calls == 1
     with pytest.raises(LeaseLost):
-        store.commit_batch(first, 10.0, call, 1, _qs(5), model="m", usage=Usage(7, 9, 0.0))
+        store.commit_batch(first, 10.0, call, _qs(5), model="m", usage=Usage(7, 9, 0.0))
     status = store.status("ex").as_dict()
     assert status["questions"]["done"] == 0
     assert status["usage"]["calls_wasted"] == 1
@@ -170,7 +171,7 @@ def test_auth_failures_pause_the_exam(store, tmp_path):
     report = store.status("ex").as_dict()
     assert report["state"] == "paused" and "401" in report["pause_reason"]
     assert store.claim("ex", "b", "w", 10.0, 8).reason == "paused"
-    assert store.resume("ex") == ["a", "b"]
+    assert store.resume("ex") == [("a", 0), ("b", 0)]
     assert isinstance(store.claim("ex", "b", "w", 10.0, 8), Claimed)
 
 
@@ -215,7 +216,7 @@ def test_concurrent_sync_exam_is_safe(store, tmp_path):
 
 def test_orphans_finds_picked_chapters_without_a_live_lease_and_lost_epochs(store, tmp_path):
     _sync(store, tmp_path, [("a", 5), ("b", 5), ("c", 5)])
-    store.mark_enqueued("ex", ["a", "b", "c"], "epoch-1")
+    store.mark_enqueued("ex", [("a", 0), ("b", 0), ("c", 0)], "epoch-1")
     assert store.orphans(grace_s=0, epoch="epoch-1") == []  # all waiting in the queue
     store.mark_picked("ex", "a")
     dead = store.claim("ex", "a", "dead", 0.2, 8)
@@ -229,7 +230,7 @@ def test_orphans_finds_picked_chapters_without_a_live_lease_and_lost_epochs(stor
         Orphan("ex", "a", RequeueReason.worker_vanished),
         Orphan("ex", "b", RequeueReason.broker_epoch_changed),
         Orphan("ex", "c", RequeueReason.broker_epoch_changed)]
-    store.mark_enqueued("ex", ["a", "b", "c"], "epoch-2")
+    store.mark_enqueued("ex", [("a", 0), ("b", 0), ("c", 0)], "epoch-2")
     assert store.orphans(grace_s=0, epoch="epoch-2") == []
 
 
@@ -247,11 +248,39 @@ def test_unique_question_numbers_make_a_double_commit_impossible(store, tmp_path
     _sync(store, tmp_path, [("a", 10)])
     claim = store.claim("ex", "a", "w", 10.0, 8)
     _commit(store, claim, 5, 1)
-    with pytest.raises(LeaseLost):  # same numbers again: the UNIQUE constraint refuses
-        _commit(store, claim, 5, 1, tag="other")
-    assert store.status("ex").as_dict()["questions"]["done"] == 5
-    usage = store.status("ex").as_dict()["usage"]
-    assert (usage["calls_used"], usage["calls_wasted"], usage["calls_failed"]) == (1, 1, 0)
+    # The commit numbers a batch on from what the slice holds, so a second batch takes 6-10;
+    # and whatever a bug did above it, the database refuses a number twice.
+    with pytest.raises(IntegrityError), store.engine.begin() as conn:
+        conn.execute(text_(
+            "INSERT INTO question (exam, chapter_id, number, question, choices, answer_index, "
+            "explanation, model, created_at) VALUES ('ex', 'a', 3, 'x?', '[]', 0, '', 'm', 0)"))
+    _, committed = _commit(store, claim, 5, 6, tag="other")
+    assert committed.stored == 10 and committed.done
+    assert [q["number"] for q in store.questions("ex")] == list(range(1, 11))
+
+
+def test_a_question_the_chapter_has_is_never_stored_twice(store, tmp_path):
+    _sync(store, tmp_path, [("a", 10)])
+    claim = store.claim("ex", "a", "w", 10.0, 8)
+    _commit(store, claim, 5, 1)
+    # The same five questions again (reworded only in case and spacing: the same question):
+    # dropped, nothing stored, the call booked as wasted for invalid output.
+    call = store.start_call(claim, 6, 5, lease_s=10.0)
+    again = [Question(q.question.upper() + "  ", q.choices, q.answer_index, q.explanation)
+             for q in _qs(5, 1)]
+    committed = store.commit_batch(claim, 10.0, call, again, model="m", usage=Usage(1, 2, 0.0))
+    assert (committed.stored, committed.duplicates, committed.kept) == (5, 5, ())
+    # Two new and three old: the two are kept, numbered 6 and 7.
+    call = store.start_call(claim, 6, 5, lease_s=10.0)
+    mixed = _qs(2, 6, "new") + again[:3]
+    committed = store.commit_batch(claim, 10.0, call, mixed, model="m", usage=Usage(1, 2, 0.0))
+    assert (committed.stored, committed.duplicates, len(committed.kept)) == (7, 3, 2)
+    assert [q["number"] for q in store.questions("ex")] == list(range(1, 8))
+    with store.engine.connect() as conn:
+        reasons = conn.execute(text_("SELECT outcome, reason, questions_stored FROM call "
+                                     "ORDER BY id")).all()
+    assert [tuple(r) for r in reasons] == [("used", None, 5), ("wasted", "invalid_output", 0),
+                                          ("used", None, 2)]
 
 
 
@@ -269,7 +298,7 @@ def test_questions_done_counts_up_to_each_target(store, tmp_path):
 
 def test_reads_see_one_snapshot_while_a_batch_commits(store, tmp_path):
     """status() pairs each chapter's state with its question count from the same moment."""
-    from storage.store import C, Q
+    from storage.store import S, Q
 
     _sync(store, tmp_path, [("a", 10)])
     claim = store.claim("ex", "a", "w", 30.0, 8)
@@ -277,7 +306,7 @@ def test_reads_see_one_snapshot_while_a_batch_commits(store, tmp_path):
     with store._read() as conn:
         stored = conn.execute(select(func.count()).select_from(Q)).scalar_one()
         _commit(store, claim, 5, 6)  # the last batch lands between the two statements
-        state = conn.execute(select(C.c.state)).scalar_one()
+        state = conn.execute(select(S.c.state)).scalar_one()
     assert (stored, state) == (5, "running")
     assert store.status("ex").as_dict()["chapter_list"][0]["state"] == "done"
 
@@ -419,7 +448,7 @@ def test_a_settled_call_frees_what_it_did_not_spend(store, tmp_path):
     claim = store.claim("ex", "a", "w", 30.0, 8)
     call = store.start_call(claim, 1, 5, lease_s=30, reserve_usd=0.9)
     assert isinstance(store.start_call(claim, 6, 5, lease_s=30, reserve_usd=0.2), NoRoom)
-    store.commit_batch(claim, 30.0, call, 1, _qs(5), model="m", usage=Usage(10, 20, 0.1))
+    store.commit_batch(claim, 30.0, call, _qs(5), model="m", usage=Usage(10, 20, 0.1))
     assert _totals_match_the_ledger(store) == (pytest.approx(0.1), 0)
     failed = store.start_call(claim, 6, 5, lease_s=30, reserve_usd=0.5)
     assert isinstance(failed, int)
@@ -447,7 +476,7 @@ def test_a_crashed_calls_reservation_is_settled_at_its_worst_case_by_the_takeove
     # that replaces the worst case (once: a second report changes nothing).
     for _ in range(2):
         with pytest.raises(LeaseLost):
-            store.commit_batch(dead, 30.0, 1, 1, _qs(5), model="m", usage=Usage(300, 400, 0.2))
+            store.commit_batch(dead, 30.0, 1, _qs(5), model="m", usage=Usage(300, 400, 0.2))
         assert _totals_match_the_ledger(store) == (pytest.approx(0.2), 0)
     report = store.status("ex").as_dict()
     assert report["questions"]["done"] == 0 and report["usage"]["calls_wasted"] == 1
@@ -494,4 +523,84 @@ def test_0005_turns_the_ledgers_reasons_into_a_closed_list_keeping_the_text(db_u
         ("failed", "server_error", "HTTP 503: overloaded"),
         ("failed", "legacy", "something else entirely"),
         ("used", None, "1 duplicate rejected")]
+    engine.dispose()
+
+
+def test_0006_turns_chapters_into_slices_keeping_what_is_stored(db_url, monkeypatch):
+    from alembic import command
+    from sqlalchemy import text
+
+    from storage.db import alembic_config
+
+    monkeypatch.delenv("SLICE_QUESTIONS", raising=False)  # the default, 50
+    engine = connect(db_url)
+    with engine.begin() as conn:
+        command.upgrade(alembic_config(conn), "0005")
+        conn.execute(text("INSERT INTO exam (slug, title, state, auth_failures, spent_usd, "
+                          "reserved_usd, created_at, updated_at) VALUES "
+                          "('ex', 'Ex', 'active', 0, 0, 0, 1, 1)"))
+        # A 120-question chapter 70 questions into its single lease, with a worker's call for
+        # 61-70 in flight; a 10-question chapter done; a cancelled 200-question one.
+        for cid, position, target, state, owner in [
+                ("big", 0, 120, "running", "w/1"), ("small", 1, 10, "done", None),
+                ("gone", 2, 200, "cancelled", None)]:
+            conn.execute(text(
+                "INSERT INTO chapter (exam, chapter_id, position, title, spec_hash, target, "
+                "state, attempts, attempts_since_progress, lease_owner, lease_expires_at, "
+                "enqueued_at, enqueue_epoch, requeues, updated_at) VALUES "
+                "('ex', :c, :p, :title, 'h', :t, :s, 3, 1, :o, 5, 2, 'e1', 0, 1)"),
+                {"c": cid, "title": cid, "p": position, "t": target, "s": state, "o": owner})
+        rows = [("big", n, f"Big question {n}?") for n in range(1, 61)]
+        rows += [("small", n, f"Small question {n}?") for n in range(1, 11)]
+        rows.append(("small", 11, "small QUESTION 3?"))  # a legacy repeat, kept as it is
+        for cid, n, q in rows:
+            conn.execute(text(
+                "INSERT INTO question (exam, chapter_id, number, question, choices, "
+                "answer_index, explanation, model, created_at) VALUES "
+                "('ex', :c, :n, :q, '[]', 0, '', 'm', 1)"), {"c": cid, "n": n, "q": q})
+        conn.execute(text(
+            "INSERT INTO call (exam, chapter_id, attempt, first_number, requested, worker, "
+            "outcome, prompt_tokens, completion_tokens, cost_usd, questions_stored, "
+            "started_at, reserved_usd, usage_estimated, price_known) VALUES "
+            "('ex', 'big', 3, 61, 10, 'w/1', 'in_flight', 0, 0, 0, 0, 1.0, 0, false, true)"))
+    migrate(engine)
+    store = Store(engine)
+    with engine.connect() as conn:
+        slices = conn.execute(text(
+            "SELECT chapter_id, slice_no, first_number, target, state, lease_owner, attempts "
+            "FROM slice ORDER BY position, slice_no")).all()
+        call_slice = conn.execute(text("SELECT slice_no FROM call")).scalar_one()
+        hashed = conn.execute(text("SELECT count(*) FROM question WHERE norm_hash IS NOT NULL"
+                                   )).scalar_one()
+    assert [tuple(r) for r in slices] == [
+        # slice 0 keeps the chapter's row (its attempts); its range is full: done
+        ("big", 0, 1, 50, "done", None, 3), ("big", 1, 51, 50, "pending", None, 0),
+        ("big", 2, 101, 20, "pending", None, 0),
+        ("small", 0, 1, 10, "done", None, 3),
+        ("gone", 0, 1, 50, "cancelled", None, 3), ("gone", 1, 51, 50, "cancelled", None, 0),
+        ("gone", 2, 101, 50, "cancelled", None, 0), ("gone", 3, 151, 50, "cancelled", None, 0)]
+    assert call_slice == 1  # 61 is in 51-100
+    assert hashed == 70  # every question but the legacy repeat
+    report = store.status("ex")
+    big, small, gone = report.chapter_list
+    assert (big.state, big.questions.done, big.questions.target) == ("pending", 60, 120)
+    assert [(s.first, s.last, s.stored) for s in big.slices] == [(1, 50, 50), (51, 100, 10),
+                                                                 (101, 120, 0)]
+    assert (small.state, small.questions.done, gone.state) == ("done", 10, "cancelled")
+    # The in-flight call belongs to slice 1: its takeover books it, not slice 0's or 2's.
+    claim = store.claim("ex", "big", "new", 10.0, 8, slice_no=2)
+    assert isinstance(claim, Claimed) and claim.took_over_calls == 0
+    assert (claim.first_number, claim.target, claim.stored, claim.chapter_target) == \
+        (101, 20, 0, 120)
+    claim = store.claim("ex", "big", "new", 10.0, 8, slice_no=1)
+    assert isinstance(claim, Claimed) and claim.took_over_calls == 1 and claim.stored == 10
+    # The new rule holds from now on: the chapter's questions are unique by text.
+    call = store.start_call(claim, 61, 2, lease_s=10.0)
+    committed = store.commit_batch(
+        claim, 10.0, call, [Question("big question 7?", ("a", "b", "c", "d"), 0, ""),
+                            Question("Big question 61?", ("a", "b", "c", "d"), 0, "")],
+        model="m", usage=Usage(1, 1, 0.0))
+    assert (committed.stored, committed.duplicates) == (11, 1)
+    assert [q["number"] for q in store.questions("ex") if q["chapter_id"] == "big"] == \
+        list(range(1, 62))
     engine.dispose()

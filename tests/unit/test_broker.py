@@ -15,7 +15,7 @@ from examforge.errors import BrokerUnavailable
 from examforge.syllabus import load_syllabus
 from helpers import write_syllabus
 from storage import open_store
-from tasks.broker import broker_epoch, check_broker, publish_chapters
+from tasks.broker import broker_epoch, check_broker, publish_slices
 from tasks.config import celery_config
 from tasks.reconcile import reconcile_once
 
@@ -50,22 +50,22 @@ def _queue(fake_server, name="q-test"):
 
 def test_one_message_per_chapter_with_its_deterministic_id_and_ids_only(app, fake_server):
     celery, settings = app
-    publish_chapters(celery, "exam", ["a", "b", "c"])
+    publish_slices(celery, "exam", [("a", 0), ("b", 0), ("c", 0)])
     messages = _queue(fake_server)
     assert [m["headers"]["id"] for m in messages][::-1] == [
-        "examforge:exam:a", "examforge:exam:b", "examforge:exam:c"]
+        "examforge:exam:a:0", "examforge:exam:b:0", "examforge:exam:c:0"]
     for message in messages:
         assert message["content-type"] == "application/json"
         args = json.loads(base64.b64decode(message["body"]))[0]
-        assert args[0] == "exam" and len(args) == 2
+        assert args == ["exam", args[1], 0]
 
 
 def test_publishing_twice_gives_two_messages_with_the_same_id(app, fake_server):
     # Celery does not deduplicate by task id (celery/celery#4070): the database must.
     celery, _ = app
-    publish_chapters(celery, "exam", ["a"])
-    publish_chapters(celery, "exam", ["a"])
-    assert [m["headers"]["id"] for m in _queue(fake_server)] == ["examforge:exam:a"] * 2
+    publish_slices(celery, "exam", [("a", 0)])
+    publish_slices(celery, "exam", [("a", 0)])
+    assert [m["headers"]["id"] for m in _queue(fake_server)] == ["examforge:exam:a:0"] * 2
 
 
 def test_the_broker_epoch_is_stable_until_the_broker_loses_its_data(app, fake_server):
@@ -96,7 +96,7 @@ def test_reconcile_re_enqueues_only_the_orphans(app, fake_server, make_settings)
     store = open_store(settings.database_url)
     store.sync_exam("exam", load_syllabus(path, max_questions=100))
     epoch = broker_epoch(celery, settings)
-    store.mark_enqueued("exam", ["a", "b", "c"], epoch)
+    store.mark_enqueued("exam", [("a", 0), ("b", 0), ("c", 0)], epoch)
     assert reconcile_once(settings, store, celery) == {
         "requeued": 0, "requeued_lost": 0, "failed_at_cap": 0}
     store.mark_picked("exam", "a")  # picked up by a worker that then died before claiming
@@ -106,7 +106,7 @@ def test_reconcile_re_enqueues_only_the_orphans(app, fake_server, make_settings)
     time.sleep(0.05)
     assert reconcile_once(settings, store, celery) == {
         "requeued": 1, "requeued_lost": 0, "failed_at_cap": 0}
-    assert [m["headers"]["id"] for m in _queue(fake_server)] == ["examforge:exam:a"]
+    assert [m["headers"]["id"] for m in _queue(fake_server)] == ["examforge:exam:a:0"]
     fakeredis.FakeRedis(server=fake_server).flushall()  # the broker lost everything
     assert reconcile_once(settings, store, celery)["requeued"] == 3
 
@@ -118,17 +118,17 @@ def test_a_re_enqueued_chapter_whose_fast_worker_dies_is_an_orphan_again(
     path = write_syllabus(settings.exams_dir, "exam", [("a", 5)])
     store = open_store(settings.database_url)
     store.sync_exam("exam", load_syllabus(path, max_questions=100))
-    store.mark_enqueued("exam", ["a"], "an-epoch-the-broker-lost")
+    store.mark_enqueued("exam", [("a", 0)], "an-epoch-the-broker-lost")
     import tasks.reconcile as reconcile_module
 
-    real_publish = reconcile_module.publish_chapters
+    real_publish = reconcile_module.publish_slices
 
-    def publish_and_get_picked_at_once(app, exam, chapter_ids):  # type: ignore[no-untyped-def]
-        real_publish(app, exam, chapter_ids)
-        for chapter_id in chapter_ids:  # a worker takes the message before we return...
-            store.mark_picked(exam, chapter_id)  # ...and then dies without claiming
+    def publish_and_get_picked_at_once(app, exam, slices):  # type: ignore[no-untyped-def]
+        real_publish(app, exam, slices)
+        for chapter_id, slice_no in slices:  # a worker takes the message before we return...
+            store.mark_picked(exam, chapter_id, slice_no)  # ...and then dies without claiming
 
-    monkeypatch.setattr(reconcile_module, "publish_chapters", publish_and_get_picked_at_once)
+    monkeypatch.setattr(reconcile_module, "publish_slices", publish_and_get_picked_at_once)
     assert reconcile_once(settings, store, celery)["requeued"] == 1  # the broker lost it
     import time
 

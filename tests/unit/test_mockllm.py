@@ -189,6 +189,26 @@ def test_429_sends_retry_after_and_records_early_retries(server: MockServer, cli
     assert len(server.stats()["retry_after_violations"]) == 1
 
 
+def test_a_retry_after_binds_the_part_of_a_chapter_that_was_refused(
+        server: MockServer, client: httpx.Client) -> None:
+    # Slices of one chapter name their share ("Question numbers: 1-50 of 100"): the 429 one
+    # got binds it alone, as it binds one chapter and not another.
+    from examforge.prompt import Label, field_line
+
+    def part(numbers: str) -> dict[str, Any]:
+        body = _body()
+        body["messages"][-1]["content"] += "\n" + field_line(Label.question_numbers, numbers)
+        return body
+
+    server.configure(retry_after_s=1.0, script={"aws-saa/ch-1": ["429"]})
+    assert client.post("/chat/completions", json=part("1-50 of 100")).status_code == 429
+    assert client.post("/chat/completions", json=part("51-100 of 100")).status_code == 200
+    assert server.stats()["retry_after_violations"] == []
+    assert client.post("/chat/completions", json=part("1-50 of 100")).status_code == 200
+    [violation] = server.stats()["retry_after_violations"]
+    assert violation["chapter"] == "aws-saa/ch-1#1-50"
+
+
 @pytest.mark.parametrize(
     ("fault", "status", "error_type"),
     [

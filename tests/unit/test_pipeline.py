@@ -25,7 +25,8 @@ def env(make_settings, tmp_path):
         settings = make_settings(**overrides)
         path = write_syllabus(settings.exams_dir, "ex", list(chapters))
         store = open_store(settings.database_url)
-        store.sync_exam("ex", load_syllabus(path, max_questions=1000))
+        store.sync_exam("ex", load_syllabus(path, max_questions=1000),
+                        slice_questions=settings.slice_questions)
         fake = FakeLLM()
         rt = Runtime.build(settings, store, LLMClient(settings, transport=fake.transport()))
         built.append(rt)
@@ -115,7 +116,7 @@ def test_a_rejected_api_key_fails_the_chapter_and_pauses_the_exam(env):
     report = _status(rt)
     assert report["state"] == "paused"
     assert "sk-test" not in json.dumps(report)  # the key never reaches the database
-    assert rt.store.resume("ex") == ["a", "b", "c"]
+    assert rt.store.resume("ex") == [("a", 0), ("b", 0), ("c", 0)]
     for chapter in "abc":
         assert process_chapter(rt, "ex", chapter).outcome == "done"
 
@@ -219,7 +220,7 @@ def test_backoff_restarts_small_after_progress(env):
         result = process_chapter(rt, "ex", "a")
         rt.store.engine.dispose()
         with rt.store.engine.begin() as conn:  # skip the wait instead of sleeping
-            conn.exec_driver_sql("UPDATE chapter SET not_before_at = NULL")
+            conn.exec_driver_sql("UPDATE slice SET not_before_at = NULL")
     assert result.retry_in_s >= 4.0
     fake.script = [lambda req, n: fake.valid(n, "a"), err]  # progress, then a failure
     result = process_chapter(rt, "ex", "a")
@@ -253,19 +254,26 @@ def test_enqueue_plan_of_a_paused_exam_says_so(env):
     assert plan.to_enqueue == [] and set(plan.skipped) == {"a", "b"}
 
 
-def test_a_target_raised_while_the_chapter_runs_is_honoured(env):
+def test_a_target_raised_while_the_chapter_runs_adds_a_slice_for_the_new_numbers(env):
     rt, fake = env([("a", 10)])
     from examforge.syllabus import load_syllabus as load
 
     def raise_target(req, n):
         path = write_syllabus(rt.settings.exams_dir, "ex", [("a", 20)])
         plan = rt.store.sync_exam("ex", load(path, max_questions=100))
-        assert plan.to_enqueue == ["a"]  # enqueue sees it unfinished and publishes it
+        # enqueue sees it unfinished and publishes both slices (the running one is a no-op)
+        assert plan.to_enqueue == ["a"] and plan.slices == [("a", 0), ("a", 1)]
         return fake.valid(n, "a")
 
     fake.script = [raise_target]
-    assert process_chapter(rt, "ex", "a").outcome == "done"
-    assert _status(rt)["questions"] == {"target": 20, "done": 20}
+    assert process_chapter(rt, "ex", "a", 0).outcome == "done"  # numbers 1-10
+    assert _status(rt)["questions"] == {"target": 20, "done": 10}
+    assert process_chapter(rt, "ex", "a", 1).outcome == "done"  # numbers 11-20
+    report = _status(rt)
+    assert report["questions"] == {"target": 20, "done": 20}
+    assert [(s["first"], s["last"], s["state"]) for s in report["chapter_list"][0]["slices"]] \
+        == [(1, 10, "done"), (11, 20, "done")]
+    assert [q["number"] for q in rt.store.questions("ex")] == list(range(1, 21))
     assert fake.calls == 4
 
 
@@ -331,7 +339,7 @@ def test_a_budget_stops_the_exam_before_it_is_exceeded_and_a_raised_one_finishes
     # Each call's worst case is its max_tokens at $1000 per million: $0.50 per question asked.
     # The fake bills 50 completion tokens a call ($0.05), so the budget shrinks calls to what
     # still fits, then pauses the exam when not even one question does.
-    rt, fake = env([("a", 60)], llm_price_prompt_per_mtok=0.0,
+    rt, fake = env([("a", 60)], slice_questions=100, llm_price_prompt_per_mtok=0.0,
                    llm_price_completion_per_mtok=1000.0, llm_max_tokens_per_question=500)
     rt.store.set_budget("ex", 1.0)
     result = process_chapter(rt, "ex", "a")

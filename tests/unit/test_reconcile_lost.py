@@ -16,7 +16,7 @@ from examforge.syllabus import load_syllabus
 from helpers import write_syllabus
 from storage import open_store
 from storage.store import RequeueReason
-from tasks.broker import broker_epoch, publish_chapters, queue_holdings
+from tasks.broker import broker_epoch, publish_slices, queue_holdings
 from tasks.config import celery_config
 from tasks.reconcile import reconcile_once
 
@@ -52,8 +52,8 @@ def env(make_settings, fake_server):
 def _enqueue(celery, settings, store, chapters: list[str], slug: str = "exam") -> None:
     path = write_syllabus(settings.exams_dir, slug, [(c, 5) for c in chapters])
     store.sync_exam(slug, load_syllabus(path, max_questions=100))
-    store.mark_enqueued(slug, chapters, broker_epoch(celery, settings))
-    publish_chapters(celery, slug, chapters)
+    store.mark_enqueued(slug, [(c, 0) for c in chapters], broker_epoch(celery, settings))
+    publish_slices(celery, slug, [(c, 0) for c in chapters])
     time.sleep(0.05)  # older than the reconciler's minimum age
 
 
@@ -64,7 +64,7 @@ def _redis(fake_server):
 def _ids(fake_server) -> list[str]:
     import json
 
-    return sorted(json.loads(m)["headers"]["id"].split(":")[-1]
+    return sorted(json.loads(m)["headers"]["id"].split(":")[2]
                   for m in _redis(fake_server).lrange(QUEUE, 0, -1))
 
 
@@ -126,7 +126,7 @@ def test_a_message_a_worker_holds_unacked_counts_as_present(env, fake_server, wo
     assert worker_channel.basic_get(QUEUE, no_ack=False) is not None
     holdings = queue_holdings(celery, settings)
     assert holdings is not None
-    assert holdings.queued == 2 and holdings.unacked == [("exam", "a")]
+    assert holdings.queued == 2 and holdings.unacked == [("exam", "a", 0)]
     assert reconcile_once(settings, store, celery)["requeued"] == 0
     _redis(fake_server).delete(QUEUE)  # b and c lost; a is still held by the worker
     assert reconcile_once(settings, store, celery)["requeued_lost"] == 2
@@ -136,7 +136,7 @@ def test_a_message_a_worker_holds_unacked_counts_as_present(env, fake_server, wo
 def test_duplicates_and_stale_messages_never_cause_a_re_publish(env, fake_server):
     celery, settings, store = env
     _enqueue(celery, settings, store, ["a", "b"])
-    publish_chapters(celery, "exam", ["a", "b"])  # enqueue run twice
+    publish_slices(celery, "exam", [("a", 0), ("b", 0)])  # enqueue run twice
     _redis(fake_server).ltrim(QUEUE, 0, 2)  # one message lost, but a duplicate hides it
     assert reconcile_once(settings, store, celery)["requeued"] == 0
 

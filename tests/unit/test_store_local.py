@@ -77,7 +77,7 @@ def test_a_reader_does_not_block_a_writer_on_sqlite(sqlite_url, tmp_path):
     store = Store(engine)
     _sync(store, tmp_path, [("a", 5)])
     with store._read() as reader:
-        reader.exec_driver_sql("SELECT count(*) FROM chapter").all()
+        reader.exec_driver_sql("SELECT count(*) FROM slice").all()
         started = time.monotonic()
         assert isinstance(store.claim("ex", "a", "w", 10.0, 8), Claimed)  # not blocked
         assert time.monotonic() - started < 30  # blocked would mean the 60 s busy timeout

@@ -1,0 +1,133 @@
+"""Big chapters split into slices that many workers generate at once: real workers and CLI
+against the mock, SIGKILL, a raised target and a cancel with slices in flight."""
+
+from __future__ import annotations
+
+import math
+import signal
+import time
+
+import pytest
+
+from harness import Deployment, assert_stored_exactly_once, dump
+from helpers import wait_for
+
+pytestmark = pytest.mark.e2e
+
+CHAPTERS = [(f"part-{i}", 200) for i in range(3)]
+
+
+def _run_scenario(tmp_path, redis_url, mock, slice_questions: int):
+    """3 chapters of 200 questions at 10 a call, two workers of 16 threads, 0.5 s a call:
+    the time from enqueue to all stored, with every question checked."""
+    home = tmp_path / f"slices-{slice_questions}"
+    home.mkdir()
+    dep = Deployment.create(home, f"sqlite:///{home / 'ef.db'}", redis_url, mock,
+                            questions_per_call=10, slice_questions=slice_questions)
+    try:
+        dep.syllabus("cert", CHAPTERS)
+        dep.worker(16)
+        dep.worker(16)
+        wait_for(lambda: dep.worker_logs().count(" ready.") >= 2, 60, "workers ready")
+        calls_before = mock.stats()["calls_total"]
+        started = time.monotonic()
+        enq = dep.cli("enqueue", "cert")
+        assert enq.returncode == 0, enq.stderr
+        report = dep.wait_done("cert", 180)
+        elapsed = time.monotonic() - started
+        assert report["chapters"]["done"] == 3, dump(report)
+        assert_stored_exactly_once(dep, "cert", dict(CHAPTERS))
+        needed = 3 * math.ceil(200 / 10)
+        assert mock.stats()["calls_total"] - calls_before == needed
+        assert report["usage"]["calls_used"] == report["usage"]["calls"] == needed
+        return elapsed, report
+    finally:
+        dep.stop_all()
+
+
+def test_slices_generate_a_big_chapter_in_parallel_well_under_half_the_one_lease_time(
+        tmp_path, redis_url, mock):
+    mock.configure(latency_s=0.5)
+    # SLICE_QUESTIONS=200: one slice per chapter, the one lease per chapter of before.
+    one_lease, single = _run_scenario(tmp_path, redis_url, mock, 200)
+    sliced, report = _run_scenario(tmp_path, redis_url, mock, 50)
+    assert [len(c["slices"]) for c in single["chapter_list"]] == [1, 1, 1]
+    assert [[(s["first"], s["last"]) for s in c["slices"]] for c in report["chapter_list"]] == \
+        [[(1, 50), (51, 100), (101, 150), (151, 200)]] * 3
+    print(f"SLICES one lease per chapter {one_lease:.1f} s, slices of 50 {sliced:.1f} s, "
+          f"{one_lease / sliced:.2f}x")
+    assert sliced < one_lease / 2, (one_lease, sliced)
+
+
+@pytest.mark.parametrize("database", ["sqlite", "postgres"])
+def test_a_slice_whose_worker_is_sigkilled_is_taken_over_and_the_chapter_completes(
+        deploy, mock, database):
+    mock.configure(latency_s=0.4)
+    dep = deploy(database, questions_per_call=5, slice_questions=20, lease_s=3)
+    dep.syllabus("big", [("one", 80)])
+    victim = dep.worker(8)
+    dep.beat()
+    assert dep.cli("enqueue", "big").returncode == 0
+    # Every slice running at once, some batches stored: kill mid-call.
+    wait_for(lambda: dep.status("big")["questions"]["done"] >= 20, 60, "batches committed")
+    at_kill = dep.status("big")
+    dep.kill(victim, signal.SIGKILL)
+    in_flight = at_kill["usage"]["calls_in_flight"]
+    dep.worker(8)
+    report = dep.wait_done("big", 120)
+    assert report["chapters"]["done"] == 1, dump(report)
+    assert_stored_exactly_once(dep, "big", {"one": 80})
+    usage = report["usage"]
+    # Paid for: the 16 calls the questions need, and the calls in flight at the kill at most
+    # (each slice had at most one).
+    assert usage["calls_used"] == 16
+    assert usage["calls_wasted"] <= 4 and usage["calls"] - usage["calls_used"] <= 4, dump(usage)
+    assert in_flight <= 4
+    # The slices that were running were taken over: their attempts show it.
+    slices = report["chapter_list"][0]["slices"]
+    assert len(slices) == 4 and sum(s["attempts"] for s in slices) > 4
+
+
+def test_a_target_raised_mid_run_adds_slices_that_run_beside_the_others(deploy, mock):
+    mock.configure(latency_s=0.3)
+    dep = deploy("sqlite", questions_per_call=5, slice_questions=20)
+    dep.syllabus("grow", [("c", 40)])
+    dep.worker(8)
+    assert dep.cli("enqueue", "grow").returncode == 0
+    wait_for(lambda: dep.status("grow")["questions"]["done"] >= 5, 60, "a batch stored")
+    dep.syllabus("grow", [("c", 100)])
+    again = dep.cli("enqueue", "grow")
+    assert again.returncode == 0 and "enqueued  grow/c" in again.stdout, again.stdout
+    report = dep.wait_done("grow", 120)
+    assert report["questions"] == {"target": 100, "done": 100}, dump(report)
+    assert [(s["first"], s["last"]) for s in report["chapter_list"][0]["slices"]] == [
+        (1, 20), (21, 40), (41, 60), (61, 80), (81, 100)]
+    assert_stored_exactly_once(dep, "grow", {"c": 100})
+    assert report["usage"]["calls_used"] == report["usage"]["calls"] == 20
+
+
+def test_cancel_with_slices_in_flight_stops_every_slice_and_keeps_what_is_stored(deploy, mock):
+    mock.configure(latency_s=1.0)
+    dep = deploy("sqlite", questions_per_call=5, slice_questions=10)
+    dep.syllabus("stop", [("c", 100)])
+    dep.worker(16)
+    assert dep.cli("enqueue", "stop").returncode == 0
+    wait_for(lambda: dep.status("stop")["usage"]["calls_in_flight"] >= 5, 60, "slices running")
+    cancel = dep.cli("cancel", "stop")
+    assert cancel.returncode == 0 and "cancelled 1 chapters" in cancel.stdout, cancel.stdout
+    calls_at_cancel = dep.status("stop")["usage"]["calls"]
+
+    def settled():
+        report = dep.status("stop")
+        return report if report["usage"]["calls_in_flight"] == 0 else None
+
+    report = wait_for(settled, 30, "calls in flight to end")
+    chapter = report["chapter_list"][0]
+    assert chapter["state"] == "cancelled", dump(report)
+    assert {s["state"] for s in chapter["slices"]} <= {"cancelled", "done"}
+    # No new call started after the cancel; the ones in flight ended (their replies wasted:
+    # the lease was gone) and nothing was stored past them.
+    time.sleep(2)
+    assert dep.status("stop")["usage"]["calls"] == calls_at_cancel
+    stored = dep.store.questions("stop")
+    assert len({q["number"] for q in stored}) == len(stored) < 100
