@@ -65,13 +65,15 @@ def run(mock: MockServer, workdir: Path, chapters: list[tuple[str, int]], slice_
                 "EXAMS_DIR": str(home / "exams"), "QUESTIONS_PER_CALL": str(per_call),
                 "SLICE_QUESTIONS": str(slice_questions), "MAX_REASKS": "6"})
     mock.reset()
-    started = time.perf_counter()
+    started = time.monotonic()  # the mock's clock starts at its reset, on the same clock
     proc = subprocess.run([sys.executable, "-m", "producer", "run", "bench", "-c",
                            str(concurrency)], cwd=home, env=env, capture_output=True, text=True)
-    elapsed = time.perf_counter() - started
+    ended = time.monotonic()
     if proc.returncode != 0:
         raise SystemExit(f"producer run failed: {proc.stderr[-2000:]}")
     stats = mock.stats()
+    # From the first request reaching the mock: start-up (imports, migrations) left out.
+    elapsed = ended - started - stats["admitted_at"][0]
     store = open_store(f"sqlite:///{db}")
     rows = store.questions("bench")
     report = store.status("bench")
@@ -86,7 +88,8 @@ def run(mock: MockServer, workdir: Path, chapters: list[tuple[str, int]], slice_
     return {
         "chapters": len(chapters), "questions": target, "slice_questions": slice_questions,
         "slices": sum(len(c.slices) for c in report.chapter_list),
-        "elapsed_s": round(elapsed, 2), "questions_per_s": round(target / elapsed, 1),
+        "elapsed_s": round(elapsed, 2), "launch_to_stored_s": round(ended - started, 2),
+        "questions_per_s": round(target / elapsed, 1),
         "stored": len(rows), "numbers_contiguous": numbers_ok,
         "exact_duplicates_stored": len(texts) - len(set(texts)),
         "paraphrases_stored": len(paraphrases),
@@ -135,8 +138,8 @@ def render(sweep_rows: list[dict[str, Any]], dup_rows: list[dict[str, Any]],
         f"Embedded mode, {args.concurrency} threads, {args.per_call} questions a call, mock "
         f"latency {args.latency_s} s; ideal = {args.concurrency} slots x {args.per_call} / "
         f"{args.latency_s} s = {args.concurrency * args.per_call / args.latency_s:.0f} "
-        "questions/s. Times are from launch (about a second of start-up) to the last "
-        "question stored.", "",
+        "questions/s. Times are from the first request reaching the mock to the last question "
+        "stored (start-up, about a second, left out).", "",
         f"## {args.questions} questions in N chapters", "",
         "| chapters | questions each | mode | slices | seconds | questions/s | of ideal | "
         "slices / one lease |",

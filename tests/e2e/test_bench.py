@@ -57,3 +57,22 @@ def test_the_rate_limit_benchmark_runs_and_nothing_is_refused(redis_url, tmp_pat
     assert row["questions_stored"] == 60 and row["admitted"] == 12, row
     assert row["refused"] == 0 and row["billed_calls"] == 12, row
     assert "| examforge" in results.read_text()
+
+
+def test_the_slices_benchmark_runs_and_never_stores_a_duplicate(tmp_path):
+    results = tmp_path / "slices.md"
+    run = subprocess.run([sys.executable, "bench/slices.py", "--small", "--results", str(results)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    data = json.loads(results.with_suffix(".json").read_text())
+    assert [(r["chapters"], r["mode"]) for r in data["sweep"]] == [
+        (1, "one lease"), (1, "slices"), (3, "one lease"), (3, "slices")]
+    one_chapter = {r["mode"]: r for r in data["sweep"] if r["chapters"] == 1}
+    assert (one_chapter["one lease"]["slices"], one_chapter["slices"]["slices"]) == (1, 3)
+    for r in data["sweep"] + data["duplicates"]:
+        assert r["stored"] == r["questions"] and r["numbers_contiguous"], r
+        assert r["exact_duplicates_stored"] == 0, r
+        assert r["paid_calls"] == r["calls_used"] + r["calls_wasted"], r
+    # The mock did repeat questions, and none of its repeats was stored.
+    assert all(r["duplicate_replies"] > 0 for r in data["duplicates"])
+    assert "| slices |" in results.read_text()
