@@ -199,17 +199,59 @@ def _when(epoch: float | None) -> str | None:
 @cli.command()
 @click.argument("slug")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object on stdout.")
-def status(slug: str, as_json: bool) -> None:
+@click.option("--watch", is_flag=True,
+              help="A live view until no chapter is pending or running; exit 0, or 1 if some "
+                   "failed. Off a terminal: one plain line per refresh.")
+@click.option("--interval", "interval_s", type=click.FloatRange(min=0.1), default=2.0,
+              show_default=True, help="Seconds between two refreshes of --watch.")
+def status(slug: str, as_json: bool, watch: bool, interval_s: float) -> None:
     """Progress, usage and errors of an exam, from the database alone."""
     settings = _settings()
-    report = _store(settings).status(slug)
+    store = _store(settings)
+    if watch:
+        if as_json:
+            raise UserError("--watch and --json: choose one")
+        from producer.live import watch as live_watch
+
+        report = live_watch(lambda: store.status(slug), out, interval_s)
+        if report.chapters.failed:
+            sys.exit(1)
+        return
+    report = store.status(slug)
     if as_json:
         data = report.as_dict()
         for c in data["chapter_list"]:
             c["last_error_at"], c["requeued_at"] = _when(c["last_error_at"]), _when(c["requeued_at"])
+        for key in ("started_at", "finished_at", "updated_at"):
+            data[key] = _when(data[key])
+        for e in data["recent_errors"]:
+            e["at"] = _when(e["at"])
         click.echo(json.dumps(data, ensure_ascii=False))
         return
     _print_status(report)
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="A JSON list on stdout.")
+def exams(as_json: bool) -> None:
+    """Every exam in the database: state, chapters, questions, cost, last change."""
+    summaries = _store(_settings()).exams()
+    if as_json:
+        click.echo(json.dumps([
+            {"exam": e.exam, "title": e.title, "state": e.state,
+             "chapters": {"done": e.chapters.done, "total": e.chapters.target},
+             "questions": {"done": e.questions.done, "target": e.questions.target},
+             "cost_usd": e.cost_usd, "updated_at": _when(e.updated_at)}
+            for e in summaries], ensure_ascii=False))
+        return
+    table = Table(title=f"{len(summaries)} exams")
+    for col in ("exam", "title", "state", "chapters", "questions", "cost", "last change"):
+        table.add_column(col)
+    for e in summaries:
+        table.add_row(e.exam, e.title, e.state, f"{e.chapters.done}/{e.chapters.target}",
+                      f"{e.questions.done}/{e.questions.target}", f"${e.cost_usd:.4f}",
+                      _when(e.updated_at) or "-")
+    out.print(table)
 
 
 def _print_status(report: ExamReport) -> None:
@@ -230,6 +272,12 @@ def _print_status(report: ExamReport) -> None:
     out.print(f"chapters: {ch.done}/{ch.total} done, {ch.running} running, "
               f"{ch.pending} pending, {ch.failed} failed, {ch.cancelled} cancelled")
     out.print(f"questions: {q.done}/{q.target}")
+    if report.started_at is not None:
+        from producer.live import duration
+
+        out.print(f"time: started {_when(report.started_at)}"
+                  + (f", finished {_when(report.finished_at)}" if report.finished_at else "")
+                  + f", elapsed {duration(report.elapsed_s)}")
     out.print(f"calls: {u.calls} (used {u.calls_used}, wasted {u.calls_wasted}, "
               f"failed {u.calls_failed}, in flight {u.calls_in_flight}); "
               f"tokens: {u.prompt_tokens} prompt + {u.completion_tokens} completion; "
@@ -289,8 +337,6 @@ def export(slug: str, fmt: str, target: str | None) -> None:
 @_dry_run_option
 def run(slug: str, concurrency: int, budget_usd: float | None, dry_run: bool) -> None:
     """Generate an exam in this process, with no broker (resumable)."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     from examforge.pipeline import Runtime
     from producer.local import run_local
 
@@ -310,22 +356,19 @@ def run(slug: str, concurrency: int, budget_usd: float | None, dry_run: bool) ->
     rt = Runtime.build(settings, store)
     # SIGTERM stops like Ctrl-C: running calls finish and commit, nothing new is paid for.
     signal.signal(signal.SIGTERM, _interrupt)
-    target = store.status(slug).questions.target
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=err, transient=False) as progress:
-        bar = progress.add_task(f"{slug} questions", total=target)
+    from producer.live import LiveView
 
-        last_tick = [0.0]
-
+    # The same view as `status --watch`, on stderr (stdout gets the summary).
+    with LiveView(err, interval_s=5.0) as view:
         def tick() -> None:
-            if time.monotonic() - last_tick[0] >= 0.5:  # a count, twice a second at most
-                last_tick[0] = time.monotonic()
-                progress.update(bar, completed=store.questions_done(slug))
+            if view.due():
+                view.show(store.status(slug))
 
-        tick()
-        results = run_local(rt, slug, plan.slices, concurrency, on_progress=tick)
-        last_tick[0] = 0.0
-        tick()
+        view.show(store.status(slug))
+        try:
+            results = run_local(rt, slug, plan.slices, concurrency, on_progress=tick)
+        finally:
+            view.show(store.status(slug))
     rt.close()
     failed = {ref: r for ref, r in results.items() if r.outcome == "failed"}
     for (chapter_id, slice_no), result in failed.items():
@@ -369,6 +412,35 @@ def resume(slug: str) -> None:
         publish_slices(app, slug, slices)
     chapters = len({chapter_id for chapter_id, _ in slices})
     out.print(f"resumed {slug}: {chapters} chapters enqueued ({len(slices)} slices)")
+
+
+@cli.command()
+@click.argument("slug")
+@click.option("--chapter", "chapters", multiple=True,
+              help="Only these chapters (repeatable); default: every failed one.")
+def retry(slug: str, chapters: tuple[str, ...]) -> None:
+    """Re-enqueue failed chapters with fresh attempt budgets, leaving a pause as it is (a
+    paused exam's chapters run once it is resumed; `resume` does both)."""
+    from tasks import app
+    from tasks.broker import broker_epoch, check_broker, publish_slices
+
+    settings = _settings()
+    store = _store(settings)
+    known = store.chapter_ids(slug)
+    unknown = [c for c in chapters if c not in known]
+    if unknown:
+        raise UserError(f"--chapter: chapter {unknown[0]!r} is not in exam {slug}")
+    check_broker(app, settings)  # before changing anything
+    slices = store.retry_failed(slug, list(chapters) or None)
+    if slices:
+        store.mark_enqueued(slug, slices, broker_epoch(app, settings))
+        publish_slices(app, slug, slices)
+    n = len({chapter_id for chapter_id, _ in slices})
+    out.print(f"retrying {n} failed chapters of {slug} ({len(slices)} slices)")
+    report = store.status(slug)
+    if report.state == "paused" and slices:
+        out.print(f"exam {slug} is paused ({report.pause_reason}): they run once you "
+                  f"resume it: python -m producer resume {slug}")
 
 
 @cli.command()

@@ -194,19 +194,44 @@ class Planning(StoreBase):
                     .values(**values))
 
     def resume(self, slug: str) -> list[SliceRef]:
-        """Clear a pause and reset failed slices to pending; returns the slices to enqueue."""
+        """Clear a pause and reset failed slices to pending; returns the slices to enqueue
+        (every unfinished one: a paused exam's messages may have been consumed meanwhile)."""
         with self._write() as conn:
             self._require_exam(conn, slug)
             conn.execute(update(E).where(E.c.slug == slug).values(
                 state=ExamState.active.value, pause_reason=None, auth_failures=0,
                 updated_at=self._now))
-            conn.execute(update(S).where(S.c.exam == slug, S.c.state == ChapterState.failed.value)
-                         .values(state=ChapterState.pending.value, attempts_since_progress=0,
-                                 not_before_at=None, updated_at=self._now))
+            self._reset_failed(conn, slug, None)
             return [(r.chapter_id, r.slice_no) for r in conn.execute(
                 select(S.c.chapter_id, S.c.slice_no)
                 .where(S.c.exam == slug, S.c.state.in_(ACTIVE_STATES))
                 .order_by(S.c.position, S.c.slice_no))]
+
+    def retry_failed(self, slug: str, chapter_ids: Sequence[str] | None = None
+                     ) -> list[SliceRef]:
+        """Reset the failed slices (of `chapter_ids`, or all) to pending with fresh attempt
+        budgets, leaving a pause as it is; returns them, to enqueue."""
+        with self._write() as conn:
+            self._require_exam(conn, slug)
+            return self._reset_failed(conn, slug, chapter_ids)
+
+    def _reset_failed(self, conn: Connection, slug: str,
+                      chapter_ids: Sequence[str] | None) -> list[SliceRef]:
+        where = [S.c.exam == slug, S.c.state == ChapterState.failed.value]
+        if chapter_ids:
+            where.append(S.c.chapter_id.in_(chapter_ids))
+        rows = conn.execute(update(S).where(*where).values(
+            state=ChapterState.pending.value, attempts_since_progress=0, not_before_at=None,
+            updated_at=self._now).returning(S.c.chapter_id, S.c.slice_no, S.c.position)).all()
+        return [(r.chapter_id, r.slice_no) for r in sorted(rows, key=lambda r: (
+            r.position, r.slice_no))]
+
+    def chapter_ids(self, slug: str) -> set[str]:
+        """The chapters of an exam, as the database has them."""
+        with self._read() as conn:
+            self._require_exam(conn, slug)
+            return set(conn.execute(select(S.c.chapter_id).where(S.c.exam == slug)
+                                    .distinct()).scalars())
 
     def cancel(self, slug: str, chapter_ids: Sequence[str] | None = None) -> int:
         """Cancel the slices of chapters that are not done; a running holder loses its lease at

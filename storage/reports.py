@@ -5,12 +5,16 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any, Iterator
 
 from sqlalchemy import and_, func, select
 
 from storage.base import E, K, Q, S, StoreBase
 from storage.models import CallOutcome, ChapterState
+
+
+RECENT_ERRORS = 5  # the failed and wasted calls a report lists
 
 
 @dataclass
@@ -138,6 +142,53 @@ def chapter_state(slice_states: list[ChapterState]) -> ChapterState:
 
 
 @dataclass
+class RecentError:
+    """A call that failed or was wasted: when, where and why."""
+
+    at: float | None
+    chapter: str
+    slice: int
+    outcome: str
+    reason: str | None
+    detail: str | None
+
+
+class ExamStatus(str, Enum):
+    """What `status` says of an exam (see exam_state)."""
+
+    active = "active"
+    paused = "paused"
+    done = "done"  # every chapter done
+    failed = "failed"  # finished with failures: no work left, some chapter failed
+    cancelled = "cancelled"  # no work left, some chapter cancelled, none failed
+
+
+def exam_state(stored: str, counts: "ChapterCounts") -> str:
+    """Done when every chapter is; paused while a pause waits for a person; then active
+    while work is left, or how it ended."""
+    if counts.done == counts.total:
+        return ExamStatus.done.value
+    if stored == ExamStatus.paused.value or counts.pending + counts.running:
+        return stored
+    if counts.failed:
+        return ExamStatus.failed.value
+    return ExamStatus.cancelled.value
+
+
+@dataclass
+class ExamSummary:
+    """One line of `exams`."""
+
+    exam: str
+    title: str
+    state: str
+    chapters: Progress  # done of total
+    questions: Progress
+    cost_usd: float
+    updated_at: float | None
+
+
+@dataclass
 class ExamReport:
     """`status`: what the database says of one exam. `as_dict()` is the `status --json`
     contract."""
@@ -156,6 +207,19 @@ class ExamReport:
     spent_usd: float
     reserved_usd: float  # the worst cases of the calls in flight
     chapter_list: list[ChapterReport]
+    # When the first call started, when the last slice finished (None while work is left),
+    # and the time between (up to now while it runs); the last change of any row.
+    started_at: float | None = None
+    finished_at: float | None = None
+    elapsed_s: float | None = None
+    updated_at: float | None = None
+    questions_last_minute: int = 0  # stored in the last 60 s (the rate of a live view)
+    recent_errors: list[RecentError] = field(default_factory=list)  # newest first
+
+    @property
+    def finished(self) -> bool:
+        """No slice is pending or running (whatever the pause)."""
+        return self.chapters.pending + self.chapters.running == 0
 
     def as_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -194,6 +258,47 @@ class Reports(StoreBase):
                        K.c.usage_estimated.is_(False))).one()
         return tokens / questions if questions else None
 
+    def exams(self) -> list[ExamSummary]:
+        """Every exam in the database, newest change first, in a few grouped queries."""
+        with self._read() as conn:
+            exams = conn.execute(select(E, self._now.label("now"))).all()
+            slices = conn.execute(
+                select(S.c.exam, S.c.chapter_id, S.c.state, S.c.lease_owner,
+                       S.c.lease_expires_at, S.c.target, S.c.updated_at)).all()
+            stored: dict[str, int] = dict(conn.execute(  # type: ignore[arg-type]
+                select(Q.c.exam, func.count()).select_from(Q).join(S, self._in_range())
+                .group_by(Q.c.exam)).all())
+            costs = {r.exam: r for r in conn.execute(
+                select(K.c.exam, func.coalesce(func.sum(K.c.cost_usd), 0.0).label("cost"),
+                       func.max(K.c.finished_at).label("last")).group_by(K.c.exam))}
+        now = exams[0].now if exams else 0.0
+        states: dict[str, dict[str, list[ChapterState]]] = {}
+        targets: dict[str, int] = {}
+        changed: dict[str, float] = {}
+        for sl in slices:
+            state = ChapterState(sl.state)
+            if state is ChapterState.running and not (
+                    sl.lease_owner and (sl.lease_expires_at or 0) > now):
+                state = ChapterState.pending
+            states.setdefault(sl.exam, {}).setdefault(sl.chapter_id, []).append(state)
+            targets[sl.exam] = targets.get(sl.exam, 0) + sl.target
+            changed[sl.exam] = max(changed.get(sl.exam, 0.0), sl.updated_at or 0.0)
+        out = []
+        for exam in exams:
+            counts = ChapterCounts()
+            for chapter_states in states.get(exam.slug, {}).values():
+                counts.total += 1
+                counts.count(chapter_state(chapter_states))
+            cost = costs.get(exam.slug)
+            out.append(ExamSummary(
+                exam=exam.slug, title=exam.title, state=exam_state(exam.state, counts),
+                chapters=Progress(counts.total, counts.done),
+                questions=Progress(targets.get(exam.slug, 0), stored.get(exam.slug, 0)),
+                cost_usd=round(float(cost.cost) if cost else 0.0, 6),
+                updated_at=max(filter(None, (exam.updated_at, changed.get(exam.slug),
+                                             cost.last if cost else None)), default=None)))
+        return sorted(out, key=lambda e: e.updated_at or 0.0, reverse=True)
+
     def exam_exists(self, slug: str) -> bool:
         with self._read() as conn:
             return conn.execute(select(E.c.slug).where(E.c.slug == slug)).first() is not None
@@ -218,6 +323,22 @@ class Reports(StoreBase):
                                        "attempts_since_progress", "lease_owner",
                                        "lease_expires_at", "last_error", "last_error_at",
                                        "requeues", "requeued_at", "requeue_reason")))
+            times = conn.execute(select(
+                select(func.min(K.c.started_at)).where(K.c.exam == slug)
+                .scalar_subquery().label("first"),
+                select(func.max(K.c.finished_at)).where(K.c.exam == slug)
+                .scalar_subquery().label("last"),
+                select(func.max(S.c.updated_at)).where(S.c.exam == slug)
+                .scalar_subquery().label("changed"),
+                select(func.count()).select_from(Q).where(
+                    Q.c.exam == slug, Q.c.created_at >= exam.now - 60)
+                .scalar_subquery().label("last_minute"))).one()
+            errors = conn.execute(
+                select(K.c.finished_at, K.c.chapter_id, K.c.slice_no, K.c.outcome, K.c.reason,
+                       K.c.detail)
+                .where(K.c.exam == slug, K.c.outcome.in_((CallOutcome.failed.value,
+                                                          CallOutcome.wasted.value)))
+                .order_by(K.c.finished_at.desc()).limit(RECENT_ERRORS)).all()
         usage = UsageTotals()
         calls_by_chapter: dict[str, int] = {}
         by_endpoint: dict[str, EndpointUsage] = {}
@@ -240,16 +361,25 @@ class Reports(StoreBase):
                   for chapter_id, rows in by_chapter.items()]
         for chapter in listed:
             counts.count(ChapterState(chapter.state))
+        finished = counts.pending + counts.running == 0
+        started_at, finished_at = times.first, times.last if finished else None
         return ExamReport(
-            exam=slug, title=exam.title, state=exam.state, pause_reason=exam.pause_reason,
-            chapters=counts,
+            exam=slug, title=exam.title, state=exam_state(exam.state, counts),
+            pause_reason=exam.pause_reason, chapters=counts,
             questions=Progress(sum(c.questions.target for c in listed),
                                sum(c.questions.done for c in listed)),
             usage=usage.rounded(), cost_usd=round(usage.cost_usd, 6),
             usage_by_endpoint={k: v.rounded() for k, v in by_endpoint.items()},
             unpriced_calls=unpriced, budget_usd=exam.budget_usd,
             spent_usd=round(usage.cost_usd, 6), reserved_usd=round(usage.reserved_usd, 6),
-            chapter_list=listed)
+            chapter_list=listed, started_at=started_at, finished_at=finished_at,
+            elapsed_s=None if started_at is None else round(
+                (finished_at or exam.now) - started_at, 3),
+            updated_at=max(filter(None, (exam.updated_at, times.changed, times.last)),
+                           default=None),
+            questions_last_minute=times.last_minute,
+            recent_errors=[RecentError(r.finished_at, r.chapter_id, r.slice_no, r.outcome,
+                                       r.reason, r.detail) for r in errors])
 
     @staticmethod
     def _chapter_report(chapter_id: str, rows: list[Any], now: float,

@@ -87,7 +87,7 @@ def test_a_budget_stops_the_exam_mid_way_and_a_raised_one_finishes_it(deploy, mo
 
     assert dep.cli("enqueue", "exam", "--budget-usd", "1").returncode == 0
     report = dep.wait_done("exam", 60)
-    assert report["chapters"]["done"] == 10 and report["state"] == "active"
+    assert report["chapters"]["done"] == 10 and report["state"] == "done"  # no longer paused, and finished
     assert_stored_exactly_once(dep, "exam", {f"ch-{i}": 10 for i in range(10)})
     stats = mock.stats()
     assert stats["calls_total"] > paid_before
