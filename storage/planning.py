@@ -267,7 +267,9 @@ def _plan_structure(ch: SyllabusChapter, position: int, rows: list[Any], stored:
     chapter fields that change on every slice; the first number new slices start at, past
     the existing ranges; whether its questions and slices are deleted first, to cut it
     afresh)."""
-    end = max((r.first_number + r.target - 1 for r in rows), default=0)
+    # The last number any slice covers (a slice trimmed to nothing by a lowered target covers
+    # none: its numbers go to the slices a raise adds).
+    end = max((r.first_number + r.target - 1 for r in rows if r.target > 0), default=0)
     if not rows:
         return None, {}, 1, False
     if regenerate:

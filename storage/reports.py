@@ -385,6 +385,8 @@ class Reports(StoreBase):
     def _chapter_report(chapter_id: str, rows: list[Any], now: float,
                         calls: int) -> ChapterReport:
         reports = []
+        # A slice a lowered target trimmed to nothing covers no number: not shown.
+        rows = [r for r in rows if r.target > 0] or rows
         for sl in rows:
             state = ChapterState(sl.state)
             live = sl.lease_owner and (sl.lease_expires_at or 0) > now

@@ -604,3 +604,34 @@ def test_0006_turns_chapters_into_slices_keeping_what_is_stored(db_url, monkeypa
     assert [q["number"] for q in store.questions("ex") if q["chapter_id"] == "big"] == \
         list(range(1, 62))
     engine.dispose()
+
+
+def test_slices_keep_disjoint_ranges_through_lowered_raised_and_regenerated_targets(
+        store, tmp_path):
+    def ranges():
+        report = store.status("ex")
+        return [(s.first, s.last, s.state) for s in report.chapter_list[0].slices]
+
+    path = write_syllabus(tmp_path / "exams", "ex", [("a", 120)])
+    plan = store.sync_exam("ex", load_syllabus(path, max_questions=1000), slice_questions=50)
+    assert plan.slices == [("a", 0), ("a", 1), ("a", 2)]
+    assert ranges() == [(1, 50, "pending"), (51, 100, "pending"), (101, 120, "pending")]
+    claim = store.claim("ex", "a", "w", 10.0, 8, slice_no=1)
+    assert isinstance(claim, Claimed) and (claim.first_number, claim.target) == (51, 50)
+    call = store.start_call(claim, 51, 10, lease_s=10.0)
+    store.commit_batch(claim, 10.0, call, _qs(10, 51), model="m", usage=Usage(1, 1, 0.0))
+    store.release(claim, retry_in_s=0, error="test")
+    # Lowered to 60: the second slice ends at 60 and is done (51-60 stored), the third
+    # covers nothing (and is not shown); the first keeps its range.
+    _sync(store, tmp_path, [("a", 60)])
+    assert ranges() == [(1, 50, "pending"), (51, 60, "done")]
+    # Raised to 130: new slices for 61..130, after the last number any slice covers.
+    plan = _sync(store, tmp_path, [("a", 130)])
+    assert ranges() == [(1, 50, "pending"), (51, 60, "done"), (61, 110, "pending"),
+                        (111, 130, "pending")]
+    assert plan.slices == [("a", 0), ("a", 3), ("a", 4)]
+    # Regenerated: every question and slice of the chapter goes; it is cut afresh.
+    plan = store.sync_exam("ex", load_syllabus(path, max_questions=1000), regenerate=["a"],
+                           slice_questions=50)
+    assert ranges() == [(1, 50, "pending"), (51, 100, "pending"), (101, 130, "pending")]
+    assert store.questions("ex") == [] and plan.slices == [("a", 0), ("a", 1), ("a", 2)]
