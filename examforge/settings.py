@@ -28,12 +28,49 @@ from examforge.prices import Price, resolve
 MAX_TOKENS_OVERHEAD = 100
 
 
+# The drivers examforge installs and tests; SQLAlchemy would accept many more URLs and fail
+# later with a traceback about a module that is not installed (MySQLdb, asyncpg, psycopg2).
+SUPPORTED_DATABASE_SCHEMES = ("sqlite", "sqlite+pysqlite", "postgresql+psycopg")
+SUPPORTED_DATABASE_URLS = "sqlite:///PATH or postgresql://USER@HOST:PORT/DB"
+# Celery's broker is usually Redis; any transport kombu knows is accepted. These are checked
+# without importing kombu (a tenth of a second every command would pay).
+_COMMON_BROKER_SCHEMES = ("redis", "rediss", "sentinel", "amqp", "amqps", "pyamqp", "memory")
+
+
 def normalise_database_url(url: str) -> str:
     """Map plain `postgresql://` / `postgres://` URLs onto the psycopg 3 driver."""
     for prefix in ("postgresql://", "postgres://"):
         if url.startswith(prefix):
             return "postgresql+psycopg://" + url[len(prefix):]
     return url
+
+
+def check_database_url(url: str) -> str:
+    """`url`, normalised, if examforge can open it; ValueError naming the supported URLs.
+
+    Only the scheme is repeated in the message: the URL may hold a password.
+    """
+    url = normalise_database_url(url)
+    scheme = url.split("://", 1)[0] if "://" in url else ""
+    if scheme not in SUPPORTED_DATABASE_SCHEMES:
+        what = f"{scheme}:// is not supported" if scheme else "not a database URL"
+        raise ValueError(f"{what}: use {SUPPORTED_DATABASE_URLS}")
+    return url
+
+
+def check_broker_url(url: str) -> str:
+    """`url` if it names a broker transport kombu knows; ValueError otherwise."""
+    scheme = url.split("://", 1)[0] if "://" in url else ""
+    transport = scheme.split("+", 1)[0]  # kombu's own form: sqla+postgresql://, redis+socket://
+    if transport in _COMMON_BROKER_SCHEMES:
+        return url
+    if transport:
+        from kombu.transport import TRANSPORT_ALIASES
+
+        if transport in TRANSPORT_ALIASES:
+            return url
+    what = f"{scheme}:// is not a broker transport" if scheme else "not a broker URL"
+    raise ValueError(f"{what}: use redis://HOST:6379/0")
 
 
 class Settings(BaseSettings):
@@ -185,7 +222,12 @@ class Settings(BaseSettings):
     @field_validator("database_url")
     @classmethod
     def _normalise_db(cls, v: str) -> str:
-        return normalise_database_url(v)
+        return check_database_url(v)
+
+    @field_validator("broker_url")
+    @classmethod
+    def _broker(cls, v: str) -> str:
+        return check_broker_url(v)
 
     @model_validator(mode="after")
     def _check_prices(self) -> "Settings":

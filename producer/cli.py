@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.table import Table
 from sqlalchemy.exc import OperationalError
 
-from examforge.errors import DatabaseUnavailable, ExamforgeError, UserError
+from examforge.errors import ExamforgeError, UserError
 from examforge.settings import Settings, load_settings
 from examforge.syllabus import Syllabus, find_syllabus, load_syllabus
 
@@ -502,10 +502,11 @@ def main(argv: list[str] | None = None) -> int:
         err.print(f"error: {exc}", markup=False, soft_wrap=True)
         return getattr(exc, "exit_code", 1)
     except OperationalError as exc:
-        reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
-        err.print(f"error: {DatabaseUnavailable(f'database error: {reason}')}", markup=False,
-                  soft_wrap=True)
-        return 3
+        from storage.db import database_error
+
+        error = database_error(exc)  # a database that does not exist is a ConfigError (2)
+        err.print(f"error: {error}", markup=False, soft_wrap=True)
+        return error.exit_code
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else 0
     return 0

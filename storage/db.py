@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from sqlalchemy import event, inspect, literal_column, text
-from sqlalchemy.engine import Connection, Engine, make_url
+from sqlalchemy.engine import URL, Connection, Engine, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError
 from sqlalchemy.sql.elements import ColumnElement
 from sqlmodel import create_engine
 
 from examforge.errors import ConfigError, DatabaseUnavailable
+from examforge.settings import check_database_url
 
 MIGRATIONS_DIR = Path(__file__).with_name("migrations")
 # The newest migration. Checked against Alembic's own head by a test, so it cannot drift; it
@@ -24,7 +26,10 @@ _MIGRATION_LOCK_ID = 0x65786166
 def connect(url: str, *, pool_size: int = 10) -> Engine:
     """An engine for `url`. SQLite gets WAL, a busy timeout and `BEGIN IMMEDIATE` transactions."""
     try:
+        url = check_database_url(url)
         parsed = make_url(url)
+    except ValueError as exc:
+        raise ConfigError(f"DATABASE_URL: {exc}") from None
     except ArgumentError:
         raise ConfigError(f"DATABASE_URL: not a database URL: {url!r}") from None
     if parsed.get_backend_name() == "sqlite":
@@ -71,16 +76,36 @@ def db_now(dialect_name: str) -> ColumnElement[float]:
     return literal_column("((julianday('now') - 2440587.5) * 86400.0)")
 
 
+# Refusals that name a mistake in DATABASE_URL rather than a service that is down: waiting
+# does not fix them. PostgreSQL sends no SQLSTATE before the connection is up, so its message
+# is matched (the server's English messages, the default lc_messages).
+_CONFIG_MISTAKES = (
+    re.compile(r'database ".*" does not exist'),
+    re.compile(r'role ".*" does not exist'),
+    re.compile(r"unable to open database file"),  # SQLite: a missing or unwritable directory
+)
+
+
+def database_error(exc: DBAPIError, url: URL | None = None) -> ConfigError | DatabaseUnavailable:
+    """What a failed connection means, in one line: a ConfigError (exit 2) for a database or
+    user that does not exist or a SQLite file that cannot be created, DatabaseUnavailable
+    (exit 3) for a database that is down or refuses for a while."""
+    reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc).splitlines()[0]
+    shown = url.render_as_string(hide_password=True) if url is not None else None
+    if any(p.search(reason) for p in _CONFIG_MISTAKES):
+        return ConfigError(f"DATABASE_URL: {shown}: {reason}" if shown else
+                           f"DATABASE_URL: {reason}")
+    return DatabaseUnavailable(f"database {shown} unreachable: {reason}" if shown else
+                               f"database error: {reason}")
+
+
 def check_reachable(engine: Engine) -> None:
-    """Fail fast with one line when the database cannot be reached."""
+    """Fail fast with one line when the database cannot be reached, or does not exist."""
     try:
         with engine.connect() as conn:
             conn.execute(text("SELECT 1"))
     except (OperationalError, DBAPIError) as exc:
-        reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
-        raise DatabaseUnavailable(
-            f"database {engine.url.render_as_string(hide_password=True)} unreachable: {reason}"
-        ) from None
+        raise database_error(exc, engine.url) from None
 
 
 def alembic_config(connection: Connection | None = None):  # type: ignore[no-untyped-def]

@@ -6,10 +6,12 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import sys
 import threading
+from typing import NoReturn
 
 from celery import Celery
-from celery.signals import setup_logging, worker_ready, worker_shutting_down
+from celery.signals import setup_logging, worker_init, worker_ready, worker_shutting_down
 from sqlalchemy.exc import InterfaceError, OperationalError
 
 from examforge.errors import ConfigError, DatabaseUnavailable
@@ -24,12 +26,20 @@ patch_kombu_redis_close_race()
 
 log = logging.getLogger("examforge.tasks")
 
+
+def _exit_on_config_error(exc: ConfigError) -> NoReturn:
+    """A configuration mistake is a user error, as in the CLI: one line, exit 2."""
+    sys.stderr.write(f"error: {exc}\n")
+    sys.stderr.flush()
+    raise SystemExit(exc.exit_code)
+
+
 try:
     _settings_at_start = load_settings()
 except ConfigError as _exc:
     # Celery would wrap any exception here in "Unable to load celery application" and a
-    # traceback; a bad setting is a user error: one line, non-zero exit.
-    raise SystemExit(f"error: {_exc}") from None
+    # traceback.
+    _exit_on_config_error(_exc)
 
 app = Celery("examforge")
 app.conf.update(celery_config(_settings_at_start))
@@ -90,6 +100,25 @@ def reconcile() -> dict[str, int]:
     from tasks.reconcile import reconcile_once
 
     return reconcile_once(runtime().settings, runtime().store, app)
+
+
+@worker_init.connect
+def _check_database_on_start(sender=None, **_):  # type: ignore[no-untyped-def]
+    # A database that does not exist (or an unsupported driver) would otherwise surface as a
+    # traceback in every task, retried forever. A database that is down is an outage, not a
+    # mistake: the worker starts, and its tasks retry until it is back.
+    from storage.db import check_reachable, connect
+
+    try:
+        engine = connect(_settings_at_start.database_url, pool_size=1)
+        try:
+            check_reachable(engine)
+        finally:
+            engine.dispose()
+    except ConfigError as exc:
+        _exit_on_config_error(exc)
+    except DatabaseUnavailable as exc:
+        log.warning("%s; tasks retry until it is back", exc)
 
 
 @worker_ready.connect

@@ -10,7 +10,7 @@ from typing import Sequence
 from celery import Celery
 from kombu.exceptions import OperationalError as KombuOperationalError
 
-from examforge.errors import BrokerUnavailable
+from examforge.errors import BrokerUnavailable, ConfigError
 from examforge.settings import Settings
 
 EPOCH_KEY = "examforge:broker-epoch"
@@ -108,7 +108,12 @@ def check_broker(app: Celery, settings: Settings) -> None:
         with app.connection_for_write() as conn:
             conn.ensure_connection(max_retries=1, interval_start=0, interval_step=0,
                                    timeout=settings.broker_connect_timeout_s)
-    except Exception as exc:  # kombu raises many types here, all meaning "not reachable"
+    except (KeyError, ValueError) as exc:
+        # A URL kombu or redis-py cannot use (an unknown transport, a database that is not a
+        # number): no retry fixes it. Their messages do not repeat the URL's password.
+        reason = exc.args[0] if exc.args else exc
+        raise ConfigError(f"BROKER_URL: {reason}".splitlines()[0]) from None
+    except Exception as exc:  # kombu raises many other types here, all meaning "not reachable"
         raise BrokerUnavailable(
             f"broker {_redacted(settings.broker_url)} unreachable: {exc}".splitlines()[0]
         ) from None

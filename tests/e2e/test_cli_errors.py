@@ -97,6 +97,29 @@ def test_unreachable_database_is_one_line(deploy):
         _assert_refused(dep, result, "database", "unreachable", code=3)
 
 
+def test_a_database_that_does_not_exist_is_a_configuration_error_not_an_outage(deploy):
+    dep = deploy()
+    _write(dep, "exam", GOOD)
+    for command in (["enqueue", "exam"], ["enqueue", "exam", "--dry-run"], ["status", "exam"]):
+        result = dep.cli(*command, DATABASE_URL="postgresql://postgres@127.0.0.1:5432/nope")
+        _assert_refused(dep, result, "DATABASE_URL", 'database "nope" does not exist', code=2)
+
+
+def test_a_broker_url_that_is_no_broker_is_a_configuration_error(deploy):
+    dep = deploy()
+    _write(dep, "exam", GOOD)
+    result = dep.cli("enqueue", "exam", BROKER_URL="http://localhost")
+    _assert_refused(dep, result, "BROKER_URL", "http://", "redis://", code=2)
+
+
+def test_an_unsupported_database_driver_is_one_line(deploy):
+    dep = deploy()
+    _write(dep, "exam", GOOD)
+    for url in ("mysql://x@localhost/db", "postgresql+asyncpg://postgres@127.0.0.1/db"):
+        result = dep.cli("status", "exam", DATABASE_URL=url)
+        _assert_refused(dep, result, "DATABASE_URL", "sqlite:///PATH", code=2)
+
+
 def test_invalid_setting_is_one_line(deploy):
     dep = deploy()
     _write(dep, "exam", GOOD)
@@ -123,6 +146,38 @@ def test_a_worker_or_beat_with_an_invalid_setting_exits_with_one_line(deploy, co
     output = (result.stdout + result.stderr).strip()
     assert len(output.splitlines()) == 1 and output.startswith("error: environment/.env: "), output
     assert "HEARTBEAT_S must be at most LEASE_S / 4" in output
+
+
+@pytest.mark.parametrize("setting", [
+    {"DATABASE_URL": "postgresql://postgres@127.0.0.1:5432/nope"},
+    {"DATABASE_URL": "mysql://x@localhost/db"},
+    {"BROKER_URL": "http://localhost"},
+], ids=["no-such-database", "mysql", "http-broker"])
+def test_a_worker_with_a_configuration_mistake_exits_with_one_line(deploy, setting):
+    dep = deploy()
+    result = subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "tasks", "worker", "-P", "threads"],
+        cwd=dep.workdir, env={**dep.env, **setting}, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2, result.stdout + result.stderr
+    output = result.stdout + result.stderr
+    assert "Traceback" not in output
+    # Celery may warn about running as root first; ours is the one error line, and the last.
+    errors = [line for line in output.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and output.strip().splitlines()[-1] == errors[0], output
+    assert next(iter(setting)) in errors[0]
+
+
+def test_a_worker_started_while_its_database_is_down_keeps_running(deploy):
+    # An outage is not a configuration mistake: the worker waits for the database.
+    dep = deploy()
+    proc = dep.worker(1, DATABASE_URL="postgresql://postgres@127.0.0.1:1/none")
+    log = dep.workdir / "worker-0.log"
+    deadline = time.monotonic() + 60
+    while "ready." not in (log.read_text() if log.exists() else "") and proc.poll() is None:
+        assert time.monotonic() < deadline, log.read_text()
+        time.sleep(0.2)
+    assert proc.poll() is None, log.read_text()
+    assert "unreachable" in log.read_text()
 
 
 def test_status_and_export_of_an_unknown_exam(deploy):

@@ -1,0 +1,108 @@
+"""What a new user tripped over following README in a fresh clone (issue 10): bad settings and
+typos are one line naming the variable or option, a non-zero exit, no traceback, nothing
+written. The CLI runs in this process (producer.cli.main) against SQLite; no service."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from examforge.settings import Settings, load_settings
+from helpers import write_syllabus
+from producer.cli import main
+
+
+@pytest.fixture
+def env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[dict[str, str]]:
+    """A clean environment (no .env, no inherited settings) with a SQLite file in tmp_path."""
+    for name in Settings.model_fields:
+        monkeypatch.delenv(name.upper(), raising=False)
+    monkeypatch.chdir(tmp_path)
+    values = {"DATABASE_URL": f"sqlite:///{tmp_path / 'examforge.db'}",
+              "EXAMS_DIR": str(tmp_path / "exams"), "BROKER_URL": "redis://127.0.0.1:1/0"}
+    for name, value in values.items():
+        monkeypatch.setenv(name, value)
+    load_settings.cache_clear()
+    yield values
+    load_settings.cache_clear()
+
+
+def cli(capsys: pytest.CaptureFixture[str], *args: str, **env: str) -> tuple[int, str, str]:
+    """(exit code, stdout, stderr) of `python -m producer ARGS` with ENV on top."""
+    mp = pytest.MonkeyPatch()
+    try:
+        for name, value in env.items():
+            mp.setenv(name, value)
+        load_settings.cache_clear()
+        capsys.readouterr()
+        code = main(list(args))
+        captured = capsys.readouterr()
+    finally:
+        mp.undo()
+        load_settings.cache_clear()
+    return code, captured.out, captured.err
+
+
+def assert_one_line(code: int, stderr: str, *needles: str, exit_code: int = 2) -> str:
+    lines = stderr.strip().splitlines()
+    assert code == exit_code, stderr
+    assert len(lines) == 1 and lines[0].startswith("error: "), stderr
+    assert "Traceback" not in stderr
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+    return lines[0]
+
+
+@pytest.mark.parametrize("url", [
+    "mysql://x@localhost/db", "mysql+pymysql://x:s3cret@localhost/db",
+    "postgresql+asyncpg://postgres@127.0.0.1/db", "postgresql+psycopg2://postgres@127.0.0.1/db",
+    "oracle://x@h/d", "examforge.db",
+])
+def test_an_unsupported_database_driver_is_one_line_naming_the_supported_urls(env, capsys, url):
+    for command in (["status", "ex"], ["enqueue", "ex", "--dry-run"], ["migrate"]):
+        code, _, stderr = cli(capsys, *command, DATABASE_URL=url)
+        line = assert_one_line(code, stderr, "DATABASE_URL", "sqlite:///PATH",
+                               "postgresql://USER@HOST:PORT/DB")
+        assert "s3cret" not in line
+    assert not list(Path(".").glob("*.db"))
+
+
+@pytest.mark.parametrize("url, scheme", [
+    ("sqlite:///x.db", "sqlite"), ("sqlite+pysqlite:///x.db", "sqlite+pysqlite"),
+    ("postgresql://u@h/d", "postgresql+psycopg"), ("postgres://u@h/d", "postgresql+psycopg"),
+    ("postgresql+psycopg://u@h/d", "postgresql+psycopg"),
+])
+def test_the_supported_database_urls_are_accepted(url, scheme):
+    assert Settings(_env_file=None, database_url=url).database_url.split("://")[0] == scheme
+
+
+def test_a_sqlite_file_in_a_missing_directory_is_a_configuration_error(env, capsys, tmp_path):
+    url = f"sqlite:///{tmp_path / 'no' / 'such' / 'dir' / 'x.db'}"
+    code, _, stderr = cli(capsys, "status", "ex", DATABASE_URL=url)
+    assert_one_line(code, stderr, "DATABASE_URL", "unable to open database file")
+    assert not (tmp_path / "no").exists()
+
+
+@pytest.mark.parametrize("url, shown", [
+    ("http://localhost", "http://"), ("localhost:6379", "not a broker URL"),
+    ("unix:///tmp/redis.sock", "unix://"),
+])
+def test_a_broker_url_that_is_no_broker_is_a_configuration_error(env, capsys, url, shown):
+    write_syllabus(Path(env["EXAMS_DIR"]), "ex", [("a", 5)])
+    code, _, stderr = cli(capsys, "enqueue", "ex", BROKER_URL=url)
+    assert_one_line(code, stderr, "BROKER_URL", shown, "redis://")
+    assert not Path(env["DATABASE_URL"].removeprefix("sqlite:///")).exists()
+
+
+@pytest.mark.parametrize("url", ["redis://h:6379/0", "rediss://h/0", "amqp://g@h//",
+                                 "memory://", "sqla+postgresql://u@h/d", "sentinel://h:26379"])
+def test_every_kombu_transport_is_accepted_as_a_broker(url):
+    assert Settings(_env_file=None, broker_url=url).broker_url == url
+
+
+def test_a_redis_url_kombu_cannot_use_is_a_configuration_error_not_an_outage(env, capsys):
+    write_syllabus(Path(env["EXAMS_DIR"]), "ex", [("a", 5)])
+    code, _, stderr = cli(capsys, "enqueue", "ex", BROKER_URL="redis://127.0.0.1:6379/x")
+    assert_one_line(code, stderr, "BROKER_URL", "not x")
