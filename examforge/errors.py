@@ -4,6 +4,7 @@
     ├── UserError                    bad input from a person: one line, exit 2, no traceback
     │   ├── SyllabusError            a syllabus file or field is invalid
     │   ├── UnknownExam              no such exam
+    │   ├── UnknownChapter           no such chapter in the exam
     │   └── ConfigError              a setting is invalid
     ├── InfrastructureError          a service we depend on is down: one line, exit 3
     │   ├── BrokerUnavailable
@@ -68,6 +69,10 @@ class SyllabusError(UserError):
 
 class UnknownExam(UserError):
     """Raised when an exam slug names no syllabus and no stored exam."""
+
+
+class UnknownChapter(UserError):
+    """Raised when a chapter id names no chapter of the exam."""
 
 
 class ConfigError(UserError):

@@ -448,8 +448,13 @@ def retry(slug: str, chapters: tuple[str, ...]) -> None:
 @click.option("--chapter", "chapters", multiple=True, help="Only these chapters (repeatable).")
 def cancel(slug: str, chapters: tuple[str, ...]) -> None:
     """Cancel an exam's unfinished chapters; stored questions are kept."""
+    from examforge.errors import UnknownChapter
+
     settings = _settings()
-    n = _store(settings).cancel(slug, list(chapters) or None)
+    try:
+        n = _store(settings).cancel(slug, list(chapters) or None)
+    except UnknownChapter as exc:  # refused as a whole, like enqueue --regenerate
+        raise UserError(f"--chapter: {exc}") from None
     out.print(f"cancelled {n} chapters of {slug}")
 
 

@@ -235,11 +235,21 @@ class Planning(StoreBase):
 
     def cancel(self, slug: str, chapter_ids: Sequence[str] | None = None) -> int:
         """Cancel the slices of chapters that are not done; a running holder loses its lease at
-        its next beat. Returns the number of chapters with a slice cancelled."""
+        its next beat. Returns the number of chapters with a slice cancelled.
+
+        Raises UnknownChapter, cancelling nothing, if a chapter id is not one of the exam's: a typo
+        must not read as "nothing left to cancel"."""
         with self._write() as conn:
             self._require_exam(conn, slug)
             where = [S.c.exam == slug, S.c.state.in_(ACTIVE_STATES + (ChapterState.failed.value,))]
             if chapter_ids:
+                known = set(conn.execute(select(S.c.chapter_id).where(
+                    S.c.exam == slug, S.c.chapter_id.in_(chapter_ids)).distinct()).scalars())
+                unknown = [c for c in chapter_ids if c not in known]
+                if unknown:
+                    from examforge.errors import UnknownChapter
+
+                    raise UnknownChapter(f"chapter {unknown[0]!r} is not in exam {slug}")
                 where.append(S.c.chapter_id.in_(chapter_ids))
             return len(set(conn.execute(update(S).where(*where).values(
                 state=ChapterState.cancelled.value, lease_owner=None, lease_expires_at=None,

@@ -5,13 +5,15 @@ written. The CLI runs in this process (producer.cli.main) against SQLite; no ser
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import pytest
 
 from examforge.settings import Settings, load_settings
+from examforge.syllabus import load_syllabus
 from helpers import write_syllabus
 from producer.cli import main
+from storage import open_store
 
 
 @pytest.fixture
@@ -53,6 +55,13 @@ def assert_one_line(code: int, stderr: str, *needles: str, exit_code: int = 2) -
     for needle in needles:
         assert needle in lines[0], (needle, lines[0])
     return lines[0]
+
+
+def _exam(env: dict[str, str], chapters: list[tuple[str, int]], slug: str = "ex") -> Any:
+    path = write_syllabus(Path(env["EXAMS_DIR"]), slug, chapters)
+    store = open_store(env["DATABASE_URL"])
+    store.sync_exam(slug, load_syllabus(path, max_questions=1000))
+    return store
 
 
 @pytest.mark.parametrize("url", [
@@ -106,3 +115,21 @@ def test_a_redis_url_kombu_cannot_use_is_a_configuration_error_not_an_outage(env
     write_syllabus(Path(env["EXAMS_DIR"]), "ex", [("a", 5)])
     code, _, stderr = cli(capsys, "enqueue", "ex", BROKER_URL="redis://127.0.0.1:6379/x")
     assert_one_line(code, stderr, "BROKER_URL", "not x")
+
+
+def test_cancel_of_an_unknown_chapter_is_refused_and_cancels_nothing(env, capsys):
+    store = _exam(env, [("a", 5), ("b", 5)])
+    code, stdout, stderr = cli(capsys, "cancel", "ex", "--chapter", "a", "--chapter", "nope")
+    assert_one_line(code, stderr, "--chapter", "'nope'", "ex")
+    assert stdout == ""
+    assert {c.id: c.state for c in store.status("ex").chapter_list} == {
+        "a": "pending", "b": "pending"}
+    code, stdout, _ = cli(capsys, "cancel", "ex", "--chapter", "a")
+    assert code == 0 and stdout.strip() == "cancelled 1 chapters of ex"
+    assert {c.id: c.state for c in store.status("ex").chapter_list} == {
+        "a": "cancelled", "b": "pending"}
+
+
+def test_cancel_of_an_unknown_exam_is_refused(env, capsys):
+    code, _, stderr = cli(capsys, "cancel", "ghost", "--chapter", "a")
+    assert_one_line(code, stderr, "ghost")
