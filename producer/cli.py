@@ -26,10 +26,11 @@ if TYPE_CHECKING:
 F = TypeVar("F", bound=Callable[..., Any])
 def _console(stderr: bool = False) -> Console:
     """Lines never wrap (they are read by scripts, logs and `| tee` as often as by people);
-    off a terminal, tables get room for long cells instead of rich's 80 columns."""
+    off a terminal, tables are as wide as their cells (a width that never binds), so no cell
+    is cut mid-phrase, where rich would wrap at 80 columns."""
     stream = sys.stderr if stderr else sys.stdout
     return Console(stderr=stderr, highlight=False, soft_wrap=True,
-                   width=None if stream.isatty() else 200)
+                   width=None if stream.isatty() else 100_000)
 
 
 err = _console(stderr=True)

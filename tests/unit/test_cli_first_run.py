@@ -4,10 +4,14 @@ written. The CLI runs in this process (producer.cli.main) against SQLite; no ser
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
+from sqlalchemy import text
 
 from examforge.settings import Settings, load_settings
 from examforge.syllabus import load_syllabus
@@ -133,3 +137,27 @@ def test_cancel_of_an_unknown_chapter_is_refused_and_cancels_nothing(env, capsys
 def test_cancel_of_an_unknown_exam_is_refused(env, capsys):
     code, _, stderr = cli(capsys, "cancel", "ghost", "--chapter", "a")
     assert_one_line(code, stderr, "ghost")
+
+
+def test_piped_status_never_wraps_a_line(env, tmp_path):
+    """Off a terminal (`| tee`, CI logs) rich wrapped at 80 columns, then at 200: a table row
+    and the usage line each stay one line, however long."""
+    long_id = "a-chapter-whose-identifier-alone-is-longer-than-forty-characters"
+    store = _exam(env, [(long_id, 5), ("b", 5)])
+    error = "connection: " + " ".join(["the provider reset the connection"] * 6)
+    with store.engine.begin() as conn:
+        conn.execute(text("UPDATE slice SET last_error = :e, last_error_at = 1800000000 "
+                          "WHERE chapter_id = :c"), {"e": error, "c": long_id})
+    result = subprocess.run([sys.executable, "-m", "producer", "status", "ex"],
+                            env={**os.environ, **env, "COLUMNS": "80"}, cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    row = [line for line in lines if long_id in line]
+    assert len(row) == 1 and "2027-01-15T08:00:00+00:00 connection: the provider" in row[0]
+    assert row[0].rstrip(" │").endswith("…")  # cut by _short at 120 characters, not wrapped
+    assert max(len(line) for line in lines) > 200
+    assert len([line for line in lines if line.startswith("│")]) == 2  # one line per chapter
+    usage = [line for line in lines if line.startswith("calls: ")]
+    assert len(usage) == 1 and usage[0].endswith("cost: $0.0000")
