@@ -5,7 +5,41 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 SLUG=cloud-practitioner
-MODE=${1:-workers}
+
+usage() {
+  cat <<EOF
+usage: ./demo.sh [--local] [--fresh]
+
+Generates the sample exam ($SLUG) against the bundled mock model server.
+  (default)  Celery workers on the Redis at BROKER_URL (default redis://localhost:6379/0)
+  --local    one process, no Redis (python -m producer run)
+  --fresh    delete demo-run/ (the demo's database and logs) first; otherwise a rerun reuses
+             it, and generates only what is missing
+  -h, --help this text
+EOF
+}
+
+MODE=workers
+FRESH=
+for arg in "$@"; do
+  case "$arg" in
+    --local) MODE=local ;;
+    --fresh) FRESH=1 ;;
+    -h|--help) usage; exit 0 ;;
+    *) echo "demo.sh: unknown option '$arg' (see ./demo.sh --help)" >&2; exit 2 ;;
+  esac
+done
+
+if [ -n "$FRESH" ]; then
+  if [ -n "${DATABASE_URL:-}" ]; then
+    echo "demo.sh: --fresh clears only demo-run/, and DATABASE_URL is set: clear that database yourself, or unset DATABASE_URL" >&2
+    exit 2
+  fi
+  rm -rf demo-run
+  echo "demo.sh: --fresh: removed demo-run/"
+elif [ -z "${DATABASE_URL:-}" ] && [ -e demo-run/examforge.db ]; then
+  echo "demo.sh: reusing demo-run/examforge.db from an earlier run: what it holds is kept and only missing questions are generated (./demo.sh --fresh starts over)"
+fi
 
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/python -m pip install -q -e '.[dev]'
@@ -26,10 +60,11 @@ trap cleanup EXIT
 pids+=($!)
 for _ in $(seq 1 50); do grep -q listening demo-run/mock.log 2>/dev/null && break; sleep 0.1; done
 
-if [ "$MODE" = "--local" ]; then
+if [ "$MODE" = local ]; then
   "$PY" -m producer run "$SLUG" --concurrency 8
 else
-  "$PY" -m celery -A tasks worker -P threads -c 16 --loglevel WARNING >demo-run/worker.log 2>&1 &
+  # -l info: a line per committed batch (Celery's default level, WARNING, hides them).
+  "$PY" -m celery -A tasks worker -P threads -c 16 -l info >demo-run/worker.log 2>&1 &
   pids+=($!)
   "$PY" -m producer enqueue "$SLUG"
   echo "waiting for the workers (log: demo-run/worker.log)..."

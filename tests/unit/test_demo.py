@@ -1,0 +1,93 @@
+"""demo.sh's control flow, with a stand-in for .venv/bin/python that records what it is asked to
+run: the options, and what a rerun says about the demo-run/ it reuses (issue 10)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# Records each call; plays the mock and the worker as a process the demo's cleanup kills, and
+# `run` and `export` as the files they leave behind.
+FAKE_PYTHON = """#!/usr/bin/env bash
+echo "$*" >> "$(dirname "$0")/../../calls.log"
+case "$*" in
+  *mock-llm*) echo "mock-llm listening on http://127.0.0.1:8089/v1"; exec sleep 60 ;;
+  *"-m celery"*) exec sleep 60 ;;
+  *"producer run"*) touch demo-run/examforge.db ;;
+  *"producer export"*) mkdir -p exams/cloud-practitioner
+                       echo '{"question": "Q?"}' > exams/cloud-practitioner/generated.jsonl ;;
+esac
+"""
+
+
+@pytest.fixture
+def demo(tmp_path: Path) -> Path:
+    shutil.copy(ROOT / "demo.sh", tmp_path / "demo.sh")
+    fake = tmp_path / ".venv" / "bin" / "python"
+    fake.parent.mkdir(parents=True)
+    fake.write_text(FAKE_PYTHON)
+    fake.chmod(0o755)
+    return tmp_path
+
+
+def run(folder: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    base = {"PATH": os.environ["PATH"], "HOME": str(folder)}
+    return subprocess.run(["bash", str(folder / "demo.sh"), *args], cwd=folder,
+                          env={**base, **env}, capture_output=True, text=True, timeout=60)
+
+
+def calls(folder: Path) -> str:
+    log = folder / "calls.log"
+    return log.read_text() if log.exists() else ""
+
+
+def test_demo_sh_parses():
+    assert subprocess.run(["bash", "-n", str(ROOT / "demo.sh")]).returncode == 0
+
+
+def test_help_lists_the_options_and_installs_nothing(demo):
+    result = run(demo, "--help")
+    assert result.returncode == 0, result.stderr
+    assert "--local" in result.stdout and "--fresh" in result.stdout
+    assert calls(demo) == ""
+
+
+def test_an_unknown_option_is_one_line_and_exit_2(demo):
+    result = run(demo, "--lcoal")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "demo.sh: unknown option '--lcoal' (see ./demo.sh --help)"]
+    assert calls(demo) == ""
+
+
+def test_a_rerun_says_it_reuses_demo_run_and_fresh_starts_over(demo):
+    first = run(demo, "--local")
+    assert first.returncode == 0, first.stderr
+    assert "reusing" not in first.stdout + first.stderr
+    assert "producer run cloud-practitioner" in calls(demo)
+
+    second = run(demo)  # the workers' mode, on what --local left
+    assert second.returncode == 0, second.stderr
+    assert "reusing demo-run/examforge.db" in second.stdout and "--fresh" in second.stdout
+    assert "-m celery -A tasks worker -P threads -c 16 -l info" in calls(demo)
+
+    (demo / "demo-run" / "stale").write_text("x")
+    fresh = run(demo, "--local", "--fresh")
+    assert fresh.returncode == 0, fresh.stderr
+    assert "removed demo-run/" in fresh.stdout and "reusing" not in fresh.stdout
+    assert not (demo / "demo-run" / "stale").exists()
+
+
+def test_fresh_refuses_to_touch_a_database_it_does_not_own(demo):
+    (demo / "demo-run").mkdir()
+    (demo / "demo-run" / "examforge.db").write_text("kept")
+    result = run(demo, "--fresh", DATABASE_URL="postgresql://postgres@127.0.0.1/demo")
+    assert result.returncode == 2 and "DATABASE_URL is set" in result.stderr
+    assert (demo / "demo-run" / "examforge.db").read_text() == "kept"
+    assert calls(demo) == ""
