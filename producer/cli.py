@@ -53,6 +53,7 @@ def _syllabus(settings: Settings, slug: str) -> Syllabus:
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="examforge", prog_name="examforge")  # the installed version
 def cli() -> None:
     """examforge: generate exam question banks with LLMs, exactly once.
 

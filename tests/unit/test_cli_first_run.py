@@ -161,3 +161,10 @@ def test_piped_status_never_wraps_a_line(env, tmp_path):
     assert len([line for line in lines if line.startswith("│")]) == 2  # one line per chapter
     usage = [line for line in lines if line.startswith("calls: ")]
     assert len(usage) == 1 and usage[0].endswith("cost: $0.0000")
+
+
+def test_version_is_the_installed_packages(capsys):
+    from importlib.metadata import version
+
+    code, stdout, _ = cli(capsys, "--version")
+    assert code == 0 and stdout.strip() == f"examforge, version {version('examforge')}"
