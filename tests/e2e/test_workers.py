@@ -34,6 +34,8 @@ def test_whole_exam_with_two_workers_stores_each_question_once(deploy, mock, dat
     assert stats["calls_total"] == needed, dump(stats)
     assert report["usage"]["calls"] == needed and report["usage"]["calls_used"] == needed
     assert report["usage"]["completion_tokens"] > 0
+    # At README's level (-l info, what the harness runs) a worker logs each committed batch.
+    assert dep.worker_logs(None).count("batch committed exam=demo ") == needed
     # A second enqueue of a finished exam publishes nothing and calls nothing.
     again = dep.cli("enqueue", "demo")
     assert "0 enqueued, 6 skipped" in again.stdout

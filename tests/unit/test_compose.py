@@ -85,3 +85,16 @@ def test_every_model_setting_reaches_the_containers():
     for name in ("worker", "beat", "producer"):
         env = _compose()["services"][name]["environment"]
         assert wanted <= set(env), (name, wanted - set(env))
+
+
+def test_flower_takes_its_port_in_the_form_flower_accepts():
+    # Flower's own option parser refuses `--port 5555`: the value must be joined to the option.
+    command = _compose()["services"]["flower"]["command"]
+    assert "--port=5555" in command and "--port" not in command
+    assert "5555" in _compose()["services"]["flower"]["ports"][0]
+
+
+def test_workers_log_at_info_so_progress_shows():
+    for name in ("worker", "beat"):
+        command = _compose()["services"][name]["command"]
+        assert command[command.index("--loglevel") + 1] == "INFO", name
