@@ -4,6 +4,7 @@ written. The CLI runs in this process (producer.cli.main) against SQLite; no ser
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -38,6 +39,11 @@ def env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[dict[str, s
 def cli(capsys: pytest.CaptureFixture[str], *args: str, **env: str) -> tuple[int, str, str]:
     """(exit code, stdout, stderr) of `python -m producer ARGS` with ENV on top."""
     mp = pytest.MonkeyPatch()
+    root = logging.getLogger()
+    # main() points the root logger at this test's captured stderr: put back what was there,
+    # or threads of later tests would log to a closed file.
+    mp.setattr(root, "handlers", list(root.handlers))
+    mp.setattr(root, "level", root.level)
     try:
         for name, value in env.items():
             mp.setenv(name, value)
