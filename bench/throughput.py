@@ -169,7 +169,7 @@ class MockProbe:
                 self.last_end_t = time.monotonic()
 
         # Wraps the mock's own hooks to see the first and last call of this system.
-        state.begin_call, state.end_call = begin, end  # type: ignore[method-assign]
+        state.begin_call, state.end_call = begin, end  # type: ignore[method-assign, assignment]
 
     def arm(self, slug: str, watch: list[int] | None = None) -> None:
         self.prefix = f"{slug}/"
