@@ -40,28 +40,56 @@ def _strip_fences(content: str) -> str:
     return match.group(1) if match else content
 
 
-def _parse_item(item: object) -> Question | None:
+class ItemInvalid(ValueError):
+    """Raised by `check_item` for a question object that fails validation: `field` names the
+    field (or "item" for the object itself) and `reason` says what is wrong with it."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(f"{field}: {reason}")
+        self.field = field
+        self.reason = reason
+
+
+def check_item(item: object) -> Question:
+    """Validate one question object, as model output and imported files both are; raises
+    ItemInvalid naming the first field that fails. Other keys of the object are ignored."""
     if not isinstance(item, dict):
-        return None
+        raise ItemInvalid("item", "not a JSON object")
     question, choices = item.get("question"), item.get("choices")
     answer, explanation = item.get("answer_index"), item.get("explanation", "")
+    if "question" not in item:
+        raise ItemInvalid("question", "missing")
     if not isinstance(question, str) or not question.strip():
-        return None
+        raise ItemInvalid("question", "must be a non-empty string")
+    if "choices" not in item:
+        raise ItemInvalid("choices", "missing")
     if not isinstance(choices, list) or len(choices) != 4:
-        return None
-    if not all(isinstance(c, str) and c.strip() for c in choices):
-        return None
+        raise ItemInvalid("choices", "must be a list of 4 strings")
+    for i, c in enumerate(choices):
+        if not isinstance(c, str) or not c.strip():
+            raise ItemInvalid("choices", f"choice {i} must be a non-empty string")
     if len({normalise(c) for c in choices}) != 4:
-        return None
+        raise ItemInvalid("choices", "two choices are the same")
+    if "answer_index" not in item:
+        raise ItemInvalid("answer_index", "missing")
     if isinstance(answer, bool) or not isinstance(answer, int) or not 0 <= answer <= 3:
-        return None
+        raise ItemInvalid("answer_index", "must be an integer from 0 to 3")
     if not isinstance(explanation, str):
-        return None
-    if any(_BAD_CHAR_RE.search(text) for text in (question, explanation, *choices)):
-        return None
+        raise ItemInvalid("explanation", "must be a string")
+    for name, texts in (("question", (question,)), ("choices", choices),
+                        ("explanation", (explanation,))):
+        if any(_BAD_CHAR_RE.search(text) for text in texts):
+            raise ItemInvalid(name, "contains a control character or a lone surrogate")
     return Question(
         question.strip(), tuple(c.strip() for c in choices), answer, explanation.strip()  # type: ignore[arg-type]
     )
+
+
+def _parse_item(item: object) -> Question | None:
+    try:
+        return check_item(item)
+    except ItemInvalid:
+        return None
 
 
 @dataclass(frozen=True)

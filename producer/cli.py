@@ -18,9 +18,11 @@ from sqlalchemy.exc import OperationalError
 from examforge.errors import ExamforgeError, UserError
 from examforge.settings import Settings, load_settings
 from examforge.syllabus import Syllabus, find_syllabus, load_syllabus
+from producer.prune import DurationType
 
 if TYPE_CHECKING:
     from storage import Store
+    from producer.prune import Duration
     from storage.reports import ExamReport
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -293,6 +295,9 @@ def _print_status(report: ExamReport) -> None:
         out.print(f"estimated usage: {u.calls_estimated} calls booked at our own token count "
                   f"(no usage from the provider, or no reply), ${u.estimated_cost_usd:.4f} of "
                   "the cost")
+    if u.calls_imported:
+        out.print(f"imported: {u.questions_imported} questions in {u.calls_imported} batches by "
+                  "producer import (no request sent, $0; not counted in calls)")
     for model, n in report.unpriced_calls.items():
         out.print(f"[yellow]warning:[/] {n} calls of model {model!r} booked at $0: no price "
                   "was known (set LLM_PRICE_PROMPT_PER_MTOK and LLM_PRICE_COMPLETION_PER_MTOK)")
@@ -480,6 +485,53 @@ def migrate() -> None:
     """Create or upgrade the database schema (every command also does this on start)."""
     _store(_settings())
     out.print("schema is up to date")
+
+
+@cli.command("import")
+@click.argument("slug")
+@click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
+def import_(slug: str, file: Path) -> None:
+    """Store questions already paid for as the exam's own, so enqueue pays only for the rest.
+
+    FILE is JSON Lines, one question a line: chapter_id, question, choices (4), answer_index
+    and explanation, as the naive script's checkpoint file has them; export's JSONL works
+    too. Every line is validated as model output is: one bad line, or a chapter the exam
+    does not have, refuses the whole file and nothing is stored. Questions are numbered after
+    those stored, up to each chapter's target; text the chapter already has is skipped, so a
+    second import stores nothing. The exam must be in the database or its syllabus in
+    EXAMS_DIR. Refused while a worker is generating a chapter of the file.
+    """
+    from producer.importer import import_file, report_lines
+
+    settings = _settings()
+    result = import_file(settings, _store(settings), slug, file)
+    for line in report_lines(result):
+        out.print(line, markup=False)
+
+
+@cli.command()
+@click.option("--older-than", "older_than", required=True, metavar="DURATION",
+              type=DurationType(),
+              help="Only exams whose last change is at least this old: 30m, 12h, 7d, 0s.")
+@click.option("--dry-run", is_flag=True, help="Print what would be deleted; delete nothing.")
+@click.option("--exam", "slug", default=None, metavar="SLUG",
+              help="Only this exam; refused while it has pending or running chapters.")
+def prune(older_than: Duration, dry_run: bool, slug: str | None) -> None:
+    """Delete finished exams with all they own (chapters, questions, ledger rows).
+
+    An exam goes when each of its chapters is done, failed or cancelled and its last change
+    is older than --older-than, in one transaction per exam. An exam with a pending or
+    running chapter is never touched (cancel it first). Export what you want to keep first.
+    """
+    from producer.prune import report_lines
+
+    settings = _settings()
+    result = _store(settings).prune(older_than.seconds, dry_run=dry_run, exam=slug)
+    for line in report_lines(result, dry_run=dry_run, older_than=older_than.text):
+        out.print(line, markup=False)
+    if slug is not None and result.busy:
+        raise UserError(f"exam {slug} is busy (another transaction holds its rows); "
+                        "not pruned, try again")
 
 
 @cli.command("mock-llm", add_help_option=False,  # --help is the mock's own, listing every option

@@ -30,6 +30,12 @@ class CallOutcome(str, Enum):
     used = "used"  # its questions were committed
     wasted = "wasted"  # the provider answered (and billed) but nothing was kept
     failed = "failed"  # the provider failed the call (timeout, 429, 5xx, 4xx)
+    # Not a request at all: questions paid for elsewhere and brought in by `producer import`
+    # (model "import", cost 0). An outcome of its own, not `used`, so that `calls` and
+    # `calls_used` keep counting requests the provider answered (what its invoice lists),
+    # and the completion tokens per question learned from used calls for estimates are not
+    # diluted by batches that cost no tokens. Outcomes are plain strings: no migration.
+    imported = "imported"
 
 
 class CallReason(str, Enum):

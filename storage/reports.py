@@ -40,7 +40,9 @@ class ChapterCounts:
 
 @dataclass
 class UsageTotals:
-    """Every call of the exam, by outcome, with its tokens and money."""
+    """Every call of the exam, by outcome, with its tokens and money. `calls` counts requests
+    sent to the provider; imported batches (`producer import`: no request, no cost) are
+    counted apart, in `calls_imported` and `questions_imported`."""
 
     calls: int = 0
     prompt_tokens: int = 0
@@ -50,12 +52,18 @@ class UsageTotals:
     calls_wasted: int = 0
     calls_failed: int = 0
     calls_estimated: int = 0  # booked at our own token count (no usage from the provider)
+    calls_imported: int = 0  # ledger rows of imports, one per slice filled
+    questions_imported: int = 0
     estimated_cost_usd: float = 0.0
     cost_usd: float = field(default=0.0, repr=False)
     reserved_usd: float = field(default=0.0, repr=False)
 
     def add(self, outcome: CallOutcome, n: int, prompt: int, completion: int, cost: float,
-            reserved: float, estimated: bool) -> None:
+            reserved: float, estimated: bool, stored: int = 0) -> None:
+        if outcome is CallOutcome.imported:
+            self.calls_imported += n
+            self.questions_imported += stored
+            return
         self.calls += n
         self.prompt_tokens += prompt
         self.completion_tokens += completion
@@ -314,7 +322,8 @@ class Reports(StoreBase):
                        func.coalesce(func.sum(K.c.prompt_tokens), 0),
                        func.coalesce(func.sum(K.c.completion_tokens), 0),
                        func.coalesce(func.sum(K.c.cost_usd), 0.0),
-                       func.coalesce(func.sum(K.c.reserved_usd), 0.0))
+                       func.coalesce(func.sum(K.c.reserved_usd), 0.0),
+                       func.coalesce(func.sum(K.c.questions_stored), 0))
                 .where(K.c.exam == slug)
                 .group_by(K.c.chapter_id, K.c.outcome, K.c.endpoint, K.c.usage_estimated,
                           K.c.price_known, K.c.model)).all()
@@ -344,9 +353,11 @@ class Reports(StoreBase):
         by_endpoint: dict[str, EndpointUsage] = {}
         unpriced: dict[str, int] = {}
         for (chapter_id, outcome, endpoint, estimated, priced, model, n, p, c, cost,
-             reserved) in usage_rows:
+             reserved, stored) in usage_rows:
             usage.add(CallOutcome(outcome), n, int(p), int(c), float(cost), float(reserved),
-                      bool(estimated))
+                      bool(estimated), int(stored))
+            if outcome == CallOutcome.imported.value:
+                continue  # no request: not a call of any chapter or endpoint
             if not priced:
                 unpriced[model or "unknown"] = unpriced.get(model or "unknown", 0) + n
             calls_by_chapter[chapter_id] = calls_by_chapter.get(chapter_id, 0) + n

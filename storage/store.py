@@ -16,13 +16,16 @@ The rules it enforces:
 
 It is split by concept, one module each: `planning` (what the producer records and enqueues),
 `leases` (claims, the heartbeat, hand-backs), `ledger` (paid calls, budgets, committed
-batches), `recovery` (what the reconciler finds) and `reports` (status and exports), on top
-of `base` (the tables and the database clock).
+batches), `recovery` (what the reconciler finds), `reports` (status and exports), `imports`
+(questions paid for elsewhere) and `housekeeping` (pruning finished exams), on top of `base`
+(the tables and the database clock).
 """
 
 from __future__ import annotations
 
 from storage.base import ACTIVE_STATES, BUDGET_PAUSE_PREFIX, E, K, Q, S
+from storage.housekeeping import Housekeeping
+from storage.imports import Imports
 from storage.leases import Claimed, NotClaimed, NotClaimedReason, slice_where
 from storage.ledger import CallPlan, ChapterView, Committed, NoRoom, Planner, Usage
 from storage.planning import DEFAULT_SLICE_QUESTIONS, EnqueuePlan, Planning, SliceRef
@@ -30,7 +33,7 @@ from storage.recovery import LostAudit, Orphan, Recovery, RequeueReason, SliceKe
 from storage.reports import Reports
 
 
-class Store(Planning, Recovery, Reports):
+class Store(Planning, Recovery, Reports, Imports, Housekeeping):
     """All database access for exams, chapters, questions and calls."""
 
 
