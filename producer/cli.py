@@ -434,7 +434,9 @@ def retry(slug: str, chapters: tuple[str, ...]) -> None:
     settings = _settings()
     store = _store(settings)
     known = store.chapter_ids(slug)
-    unknown = [c for c in chapters if c not in known]
+    if known is None:
+        store.status(slug)  # raises UnknownExam with the usual message
+    unknown = [c for c in chapters if c not in (known or [])]
     if unknown:
         raise UserError(f"--chapter: chapter {unknown[0]!r} is not in exam {slug}")
     check_broker(app, settings)  # before changing anything

@@ -226,13 +226,6 @@ class Planning(StoreBase):
         return [(r.chapter_id, r.slice_no) for r in sorted(rows, key=lambda r: (
             r.position, r.slice_no))]
 
-    def chapter_ids(self, slug: str) -> set[str]:
-        """The chapters of an exam, as the database has them."""
-        with self._read() as conn:
-            self._require_exam(conn, slug)
-            return set(conn.execute(select(S.c.chapter_id).where(S.c.exam == slug)
-                                    .distinct()).scalars())
-
     def cancel(self, slug: str, chapter_ids: Sequence[str] | None = None) -> int:
         """Cancel the slices of chapters that are not done; a running holder loses its lease at
         its next beat. Returns the number of chapters with a slice cancelled.
