@@ -36,9 +36,8 @@ from typing import Any
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(BENCH))
 
-from throughput import (  # noqa: E402
+from bench.measure import (  # noqa: E402
     DEFAULT_CURATOR_PYTHON,
     REDIS_URL,
     DbProbe,
