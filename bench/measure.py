@@ -94,15 +94,20 @@ class ChildUsage:
 
 def wait_child(proc: subprocess.Popen, timeout_s: float, started: float | None = None
                ) -> ChildUsage:
-    """Wait for a child we started; its exit code, user+sys CPU, peak RSS and wall time."""
+    """Wait for a child we started; its exit code, user+sys CPU, peak RSS and wall time.
+
+    The peak RSS is the child's VmHWM, polled while it runs: rusage's ru_maxrss would also
+    count the copy of this (large) process that the fork made before the exec."""
     started = time.monotonic() if started is None else started
     deadline = time.monotonic() + timeout_s
+    peak = 0.0
     while True:
+        peak = max(peak, proc_rss_mb(proc.pid)[1])
         pid, status, ru = os.wait4(proc.pid, os.WNOHANG)
         if pid == proc.pid:
             code = os.waitstatus_to_exitcode(status)
             proc.returncode = code
-            return ChildUsage(code, ru.ru_utime + ru.ru_stime, ru.ru_maxrss / 1024,
+            return ChildUsage(code, ru.ru_utime + ru.ru_stime, peak,
                               time.monotonic() - started)
         if time.monotonic() > deadline:
             raise TimeoutError(f"pid {proc.pid} still running after {timeout_s:.0f} s")
@@ -163,12 +168,14 @@ class MockProbe:
         self.last_end_t: float | None = None
         self.cpu_at_first: dict[int, float] = {}
         self.servers_at_first: dict[int, float] = {}
+        self.self_cpu_at_first: float | None = None  # this process (the mock, the probes)
 
         def begin(key: str) -> None:
             if self.first_call_t is None and key.startswith(self.prefix):
                 self.first_call_t = time.monotonic()
                 self.cpu_at_first = {pid: proc_cpu_s(pid) for pid in self.watch}
                 self.servers_at_first = servers_cpu_s()
+                self.self_cpu_at_first = time.process_time()
             self._begin(key)
 
         def end(key: str) -> None:
@@ -195,6 +202,13 @@ class MockProbe:
         self.last_end_t = None
         self.cpu_at_first = {}
         self.servers_at_first = {}
+        self.self_cpu_at_first = None
+
+    def bench_cpu_since_first(self) -> float | None:
+        """CPU of this process (the mock's event loop, the database probe) since the first call."""
+        if self.self_cpu_at_first is None:
+            return None
+        return time.process_time() - self.self_cpu_at_first
 
     def calls_for(self, slug: str) -> tuple[int, int]:
         """(chat calls for this exam's chapters, calls with no chapter, e.g. probes)."""
@@ -230,6 +244,7 @@ class Result:
     cpu_window_s: float | None = None  # CPU of the system's processes over the window
     cpu_e2e_s: float | None = None  # ... from launch, start-up and imports included
     server_cpu_s: float | None = None  # redis-server + postgres processes over the window
+    bench_cpu_s: float | None = None  # the bench process (the mock, the probes) over the window
     rss_mb: float | None = None  # the system's processes' resident memory after the run
     peak_rss_mb: float | None = None  # ... their peak (VmHWM)
     command: str = ""
@@ -255,6 +270,13 @@ class Result:
             return None
         return self.cpu_window_s * 1000 / self.calls_paid
 
+    def cores_busy(self) -> float | None:
+        """Average cores in use over the window: the system, Redis, PostgreSQL and the mock."""
+        if not self.window_s or self.cpu_window_s is None:
+            return None
+        total = self.cpu_window_s + (self.server_cpu_s or 0) + (self.bench_cpu_s or 0)
+        return total / self.window_s
+
     def cpu_ms_per_chapter(self) -> float | None:
         if not self.chapters or self.cpu_window_s is None:
             return None
@@ -273,6 +295,7 @@ class Result:
         d["fraction_of_ideal"] = self.fraction_of_ideal()
         d["cpu_ms_per_call"] = self.cpu_ms_per_call()
         d["cpu_ms_per_chapter"] = self.cpu_ms_per_chapter()
+        d["cores_busy"] = self.cores_busy()
         d["exact"] = self.exact
         return d
 

@@ -180,6 +180,7 @@ class Cluster:
             done = wait_done(db, slug, len(targets), timeout_s, [*self.procs, enq])
             cpu1 = {pid: proc_cpu_s(pid) for pid in self.pids}
             servers1 = servers_cpu_s()
+            res.bench_cpu_s = self.mock.bench_cpu_since_first()
             usage = wait_child(enq, 120)
             assert enq.stdout is not None
             output = enq.stdout.read().decode()
