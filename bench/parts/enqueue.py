@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 import uuid
+from pathlib import Path
 
 from bench.measure import PG_ADMIN_URL, ROOT, flush_redis, wait_child, write_syllabus
 from bench.report import table
@@ -31,14 +32,13 @@ def _queue_len(redis_url: str, queue: str) -> int:
         client.close()
 
 
-def _timed(cmd: list[str], env: dict[str, str]) -> tuple[float, float, str]:
-    started = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT)
-    usage = wait_child(proc, 600, started=started)
-    assert proc.stdout is not None
-    out = proc.stdout.read().decode()
-    proc.stdout.close()
+def _timed(cmd: list[str], env: dict[str, str], log: Path) -> tuple[float, float, str]:
+    # Output to a file, not a pipe: enqueue prints a line per chapter, more than a pipe holds.
+    with open(log, "wb") as f:
+        started = time.monotonic()
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT)
+        usage = wait_child(proc, 600, started=started)
+    out = log.read_text(errors="replace")
     if usage.code != 0:
         raise RuntimeError(f"{' '.join(cmd[:4])} exit {usage.code}: {out[-800:]}")
     return usage.wall_s, usage.cpu_s, out
@@ -84,12 +84,13 @@ def run(ctx: Context) -> PartResult:
                            check=True, capture_output=True, timeout=120)
             slug = f"enq-{uuid.uuid4().hex[:6]}"
             write_syllabus(ctx.workdir / "exams", slug, [5] * chapters)
-            ef_wall, ef_cpu, _ = _timed([sys.executable, "-m", "producer", "enqueue", slug], env)
+            ef_wall, ef_cpu, _ = _timed([sys.executable, "-m", "producer", "enqueue", slug], env,
+                                        ctx.workdir / f"{slug}.log")
             ef_msgs = _queue_len(ctx.redis_url, queue)
             flush_redis(ctx.redis_url)
             naive_wall, naive_cpu, out = _timed(
                 [sys.executable, "-m", "bench.parts.enqueue", f"naive-{slug}", str(chapters)],
-                env)
+                env, ctx.workdir / f"naive-{slug}.log")
             naive_msgs = _queue_len(ctx.redis_url, queue)
             loop_s = json.loads(out.strip().splitlines()[-1])["loop_s"]
         finally:
@@ -121,8 +122,8 @@ def run(ctx: Context) -> PartResult:
     part.details += table(("database", "chapters", "enqueue s (launch → exit)", "enqueue CPU s",
                            "chapters/s", "naive loop s (launch → exit)",
                            "naive loop s (the loop alone)", "ratio"), rows)
-    part.details += ["", "Both commands leave exactly one message per chapter in the queue "
-                     "(counted with LLEN); the naive loop also records nothing in the database."]
+    part.details += ["", ("Both commands leave exactly one message per chapter in the queue "
+                     "(counted with LLEN); the naive loop also records nothing in the database.")]
     return part
 
 

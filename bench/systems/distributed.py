@@ -15,6 +15,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+from typing import Self
 
 from bench.measure import (
     PG_ADMIN_URL,
@@ -73,7 +74,7 @@ class Cluster:
         self.command = ""
 
     # ------------------------------------------------------------------------- lifecycle
-    def __enter__(self) -> "Cluster":
+    def __enter__(self) -> Self:
         try:
             self._start()
         except BaseException:
@@ -113,10 +114,9 @@ class Cluster:
                 cmd[cmd.index("-Q") + 1] = f"{self.queue},{self.queue}-control"
         self.command = " ".join(shlex.quote(a) for a in cmds[0]).replace(celery, "celery")
         for i, cmd in enumerate(cmds):
-            log = open(self.workdir / f"{self.queue}-worker{i}.log", "wb")
-            self.procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log,
-                                               stderr=subprocess.STDOUT))
-            log.close()
+            with open(self.workdir / f"{self.queue}-worker{i}.log", "wb") as log:
+                self.procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log,
+                                                   stderr=subprocess.STDOUT))
         wait_workers_ready(self.procs, url=self.redis_url,
                            epoch_key="examforge:broker-epoch" if spec.app == "examforge"
                            else None)
@@ -175,16 +175,17 @@ class Cluster:
             cpu0 = {pid: proc_cpu_s(pid) for pid in self.pids}
             servers0 = servers_cpu_s()
             launched = time.monotonic()
-            enq = subprocess.Popen(enqueue, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                                   stderr=subprocess.STDOUT)
+            # To a file, not a pipe: enqueue prints a line per chapter, more than a pipe holds.
+            enq_log = self.workdir / f"{slug}-enqueue.log"
+            with open(enq_log, "wb") as log:
+                enq = subprocess.Popen(enqueue, cwd=ROOT, env=env, stdout=log,
+                                       stderr=subprocess.STDOUT)
             done = wait_done(db, slug, len(targets), timeout_s, [*self.procs, enq])
             cpu1 = {pid: proc_cpu_s(pid) for pid in self.pids}
             servers1 = servers_cpu_s()
             res.bench_cpu_s = self.mock.bench_cpu_since_first()
             usage = wait_child(enq, 120)
-            assert enq.stdout is not None
-            output = enq.stdout.read().decode()
-            enq.stdout.close()
+            output = enq_log.read_text(errors="replace")
             if usage.code != 0:
                 res.error = f"enqueue exit {usage.code}: {output[-500:]}"
             first = self.mock.first_call_t
