@@ -160,7 +160,7 @@ class MockProbe:
         self.server = MockServer(MockConfig(latency_s=latency_s,
                                             questions_per_reply=questions_per_reply))
         self.url = self.server.start()
-        state = self.server._service.state  # noqa: SLF001 (bench-only instrumentation)
+        state = self.server._service.state
         self._begin, self._end = state.begin_call, state.end_call
         self.prefix = ""
         self.watch: list[int] = []
