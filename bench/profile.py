@@ -10,18 +10,27 @@ import re
 import sys
 from collections import Counter
 
-# (label, regex on the stack) in the order shown; a stack counts for every label it matches.
+# (label, regex) in the order shown; a stack counts for every label it matches. A regex that
+# starts with "leaf:" is matched against the innermost frame only.
 CATEGORIES: tuple[tuple[str, str], ...] = (
-    ("the chapter task (examforge.pipeline.process_chapter)", r"process_chapter \("),
-    ("  store writes (storage: claim, start_call, commit_batch, ...)", r"\(storage/"),
-    ("    SQLite COMMIT", r"storage/.*;(do_commit|commit) \("),
+    ("the chapter task (tasks.app.generate_chapter)", r"generate_chapter \(tasks/app\.py"),
+    ("  the store (storage/)", r"\(storage/"),
+    ("    waiting for the process's SQLite writer lock", r"leaf:StoreBase\._write \("),
+    ("    claim (lease + first ledger row)", r"Leases\.claim \("),
+    ("    commit_batch (questions + next ledger row)", r"Ledger\.commit_batch \("),
+    ("    building statements and their cache keys (sqlalchemy/sql)",
+     r"\(storage/.*\(sqlalchemy/sql/"),
+    ("    executing them (sqlalchemy/engine)", r"\(storage/.*_execute_context \("),
+    ("    in the sqlite3 driver (do_execute)", r"\(storage/.*do_execute \("),
+    ("    COMMIT (SQLite)", r"\(storage/.*(_connection_commit_impl|do_commit) \("),
     ("    BEGIN IMMEDIATE", r"_on_begin \("),
-    ("    SQLAlchemy compile + execute", r"storage/.*(_compile_w_cache|_execute_context) \("),
-    ("  the model call (httpx)", r"\(httpx/"),
+    ("  the model call (httpx, httpcore)", r"\((httpx|httpcore)/"),
+    ("  token counting (tiktoken)", r"\(tiktoken/"),
     ("  reply validation (examforge.output)", r"\(examforge/output\.py"),
     ("  logging", r"\(logging/|\(examforge/logs\.py"),
-    ("Celery and kombu outside the task (receive, ack, publish)", r"^(?!.*process_chapter \().*"
-                                                                  r"\((celery|kombu)/"),
+    ("Celery, kombu and redis-py outside the task (receive, ack)",
+     r"^(?!.*generate_chapter \().*\((celery|kombu|redis)/"),
+    ("idle pool threads waiting for work", r"leaf:_worker \(concurrent/futures/thread\.py"),
     ("the lease heartbeat thread", r"\(examforge/heartbeat\.py"),
 )
 
@@ -49,8 +58,10 @@ def summarise(text: str, top: int = 12) -> list[str]:
         return ["(no samples)"]
     lines = [f"{total} active samples.", "", "| where | share of active samples |", "|---|---|"]
     for label, pattern in CATEGORIES:
-        rx = re.compile(pattern)
-        n = sum(count for stack, count in stacks if rx.search(stack))
+        leaf = pattern.startswith("leaf:")
+        rx = re.compile(pattern[5:] if leaf else pattern)
+        n = sum(count for stack, count in stacks
+                if rx.search(stack.rsplit(";", 1)[-1] if leaf else stack))
         depth = (len(label) - len(label.lstrip())) // 2
         lines.append(f"| {'· ' * depth}{label.strip()} | {n / total:.0%} |")
     leaves: Counter[str] = Counter()
@@ -63,4 +74,5 @@ def summarise(text: str, top: int = 12) -> list[str]:
 
 
 if __name__ == "__main__":
-    print("\n".join(summarise(open(sys.argv[1]).read())))
+    with open(sys.argv[1]) as f:
+        print("\n".join(summarise(f.read())))

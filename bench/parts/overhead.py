@@ -4,6 +4,7 @@ examforge worker during its run (bench/profile-overhead.txt, summarised in the r
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import time
@@ -29,18 +30,21 @@ def run(ctx: Context) -> PartResult:
         for app in ("minimal", "examforge"):
             spec = ClusterSpec(1, 8, "sqlite", QPC, app=app)
             with Cluster(spec, ctx.mock, ctx.workdir, ctx.redis_url) as cluster:
-                profiler = None
+                profilers: dict[str, tuple[subprocess.Popen, Path]] = {}
                 if app == "examforge" and ctx.profile_dir is not None:
-                    profiler = _start_profile(cluster.pids[0],
-                                              ctx.profile_dir / "profile-overhead.txt")
+                    for kind, extra in (("active", []), ("gil", ["--gil"])):
+                        out = ctx.profile_dir / f"profile-overhead-{kind}.txt"
+                        profilers[kind] = (_start_profile(cluster.pids[0], out, extra), out)
                     time.sleep(1.0)  # py-spy attached before the first message
                 results[app] = part.add_run(cluster.run(f"over-{app}", targets, calls))
-                if profiler is not None:
-                    profiler.send_signal(2)  # SIGINT: py-spy writes its file and exits
+                for kind, (profiler, out) in profilers.items():
+                    profiler.send_signal(signal.SIGINT)  # py-spy writes its file and exits
                     profiler.wait(timeout=60)
-                    summary = summarise((ctx.profile_dir / "profile-overhead.txt").read_text())
-                    part.details += ["py-spy on the examforge worker (share of active samples):",
-                                     "", *summary, ""]
+                    what = ("every sample py-spy does not see as idle (waits on locks and "
+                            "sockets included)" if kind == "active"
+                            else "samples of the thread holding the GIL (where the CPU goes)")
+                    part.details += [(f"py-spy on the examforge worker, {what}; raw stacks in "
+                                     f"`bench/{out.name}`:"), "", *summarise(out.read_text()), ""]
     finally:
         ctx.mock.set_latency(0.5)
     ef, mini = results["examforge"], results["minimal"]
@@ -54,8 +58,8 @@ def run(ctx: Context) -> PartResult:
         "chapters per second at zero latency, examforge vs the minimal task",
         _rate(ef), _rate(mini), "minimal Celery task", "chapters/s"))
     part.details += [
-        "| system | chapters/s | worker CPU ms/chapter | cores busy (worker+Redis+mock) | "
-        "paid / needed |", "|---|---|---|---|---|",
+        ("| system | chapters/s | worker CPU ms/chapter | cores busy (worker+Redis+mock) | "
+        "paid / needed |"), "|---|---|---|---|---|",
         *(f"| {r.description} | {_rate(r) or 0:.0f} | {r.cpu_ms_per_chapter() or 0:.2f} | "
           f"{r.cores_busy() or 0:.2f} | {r.calls_paid} / {r.calls_needed} |"
           for r in (mini, ef))]
@@ -66,8 +70,8 @@ def _rate(r: Result) -> float | None:
     return r.chapters / r.window_s if r.window_s else None
 
 
-def _start_profile(pid: int, out: Path) -> subprocess.Popen:
+def _start_profile(pid: int, out: Path, extra: list[str]) -> subprocess.Popen:
     py_spy = str(Path(sys.executable).with_name("py-spy"))
     return subprocess.Popen([py_spy, "record", "--pid", str(pid), "--nonblocking",
-                             "--format", "raw", "--rate", "200", "-o", str(out)],
+                             "--format", "raw", "--rate", "100", "-o", str(out), *extra],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
