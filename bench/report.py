@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 import platform
 import shlex
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from bench.measure import ROOT, Result
 
@@ -90,11 +91,11 @@ def render_throughput(results: list[Result], *, argv: list[str], started: str, t
         f"- command: `{' '.join(shlex.quote(a) for a in argv)}` (from {ROOT})",
         f"- date: {started}; total benchmark time {total_s:.0f} s",
         f"- machine: {machine()}",
-        f"- mock: in-process `mockllm`, latency {latency_s} s, "
-        f"{questions_per_reply} questions per reply, no faults",
-        f"- work: {questions} questions in {chapters} chapters, "
+        (f"- mock: in-process `mockllm`, latency {latency_s} s, "
+        f"{questions_per_reply} questions per reply, no faults"),
+        (f"- work: {questions} questions in {chapters} chapters, "
         f"QUESTIONS_PER_CALL={questions_per_reply}, concurrency {concurrency} everywhere; "
-        f"ideal = {fmt(ideal_q_s, '.0f')} questions/s ({fmt(ideal_calls_s, '.0f')} calls/s)",
+        f"ideal = {fmt(ideal_q_s, '.0f')} questions/s ({fmt(ideal_calls_s, '.0f')} calls/s)"),
         "- each configuration was run **once**, one after the other, on the same mock",
         "",
         *table(THROUGHPUT_COLUMNS, throughput_rows(results, base)),

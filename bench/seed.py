@@ -15,8 +15,7 @@ from examforge.syllabus import Chapter, Syllabus
 from storage import open_store
 from storage.base import C, K, Q
 
-WORDS = ("photosynthesis mitochondria enzyme membrane osmosis catalyst nucleus ribosome "
-         "protein gradient equilibrium molecule absorption reaction cellular energy").split()
+WORDS = ["photosynthesis", "mitochondria", "enzyme", "membrane", "osmosis", "catalyst", "nucleus", "ribosome", "protein", "gradient", "equilibrium", "molecule", "absorption", "reaction", "cellular", "energy"]
 
 
 def _text(rng: random.Random, words: int) -> str:

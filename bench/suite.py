@@ -25,7 +25,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.measure import BENCH, DEFAULT_CURATOR_PYTHON, REDIS_URL, ROOT, MockProbe, Result
+from bench.measure import (
+    BENCH,
+    DEFAULT_CURATOR_PYTHON,
+    REDIS_URL,
+    ROOT,
+    MockProbe,
+    Result,
+)
 
 # In the order they run. `ratelimit` (bench/ratelimit.py, about 5 minutes) runs only when named.
 PARTS = ("overhead", "slots32", "enqueue", "export", "status", "scaling", "threads", "prefetch",
@@ -109,11 +116,11 @@ def render(parts: list[PartResult], meta: dict[str, Any]) -> str:
         "# examforge benchmark suite",
         "",
         f"- command: `{meta['command']}` (from the repository root)",
-        f"- date: {meta['date']}; total time {meta['total_s']:.0f} s; "
-        f"sizes: {'small (CI smoke)' if meta['small'] else 'full'}",
+        (f"- date: {meta['date']}; total time {meta['total_s']:.0f} s; "
+        f"sizes: {'small (CI smoke)' if meta['small'] else 'full'}"),
         f"- machine: {meta['machine']}; shared with other work, so ratios may be noisy",
-        "- every figure is a ratio against a baseline measured in the same run, minutes apart;"
-        " each configuration was run once unless a part says otherwise",
+        ("- every figure is a ratio against a baseline measured in the same run, minutes apart;"
+        " each configuration was run once unless a part says otherwise"),
         "",
         "## Summary",
         "",
@@ -164,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"unknown parts: {', '.join(sorted(unknown))}", file=sys.stderr)
         return 2
-    import bench.measure as measure
+    from bench import measure
 
     measure.REDIS_URL = args.redis_url  # the default of every helper that flushes or waits
     results = Path(args.results).resolve()

@@ -36,14 +36,14 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make `bench` importable from the repo root
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.measure import (  # noqa: E402
+from bench.measure import (
     BENCH,
     DEFAULT_CURATOR_PYTHON,
     MockProbe,
     Result,
     plan,
 )
-from bench.report import render_throughput  # noqa: E402
+from bench.report import render_throughput
 
 ALL_SYSTEMS = ("baseline", "embedded", "dist-sqlite", "dist-pg", "dist-pg-2x", "dist-sqlite-2x",
                "curator")

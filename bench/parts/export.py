@@ -36,11 +36,10 @@ def bare_main(argv: list[str]) -> int:
         "ON c.exam = q.exam AND c.chapter_id = q.chapter_id "
         "WHERE q.exam = ? AND q.number <= c.target ORDER BY c.position, q.number", (slug,))
     with open(out, "w", encoding="utf-8") as f:
-        for r in rows:
-            f.write(json.dumps({"exam": r[0], "chapter_id": r[1], "number": r[2],
+        f.writelines(json.dumps({"exam": r[0], "chapter_id": r[1], "number": r[2],
                                 "question": r[3], "choices": json.loads(r[4]),
                                 "answer_index": r[5], "explanation": r[6], "model": r[7],
-                                "created_at": r[8]}, ensure_ascii=False) + "\n")
+                                "created_at": r[8]}, ensure_ascii=False) + "\n" for r in rows)
     return 0
 
 
@@ -92,11 +91,12 @@ def run(ctx: Context) -> PartResult:
         got[("bare", n)] = measure([sys.executable, "-m", "bench.parts.export", db_path, slug,
                                     str(out)], env, repeats)
         for fmt in FORMATS:
-            target = ctx.workdir / f"export-{n}.{fmt}"
+            path = ctx.workdir / f"export-{n}.{fmt}"
             got[(fmt, n)] = measure([sys.executable, "-m", "producer", "export", slug,
-                                     "--format", fmt, "-o", str(target)], env, repeats)
+                                     "--format", fmt, "-o", str(path)], env, repeats)
             if fmt == "jsonl":
-                lines = sum(1 for _ in open(target, encoding="utf-8"))
+                with open(path, encoding="utf-8") as f:
+                    lines = sum(1 for _ in f)
                 if lines != n:
                     raise RuntimeError(f"export of {n} questions wrote {lines} lines")
     for (what, n), (wall, cpu, rss) in got.items():

@@ -94,8 +94,8 @@ def run(ctx: Context) -> PartResult:
             "more than noise, to justify 4"))
     kills = [stranded_after_kill(ctx, p) for p in (1, 4)]
     part.runs += [{"kind": "sigkill", **k} for k in kills]
-    part.details += ["", "SIGKILL of a worker (8 threads, 5 s calls, 64 one-call chapters) "
-                     "once all its threads are in a call:", "",
+    part.details += ["", ("SIGKILL of a worker (8 threads, 5 s calls, 64 one-call chapters) "
+                     "once all its threads are in a call:"), "",
                      *table(("prefetch", "messages it held (unacked)", "chapters it had started",
                              "reserved, never started: wait VISIBILITY_TIMEOUT_S",
                              "still in the queue"),

@@ -40,8 +40,8 @@ def run(ctx: Context) -> PartResult:
                  and r.calls_paid else None, ".2f"),
              fmt(r.cores_busy(), ".2f"), fmt(r.peak_rss_mb, ".0f"),
              f"{r.calls_paid} / {r.calls_needed}"] for r in got.values()]
-    part.details += [f"{len(targets)} chapters of 50 questions, {calls} calls, latency "
-                     f"{latency} s, ideal {ideal:.0f} calls/s.", "",
+    part.details += [(f"{len(targets)} chapters of 50 questions, {calls} calls, latency "
+                     f"{latency} s, ideal {ideal:.0f} calls/s."), "",
                      *table(("workers", "calls/s", "fraction of ideal", "worker CPU ms/call",
                              "Redis+PG CPU ms/call", "mock CPU ms/call", "cores busy",
                              "workers' peak RSS MB", "paid / needed"), rows)]

@@ -71,8 +71,8 @@ def run(ctx: Context) -> PartResult:
                 for r in by[workload].values()]
         label = ("50-question chapters (10 calls each)" if workload == "50q"
                  else "one-call chapters (5 questions)")
-        part.details += [f"**{label}**, {len(targets)} chapters, {calls} calls, "
-                         f"latency {latency} s, ideal {SLOTS / latency:.0f} calls/s:", "",
+        part.details += [(f"**{label}**, {len(targets)} chapters, {calls} calls, "
+                         f"latency {latency} s, ideal {SLOTS / latency:.0f} calls/s:"), "",
                          *table(("system", "what", "calls/s", "fraction of slots/latency",
                                  "CPU ms/call (system)", "Redis+PG CPU ms/call",
                                  "cores busy", "paid / needed", "stored / target", "error"),
@@ -91,12 +91,12 @@ def run(ctx: Context) -> PartResult:
                 ef.cpu_ms_per_call(), cur50.cpu_ms_per_call(), "curator", "ms",
                 "≤ 1.0x (≤ curator)", target_max=1.0))
     for system in ("dist-sqlite", "dist-pg", "minimal", "baseline", "curator"):
-        r = one.get(system)
-        if r is None:
+        run = one.get(system)
+        if run is None:
             continue
         part.figures.append(Figure(
             f"throughput, one-call chapters, {system}, as a fraction of {SLOTS} / {latency} s",
-            r.calls_per_s(), SLOTS / latency, "slots / latency", "calls/s",
+            run.calls_per_s(), SLOTS / latency, "slots / latency", "calls/s",
             "≥ curator's (moonshot ≥ 0.98)" if system.startswith("dist") else ""))
     if cur1 is not None:
         for db in ("dist-sqlite", "dist-pg"):

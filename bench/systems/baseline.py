@@ -16,13 +16,13 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from bench.measure import ROOT, MockProbe, Result, chapter_id, record_child_report
 
 
 async def _run(base_url: str, slug: str, targets: list[int], qpc: int, slots: int,
-               out_path: str) -> dict[str, Any]:
+               out: TextIO) -> dict[str, Any]:
     import httpx
 
     from examforge.errors import OutputInvalid
@@ -33,7 +33,6 @@ async def _run(base_url: str, slug: str, targets: list[int], qpc: int, slots: in
     title = f"Benchmark exam {slug}"
     sem = asyncio.Semaphore(slots)
     stats = {"calls": 0, "invalid": 0, "errors": 0, "stored": 0}
-    out = open(out_path, "a", encoding="utf-8")
     client = httpx.AsyncClient(
         base_url=base_url.rstrip("/") + "/",
         timeout=httpx.Timeout(60.0, connect=5.0),
@@ -88,7 +87,6 @@ async def _run(base_url: str, slug: str, targets: list[int], qpc: int, slots: in
         await asyncio.gather(*(chapter(i, t) for i, t in enumerate(targets)))
     finally:
         await client.aclose()
-        out.close()
     return stats
 
 
@@ -104,11 +102,12 @@ def child_main(argv: list[str]) -> int:
     targets = json.loads(args.targets)
     import httpx  # noqa: F401 - imports are start-up, not steady-state work
 
-    import examforge.output  # noqa: F401
-    import examforge.prompt  # noqa: F401
+    import examforge.output
+    import examforge.prompt
     import examforge.syllabus  # noqa: F401
     t0, c0 = time.monotonic(), time.process_time()
-    stats = asyncio.run(_run(args.base_url, args.slug, targets, args.qpc, args.slots, args.out))
+    with open(args.out, "a", encoding="utf-8") as out:
+        stats = asyncio.run(_run(args.base_url, args.slug, targets, args.qpc, args.slots, out))
     t1, c1 = time.monotonic(), time.process_time()
     ru = resource.getrusage(resource.RUSAGE_SELF)
     print(json.dumps({**stats, "work_s": t1 - t0, "work_cpu_s": c1 - c0,

@@ -10,15 +10,23 @@ import time
 import uuid
 from pathlib import Path
 
-from bench.measure import BENCH, ROOT, MockProbe, Result, record_child_report, stop_child
+from bench.measure import (
+    BENCH,
+    ROOT,
+    MockProbe,
+    Result,
+    record_child_report,
+    stop_child,
+)
 
 
 def curator_env(python: str, scratch: Path) -> dict[str, str] | str:
     """The offline environment curator needs, or why it cannot run."""
     if not Path(python).exists():
         return f"no curator venv at {python}"
-    site = subprocess.run([python, "-c", "import litellm, os; print(os.path.dirname("
-                           "litellm.__file__))"], capture_output=True, text=True, timeout=120)
+    site = subprocess.run([python, "-c", ("import litellm, os; print(os.path.dirname("
+                           "litellm.__file__))")], check=False, capture_output=True, text=True,
+                          timeout=120)
     if site.returncode != 0:
         return "litellm not importable in the curator venv"
     scratch.mkdir(exist_ok=True)

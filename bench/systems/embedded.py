@@ -52,10 +52,10 @@ def run_embedded(mock: MockProbe, workdir: Path, targets: list[int], calls_neede
                  latency_s=mock.latency_s,
                  command=f"python -m producer run {slug} --concurrency {slots}")
     db = DbProbe(db_url)
-    log = open(workdir / f"{slug}.log", "wb")
     mock.arm(slug)
     launched = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    with open(workdir / f"{slug}.log", "wb") as log:  # the child keeps its own copy
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     mock.watch = [proc.pid]
     try:
         done = wait_done(db, slug, len(targets), 900, [proc])
@@ -64,7 +64,6 @@ def run_embedded(mock: MockProbe, workdir: Path, targets: list[int], calls_neede
         usage = wait_child(proc, 120, started=done)
     finally:
         stop_child(proc)
-        log.close()
     if usage.code != 0:
         res.error = f"exit {usage.code}: " + (workdir / f"{slug}.log").read_text()[-800:]
     res.window_s = done - mock.first_call_t if mock.first_call_t else None
