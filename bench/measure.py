@@ -56,6 +56,15 @@ def proc_rss_mb(pid: int) -> tuple[float, float]:
     return values["VmRSS"], values["VmHWM"]
 
 
+def machine_cpu_s() -> float:
+    """CPU seconds every core of the machine has spent busy since boot (from /proc/stat): the
+    processes under test and everyone else's (the machine is shared)."""
+    with open("/proc/stat") as f:
+        fields = f.readline().split()[1:]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / CLK_TCK
+
+
 def pids_named(*names: str) -> list[int]:
     """PIDs whose comm is one of `names` (read-only: used to account server CPU)."""
     out = []
@@ -169,6 +178,7 @@ class MockProbe:
         self.cpu_at_first: dict[int, float] = {}
         self.servers_at_first: dict[int, float] = {}
         self.self_cpu_at_first: float | None = None  # this process (the mock, the probes)
+        self.machine_at_first: float | None = None  # every core of the machine
 
         def begin(key: str) -> None:
             if self.first_call_t is None and key.startswith(self.prefix):
@@ -176,6 +186,7 @@ class MockProbe:
                 self.cpu_at_first = {pid: proc_cpu_s(pid) for pid in self.watch}
                 self.servers_at_first = servers_cpu_s()
                 self.self_cpu_at_first = time.process_time()
+                self.machine_at_first = machine_cpu_s()
             self._begin(key)
 
         def end(key: str) -> None:
@@ -203,12 +214,19 @@ class MockProbe:
         self.cpu_at_first = {}
         self.servers_at_first = {}
         self.self_cpu_at_first = None
+        self.machine_at_first = None
 
     def bench_cpu_since_first(self) -> float | None:
         """CPU of this process (the mock's event loop, the database probe) since the first call."""
         if self.self_cpu_at_first is None:
             return None
         return time.process_time() - self.self_cpu_at_first
+
+    def machine_cpu_since_first(self) -> float | None:
+        """Busy CPU seconds of the whole machine since the first call."""
+        if self.machine_at_first is None:
+            return None
+        return machine_cpu_s() - self.machine_at_first
 
     def calls_for(self, slug: str) -> tuple[int, int]:
         """(chat calls for this exam's chapters, calls with no chapter, e.g. probes)."""
@@ -245,6 +263,7 @@ class Result:
     cpu_e2e_s: float | None = None  # ... from launch, start-up and imports included
     server_cpu_s: float | None = None  # redis-server + postgres processes over the window
     bench_cpu_s: float | None = None  # the bench process (the mock, the probes) over the window
+    machine_cpu_s: float | None = None  # every busy core of the machine over the window
     rss_mb: float | None = None  # the system's processes' resident memory after the run
     peak_rss_mb: float | None = None  # ... their peak (VmHWM)
     command: str = ""
@@ -277,6 +296,13 @@ class Result:
         total = self.cpu_window_s + (self.server_cpu_s or 0) + (self.bench_cpu_s or 0)
         return total / self.window_s
 
+    def machine_cores_busy(self) -> float | None:
+        """Average busy cores of the whole machine over the window (2 is all of them here):
+        what `cores_busy` leaves out is other people's work on the shared machine."""
+        if not self.window_s or self.machine_cpu_s is None:
+            return None
+        return self.machine_cpu_s / self.window_s
+
     def cpu_ms_per_chapter(self) -> float | None:
         if not self.chapters or self.cpu_window_s is None:
             return None
@@ -296,6 +322,7 @@ class Result:
         d["cpu_ms_per_call"] = self.cpu_ms_per_call()
         d["cpu_ms_per_chapter"] = self.cpu_ms_per_chapter()
         d["cores_busy"] = self.cores_busy()
+        d["machine_cores_busy"] = self.machine_cores_busy()
         d["exact"] = self.exact
         return d
 
@@ -332,6 +359,7 @@ def record_child_report(res: Result, stdout: bytes, launched: float, mock: MockP
     res.e2e_s = done - launched
     res.window_s = done - mock.first_call_t if mock.first_call_t else None
     res.cpu_window_s = report["work_cpu_s"]
+    res.machine_cpu_s = mock.machine_cpu_since_first()  # read just after the child exited
     res.cpu_e2e_s = report["total_cpu_s"]
     if report.get("max_rss_mb"):
         res.peak_rss_mb = report["max_rss_mb"]

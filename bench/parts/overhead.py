@@ -12,6 +12,7 @@ from pathlib import Path
 
 from bench.measure import Result, plan
 from bench.profile import summarise
+from bench.report import fmt, table
 from bench.suite import Context, Figure, PartResult
 from bench.systems.distributed import Cluster, ClusterSpec
 
@@ -57,12 +58,12 @@ def run(ctx: Context) -> PartResult:
     part.figures.append(Figure(
         "chapters per second at zero latency, examforge vs the minimal task",
         _rate(ef), _rate(mini), "minimal Celery task", "chapters/s"))
-    part.details += [
-        ("| system | chapters/s | worker CPU ms/chapter | cores busy (worker+Redis+mock) | "
-        "paid / needed |"), "|---|---|---|---|---|",
-        *(f"| {r.description} | {_rate(r) or 0:.0f} | {r.cpu_ms_per_chapter() or 0:.2f} | "
-          f"{r.cores_busy() or 0:.2f} | {r.calls_paid} / {r.calls_needed} |"
-          for r in (mini, ef))]
+    part.details += table(
+        ("system", "chapters/s", "worker CPU ms/chapter", "cores busy (worker+Redis+mock)",
+         "machine cores busy", "paid / needed"),
+        [[r.description, fmt(_rate(r), ".0f"), fmt(r.cpu_ms_per_chapter(), ".2f"),
+          fmt(r.cores_busy(), ".2f"), fmt(r.machine_cores_busy(), ".2f"),
+          f"{r.calls_paid} / {r.calls_needed}"] for r in (mini, ef)])
     return part
 
 

@@ -83,10 +83,11 @@ def run(ctx: Context) -> PartResult:
             got[(slots, prefetch)] = part.add_run(r, prefetch=prefetch)
     part.details += table(
         ("run", "calls/s", "fraction of slots/latency", "worker CPU ms/call", "cores busy",
-         "paid / needed"),
+         "machine cores busy", "paid / needed"),
         [[r.system, fmt(r.calls_per_s(), ".1f"), fmt(r.fraction_of_ideal(), ".3f"),
           fmt(r.cpu_ms_per_call(), ".2f"), fmt(r.cores_busy(), ".2f"),
-          f"{r.calls_paid} / {r.calls_needed}"] for r in got.values()])
+          fmt(r.machine_cores_busy(), ".2f"), f"{r.calls_paid} / {r.calls_needed}"]
+         for r in got.values()])
     for slots in slot_counts:
         part.figures.append(Figure(
             f"throughput at {slots} slots, prefetch 4 vs 1", got[(slots, 4)].calls_per_s(),

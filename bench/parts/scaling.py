@@ -38,12 +38,14 @@ def run(ctx: Context) -> PartResult:
                  and r.calls_paid else None, ".2f"),
              fmt(r.bench_cpu_s * 1000 / r.calls_paid if r.bench_cpu_s is not None
                  and r.calls_paid else None, ".2f"),
-             fmt(r.cores_busy(), ".2f"), fmt(r.peak_rss_mb, ".0f"),
+             fmt(r.cores_busy(), ".2f"), fmt(r.machine_cores_busy(), ".2f"),
+             fmt(r.peak_rss_mb, ".0f"),
              f"{r.calls_paid} / {r.calls_needed}"] for r in got.values()]
     part.details += [(f"{len(targets)} chapters of 50 questions, {calls} calls, latency "
                      f"{latency} s, ideal {ideal:.0f} calls/s."), "",
                      *table(("workers", "calls/s", "fraction of ideal", "worker CPU ms/call",
                              "Redis+PG CPU ms/call", "mock CPU ms/call", "cores busy",
+                             "machine cores busy",
                              "workers' peak RSS MB", "paid / needed"), rows)]
     for (database, workers), r in got.items():
         part.figures.append(Figure(

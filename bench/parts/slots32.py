@@ -65,7 +65,8 @@ def run(ctx: Context) -> PartResult:
                  fmt(r.fraction_of_ideal(), ".3f"), fmt(r.cpu_ms_per_call(), ".2f"),
                  fmt(r.server_cpu_s * 1000 / r.calls_paid if r.server_cpu_s is not None
                      and r.calls_paid else None, ".2f"),
-                 fmt(r.cores_busy(), ".2f"), f"{r.calls_paid} / {r.calls_needed}",
+                 fmt(r.cores_busy(), ".2f"), fmt(r.machine_cores_busy(), ".2f"),
+                 f"{r.calls_paid} / {r.calls_needed}",
                  f"{r.questions_stored} / {r.questions_target}",
                  (r.error or "").splitlines()[-1][:80] if r.error else ""]
                 for r in by[workload].values()]
@@ -75,7 +76,8 @@ def run(ctx: Context) -> PartResult:
                          f"latency {latency} s, ideal {SLOTS / latency:.0f} calls/s:"), "",
                          *table(("system", "what", "calls/s", "fraction of slots/latency",
                                  "CPU ms/call (system)", "Redis+PG CPU ms/call",
-                                 "cores busy", "paid / needed", "stored / target", "error"),
+                                 "cores busy", "machine cores busy", "paid / needed",
+                                 "stored / target", "error"),
                                 rows), ""]
     fifty, one = by["50q"], by["1call"]
     cur50, cur1 = fifty.get("curator"), one.get("curator")

@@ -31,10 +31,12 @@ def run(ctx: Context) -> PartResult:
         got[("examforge", slots)] = part.add_run(r, slots_=slots)
     rows = [[r.system, r.slots, fmt(r.calls_per_s(), ".1f"), fmt(r.fraction_of_ideal(), ".3f"),
              fmt(r.cpu_ms_per_call(), ".2f"), fmt(r.cores_busy(), ".2f"),
+             fmt(r.machine_cores_busy(), ".2f"),
              fmt(r.rss_mb, ".0f"), fmt(r.peak_rss_mb, ".0f"),
              f"{r.calls_paid} / {r.calls_needed}"] for r in got.values()]
     part.details += table(("system", "slots", "calls/s", "fraction of slots/latency",
-                           "CPU ms/call", "cores busy", "RSS MB after", "peak RSS MB",
+                           "CPU ms/call", "cores busy", "machine cores busy", "RSS MB after",
+                           "peak RSS MB",
                            "paid / needed"), rows)
     low = got[("examforge", counts[0])]
     for slots in counts[1:]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -18,7 +19,14 @@ import uuid
 from pathlib import Path
 from typing import Any, TextIO
 
-from bench.measure import ROOT, MockProbe, Result, chapter_id, record_child_report
+from bench.measure import (
+    ROOT,
+    MockProbe,
+    Result,
+    chapter_id,
+    proc_rss_mb,
+    record_child_report,
+)
 
 
 async def _run(base_url: str, slug: str, targets: list[int], qpc: int, slots: int,
@@ -112,7 +120,7 @@ def child_main(argv: list[str]) -> int:
     ru = resource.getrusage(resource.RUSAGE_SELF)
     print(json.dumps({**stats, "work_s": t1 - t0, "work_cpu_s": c1 - c0,
                       "total_cpu_s": ru.ru_utime + ru.ru_stime, "done_monotonic": t1,
-                      "max_rss_mb": ru.ru_maxrss / 1024}))
+                      "max_rss_mb": proc_rss_mb(os.getpid())[1]}))
     return 0
 
 

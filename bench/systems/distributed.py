@@ -184,6 +184,7 @@ class Cluster:
             cpu1 = {pid: proc_cpu_s(pid) for pid in self.pids}
             servers1 = servers_cpu_s()
             res.bench_cpu_s = self.mock.bench_cpu_since_first()
+            res.machine_cpu_s = self.mock.machine_cpu_since_first()
             usage = wait_child(enq, 120)
             output = enq_log.read_text(errors="replace")
             if usage.code != 0:

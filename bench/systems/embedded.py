@@ -60,6 +60,7 @@ def run_embedded(mock: MockProbe, workdir: Path, targets: list[int], calls_neede
     try:
         done = wait_done(db, slug, len(targets), 900, [proc])
         cpu_done = proc_cpu_s(proc.pid)
+        res.machine_cpu_s = mock.machine_cpu_since_first()
         res.rss_mb, res.peak_rss_mb = proc_rss_mb(proc.pid)
         usage = wait_child(proc, 120, started=done)
     finally:
