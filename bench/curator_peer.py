@@ -20,7 +20,8 @@ import time
 
 
 def main(spec_path: str) -> int:
-    spec = json.loads(open(spec_path).read())
+    with open(spec_path) as f:
+        spec = json.loads(f.read())
     from bespokelabs import curator
     from datasets import Dataset
 
@@ -69,8 +70,7 @@ def main(spec_path: str) -> int:
     out = result.dataset if hasattr(result, "dataset") else result
     rows = out.to_list()
     with open(spec["out"], "w", encoding="utf-8") as f:
-        for r in rows:
-            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+        f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
     t1, c1 = time.monotonic(), time.process_time()
     ru = resource.getrusage(resource.RUSAGE_SELF)
     kids = resource.getrusage(resource.RUSAGE_CHILDREN)  # in case curator forked helpers

@@ -36,9 +36,8 @@ from typing import Any
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(BENCH))
 
-from throughput import (  # noqa: E402
+from bench.measure import (
     DEFAULT_CURATOR_PYTHON,
     REDIS_URL,
     DbProbe,
@@ -90,11 +89,11 @@ def run_examforge(mock: Any, workdir: Path, args: argparse.Namespace) -> dict[st
     try:
         flush_redis()
         for i in range(args.workers):
-            log = open(workdir / f"{slug}-worker{i}.log", "wb")
-            procs.append(subprocess.Popen(
-                [celery, "-A", "tasks", "worker", "-P", "threads", "-c", str(args.threads),
-                 "-n", f"rl{i}-{queue}@%h", "--without-mingle", "--without-gossip"],
-                cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT))
+            with open(workdir / f"{slug}-worker{i}.log", "wb") as log:
+                procs.append(subprocess.Popen(
+                    [celery, "-A", "tasks", "worker", "-P", "threads", "-c", str(args.threads),
+                     "-n", f"rl{i}-{queue}@%h", "--without-mingle", "--without-gossip"],
+                    cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT))
         wait_workers_ready(procs)
         time.sleep(1.0)
         mock.reset()
@@ -117,8 +116,9 @@ def run_curator(mock: Any, workdir: Path, args: argparse.Namespace) -> dict[str,
     python = args.curator_python
     if not Path(python).exists():
         return {"system": "curator", "error": f"no curator venv at {python}"}
-    site = subprocess.run([python, "-c", "import litellm, os; print(os.path.dirname("
-                           "litellm.__file__))"], capture_output=True, text=True, timeout=120)
+    site = subprocess.run([python, "-c", ("import litellm, os; print(os.path.dirname("
+                           "litellm.__file__))")], check=False, capture_output=True, text=True,
+                          timeout=120)
     scratch = workdir / "curator-home"
     scratch.mkdir(exist_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "HF_"))}
@@ -162,14 +162,14 @@ def render(results: list[dict[str, Any]], args: argparse.Namespace, argv: list[s
     lines = [
         "# Sharing one rate limit", "",
         f"`python bench/ratelimit.py {' '.join(argv)}`".replace(" `", "`"), "",
-        f"{dt.date.today().isoformat()}, this machine. The mock allows {args.rpm} requests and "
+        (f"{dt.date.today().isoformat()}, this machine. The mock allows {args.rpm} requests and "
         f"{args.tpm:,} tokens a minute (OpenAI-style buckets, a tenth of a minute's allowance "
         f"at once, prompt + max_tokens charged at admission). {args.chapters} one-call "
         f"chapters of {QUESTIONS_PER_CALL} questions, max_tokens "
         f"{100 + QUESTIONS_PER_CALL * args.max_tokens_per_question}, mock latency "
-        f"{args.latency_s} s. 'Allowed' is what the limits allow for what each system sent.", "",
-        "| system | requests | refused (429) | time, first to last admitted | allowed by the "
-        "limits | ratio | most admitted in 1 s |",
+        f"{args.latency_s} s. 'Allowed' is what the limits allow for what each system sent."), "",
+        ("| system | requests | refused (429) | time, first to last admitted | allowed by the "
+        "limits | ratio | most admitted in 1 s |"),
         "|---|---|---|---|---|---|---|",
     ]
     for r in results:

@@ -188,6 +188,11 @@ class Settings(BaseSettings):
         60.0, ge=0, description="On SIGTERM, how long running calls may finish."
     )
     task_queue: str = Field("examforge", description="Celery queue of chapter tasks.")
+    worker_prefetch_multiplier: int = Field(
+        1, ge=1, le=64,
+        description="Messages a worker reserves per thread. Keep 1: a SIGKILLed worker's "
+                    "reserved but unstarted messages wait for VISIBILITY_TIMEOUT_S.",
+    )
     db_pool_size: int = Field(
         10, ge=1, le=200,
         description="Database connections per process (plus as many in overflow).",

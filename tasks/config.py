@@ -46,7 +46,8 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         # Ack after the task returns; a killed worker's message goes back to the queue.
         "task_acks_late": True,
         "task_reject_on_worker_lost": True,
-        "worker_prefetch_multiplier": 1,
+        # Messages reserved per thread (bench/README.md, "prefetch", measures 1 against 4).
+        "worker_prefetch_multiplier": settings.worker_prefetch_multiplier,
         # A broker outage while late-ack tasks run would otherwise run them twice (#4671).
         "worker_cancel_long_running_tasks_on_connection_loss": True,
         # SIGTERM is a warm shutdown bounded by our own window (tasks/app.py); by the time it

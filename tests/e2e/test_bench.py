@@ -34,6 +34,43 @@ def test_the_throughput_benchmark_runs_and_every_system_pays_exactly_what_is_nee
     assert "| dist-pg |" in results.read_text()
 
 
+@pytest.mark.timeout(420)
+def test_the_benchmark_suite_runs_every_part_and_every_system_pays_exactly_what_is_needed(
+        redis_url, pg_url, tmp_path):
+    # `python -m bench --small` on the test's own Redis db (the fixture emptied it); the plots
+    # and the JSON go beside the results file.
+    results = tmp_path / "results.md"
+    run = subprocess.run(
+        [sys.executable, "-m", "bench", "--small", "--redis-url", redis_url,
+         "--results", str(results)],
+        cwd=ROOT, capture_output=True, text=True, timeout=400)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-5000:]
+    data = json.loads(results.with_suffix(".json").read_text())
+    assert list(data["parts"]) == ["overhead", "slots32", "enqueue", "export", "status",
+                                   "scaling", "threads", "prefetch", "chapters"]
+    for name, part in data["parts"].items():
+        assert part["error"] is None, (name, part["error"])
+        assert part["figures"], name
+        for figure in part["figures"]:
+            if figure["baseline"] is not None:  # a ratio to nothing (none stranded) is n/a
+                assert figure["ratio"] is not None and figure["ratio"] > 0, (name, figure)
+        for r in part["runs"]:
+            if "calls_needed" in r:  # a system doing a workload
+                assert r["error"] is None, (name, r)
+                assert r["calls_paid"] == r["calls_needed"], (name, r)
+                assert r["questions_stored"] == r["questions_target"], (name, r)
+    systems = {r["system"] for r in data["parts"]["slots32"]["runs"]}
+    assert {"baseline", "minimal", "dist-sqlite", "dist-pg"} <= systems
+    kills = {r["prefetch"]: r for r in data["parts"]["prefetch"]["runs"] if r.get("kind")}
+    assert kills[1]["stranded"] == 0 and kills[4]["stranded"] > 0, kills
+    assert {"over-minimal", "over-examforge"} <= {r["system"] for r in
+                                                  data["parts"]["overhead"]["runs"]}
+    text = results.read_text()
+    assert "## Summary" in text and "| overhead |" in text
+    assert (tmp_path / "plot-slots.png").stat().st_size > 0
+    assert (tmp_path / "plot-workers.png").stat().st_size > 0
+
+
 def test_the_store_cost_benchmark_runs_on_both_databases(pg_url):
     run = subprocess.run(
         [sys.executable, "bench/store_cost.py", "--chapters", "2", "--per-chapter", "10",
