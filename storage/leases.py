@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Sequence
 
-from sqlalchemy import case, func, or_, select, update
+from sqlalchemy import bindparam, case, func, or_, select, update
 from sqlalchemy.engine import Connection, Engine
 
 from examforge.output import normalise
@@ -58,6 +58,12 @@ def slice_where(exam: str, chapter_id: str, slice_no: int) -> tuple[Any, ...]:
     return S.c.exam == exam, S.c.chapter_id == chapter_id, S.c.slice_no == slice_no
 
 
+# The same conditions with bind parameters, for statements built once (StoreBase._stmt).
+SLICE_KEY = (S.c.exam == bindparam("k_exam"), S.c.chapter_id == bindparam("k_chapter"),
+             S.c.slice_no == bindparam("k_slice"))
+S2 = S.alias("other_slice")
+
+
 class NotClaimedReason(str, Enum):
     done = "done"
     failed = "failed"
@@ -95,39 +101,28 @@ class Leases(Ledger):
         note that a worker received its message (picked_at: the reconciler's evidence of
         delivery), in one transaction. With `plan_first`, the first call is recorded in the
         same transaction too (see Ledger.start_planned)."""
-        key = slice_where(slug, chapter_id, slice_no)
+        key = {"k_exam": slug, "k_chapter": chapter_id, "k_slice": slice_no}
         with self._write() as conn:
             self._exam_first(conn, slug)
-            exam_active = select(E.c.slug).where(
-                E.c.slug == slug, E.c.state == ExamState.active.value).exists()
-            won = conn.execute(
-                update(S)
-                .where(
-                    *key,
-                    S.c.state.in_(ACTIVE_STATES),
-                    or_(S.c.lease_owner.is_(None), S.c.lease_expires_at <= self._now),
-                    or_(S.c.not_before_at.is_(None), S.c.not_before_at <= self._now),
-                    S.c.attempts_since_progress < max_attempts,
-                    exam_active,
-                )
-                .values(lease_owner=owner, lease_expires_at=self._now + lease_s,
-                        state=ChapterState.running.value, attempts=S.c.attempts + 1,
-                        attempts_since_progress=S.c.attempts_since_progress + 1,
-                        not_before_at=None, picked_at=self._now, updated_at=self._now)
-            ).rowcount
+            won = conn.execute(self._stmt("claim", self._claim_stmt), {
+                **key, "p_owner": owner, "p_lease": lease_s, "p_max": max_attempts}).rowcount
             if won != 1:
-                conn.execute(update(S).where(*key).values(picked_at=self._now))
+                conn.execute(update(S).where(*slice_where(slug, chapter_id, slice_no))
+                             .values(picked_at=self._now))
                 return self._why_not(conn, slug, chapter_id, slice_no, max_attempts)
             took_over = self._waste_orphaned_calls(conn, slug, chapter_id, slice_no)
-            row = conn.execute(
-                select(S, E.c.title.label("exam_title")).join(E, E.c.slug == S.c.exam)
-                .where(*key)).one()
-            numbers_texts = conn.execute(select(Q.c.number, Q.c.question).where(
-                Q.c.exam == slug, Q.c.chapter_id == chapter_id).order_by(Q.c.id)).all()
+            row = conn.execute(self._stmt("claimed_row", lambda: (
+                select(S, E.c.title.label("exam_title"),
+                       select(func.max(S2.c.first_number + S2.c.target - 1))
+                       .where(S2.c.exam == S.c.exam, S2.c.chapter_id == S.c.chapter_id)
+                       .scalar_subquery().label("chapter_target"))
+                .join(E, E.c.slug == S.c.exam).where(*SLICE_KEY))), key).one()
+            numbers_texts = conn.execute(self._stmt("chapter_texts", lambda: (
+                select(Q.c.number, Q.c.question)
+                .where(Q.c.exam == bindparam("k_exam"), Q.c.chapter_id == bindparam("k_chapter"))
+                .order_by(Q.c.id))), key).all()
             last = row.first_number + row.target
-            chapter_target = conn.execute(
-                select(func.max(S.c.first_number + S.c.target - 1))
-                .where(S.c.exam == slug, S.c.chapter_id == chapter_id)).scalar_one()
+            chapter_target = row.chapter_target
             claimed = Claimed(
                 exam=slug, chapter_id=chapter_id, owner=owner, attempt=row.attempts,
                 target=row.target,
@@ -143,6 +138,25 @@ class Leases(Ledger):
                 return claimed
             first = self._start_planned(conn, claimed, plan_first(claimed.view()))
             return dataclasses.replace(claimed, first_call=first)
+
+    def _claim_stmt(self) -> Any:
+        exam_active = select(E.c.slug).where(
+            E.c.slug == bindparam("k_exam"), E.c.state == ExamState.active.value).exists()
+        return (
+            update(S)
+            .where(
+                *SLICE_KEY,
+                S.c.state.in_(ACTIVE_STATES),
+                or_(S.c.lease_owner.is_(None), S.c.lease_expires_at <= self._now),
+                or_(S.c.not_before_at.is_(None), S.c.not_before_at <= self._now),
+                S.c.attempts_since_progress < bindparam("p_max"),
+                exam_active,
+            )
+            .values(lease_owner=bindparam("p_owner"),
+                    lease_expires_at=self._now + bindparam("p_lease"),
+                    state=ChapterState.running.value, attempts=S.c.attempts + 1,
+                    attempts_since_progress=S.c.attempts_since_progress + 1,
+                    not_before_at=None, picked_at=self._now, updated_at=self._now))
 
     def confirm(self, claim: Claimed, lease_s: float) -> bool:
         """Whether the lease is still held, renewing it if so (for a call recorded in a

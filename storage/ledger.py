@@ -9,7 +9,7 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import bindparam, func, insert, select, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
@@ -24,6 +24,12 @@ if TYPE_CHECKING:
 
 # What a prompt shows of the questions a chapter already has (see examforge.prompt).
 RECENT_QUESTIONS = 20
+# A slice's row, by bind parameters (see StoreBase._stmt).
+_SLICE_KEY = (S.c.exam == bindparam("k_exam"), S.c.chapter_id == bindparam("k_chapter"),
+              S.c.slice_no == bindparam("k_slice"))
+# What ending a call sets (Ledger._finish).
+_FINISHED = ("outcome", "reason", "detail", "status_code", "questions_stored", "prompt_tokens",
+             "completion_tokens", "cost_usd", "endpoint", "usage_estimated")
 # A commit that loses a race with another slice storing the same question checks again.
 _DUPLICATE_RACE_RETRIES = 3
 
@@ -121,16 +127,18 @@ class Ledger(StoreBase):
         Their reply never came back, so each is booked at its worst case (its prompt and its
         max_tokens: the provider may have generated and billed all of it), marked estimated,
         and its reservation settled."""
-        rows = conn.execute(
-            update(K).where(K.c.exam == slug, K.c.chapter_id == chapter_id,
-                            K.c.slice_no == slice_no,
+        rows = conn.execute(self._stmt("waste_orphans", lambda: (
+            update(K).where(K.c.exam == bindparam("k_exam"),
+                            K.c.chapter_id == bindparam("k_chapter"),
+                            K.c.slice_no == bindparam("k_slice"),
                             K.c.outcome == CallOutcome.in_flight.value)
             .values(outcome=CallOutcome.wasted.value, finished_at=self._now,
                     reason=CallReason.crash_before_commit.value,
                     detail="its holder lost the lease mid-call (a crash, a freeze, a partition)",
                     completion_tokens=func.coalesce(K.c.max_tokens, 0),
                     cost_usd=K.c.reserved_usd, usage_estimated=True)
-            .returning(K.c.reserved_usd)).scalars().all()
+            .returning(K.c.reserved_usd))),
+            {"k_exam": slug, "k_chapter": chapter_id, "k_slice": slice_no}).scalars().all()
         if rows:
             self._settle(conn, slug, reserved_usd=sum(rows), cost_usd=sum(rows))
         return len(rows)
@@ -141,10 +149,14 @@ class Ledger(StoreBase):
         it, while setting a budget (FOR UPDATE) waits for all of them, so the totals it
         computes from the ledger miss no call. An exam without a budget keeps no running
         totals, so its workers never queue on its row."""
-        query = select(E.c.budget_usd).where(E.c.slug == slug)
-        if self.engine.dialect.name == "postgresql":
-            query = query.with_for_update(read=True, key_share=True)  # FOR KEY SHARE
-        return conn.execute(query).scalar_one_or_none() is not None
+        def build() -> Any:
+            query = select(E.c.budget_usd).where(E.c.slug == bindparam("k_exam"))
+            if self.engine.dialect.name == "postgresql":
+                query = query.with_for_update(read=True, key_share=True)  # FOR KEY SHARE
+            return query
+
+        return conn.execute(self._stmt("budgeted", build),
+                            {"k_exam": slug}).scalar_one_or_none() is not None
 
     def _exam_first(self, conn: Connection, slug: str) -> None:
         """Lock order for transactions that may change a budgeted exam's totals: the exam row
@@ -205,16 +217,19 @@ class Ledger(StoreBase):
             exam = conn.execute(select(E.c.budget_usd, E.c.spent_usd, E.c.reserved_usd)
                                 .where(E.c.slug == claim.exam)).one()
             return NoRoom(exam.budget_usd, exam.spent_usd, exam.reserved_usd, plan.reserve_usd)
-        return conn.execute(
-            insert(K).values(exam=claim.exam, chapter_id=claim.chapter_id,
-                             slice_no=claim.slice_no, attempt=claim.attempt, first_number=plan.first_number,
-                             requested=plan.requested, worker=claim.owner,
-                             outcome=CallOutcome.in_flight.value, started_at=self._now,
-                             prompt_tokens=plan.prompt_tokens, max_tokens=plan.max_tokens,
-                             reserved_usd=plan.reserve_usd, model=plan.model,
-                             price_known=plan.price_known)
-            .returning(K.c.id)
-        ).scalar_one()
+        names = ("exam", "chapter_id", "slice_no", "attempt", "first_number", "requested",
+                 "worker", "prompt_tokens", "max_tokens", "reserved_usd", "model",
+                 "price_known")
+        return conn.execute(self._stmt("start_call", lambda: (
+            insert(K).values(outcome=CallOutcome.in_flight.value, started_at=self._now,
+                             **{n: bindparam(f"p_{n}") for n in names})
+            .returning(K.c.id))), {
+                "p_exam": claim.exam, "p_chapter_id": claim.chapter_id,
+                "p_slice_no": claim.slice_no, "p_attempt": claim.attempt,
+                "p_first_number": plan.first_number, "p_requested": plan.requested,
+                "p_worker": claim.owner, "p_prompt_tokens": plan.prompt_tokens,
+                "p_max_tokens": plan.max_tokens, "p_reserved_usd": plan.reserve_usd,
+                "p_model": plan.model, "p_price_known": plan.price_known}).scalar_one()
 
     def _finish(self, conn: Connection, call_id: int, values: dict[str, Any],
                 usage: Usage) -> bool:
@@ -223,10 +238,16 @@ class Ledger(StoreBase):
         booked = {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
                   "cost_usd": usage.cost_usd, "endpoint": usage.endpoint,
                   "usage_estimated": usage.estimated}
-        row = conn.execute(
-            update(K).where(K.c.id == call_id, K.c.outcome == CallOutcome.in_flight.value)
-            .values(**values, **booked, finished_at=self._now)
-            .returning(K.c.exam, K.c.reserved_usd)).one_or_none()
+        # Every column an ending sets, in one statement built once: a column `values` leaves
+        # out keeps the default an in-flight row has (no status code, nothing stored).
+        params = {"p_status_code": None, "p_questions_stored": 0, "p_detail": None,
+                  "p_reason": None, **{f"p_{k}": v for k, v in {**values, **booked}.items()},
+                  "k_id": call_id}
+        row = conn.execute(self._stmt("finish_call", lambda: (
+            update(K).where(K.c.id == bindparam("k_id"),
+                            K.c.outcome == CallOutcome.in_flight.value)
+            .values(finished_at=self._now, **{n: bindparam(f"p_{n}") for n in _FINISHED})
+            .returning(K.c.exam, K.c.reserved_usd))), params).one_or_none()
         if row is not None:
             self._settle(conn, row.exam, reserved_usd=row.reserved_usd, cost_usd=usage.cost_usd)
             return True
@@ -278,7 +299,7 @@ class Ledger(StoreBase):
                     with self._write() as conn:
                         return self._commit(conn, claim, lease_s, call_id, questions, hashes,
                                             model=model, usage=usage, note=note,
-                                            plan_next=plan_next)
+                                            plan_next=plan_next, recheck=attempt > 0)
                 except IntegrityError as exc:
                     # Another slice committed one of these questions after our check read
                     # the chapter (PostgreSQL: its transaction was open): check again.
@@ -305,28 +326,40 @@ class Ledger(StoreBase):
 
     def _commit(self, conn: Connection, claim: Claimed, lease_s: float, call_id: int,
                 questions: Sequence[ParsedQuestion], hashes: list[str], *, model: str,
-                usage: Usage, note: str, plan_next: Planner | None) -> Committed:
+                usage: Usage, note: str, plan_next: Planner | None,
+                recheck: bool = False) -> Committed:
         self._exam_first(conn, claim.exam)
+        key = {"k_exam": claim.exam, "k_chapter": claim.chapter_id, "k_slice": claim.slice_no}
         # The fence: this row is ours only while the lease is. It also locks the row, so the
         # target it returns cannot change before we commit.
-        held = conn.execute(
+        held = conn.execute(self._stmt("fence", lambda: (
             update(S)
-            .where(*claim.where(), S.c.lease_owner == claim.owner,
+            .where(S.c.exam == bindparam("k_exam"), S.c.chapter_id == bindparam("k_chapter"),
+                   S.c.slice_no == bindparam("k_slice"), S.c.lease_owner == bindparam("k_owner"),
                    S.c.lease_expires_at > self._now, S.c.state == ChapterState.running.value)
-            .values(lease_expires_at=self._now + lease_s, updated_at=self._now)
-            .returning(S.c.target, S.c.first_number, S.c.updated_at)
-        ).one_or_none()
+            .values(lease_expires_at=self._now + bindparam("p_lease"), updated_at=self._now)
+            .returning(S.c.target, S.c.first_number, S.c.updated_at))),
+            {**key, "k_owner": claim.owner, "p_lease": lease_s}).one_or_none()
         if held is None:
             raise LeaseLost(f"lease on {claim.exam}/{claim.chapter_id}/{claim.slice_no} "
                             "lost before commit")
         target, first, now = held
-        taken = set(conn.execute(select(Q.c.norm_hash).where(
-            Q.c.exam == claim.exam, Q.c.chapter_id == claim.chapter_id,
-            Q.c.norm_hash.in_(hashes))).scalars()) if hashes else set()
+        taken: set[str] = set()
+        if hashes and (claim.chapter_target > claim.target or recheck):
+            # Other slices write this chapter too (a chapter of one slice has one writer, and
+            # its reply was already checked against what it had): what did they store since?
+            taken = set(conn.execute(select(Q.c.norm_hash).where(
+                Q.c.exam == claim.exam, Q.c.chapter_id == claim.chapter_id,
+                Q.c.norm_hash.in_(hashes))).scalars())
         kept = [(q, h) for q, h in zip(questions, hashes) if h not in taken]
-        stored = self._slice_stored(conn, claim.exam, claim.chapter_id, first, target)
+        stored = conn.execute(self._stmt("slice_stored", lambda: (
+            select(func.count()).select_from(Q).where(
+                Q.c.exam == bindparam("k_exam"), Q.c.chapter_id == bindparam("k_chapter"),
+                Q.c.number >= bindparam("k_first"),
+                Q.c.number < bindparam("k_first") + bindparam("k_target")))),
+            {**key, "k_first": first, "k_target": target}).scalar_one()
         if kept:
-            conn.execute(insert(Q), [
+            conn.execute(self._stmt("insert_questions", lambda: insert(Q)), [
                 {"exam": claim.exam, "chapter_id": claim.chapter_id,
                  "number": first + stored + i, "question": q.question,
                  "choices": json.dumps(list(q.choices), ensure_ascii=False),
@@ -334,8 +367,8 @@ class Ledger(StoreBase):
                  "norm_hash": h, "model": model, "call_id": call_id, "created_at": now}
                 for i, (q, h) in enumerate(kept)])
             stored += len(kept)
-            conn.execute(update(S).where(*claim.where()).values(
-                attempts_since_progress=0, last_error=None))
+            conn.execute(self._stmt("progress", lambda: update(S).where(*_SLICE_KEY).values(
+                attempts_since_progress=0, last_error=None)), key)
             values: dict[str, Any] = {"outcome": CallOutcome.used.value, "reason": None,
                                       "detail": note or None, "questions_stored": len(kept)}
         else:
@@ -347,8 +380,9 @@ class Ledger(StoreBase):
             # Settled by a takeover in the meantime: the fence above makes that impossible
             # while we hold the lease, so this is a bug, not a race.
             raise LeaseLost(f"call {call_id} was already settled")
-        conn.execute(update(E).where(E.c.slug == claim.exam, E.c.auth_failures > 0)
-                     .values(auth_failures=0))
+        conn.execute(self._stmt("auth_reset", lambda: update(E).where(
+            E.c.slug == bindparam("k_exam"), E.c.auth_failures > 0).values(auth_failures=0)),
+            key)
         recent: tuple[str, ...] = ()
         if claim.chapter_target > claim.target:
             # Other slices write this chapter too: the next prompts show what it has now.
@@ -359,8 +393,8 @@ class Ledger(StoreBase):
         result = Committed(stored=stored, target=target, duplicates=len(questions) - len(kept),
                            recent=recent, kept=tuple(q.question for q, _ in kept))
         if stored >= target:
-            conn.execute(update(S).where(*claim.where()).values(
-                state=ChapterState.done.value, lease_owner=None, lease_expires_at=None))
+            conn.execute(self._stmt("slice_done", lambda: update(S).where(*_SLICE_KEY).values(
+                state=ChapterState.done.value, lease_owner=None, lease_expires_at=None)), key)
             return result
         if not kept:
             return result  # re-asked through the slow path, like any invalid output
