@@ -148,7 +148,7 @@ def _read_only_state(settings: Settings,
 @click.option("--json", "as_json", is_flag=True, help="With --dry-run: one JSON object.")
 def enqueue(slug: str, regenerate: tuple[str, ...], budget_usd: float | None, dry_run: bool,
             as_json: bool) -> None:
-    """Record the exam and enqueue one task per chapter that is not done."""
+    """Record the exam, cut its chapters into slices, enqueue one task per unfinished slice."""
     settings = _settings()
     syllabus = _syllabus(settings, slug)
     unknown = [c for c in regenerate if c not in {ch.id for ch in syllabus.chapters}]
