@@ -146,7 +146,8 @@ class Leases(Ledger):
             update(S)
             .where(
                 *SLICE_KEY,
-                S.c.state.in_(ACTIVE_STATES),
+                # Two equalities, not IN: a list IN is re-expanded at every execution.
+                or_(*(S.c.state == state for state in ACTIVE_STATES)),
                 or_(S.c.lease_owner.is_(None), S.c.lease_expires_at <= self._now),
                 or_(S.c.not_before_at.is_(None), S.c.not_before_at <= self._now),
                 S.c.attempts_since_progress < bindparam("p_max"),
