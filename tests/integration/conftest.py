@@ -1,6 +1,8 @@
 import sys
 from pathlib import Path
 
+import pytest
+
 # Share the unit tier's fake provider.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
 
@@ -14,3 +16,14 @@ def pytest_collection_modifyitems(config, items):  # type: ignore[no-untyped-def
     for item in items:
         if here in Path(str(item.fspath)).resolve().parents:
             item.add_marker(pytest.mark.integration)
+
+
+@pytest.fixture
+def store(db_url):  # type: ignore[no-untyped-def]
+    """A migrated store on each database (`db_url` runs SQLite and PostgreSQL)."""
+    from storage import Store, connect, migrate
+
+    engine = connect(db_url)
+    migrate(engine)
+    yield Store(engine)
+    engine.dispose()

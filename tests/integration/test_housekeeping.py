@@ -17,14 +17,6 @@ from storage.housekeeping import ExamRunning
 from storage.store import Claimed, Usage
 
 
-@pytest.fixture
-def store(db_url):
-    engine = connect(db_url)
-    migrate(engine)
-    yield Store(engine)
-    engine.dispose()
-
-
 def _sync(store, tmp_path, slug, chapters):
     path = write_syllabus(tmp_path / "exams", slug, chapters)
     store.sync_exam(slug, load_syllabus(path, max_questions=1000))

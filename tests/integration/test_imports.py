@@ -8,19 +8,10 @@ from sqlalchemy import select
 from examforge.output import Question
 from examforge.syllabus import load_syllabus
 from helpers import write_syllabus
-from storage import Store, connect, migrate
 from storage.base import K, Q, S
 from storage.imports import ChapterBusy, UnknownChapter
 from storage.models import CallOutcome
 from storage.store import Claimed, Usage
-
-
-@pytest.fixture
-def store(db_url):
-    engine = connect(db_url)
-    migrate(engine)
-    yield Store(engine)
-    engine.dispose()
 
 
 def _sync(store, tmp_path, chapters, slug="ex", slice_questions=50):

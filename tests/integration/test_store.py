@@ -19,14 +19,6 @@ from storage.models import CallOutcome
 from storage.store import Claimed, NoRoom, NotClaimed, Orphan, RequeueReason, Usage
 
 
-@pytest.fixture
-def store(db_url):
-    engine = connect(db_url)
-    migrate(engine)
-    yield Store(engine)
-    engine.dispose()
-
-
 def _sync(store, tmp_path, chapters, slug="ex", **kw):
     path = write_syllabus(tmp_path / "exams", slug, chapters, **kw)
     return store.sync_exam(slug, load_syllabus(path, max_questions=1000))
