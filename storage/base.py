@@ -6,7 +6,7 @@ import contextlib
 import threading
 from typing import Any, Callable, Iterator
 
-from sqlalchemy import and_, func, select
+from sqlalchemy import and_, bindparam, func, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 
@@ -19,6 +19,9 @@ Q = Question.__table__  # type: ignore[attr-defined]
 K = Call.__table__  # type: ignore[attr-defined]
 
 ACTIVE_STATES = (ChapterState.pending.value, ChapterState.running.value)
+# A slice's row by bind parameters, for the statements built once (StoreBase._stmt).
+SLICE_KEY = (S.c.exam == bindparam("k_exam"), S.c.chapter_id == bindparam("k_chapter"),
+             S.c.slice_no == bindparam("k_slice"))
 # An exam paused with a reason starting so is resumed by a raised budget.
 BUDGET_PAUSE_PREFIX = "budget:"
 
@@ -73,14 +76,6 @@ class StoreBase:
     def _stored(conn: Connection, slug: str, chapter_id: str) -> int:
         return conn.execute(select(func.count()).select_from(Q).where(
             Q.c.exam == slug, Q.c.chapter_id == chapter_id)).scalar_one()
-
-    @staticmethod
-    def _slice_stored(conn: Connection, slug: str, chapter_id: str, first: int,
-                      target: int) -> int:
-        """The chapter's stored questions in the range first .. first + target - 1."""
-        return conn.execute(select(func.count()).select_from(Q).where(
-            Q.c.exam == slug, Q.c.chapter_id == chapter_id, Q.c.number >= first,
-            Q.c.number < first + target)).scalar_one()
 
     @staticmethod
     def _slice_rows(conn: Connection, slug: str, *columns: Any) -> list[Any]:

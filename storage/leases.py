@@ -13,7 +13,7 @@ from sqlalchemy import bindparam, case, func, or_, select, update
 from sqlalchemy.engine import Connection, Engine
 
 from examforge.output import normalise
-from storage.base import ACTIVE_STATES, E, Q, S
+from storage.base import ACTIVE_STATES, SLICE_KEY, E, Q, S
 from storage.ledger import RECENT_QUESTIONS, ChapterView, Ledger, NoRoom, Planner
 from storage.models import ChapterState, ExamState
 
@@ -58,9 +58,6 @@ def slice_where(exam: str, chapter_id: str, slice_no: int) -> tuple[Any, ...]:
     return S.c.exam == exam, S.c.chapter_id == chapter_id, S.c.slice_no == slice_no
 
 
-# The same conditions with bind parameters, for statements built once (StoreBase._stmt).
-SLICE_KEY = (S.c.exam == bindparam("k_exam"), S.c.chapter_id == bindparam("k_chapter"),
-             S.c.slice_no == bindparam("k_slice"))
 S2 = S.alias("other_slice")
 
 

@@ -16,7 +16,7 @@ from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from examforge.errors import LeaseLost
 from examforge.output import Question as ParsedQuestion
 from examforge.output import text_hash
-from storage.base import E, K, Q, S, StoreBase
+from storage.base import SLICE_KEY, E, K, Q, S, StoreBase
 from storage.models import CallOutcome, CallReason, ChapterState
 
 if TYPE_CHECKING:
@@ -24,9 +24,6 @@ if TYPE_CHECKING:
 
 # What a prompt shows of the questions a chapter already has (see examforge.prompt).
 RECENT_QUESTIONS = 20
-# A slice's row, by bind parameters (see StoreBase._stmt).
-_SLICE_KEY = (S.c.exam == bindparam("k_exam"), S.c.chapter_id == bindparam("k_chapter"),
-              S.c.slice_no == bindparam("k_slice"))
 # What ending a call sets (Ledger._finish).
 _FINISHED = ("outcome", "reason", "detail", "status_code", "questions_stored", "prompt_tokens",
              "completion_tokens", "cost_usd", "endpoint", "usage_estimated")
@@ -334,8 +331,7 @@ class Ledger(StoreBase):
         # target it returns cannot change before we commit.
         held = conn.execute(self._stmt("fence", lambda: (
             update(S)
-            .where(S.c.exam == bindparam("k_exam"), S.c.chapter_id == bindparam("k_chapter"),
-                   S.c.slice_no == bindparam("k_slice"), S.c.lease_owner == bindparam("k_owner"),
+            .where(*SLICE_KEY, S.c.lease_owner == bindparam("k_owner"),
                    S.c.lease_expires_at > self._now, S.c.state == ChapterState.running.value)
             .values(lease_expires_at=self._now + bindparam("p_lease"), updated_at=self._now)
             .returning(S.c.target, S.c.first_number, S.c.updated_at))),
@@ -367,7 +363,7 @@ class Ledger(StoreBase):
                  "norm_hash": h, "model": model, "call_id": call_id, "created_at": now}
                 for i, (q, h) in enumerate(kept)])
             stored += len(kept)
-            conn.execute(self._stmt("progress", lambda: update(S).where(*_SLICE_KEY).values(
+            conn.execute(self._stmt("progress", lambda: update(S).where(*SLICE_KEY).values(
                 attempts_since_progress=0, last_error=None)), key)
             values: dict[str, Any] = {"outcome": CallOutcome.used.value, "reason": None,
                                       "detail": note or None, "questions_stored": len(kept)}
@@ -393,7 +389,7 @@ class Ledger(StoreBase):
         result = Committed(stored=stored, target=target, duplicates=len(questions) - len(kept),
                            recent=recent, kept=tuple(q.question for q, _ in kept))
         if stored >= target:
-            conn.execute(self._stmt("slice_done", lambda: update(S).where(*_SLICE_KEY).values(
+            conn.execute(self._stmt("slice_done", lambda: update(S).where(*SLICE_KEY).values(
                 state=ChapterState.done.value, lease_owner=None, lease_expires_at=None)), key)
             return result
         if not kept:
