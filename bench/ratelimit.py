@@ -113,24 +113,14 @@ def run_examforge(mock: Any, workdir: Path, args: argparse.Namespace) -> dict[st
 
 
 def run_curator(mock: Any, workdir: Path, args: argparse.Namespace) -> dict[str, Any]:
-    python = args.curator_python
-    if not Path(python).exists():
-        return {"system": "curator", "error": f"no curator venv at {python}"}
-    site = subprocess.run([python, "-c", ("import litellm, os; print(os.path.dirname("
-                           "litellm.__file__))")], check=False, capture_output=True, text=True,
-                          timeout=120)
-    scratch = workdir / "curator-home"
-    scratch.mkdir(exist_ok=True)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "HF_"))}
-    env.update({
-        "TIKTOKEN_CACHE_DIR": str(Path(site.stdout.strip()) / "litellm_core_utils" / "tokenizers"),
-        "LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_TELEMETRY": "False",
-        "TELEMETRY_ENABLED": "false", "CURATOR_VIEWER": "0", "DO_NOT_TRACK": "1",
-        "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HOME": str(scratch),
-        "HF_HOME": str(scratch / "hf"), "CURATOR_CACHE_DIR": str(scratch / "cache"),
-        "PYTHONPATH": str(ROOT),
-    })
+    from bench.systems.curator import curator_env
     from examforge.settings import MAX_TOKENS_OVERHEAD
+
+    python = args.curator_python
+    scratch = workdir / "curator-home"
+    env = curator_env(python, scratch)
+    if isinstance(env, str):
+        return {"system": "curator", "error": env}
 
     slug = f"cur-{uuid.uuid4().hex[:6]}"
     spec = {"base_url": mock.base_url, "slug": slug,
