@@ -38,32 +38,33 @@ def wait_for(predicate: Callable[[], Any], timeout_s: float, what: str,
     pytest.fail(f"timed out after {timeout_s}s waiting for {what} (last: {last!r})")
 
 
-def wait_lease_expired(store: Any, exam: str, chapter_id: str, timeout_s: float = 10) -> None:
-    """Until the chapter's lease has expired on the database's own clock: the condition the
+def _wait_passed(store: Any, exam: str, chapter_id: str, slice_no: int, column: str,
+                 what: str, timeout_s: float) -> None:
+    """Until the slice's `column` (a time on the database's clock) is unset or past."""
+    from sqlalchemy import select
+
+    from storage.base import S
+
+    def passed() -> bool:
+        with store.engine.connect() as conn:
+            row = conn.execute(select(S.c[column].label("at"), store._now.label("now")).where(
+                S.c.exam == exam, S.c.chapter_id == chapter_id,
+                S.c.slice_no == slice_no)).one()
+        return row.at is None or row.at <= row.now
+
+    wait_for(passed, timeout_s, what, interval_s=0.02)
+
+
+def wait_lease_expired(store: Any, exam: str, chapter_id: str, timeout_s: float = 10,
+                       slice_no: int = 0) -> None:
+    """Until the slice's lease has expired on the database's own clock: the condition the
     store checks, instead of a sleep guessed to be long enough."""
-    from sqlalchemy import select
-
-    from storage.base import S
-
-    def expired() -> bool:
-        with store.engine.connect() as conn:
-            row = conn.execute(select(S.c.lease_expires_at, store._now.label("now")).where(
-                S.c.exam == exam, S.c.chapter_id == chapter_id)).one()
-        return row.lease_expires_at is None or row.lease_expires_at <= row.now
-
-    wait_for(expired, timeout_s, f"the lease on {exam}/{chapter_id} to expire", interval_s=0.02)
+    _wait_passed(store, exam, chapter_id, slice_no, "lease_expires_at",
+                 f"the lease on {exam}/{chapter_id}/{slice_no} to expire", timeout_s)
 
 
-def wait_backoff_over(store: Any, exam: str, chapter_id: str, timeout_s: float = 10) -> None:
-    """Until the chapter's backoff (not_before_at) has passed on the database's clock."""
-    from sqlalchemy import select
-
-    from storage.base import S
-
-    def over() -> bool:
-        with store.engine.connect() as conn:
-            row = conn.execute(select(S.c.not_before_at, store._now.label("now")).where(
-                S.c.exam == exam, S.c.chapter_id == chapter_id)).one()
-        return row.not_before_at is None or row.not_before_at <= row.now
-
-    wait_for(over, timeout_s, f"the backoff of {exam}/{chapter_id} to end", interval_s=0.02)
+def wait_backoff_over(store: Any, exam: str, chapter_id: str, timeout_s: float = 10,
+                      slice_no: int = 0) -> None:
+    """Until the slice's backoff (not_before_at) has passed on the database's clock."""
+    _wait_passed(store, exam, chapter_id, slice_no, "not_before_at",
+                 f"the backoff of {exam}/{chapter_id}/{slice_no} to end", timeout_s)
