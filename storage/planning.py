@@ -33,6 +33,29 @@ class EnqueuePlan:
 class Planning(StoreBase):
     """Exams, chapters and their slices as the producer sees them."""
 
+    def _ensure_exam(self, conn: Connection, slug: str, title: str, now: float,
+                     budget_usd: float | None) -> None:
+        """Create the exam's row if it is missing, and hold it (FOR NO KEY UPDATE on
+        PostgreSQL) until the transaction ends.
+
+        INSERT .. ON CONFLICT DO NOTHING takes no lock on the row it finds, so a `prune` of a
+        finished exam could delete that row between the insert and our first slice: the
+        slices' foreign key would then fail. Holding the row makes a concurrent prune see the
+        exam as busy; and if a prune deleted it before we could take it (the locking read
+        finds nothing), it is simply inserted again."""
+        for _ in range(3):
+            conn.execute(
+                self._insert(E)
+                .values(slug=slug, title=title, state=ExamState.active.value,
+                        auth_failures=0, created_at=now, updated_at=now, budget_usd=budget_usd)
+                .on_conflict_do_nothing()
+            )
+            held = conn.execute(select(E.c.slug).where(E.c.slug == slug)
+                                .with_for_update(key_share=True)).first()
+            if held is not None:
+                return
+        raise RuntimeError(f"exam {slug}: its row was deleted three times while enqueueing")
+
     def sync_exam(
         self, slug: str, syllabus: Syllabus, regenerate: Iterable[str] = (), *,
         budget_usd: float | None = None, default_budget_usd: float | None = None,
@@ -56,13 +79,8 @@ class Planning(StoreBase):
         plan = EnqueuePlan()
         with self._write() as conn:
             now = conn.execute(select(self._now)).scalar_one()
-            conn.execute(
-                self._insert(E)
-                .values(slug=slug, title=syllabus.title, state=ExamState.active.value,
-                        auth_failures=0, created_at=now, updated_at=now,
-                        budget_usd=budget_usd if budget_usd is not None else default_budget_usd)
-                .on_conflict_do_nothing()
-            )
+            self._ensure_exam(conn, slug, syllabus.title, now,
+                              budget_usd if budget_usd is not None else default_budget_usd)
             conn.execute(update(E).where(E.c.slug == slug, E.c.title != syllabus.title)
                          .values(title=syllabus.title, updated_at=now))
             if budget_usd is not None:

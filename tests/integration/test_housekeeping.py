@@ -153,3 +153,49 @@ def test_prune_skips_an_exam_whose_rows_another_transaction_holds(pg_url, tmp_pa
         assert [fp.exam for fp in store.prune(0).pruned] == ["ex"]
     finally:
         engine.dispose()
+
+
+def test_enqueue_concurrent_with_a_prune_of_the_same_exam_recreates_it(pg_url, tmp_path):
+    """A prune that deletes a finished exam while an enqueue of it is between recording the
+    exam and writing its slices: the enqueue must neither fail on the slices' foreign key
+    nor leave slices without their exam. Ordered deterministically: the prune's transaction
+    holds the exam row first; the enqueue's insert finds it (and takes no lock), then waits
+    on its locking read; the prune deletes everything and commits."""
+    engine = connect(pg_url)
+    migrate(engine)
+    store = Store(engine)
+    _sync(store, tmp_path, "old", [("a", 5)])
+    _finish(store, "old", "a", 5)
+    path = write_syllabus(tmp_path / "exams2", "old", [("a", 5), ("b", 3)])
+    syllabus = load_syllabus(path, max_questions=1000)
+    errors: list[BaseException] = []
+
+    def enqueue() -> None:
+        try:
+            store.sync_exam("old", syllabus)
+        except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+            errors.append(exc)
+
+    with engine.connect() as pruner:
+        tx = pruner.begin()
+        pruner.execute(select(E.c.slug).where(E.c.slug == "old").with_for_update()).all()
+        worker = threading.Thread(target=enqueue)
+        worker.start()
+        with engine.connect() as watcher:  # its own snapshot of pg_stat_activity each time
+            wait_for(lambda: watcher.execute(text(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND datname = current_database()")).scalar_one() >= 1
+                and watcher.rollback() is None, 10, "the enqueue to wait on the exam row")
+        for table in (Q, K, S):
+            pruner.execute(table.delete().where(table.c.exam == "old"))
+        pruner.execute(E.delete().where(E.c.slug == "old"))
+        tx.commit()
+    worker.join(10)
+    assert not worker.is_alive() and errors == []
+    rows = _rows(store, "old")
+    assert rows["exam"] == 1 and rows["question"] == 0
+    with engine.connect() as conn:
+        slices = conn.execute(select(S.c.chapter_id, S.c.target).where(S.c.exam == "old")
+                              .order_by(S.c.chapter_id)).all()
+    assert [tuple(r) for r in slices] == [("a", 5), ("b", 3)]
+    engine.dispose()
