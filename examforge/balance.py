@@ -44,11 +44,11 @@ BLOCK = 4  # positions, so a block of numbers that is a permutation of them is b
 _LETTER_REF_RE = re.compile(
     r"(?P<lead>\b(?i:options?|choices?|answers?|alternatives?)\s*\(?|\()"
     r"(?P<letter>[A-D])(?=\)|\b)")
+# The words in any case, the letters capitals only ("a or b" is ordinary English).
 _POSITIONAL_RE = re.compile(
-    r"\b(all|none|both|neither) of (the )?(above|below|these|those|the (above|previous))\b|"
-    r"\b(both|only|either|neither)? ?[A-D] (and|or|&|nor) [A-D]\b|"
-    r"\b(options?|choices?|answers?) [A-D]\b",
-    re.IGNORECASE)
+    r"(?i:\b(all|none|both|neither) of (the )?(above|below|these|those|the previous))\b|"
+    r"\b[A-D] (?i:and|or|&|nor) [A-D]\b|"
+    r"(?i:\b(options?|choices?|answers?)) [A-D]\b")
 
 
 def _rng(*parts: object) -> random.Random:
