@@ -244,15 +244,25 @@ class _Calls:
         return Levels(ask(chapter.difficulty, view.first_number, view.target, stored, want),
                       chapter.bloom)
 
-    def committed(self, view: ChapterView, asked: Sequence[Question], kept: Sequence[str]
-                  ) -> None:
-        """Count the levels of the questions a commit stored (`kept`, by text)."""
+    def count_levels(self, view: ChapterView, batch: Sequence[Question]) -> None:
+        """Count a batch's difficulties as stored before its commit: the next call is
+        prepared (`prepare`) before the commit that records it."""
         if view.levels.difficulty is None:
             return
         if self.stored_levels is None:
             self.stored_levels = Counter(view.levels.stored)
-        by_text = {q.question: q.difficulty for q in asked}
-        self.stored_levels.update(d for d in map(by_text.get, kept) if d is not None)
+        self.stored_levels.update(q.difficulty for q in batch if q.difficulty is not None)
+
+    def not_kept(self, batch: Sequence[Question], kept: Sequence[str]) -> None:
+        """Take back the counts of a batch's questions its commit dropped (duplicates)."""
+        if self.stored_levels is None:
+            return
+        left = Counter(kept)
+        for q in batch:
+            if left[q.question] > 0:
+                left[q.question] -= 1
+            elif q.difficulty is not None:
+                self.stored_levels[q.difficulty] -= 1
 
     def _build(self, view: ChapterView, want: int) -> _Next:
         rt = self.rt
@@ -419,6 +429,7 @@ def _generate(rt: Runtime, claim: Claimed, lost: threading.Event, run: _Run,
             raise LeaseLost(f"lease on {claim.exam}/{claim.chapter_id} lost during the call")
         note = ", ".join(f"{n} {k.value} rejected" for k, n in parsed.rejected.items())
         batch = nxt.levels.resolve(parsed.questions)  # the levels each is stored with
+        calls.count_levels(claim.view(), batch)
         for q in parsed.questions:  # the next call's prompt already avoids this batch
             calls.avoid.append(q.question)
         if stored + len(parsed.questions) < target:
@@ -440,7 +451,7 @@ def _generate(rt: Runtime, claim: Claimed, lost: threading.Event, run: _Run,
             calls.avoid = list(committed.recent)  # what every slice of the chapter stored
         for text in committed.kept:
             known.add(normalise(text))
-        calls.committed(claim.view(), batch, committed.kept)
+        calls.not_kept(batch, committed.kept)
         if not committed.kept:
             # Every question was one another slice had just stored: re-asked like any
             # invalid output (the call is booked as wasted).
