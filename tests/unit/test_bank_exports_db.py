@@ -306,3 +306,31 @@ def test_table_formats_carry_difficulty_and_bloom(exam, capsys) -> None:
     for item in table:
         tags = rows[item["chapter_id"], int(item["number"])]["tags"]
         assert tuple(f"{k}:{item[k]}" for k in ("difficulty", "bloom") if item[k]) == tags
+
+
+def test_a_failed_bank_export_leaves_the_old_file_and_no_temporary(exam, capsys,
+                                                                   monkeypatch) -> None:
+    from examforge import banks
+
+    settings, _ = exam
+    target = settings.exams_dir / "ex" / "bank.apkg"
+    old = export(capsys, settings, "anki", "bank.apkg")
+
+    def half_then_fail(fmt: str, outline: Any, questions: Any, out: Any) -> int:
+        out.write(b"PK\x03\x04 half a zip")
+        raise ValueError("question ch-1/3: character '\\x00' cannot be exported")
+
+    monkeypatch.setattr(banks, "write_bank", half_then_fail)
+    code, _, err = cli(capsys, "export", "ex", "--format", "anki", "-o", str(target))
+    assert code == 2
+    assert err.strip() == ("error: export anki: question ch-1/3: character '\\x00' cannot be "
+                           "exported")
+    assert target.read_bytes() == old
+    assert sorted(p.name for p in target.parent.iterdir() if p.name.startswith(".")) == []
+
+
+def test_the_cli_offers_every_export_format() -> None:
+    from producer import cli as cli_module
+    from producer.export import FORMATS
+
+    assert cli_module._EXPORT_FORMATS == FORMATS
