@@ -14,9 +14,9 @@ import socket
 import threading
 import time
 import uuid
+from collections import Counter
 from dataclasses import dataclass, field
 from enum import Enum
-from collections import Counter
 from typing import Callable, Sequence
 
 from examforge.errors import (

@@ -159,7 +159,7 @@ def expected(row: dict[str, Any]) -> dict[str, Any]:
 def export(capsys: pytest.CaptureFixture[str], settings: Settings, fmt: str,
            name: str | None = None) -> bytes:
     target = settings.exams_dir / "ex" / (name or f"out-{fmt}")
-    code, out, err = cli(capsys, "export", "ex", "--format", fmt, "-o", str(target))
+    code, _, err = cli(capsys, "export", "ex", "--format", fmt, "-o", str(target))
     assert code == 0, err
     assert err.strip() == f"wrote {len(db_rows(settings))} questions to {target}"
     return target.read_bytes()
@@ -285,8 +285,10 @@ def test_default_names_and_stdout_for_the_text_formats(exam, capsys) -> None:
 @pytest.mark.parametrize("fmt, suffix", [("anki", ".apkg"), ("qti", ".qti.zip")])
 def test_binary_formats_refuse_stdout_in_one_line(exam, capsys, fmt: str, suffix: str) -> None:
     settings, _ = exam
+    before = sorted(p.name for p in (settings.exams_dir / "ex").iterdir())
     code, out, err = cli(capsys, "export", "ex", "--format", fmt, "-o", "-")
     assert code == 2 and out == ""
+    assert sorted(p.name for p in (settings.exams_dir / "ex").iterdir()) == before
     assert err.strip() == f"error: -o -: {fmt} is a binary format ({suffix}); write it to a file"
 
 
