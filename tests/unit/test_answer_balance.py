@@ -124,3 +124,23 @@ def test_a_mock_that_always_answers_first_gives_a_uniform_bank(mock, make_settin
         assert choices[r.answer_index] in GOOD_PRACTICES
         assert all(c in BAD_PRACTICES for i, c in enumerate(choices) if i != r.answer_index)
         assert r.answer_index == answer_position("ex", r.chapter_id, r.number)
+
+
+def test_imported_questions_are_balanced_too_and_keep_known_levels(make_settings) -> None:
+    settings = make_settings()
+    path = write_syllabus(settings.exams_dir, "ex", [("a", 12)])
+    store = open_store(settings.database_url)
+    store.sync_exam("ex", load_syllabus(path, max_questions=100))
+    first = [Question(f"Imported {n}?", (f"right {n}", "w1", "w2", "w3"), 0, "Option A.",
+                      difficulty="hard" if n % 2 else "impossible", bloom="apply")
+             for n in range(1, 13)]
+    store.import_questions("ex", {"a": first}, "old.jsonl")
+    rows = store.questions("ex")
+    assert Counter(r["answer_index"] for r in rows) == {0: 3, 1: 3, 2: 3, 3: 3}
+    for r in rows:
+        n = r["number"]
+        assert r["choices"][r["answer_index"]] == f"right {n}"
+        assert r["explanation"] == f"Option {'ABCD'[r['answer_index']]}."
+        # Levels of the two vocabularies are kept; others are not.
+        assert (r["difficulty"], r["bloom"]) == ("hard" if n % 2 else None, "apply")
+    store.engine.dispose()
