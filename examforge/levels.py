@@ -12,9 +12,10 @@ chapter, not hoped for per call:
   range, less what it has stored per level, spread over the call's questions. A model that
   labels a batch otherwise than asked is corrected by the next calls, which ask for more of
   what is missing.
-- a question comes back labelled by the model; a label the chapter does not allow, or none,
-  gets the level the call asked for that is still most wanted (`resolve`): the call asked for
-  it, so it is the best claim there is. A Bloom level the chapter does not list is dropped
+- a question comes back labelled by the model; a level of the chapter's mix is kept as the
+  model gave it, and a label the chapter does not allow, or none, gets the level the call asked
+  for that is still most wanted (`resolve`): the call asked for it, so it is the best claim
+  there is. A Bloom level the chapter does not list is dropped
   (None), unless the chapter lists only one.
 """
 
@@ -97,8 +98,9 @@ class Levels:
         if self.difficulty is None and not self.bloom:
             # Nothing was asked: whatever the model volunteered is not stored.
             return [dataclasses.replace(q, difficulty=None, bloom=None) for q in questions]
-        allowed = {k for k, n in (self.difficulty or {}).items() if n > 0} or set(
-            self.difficulty or {})
+        # Any level of the chapter's mix, not only those this call asked for: a label the
+        # model gives honestly is kept, and the next calls make up for it.
+        allowed = set(self.difficulty or {})
         left = Counter(self.difficulty or {})
         for q in questions:
             if q.difficulty in allowed:
