@@ -336,3 +336,21 @@ def test_the_cli_offers_every_export_format() -> None:
     from producer.export import FORMATS
 
     assert cli_module._EXPORT_FORMATS == FORMATS
+
+
+def test_store_rows_become_bank_questions_one_at_a_time() -> None:
+    from producer.export import bank_questions
+
+    pulled: list[int] = []
+
+    def rows() -> Iterator[dict[str, Any]]:
+        for n in range(1, 1_000_000):
+            pulled.append(n)
+            yield {"chapter_id": "a", "number": n, "question": f"Q{n}?",
+                   "choices": ["w", "x", "y", "z"], "answer_index": n % 4, "explanation": "",
+                   "difficulty": "hard" if n % 2 else None, "bloom": None}
+
+    stream = bank_questions(rows())
+    first, second = next(stream), next(stream)
+    assert pulled == [1, 2]  # a bank of any size is read as it is written
+    assert (first.tags, second.tags) == (("difficulty:hard",), ())
