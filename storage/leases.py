@@ -139,17 +139,20 @@ class Leases(Ledger):
             first = self._start_planned(conn, claimed, plan_first(claimed.view()))
             return dataclasses.replace(claimed, first_call=first)
 
-    @staticmethod
-    def _levels(conn: Connection, row: Any) -> ChapterLevels:
+    def _levels(self, conn: Connection, row: Any) -> ChapterLevels:
         """The chapter's difficulty and Bloom levels from its slice row, with the slice's
         stored questions per difficulty (read only for a chapter that sets one)."""
         levels = ChapterLevels.from_row(row.difficulty, row.bloom)
         if levels.difficulty is None:
             return levels
-        counts = conn.execute(select(Q.c.difficulty, func.count()).where(
-            Q.c.exam == row.exam, Q.c.chapter_id == row.chapter_id,
-            Q.c.number >= row.first_number, Q.c.number < row.first_number + row.target,
-            Q.c.difficulty.is_not(None)).group_by(Q.c.difficulty)).all()
+        counts = conn.execute(self._stmt("slice_levels", lambda: (
+            select(Q.c.difficulty, func.count()).where(
+                Q.c.exam == bindparam("k_exam"), Q.c.chapter_id == bindparam("k_chapter"),
+                Q.c.number >= bindparam("k_first"),
+                Q.c.number < bindparam("k_first") + bindparam("k_target"),
+                Q.c.difficulty.is_not(None)).group_by(Q.c.difficulty))), {
+            "k_exam": row.exam, "k_chapter": row.chapter_id, "k_first": row.first_number,
+            "k_target": row.target}).all()
         return dataclasses.replace(levels, stored={d: n for d, n in counts})
 
     def _claim_stmt(self) -> Any:

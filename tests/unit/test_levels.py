@@ -242,3 +242,46 @@ def test_the_mock_labels_its_questions_only_when_the_prompt_asks(mock: MockServe
         assert [(q["difficulty"], q["bloom"]) for q in labelled] == [
             ("easy", "apply"), ("easy", "apply"), ("hard", "apply")]
         assert all("difficulty" not in q and "bloom" not in q for q in questions(plain))
+
+
+def test_a_new_claim_reads_what_its_slice_stored_per_level(make_settings: Any) -> None:
+    from storage.ledger import Usage
+    from storage.store import Claimed
+
+    settings = make_settings(questions_per_call=5, slice_questions=20)
+    path = write_syllabus(settings.exams_dir, "ex", {"title": "T", "chapters": [
+        {"id": "a", "title": "A", "questions": 20, "difficulty": MIX}]})
+    store = open_store(settings.database_url)
+    store.sync_exam("ex", load_syllabus(path, max_questions=100), slice_questions=20)
+    # An earlier holder stored 5 hard questions, then went away.
+    claim = store.claim("ex", "a", "old", 10.0, 8)
+    assert isinstance(claim, Claimed)
+    call = store.start_call(claim, 1, 5, lease_s=10.0)
+    store.commit_batch(claim, 10.0, call, [
+        Question(f"Old {n}?", ("a", "b", "c", "d"), 0, "", difficulty="hard")
+        for n in range(5)], model="m", usage=Usage(1, 1, 0.0))
+    store.release(claim, retry_in_s=0, error="test")
+    asked: list[dict[str, int]] = []
+    serial = iter(range(1, 10_000))
+
+    def follows(request: httpx.Request) -> httpx.Response:
+        fields = read_fields(json.loads(request.content)["messages"][-1]["content"])
+        counts = parse_difficulty(fields[Label.difficulty])
+        asked.append(counts)
+        return reply(json.dumps({"questions": [
+            {"question": f"New {s}?", "choices": ["a", "b", "c", "d"], "answer_index": 0,
+             "explanation": "", "difficulty": level}
+            for s, level in zip(serial, [lv for lv, k in counts.items() for _ in range(k)])]}))
+
+    rt = Runtime.build(settings, store, LLMClient(settings,
+                                                  transport=httpx.MockTransport(follows)))
+    try:
+        assert process_chapter(rt, "ex", "a").outcome == "done"
+    finally:
+        rt.close()
+    assert all("hard" not in a for a in asked) and len(asked) == 3
+    with store.engine.connect() as conn:
+        stored = Counter(dict(conn.execute(text(
+            "SELECT difficulty, count(*) FROM question GROUP BY difficulty")).all()))
+    store.engine.dispose()
+    assert stored == {"easy": 6, "medium": 9, "hard": 5}
