@@ -76,3 +76,5 @@ fi
 "$PY" -m producer status "$SLUG"
 "$PY" -m producer export "$SLUG"
 head -n 1 "exams/$SLUG/generated.jsonl"
+# The same bank for Moodle (XML and GIFT), Anki and Canvas: see README, "Question banks".
+for format in moodle-xml gift anki qti; do "$PY" -m producer export "$SLUG" --format "$format"; done

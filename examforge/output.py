@@ -23,6 +23,10 @@ class Question:
     choices: tuple[str, str, str, str]
     answer_index: int
     explanation: str
+    # What the model said of it, when the prompt asked (examforge.levels): a difficulty and a
+    # Bloom level, None when not asked, missing or not one the chapter allows.
+    difficulty: str | None = None
+    bloom: str | None = None
 
 
 def normalise(text: str) -> str:
@@ -81,8 +85,17 @@ def check_item(item: object) -> Question:
         if any(_BAD_CHAR_RE.search(text) for text in texts):
             raise ItemInvalid(name, "contains a control character or a lone surrogate")
     return Question(
-        question.strip(), tuple(c.strip() for c in choices), answer, explanation.strip()  # type: ignore[arg-type]
+        question.strip(), tuple(c.strip() for c in choices), answer, explanation.strip(),  # type: ignore[arg-type]
+        difficulty=_label(item.get("difficulty")), bloom=_label(item.get("bloom")),
     )
+
+
+def _label(value: object) -> str | None:
+    """A level the model named ("Hard " reads as "hard"), or None: a label is advice, never a
+    reason to refuse a question (examforge.levels decides what is stored)."""
+    if not isinstance(value, str) or len(value) > 32:
+        return None
+    return value.strip().lower() or None
 
 
 def _parse_item(item: object) -> Question | None:

@@ -14,9 +14,10 @@ import socket
 import threading
 import time
 import uuid
+from collections import Counter
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Callable
+from typing import Callable, Sequence
 
 from examforge.errors import (
     BudgetExceeded,
@@ -28,8 +29,9 @@ from examforge.errors import (
     ReplyTooLarge,
 )
 from examforge.heartbeat import LeaseKeeper
+from examforge.levels import Levels, ask
 from examforge.llm import Admission, Completion, LLMClient
-from examforge.output import normalise, parse_questions
+from examforge.output import Question, normalise, parse_questions
 from examforge.prompt import build_messages
 from examforge.retry import Action, Decision, HandBack, decide
 from examforge.settings import Settings
@@ -213,6 +215,7 @@ class _Next:
     reserve_usd: float
     admission: Admission | None = None
     view: ChapterView | None = None  # the chapter's state it was prepared for
+    levels: Levels = Levels()  # the difficulty counts and Bloom levels it asks for
 
 
 class _Calls:
@@ -227,6 +230,39 @@ class _Calls:
         self.avoid: list[str] = []
         self.next: _Next | None = None
         self.prepared: _Next | None = None
+        # The slice's stored questions per difficulty, once a commit has changed them from
+        # what the claim read (view.levels.stored).
+        self.stored_levels: Counter[str] | None = None
+
+    def levels(self, view: ChapterView, want: int) -> Levels:
+        """What the next call asks of the chapter's difficulty mix and Bloom levels: the
+        counts its slice still lacks (examforge.levels)."""
+        chapter = view.levels
+        if chapter.difficulty is None:
+            return Levels(None, chapter.bloom)
+        stored = chapter.stored if self.stored_levels is None else self.stored_levels
+        return Levels(ask(chapter.difficulty, view.first_number, view.target, stored, want),
+                      chapter.bloom)
+
+    def count_levels(self, view: ChapterView, batch: Sequence[Question]) -> None:
+        """Count a batch's difficulties as stored before its commit: the next call is
+        prepared (`prepare`) before the commit that records it."""
+        if view.levels.difficulty is None:
+            return
+        if self.stored_levels is None:
+            self.stored_levels = Counter(view.levels.stored)
+        self.stored_levels.update(q.difficulty for q in batch if q.difficulty is not None)
+
+    def not_kept(self, batch: Sequence[Question], kept: Sequence[str]) -> None:
+        """Take back the counts of a batch's questions its commit dropped (duplicates)."""
+        if self.stored_levels is None:
+            return
+        left = Counter(kept)
+        for q in batch:
+            if left[q.question] > 0:
+                left[q.question] -= 1
+            elif q.difficulty is not None:
+                self.stored_levels[q.difficulty] -= 1
 
     def _build(self, view: ChapterView, want: int) -> _Next:
         rt = self.rt
@@ -240,12 +276,14 @@ class _Calls:
         if view.chapter_target > view.target:
             numbers = (view.first_number, view.first_number + view.target - 1,
                        view.chapter_target)
+        levels = self.levels(view, want)
         messages = build_messages(view.exam, view.exam_title, spec, want,
-                                  self.avoid or list(view.recent), numbers=numbers)
+                                  self.avoid or list(view.recent), numbers=numbers,
+                                  levels=levels)
         prompt_tokens = rt.client.count_prompt(messages)
         max_tokens = rt.settings.max_tokens(want)
         return _Next(want, messages, prompt_tokens, max_tokens,
-                     rt.client.worst_case_usd(prompt_tokens, max_tokens))
+                     rt.client.worst_case_usd(prompt_tokens, max_tokens), levels=levels)
 
     def _plan(self, view: ChapterView, nxt: _Next) -> CallPlan:
         return CallPlan(view.next_number, nxt.want, nxt.prompt_tokens, nxt.max_tokens,
@@ -390,6 +428,8 @@ def _generate(rt: Runtime, claim: Claimed, lost: threading.Event, run: _Run,
                               "the lease expired while the call ran", usage=usage)
             raise LeaseLost(f"lease on {claim.exam}/{claim.chapter_id} lost during the call")
         note = ", ".join(f"{n} {k.value} rejected" for k, n in parsed.rejected.items())
+        batch = nxt.levels.resolve(parsed.questions)  # the levels each is stored with
+        calls.count_levels(claim.view(), batch)
         for q in parsed.questions:  # the next call's prompt already avoids this batch
             calls.avoid.append(q.question)
         if stored + len(parsed.questions) < target:
@@ -397,7 +437,7 @@ def _generate(rt: Runtime, claim: Claimed, lost: threading.Event, run: _Run,
         began = time.monotonic()
         try:
             committed = store.commit_batch(claim, settings.lease_s, call_id,
-                                           parsed.questions, model=completion.model,
+                                           batch, model=completion.model,
                                            note=note, usage=usage, plan_next=calls.plan)
             if isinstance(committed.next_call, int):
                 _still_ours(rt, claim, committed.next_call, began)
@@ -411,6 +451,7 @@ def _generate(rt: Runtime, claim: Claimed, lost: threading.Event, run: _Run,
             calls.avoid = list(committed.recent)  # what every slice of the chapter stored
         for text in committed.kept:
             known.add(normalise(text))
+        calls.not_kept(batch, committed.kept)
         if not committed.kept:
             # Every question was one another slice had just stored: re-asked like any
             # invalid output (the call is booked as wasted).

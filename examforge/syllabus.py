@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
+from enum import Enum
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Union
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -48,6 +50,72 @@ def _clean_text(value: str, *, single_line: bool = False) -> str:
     return value
 
 
+class Difficulty(str, Enum):
+    """How hard a chapter's questions are meant to be (its `difficulty` field)."""
+
+    easy = "easy"
+    medium = "medium"
+    hard = "hard"
+
+
+class Bloom(str, Enum):
+    """The levels of Bloom's taxonomy (revised, 2001), lowest first: a chapter's `bloom`."""
+
+    remember = "remember"
+    understand = "understand"
+    apply = "apply"
+    analyze = "analyze"
+    evaluate = "evaluate"
+    create = "create"
+
+
+DIFFICULTIES = tuple(d.value for d in Difficulty)
+BLOOM_LEVELS = tuple(b.value for b in Bloom)
+# A mix's shares must add up to 1 within this (0.33 + 0.33 + 0.34 is fine, 0.3 + 0.3 is not).
+_SHARES_TOLERANCE = 0.011
+
+
+def _check_difficulty(value: Any) -> Any:
+    """One level, or {level: share} with shares > 0 adding up to 1; the messages name what
+    is wrong in the user's own terms (pydantic's union errors would list both branches)."""
+    levels = ", ".join(DIFFICULTIES)
+    if isinstance(value, str):
+        if value not in DIFFICULTIES:
+            raise ValueError(f"{value!r} is not one of {levels}")
+        return value
+    if not isinstance(value, dict):
+        raise ValueError(f"must be one of {levels}, or an object of shares such as "
+                         '{"easy": 0.3, "medium": 0.5, "hard": 0.2}')
+    if not value:
+        raise ValueError("a mix needs at least one level")
+    for level, share in value.items():
+        if level not in DIFFICULTIES:
+            raise ValueError(f"{level!r} is not one of {levels}")
+        if isinstance(share, bool) or not isinstance(share, (int, float)) \
+                or not math.isfinite(share) or not 0 < share <= 1:
+            raise ValueError(f"the share of {level} must be a number above 0 and at most 1, "
+                             f"is {share!r}")
+    total = sum(value.values())
+    if abs(total - 1) > _SHARES_TOLERANCE:
+        raise ValueError(f"the shares must add up to 1, they add up to {total:g}")
+    # Normalised (so a mix of 0.33 + 0.33 + 0.34 counts exactly) and in the levels' order.
+    return {level: value[level] / total for level in DIFFICULTIES if level in value}
+
+
+def _check_bloom(value: Any) -> Any:
+    levels = ", ".join(BLOOM_LEVELS)
+    if isinstance(value, str):
+        value = [value]  # one level needs no list
+    if not isinstance(value, list) or not value:
+        raise ValueError(f"must be a non-empty list of Bloom levels: {levels}")
+    for level in value:
+        if level not in BLOOM_LEVELS:
+            raise ValueError(f"{level!r} is not a Bloom level ({levels})")
+    if len(set(value)) != len(value):
+        raise ValueError("a level is listed twice")
+    return [b for b in BLOOM_LEVELS if b in value]  # lowest first, whatever order was typed
+
+
 class Chapter(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
@@ -55,6 +123,29 @@ class Chapter(BaseModel):
     title: str = Field(max_length=500)
     questions: int
     prompt: str | None = Field(None, max_length=4000)
+    # Optional: how hard (one of DIFFICULTIES, or {level: share}) and which Bloom levels the
+    # questions target. They go into the prompt and are stored with each question.
+    difficulty: Union[str, dict[str, float], None] = None
+    bloom: list[str] | None = None
+
+    @field_validator("difficulty", mode="before")
+    @classmethod
+    def _difficulty(cls, v: Any) -> Any:
+        return None if v is None else _check_difficulty(v)
+
+    @field_validator("bloom", mode="before")
+    @classmethod
+    def _bloom(cls, v: Any) -> Any:
+        return None if v is None else _check_bloom(v)
+
+    @property
+    def difficulty_shares(self) -> dict[str, float] | None:
+        """The difficulty as shares ({"hard": 1.0} for one level), None when unset."""
+        if self.difficulty is None:
+            return None
+        if isinstance(self.difficulty, str):
+            return {self.difficulty: 1.0}
+        return dict(self.difficulty)
 
     @field_validator("id")
     @classmethod

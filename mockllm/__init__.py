@@ -4,7 +4,10 @@ Used by tests, demos and benchmarks in place of a real LLM provider, and built t
 one. ``POST /v1/chat/completions`` answers multiple-choice questions built from the prompt's
 ``Label: value`` lines (read with ``examforge.prompt.read_fields``): lexically distinct
 questions per chapter, with ``reword_rate`` of them paraphrases of questions already served
-and ``answer_position`` to pin the answer. Usage is counted with tiktoken
+and ``answer_position`` to pin the answer (``0``: always first, the worst bias a model can
+have); a prompt with ``Difficulty`` and ``Bloom levels`` lines gets each question labelled
+with a ``difficulty`` and a ``bloom`` as those lines ask, as a model that follows its prompt
+would (``mockllm.questions.labelled``). Usage is counted with tiktoken
 (``examforge.tokens``); ``max_tokens`` cuts a completion with ``finish_reason: "length"``.
 Rate limits (``rpm``, ``tpm``) are token buckets enforced at admission with OpenAI's 429
 bodies and ``x-ratelimit-*`` headers; ``quota_exhausted``/``quota_tokens`` answer OpenAI's

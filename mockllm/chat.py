@@ -25,6 +25,7 @@ from mockllm.faults import (
 from mockllm.http import error_payload
 from mockllm.limits import INSUFFICIENT_QUOTA_MESSAGE, quota_exceeded, retry_headers
 from mockllm.prompt import ChatPrompt, parse_prompt
+from mockllm.questions import labelled
 from mockllm.replies import (
     Content,
     completion_payload,
@@ -196,6 +197,7 @@ class ChatEngine:
                 completion_id, call.model, call.prompt_tokens, config.oversized_bytes, config.omit_usage)
             return Completion(payload, Content("", "length"), tokens, "length")
         items = state.mint_items(call.prompt, question_count(outcome, call.prompt.count, config.questions_per_reply))
+        items = labelled(items, call.prompt)
         variant = state.next_wrong_schema_variant() if outcome == "wrong_schema" else 0
         content = render_content(outcome, items, state.first_served.get(call.key), variant)
         content, tokens, cut = cut_at_max_tokens(content, call.model, call.max_tokens)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from examforge.prompt import Label, read_fields
+from examforge.prompt import Label, parse_difficulty, read_fields
 from mockllm.faults import MODEL_ID
 
 UNKNOWN_CHAPTER = "unknown"
@@ -30,6 +30,11 @@ class ChatPrompt:
     # The part of the chapter asked for ("101-150"), when its slices run at once: with the
     # chapter, who a Retry-After was promised to.
     part: str | None = None
+    # What a Difficulty line asks for, one level per question in order ("2 easy, 1 hard":
+    # easy, easy, hard), and the levels of a Bloom levels line: a model asked for them
+    # labels its questions so.
+    difficulties: tuple[str, ...] = ()
+    bloom: tuple[str, ...] = ()
 
     @property
     def requester(self) -> str:
@@ -77,4 +82,8 @@ def parse_prompt(body: dict[str, Any]) -> ChatPrompt:
         count=int(count) if count and count.isdigit() else DEFAULT_QUESTION_COUNT,
         model=model if isinstance(model, str) and model else MODEL_ID,
         part=_first_token(fields.get(Label.question_numbers)),
+        difficulties=tuple(level for level, n in parse_difficulty(
+            fields.get(Label.difficulty, "")).items() for _ in range(min(n, 1000))),
+        bloom=tuple(b.strip().lower() for b in fields.get(Label.bloom, "").split(",")
+                    if b.strip()),
     )

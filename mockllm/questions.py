@@ -21,7 +21,11 @@ from __future__ import annotations
 import hashlib
 import random
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from mockllm.prompt import ChatPrompt
+    from mockllm.replies import Item
 
 P = 29  # prime; every bank below has at least P entries
 ANSWER_SLOTS = 4
@@ -462,3 +466,21 @@ def reword(
     slots = slots_for(chapter_key, serial)
     style = reword_style(slots, base_style(serial), variant)
     return question_from(slots, style, chapter_key, title, serial, answer_position)
+
+
+def labelled(items: list[Item], prompt: ChatPrompt) -> list[Item]:
+    """The reply's questions labelled as the prompt asks, the way a model that follows it
+    does: the Difficulty line's levels in order (a reply shorter or longer than asked takes
+    the first ones, or repeats the last), and a Bloom level cycled through the listed ones
+    by serial. Nothing is added when the prompt asks for neither."""
+    if not prompt.difficulties and not prompt.bloom:
+        return items
+    out = []
+    for i, item in enumerate(items):
+        question = dict(item.question)
+        if prompt.difficulties:
+            question["difficulty"] = prompt.difficulties[min(i, len(prompt.difficulties) - 1)]
+        if prompt.bloom:
+            question["bloom"] = prompt.bloom[item.serial % len(prompt.bloom)]
+        out.append(replace(item, question=question))
+    return out

@@ -316,22 +316,38 @@ def _print_status(report: ExamReport) -> None:
                   f"resume with: python -m producer resume {report.exam}")
 
 
+_EXPORT_FORMATS = ("jsonl", "json", "csv", "moodle-xml", "gift", "anki", "qti")
+
+
 @cli.command()
 @click.argument("slug")
-@click.option("--format", "fmt", type=click.Choice(["jsonl", "json", "csv"]), default="jsonl",
-              show_default=True)
+@click.option("--format", "fmt", type=click.Choice(_EXPORT_FORMATS), default="jsonl",
+              show_default=True,
+              help="jsonl, json, csv; or a question bank: moodle-xml (Moodle XML), gift "
+                   "(Moodle GIFT), anki (.apkg), qti (QTI 1.2 zip for Canvas).")
 @click.option("-o", "--output", "target", default=None,
-              help="Output path, or - for stdout. Default: EXAMS_DIR/SLUG/generated.FORMAT")
+              help="Output path, or - for stdout (not for anki and qti). Default: "
+                   "EXAMS_DIR/SLUG/generated.jsonl, .json, .csv, .xml, .gift.txt, .apkg, "
+                   ".qti.zip")
 def export(slug: str, fmt: str, target: str | None) -> None:
     """Write every stored question of an exam (atomically)."""
+    from examforge.banks import BankChapter, BankExam
+    from producer.export import check_target, default_name
     from producer.export import export as write
 
+    if target is not None:
+        check_target(fmt, target)
     settings = _settings()
     store = _store(settings)
     if not store.exam_exists(slug):
         store.questions(slug)  # raises UnknownExam with the usual message
-    target = target or str(settings.exams_dir / slug / f"generated.{fmt}")
-    n = write(store.iter_questions(slug), fmt, target)
+    target = target or str(settings.exams_dir / slug / default_name(fmt))
+
+    def outline() -> BankExam:
+        title, chapters = store.outline(slug)
+        return BankExam(slug, title, tuple(BankChapter(c, t, p) for c, t, p in chapters))
+
+    n = write(store.iter_questions(slug), fmt, target, outline)
     if target != "-":
         err.print(f"wrote {n} questions to {target}")
 

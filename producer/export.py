@@ -1,9 +1,9 @@
-"""Write an exam's questions as JSON Lines, JSON or CSV, streamed and atomically.
+"""Write an exam's questions as JSON Lines, JSON, CSV or a question bank, streamed and atomically.
 
 Rows come from the store as a stream (`Store.iter_questions`) and go straight to the file, so an
-export of 100,000 questions holds one question in memory at a time. The file is written to a
-temporary name beside the target and renamed over it once complete: readers see the old file
-or the new one, never half of one.
+export of 100,000 questions holds one question in memory at a time (the bank formats: as their
+writers allow, see examforge.banks). The file is written to a temporary name beside the target
+and renamed over it once complete: readers see the old file or the new one, never half of one.
 """
 
 from __future__ import annotations
@@ -15,13 +15,18 @@ import sys
 import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import IO, Callable, Iterable
+from typing import IO, Any, BinaryIO, Callable, Iterable, Iterator
 
+from examforge import banks
 from examforge.errors import UserError
 
-FORMATS = ("jsonl", "json", "csv")
+TABLE_FORMATS = ("jsonl", "json", "csv")
+FORMATS = (*TABLE_FORMATS, *banks.FORMATS)
+# Formats that are not text: a terminal or a pipe is no place for them.
+BINARY_FORMATS = ("anki", "qti")
 CSV_COLUMNS = ["exam", "chapter_id", "number", "question", "choice_a", "choice_b", "choice_c",
-               "choice_d", "answer_index", "explanation", "model", "created_at"]
+               "choice_d", "answer_index", "explanation", "difficulty", "bloom", "model",
+               "created_at"]
 
 Rows = Iterable[dict[str, object]]
 
@@ -62,6 +67,7 @@ def write_csv(rows: Rows, out: IO[str]) -> int:
     for n, r in enumerate(_dated(rows), 1):
         writer.writerow([r["exam"], r["chapter_id"], r["number"], r["question"],
                          *r["choices"], r["answer_index"], r["explanation"],  # type: ignore[misc]
+                         r.get("difficulty") or "", r.get("bloom") or "",
                          r["model"], r["created_at"]])
     return n
 
@@ -79,8 +85,9 @@ def render(rows: Rows, fmt: str) -> str:
     return buffer.getvalue()
 
 
-def write_atomic(path: Path, write: Callable[[IO[str]], int]) -> int:
+def write_atomic(path: Path, write: Callable[[Any], int], *, binary: bool = False) -> int:
     """Write through `write` to a temporary file beside `path`, fsync, then rename over it.
+    `write` gets a text file (UTF-8, no newline translation), or with `binary` a binary one.
 
     The parent directory must exist (a typo in `-o` must not create directories). The file
     gets the usual mode for new files (0666 less the umask), not mkstemp's private 0600: an
@@ -92,7 +99,9 @@ def write_atomic(path: Path, write: Callable[[IO[str]], int]) -> int:
         umask = os.umask(0)
         os.umask(umask)
         os.fchmod(fd, 0o666 & ~umask)
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
+        f: IO[Any]
+        with (os.fdopen(fd, "wb") if binary else
+              os.fdopen(fd, "w", encoding="utf-8", newline="")) as f:
             n = write(f)
             f.flush()
             os.fsync(f.fileno())
@@ -103,11 +112,58 @@ def write_atomic(path: Path, write: Callable[[IO[str]], int]) -> int:
         raise
 
 
-def export(rows: Rows, fmt: str, target: str) -> int:
-    """Write `rows` in `fmt` to `target` (a path, or - for stdout); returns how many."""
-    writer = WRITERS[fmt]
+def tags(row: dict[str, object]) -> tuple[str, ...]:
+    """The tags a bank gives a stored question: its difficulty and Bloom level, when set."""
+    return tuple(f"{name}:{row[name]}" for name in ("difficulty", "bloom") if row.get(name))
+
+
+def bank_questions(rows: Rows) -> Iterator[banks.BankQuestion]:
+    """Store rows as the bank writers' values, lazily."""
+    for r in rows:
+        yield banks.BankQuestion(
+            chapter_id=str(r["chapter_id"]), number=int(r["number"]),  # type: ignore[call-overload]
+            question=str(r["question"]), choices=tuple(r["choices"]),  # type: ignore[arg-type]
+            answer_index=int(r["answer_index"]),  # type: ignore[call-overload]
+            explanation=str(r["explanation"]), tags=tags(r))
+
+
+def default_name(fmt: str) -> str:
+    """The file an export goes to in the exam's folder when no `-o` is given."""
+    return "generated" + (banks.FORMATS[fmt].suffix if fmt in banks.FORMATS else f".{fmt}")
+
+
+def check_target(fmt: str, target: str) -> None:
+    """Refuse, before anything is read, what cannot be written: a binary format on stdout."""
+    if target == "-" and fmt in BINARY_FORMATS:
+        raise UserError(f"-o -: {fmt} is a binary format ({banks.FORMATS[fmt].suffix}); "
+                        "write it to a file")
+
+
+def export(rows: Rows, fmt: str, target: str,
+           exam: banks.BankExam | Callable[[], banks.BankExam] | None = None) -> int:
+    """Write `rows` in `fmt` to `target` (a path, or - for stdout); returns how many.
+    The bank formats need the exam's outline (`exam`, or a function that reads it)."""
+    check_target(fmt, target)
+    if fmt in TABLE_FORMATS:
+        writer = WRITERS[fmt]
+        if target == "-":
+            n = writer(rows, sys.stdout)
+            sys.stdout.flush()
+            return n
+        return write_atomic(Path(target), lambda f: writer(rows, f))
+    outline = exam() if callable(exam) else exam
+    if outline is None:
+        raise ValueError(f"format {fmt} needs the exam's outline")
+
+    def write(out: BinaryIO) -> int:
+        try:
+            return banks.write_bank(fmt, outline, bank_questions(rows), out)
+        except ValueError as exc:  # a stored row no bank can hold: say which, write nothing
+            raise UserError(f"export {fmt}: {exc}") from None
+
     if target == "-":
-        n = writer(rows, sys.stdout)
         sys.stdout.flush()
+        n = write(sys.stdout.buffer)
+        sys.stdout.buffer.flush()
         return n
-    return write_atomic(Path(target), lambda f: writer(rows, f))
+    return write_atomic(Path(target), write, binary=True)

@@ -11,7 +11,6 @@ refused while a worker holds a live lease on any slice of a chapter it writes.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Mapping, Sequence
@@ -19,10 +18,13 @@ from typing import Any, Mapping, Sequence
 from sqlalchemy import insert, select, update
 from sqlalchemy.engine import Connection
 
+from examforge.balance import balanced
 from examforge.errors import UserError
+from examforge.levels import known_levels
 from examforge.output import Question as ParsedQuestion
 from examforge.output import text_hash
 from storage.base import E, K, Q, S, StoreBase
+from storage.ledger import question_row
 from storage.models import CallOutcome, ChapterState
 
 # What an imported question says of its origin (Question.model, Call.model, Call.worker).
@@ -206,12 +208,13 @@ class Imports(StoreBase):
                 endpoint=None, model=IMPORT_MODEL, reserved_usd=0.0, usage_estimated=False,
                 price_known=True, started_at=now, finished_at=now).returning(K.c.id)
             ).scalar_one()
+            # Balanced like generated questions (examforge.balance: idempotent, so a bank
+            # exported by examforge comes back in its own order), with the levels a file
+            # names only when they are known ones.
             conn.execute(insert(Q), [
                 {"exam": slug, "chapter_id": chapter_id, "number": first + i,
-                 "question": q.question, "choices": json.dumps(list(q.choices),
-                                                               ensure_ascii=False),
-                 "answer_index": q.answer_index, "explanation": q.explanation,
-                 "norm_hash": h, "model": IMPORT_MODEL, "call_id": call_id, "created_at": now}
+                 "norm_hash": h, "model": IMPORT_MODEL, "call_id": call_id, "created_at": now,
+                 **question_row(known_levels(balanced(q, slug, chapter_id, first + i)))}
                 for i, (q, h) in enumerate(batch)])
             done = r.room == 0
             values: dict[str, Any] = {"updated_at": now}

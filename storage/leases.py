@@ -14,7 +14,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from examforge.output import normalise
 from storage.base import ACTIVE_STATES, SLICE_KEY, E, Q, S
-from storage.ledger import RECENT_QUESTIONS, ChapterView, Ledger, NoRoom, Planner
+from storage.ledger import RECENT_QUESTIONS, ChapterLevels, ChapterView, Ledger, NoRoom, Planner
 from storage.models import ChapterState, ExamState
 
 
@@ -41,13 +41,15 @@ class Claimed:
     first_number: int = 1
     chapter_target: int = 0
     recent: tuple[str, ...] = ()
+    # The chapter's levels (examforge.levels) and the slice's stored questions per difficulty.
+    levels: ChapterLevels = ChapterLevels()
 
     def view(self, stored: int | None = None, target: int | None = None) -> ChapterView:
         return ChapterView(self.exam, self.chapter_id, self.exam_title, self.title, self.prompt,
                            self.stored if stored is None else stored,
                            self.target if target is None else target,
                            self.slice_no, self.first_number,
-                           self.chapter_target or self.target, self.recent)
+                           self.chapter_target or self.target, self.recent, self.levels)
 
     def where(self) -> tuple[Any, ...]:
         """The conditions that select this claim's slice row."""
@@ -130,11 +132,28 @@ class Leases(Ledger):
                 slice_no=slice_no, first_number=row.first_number,
                 chapter_target=chapter_target or row.target,
                 recent=tuple(t for _, t in numbers_texts[-RECENT_QUESTIONS:]),
+                levels=self._levels(conn, row),
             )
             if plan_first is None:
                 return claimed
             first = self._start_planned(conn, claimed, plan_first(claimed.view()))
             return dataclasses.replace(claimed, first_call=first)
+
+    def _levels(self, conn: Connection, row: Any) -> ChapterLevels:
+        """The chapter's difficulty and Bloom levels from its slice row, with the slice's
+        stored questions per difficulty (read only for a chapter that sets one)."""
+        levels = ChapterLevels.from_row(row.difficulty, row.bloom)
+        if levels.difficulty is None:
+            return levels
+        counts = conn.execute(self._stmt("slice_levels", lambda: (
+            select(Q.c.difficulty, func.count()).where(
+                Q.c.exam == bindparam("k_exam"), Q.c.chapter_id == bindparam("k_chapter"),
+                Q.c.number >= bindparam("k_first"),
+                Q.c.number < bindparam("k_first") + bindparam("k_target"),
+                Q.c.difficulty.is_not(None)).group_by(Q.c.difficulty))), {
+            "k_exam": row.exam, "k_chapter": row.chapter_id, "k_first": row.first_number,
+            "k_target": row.target}).all()
+        return dataclasses.replace(levels, stored={d: n for d, n in counts})
 
     def _claim_stmt(self) -> Any:
         exam_active = select(E.c.slug).where(

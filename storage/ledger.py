@@ -13,6 +13,7 @@ from sqlalchemy import bindparam, func, insert, select, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
+from examforge.balance import balanced
 from examforge.errors import LeaseLost
 from examforge.output import Question as ParsedQuestion
 from examforge.output import text_hash
@@ -29,6 +30,13 @@ _FINISHED = ("outcome", "reason", "detail", "status_code", "questions_stored", "
              "completion_tokens", "cost_usd", "endpoint", "usage_estimated")
 # A commit that loses a race with another slice storing the same question checks again.
 _DUPLICATE_RACE_RETRIES = 3
+
+
+def question_row(q: ParsedQuestion) -> dict[str, Any]:
+    """The columns of a question row that come from the question itself."""
+    return {"question": q.question, "choices": json.dumps(list(q.choices), ensure_ascii=False),
+            "answer_index": q.answer_index, "explanation": q.explanation,
+            "difficulty": q.difficulty, "bloom": q.bloom}
 
 
 @dataclass(frozen=True)
@@ -74,6 +82,22 @@ class Committed:
 
 
 @dataclass(frozen=True)
+class ChapterLevels:
+    """A chapter's `difficulty` (as shares) and `bloom` from its slice row, and the slice's
+    stored questions per difficulty when it was read (examforge.levels)."""
+
+    difficulty: dict[str, float] | None = None
+    bloom: tuple[str, ...] = ()
+    stored: dict[str, int] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def from_row(cls, difficulty: str | None, bloom: str | None) -> "ChapterLevels":
+        value = json.loads(difficulty) if difficulty else None
+        shares = {value: 1.0} if isinstance(value, str) else value
+        return cls(shares, tuple(json.loads(bloom)) if bloom else ())
+
+
+@dataclass(frozen=True)
 class ChapterView:
     """What a planner sees of a chapter, inside the transaction that frees its next call."""
 
@@ -88,6 +112,7 @@ class ChapterView:
     first_number: int = 1
     chapter_target: int = 0
     recent: tuple[str, ...] = ()  # the chapter's latest stored questions, all slices
+    levels: ChapterLevels = ChapterLevels()
 
     @property
     def next_number(self) -> int:
@@ -357,10 +382,9 @@ class Ledger(StoreBase):
         if kept:
             conn.execute(self._stmt("insert_questions", lambda: insert(Q)), [
                 {"exam": claim.exam, "chapter_id": claim.chapter_id,
-                 "number": first + stored + i, "question": q.question,
-                 "choices": json.dumps(list(q.choices), ensure_ascii=False),
-                 "answer_index": q.answer_index, "explanation": q.explanation,
-                 "norm_hash": h, "model": model, "call_id": call_id, "created_at": now}
+                 "number": first + stored + i, "norm_hash": h, "model": model,
+                 "call_id": call_id, "created_at": now,
+                 **question_row(balanced(q, claim.exam, claim.chapter_id, first + stored + i))}
                 for i, (q, h) in enumerate(kept)])
             stored += len(kept)
             conn.execute(self._stmt("progress", lambda: update(S).where(*SLICE_KEY).values(

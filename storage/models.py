@@ -85,6 +85,10 @@ class Slice(SQLModel, table=True):
     title: str = Field(sa_column=Column(Text, nullable=False))
     prompt: Optional[str] = Field(default=None, sa_column=Column(Text))
     spec_hash: str = Field(max_length=32)
+    # The chapter's `difficulty` (a level, or {level: share}) and `bloom` (a list of levels)
+    # from the syllabus, as JSON; NULL when it sets none (examforge.syllabus.Chapter).
+    difficulty: Optional[str] = Field(default=None, sa_column=Column(Text))
+    bloom: Optional[str] = Field(default=None, sa_column=Column(Text))
     target: int  # questions in this slice's range
     state: str = Field(default=ChapterState.pending.value, max_length=16)
     attempts: int = 0
@@ -121,6 +125,9 @@ class Question(SQLModel, table=True):
     answer_index: int
     explanation: str = Field(sa_column=Column(Text, nullable=False))
     norm_hash: Optional[str] = Field(default=None, max_length=32)
+    # The level it was written at and the Bloom level it targets (NULL: none was asked).
+    difficulty: Optional[str] = Field(default=None, max_length=16)
+    bloom: Optional[str] = Field(default=None, max_length=16)
     model: str = Field(default="", max_length=128)
     call_id: Optional[int] = None
     created_at: float

@@ -3,6 +3,7 @@ the exam-wide switches (budget, pause, resume, cancel)."""
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Sequence
@@ -119,6 +120,7 @@ class Planning(StoreBase):
                                   "first_number": first, "target": count,
                                   "position": position, "title": ch.title,
                                   "prompt": ch.prompt, "spec_hash": ch.spec_hash,
+                                  **_levels(ch),
                                   "state": ChapterState.pending.value, "updated_at": now})
                 for r in rows.get(ch.id, []):
                     row_values = dict(values)
@@ -307,9 +309,20 @@ def _plan_structure(ch: SyllabusChapter, position: int, rows: list[Any], stored:
         values.update(title=ch.title, prompt=ch.prompt, spec_hash=ch.spec_hash)
     if head.position != position:
         values["position"] = position
+    # A changed difficulty or Bloom list applies to the questions still to come: each stored
+    # one keeps the levels it was written at, so it needs no --regenerate.
+    levels = _levels(ch)
+    if (head.difficulty, head.bloom) != (levels["difficulty"], levels["bloom"]):
+        values.update(levels)
     if values:
         values["updated_at"] = now
     return None, values, end + 1, False
+
+
+def _levels(ch: SyllabusChapter) -> dict[str, str | None]:
+    """The slice columns of a chapter's difficulty and Bloom levels (JSON, NULL for none)."""
+    return {"difficulty": None if ch.difficulty is None else json.dumps(ch.difficulty),
+            "bloom": None if ch.bloom is None else json.dumps(ch.bloom)}
 
 
 def _plan_slice(row: Any) -> tuple[str | None, dict[str, Any]]:

@@ -441,13 +441,28 @@ class Reports(StoreBase):
             self._require_exam(conn, slug)
             rows = conn.execution_options(stream_results=True, yield_per=batch).execute(
                 select(Q.c.exam, Q.c.chapter_id, Q.c.number, Q.c.question, Q.c.choices,
-                       Q.c.answer_index, Q.c.explanation, Q.c.model, Q.c.created_at)
+                       Q.c.answer_index, Q.c.explanation, Q.c.difficulty, Q.c.bloom,
+                       Q.c.model, Q.c.created_at)
                 .join(S, self._in_range())
                 .where(Q.c.exam == slug)
-                .order_by(S.c.position, Q.c.number))
+                # The chapter id too: a chapter dropped from the syllabus keeps its old
+                # position, which a new chapter may share; exports group by chapter.
+                .order_by(S.c.position, S.c.chapter_id, Q.c.number))
             loads = json.loads
             for r in rows:
                 yield {"exam": r.exam, "chapter_id": r.chapter_id, "number": r.number,
                        "question": r.question, "choices": loads(r.choices),
                        "answer_index": r.answer_index, "explanation": r.explanation,
+                       "difficulty": r.difficulty, "bloom": r.bloom,
                        "model": r.model, "created_at": r.created_at}
+
+    def outline(self, slug: str) -> tuple[str, list[tuple[str, str, int]]]:
+        """The exam's title and its chapters as (id, title, position), in the order
+        `iter_questions` gives their questions: what a question bank's categories are."""
+        with self._read() as conn:
+            self._require_exam(conn, slug)
+            title = conn.execute(select(E.c.title).where(E.c.slug == slug)).scalar_one()
+            chapters = conn.execute(
+                select(S.c.chapter_id, S.c.title, S.c.position).where(S.c.exam == slug)
+                .distinct().order_by(S.c.position, S.c.chapter_id)).all()
+        return title, [(c.chapter_id, c.title, c.position) for c in chapters]

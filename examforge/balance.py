@@ -1,0 +1,94 @@
+"""Where each question's correct answer goes: balanced over positions, fixed by its identity.
+
+Models favour some positions (the mock's `answer_position` plays one that always puts the
+answer first; real models lean towards B and C). A bank whose answer is "A" half the time
+teaches test-taking, not the subject. So every stored question's choices are reordered when
+it is committed, from its identity alone (exam, chapter, number): the database, every export
+and every re-export agree, and a second export of the same bank is byte-for-byte the same.
+
+Why balanced blocks rather than a random position per question: a seeded random draw is
+uniform only on average; a 20-question chapter would often come out 8/3/5/4. Here the
+numbers of a chapter are taken in blocks of four (1-4, 5-8, ...) and each block puts its
+answers at a permutation of the four positions, the permutation drawn from the block's
+identity. Every position then holds the answer exactly N/4 times in a chapter of N questions
+(within one, when N is not a multiple of four), and a bank of C chapters within C. Which
+question of a block gets which position still looks random to a reader; a platform that
+shuffles choices itself (Moodle, Canvas) changes nothing of this.
+
+The wrong choices are ordered by a keyed hash of their text, not by where the model put
+them, so the reorder is idempotent: importing an exported bank, or balancing twice, gives
+the same order.
+
+What a reorder must not break:
+- an explanation that names a choice by letter ("option B is wrong because ..."): such
+  references are rewritten to the new letters (`_LETTER_REF_RE`, conservative on purpose);
+  the prompt also asks the model not to write them;
+- a choice that refers to the others by position ("All of the above", "Both A and C"): the
+  question keeps the model's order, since no other order keeps its meaning. The prompt asks
+  for none; `positional` counts them for the logs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import random
+import re
+
+from examforge.output import Question, normalise
+
+LETTERS = "ABCD"
+BLOCK = 4  # positions, so a block of numbers that is a permutation of them is balanced
+# "option B", "answer (C)", "choice D", "choices A and B" are not matched as a pair on
+# purpose; "(B)" alone is. A capital letter standing by itself is too common to touch.
+_LETTER_REF_RE = re.compile(
+    r"(?P<lead>\b(?i:options?|choices?|answers?|alternatives?)\s*\(?|\()"
+    r"(?P<letter>[A-D])(?=\)|\b)")
+# The words in any case, the letters capitals only ("a or b" is ordinary English).
+_POSITIONAL_RE = re.compile(
+    r"(?i:\b(all|none|both|neither) of (the )?(above|below|these|those|the previous))\b|"
+    r"\b[A-D] (?i:and|or|&|nor) [A-D]\b|"
+    r"(?i:\b(options?|choices?|answers?)) [A-D]\b")
+
+
+def _rng(*parts: object) -> random.Random:
+    digest = hashlib.sha256("\x1f".join(map(str, parts)).encode()).digest()
+    return random.Random(int.from_bytes(digest[:8], "big"))
+
+
+def answer_position(exam: str, chapter_id: str, number: int) -> int:
+    """The position (0..3) of the correct answer of question `number` of a chapter."""
+    block, offset = divmod(number - 1, BLOCK)
+    order = list(range(BLOCK))
+    _rng("answer-positions", exam, chapter_id, block).shuffle(order)
+    return order[offset]
+
+
+def positional(q: Question) -> bool:
+    """Whether a choice refers to the others by position, so that no reorder keeps it true."""
+    return any(_POSITIONAL_RE.search(c) for c in q.choices)
+
+
+def _wrong_key(exam: str, chapter_id: str, number: int, text: str) -> bytes:
+    return hashlib.sha256("\x1f".join(
+        ("wrong-choices", exam, chapter_id, str(number), normalise(text))).encode()).digest()
+
+
+def balanced(q: Question, exam: str, chapter_id: str, number: int) -> Question:
+    """`q` with its choices in the balanced order of its identity; letter references in the
+    explanation follow their choices. A question with positional choices is returned as is."""
+    if positional(q):
+        return q
+    right = q.choices[q.answer_index]
+    wrong = sorted((c for i, c in enumerate(q.choices) if i != q.answer_index),
+                   key=lambda c: _wrong_key(exam, chapter_id, number, c))
+    position = answer_position(exam, chapter_id, number)
+    choices = [*wrong[:position], right, *wrong[position:]]
+    # old index -> new index, by identity of the choice (choices are distinct texts).
+    moved = {old: choices.index(text) for old, text in enumerate(q.choices)}
+    explanation = _LETTER_REF_RE.sub(
+        lambda m: m.group("lead") + LETTERS[moved[LETTERS.index(m.group("letter"))]],
+        q.explanation)
+    return dataclasses.replace(q, choices=tuple(choices),  # type: ignore[arg-type]
+                               answer_index=position,
+                               explanation=explanation)
