@@ -247,6 +247,9 @@ def questions(slug: Slug, c: Ctx,
                                           description="The last id of the previous page")] = 0
               ) -> Any:
     """Stored questions by id (keyset pagination: stable while generation runs)."""
+    if not c.store.exam_exists(slug):
+        _require_known(c, slug)  # a syllabus stored, never run: no questions yet
+        return {"items": [], "next": None}
     rows = c.store.question_page(slug, after, limit)
     items = [{**r, "created_at": when(r["created_at"])} for r in rows]
     return {"items": items, "next": items[-1]["id"] if len(items) == limit else None}
