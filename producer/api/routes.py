@@ -226,7 +226,12 @@ def cancel_run(run_id: RunId, c: Ctx) -> Any:
 @router.get("/runs/{run_id}/events", tags=["runs"], response_class=Response,
             responses={**responses(401, 404, 422),
                        200: {"description": "An event stream", "content": {
-                           "text/event-stream": {"schema": {"type": "string"}}}},
+                           "text/event-stream": {"schema": {
+                               "type": "object",
+                               "properties": {"event": {"type": "string"},
+                                              "data": {"type": "string"},
+                                              "id": {"type": "string"},
+                                              "retry": {"type": "integer"}}}}}},
                        204: {"description": "The final event was already received"}})
 def run_events(run_id: RunId, c: Ctx,
                last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None
@@ -257,7 +262,9 @@ def questions(slug: Slug, c: Ctx,
 
 @router.get("/exams/{slug}/export", tags=["questions"], response_class=Response,
             responses={**responses(401, 404, 422), 200: {"description": "The questions", "content": {
-                t: {"schema": {"type": "string"}} for t in MEDIA_TYPES.values()}}})
+                "application/x-ndjson": {"schema": {"type": "string"}},
+                "application/json": {"schema": {"type": "array", "items": {"type": "object"}}},
+                "text/csv": {"schema": {"type": "string"}}}}})
 def export(slug: Slug, c: Ctx,
            format: Annotated[str, Query(pattern="^(jsonl|json|csv)$")] = "jsonl") -> Response:
     """Every stored question, streamed (export's writers: the same bytes as the CLI's)."""
