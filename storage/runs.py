@@ -267,6 +267,13 @@ class Runs(StoreBase):
                 events.append(RunEvent(call_id, min(done, target), target, round(cost, 6)))
         return events
 
+    def calls_in_flight(self, run: RunRow) -> int:
+        """The run's calls still waiting for their reply."""
+        with self._read() as conn:
+            return conn.execute(select(func.count()).select_from(K).where(
+                K.c.exam == run.exam, K.c.id > run.call_floor,
+                K.c.outcome == CallOutcome.in_flight.value)).scalar_one()
+
     def last_call_id(self, run: RunRow) -> int:
         """The exam's highest call id (at least the run's floor): the id of a final event."""
         with self._read() as conn:

@@ -16,13 +16,14 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import time
 from typing import TYPE_CHECKING, Any, AsyncIterator
 
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
-from storage.models import FINAL_RUN_STATES
+from storage.models import FINAL_RUN_STATES, RunState
 
 if TYPE_CHECKING:
     from producer.api.app import Context
@@ -52,11 +53,20 @@ async def _events(ctx: Context, run: RunRow, cursor: int) -> AsyncIterator[Serve
     from producer.api.runs import run_view
 
     store = ctx.store
+    settle_by = time.monotonic() + ctx.settings.llm_timeout_s + ctx.settings.lease_s
     while True:
         # The state first, then the events: a final state read before them means every
         # batch it counts is in the events' later snapshot.
         view: dict[str, Any] = await run_in_threadpool(run_view, ctx, run)
         final = view["state"] in FINAL_RUN_STATES
+        if final and view["state"] == RunState.cancelled.value and \
+                time.monotonic() < settle_by and \
+                await run_in_threadpool(store.calls_in_flight, run):
+            # A cancelled run's calls in flight are let finish (their replies are booked, as
+            # wasted: the cancel took their leases), so the final event waits until they
+            # have settled (for as long as a call can take and a crashed holder's lease can
+            # last): its cost is then final, and the stream reads the same whenever read.
+            final = False
         events = await run_in_threadpool(store.run_events, run, cursor, final)
         for e in events:
             cursor = e.id

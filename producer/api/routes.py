@@ -208,8 +208,8 @@ def get_run(run_id: RunId, c: Ctx) -> Any:
 @router.post("/runs/{run_id}/cancel", response_model=schemas.RunOut, tags=["runs"],
              responses=responses(401, 404, 409, 422))
 def cancel_run(run_id: RunId, c: Ctx) -> Any:
-    """Cancel the run: its exam's unfinished chapters stop (a running call finishes and is
-    kept); stored questions stay. Cancelling a cancelled run changes nothing; a run that
+    """Cancel the run: its exam's unfinished chapters stop (a call in flight is let finish,
+    its reply booked as wasted); stored questions stay. Cancelling a cancelled run changes nothing; a run that
     ended otherwise is 409. Closing a connection never cancels anything: only this does."""
     from producer.api.runs import run_view
 

@@ -144,3 +144,20 @@ def test_a_broker_that_is_down_is_503_and_leaves_no_run(deploy, mock):
         assert c.get("/exams/demo/runs").json() == {"items": []}
         assert c.get("/exams/demo").json()["state"] == "new"  # nothing was recorded
     assert mock.stats()["calls_total"] == 0
+
+
+def test_the_cli_enqueues_a_syllabus_the_api_stored(deploy, mock):
+    dep = deploy()
+    server = ApiServer.start(dep)
+    with server.client() as c:
+        put_syllabus(c, "demo", [("a", 7)])
+    assert not (dep.workdir / "exams" / "demo").exists()  # in the database only
+    result = dep.cli("enqueue", "demo")
+    assert result.returncode == 0, result.stderr
+    assert "enqueued  demo/a" in result.stdout
+    dep.worker(concurrency=2)
+    assert dep.wait_done("demo")["state"] == "done"
+    assert_stored_exactly_once(dep, "demo", {"a": 7})
+    assert mock.stats()["calls_total"] == 2
+    with server.client() as c:  # the API reads the exam the CLI ran
+        assert c.get("/exams/demo").json()["questions"] == {"done": 7, "target": 7}

@@ -7,7 +7,17 @@ import pytest
 from api_support import SYLLABUS, api, wait_run
 from sqlalchemy import text
 
+from helpers import wait_for
+
 from producer.api.runs import parse_key
+
+
+def _events(c, run_id):
+    """The stream's events (heartbeats left out) as raw text blocks."""
+    text = c.get(f"/runs/{run_id}/events").text
+    blocks = [b.strip() for b in text.replace("\r\n", "\n").split("\n\n") if b.strip()]
+    return ["\n".join(sorted(line for line in b.splitlines() if not line.startswith(":")))
+            for b in blocks if not b.startswith(":")]
 
 
 @pytest.mark.parametrize("value,key", [
@@ -109,8 +119,18 @@ def test_cancel_is_explicit_and_a_new_run_resumes(make_settings, mock_llm):
         c.put("/exams/demo", json={"title": "Demo", "chapters": [
             {"id": "a", "title": "A", "questions": 30}]})
         run = c.post("/exams/demo/runs", headers={"Idempotency-Key": "k"}).json()
+        wait_for(lambda: c.get(f"/runs/{run['id']}").json()["state"] == "running", 10,
+                 "the run to start")
         r = c.post(f"/runs/{run['id']}/cancel")
         assert r.status_code == 200 and r.json()["state"] == "cancelled"
+        # Its stream ends with `cancelled` once the call in flight has settled (its reply
+        # is not kept: the lease went with the cancel), and reads the same at any later time.
+        stream = _events(c, run["id"])
+        assert "event: cancelled" in stream[-1]
+        assert _events(c, run["id"]) == stream
+        store = c.app.state.ctx.store
+        assert store.calls_in_flight(store.run(run["id"])) == 0
+        assert c.get("/exams/demo").json()["questions"]["done"] < 30
         assert c.post(f"/runs/{run['id']}/cancel").json()["state"] == "cancelled"
         # Its key still names the cancelled run: a client's retry restarts nothing.
         again = c.post("/exams/demo/runs", headers={"Idempotency-Key": "k"}).json()
@@ -120,3 +140,14 @@ def test_cancel_is_explicit_and_a_new_run_resumes(make_settings, mock_llm):
         assert c.get(f"/runs/{run['id']}").json()["state"] == "cancelled"
         assert c.post(f"/runs/{resumed['id']}/cancel").status_code == 409
         assert c.get("/exams/demo").json()["questions"] == {"done": 30, "target": 30}
+
+
+def test_prune_takes_an_exam_s_runs_with_it(make_settings, mock_llm):
+    with api(make_settings, mock_llm) as c:
+        c.put("/exams/demo", json=SYLLABUS)
+        run = c.post("/exams/demo/runs", headers={"Idempotency-Key": "k"}).json()
+        wait_run(c, run["id"])
+        result = c.app.state.ctx.store.prune(0)
+        assert [fp.exam for fp in result.pruned] == ["demo"]
+        assert c.get(f"/runs/{run['id']}").status_code == 404
+        assert c.get("/exams/demo").json()["state"] == "new"  # its syllabus stays
