@@ -279,7 +279,7 @@ def export(slug: Slug, c: Ctx,
 class _Pipe:
     """A file the export writers write into, read on the other side as chunks."""
 
-    def __init__(self, chunks: "queue.Queue[bytes | None]") -> None:
+    def __init__(self, chunks: queue.Queue[bytes | None]) -> None:
         self.chunks = chunks
         self.buffer: list[str] = []
         self.size = 0

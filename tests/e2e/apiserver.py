@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 import httpx
-
 from helpers import wait_for
 from services import free_port
 
@@ -24,7 +23,7 @@ class ApiServer:
 
     @classmethod
     def start(cls, dep: Any, *args: str, ready_path: str = "/healthz",
-              **env: str) -> "ApiServer":
+              **env: str) -> ApiServer:
         port = free_port()
         log_path = dep.workdir / f"serve-{port}.log"
         log = open(log_path, "wb")

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import pytest
 from api_support import SYLLABUS, api, wait_run
-from sqlalchemy import text
-
 from helpers import wait_for
+from sqlalchemy import text
 
 from producer.api.runs import parse_key
 
@@ -151,3 +150,21 @@ def test_prune_takes_an_exam_s_runs_with_it(make_settings, mock_llm):
         assert [fp.exam for fp in result.pruned] == ["demo"]
         assert c.get(f"/runs/{run['id']}").status_code == 404
         assert c.get("/exams/demo").json()["state"] == "new"  # its syllabus stays
+
+
+def test_a_budget_pause_is_a_paused_run_and_a_raised_budget_resumes(make_settings, mock_llm):
+    priced = {"llm_price_prompt_per_mtok": 1000.0, "llm_price_completion_per_mtok": 1000.0}
+    with api(make_settings, mock_llm, **priced) as c:
+        c.put("/exams/demo", json=SYLLABUS)
+        run = c.post("/exams/demo/runs", headers={"Idempotency-Key": "small"},
+                     json={"budget_usd": 0.01}).json()
+        paused = wait_for(lambda: (lambda v: v if v["state"] == "paused" else None)(
+            c.get(f"/runs/{run['id']}").json()), 20, "the run to pause")
+        assert paused["pause_reason"].startswith("budget:")
+        assert paused["budget_usd"] == 0.01 and mock_llm.stats()["calls_total"] == 0
+        more = c.post("/exams/demo/runs", headers={"Idempotency-Key": "more"},
+                      json={"budget_usd": 1000}).json()
+        done = wait_run(c, more["id"])
+        assert done["state"] == "done" and done["cost_usd"] > 0
+        assert done["cost_usd"] == done["spent_usd"]  # the paused run paid nothing
+        assert c.get(f"/runs/{run['id']}").json()["state"] == "done"  # the exam is done
