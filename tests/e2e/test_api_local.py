@@ -124,3 +124,28 @@ def test_a_chunked_body_over_1_mb_gets_413_from_the_live_server(local_dep, mock)
         assert r.headers["content-type"] == "application/problem+json"
         assert c.get("/exams").json() == {"items": []}
         assert c.get("/healthz").status_code == 200
+
+
+def test_a_killed_local_server_started_again_finishes_its_runs(local_dep, mock):
+    import signal
+
+    mock.configure(latency_s=0.3)
+    first = ApiServer.start(local_dep, "--local", API_LOCAL_CONCURRENCY="2")
+    targets = {"a": 20, "b": 10}
+    with first.client() as c:
+        put_syllabus(c, "demo", list(targets.items()))
+        run = c.post("/exams/demo/runs", headers={"Idempotency-Key": "k"}).json()
+        with c.stream("GET", f"/runs/{run['id']}/events") as r:
+            next(e for e in events(r) if e.get("event") == "progress")
+    local_dep.kill(first.proc, signal.SIGKILL)  # mid-run, calls in flight
+    second = ApiServer.start(local_dep, "--local", API_LOCAL_CONCURRENCY="2",
+                             LEASE_S="2")
+    with second.client() as c:
+        stream = read_to_end(c, run["id"])
+        assert stream[-1]["event"] == "done", stream
+    assert_stored_exactly_once(local_dep, "demo", targets)
+    calls = local_dep.calls("demo")
+    wasted = [k for k in calls if k["outcome"] != "used"]
+    # Paid calls: the calls needed, plus at most the two in flight when it was killed.
+    assert mock.stats()["calls_total"] == len(calls) <= _calls_needed(targets) + 2
+    assert len(wasted) <= 2
