@@ -105,10 +105,6 @@ function progressOf(obj) {
   return { done: num(q.done) ?? 0, target: num(q.target) ?? 0 };
 }
 
-function costOf(obj) {
-  return num(obj?.cost_usd) ?? num(obj?.spent_usd);
-}
-
 function runIdOf(exam) {
   // An exam's status may name its latest run (any of these spellings).
   const r = exam.latest_run ?? exam.run ?? exam.last_run;
@@ -153,11 +149,18 @@ function render(entry) {
   bar.setAttribute("aria-valuemax", String(target));
   $(".done", node).textContent = done;
   $(".target", node).textContent = target;
-  const cost = costOf(source) ?? costOf(exam) ?? 0;
+  // The budget is the exam's (it spans its runs): the run's own cost, and the exam's spend
+  // against the budget.
+  const cost = num(source.cost_usd) ?? 0;
+  const spent = num(run?.spent_usd) ?? num(exam.spent_usd) ?? cost;
   const budget = num(run?.budget_usd) ?? num(exam.budget_usd);
-  $(".cost", node).textContent = `$${cost.toFixed(4)}`;
-  $(".budget", node).textContent = budget === null ? "(no budget)" : `of $${budget.toFixed(4)} budget`;
-  $(".budget", node).classList.toggle("over", budget !== null && cost >= budget);
+  $(".cost", node).textContent = `$${cost.toFixed(4)}${run ? " this run" : ""}`;
+  $(".budget", node).textContent = budget === null ? "· no budget"
+    : `· $${spent.toFixed(4)} spent of $${budget.toFixed(4)} budget`;
+  $(".budget", node).classList.toggle("over", budget !== null && spent >= budget);
+  const meter = $(".budget-bar", node);
+  meter.hidden = budget === null;
+  if (budget !== null) $(".fill", meter).style.width = `${Math.min(100, (100 * spent) / budget)}%`;
   $(".run", node).textContent = run ? `· run ${run.id}` : "";
   $(".run", node).dataset.run = run ? run.id : "";
   const reason = run?.pause_reason ?? (runState === "paused" ? exam.pause_reason : null);
@@ -382,9 +385,9 @@ function onEvent(entry, runId, ev) {
   }
   const { done, target } = progressOf(data);
   const run = { ...entry.run, questions: { done, target } };
-  const cost = costOf(data);
-  if (cost !== null) run.cost_usd = cost;
-  if (num(data.budget_usd) !== null) run.budget_usd = data.budget_usd;
+  for (const field of ["cost_usd", "spent_usd", "budget_usd"]) {
+    if (num(data[field]) !== null) run[field] = data[field];
+  }
   if (ev.type === "progress" && !FINAL.has(run.state)) run.state = data.state || "running";
   if (FINAL.has(ev.type)) run.state = ev.type;
   entry.run = run;
@@ -423,9 +426,12 @@ async function moreQuestions() {
       if (q !== state.questions) return;
       for (const item of items) $("#q-rows").append(questionRow(item));
       q.count += items.length;
-      const next = Array.isArray(data) ? null : data.next ?? data.next_after ?? data.after ?? data.cursor ?? null;
-      if (next !== null && next !== undefined) q.after = String(next);
-      if (!items.length || next === null || next === undefined) break;
+      const next = Array.isArray(data) ? null : data.next ?? null;
+      // No `next`: the last page for now. Later rows come after the last id shown.
+      const last = items.length ? items[items.length - 1].id : undefined;
+      const cursor = next ?? last;
+      if (cursor !== null && cursor !== undefined) q.after = String(cursor);
+      if (!items.length || next === null) break;
     }
     $("#q-count").textContent = `${q.count} shown`;
   } catch (err) {
