@@ -198,6 +198,24 @@ class Settings(BaseSettings):
         description="Database connections per process (plus as many in overflow).",
     )
 
+    # The HTTP API (python -m producer serve, issue 11).
+    api_tokens: SecretStr = Field(
+        SecretStr(""),
+        description="Comma-separated bearer tokens the API accepts; never logged. Unset: serve "
+                    "refuses to start unless bound to loopback with --no-auth.",
+    )
+    api_idempotency_ttl_s: float = Field(
+        86400.0, ge=86400.0,
+        description="How long an Idempotency-Key of POST /exams/SLUG/runs is remembered "
+                    "(at least 24 h, the IETF draft's advice).",
+    )
+    api_sse_heartbeat_s: float = Field(
+        15.0, gt=0, description="Seconds between heartbeat comments of an idle event stream.")
+    api_sse_poll_s: float = Field(
+        0.5, gt=0, description="Seconds between two reads of the database by an event stream.")
+    api_local_concurrency: int = Field(
+        8, ge=1, le=512, description="Threads calling the model at once in serve --local.")
+
     @field_validator("llm_base_url", "llm_fallback_base_url")
     @classmethod
     def _http_url(cls, v: str | None, info: ValidationInfo) -> str | None:
@@ -255,6 +273,11 @@ class Settings(BaseSettings):
             raise ValueError(
                 "RETRY_MAX_S and RETRY_AFTER_MAX_S must stay below VISIBILITY_TIMEOUT_S / 4")
         return self
+
+    def api_token_list(self) -> list[bytes]:
+        """The API's accepted tokens, as bytes for hmac.compare_digest (empty: none set)."""
+        raw = self.api_tokens.get_secret_value()
+        return [t.strip().encode() for t in raw.split(",") if t.strip()]
 
     @property
     def control_queue(self) -> str:

@@ -176,8 +176,8 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-def _parse(path: Path, text: str) -> Any:
-    if path.suffix == ".json":
+def _parse(path: Path | str, text: str, suffix: str) -> Any:
+    if suffix == ".json":
         try:
             return json.loads(
                 text, object_pairs_hook=_no_duplicate_keys, parse_constant=_reject_constant
@@ -219,27 +219,36 @@ def load_syllabus(path: Path, *, max_questions: int) -> Syllabus:
         raise SyllabusError(f"{path}: file not found") from None
     except OSError as exc:
         raise SyllabusError(f"{path}: cannot read: {exc.strerror}") from None
+    return parse_syllabus(raw, path, max_questions=max_questions, suffix=path.suffix)
+
+
+def parse_syllabus(raw: bytes, source: Path | str, *, max_questions: int,
+                   suffix: str = ".json") -> Syllabus:
+    """Parse and validate a syllabus's bytes, from a file or an HTTP request body (`source`
+    names it in every message, as the file's path does): one code path, so the API's
+    errors are the file's, word for word. Every failure is a SyllabusError."""
     if len(raw) > MAX_SYLLABUS_BYTES:
-        raise SyllabusError(f"{path}: {len(raw)} bytes, larger than {MAX_SYLLABUS_BYTES}")
+        raise SyllabusError(f"{source}: {len(raw)} bytes, larger than {MAX_SYLLABUS_BYTES}")
     try:
         # utf-8-sig: a BOM written by an editor is dropped, not treated as content.
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
-        raise SyllabusError(f"{path}: not UTF-8 (byte {exc.start})") from None
-    data = _parse(path, text)
+        raise SyllabusError(f"{source}: not UTF-8 (byte {exc.start})") from None
+    data = _parse(source, text, suffix)
     if _depth(data) > MAX_DEPTH:
-        raise SyllabusError(f"{path}: nested deeper than {MAX_DEPTH} levels")
+        raise SyllabusError(f"{source}: nested deeper than {MAX_DEPTH} levels")
     if not isinstance(data, dict):
-        raise SyllabusError(f"{path}: top level must be an object with title and chapters")
+        raise SyllabusError(f"{source}: top level must be an object with title and chapters")
     try:
         syllabus = Syllabus.model_validate(data)
     except ValidationError as exc:
         err = exc.errors()[0]
-        raise SyllabusError(f"{path}: {_field(err['loc'])}: {err['msg']}") from None
+        raise SyllabusError(f"{source}: {_field(err['loc'])}: {err['msg']}") from None
     for i, chapter in enumerate(syllabus.chapters):
         if not 1 <= chapter.questions <= max_questions:
             raise SyllabusError(
-                f"{path}: chapters[{i}].questions: {chapter.questions} is outside 1..{max_questions}"
+                f"{source}: chapters[{i}].questions: {chapter.questions} is outside "
+                f"1..{max_questions}"
             )
     return syllabus
 

@@ -6,7 +6,6 @@ import json
 import signal
 import sys
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
@@ -17,7 +16,7 @@ from sqlalchemy.exc import OperationalError
 
 from examforge.errors import ExamforgeError, UserError
 from examforge.settings import Settings, load_settings
-from examforge.syllabus import Syllabus, find_syllabus, load_syllabus
+from examforge.syllabus import Syllabus
 from producer.prune import DurationType
 
 if TYPE_CHECKING:
@@ -50,8 +49,22 @@ def _store(settings: Settings) -> Store:
 
 
 def _syllabus(settings: Settings, slug: str) -> Syllabus:
-    path = find_syllabus(settings.exams_dir, slug)
-    return load_syllabus(path, max_questions=settings.max_questions_per_chapter)
+    """The exam's file in EXAMS_DIR, else the syllabus PUT /exams/SLUG stored in the
+    database (producer/syllabi.py); the database is opened only when there is no file, and
+    only if it already exists (a typo must not create one)."""
+    from producer.syllabi import resolve
+
+    return resolve(settings, slug, open_store=lambda: _existing_store(settings))
+
+
+def _existing_store(settings: Settings) -> Store | None:
+    from sqlalchemy.engine import make_url
+
+    url = make_url(settings.database_url)
+    if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:") \
+            and not Path(url.database).exists():
+        return None
+    return _store(settings)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -157,20 +170,10 @@ def enqueue(slug: str, regenerate: tuple[str, ...], budget_usd: float | None, dr
     if dry_run:
         _dry_run(settings, slug, syllabus, budget_usd, as_json)
         return
-    store = _store(settings)
-    from tasks import app
-    from tasks.broker import broker_epoch, check_broker, publish_slices
+    from producer.enqueueing import enqueue_exam
 
-    check_broker(app, settings)  # before writing anything
-    _warn_unpriced(settings)
-    plan = store.sync_exam(slug, syllabus, regenerate, budget_usd=budget_usd,
-                           default_budget_usd=settings.budget_usd,
-                           slice_questions=settings.slice_questions)
-    if plan.slices:
-        epoch = broker_epoch(app, settings)
-        # Marked before publishing: a worker's pick-up always reads as after its enqueue.
-        store.mark_enqueued(slug, plan.slices, epoch)
-        publish_slices(app, slug, plan.slices)
+    plan = enqueue_exam(settings, _store(settings), slug, syllabus, regenerate=regenerate,
+                        budget_usd=budget_usd, before_write=lambda: _warn_unpriced(settings))
     per_chapter: dict[str, int] = {}
     for chapter_id, _ in plan.slices:
         per_chapter[chapter_id] = per_chapter.get(chapter_id, 0) + 1
@@ -195,9 +198,9 @@ def _interrupt(signum: int, frame: object) -> None:
 
 
 def _when(epoch: float | None) -> str | None:
-    if epoch is None:
-        return None
-    return datetime.fromtimestamp(epoch, timezone.utc).isoformat(timespec="seconds")
+    from producer.views import when
+
+    return when(epoch)
 
 
 @cli.command()
@@ -223,13 +226,9 @@ def status(slug: str, as_json: bool, watch: bool, interval_s: float) -> None:
         return
     report = store.status(slug)
     if as_json:
-        data = report.as_dict()
-        for c in data["chapter_list"]:
-            c["last_error_at"], c["requeued_at"] = _when(c["last_error_at"]), _when(c["requeued_at"])
-        for key in ("started_at", "finished_at", "updated_at"):
-            data[key] = _when(data[key])
-        for e in data["recent_errors"]:
-            e["at"] = _when(e["at"])
+        from producer.views import status_dict
+
+        data = status_dict(report)
         click.echo(json.dumps(data, ensure_ascii=False))
         return
     _print_status(report)
@@ -241,12 +240,9 @@ def exams(as_json: bool) -> None:
     """Every exam in the database: state, chapters, questions, cost, last change."""
     summaries = _store(_settings()).exams()
     if as_json:
-        click.echo(json.dumps([
-            {"exam": e.exam, "title": e.title, "state": e.state,
-             "chapters": {"done": e.chapters.done, "total": e.chapters.target},
-             "questions": {"done": e.questions.done, "target": e.questions.target},
-             "cost_usd": e.cost_usd, "updated_at": _when(e.updated_at)}
-            for e in summaries], ensure_ascii=False))
+        from producer.views import summary_dict
+
+        click.echo(json.dumps([summary_dict(e) for e in summaries], ensure_ascii=False))
         return
     table = Table(title=f"{len(summaries)} exams")
     for col in ("exam", "title", "state", "chapters", "questions", "cost", "last change"):
@@ -534,6 +530,24 @@ def prune(older_than: Duration, dry_run: bool, slug: str | None) -> None:
     if slug is not None and result.busy:
         raise UserError(f"exam {slug} is busy (another transaction holds its rows); "
                         "not pruned, try again")
+
+
+@cli.command()
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(1, 65535))
+@click.option("--local", is_flag=True,
+              help="Do the work in this process, as `run` does (no broker); default: enqueue "
+                   "to Celery, as `enqueue` does.")
+@click.option("--no-auth", "no_auth", is_flag=True,
+              help="Accept requests without a token; only on a loopback address.")
+def serve(host: str, port: int, local: bool, no_auth: bool) -> None:
+    """The HTTP API and its page (FastAPI under uvicorn): API_TOKENS are the bearer tokens."""
+    from producer.api.serve import check_binding, serve as run_server
+
+    settings = _settings()
+    check_binding(settings, host, no_auth)
+    _warn_unpriced(settings)
+    run_server(settings, host, port, local=local, no_auth=no_auth)
 
 
 @cli.command("mock-llm", add_help_option=False,  # --help is the mock's own, listing every option

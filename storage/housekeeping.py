@@ -17,6 +17,9 @@ from sqlalchemy.exc import OperationalError
 
 from examforge.errors import UserError
 from storage.base import ACTIVE_STATES, E, K, Q, S, StoreBase
+from storage.models import Run
+
+RUN = Run.__table__  # type: ignore[attr-defined]
 
 # PostgreSQL's lock_not_available: a NOWAIT lock found the row held by another transaction.
 _LOCK_NOT_AVAILABLE = "55P03"
@@ -104,7 +107,7 @@ class Housekeeping(StoreBase):
                 if fp.age_s < older_than_s:
                     result.recent.append(fp)
                     return
-                for table in (Q, K, S):
+                for table in (Q, K, S, RUN):
                     conn.execute(delete(table).where(table.c.exam == slug))
                 conn.execute(delete(E).where(E.c.slug == slug))
                 result.pruned.append(fp)

@@ -110,6 +110,8 @@ class Question(SQLModel, table=True):
         # No two questions of a chapter with the same normalised text, whichever slices
         # stored them (NULL for rows stored before this rule, which are never compared).
         UniqueConstraint("exam", "chapter_id", "norm_hash", name="uq_question_text"),
+        # The API's event streams read an exam's questions by the call that stored them.
+        Index("ix_question_exam_call", "exam", "call_id"),
     )
 
     id: Optional[int] = Field(default=None, primary_key=True)
@@ -160,3 +162,57 @@ class Call(SQLModel, table=True):
     price_known: bool = True
     started_at: float
     finished_at: Optional[float] = None
+
+
+class StoredSyllabus(SQLModel, table=True):
+    """A syllabus sent through the API (PUT /exams/SLUG), kept in the database so that every
+    API replica and worker sees the same one. `body` is the syllabus as validated, in JSON.
+    An exam with a file in EXAMS_DIR never has one: the file is its syllabus."""
+
+    __tablename__ = "syllabus"
+
+    exam: str = Field(primary_key=True, max_length=64)
+    body: str = Field(sa_column=Column(Text, nullable=False))
+    created_at: float
+    updated_at: float
+
+
+class RunState(str, Enum):
+    """A run's state as the API reports it (derived from its exam's rows, see storage.runs)."""
+
+    queued = "queued"
+    running = "running"
+    done = "done"
+    failed = "failed"
+    cancelled = "cancelled"
+    paused = "paused"
+
+
+FINAL_RUN_STATES = (RunState.done.value, RunState.failed.value, RunState.cancelled.value)
+
+
+class Run(SQLModel, table=True):
+    """One POST /exams/SLUG/runs: a request to generate what the exam is missing.
+
+    `idempotency_key` is UNIQUE: two requests with the same key (a double click, a retry, two
+    at once on two replicas) insert one row, and the loser reads the winner's; the key is set
+    to NULL once older than API_IDEMPOTENCY_TTL_S (NULLs never collide). `fingerprint` is the
+    hash of what was asked (exam and body), to refuse the same key with another request.
+    `call_floor` is the exam's highest call id when the run began: the run's calls, cost and
+    events are those above it. `state` is written once, when the run is first seen final, so
+    a later run of the same exam never reopens it; and only once `launched_at` is set, so a
+    run read while its request is still enqueuing is never judged by the exam as it was."""
+
+    __table_args__ = (UniqueConstraint("idempotency_key", name="uq_run_idempotency_key"),)
+
+    id: Optional[int] = Field(default=None, primary_key=True)
+    exam: str = Field(max_length=64, index=True)
+    idempotency_key: Optional[str] = Field(default=None, max_length=255)
+    fingerprint: str = Field(max_length=64)
+    budget_usd: Optional[float] = None
+    call_floor: int = 0
+    state: Optional[str] = Field(default=None, max_length=16)
+    cancelled_at: Optional[float] = None
+    launched_at: Optional[float] = None  # its work was enqueued (or started, in --local)
+    created_at: float
+    updated_at: float

@@ -17,7 +17,8 @@ The rules it enforces:
 It is split by concept, one module each: `planning` (what the producer records and enqueues),
 `leases` (claims, the heartbeat, hand-backs), `ledger` (paid calls, budgets, committed
 batches), `recovery` (what the reconciler finds), `reports` (status and exports), `imports`
-(questions paid for elsewhere) and `housekeeping` (pruning finished exams), on top of `base`
+(questions paid for elsewhere), `runs` (the HTTP API's runs and stored syllabi) and
+`housekeeping` (pruning finished exams), on top of `base`
 (the tables and the database clock).
 """
 
@@ -31,13 +32,14 @@ from storage.ledger import CallPlan, ChapterView, Committed, NoRoom, Planner, Us
 from storage.planning import DEFAULT_SLICE_QUESTIONS, EnqueuePlan, Planning, SliceRef
 from storage.recovery import LostAudit, Orphan, Recovery, RequeueReason, SliceKey
 from storage.reports import Reports
+from storage.runs import IdempotencyKeyReused, RunActivity, RunEvent, RunRow, Runs
 
 
-class Store(Planning, Recovery, Reports, Imports, Housekeeping):
+class Store(Planning, Recovery, Reports, Imports, Housekeeping, Runs):
     """All database access for exams, chapters, questions and calls."""
 
 
 __all__ = ["ACTIVE_STATES", "BUDGET_PAUSE_PREFIX", "DEFAULT_SLICE_QUESTIONS", "CallPlan",
-           "ChapterView", "Claimed", "Committed", "E", "EnqueuePlan", "K", "LostAudit",
+           "ChapterView", "Claimed", "Committed", "E", "EnqueuePlan", "IdempotencyKeyReused", "K", "LostAudit",
            "NoRoom", "NotClaimed", "NotClaimedReason", "Orphan", "Planner", "Q",
-           "RequeueReason", "S", "SliceKey", "SliceRef", "Store", "Usage", "slice_where"]
+           "RequeueReason", "RunActivity", "RunEvent", "RunRow", "S", "SliceKey", "SliceRef", "Store", "Usage", "slice_where"]

@@ -1,0 +1,70 @@
+"""GET /runs/ID/events: Server-Sent Events of a run, resumable on any replica.
+
+sse-starlette, not a hand-written StreamingResponse: it frames events, sends the heartbeat
+comments (`ping`), notices a client that went away and stops the generator, and handles the
+server's shutdown; what is left here is what the events are.
+
+Every event's id comes from the database (storage/runs.py): a progress event's is the id of
+the call whose batch it reports, the final event's is `<last call id>-<state>`. A client
+that reconnects with Last-Event-ID gets the events after that call, from any replica; after
+a final event it gets 204, which tells EventSource to stop reconnecting. A stream that
+closes cancels nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from typing import TYPE_CHECKING, Any, AsyncIterator
+
+from sse_starlette import EventSourceResponse, ServerSentEvent
+from starlette.concurrency import run_in_threadpool
+from starlette.responses import Response
+
+from storage.models import FINAL_RUN_STATES
+
+if TYPE_CHECKING:
+    from producer.api.app import Context
+    from storage.runs import RunRow
+
+_ID_RE = re.compile(r"^(\d{1,18})(?:-([a-z]+))?$")
+
+
+def parse_last_event_id(value: str | None) -> tuple[int, bool]:
+    """(call id to resume after, whether the final event was seen); (0, False) for none or
+    an id this server never sent (the stream then starts at the run's beginning)."""
+    match = _ID_RE.match((value or "").strip())
+    if not match:
+        return 0, False
+    return int(match.group(1)), match.group(2) in FINAL_RUN_STATES
+
+
+def stream(ctx: Context, run: RunRow, last_event_id: str | None) -> Response:
+    cursor, ended = parse_last_event_id(last_event_id)
+    if ended:
+        return Response(status_code=204)
+    return EventSourceResponse(_events(ctx, run, cursor), ping=ctx.settings.api_sse_heartbeat_s,
+                               headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
+
+
+async def _events(ctx: Context, run: RunRow, cursor: int) -> AsyncIterator[ServerSentEvent]:
+    from producer.api.runs import run_view
+
+    store = ctx.store
+    while True:
+        # The state first, then the events: a final state read before them means every
+        # batch it counts is in the events' later snapshot.
+        view: dict[str, Any] = await run_in_threadpool(run_view, ctx, run)
+        final = view["state"] in FINAL_RUN_STATES
+        events = await run_in_threadpool(store.run_events, run, cursor, final)
+        for e in events:
+            cursor = e.id
+            yield ServerSentEvent(event="progress", id=str(e.id), data=json.dumps(
+                {"done": e.done, "target": e.target, "cost_usd": e.cost_usd}))
+        if final:
+            last = await run_in_threadpool(store.last_call_id, run)
+            yield ServerSentEvent(event=view["state"], id=f"{max(cursor, last)}-{view['state']}",
+                                  data=json.dumps(view))
+            return
+        await asyncio.sleep(ctx.settings.api_sse_poll_s)

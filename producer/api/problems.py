@@ -1,0 +1,96 @@
+"""Every error as an RFC 9457 problem document (application/problem+json).
+
+FastAPI's own errors (a validation error, a 404, a 405) and examforge's error tree are
+translated here, in one place; anything unexpected is a 500 problem with no detail of the
+code (it is logged with its traceback, never sent).
+"""
+
+from __future__ import annotations
+
+import logging
+from http import HTTPStatus
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import JSONResponse
+
+from examforge.errors import (
+    ExamforgeError,
+    InfrastructureError,
+    SyllabusError,
+    UnknownChapter,
+    UnknownExam,
+)
+from storage.runs import IdempotencyKeyReused
+
+PROBLEM_JSON = "application/problem+json"
+log = logging.getLogger("examforge.api")
+
+
+class Conflict(ExamforgeError):
+    """Raised when a request conflicts with the exam's state (409)."""
+
+
+def problem(status: int, detail: str, headers: dict[str, str] | None = None,
+            **extra: Any) -> JSONResponse:
+    body = {"type": "about:blank", "title": HTTPStatus(status).phrase, "status": status,
+            "detail": detail, **extra}
+    return JSONResponse(body, status_code=status, headers=headers, media_type=PROBLEM_JSON)
+
+
+def problem_bytes(status: int, detail: str) -> bytes:
+    """The same document, for the ASGI middlewares that answer before the app."""
+    import json
+
+    return json.dumps({"type": "about:blank", "title": HTTPStatus(status).phrase,
+                       "status": status, "detail": detail}).encode()
+
+
+def _location(loc: tuple[Any, ...]) -> str:
+    parts = [str(p) for p in loc]
+    return ".".join(parts) or "request"
+
+
+def install(app: FastAPI) -> None:
+    """Register the handlers that turn every error into a problem document."""
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        detail = exc.detail if isinstance(exc.detail, str) else HTTPStatus(exc.status_code).phrase
+        if exc.status_code == 404 and detail == "Not Found":
+            detail = f"no such resource: {request.url.path}"
+        return problem(exc.status_code, detail, headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = [{"loc": _location(e.get("loc", ())), "msg": str(e.get("msg", ""))}
+                  for e in exc.errors()]
+        first = errors[0] if errors else {"loc": "request", "msg": "invalid"}
+        status = 400 if first["loc"].startswith("header") else 422
+        return problem(status, f"{first['loc']}: {first['msg']}", errors=errors)
+
+    @app.exception_handler(ExamforgeError)
+    async def _ours(request: Request, exc: ExamforgeError) -> JSONResponse:
+        if isinstance(exc, (UnknownExam, UnknownChapter)):
+            return problem(404, str(exc))
+        if isinstance(exc, (SyllabusError, IdempotencyKeyReused)):
+            return problem(422, str(exc))
+        if isinstance(exc, Conflict):
+            return problem(409, str(exc))
+        if isinstance(exc, InfrastructureError):
+            return problem(503, str(exc))
+        return problem(400, str(exc))
+
+    @app.exception_handler(Exception)
+    async def _bug(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unexpected error", extra={"path": request.url.path})
+        return problem(500, "internal error: the server's log has the details")
+
+
+def responses(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses` entries for problem documents with these status codes."""
+    return {code: {"description": HTTPStatus(code).phrase,
+                   "content": {PROBLEM_JSON: {"schema": {"$ref": "#/components/schemas/Problem"}}}}
+            for code in codes}

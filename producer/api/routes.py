@@ -1,0 +1,320 @@
+"""The endpoints. Handlers are plain `def`s: FastAPI runs them in its thread pool, and a
+client that goes away does not interrupt one (the database is synchronous, like the CLI's)."""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+from typing import Annotated, Any, Iterator
+
+from fastapi import APIRouter, Body, Depends, Header, Path, Query, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from sqlalchemy import text
+from starlette.concurrency import run_in_threadpool
+
+from examforge.errors import UnknownExam
+from examforge.syllabus import NAME_PATTERN, Syllabus, check_name, parse_syllabus
+from producer.api import schemas
+from producer.api.problems import Conflict, problem, responses
+from producer.export import WRITERS
+from producer.syllabi import file_syllabus
+from producer.views import status_dict, summary_dict, when
+
+router = APIRouter()
+
+Slug = Annotated[str, Path(pattern=NAME_PATTERN, max_length=64,
+                           description="The exam's slug ([a-z0-9-], up to 64)")]
+RunId = Annotated[int, Path(ge=1, le=2**62, description="The run's id")]
+MEDIA_TYPES = {"jsonl": "application/x-ndjson", "json": "application/json", "csv": "text/csv"}
+
+
+def ctx(request: Request) -> Any:
+    return request.app.state.ctx
+
+
+Ctx = Annotated[Any, Depends(ctx)]
+
+
+def _syllabus_schema() -> dict[str, Any]:
+    """The syllabus's JSON schema for the spec, its one $ref inlined."""
+    schema = Syllabus.model_json_schema()
+    defs = schema.pop("$defs", {})
+    schema["properties"]["chapters"]["items"] = defs["Chapter"]
+    return schema
+
+
+@router.get("/healthz", response_model=schemas.Health, tags=["probes"],
+            responses=responses(503))
+def healthz(c: Ctx) -> Any:
+    """The database answers, and the broker (not used by serve --local)."""
+    from sqlalchemy.exc import DBAPIError
+
+    from storage.db import database_error
+
+    try:
+        with c.store.engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+    except DBAPIError as exc:
+        return problem(503, f"database: {database_error(exc, c.store.engine.url)}")
+    broker = "not used"
+    if c.work.mode == "celery":
+        from examforge.errors import ExamforgeError
+
+        try:
+            c.work.check()
+        except ExamforgeError as exc:
+            return problem(503, f"broker: {exc}")
+        broker = "ok"
+    return {"status": "ok", "database": "ok", "broker": broker}
+
+
+@router.get("/metrics", tags=["probes"], responses=responses(401),
+            response_class=Response,
+            openapi_extra={"responses": {"200": {"content": {"text/plain": {
+                "schema": {"type": "string"}}}}}})
+def metrics(c: Ctx) -> Response:
+    """Prometheus metrics, read from the database at each scrape."""
+    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+    return Response(generate_latest(c.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get("/exams", response_model=schemas.ExamList, tags=["exams"],
+            responses=responses(401))
+def list_exams(c: Ctx) -> Any:
+    """Every exam: those in the database, and syllabi stored but never run (state new)."""
+    items = []
+    seen = set()
+    for e in c.store.exams():
+        seen.add(e.exam)
+        items.append({**summary_dict(e), "source": _source(c, e.exam)})
+    for slug, (body, changed) in sorted(c.store.stored_syllabi().items()):
+        if slug not in seen:
+            data = json.loads(body)
+            items.append({"exam": slug, "title": data["title"], "state": "new",
+                          "chapters": {"done": 0, "total": len(data["chapters"])},
+                          "questions": {"done": 0, "target": sum(
+                              ch["questions"] for ch in data["chapters"])},
+                          "cost_usd": 0.0, "updated_at": when(changed), "source": "api"})
+    return {"items": items}
+
+
+def _source(c: Any, slug: str) -> str:
+    try:
+        return "file" if file_syllabus(c.settings, slug) is not None else "api"
+    except Exception:  # a symlink out of EXAMS_DIR: not a usable file
+        return "api"
+
+
+@router.put("/exams/{slug}", response_model=schemas.ExamStored, status_code=200, tags=["exams"],
+            responses={201: {"description": "Created", "model": schemas.ExamStored},
+                       **responses(401, 409, 413, 422)},
+            openapi_extra={"requestBody": {"required": True, "content": {
+                "application/json": {"schema": _syllabus_schema()}}}})
+async def put_exam(slug: Slug, request: Request, c: Ctx) -> Any:
+    """Store the exam's syllabus (the JSON of syllabus.json, validated by the same code, with
+    the same messages): 201 when created, 200 when replaced. Refused (409) for an exam whose
+    syllabus is a file in EXAMS_DIR."""
+    raw = await request.body()  # whole already: BodyLimit read it, up to 1 MB
+    return await run_in_threadpool(_put_exam, c, slug, raw)
+
+
+def _put_exam(c: Any, slug: str, raw: bytes) -> Any:
+    if file_syllabus(c.settings, slug) is not None:
+        raise Conflict(f"exam {slug} has a syllabus file in EXAMS_DIR; edit that file instead")
+    syllabus = parse_syllabus(raw, "request body",
+                              max_questions=c.settings.max_questions_per_chapter)
+    created = c.store.put_syllabus(slug, syllabus.model_dump_json(exclude_none=True))
+    content = {"exam": slug, "title": syllabus.title, "chapters": len(syllabus.chapters),
+               "questions": sum(ch.questions for ch in syllabus.chapters)}
+    return JSONResponse(content, status_code=201 if created else 200,
+                        headers={"Location": f"/exams/{slug}"})
+
+
+@router.get("/exams/{slug}", response_model=schemas.ExamStatus, tags=["exams"],
+            responses=responses(401, 404, 422))
+def get_exam(slug: Slug, c: Ctx) -> Any:
+    """The exam's status (`status --json`); a syllabus stored and never run is `new`."""
+    if c.store.exam_exists(slug):
+        return status_dict(c.store.status(slug))
+    from producer.syllabi import resolve
+
+    syllabus = resolve(c.settings, slug, c.store)
+    zero = {"total": len(syllabus.chapters), "pending": 0, "running": 0, "done": 0,
+            "failed": 0, "cancelled": 0}
+    return {"exam": slug, "title": syllabus.title, "state": "new", "pause_reason": None,
+            "chapters": zero,
+            "questions": {"done": 0, "target": sum(ch.questions for ch in syllabus.chapters)},
+            "cost_usd": 0.0, "budget_usd": None,
+            "chapter_list": [{"id": ch.id, "title": ch.title, "state": "new",
+                              "questions": {"done": 0, "target": ch.questions}}
+                             for ch in syllabus.chapters]}
+
+
+@router.post("/exams/{slug}/runs", response_model=schemas.RunOut, status_code=202,
+             tags=["runs"], responses=responses(400, 401, 404, 413, 422, 503))
+def post_run(slug: Slug, c: Ctx,
+             idempotency_key: Annotated[str | None, Header(
+                 alias="Idempotency-Key",
+                 description="Required; the same key and body return the same run")] = None,
+             body: Annotated[schemas.RunRequest | None, Body()] = None) -> Any:
+    """Start generating what the exam is missing; answers at once with the run (202)."""
+    from producer.api.runs import parse_key, run_view, start_run
+
+    key = parse_key(idempotency_key)
+    if key is None:
+        return problem(400, "the Idempotency-Key header is required (a string of up to 255 "
+                            "printable ASCII characters, one per distinct request)")
+    budget = body.budget_usd if body is not None else None
+    run, _ = start_run(c, slug, key, budget)
+    return JSONResponse(run_view(c, run), status_code=202,
+                        headers={"Location": f"/runs/{run.id}"})
+
+
+@router.get("/exams/{slug}/runs", response_model=schemas.RunList, tags=["runs"],
+            responses=responses(401, 404, 422))
+def list_runs(slug: Slug, c: Ctx) -> Any:
+    """The exam's runs, newest first (the last 20)."""
+    from producer.api.runs import run_view
+
+    runs = c.store.exam_runs(slug)
+    if not runs and not c.store.exam_exists(slug):
+        _require_known(c, slug)
+    return {"items": [run_view(c, r) for r in runs]}
+
+
+def _require_known(c: Any, slug: str) -> None:
+    from producer.syllabi import resolve
+
+    resolve(c.settings, slug, c.store)  # raises UnknownExam
+
+
+def _run(c: Any, run_id: int) -> Any:
+    run = c.store.run(run_id)
+    if run is None:
+        raise UnknownExam(f"no run {run_id}")
+    return run
+
+
+@router.get("/runs/{run_id}", response_model=schemas.RunOut, tags=["runs"],
+            responses=responses(401, 404, 422))
+def get_run(run_id: RunId, c: Ctx) -> Any:
+    from producer.api.runs import run_view
+
+    return run_view(c, _run(c, run_id))
+
+
+@router.post("/runs/{run_id}/cancel", response_model=schemas.RunOut, tags=["runs"],
+             responses=responses(401, 404, 409, 422))
+def cancel_run(run_id: RunId, c: Ctx) -> Any:
+    """Cancel the run: its exam's unfinished chapters stop (a running call finishes and is
+    kept); stored questions stay. Cancelling a cancelled run changes nothing; a run that
+    ended otherwise is 409. Closing a connection never cancels anything: only this does."""
+    from producer.api.runs import run_view
+
+    run = _run(c, run_id)
+    view = run_view(c, run)
+    if view["state"] == "cancelled":
+        return view
+    if view["state"] in ("done", "failed"):
+        raise Conflict(f"run {run_id} has ended ({view['state']}): nothing to cancel")
+    c.store.cancel_run(run)
+    return run_view(c, run)
+
+
+@router.get("/runs/{run_id}/events", tags=["runs"], response_class=Response,
+            responses={**responses(401, 404, 422),
+                       200: {"description": "An event stream", "content": {
+                           "text/event-stream": {"schema": {"type": "string"}}}},
+                       204: {"description": "The final event was already received"}})
+def run_events(run_id: RunId, c: Ctx,
+               last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None
+               ) -> Response:
+    """Server-Sent Events: `progress` per stored batch (data: done, target, cost_usd), then
+    one `done`, `failed` or `cancelled` (data: the run) and the end. Ids come from the
+    database: reconnect to any replica with Last-Event-ID and nothing is missed."""
+    from producer.api.events import stream
+
+    return stream(c, _run(c, run_id), last_event_id)
+
+
+@router.get("/exams/{slug}/questions", response_model=schemas.QuestionPage, tags=["questions"],
+            responses=responses(401, 404, 422))
+def questions(slug: Slug, c: Ctx,
+              limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+              after: Annotated[int, Query(ge=0, le=2**62,
+                                          description="The last id of the previous page")] = 0
+              ) -> Any:
+    """Stored questions by id (keyset pagination: stable while generation runs)."""
+    rows = c.store.question_page(slug, after, limit)
+    items = [{**r, "created_at": when(r["created_at"])} for r in rows]
+    return {"items": items, "next": items[-1]["id"] if len(items) == limit else None}
+
+
+@router.get("/exams/{slug}/export", tags=["questions"], response_class=Response,
+            responses={**responses(401, 404, 422), 200: {"description": "The questions", "content": {
+                t: {"schema": {"type": "string"}} for t in MEDIA_TYPES.values()}}})
+def export(slug: Slug, c: Ctx,
+           format: Annotated[str, Query(pattern="^(jsonl|json|csv)$")] = "jsonl") -> Response:
+    """Every stored question, streamed (export's writers: the same bytes as the CLI's)."""
+    check_name(slug, "exam slug")
+    if not c.store.exam_exists(slug):
+        raise UnknownExam(f"unknown exam {slug!r}: not in the database (start a run first)")
+    return StreamingResponse(
+        _stream_export(c.store, slug, format), media_type=MEDIA_TYPES[format],
+        headers={"Content-Disposition": f'attachment; filename="{slug}.{format}"'})
+
+
+class _Pipe:
+    """A file the export writers write into, read on the other side as chunks."""
+
+    def __init__(self, chunks: "queue.Queue[bytes | None]") -> None:
+        self.chunks = chunks
+        self.buffer: list[str] = []
+        self.size = 0
+
+    def write(self, s: str) -> int:
+        self.buffer.append(s)
+        self.size += len(s)
+        if self.size >= 65536:
+            self.flush()
+        return len(s)
+
+    def flush(self) -> None:
+        if self.buffer:
+            self.chunks.put("".join(self.buffer).encode())
+            self.buffer, self.size = [], 0
+
+
+def _stream_export(store: Any, slug: str, fmt: str) -> Iterator[bytes]:
+    """The writer runs in a thread of its own, a bounded queue between it and the response:
+    memory stays flat however many questions, as in the CLI's export."""
+    chunks: queue.Queue[bytes | None] = queue.Queue(maxsize=8)
+    stop = threading.Event()
+
+    def produce() -> None:
+        pipe = _Pipe(chunks)
+        try:
+            def rows() -> Iterator[dict[str, object]]:
+                for r in store.iter_questions(slug):
+                    if stop.is_set():
+                        return
+                    yield r
+            WRITERS[fmt](rows(), pipe)  # type: ignore[arg-type]
+            pipe.flush()
+        finally:
+            chunks.put(None)
+
+    worker = threading.Thread(target=produce, name=f"export-{slug}", daemon=True)
+    worker.start()
+    try:
+        while (chunk := chunks.get()) is not None:
+            yield chunk
+    finally:
+        stop.set()
+        while worker.is_alive():  # let it end: it may be blocked on a full queue
+            try:
+                chunks.get_nowait()
+            except queue.Empty:
+                worker.join(timeout=0.05)

@@ -1,0 +1,136 @@
+"""The API's JSON shapes: what each endpoint answers, declared so /openapi.json is complete.
+
+Times are ISO 8601 strings in UTC (the database's clock), money is USD, like `status --json`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Problem(BaseModel):
+    """An RFC 9457 problem document (application/problem+json)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: str = "about:blank"
+    title: str
+    status: int
+    detail: str
+    errors: list[dict[str, Any]] | None = None
+
+
+class Progress(BaseModel):
+    done: int
+    target: int
+
+
+class ChapterCounts(BaseModel):
+    total: int
+    pending: int
+    running: int
+    done: int
+    failed: int
+    cancelled: int
+
+
+class RunRequest(BaseModel):
+    """POST /exams/SLUG/runs: optional; `{}` is the default."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    budget_usd: float | None = Field(
+        None, gt=0, allow_inf_nan=False, strict=True,
+        description="The exam's budget in USD (as enqueue --budget-usd): never exceeded; a "
+                    "raised one resumes an exam its budget paused. Default: the exam's, or "
+                    "BUDGET_USD for a new exam.")
+
+
+class RunOut(BaseModel):
+    """A run: the exam's progress and state since POST /exams/SLUG/runs made it."""
+
+    id: int
+    exam: str
+    state: str = Field(description="queued, running, done, failed, cancelled or paused")
+    pause_reason: str | None = Field(description="Why it is paused (state paused), else null.")
+    questions: Progress
+    chapters: ChapterCounts
+    cost_usd: float = Field(description="What the run's calls cost.")
+    budget_usd: float | None = Field(description="The exam's budget (null: none).")
+    spent_usd: float = Field(description="What every call of the exam cost.")
+    created_at: str
+    updated_at: str
+
+
+class RunList(BaseModel):
+    items: list[RunOut]
+
+
+class ExamSummary(BaseModel):
+    """One exam, as `exams --json` lists it; state `new` for a syllabus stored and never run."""
+
+    exam: str
+    title: str
+    state: str
+    chapters: dict[str, int] = Field(description='{"done": n, "total": n}')
+    questions: Progress
+    cost_usd: float
+    updated_at: str | None
+    source: str = Field(description="file (EXAMS_DIR) or api (PUT /exams/SLUG)")
+
+
+class ExamList(BaseModel):
+    items: list[ExamSummary]
+
+
+class ExamStored(BaseModel):
+    """PUT /exams/SLUG's answer: the syllabus as stored."""
+
+    exam: str
+    title: str
+    chapters: int
+    questions: int
+
+
+class ExamStatus(BaseModel):
+    """`status --json` of one exam (every field it has; the main ones typed here)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    exam: str
+    title: str
+    state: str
+    pause_reason: str | None
+    chapters: ChapterCounts
+    questions: Progress
+    cost_usd: float
+    budget_usd: float | None
+    chapter_list: list[dict[str, Any]]
+
+
+class Question(BaseModel):
+    id: int
+    chapter_id: str
+    number: int
+    question: str
+    choices: list[str]
+    answer_index: int
+    explanation: str
+    model: str
+    created_at: str
+
+
+class QuestionPage(BaseModel):
+    """A page of questions by id; `next` is the `after` of the next page (null: this page
+    was the last one for now; more may be stored later, ask again with the last id)."""
+
+    items: list[Question]
+    next: int | None
+
+
+class Health(BaseModel):
+    status: str
+    database: str
+    broker: str

@@ -1,0 +1,39 @@
+"""`python -m producer serve`: the refusal to run open to the network, and uvicorn."""
+
+from __future__ import annotations
+
+import ipaddress
+
+from examforge.errors import ConfigError
+from examforge.settings import Settings
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_binding(settings: Settings, host: str, no_auth: bool) -> None:
+    """Without tokens the API would be open to whoever reaches it: allowed only when bound
+    to a loopback address and asked for with --no-auth. ConfigError (exit 2) otherwise."""
+    if no_auth and not is_loopback(host):
+        raise ConfigError(f"--no-auth is only allowed on a loopback address (--host "
+                          f"127.0.0.1), not {host}: set API_TOKENS instead")
+    if not no_auth and not settings.api_token_list():
+        raise ConfigError("API_TOKENS is not set: set it (comma-separated bearer tokens), or "
+                          "bind to a loopback address with --no-auth")
+
+
+def serve(settings: Settings, host: str, port: int, *, local: bool, no_auth: bool) -> None:
+    import uvicorn
+
+    from producer.api import create_app
+
+    app = create_app(settings, local, no_auth=no_auth)
+    # Open event streams would hold a graceful shutdown forever: they get a few seconds.
+    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False,
+                timeout_graceful_shutdown=5, lifespan="on")

@@ -1,0 +1,303 @@
+"""Runs and stored syllabi: what the HTTP API (producer/api) records.
+
+A run is one POST /exams/SLUG/runs. It owns no work of its own: the work is the exam's
+slices, as `enqueue` records them, so a run's progress, state and events are read from the
+exam's rows. What the run adds is the request's identity (its Idempotency-Key, UNIQUE in the
+database, so two identical requests on two replicas at once insert one row), where its calls
+begin (`call_floor`: its cost and its events are the calls above it), and a final state
+written once, so that a later run of the same exam never reopens a finished one.
+
+Events (GET /runs/ID/events) are the exam's stored batches in call-id order, each with the
+progress and cost as of that call. A call's id is given when the call starts, before its
+reply, so batches commit out of id order; an event is therefore only emitted once every call
+below it has settled (none is in flight). The events up to an id are then a function of the
+database alone: any replica, asked to resume after id N, emits exactly the events above N
+that another would have.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import and_, delete, func, select, update
+
+from examforge.errors import UserError
+from storage.base import BUDGET_PAUSE_PREFIX, E, K, Q, S, StoreBase
+from storage.models import (
+    FINAL_RUN_STATES,
+    CallOutcome,
+    ChapterState,
+    ExamState,
+    Run,
+    RunState,
+    StoredSyllabus,
+)
+from storage.reports import ExamReport, ExamStatus
+
+R = Run.__table__  # type: ignore[attr-defined]
+Y = StoredSyllabus.__table__  # type: ignore[attr-defined]
+
+
+class IdempotencyKeyReused(UserError):
+    """Raised when an Idempotency-Key comes back with a request other than its first."""
+
+
+@dataclass(frozen=True)
+class RunRow:
+    id: int
+    exam: str
+    idempotency_key: str | None
+    fingerprint: str
+    budget_usd: float | None
+    call_floor: int
+    state: str | None
+    cancelled_at: float | None
+    launched_at: float | None
+    created_at: float
+    updated_at: float
+
+
+@dataclass(frozen=True)
+class RunActivity:
+    """The run's calls (those above its floor): how many, their cost, the last change."""
+
+    calls: int
+    cost_usd: float
+    last_at: float | None
+
+
+@dataclass(frozen=True)
+class RunEvent:
+    """One stored batch: the call that stored it, and the run's progress and cost after it."""
+
+    id: int
+    done: int
+    target: int
+    cost_usd: float
+
+
+def run_state(run: RunRow, report: ExamReport, activity: RunActivity) -> tuple[str, str | None]:
+    """(state, pause reason) of a run from its exam's report: a final state once recorded
+    stays; then cancelled by request; then how the exam stands (queued until one of the run's
+    calls started or a slice is held)."""
+    if run.state in FINAL_RUN_STATES:
+        return run.state, None
+    if run.cancelled_at is not None:
+        return RunState.cancelled.value, None
+    if run.launched_at is None:
+        return RunState.queued.value, None  # its request is still recording the work
+    state = report.state
+    if state == ExamStatus.paused.value:
+        return RunState.paused.value, report.pause_reason
+    if state in FINAL_RUN_STATES:
+        return state, None
+    if report.chapters.running or activity.calls:
+        return RunState.running.value, None
+    return RunState.queued.value, None
+
+
+def _row(r: Any) -> RunRow:
+    return RunRow(**{k: r._mapping[k] for k in RunRow.__dataclass_fields__})
+
+
+class Runs(StoreBase):
+    """Stored syllabi, runs and their idempotency keys, the events of a run."""
+
+    # --- syllabi -----------------------------------------------------------------------
+
+    def stored_syllabus(self, slug: str) -> str | None:
+        """The syllabus PUT /exams/SLUG stored, as JSON text (None if there is none)."""
+        with self._read() as conn:
+            return conn.execute(select(Y.c.body).where(Y.c.exam == slug)).scalar()
+
+    def stored_syllabi(self) -> dict[str, tuple[str, float]]:
+        """Every stored syllabus: slug -> (JSON text, last change)."""
+        with self._read() as conn:
+            return {r.exam: (r.body, r.updated_at)
+                    for r in conn.execute(select(Y.c.exam, Y.c.body, Y.c.updated_at))}
+
+    def put_syllabus(self, slug: str, body: str) -> bool:
+        """Store the exam's syllabus, replacing any; True if there was none (created)."""
+        with self._write() as conn:
+            now = conn.execute(select(self._now)).scalar_one()
+            created = conn.execute(
+                self._insert(Y).values(exam=slug, body=body, created_at=now, updated_at=now)
+                .on_conflict_do_nothing().returning(Y.c.exam)).first() is not None
+            if not created:
+                conn.execute(update(Y).where(Y.c.exam == slug).values(body=body,
+                                                                       updated_at=now))
+            return created
+
+    # --- runs --------------------------------------------------------------------------
+
+    def create_run(self, slug: str, key: str, fingerprint: str,
+                   budget_usd: float | None) -> tuple[RunRow, bool]:
+        """The run of `key`: a new one (True) or the one an identical earlier request made
+        (False). The UNIQUE key decides between concurrent requests: INSERT .. ON CONFLICT DO
+        NOTHING inserts for one of them, and the others read its row once it commits.
+        Raises IdempotencyKeyReused if the key's run was made by another request."""
+        with self._write() as conn:
+            now = conn.execute(select(self._now)).scalar_one()
+            floor = select(func.coalesce(func.max(K.c.id), 0)).where(
+                K.c.exam == slug).scalar_subquery()
+            new_id = conn.execute(
+                self._insert(R).values(exam=slug, idempotency_key=key, fingerprint=fingerprint,
+                                       budget_usd=budget_usd, call_floor=floor,
+                                       created_at=now, updated_at=now)
+                .on_conflict_do_nothing().returning(R.c.id)).scalar()
+            row = _row(conn.execute(select(R).where(R.c.idempotency_key == key)).one())
+        if new_id is None and row.fingerprint != fingerprint:
+            raise IdempotencyKeyReused(
+                "this Idempotency-Key was used for another request (another exam or body); "
+                "use a new key for a new request")
+        return row, new_id is not None
+
+    def delete_run(self, run_id: int) -> None:
+        """Undo a run whose work could not be started (the broker refused): its key may be
+        sent again."""
+        with self._write() as conn:
+            conn.execute(delete(R).where(R.c.id == run_id))
+
+    def run(self, run_id: int) -> RunRow | None:
+        with self._read() as conn:
+            r = conn.execute(select(R).where(R.c.id == run_id)).first()
+        return _row(r) if r is not None else None
+
+    def exam_runs(self, slug: str, limit: int = 20) -> list[RunRow]:
+        """The exam's runs, newest first."""
+        with self._read() as conn:
+            return [_row(r) for r in conn.execute(
+                select(R).where(R.c.exam == slug).order_by(R.c.id.desc()).limit(limit))]
+
+    def open_runs(self) -> list[RunRow]:
+        """Runs not known to be final, oldest first (serve --local restarts their work)."""
+        with self._read() as conn:
+            return [_row(r) for r in conn.execute(
+                select(R).where(R.c.state.is_(None), R.c.cancelled_at.is_(None))
+                .order_by(R.c.id))]
+
+    def run_activity(self, run: RunRow) -> RunActivity:
+        with self._read() as conn:
+            n, cost, last = conn.execute(
+                select(func.count(), func.coalesce(func.sum(K.c.cost_usd), 0.0),
+                       func.max(func.coalesce(K.c.finished_at, K.c.started_at)))
+                .where(K.c.exam == run.exam, K.c.id > run.call_floor,
+                       K.c.outcome != CallOutcome.imported.value)).one()
+        return RunActivity(int(n), round(float(cost), 6), last)
+
+    def mark_launched(self, run_id: int) -> None:
+        with self._write() as conn:
+            conn.execute(update(R).where(R.c.id == run_id)
+                         .values(launched_at=self._now, updated_at=self._now))
+
+    def record_run_state(self, run_id: int, state: str) -> None:
+        """Write a final state once: the first writer wins, later ones change nothing."""
+        with self._write() as conn:
+            conn.execute(update(R).where(R.c.id == run_id, R.c.state.is_(None))
+                         .values(state=state, updated_at=self._now))
+
+    def prepare_run(self, slug: str) -> None:
+        """What a new run asks beyond `enqueue`: cancelled slices go back to pending (start
+        means "generate what is missing"), and a pause that is not the budget's is cleared as
+        `resume` clears it (a budget pause ends when a raised budget leaves room)."""
+        with self._write() as conn:
+            conn.execute(update(E).where(
+                E.c.slug == slug, E.c.state == ExamState.paused.value,
+                ~func.coalesce(E.c.pause_reason, "").like(f"{BUDGET_PAUSE_PREFIX}%"))
+                .values(state=ExamState.active.value, pause_reason=None, auth_failures=0,
+                        updated_at=self._now))
+            conn.execute(update(S).where(S.c.exam == slug,
+                                         S.c.state == ChapterState.cancelled.value)
+                         .values(state=ChapterState.pending.value, attempts_since_progress=0,
+                                 updated_at=self._now))
+
+    def cancel_run(self, run: RunRow) -> None:
+        """Cancel the exam's unfinished slices and mark the run cancelled, in one
+        transaction; stored questions are kept."""
+        from storage.base import ACTIVE_STATES
+
+        with self._write() as conn:
+            conn.execute(update(S).where(
+                S.c.exam == run.exam,
+                S.c.state.in_(ACTIVE_STATES + (ChapterState.failed.value,)))
+                .values(state=ChapterState.cancelled.value, lease_owner=None,
+                        lease_expires_at=None, updated_at=self._now))
+            conn.execute(update(R).where(R.c.id == run.id, R.c.state.is_(None)).values(
+                cancelled_at=self._now, state=RunState.cancelled.value, updated_at=self._now))
+
+    def forget_idempotency_keys(self, older_than_s: float) -> int:
+        """Drop the keys of runs older than `older_than_s` (the runs stay readable); a key
+        sent again after that starts a new run. Returns how many were dropped."""
+        with self._write() as conn:
+            return conn.execute(update(R).where(
+                R.c.idempotency_key.is_not(None),
+                R.c.created_at < self._now - older_than_s).values(idempotency_key=None)
+            ).rowcount
+
+    # --- events ------------------------------------------------------------------------
+
+    def run_events(self, run: RunRow, after: int, final: bool) -> list[RunEvent]:
+        """The run's stored batches with a call id above `after`, in id order, up to the
+        first call still in flight (all of them once the run is `final`: no call of its
+        exam can store anything more). See the module's docstring."""
+        with self._read() as conn:
+            after = max(after, run.call_floor)
+            target = conn.execute(select(func.coalesce(func.sum(S.c.target), 0))
+                                  .where(S.c.exam == run.exam)).scalar_one()
+            done = conn.execute(select(func.count()).select_from(Q).where(
+                Q.c.exam == run.exam,
+                (Q.c.call_id <= after) | Q.c.call_id.is_(None))).scalar_one()
+            cost = conn.execute(select(func.coalesce(func.sum(K.c.cost_usd), 0.0)).where(
+                K.c.exam == run.exam, K.c.id > run.call_floor, K.c.id <= after)).scalar_one()
+            calls = conn.execute(select(K.c.id, K.c.outcome, K.c.cost_usd).where(
+                K.c.exam == run.exam, K.c.id > after).order_by(K.c.id)).all()
+            stored: dict[int, int] = dict(conn.execute(  # type: ignore[arg-type]
+                select(Q.c.call_id, func.count()).where(Q.c.exam == run.exam,
+                                                        Q.c.call_id > after)
+                .group_by(Q.c.call_id)).all())
+        events = []
+        for call_id, outcome, call_cost in calls:
+            if outcome == CallOutcome.in_flight.value and not final:
+                break
+            done += stored.get(call_id, 0)
+            cost += call_cost or 0.0
+            if stored.get(call_id):
+                events.append(RunEvent(call_id, min(done, target), target, round(cost, 6)))
+        return events
+
+    def last_call_id(self, run: RunRow) -> int:
+        """The exam's highest call id (at least the run's floor): the id of a final event."""
+        with self._read() as conn:
+            top = conn.execute(select(func.max(K.c.id)).where(K.c.exam == run.exam)).scalar()
+        return max(top or 0, run.call_floor)
+
+    # --- questions ---------------------------------------------------------------------
+
+    def question_page(self, slug: str, after: int, limit: int) -> list[dict[str, Any]]:
+        """Stored questions of the exam (up to each chapter's target) with an id above
+        `after`, by id: keyset pagination, so pages never repeat or skip a question that
+        was stored when its page was read, however many are stored meanwhile."""
+        with self._read() as conn:
+            self._require_exam(conn, slug)
+            rows = conn.execute(
+                select(Q.c.id, Q.c.chapter_id, Q.c.number, Q.c.question, Q.c.choices,
+                       Q.c.answer_index, Q.c.explanation, Q.c.model, Q.c.created_at)
+                .join(S, and_(S.c.exam == Q.c.exam, S.c.chapter_id == Q.c.chapter_id,
+                              Q.c.number >= S.c.first_number,
+                              Q.c.number < S.c.first_number + S.c.target))
+                .where(Q.c.exam == slug, Q.c.id > after).order_by(Q.c.id).limit(limit)).all()
+        return [{**r._mapping, "choices": json.loads(r.choices)} for r in rows]
+
+    # --- metrics -----------------------------------------------------------------------
+
+    def call_totals(self) -> list[Any]:
+        """Per exam and outcome: calls, prompt and completion tokens, cost (for /metrics)."""
+        with self._read() as conn:
+            return list(conn.execute(
+                select(K.c.exam, K.c.outcome, func.count().label("calls"),
+                       func.coalesce(func.sum(K.c.prompt_tokens), 0).label("prompt"),
+                       func.coalesce(func.sum(K.c.completion_tokens), 0).label("completion"),
+                       func.coalesce(func.sum(K.c.cost_usd), 0.0).label("cost"))
+                .group_by(K.c.exam, K.c.outcome)))
