@@ -191,13 +191,27 @@ async function loadExams() {
         if (err instanceof AuthError) throw err;
       }
       render(entry);
-      const candidates = [runIdOf(entry.exam), saved[slug], fromUrl].filter(Boolean);
+      // The exam's latest run from the API (any tab, any replica started it), else the run
+      // this browser last followed.
+      const candidates = [await latestRun(slug), runIdOf(entry.exam), fromUrl, saved[slug]]
+        .filter((id) => id !== null && id !== undefined);
       for (const id of new Set(candidates)) {
         if (await follow(entry, id)) break;
       }
     }));
   } catch (err) {
     notice(err);
+  }
+}
+
+async function latestRun(slug) {
+  try {
+    const { data } = await api(`/exams/${encodeURIComponent(slug)}/runs`);
+    const items = Array.isArray(data) ? data : data.items ?? [];
+    return items.length ? items[0].id : null; // newest first
+  } catch (err) {
+    if (err instanceof AuthError) throw err;
+    return null;
   }
 }
 
@@ -319,7 +333,9 @@ async function streamRun(entry, runId, signal) {
       const resp = await fetch(`/runs/${encodeURIComponent(runId)}/events`, { headers, signal, cache: "no-store" });
       if (resp.status === 401) throw new AuthError("the token was refused");
       if (!resp.ok) throw new ApiError(resp.status, await resp.json().catch(() => null));
-      for await (const ev of sseEvents(resp.body, signal)) {
+      // 204: the final event was received already (on an earlier connection).
+      final = resp.status === 204;
+      if (!final) for await (const ev of sseEvents(resp.body, signal)) {
         if (ev.id !== null) lastId = ev.id;
         if (ev.retry !== null) retryMs = ev.retry;
         onEvent(entry, runId, ev);
