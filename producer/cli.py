@@ -518,15 +518,23 @@ def prune(older_than: Duration, dry_run: bool, slug: str | None) -> None:
     """Delete finished exams with all they own (chapters, questions, ledger rows).
 
     An exam goes when each of its chapters is done, failed or cancelled and its last change
-    is older than --older-than, in one transaction per exam. An exam with a pending or
+    is older than --older-than, in one transaction per exam, with its API runs. The API's
+    Idempotency-Keys older than API_IDEMPOTENCY_TTL_S are forgotten too. An exam with a pending or
     running chapter is never touched (cancel it first). Export what you want to keep first.
     """
     from producer.prune import report_lines
 
     settings = _settings()
-    result = _store(settings).prune(older_than.seconds, dry_run=dry_run, exam=slug)
+    store = _store(settings)
+    result = store.prune(older_than.seconds, dry_run=dry_run, exam=slug)
     for line in report_lines(result, dry_run=dry_run, older_than=older_than.text):
         out.print(line, markup=False)
+    if not dry_run:
+        # The API's Idempotency-Keys past API_IDEMPOTENCY_TTL_S (its runs stay readable).
+        forgotten = store.forget_idempotency_keys(settings.api_idempotency_ttl_s)
+        if forgotten:
+            out.print(f"forgot {forgotten} idempotency keys older than "
+                      f"{settings.api_idempotency_ttl_s:g} s", markup=False)
     if slug is not None and result.busy:
         raise UserError(f"exam {slug} is busy (another transaction holds its rows); "
                         "not pruned, try again")

@@ -17,7 +17,7 @@ def _compose() -> dict:
 
 def test_compose_has_the_services_the_readme_names():
     services = _compose()["services"]
-    assert {"redis", "postgres", "worker", "beat", "flower", "mock"} <= set(services)
+    assert {"redis", "postgres", "worker", "beat", "flower", "mock", "api"} <= set(services)
 
 
 def test_worker_is_scalable_and_runs_the_tested_command():
@@ -51,7 +51,7 @@ def test_mock_runs_the_cli_subcommand():
 
 def test_app_environment_names_are_real_settings():
     known = {name.upper() for name in Settings.model_fields}
-    for name in ("worker", "beat", "flower", "producer"):
+    for name in ("worker", "beat", "flower", "producer", "api"):
         env = _compose()["services"][name]["environment"]
         assert set(env) <= known, set(env) - known
 
@@ -82,7 +82,7 @@ def test_every_model_setting_reaches_the_containers():
     # Compose passes only what `environment` lists: a price left out would book every call
     # at $0 under compose.
     wanted = {name.upper() for name in Settings.model_fields if name.startswith("llm_")}
-    for name in ("worker", "beat", "producer"):
+    for name in ("worker", "beat", "producer", "api"):
         env = _compose()["services"][name]["environment"]
         assert wanted <= set(env), (name, wanted - set(env))
 
@@ -98,3 +98,32 @@ def test_workers_log_at_info_so_progress_shows():
     for name in ("worker", "beat"):
         command = _compose()["services"][name]["command"]
         assert command[command.index("--loglevel") + 1] == "INFO", name
+
+
+def test_api_serves_behind_the_same_auth():
+    # Issue 11: serve binds all interfaces in its container, so it must have tokens: compose
+    # refuses to start it without API_TOKENS, and it is never given --no-auth.
+    from producer.api.serve import check_binding, is_loopback
+
+    api = _compose()["services"]["api"]
+    command = api["command"]
+    assert command[:4] == ["python", "-m", "producer", "serve"]
+    assert "--no-auth" not in command and "--local" not in command  # enqueues to the workers
+    host = command[command.index("--host") + 1]
+    assert not is_loopback(host)
+    assert api["environment"]["API_TOKENS"].startswith("${API_TOKENS:?")
+    assert api["environment"]["BROKER_URL"] == _compose()["services"]["worker"]["environment"][
+        "BROKER_URL"]
+    assert api["environment"]["DATABASE_URL"] == _compose()["services"]["worker"][
+        "environment"]["DATABASE_URL"]
+    # What serve would decide with the token compose passes, and without one.
+    check_binding(Settings(_env_file=None, api_tokens="t"), host, no_auth=False)
+    import pytest
+
+    from examforge.errors import ConfigError
+
+    with pytest.raises(ConfigError):
+        check_binding(Settings(_env_file=None), host, no_auth=False)
+    port = command[command.index("--port") + 1]
+    assert all(p.startswith("127.0.0.1:") and p.endswith(f":{port}") for p in api["ports"])
+    assert "/healthz" in " ".join(api["healthcheck"]["test"])

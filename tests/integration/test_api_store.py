@@ -1,0 +1,83 @@
+"""The API's tables on both databases: migration 0007 over a 0006 database with rows, the
+UNIQUE idempotency key under threads racing in one process, and prune taking an exam's runs."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from sqlalchemy import text
+
+from storage import Store, connect, migrate
+from storage.runs import IdempotencyKeyReused
+
+
+def test_0007_adds_the_api_tables_keeping_what_is_stored(db_url):
+    from alembic import command
+
+    from storage.db import SCHEMA_REVISION, alembic_config
+
+    engine = connect(db_url)
+    with engine.begin() as conn:
+        command.upgrade(alembic_config(conn), "0006")
+        conn.execute(text("INSERT INTO exam (slug, title, state, auth_failures, spent_usd, "
+                          "reserved_usd, created_at, updated_at) VALUES "
+                          "('ex', 'Ex', 'active', 0, 0, 0, 1, 1)"))
+        conn.execute(text(
+            "INSERT INTO slice (exam, chapter_id, slice_no, first_number, position, title, "
+            "spec_hash, target, state, attempts, attempts_since_progress, requeues, updated_at)"
+            " VALUES ('ex', 'a', 0, 1, 0, 'A', 'h', 2, 'done', 1, 0, 0, 1)"))
+        conn.execute(text(
+            "INSERT INTO call (exam, chapter_id, slice_no, attempt, first_number, requested, "
+            "worker, outcome, prompt_tokens, completion_tokens, cost_usd, questions_stored, "
+            "started_at, reserved_usd, usage_estimated, price_known) VALUES "
+            "('ex', 'a', 0, 1, 1, 2, 'w', 'used', 1, 1, 0.5, 2, 1.0, 0, false, true)"))
+        for n in (1, 2):
+            conn.execute(text(
+                "INSERT INTO question (exam, chapter_id, number, question, choices, "
+                "answer_index, explanation, model, call_id, created_at) VALUES "
+                "('ex', 'a', :n, :q, '[]', 0, '', 'm', 1, 1)"), {"n": n, "q": f"Q{n}?"})
+    migrate(engine)
+    store = Store(engine)
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == \
+            SCHEMA_REVISION == "0007"
+    assert store.status("ex").questions.done == 2
+    assert store.stored_syllabus("ex") is None
+    run, created = store.create_run("ex", "key", "fp", None)
+    assert created and run.call_floor == 1  # the existing call is below the run
+    assert store.run_events(run, 0, final=True) == []  # its batch was before the run
+    engine.dispose()
+
+
+def test_threads_racing_one_key_make_one_run(store):
+    store.put_syllabus("ex", '{"title": "Ex", "chapters": []}')
+    n = 16
+    barrier = threading.Barrier(n)
+    results: list[tuple[int, bool]] = []
+    errors: list[BaseException] = []
+
+    def create() -> None:
+        try:
+            barrier.wait()
+            run, created = store.create_run("ex", "same", "fp", 1.0)
+            results.append((run.id, created))
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=create) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert len({rid for rid, _ in results}) == 1
+    assert sum(created for _, created in results) == 1
+    with pytest.raises(IdempotencyKeyReused):
+        store.create_run("ex", "same", "other", 1.0)
+
+
+def test_put_syllabus_reports_created_once(store):
+    assert store.put_syllabus("ex", "{}") is True
+    assert store.put_syllabus("ex", '{"a": 1}') is False
+    assert store.stored_syllabus("ex") == '{"a": 1}'

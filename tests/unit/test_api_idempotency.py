@@ -1,0 +1,122 @@
+"""The Idempotency-Key rules of POST /exams/SLUG/runs, on the in-process app (the concurrent
+requests on live servers are in tests/e2e/test_api_replicas.py)."""
+
+from __future__ import annotations
+
+import pytest
+from api_support import SYLLABUS, api, wait_run
+from sqlalchemy import text
+
+from producer.api.runs import parse_key
+
+
+@pytest.mark.parametrize("value,key", [
+    (None, None), ("", None), ('""', None), ("abc", "abc"), ('"abc"', "abc"),
+    (" abc ", "abc"), ("x" * 255, "x" * 255), ("x" * 256, None), ("caf\u00e9", None),
+    ("a\x01b", None), ("8e03978e-40d5-43e8-bc93-6894a57f9324", "8e03978e-40d5-43e8-bc93-6894a57f9324")])
+def test_parse_key(value, key):
+    assert parse_key(value) == key
+
+
+def test_same_key_same_body_is_the_same_run_and_the_work_is_paid_once(make_settings, mock_llm):
+    with api(make_settings, mock_llm) as c:
+        c.put("/exams/demo", json=SYLLABUS)
+        first = c.post("/exams/demo/runs", headers={"Idempotency-Key": "k1"},
+                       json={"budget_usd": 2})
+        assert first.status_code == 202
+        run = first.json()
+        assert first.headers["location"] == f"/runs/{run['id']}"
+        assert run["budget_usd"] == 2
+        ended = wait_run(c, run["id"])
+        assert ended["state"] == "done" and ended["questions"] == {"done": 10, "target": 10}
+        calls = mock_llm.stats()["calls_total"]
+        assert calls == 2 + 1  # a: 1-5, 6; b: 1-4
+        again = c.post("/exams/demo/runs", headers={"Idempotency-Key": '"k1"'},
+                       json={"budget_usd": 2})
+        assert again.status_code == 202 and again.json()["id"] == run["id"]
+        assert again.headers["location"] == f"/runs/{run['id']}"
+        assert again.json()["state"] == "done"
+        assert mock_llm.stats()["calls_total"] == calls
+        # Another body or another exam with the key: 422, nothing started.
+        for path, body in (("/exams/demo/runs", {"budget_usd": 3}),
+                           ("/exams/demo/runs", {}), ("/exams/other/runs", {"budget_usd": 2})):
+            if path.startswith("/exams/other"):
+                c.put("/exams/other", json=SYLLABUS)
+            r = c.post(path, headers={"Idempotency-Key": "k1"}, json=body)
+            assert r.status_code == 422, r.text
+            assert "Idempotency-Key" in r.json()["detail"]
+        assert len(c.get("/exams/demo/runs").json()["items"]) == 1
+
+
+def test_no_body_and_an_empty_object_are_the_same_request(make_settings, mock_llm):
+    with api(make_settings, mock_llm) as c:
+        c.put("/exams/demo", json=SYLLABUS)
+        a = c.post("/exams/demo/runs", headers={"Idempotency-Key": "k"}).json()
+        b = c.post("/exams/demo/runs", headers={"Idempotency-Key": "k"}, json={})
+        assert b.status_code == 202 and b.json()["id"] == a["id"]
+
+
+def test_a_missing_key_is_400(make_settings, mock_llm):
+    with api(make_settings, mock_llm) as c:
+        c.put("/exams/demo", json=SYLLABUS)
+        for headers in ({}, {"Idempotency-Key": ""}, {"Idempotency-Key": "x" * 300}):
+            r = c.post("/exams/demo/runs", headers=headers, json={})
+            assert r.status_code == 400
+            assert r.headers["content-type"] == "application/problem+json"
+            assert "Idempotency-Key" in r.json()["detail"]
+        assert c.get("/exams/demo").json()["state"] == "new"
+
+
+def _age_runs(c, seconds):
+    store = c.app.state.ctx.store
+    with store.engine.begin() as conn:
+        conn.execute(text("UPDATE run SET created_at = created_at - :s"), {"s": seconds})
+
+
+def test_keys_are_kept_24_hours_then_forgotten(make_settings, mock_llm):
+    with api(make_settings, mock_llm) as c:
+        c.put("/exams/demo", json=SYLLABUS)
+        first = c.post("/exams/demo/runs", headers={"Idempotency-Key": "k"}).json()
+        wait_run(c, first["id"])
+        _age_runs(c, 86400 - 60)  # a minute short of a day: still the same run
+        assert c.post("/exams/demo/runs", headers={"Idempotency-Key": "k"}).json()["id"] == \
+            first["id"]
+        _age_runs(c, 120)  # now over a day old: the key is forgotten, the run stays
+        second = c.post("/exams/demo/runs", headers={"Idempotency-Key": "k"}).json()
+        assert second["id"] != first["id"]
+        assert c.get(f"/runs/{first['id']}").json()["state"] == "done"
+        wait_run(c, second["id"])
+
+
+def test_prune_forgets_old_keys(make_settings, mock_llm, tmp_path):
+    from storage import open_store
+
+    with api(make_settings, mock_llm) as c:
+        c.put("/exams/demo", json=SYLLABUS)
+        run = c.post("/exams/demo/runs", headers={"Idempotency-Key": "k"}).json()
+        wait_run(c, run["id"])
+        _age_runs(c, 2 * 86400)
+        url = c.app.state.ctx.settings.database_url
+    store = open_store(url)
+    assert store.forget_idempotency_keys(86400) == 1
+    assert store.forget_idempotency_keys(86400) == 0
+    assert store.run(run["id"]).idempotency_key is None
+
+
+def test_cancel_is_explicit_and_a_new_run_resumes(make_settings, mock_llm):
+    mock_llm.configure(latency_s=0.3)
+    with api(make_settings, mock_llm, api_local_concurrency=1) as c:
+        c.put("/exams/demo", json={"title": "Demo", "chapters": [
+            {"id": "a", "title": "A", "questions": 30}]})
+        run = c.post("/exams/demo/runs", headers={"Idempotency-Key": "k"}).json()
+        r = c.post(f"/runs/{run['id']}/cancel")
+        assert r.status_code == 200 and r.json()["state"] == "cancelled"
+        assert c.post(f"/runs/{run['id']}/cancel").json()["state"] == "cancelled"
+        # Its key still names the cancelled run: a client's retry restarts nothing.
+        again = c.post("/exams/demo/runs", headers={"Idempotency-Key": "k"}).json()
+        assert again["id"] == run["id"] and again["state"] == "cancelled"
+        resumed = c.post("/exams/demo/runs", headers={"Idempotency-Key": "k2"}).json()
+        assert wait_run(c, resumed["id"], 60)["state"] == "done"
+        assert c.get(f"/runs/{run['id']}").json()["state"] == "cancelled"
+        assert c.post(f"/runs/{resumed['id']}/cancel").status_code == 409
+        assert c.get("/exams/demo").json()["questions"] == {"done": 30, "target": 30}
