@@ -203,3 +203,46 @@ def _save_screenshot(driver: Any, path: Path, for_readme: bool) -> None:
                        or not SCREENSHOT.exists()):
         SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(path, SCREENSHOT)
+
+
+def test_cancel_then_resume_from_the_page(deploy, mock, browser):
+    """Cancel stops the run, resume starts a new run that generates only what is missing:
+    two runs. The calls in flight at the cancel are paid and their replies thrown away (the
+    cancel takes their slices' leases, as `producer cancel` does; the ledger books them
+    wasted, lease_lost): at most the worker's two threads' worth, and nothing else."""
+    mock.configure(latency_s=1.0)
+    dep = deploy("sqlite", questions_per_call=QUESTIONS_PER_CALL)
+    dep.worker(2)
+    api = serve(dep)
+    api.put_exam(SLUG, CHAPTERS, title="Browser test")
+    total = sum(n for _, n in CHAPTERS)
+    needed = sum(math.ceil(n / QUESTIONS_PER_CALL) for _, n in CHAPTERS)
+
+    card = _open_page(browser, api)
+    _el(card, ".start").click()
+    wait_for(lambda: _progress(card)[0] > 0, 60, "the first stored batch on the page")
+    assert _el(card, ".resume").get_attribute("disabled") is not None
+    _el(card, ".cancel").click()
+    wait_for(lambda: _progress(card)[2] == "cancelled", 60, "the page to show the run cancelled")
+    first_run = _el(card, ".run").get_attribute("data-run")
+    wait_for(lambda: dep.status(SLUG)["usage"]["calls_in_flight"] == 0, 30, "calls to settle")
+    assert _stored(dep) < total
+    assert _el(card, ".cancel").get_attribute("disabled") is not None
+
+    mock.configure(latency_s=0.05)
+    _el(card, ".resume").click()
+    wait_for(lambda: _progress(card) == (total, total, "done"), 120,
+             "the resumed run to finish on the page")
+    second_run = _el(card, ".run").get_attribute("data-run")
+    assert second_run != first_run
+    runs = _runs(dep)
+    assert [r[0] for r in runs] == [int(first_run), int(second_run)] and runs[0][1] != runs[1][1]
+    with api.client() as c:
+        assert c.get(f"/runs/{first_run}").json()["state"] == "cancelled"
+    assert_stored_exactly_once(dep, SLUG, dict(CHAPTERS))
+    calls = dep.calls(SLUG)
+    assert len(used_batches(calls)) == needed
+    wasted = [c for c in calls if c["outcome"] != "used"]
+    assert len(wasted) <= 2 and all(c["reason"] == "lease_lost" for c in wasted), dump(wasted)
+    billed = [u for u in mock.usage() if u["billed"]]
+    assert len(billed) == len(calls) == needed + len(wasted), dump(mock.stats())
