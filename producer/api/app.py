@@ -68,11 +68,46 @@ def create_app(settings: Settings, local: bool = False, *, no_auth: bool = False
     if tokens and not no_auth:
         # Outermost: a request without a token is refused before its body is even read.
         app.add_middleware(BearerAuth, tokens=tokens, static_dir=STATIC_DIR)
-    _declare_problem(app)
+    _declare_problem(app, settings)
     return app
 
 
-def _declare_problem(app: FastAPI) -> None:
+# What the syllabus's validators check, as JSON Schema patterns, so that a request the spec
+# calls valid is one the server accepts: text with something other than spaces, no control
+# characters, and no line break in a title (examforge/syllabus.py, _clean_text).
+_LINE = r"[^\x00-\x1f\x7f-\x9f\u2028\u2029]"
+_LINE_TEXT = rf"^{_LINE}*[^\s\x00-\x1f\x7f-\x9f\u2028\u2029]{_LINE}*$"
+_TEXT = r"[^\x00-\x08\x0b-\x1f\x7f-\x9f]"
+_MULTILINE_TEXT = rf"^{_TEXT}*[^\s\x00-\x1f\x7f-\x9f]{_TEXT}*$"
+# The draft's key is a Structured Field string: any printable ASCII, quoted or not.
+_KEY_PATTERN = r"^[!#-~][!-~]{0,254}$"
+
+
+def _tighten(spec: dict[str, Any], settings: Settings) -> None:
+    """The syllabus's and the Idempotency-Key's rules, spelled out in the spec."""
+    from examforge.syllabus import NAME_PATTERN
+
+    exam = spec["paths"]["/exams/{slug}"]["put"]["requestBody"]["content"]["application/json"]
+    schema = exam["schema"]
+    schema["properties"]["title"]["pattern"] = _LINE_TEXT
+    chapter = schema["properties"]["chapters"]["items"]
+    chapter["properties"]["id"].update(pattern=NAME_PATTERN, maxLength=64)
+    chapter["properties"]["title"]["pattern"] = _LINE_TEXT
+    chapter["properties"]["questions"].update(minimum=1,
+                                              maximum=settings.max_questions_per_chapter)
+    for option in chapter["properties"]["prompt"].get("anyOf", []):
+        if option.get("type") == "string":
+            option["pattern"] = _MULTILINE_TEXT
+    post = spec["paths"]["/exams/{slug}/runs"]["post"]
+    for param in post.get("parameters", []):
+        if param["name"] == "Idempotency-Key":
+            # Required: a request without it is answered 400 (not FastAPI's 422).
+            param["required"] = True
+            param["schema"] = {"type": "string", "pattern": _KEY_PATTERN,
+                               "title": "Idempotency-Key"}
+
+
+def _declare_problem(app: FastAPI, settings: Settings) -> None:
     """The Problem schema in the spec's components, for the `responses` that refer to it."""
     original = app.openapi
 
@@ -81,6 +116,7 @@ def _declare_problem(app: FastAPI) -> None:
             spec = original()
             spec.setdefault("components", {}).setdefault("schemas", {})["Problem"] = \
                 Problem.model_json_schema()
+            _tighten(spec, settings)
             for path in spec.get("paths", {}).values():
                 for op in path.values():
                     for code, resp in list(op.get("responses", {}).items()):

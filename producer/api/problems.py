@@ -53,15 +53,46 @@ def _location(loc: tuple[Any, ...]) -> str:
     return ".".join(parts) or "request"
 
 
+def allowed_methods(request: Request) -> list[str]:
+    """The methods the API's routes accept on the request's path: Starlette's 405 names
+    only those of the first route that matched the path (FastAPI makes one route per
+    method), and the page's static files answer for every path not routed. Empty for a
+    path no route of the API has."""
+    from starlette.routing import Match, Route
+
+    methods: set[str] = set()
+    scope = {**request.scope, "method": "GET"}
+    # The router's own routes: FastAPI's app wraps an included router in a route of its own.
+    from producer.api.routes import router
+
+    for route in router.routes:
+        if isinstance(route, Route) and route.methods:
+            match, _ = route.matches({**scope, "path": request.url.path})
+            if match is not Match.NONE:
+                methods |= route.methods
+    return sorted(methods)
+
+
 def install(app: FastAPI) -> None:
     """Register the handlers that turn every error into a problem document."""
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         detail = exc.detail if isinstance(exc.detail, str) else HTTPStatus(exc.status_code).phrase
-        if exc.status_code == 404 and detail == "Not Found":
+        headers = dict(getattr(exc, "headers", None) or {})
+        status = exc.status_code
+        routed = allowed_methods(request) if status in (404, 405) and detail in (
+            "Not Found", "Method Not Allowed") else []
+        if status == 404 and routed and request.method not in routed:
+            status = 405  # the page's files answered for a path the API routes otherwise
+        if status == 404 and detail == "Not Found":
             detail = f"no such resource: {request.url.path}"
-        return problem(exc.status_code, detail, headers=getattr(exc, "headers", None))
+        if status == 405:
+            allowed = routed or ["GET", "HEAD"]  # the page's own files
+            headers["Allow"] = ", ".join(allowed)
+            detail = f"{request.method} is not allowed on {request.url.path}: use " \
+                     + " or ".join(allowed)
+        return problem(status, detail, headers=headers or None)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:

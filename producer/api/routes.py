@@ -226,7 +226,12 @@ def cancel_run(run_id: RunId, c: Ctx) -> Any:
 @router.get("/runs/{run_id}/events", tags=["runs"], response_class=Response,
             responses={**responses(401, 404, 422),
                        200: {"description": "An event stream", "content": {
-                           "text/event-stream": {"schema": {"type": "string"}}}},
+                           "text/event-stream": {"schema": {
+                               "type": "object",
+                               "properties": {"event": {"type": "string"},
+                                              "data": {"type": "string"},
+                                              "id": {"type": "string"},
+                                              "retry": {"type": "integer"}}}}}},
                        204: {"description": "The final event was already received"}})
 def run_events(run_id: RunId, c: Ctx,
                last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None
@@ -247,6 +252,9 @@ def questions(slug: Slug, c: Ctx,
                                           description="The last id of the previous page")] = 0
               ) -> Any:
     """Stored questions by id (keyset pagination: stable while generation runs)."""
+    if not c.store.exam_exists(slug):
+        _require_known(c, slug)  # a syllabus stored, never run: no questions yet
+        return {"items": [], "next": None}
     rows = c.store.question_page(slug, after, limit)
     items = [{**r, "created_at": when(r["created_at"])} for r in rows]
     return {"items": items, "next": items[-1]["id"] if len(items) == limit else None}
@@ -254,7 +262,9 @@ def questions(slug: Slug, c: Ctx,
 
 @router.get("/exams/{slug}/export", tags=["questions"], response_class=Response,
             responses={**responses(401, 404, 422), 200: {"description": "The questions", "content": {
-                t: {"schema": {"type": "string"}} for t in MEDIA_TYPES.values()}}})
+                "application/x-ndjson": {"schema": {"type": "string"}},
+                "application/json": {"schema": {"type": "array", "items": {"type": "object"}}},
+                "text/csv": {"schema": {"type": "string"}}}}})
 def export(slug: Slug, c: Ctx,
            format: Annotated[str, Query(pattern="^(jsonl|json|csv)$")] = "jsonl") -> Response:
     """Every stored question, streamed (export's writers: the same bytes as the CLI's)."""

@@ -23,7 +23,8 @@ class ApiServer:
     log_path: Any
 
     @classmethod
-    def start(cls, dep: Any, *args: str, **env: str) -> "ApiServer":
+    def start(cls, dep: Any, *args: str, ready_path: str = "/healthz",
+              **env: str) -> "ApiServer":
         port = free_port()
         log_path = dep.workdir / f"serve-{port}.log"
         log = open(log_path, "wb")
@@ -39,7 +40,7 @@ class ApiServer:
             if proc.poll() is not None:
                 raise AssertionError(f"serve exited {proc.returncode}: {server.log()}")
             try:
-                return httpx.get(server.url + "/healthz", timeout=1).status_code == 200
+                return httpx.get(server.url + ready_path, timeout=1).status_code == 200
             except httpx.HTTPError:
                 return False
 

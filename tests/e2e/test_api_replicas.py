@@ -106,3 +106,41 @@ def test_concurrent_identical_posts_on_two_replicas_make_one_run(deploy, mock, d
         c.close()
     assert_stored_exactly_once(dep, "demo", {"a": 10, "b": 10})
     assert mock.stats()["calls_total"] == 4  # the calls needed, once
+
+
+def test_an_idle_stream_gets_heartbeats_and_the_run_waits_queued(deploy, mock):
+    dep = deploy()  # no worker: the run stays queued, its stream idle
+    server = ApiServer.start(dep)
+    with server.client() as c:
+        put_syllabus(c, "demo", [("a", 5)])
+        run = c.post("/exams/demo/runs", headers={"Idempotency-Key": "k"}).json()
+        assert run["state"] == "queued"
+        seen = []
+        with c.stream("GET", f"/runs/{run['id']}/events") as r:
+            assert r.headers["content-type"].startswith("text/event-stream")
+            for e in events(r):
+                seen.append(e)
+                if len(seen) == 2:
+                    break
+        assert all("comment" in e for e in seen), seen  # heartbeats (API_SSE_HEARTBEAT_S 0.5)
+        assert c.get(f"/runs/{run['id']}").json()["state"] == "queued"
+        dep.worker(concurrency=2)  # a worker comes: the queued run proceeds
+        assert read_to_end(c, run["id"])[-1]["event"] == "done"
+    assert mock.stats()["calls_total"] == 1
+
+
+def test_a_broker_that_is_down_is_503_and_leaves_no_run(deploy, mock):
+    from services import free_port
+
+    dep = deploy(broker_url=f"redis://127.0.0.1:{free_port()}/0", broker_connect_timeout_s=1)
+    server = ApiServer.start(dep, ready_path="/openapi.json")
+    with server.client() as c:
+        health = c.get("/healthz")
+        assert health.status_code == 503 and health.json()["detail"].startswith("broker")
+        put_syllabus(c, "demo", [("a", 5)])
+        r = c.post("/exams/demo/runs", headers={"Idempotency-Key": "k"})
+        assert r.status_code == 503, r.text
+        assert r.headers["content-type"] == "application/problem+json"
+        assert c.get("/exams/demo/runs").json() == {"items": []}
+        assert c.get("/exams/demo").json()["state"] == "new"  # nothing was recorded
+    assert mock.stats()["calls_total"] == 0

@@ -135,3 +135,14 @@ def test_random_bytes_never_make_a_500(make_settings, mock_llm):
                              headers={"Idempotency-Key": f"k{i}",
                                       "Content-Type": "application/json"})):
                 assert r.status_code < 500, (raw, r.text)
+
+
+def test_405_lists_every_method_of_the_path(make_settings):
+    with api(make_settings) as c:
+        for method, path, allow in (("OPTIONS", "/exams/demo", "GET, PUT"),
+                                    ("DELETE", "/exams/demo/runs", "GET, POST"),
+                                    ("GET", "/runs/1/cancel", "POST"),
+                                    ("POST", "/index.html", "GET, HEAD")):
+            r = c.request(method, path)
+            _problem(r, 405)
+            assert r.headers["allow"] == allow, (method, path)
