@@ -1,0 +1,515 @@
+// examforge's page: plain JavaScript, no build step, no library (there is nothing to fetch
+// from a CDN where examforge runs, and the page needs little: fetch, an SSE reader, a table).
+//
+// What it must never do is start a paid run twice or lose one:
+// - start makes ONE Idempotency-Key per click (crypto.randomUUID) and reuses it for the
+//   retries of that click, so a retried request returns the same run; the button is disabled
+//   while the request is in flight and while the exam has a live run, so a double click is one
+//   request;
+// - the runs it follows are kept in the URL (#run=ID) and in localStorage (run ids are not
+//   secrets), so a closed and reopened tab finds its run again; closing the tab cancels nothing
+//   (only the cancel button does).
+"use strict";
+
+const TOKEN_KEY = "examforge.token";
+const RUNS_KEY = "examforge.runs"; // {exam slug: run id}
+const FINAL = new Set(["done", "failed", "cancelled"]);
+const LIVE = new Set(["queued", "running"]);
+const PAGE_SIZE = 50;
+
+const $ = (sel, root = document) => root.querySelector(sel);
+const state = {
+  exams: new Map(), // slug -> {card, exam, run, stream, starting}
+  questions: { exam: null, after: null, count: 0 },
+};
+
+// ---- token ----------------------------------------------------------------------------
+
+function token() {
+  return sessionStorage.getItem(TOKEN_KEY);
+}
+
+function askToken(message = "") {
+  sessionStorage.removeItem(TOKEN_KEY);
+  for (const entry of state.exams.values()) stopStream(entry);
+  $("#app").hidden = true;
+  $("#who").hidden = true;
+  $("#login").hidden = false;
+  $("#login-error").textContent = message;
+  $("#token").focus();
+}
+
+class AuthError extends Error {}
+
+class ApiError extends Error {
+  constructor(status, problem) {
+    super((problem && (problem.detail || problem.title)) || `HTTP ${status}`);
+    this.status = status;
+    this.problem = problem;
+  }
+}
+
+// Every call carries the Bearer token. Errors are RFC 9457 problem documents: their detail is
+// what the page shows.
+async function api(path, { method = "GET", body, headers = {} } = {}) {
+  const init = { method, headers: { Authorization: `Bearer ${token()}`, ...headers } };
+  if (body !== undefined) {
+    init.headers["Content-Type"] = "application/json";
+    init.body = JSON.stringify(body);
+  }
+  const resp = await fetch(path, init);
+  if (resp.status === 401) throw new AuthError("the token was refused");
+  const type = resp.headers.get("Content-Type") || "";
+  const data = type.includes("json") ? await resp.json() : null;
+  if (!resp.ok) throw new ApiError(resp.status, data);
+  return { data, resp };
+}
+
+function notice(err) {
+  if (err instanceof AuthError) return askToken("That token was refused (401): enter a valid one.");
+  $("#notice").textContent = err ? `${err.message}` : "";
+}
+
+// ---- the runs the page follows, kept across a closed tab ------------------------------
+
+function savedRuns() {
+  try {
+    return JSON.parse(localStorage.getItem(RUNS_KEY) || "{}");
+  } catch {
+    return {};
+  }
+}
+
+function rememberRun(exam, runId) {
+  const runs = savedRuns();
+  runs[exam] = runId;
+  localStorage.setItem(RUNS_KEY, JSON.stringify(runs));
+  const hash = new URLSearchParams(location.hash.slice(1));
+  hash.set("run", runId);
+  history.replaceState(null, "", `#${hash}`);
+}
+
+// The run id the URL names (a reopened tab keeps its URL), for the exam it belongs to.
+function urlRun() {
+  return new URLSearchParams(location.hash.slice(1)).get("run");
+}
+
+// ---- shapes: tolerant readers of the API's JSON ---------------------------------------
+
+const slugOf = (e) => e.slug ?? e.exam ?? e.name;
+const num = (x) => (typeof x === "number" && isFinite(x) ? x : null);
+
+function progressOf(obj) {
+  // A run or a progress event: {"questions": {"done", "target"}} or {"done", "target"}.
+  const q = obj && typeof obj.questions === "object" && obj.questions ? obj.questions : obj || {};
+  return { done: num(q.done) ?? 0, target: num(q.target) ?? 0 };
+}
+
+function runIdOf(exam) {
+  // An exam's status may name its latest run (any of these spellings).
+  const r = exam.latest_run ?? exam.run ?? exam.last_run;
+  if (r && typeof r === "object") return r.id ?? null;
+  return r ?? exam.latest_run_id ?? exam.run_id ?? null;
+}
+
+// ---- rendering ------------------------------------------------------------------------
+
+function card(slug) {
+  let entry = state.exams.get(slug);
+  if (entry) return entry;
+  const node = $("#exam-card").content.firstElementChild.cloneNode(true);
+  node.dataset.exam = slug;
+  $(".slug", node).textContent = slug;
+  entry = { card: node, exam: {}, run: null, stream: null, starting: false };
+  // Resume is a new run of the same exam: it generates only what is still missing.
+  $(".start", node).addEventListener("click", () => start(entry));
+  $(".resume", node).addEventListener("click", () => start(entry));
+  $(".cancel", node).addEventListener("click", () => cancel(entry));
+  $(".show-questions", node).addEventListener("click", () => showQuestions(slug));
+  state.exams.set(slug, entry);
+  $("#exams").append(node);
+  return entry;
+}
+
+function render(entry) {
+  const { card: node, exam, run } = entry;
+  const source = run || exam;
+  const { done, target } = progressOf(source);
+  const runState = run ? run.state : exam.state;
+  $(".title", node).textContent = exam.title || slugOf(exam) || "";
+  const badge = $(".state", node);
+  badge.textContent = runState || "new";
+  badge.dataset.state = runState || "";
+  const bar = $(".bar", node);
+  const pct = target ? Math.min(100, (100 * done) / target) : 0;
+  $(".fill", bar).style.width = `${pct}%`;
+  bar.dataset.done = done;
+  bar.dataset.target = target;
+  bar.setAttribute("aria-valuenow", String(done));
+  bar.setAttribute("aria-valuemax", String(target));
+  $(".done", node).textContent = done;
+  $(".target", node).textContent = target;
+  // The budget is the exam's (it spans its runs): the run's own cost, and the exam's spend
+  // against the budget.
+  const cost = num(source.cost_usd) ?? 0;
+  const spent = num(run?.spent_usd) ?? num(exam.spent_usd) ?? cost;
+  const budget = num(run?.budget_usd) ?? num(exam.budget_usd);
+  $(".cost", node).textContent = `$${cost.toFixed(4)}${run ? " this run" : ""}`;
+  $(".budget", node).textContent = budget === null ? "· no budget"
+    : `· $${spent.toFixed(4)} spent of $${budget.toFixed(4)} budget`;
+  $(".budget", node).classList.toggle("over", budget !== null && spent >= budget);
+  const meter = $(".budget-bar", node);
+  meter.hidden = budget === null;
+  if (budget !== null) $(".fill", meter).style.width = `${Math.min(100, (100 * spent) / budget)}%`;
+  $(".run", node).textContent = run ? `· run ${run.id}` : "";
+  $(".run", node).dataset.run = run ? run.id : "";
+  const reason = run?.pause_reason ?? (runState === "paused" ? exam.pause_reason : null);
+  $(".reason", node).textContent = reason ? `paused: ${reason}` : "";
+  const live = LIVE.has(runState);
+  $(".start", node).disabled = entry.starting || live;
+  $(".cancel", node).disabled = entry.starting || !run || !(live || runState === "paused");
+  $(".resume", node).disabled = entry.starting || !(runState === "paused" || runState === "cancelled" || runState === "failed");
+}
+
+// ---- exams ----------------------------------------------------------------------------
+
+async function loadExams() {
+  notice(null);
+  try {
+    const { data } = await api("/exams");
+    const list = Array.isArray(data) ? data : data.exams ?? data.items ?? [];
+    $("#empty").hidden = list.length > 0;
+    const saved = savedRuns();
+    const fromUrl = urlRun();
+    await Promise.all(list.map(async (summary) => {
+      const slug = slugOf(summary);
+      const entry = card(slug);
+      entry.exam = { ...summary };
+      try {
+        entry.exam = { ...summary, ...(await api(`/exams/${encodeURIComponent(slug)}`)).data };
+      } catch (err) {
+        if (err instanceof AuthError) throw err;
+      }
+      render(entry);
+      // The exam's latest run from the API (any tab, any replica started it), else the run
+      // this browser last followed.
+      const candidates = [await latestRun(slug), runIdOf(entry.exam), fromUrl, saved[slug]]
+        .filter((id) => id !== null && id !== undefined);
+      for (const id of new Set(candidates)) {
+        if (await follow(entry, id)) break;
+      }
+    }));
+  } catch (err) {
+    notice(err);
+  }
+}
+
+async function latestRun(slug) {
+  try {
+    const { data } = await api(`/exams/${encodeURIComponent(slug)}/runs`);
+    const items = Array.isArray(data) ? data : data.items ?? [];
+    return items.length ? items[0].id : null; // newest first
+  } catch (err) {
+    if (err instanceof AuthError) throw err;
+    return null;
+  }
+}
+
+// Show a run and stream its progress; false if it is not a run of this exam.
+async function follow(entry, runId) {
+  let run;
+  try {
+    run = (await api(`/runs/${encodeURIComponent(runId)}`)).data;
+  } catch (err) {
+    if (err instanceof AuthError) throw err;
+    return false;
+  }
+  const slug = entry.card.dataset.exam;
+  if (run.exam !== undefined && run.exam !== slug) return false;
+  if (entry.run && entry.run.id !== run.id && newer(entry.run, run)) return true;
+  entry.run = run;
+  rememberRun(slug, run.id);
+  render(entry);
+  if (!FINAL.has(run.state)) openStream(entry);
+  return true;
+}
+
+function newer(a, b) {
+  return (a.created_at || "") > (b.created_at || "");
+}
+
+// ---- start, resume, cancel ------------------------------------------------------------
+
+async function start(entry) {
+  if (entry.starting) return;
+  entry.starting = true; // disables the buttons until the run is known
+  render(entry);
+  const slug = entry.card.dataset.exam;
+  const raw = $(".budget-input", entry.card).value.trim();
+  const body = raw === "" ? {} : { budget_usd: Number(raw) };
+  // One key per click: a retry of this click (a network error, a 5xx) sends the same key and
+  // gets the same run back, never a second one.
+  const key = crypto.randomUUID();
+  try {
+    let run = null;
+    for (let attempt = 0; attempt < 4 && !run; attempt++) {
+      try {
+        const { data } = await api(`/exams/${encodeURIComponent(slug)}/runs`, {
+          method: "POST",
+          body,
+          headers: { "Idempotency-Key": key },
+        });
+        run = data;
+      } catch (err) {
+        const transient = err instanceof TypeError || (err instanceof ApiError && err.status >= 500);
+        if (!transient || attempt === 3) throw err;
+        await sleep(500 * 2 ** attempt);
+      }
+    }
+    stopStream(entry);
+    entry.run = run;
+    rememberRun(slug, run.id);
+    notice(null);
+    openStream(entry);
+  } catch (err) {
+    notice(err);
+  } finally {
+    entry.starting = false;
+    render(entry);
+  }
+}
+
+async function cancel(entry) {
+  if (!entry.run) return;
+  try {
+    const { data } = await api(`/runs/${encodeURIComponent(entry.run.id)}/cancel`, { method: "POST" });
+    if (data && data.id) entry.run = data;
+    await refreshRun(entry);
+  } catch (err) {
+    notice(err);
+  }
+}
+
+async function refreshRun(entry) {
+  if (!entry.run) return;
+  try {
+    entry.run = (await api(`/runs/${encodeURIComponent(entry.run.id)}`)).data;
+  } catch (err) {
+    return notice(err);
+  }
+  render(entry);
+  if (state.questions.exam === entry.card.dataset.exam) reloadQuestions();
+}
+
+// ---- the event stream -----------------------------------------------------------------
+//
+// Written by hand because EventSource cannot send an Authorization header and the API takes
+// the token only there (a token in the URL would end up in logs). The reader follows the
+// WHATWG event-stream format: fields, comments (the heartbeats), multi-line data, `retry`;
+// on a cut it reconnects with Last-Event-ID, so no event is missed.
+
+function stopStream(entry) {
+  if (entry.stream) entry.stream.abort();
+  entry.stream = null;
+}
+
+function openStream(entry) {
+  stopStream(entry);
+  const controller = new AbortController();
+  entry.stream = controller;
+  streamRun(entry, entry.run.id, controller.signal).catch((err) => {
+    if (!controller.signal.aborted) notice(err);
+  });
+}
+
+async function streamRun(entry, runId, signal) {
+  let lastId = null;
+  let retryMs = 1000;
+  while (!signal.aborted) {
+    let final = false;
+    try {
+      const headers = { Authorization: `Bearer ${token()}`, Accept: "text/event-stream" };
+      if (lastId !== null) headers["Last-Event-ID"] = lastId;
+      const resp = await fetch(`/runs/${encodeURIComponent(runId)}/events`, { headers, signal, cache: "no-store" });
+      if (resp.status === 401) throw new AuthError("the token was refused");
+      if (!resp.ok) throw new ApiError(resp.status, await resp.json().catch(() => null));
+      // 204: the final event was received already (on an earlier connection).
+      final = resp.status === 204;
+      if (!final) for await (const ev of sseEvents(resp.body, signal)) {
+        if (ev.id !== null) lastId = ev.id;
+        if (ev.retry !== null) retryMs = ev.retry;
+        onEvent(entry, runId, ev);
+        if (FINAL.has(ev.type)) final = true;
+      }
+    } catch (err) {
+      if (signal.aborted) return;
+      if (err instanceof AuthError || (err instanceof ApiError && err.status < 500)) throw err;
+    }
+    if (final) {
+      await refreshRun(entry);
+      return;
+    }
+    await sleep(retryMs);
+  }
+}
+
+async function* sseEvents(body, signal) {
+  const reader = body.getReader();
+  const decoder = new TextDecoder();
+  let buffer = "";
+  let ev = blankEvent();
+  try {
+    while (!signal.aborted) {
+      const { value, done } = await reader.read();
+      if (done) return;
+      buffer += decoder.decode(value, { stream: true });
+      const lines = buffer.split(/\r\n|\r|\n/);
+      buffer = lines.pop(); // an incomplete line waits for the next chunk
+      for (const line of lines) {
+        if (line === "") {
+          if (ev.data.length) yield { ...ev, data: ev.data.join("\n") };
+          ev = blankEvent();
+          continue;
+        }
+        if (line.startsWith(":")) continue; // a comment: the heartbeat
+        const at = line.indexOf(":");
+        const field = at < 0 ? line : line.slice(0, at);
+        let value = at < 0 ? "" : line.slice(at + 1);
+        if (value.startsWith(" ")) value = value.slice(1);
+        if (field === "event") ev.type = value;
+        else if (field === "data") ev.data.push(value);
+        else if (field === "id" && !value.includes("\0")) ev.id = value;
+        else if (field === "retry" && /^\d+$/.test(value)) ev.retry = Number(value);
+      }
+    }
+  } finally {
+    reader.cancel().catch(() => {});
+  }
+}
+
+function blankEvent() {
+  return { type: "message", data: [], id: null, retry: null };
+}
+
+function onEvent(entry, runId, ev) {
+  if (!entry.run || entry.run.id !== runId) return;
+  let data = {};
+  try {
+    data = JSON.parse(ev.data);
+  } catch {
+    return;
+  }
+  const { done, target } = progressOf(data);
+  const run = { ...entry.run, questions: { done, target } };
+  for (const field of ["cost_usd", "spent_usd", "budget_usd"]) {
+    if (num(data[field]) !== null) run[field] = data[field];
+  }
+  if (ev.type === "progress" && !FINAL.has(run.state)) run.state = data.state || "running";
+  if (FINAL.has(ev.type)) run.state = ev.type;
+  entry.run = run;
+  render(entry);
+  if (ev.type === "progress" && state.questions.exam === entry.card.dataset.exam) moreQuestions();
+}
+
+// ---- the questions table (keyset pages) -----------------------------------------------
+
+function showQuestions(slug) {
+  state.questions = { exam: slug, after: null, count: 0 };
+  $("#q-exam").textContent = slug;
+  $("#q-rows").replaceChildren();
+  $("#questions").hidden = false;
+  moreQuestions();
+}
+
+function reloadQuestions() {
+  if (state.questions.exam) showQuestions(state.questions.exam);
+}
+
+let loadingQuestions = false;
+
+// Keyset pagination: `after` is the cursor the last page gave, so pages stay stable while
+// generation adds rows; new rows come on the next call.
+async function moreQuestions() {
+  const q = state.questions;
+  if (!q.exam || loadingQuestions) return;
+  loadingQuestions = true;
+  try {
+    for (;;) {
+      const params = new URLSearchParams({ limit: String(PAGE_SIZE) });
+      if (q.after !== null) params.set("after", q.after);
+      const { data } = await api(`/exams/${encodeURIComponent(q.exam)}/questions?${params}`);
+      const items = Array.isArray(data) ? data : data.items ?? data.questions ?? [];
+      if (q !== state.questions) return;
+      for (const item of items) $("#q-rows").append(questionRow(item));
+      q.count += items.length;
+      const next = Array.isArray(data) ? null : data.next ?? null;
+      // No `next`: the last page for now. Later rows come after the last id shown.
+      const last = items.length ? items[items.length - 1].id : undefined;
+      const cursor = next ?? last;
+      if (cursor !== null && cursor !== undefined) q.after = String(cursor);
+      if (!items.length || next === null) break;
+    }
+    $("#q-count").textContent = `${q.count} shown`;
+  } catch (err) {
+    notice(err);
+  } finally {
+    loadingQuestions = false;
+  }
+}
+
+function questionRow(item) {
+  const tr = document.createElement("tr");
+  tr.dataset.chapter = item.chapter_id ?? item.chapter ?? "";
+  tr.dataset.number = item.number ?? "";
+  const cells = [tr.dataset.chapter, tr.dataset.number, item.question ?? ""];
+  for (const text of cells) {
+    const td = document.createElement("td");
+    td.textContent = String(text);
+    tr.append(td);
+  }
+  const td = document.createElement("td");
+  const ol = document.createElement("ol");
+  ol.className = "choices";
+  const answer = item.answer_index ?? item.answer;
+  (item.choices || []).forEach((choice, i) => {
+    const li = document.createElement("li");
+    const letter = String.fromCharCode(65 + i);
+    li.textContent = `${letter}. ${choice}`;
+    if (i === answer) {
+      li.className = "correct";
+      li.title = "the correct answer";
+      li.textContent = `✓ ${letter}. ${choice}`;
+    }
+    ol.append(li);
+  });
+  td.append(ol);
+  tr.append(td);
+  return tr;
+}
+
+// ---- start-up -------------------------------------------------------------------------
+
+const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+
+function enter() {
+  $("#login").hidden = true;
+  $("#app").hidden = false;
+  $("#who").hidden = false;
+  loadExams();
+}
+
+document.addEventListener("DOMContentLoaded", () => {
+  $("#login").addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    const value = $("#token").value.trim();
+    if (!value) return;
+    sessionStorage.setItem(TOKEN_KEY, value);
+    $("#token").value = "";
+    enter();
+  });
+  $("#forget").addEventListener("click", () => askToken());
+  $("#refresh").addEventListener("click", loadExams);
+  $("#q-more").addEventListener("click", moreQuestions);
+  if (token()) enter();
+  else askToken();
+});
