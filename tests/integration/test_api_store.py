@@ -41,7 +41,7 @@ def test_0007_adds_the_api_tables_keeping_what_is_stored(db_url):
     store = Store(engine)
     with engine.connect() as conn:
         assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == \
-            SCHEMA_REVISION == "0007"
+            SCHEMA_REVISION  # 0007 and every migration after it
     assert store.status("ex").questions.done == 2
     assert store.stored_syllabus("ex") is None
     run, created = store.create_run("ex", "key", "fp", None)

@@ -211,7 +211,7 @@ def test_orphans_finds_picked_chapters_without_a_live_lease_and_lost_epochs(stor
     store.mark_enqueued("ex", [("a", 0), ("b", 0), ("c", 0)], "epoch-1")
     assert store.orphans(grace_s=0, epoch="epoch-1") == []  # all waiting in the queue
     store.mark_picked("ex", "a")
-    dead = store.claim("ex", "a", "dead", 0.2, 8)
+    dead = store.claim("ex", "a", "dead", 1.5, 8)  # long enough to be live at the next line on a loaded machine
     assert isinstance(dead, Claimed)
     assert store.orphans(grace_s=0, epoch="epoch-1") == []  # lease is live
     wait_lease_expired(store, "ex", "a")
