@@ -22,6 +22,7 @@ from sqlalchemy.engine import Connection
 from examforge.errors import UserError
 from examforge.output import Question as ParsedQuestion
 from examforge.output import text_hash
+from storage import neardup
 from storage.base import E, K, Q, S, StoreBase
 from storage.models import CallOutcome, ChapterState
 
@@ -206,13 +207,18 @@ class Imports(StoreBase):
                 endpoint=None, model=IMPORT_MODEL, reserved_usd=0.0, usage_estimated=False,
                 price_known=True, started_at=now, finished_at=now).returning(K.c.id)
             ).scalar_one()
-            conn.execute(insert(Q), [
+            ids = conn.execute(insert(Q).returning(Q.c.id, sort_by_parameter_order=True), [
                 {"exam": slug, "chapter_id": chapter_id, "number": first + i,
                  "question": q.question, "choices": json.dumps(list(q.choices),
                                                                ensure_ascii=False),
                  "answer_index": q.answer_index, "explanation": q.explanation,
                  "norm_hash": h, "model": IMPORT_MODEL, "call_id": call_id, "created_at": now}
-                for i, (q, h) in enumerate(batch)])
+                for i, (q, h) in enumerate(batch)]).scalars().all()
+            # Indexed like generated questions, so that the model's repeats of them are caught.
+            title = conn.execute(select(S.c.title).where(
+                S.c.exam == slug, S.c.chapter_id == chapter_id).limit(1)).scalar_one_or_none()
+            neardup.index_rows(conn, [(qid, slug, chapter_id, q.question, title or "")
+                                      for qid, (q, _) in zip(ids, batch)])
             done = r.room == 0
             values: dict[str, Any] = {"updated_at": now}
             if done:

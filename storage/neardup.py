@@ -1,0 +1,198 @@
+"""Near-duplicates in the database: the signatures and band keys of stored questions, the
+check a commit makes of its batch, and the stored questions a prompt lists to steer the model
+away from repeats.
+
+The check runs inside the commit's transaction, after the slice's fence. On PostgreSQL the
+commit first locks the scope's `dedup_lock` row (its chapter, or its exam), so commits that
+could store near-duplicates of each other queue there: the second one's check, a statement
+run after the first commit ended (READ COMMITTED), sees what the first one stored. SQLite
+serialises its writers already (BEGIN IMMEDIATE), so it takes no lock.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+from sqlalchemy import bindparam, delete, insert, select, update
+from sqlalchemy.engine import Connection
+
+from examforge.neardup import Checker, Scope, Signature, band_keys, signature
+from storage.models import DedupLock, QuestionBand, QuestionSig, Question
+
+QS = QuestionSig.__table__  # type: ignore[attr-defined]
+QB = QuestionBand.__table__  # type: ignore[attr-defined]
+DL = DedupLock.__table__  # type: ignore[attr-defined]
+Q = Question.__table__  # type: ignore[attr-defined]
+
+# What a prompt lists of the chapter's stored questions, by default (AVOID_QUESTIONS).
+DEFAULT_AVOID_QUESTIONS = 40
+
+
+@dataclass(frozen=True)
+class Signed:
+    """A new question's signature and band keys, computed before the commit's transaction."""
+
+    sig: Signature
+    keys: tuple[int, ...]
+
+    @classmethod
+    def of(cls, text: str, context: str = "") -> "Signed":
+        sig = signature(text, context)
+        return cls(sig, tuple(band_keys(sig)))
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Which questions of a batch to keep, and the stored questions the others repeat."""
+
+    keep: list[bool]
+    repeated: list[int]  # question ids of the stored questions that were written again
+
+    @property
+    def rejected(self) -> int:
+        return self.keep.count(False)
+
+
+def lock(conn: Connection, exam: str, chapter_id: str, scope: Scope) -> None:
+    """Take the scope's lock row until the transaction ends (PostgreSQL; a no-op on SQLite,
+    whose writers are serialised already). One upsert creates the row the first time and
+    locks it every time."""
+    if conn.dialect.name != "postgresql":
+        return
+    from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+    key = "" if scope is Scope.exam else chapter_id
+    stmt = pg_insert(DL).values(exam=exam, scope=key, commits=1)
+    conn.execute(stmt.on_conflict_do_update(index_elements=[DL.c.exam, DL.c.scope],
+                                            set_={"commits": DL.c.commits + 1}))
+
+
+def _candidates(conn: Connection, exam: str, chapter_id: str, scope: Scope,
+                keys: Iterable[int]) -> dict[int, Signature]:
+    """The stored questions sharing a band key with any of `keys`: an index lookup, whose
+    cost depends on how many questions are alike, not on how many are stored."""
+    wanted = sorted(set(keys))
+    if not wanted:
+        return {}
+    query = (select(QS.c.question_id, QS.c.tokens, QS.c.key_terms).distinct()
+             .select_from(QB.join(QS, QS.c.question_id == QB.c.question_id))
+             .where(QB.c.exam == exam, QB.c.band_key.in_(bindparam("keys", expanding=True))))
+    if scope is Scope.chapter:
+        query = query.where(QB.c.chapter_id == chapter_id)
+    found: dict[int, Signature] = {}
+    for start in range(0, len(wanted), 5000):  # SQLite's limit on bound parameters
+        for qid, tokens, key_terms in conn.execute(query, {"keys": wanted[start:start + 5000]}):
+            found[qid] = Signature.decode(tokens, key_terms)
+    return found
+
+
+def check(conn: Connection, exam: str, chapter_id: str, checker: Checker,
+          batch: Sequence[Signed | None]) -> Verdict:
+    """Which questions of `batch` are new: not a near-duplicate of a stored question of the
+    scope, nor of an earlier question of the batch. (None: already dropped, kept False.)"""
+    stored = _candidates(conn, exam, chapter_id, checker.scope,
+                         (k for s in batch if s is not None for k in s.keys))
+    keep: list[bool] = []
+    repeated: list[int] = []
+    kept: list[Signed] = []
+    for new in batch:
+        if new is None:
+            keep.append(False)
+            continue
+        # The candidates of the whole batch, verified exactly: a few per question.
+        hit = next((qid for qid, sig in stored.items() if checker.is_near(new.sig, sig)), None)
+        if hit is not None:
+            repeated.append(hit)
+            keep.append(False)
+        elif any(checker.is_near(new.sig, other.sig) for other in kept):
+            keep.append(False)
+        else:
+            kept.append(new)
+            keep.append(True)
+    return Verdict(keep, repeated)
+
+
+def index(conn: Connection, exam: str, chapter_id: str, ids: Sequence[int],
+          signed: Sequence[Signed]) -> None:
+    """Store the signatures and band keys of questions just inserted."""
+    if not ids:
+        return
+    conn.execute(insert(QS), [
+        {"question_id": qid, "exam": exam, "chapter_id": chapter_id,
+         "tokens": s.sig.encode()[0], "key_terms": s.sig.encode()[1], "repeats": 0}
+        for qid, s in zip(ids, signed)])
+    bands = [{"exam": exam, "band_key": k, "question_id": qid, "chapter_id": chapter_id}
+             for qid, s in zip(ids, signed) for k in set(s.keys)]
+    if bands:
+        conn.execute(insert(QB), bands)
+
+
+def index_rows(conn: Connection, rows: Sequence[tuple[int, str, str, str, str]]) -> None:
+    """Index stored questions given as (id, exam, chapter_id, text, chapter title): the
+    migration's backfill and `producer import`."""
+    by_chapter: dict[tuple[str, str], tuple[list[int], list[Signed]]] = {}
+    for qid, exam, chapter_id, text, title in rows:
+        ids, signed = by_chapter.setdefault((exam, chapter_id), ([], []))
+        ids.append(qid)
+        signed.append(Signed.of(text, title))
+    for (exam, chapter_id), (ids, signed) in by_chapter.items():
+        index(conn, exam, chapter_id, ids, signed)
+
+
+def record_repeats(conn: Connection, question_ids: Sequence[int]) -> None:
+    """Count, on the stored questions, each time the model wrote one of them again."""
+    for qid in question_ids:
+        conn.execute(update(QS).where(QS.c.question_id == qid)
+                     .values(repeats=QS.c.repeats + 1))
+
+
+def forget(conn: Connection, exam: str, chapter_ids: Sequence[str] | None = None) -> None:
+    """Drop the index rows of an exam's questions (all of them, or those of some chapters),
+    with the questions themselves."""
+    for table in (QS, QB):
+        where = [table.c.exam == exam]
+        if chapter_ids is not None:
+            where.append(table.c.chapter_id.in_(list(chapter_ids)))
+        conn.execute(delete(table).where(*where))
+    if chapter_ids is None:
+        conn.execute(delete(DL).where(DL.c.exam == exam))
+
+
+def steering(conn: Connection, exam: str, chapter_id: str, limit: int,
+             numbers: tuple[int, int], seed: int) -> tuple[str, ...]:
+    """The stored questions a prompt lists as "do not repeat", at most `limit`, covering the
+    whole chapter however long it grows, least important first (a caller that must cut
+    keeps the tail):
+
+    - a rotating sample of the chapter's numbers (`numbers`: first and last), drawn anew for
+      each call (`seed`), so that over a few calls every stored question is shown;
+    - the newest questions (what the model just wrote, in any slice);
+    - the questions the model has written again most often (rejected near-duplicates):
+      the ones it keeps coming back to, which a list of the newest never shows.
+    """
+    if limit <= 0:
+        return ()
+    chapter = (Q.c.exam == exam, Q.c.chapter_id == chapter_id)
+    repeated = list(conn.execute(
+        select(Q.c.id, Q.c.question).join(QS, QS.c.question_id == Q.c.id)
+        .where(QS.c.exam == exam, QS.c.chapter_id == chapter_id, QS.c.repeats > 0)
+        .order_by(QS.c.repeats.desc(), Q.c.id).limit(limit // 2)))
+    newest = list(conn.execute(select(Q.c.id, Q.c.question).where(*chapter)
+                               .order_by(Q.c.id.desc()).limit(max(1, limit // 4))))
+    first, last = numbers
+    room = limit - len(repeated) - len(newest)
+    sample: list[tuple[int, str]] = []
+    if room > 0 and last >= first:
+        rng = random.Random(seed)
+        drawn = rng.sample(range(first, last + 1), min(last - first + 1, room * 2))
+        sample = list(conn.execute(select(Q.c.id, Q.c.question).where(
+            *chapter, Q.c.number.in_(drawn)).limit(room)))
+    seen: set[int] = set()
+    out: list[str] = []
+    for qid, text in [*sample, *reversed(newest), *reversed(repeated)]:
+        if qid not in seen:
+            seen.add(qid)
+            out.append(text)
+    return tuple(out[-limit:])
