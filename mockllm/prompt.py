@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from examforge.prompt import Label, read_fields
+from examforge.output import normalise
+from examforge.prompt import AVOID_HEADER, Label, read_fields
 from mockllm.faults import MODEL_ID
 
 UNKNOWN_CHAPTER = "unknown"
@@ -30,6 +31,8 @@ class ChatPrompt:
     # The part of the chapter asked for ("101-150"), when its slices run at once: with the
     # chapter, who a Retry-After was promised to.
     part: str | None = None
+    # The questions the prompt asks not to repeat (its "Do not repeat" list), normalised.
+    avoid: frozenset[str] = frozenset()
 
     @property
     def requester(self) -> str:
@@ -62,9 +65,23 @@ def _first_token(value: str | None) -> str | None:
     return parts[0] if parts else None
 
 
+def avoid_list(text: str) -> frozenset[str]:
+    """The "- question" lines that follow the prompt's "Do not repeat" header."""
+    _, found, rest = text.partition(AVOID_HEADER)
+    if not found:
+        return frozenset()
+    listed = set()
+    for line in rest.splitlines()[1:]:
+        if not line.startswith("- "):
+            break
+        listed.add(normalise(line[2:]))
+    return frozenset(listed)
+
+
 def parse_prompt(body: dict[str, Any]) -> ChatPrompt:
     """Extract chapter key, title and question count from an OpenAI request body."""
-    fields = read_fields(_last_user_text(body))
+    text = _last_user_text(body)
+    fields = read_fields(text)
     exam = _first_token(fields.get(Label.exam))
     chapter = _first_token(fields.get(Label.chapter_id))
     count = _first_token(fields.get(_COUNT_LABEL))
@@ -77,4 +94,5 @@ def parse_prompt(body: dict[str, Any]) -> ChatPrompt:
         count=int(count) if count and count.isdigit() else DEFAULT_QUESTION_COUNT,
         model=model if isinstance(model, str) and model else MODEL_ID,
         part=_first_token(fields.get(Label.question_numbers)),
+        avoid=avoid_list(text),
     )
