@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Any, Sequence
 
 from sqlalchemy import bindparam, delete, insert, select, update
 from sqlalchemy.engine import Connection
@@ -70,30 +70,33 @@ def lock(conn: Connection, exam: str, chapter_id: str, scope: Scope) -> None:
 
 
 def _candidates(conn: Connection, exam: str, chapter_id: str, scope: Scope,
-                keys: Iterable[int]) -> dict[int, Signature]:
-    """The stored questions sharing a band key with any of `keys`: an index lookup, whose
-    cost depends on how many questions are alike, not on how many are stored."""
-    wanted = sorted(set(keys))
-    if not wanted:
-        return {}
-    query = (select(QS.c.question_id, QS.c.tokens, QS.c.key_terms).distinct()
-             .select_from(QB.join(QS, QS.c.question_id == QB.c.question_id))
-             .where(QB.c.exam == exam, QB.c.band_key.in_(bindparam("keys", expanding=True))))
-    if scope is Scope.chapter:
-        query = query.where(QB.c.chapter_id == chapter_id)
-    found: dict[int, Signature] = {}
-    for start in range(0, len(wanted), 5000):  # SQLite's limit on bound parameters
-        for qid, tokens, key_terms in conn.execute(query, {"keys": wanted[start:start + 5000]}):
-            found[qid] = Signature.decode(tokens, key_terms)
-    return found
+                keys: Sequence[int]) -> list[tuple[int, Signature]]:
+    """The stored questions of the scope sharing a band key with `keys` (one question's),
+    with their signatures: index lookups, whose cost depends on how many stored questions
+    are alike, not on how many are stored. One query per new question, returning each
+    candidate once: the rows, not the lookups, are what costs."""
+    if not keys:
+        return []
+    query = _CANDIDATES.get(scope)
+    if query is None:  # built once: building a statement costs more than running this one
+        bands = select(QB.c.question_id).where(
+            QB.c.exam == bindparam("exam"), QB.c.band_key.in_(bindparam("keys", expanding=True)))
+        if scope is Scope.chapter:
+            bands = bands.where(QB.c.chapter_id == bindparam("chapter"))
+        query = _CANDIDATES[scope] = select(QS.c.question_id, QS.c.tokens, QS.c.key_terms).where(
+            QS.c.question_id.in_(bands.scalar_subquery())).order_by(QS.c.question_id)
+    params = {"exam": exam, "keys": sorted(set(keys)), "chapter": chapter_id}
+    return [(qid, Signature.decode(tokens, key_terms))
+            for qid, tokens, key_terms in conn.execute(query, params)]
+
+
+_CANDIDATES: dict[Scope, Any] = {}
 
 
 def check(conn: Connection, exam: str, chapter_id: str, checker: Checker,
           batch: Sequence[Signed | None]) -> Verdict:
     """Which questions of `batch` are new: not a near-duplicate of a stored question of the
     scope, nor of an earlier question of the batch. (None: already dropped, kept False.)"""
-    stored = _candidates(conn, exam, chapter_id, checker.scope,
-                         (k for s in batch if s is not None for k in s.keys))
     keep: list[bool] = []
     repeated: list[int] = []
     kept: list[Signed] = []
@@ -101,8 +104,9 @@ def check(conn: Connection, exam: str, chapter_id: str, checker: Checker,
         if new is None:
             keep.append(False)
             continue
-        # The candidates of the whole batch, verified exactly: a few per question.
-        hit = next((qid for qid, sig in stored.items() if checker.is_near(new.sig, sig)), None)
+        # Its candidates (sharing a band key with it), verified exactly.
+        stored = _candidates(conn, exam, chapter_id, checker.scope, new.keys)
+        hit = next((qid for qid, sig in stored if checker.is_near(new.sig, sig)), None)
         if hit is not None:
             repeated.append(hit)
             keep.append(False)
