@@ -387,6 +387,9 @@ class Ledger(StoreBase):
                 Q.c.exam == claim.exam, Q.c.chapter_id == claim.chapter_id,
                 Q.c.norm_hash.in_(hashes))).scalars())
         keep = [i for i, h in enumerate(hashes) if h not in taken]
+        if len(keep) < len(hashes):
+            note = ", ".join(filter(None, [note, f"{len(hashes) - len(keep)} "
+                                                 f"{Rejection.duplicate.value} rejected at commit"]))
         near = 0
         if near_dup is not None and signed is not None and keep:
             verdict = neardup.check(conn, claim.exam, claim.chapter_id, near_dup,

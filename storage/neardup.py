@@ -70,33 +70,56 @@ def lock(conn: Connection, exam: str, chapter_id: str, scope: Scope) -> None:
 
 
 def _candidates(conn: Connection, exam: str, chapter_id: str, scope: Scope,
-                keys: Sequence[int]) -> list[tuple[int, Signature]]:
-    """The stored questions of the scope sharing a band key with `keys` (one question's),
-    with their signatures: index lookups, whose cost depends on how many stored questions
-    are alike, not on how many are stored. One query per new question, returning each
-    candidate once: the rows, not the lookups, are what costs."""
-    if not keys:
-        return []
-    query = _CANDIDATES.get(scope)
-    if query is None:  # built once: building a statement costs more than running this one
-        bands = select(QB.c.question_id).where(
-            QB.c.exam == bindparam("exam"), QB.c.band_key.in_(bindparam("keys", expanding=True)))
-        if scope is Scope.chapter:
-            bands = bands.where(QB.c.chapter_id == bindparam("chapter"))
-        query = _CANDIDATES[scope] = select(QS.c.question_id, QS.c.tokens, QS.c.key_terms).where(
-            QS.c.question_id.in_(bands.scalar_subquery())).order_by(QS.c.question_id)
-    params = {"exam": exam, "keys": sorted(set(keys)), "chapter": chapter_id}
-    return [(qid, Signature.decode(tokens, key_terms))
-            for qid, tokens, key_terms in conn.execute(query, params)]
+                keys: Sequence[int]) -> tuple[dict[int, list[int]], dict[int, Signature]]:
+    """The stored questions of the scope sharing a band key with `keys` (the batch's), by
+    key, and their signatures. Two statements whatever the batch: the band rows (an index
+    lookup per key, whose cost depends on how many stored questions are alike, not on how
+    many are stored), then the signatures of the distinct candidates."""
+    by_key: dict[int, list[int]] = {}
+    sigs: dict[int, Signature] = {}
+    wanted = sorted(set(keys))
+    if not wanted:
+        return by_key, sigs
+    params: dict[str, Any] = {"exam": exam, "chapter": chapter_id}
+    for start in range(0, len(wanted), 5000):  # SQLite's limit on bound parameters
+        params["keys"] = wanted[start:start + 5000]
+        for key, qid in conn.execute(_statement("bands", scope), params):
+            by_key.setdefault(key, []).append(qid)
+    ids = sorted({qid for qids in by_key.values() for qid in qids})
+    for start in range(0, len(ids), 5000):
+        for qid, tokens, key_terms, text in conn.execute(_statement("sigs", scope),
+                                                         {"ids": ids[start:start + 5000]}):
+            sigs[qid] = Signature.decode(tokens, key_terms, text)
+    return by_key, sigs
 
 
-_CANDIDATES: dict[Scope, Any] = {}
+_STATEMENTS: dict[tuple[str, Scope], Any] = {}
+
+
+def _statement(name: str, scope: Scope) -> Any:
+    """The check's statements, built once (building one costs more than running it)."""
+    stmt = _STATEMENTS.get((name, scope))
+    if stmt is None:
+        if name == "bands":
+            stmt = select(QB.c.band_key, QB.c.question_id).where(
+                QB.c.exam == bindparam("exam"),
+                QB.c.band_key.in_(bindparam("keys", expanding=True)))
+            if scope is Scope.chapter:
+                stmt = stmt.where(QB.c.chapter_id == bindparam("chapter"))
+        else:
+            stmt = (select(QS.c.question_id, QS.c.tokens, QS.c.key_terms, Q.c.question)
+                    .join(Q, Q.c.id == QS.c.question_id)
+                    .where(QS.c.question_id.in_(bindparam("ids", expanding=True))))
+        _STATEMENTS[(name, scope)] = stmt
+    return stmt
 
 
 def check(conn: Connection, exam: str, chapter_id: str, checker: Checker,
           batch: Sequence[Signed | None]) -> Verdict:
     """Which questions of `batch` are new: not a near-duplicate of a stored question of the
     scope, nor of an earlier question of the batch. (None: already dropped, kept False.)"""
+    by_key, stored = _candidates(conn, exam, chapter_id, checker.scope,
+                                 [k for s in batch if s is not None for k in s.keys])
     keep: list[bool] = []
     repeated: list[int] = []
     kept: list[Signed] = []
@@ -104,9 +127,9 @@ def check(conn: Connection, exam: str, chapter_id: str, checker: Checker,
         if new is None:
             keep.append(False)
             continue
-        # Its candidates (sharing a band key with it), verified exactly.
-        stored = _candidates(conn, exam, chapter_id, checker.scope, new.keys)
-        hit = next((qid for qid, sig in stored if checker.is_near(new.sig, sig)), None)
+        # Its own candidates (sharing a band key with it), verified exactly.
+        mine = sorted({qid for k in new.keys for qid in by_key.get(k, ())})
+        hit = next((qid for qid in mine if checker.is_near(new.sig, stored[qid])), None)
         if hit is not None:
             repeated.append(hit)
             keep.append(False)
