@@ -218,8 +218,9 @@ def steering(conn: Connection, exam: str, chapter_id: str, limit: int,
             *chapter, Q.c.number.in_(drawn)).limit(room)))
     seen: set[int] = set()
     out: list[str] = []
-    for qid, text in [*sample, *reversed(newest), *reversed(repeated)]:
+    # Most important last; a question in several parts stays in its most important place.
+    for qid, text in reversed([*sample, *reversed(newest), *reversed(repeated)]):
         if qid not in seen:
             seen.add(qid)
             out.append(text)
-    return tuple(out[-limit:])
+    return tuple(reversed(out[:limit]))
