@@ -39,10 +39,11 @@ import re
 import struct
 import threading
 import unicodedata
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import Enum
 from functools import lru_cache
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING
 
 from examforge.output import normalise
 
@@ -73,16 +74,7 @@ class Scope(str, Enum):
 
 
 # Function words and the words every exam question is made of: they carry no subject.
-STOP_WORDS = frozenset("""
-a about above after again against all also am an and any are as at be been before being
-below between both but by can could did do does doing down during each few for from further
-had has have having he her here hers him his how i if in into is it its itself just me more
-most my no nor not now of off on once only or other our ours out over own same she should so
-some such than that the their theirs them then there these they this those through to too
-under until up very was we were what when where which while who whom why will with would you
-your yours one following option options choice choices statement statements best describe
-describes true correct question given listed
-""".split())
+STOP_WORDS = frozenset(["a", "about", "above", "after", "again", "against", "all", "also", "am", "an", "and", "any", "are", "as", "at", "be", "been", "before", "being", "below", "between", "both", "but", "by", "can", "could", "did", "do", "does", "doing", "down", "during", "each", "few", "for", "from", "further", "had", "has", "have", "having", "he", "her", "here", "hers", "him", "his", "how", "i", "if", "in", "into", "is", "it", "its", "itself", "just", "me", "more", "most", "my", "no", "nor", "not", "now", "of", "off", "on", "once", "only", "or", "other", "our", "ours", "out", "over", "own", "same", "she", "should", "so", "some", "such", "than", "that", "the", "their", "theirs", "them", "then", "there", "these", "they", "this", "those", "through", "to", "too", "under", "until", "up", "very", "was", "we", "were", "what", "when", "where", "which", "while", "who", "whom", "why", "will", "with", "would", "you", "your", "yours", "one", "following", "option", "options", "choice", "choices", "statement", "statements", "best", "describe", "describes", "true", "correct", "question", "given", "listed"])
 
 # "Which of the following ...", "Which one of these ...": what rephrasings add or drop.
 _LEAD_IN_RE = re.compile(
@@ -152,7 +144,7 @@ class Signature:
         return " ".join(sorted(self.tokens)), " ".join(sorted(self.keys))
 
     @classmethod
-    def decode(cls, tokens: str, keys: str, text: str = "") -> "Signature":
+    def decode(cls, tokens: str, keys: str, text: str = "") -> Signature:
         return cls(frozenset(tokens.split()), frozenset(keys.split()), normalise(text))
 
 
@@ -231,7 +223,7 @@ def _hash32(data: bytes) -> int:
     return struct.unpack("<I", hashlib.blake2b(data, digest_size=4).digest())[0]
 
 
-def minhash(sig: Signature) -> "MinHash":
+def minhash(sig: Signature) -> MinHash:
     from datasketch import MinHash
 
     m = MinHash(num_perm=NUM_PERM, seed=_SEED, hashfunc=_hash32, permutations=_permutations(),

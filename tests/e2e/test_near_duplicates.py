@@ -14,11 +14,11 @@ import itertools
 import re
 
 import pytest
+from harness import assert_stored_exactly_once, dump
 from rapidfuzz import fuzz
 
 from examforge import neardup as nd
 from examforge.output import normalise
-from harness import assert_stored_exactly_once, dump
 
 pytestmark = pytest.mark.e2e
 

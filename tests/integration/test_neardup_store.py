@@ -7,14 +7,13 @@ from __future__ import annotations
 import threading
 
 import pytest
+from helpers import wait_for, write_syllabus
 from sqlalchemy import select, text
 
 from examforge.neardup import Checker, Scope
 from examforge.output import Question
 from examforge.syllabus import load_syllabus
-from helpers import wait_for, write_syllabus
-from storage import Store, connect, migrate
-from storage import neardup
+from storage import Store, connect, migrate, neardup
 from storage.store import Claimed, K, Steer, Usage
 
 ORIGINAL = "Which AWS service provides durable object storage for static website assets?"
@@ -32,7 +31,10 @@ def _claim(store: Store, chapter: str = "a", slice_no: int = 0, owner: str = "w"
     return claim
 
 
-def _commit(store: Store, claim: Claimed, texts: list[str], checker: Checker = Checker(),
+CHAPTER = Checker()
+
+
+def _commit(store: Store, claim: Claimed, texts: list[str], checker: Checker = CHAPTER,
             first: int | None = None):  # type: ignore[no-untyped-def]
     call = store.start_call(claim, first or claim.first_number, len(texts), lease_s=30.0)
     return call, store.commit_batch(claim, 30.0, call, [_q(t) for t in texts], model="m",
@@ -95,8 +97,8 @@ def test_the_exam_scope_compares_with_every_chapter(store, tmp_path):
     _, in_chapter = _commit(store, _claim(store, "b"), [PARAPHRASE])
     assert in_chapter.kept == (PARAPHRASE,)  # the default scope: its own chapter only
     _, in_exam = _commit(store, _claim(store, "c"),
-                         ["Which AWS service offers durable object storage for static website "
-                          "assets?"], Checker(scope=Scope.exam))
+                         [("Which AWS service offers durable object storage for static website "
+                          "assets?")], Checker(scope=Scope.exam))
     assert in_exam.kept == () and in_exam.near_duplicates == 1
 
 

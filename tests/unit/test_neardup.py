@@ -19,53 +19,53 @@ KEY = "ex/ch-1"
 # Paraphrases written by hand, the kinds a model makes when it writes a question again:
 # "Which of the following" lead-ins, synonyms, clauses moved, numbers written another way.
 MUST_CATCH: list[tuple[str, str]] = [
-    ("Which of the following AWS services provides durable object storage for static website "
-     "assets?",
+    (("Which of the following AWS services provides durable object storage for static website "
+     "assets?"),
      "Which AWS service offers durable object storage for static website assets?"),
     ("What is the default port used by HTTPS?",
      "By default, which port does HTTPS use?"),
-    ("A company needs to keep its backups for 7 years to meet a regulation. Which storage "
-     "class is the most cost-effective choice?",
-     "To meet a regulation, a company must retain backups for seven years. What is the most "
-     "cost-effective storage class?"),
-    ("Which metric should an operator watch to detect that an application is running out of "
-     "memory?",
-     "To detect an application running out of memory, which metric should an operator "
-     "monitor?"),
-    ("Which of these is the main benefit of auto scaling for a web application with "
-     "unpredictable traffic?",
-     "What is the main advantage of auto scaling for a web application whose traffic is "
-     "unpredictable?"),
+    (("A company needs to keep its backups for 7 years to meet a regulation. Which storage "
+     "class is the most cost-effective choice?"),
+     ("To meet a regulation, a company must retain backups for seven years. What is the most "
+     "cost-effective storage class?")),
+    (("Which metric should an operator watch to detect that an application is running out of "
+     "memory?"),
+     ("To detect an application running out of memory, which metric should an operator "
+     "monitor?")),
+    (("Which of these is the main benefit of auto scaling for a web application with "
+     "unpredictable traffic?"),
+     ("What is the main advantage of auto scaling for a web application whose traffic is "
+     "unpredictable?")),
     ("How should a team store database credentials used by a Lambda function?",
      "How should database credentials used by a Lambda function be stored by a team?"),
-    ("Which service should be used to distribute 10,000 requests per second across several "
-     "EC2 instances?",
+    (("Which service should be used to distribute 10,000 requests per second across several "
+     "EC2 instances?"),
      "Which service distributes 10000 requests per second across several EC2 instances?"),
     ("What does a 99.9% availability target allow in downtime per month?",
      "How much monthly downtime does a 99.9 percent availability target allow?"),
     ("Which practice reduces the blast radius of a faulty deployment?",
      "Which of the following practices limits the blast radius of a faulty deployment?"),
     ("When latency exceeds 250ms for a week, what should the on-call engineer check first?",
-     "What should the on-call engineer check first when latency has exceeded 250 ms for a "
-     "week?"),
+     ("What should the on-call engineer check first when latency has exceeded 250 ms for a "
+     "week?")),
 ]
 
 # Pairs that must not be caught: the same template asking a different fact, numbers that
 # differ, or another question on the same subject.
 MUST_NOT_CATCH: list[tuple[str, str]] = [
     ("What is the default port used by HTTPS?", "What is the default port used by SSH?"),
-    ("A company needs to keep its backups for 7 years to meet a regulation. Which storage "
-     "class is the most cost-effective choice?",
-     "A company needs to keep its backups for 30 days to meet a regulation. Which storage "
+    (("A company needs to keep its backups for 7 years to meet a regulation. Which storage "
      "class is the most cost-effective choice?"),
+     ("A company needs to keep its backups for 30 days to meet a regulation. Which storage "
+     "class is the most cost-effective choice?")),
     ("How many availability zones must a highly available design span at least?",
      "How many regions must a disaster recovery design span at least?"),
     ("What does a 99.9% availability target allow in downtime per month?",
      "What does a 99.99% availability target allow in downtime per month?"),
     ("Which DynamoDB feature provides automatic backups?",
      "Which RDS feature provides automatic backups?"),
-    ("Which metric should an operator watch to detect that an application is running out of "
-     "memory?",
+    (("Which metric should an operator watch to detect that an application is running out of "
+     "memory?"),
      "Which log should an operator read to find why an application crashed at startup?"),
     ("What should a team do first when a deployment fails?",
      "What should a team do first when a security review finds exposed credentials?"),

@@ -10,9 +10,8 @@ a chapter (or an exam). The questions already stored are indexed here, with thei
 title as context, so that new questions are compared with them too.
 """
 
-from alembic import op
 import sqlalchemy as sa
-
+from alembic import op
 
 revision = '0008'
 down_revision = '0006'
