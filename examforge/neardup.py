@@ -232,18 +232,21 @@ def minhash(sig: Signature) -> MinHash:
     return m
 
 
+# The band's number, mixed into its key so that equal minima in two bands never collide.
+_SALTS = [band.to_bytes(16, "big") for band in range(BANDS)]
+
+
 def band_keys(sig: Signature) -> list[int]:
     """The LSH band keys of a signature: BANDS signed 63-bit integers (a BIGINT column), one
     per band of ROWS minima, the band's number mixed in so bands never collide."""
     if not sig.tokens:
         return []
-    values = minhash(sig).hashvalues
-    keys = []
-    for band in range(BANDS):
-        chunk = values[band * ROWS:(band + 1) * ROWS].astype("<u8").tobytes()
-        digest = hashlib.blake2b(bytes([band]) + chunk, digest_size=8).digest()
-        keys.append(int.from_bytes(digest, "big") >> 1)
-    return keys
+    raw = minhash(sig).hashvalues.astype("<u8").tobytes()
+    width = 8 * ROWS
+    return [int.from_bytes(hashlib.blake2b(raw[band * width:(band + 1) * width],
+                                           digest_size=8, salt=_SALTS[band]).digest(),
+                           "big") >> 1
+            for band in range(BANDS)]
 
 
 @dataclass(frozen=True)
