@@ -189,3 +189,21 @@ def test_0008_indexes_the_questions_stored_before_it(db_url):
                            first=3)
     assert committed.kept == ("Which port does SSH use?",) and committed.near_duplicates == 1
     engine.dispose()
+
+
+def test_imported_questions_are_indexed_and_a_regenerated_chapter_forgets_its_own(
+        store, tmp_path):
+    _sync(store, tmp_path, [("a", 10), ("b", 10)])
+    store.import_questions("ex", {"a": [_q(ORIGINAL)], "b": [_q(ORIGINAL)]}, "bank.jsonl")
+    claim = _claim(store, "a")
+    _, committed = _commit(store, claim, [PARAPHRASE], first=2)
+    assert committed.kept == () and committed.near_duplicates == 1
+    store.release(claim, retry_in_s=0, error="test")
+    path = write_syllabus(tmp_path / "exams", "ex", [("a", 10), ("b", 10)])
+    store.sync_exam("ex", load_syllabus(path, max_questions=1000), regenerate=["a"])
+    with store.engine.connect() as conn:
+        left = {c for (c,) in conn.execute(select(neardup.QS.c.chapter_id))} | \
+            {c for (c,) in conn.execute(select(neardup.QB.c.chapter_id))}
+    assert left == {"b"}  # chapter a's questions and their index rows are gone together
+    _, again = _commit(store, _claim(store, "a"), [PARAPHRASE])
+    assert again.kept == (PARAPHRASE,)
