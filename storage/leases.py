@@ -132,8 +132,8 @@ class Leases(Ledger):
                 slice_no=slice_no, first_number=row.first_number,
                 chapter_target=chapter_target or row.target,
                 recent=(steer.select(conn, slug, chapter_id, chapter_target or row.target,
-                                     seed=row.attempts) if steer is not None else
-                        tuple(t for _, t in numbers_texts[-RECENT_QUESTIONS:])),
+                                     seed=row.attempts) if steer is not None and numbers_texts
+                        else tuple(t for _, t in numbers_texts[-RECENT_QUESTIONS:])),
             )
             if plan_first is None:
                 return claimed

@@ -11,6 +11,7 @@ serialises its writers already (BEGIN IMMEDIATE), so it takes no lock.
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -22,7 +23,9 @@ from sqlalchemy import (
     any_,
     bindparam,
     delete,
+    func,
     insert,
+    literal_column,
     select,
     update,
 )
@@ -92,14 +95,14 @@ def _candidates(conn: Connection, exam: str, chapter_id: str, scope: Scope,
     if not wanted:
         return by_key, sigs
     params: dict[str, Any] = {"exam": exam, "chapter": chapter_id}
-    for start in range(0, len(wanted), 5000):  # SQLite's limit on bound parameters
-        params["keys"] = wanted[start:start + 5000]
-        for key, qid in conn.execute(_statement("bands", scope, conn.dialect.name), params):
-            by_key.setdefault(key, []).append(qid)
+    dialect = conn.dialect.name
+    params["keys"] = _values(dialect, wanted)
+    for key, qid in conn.execute(_statement("bands", scope, dialect), params):
+        by_key.setdefault(key, []).append(qid)
     ids = sorted({qid for qids in by_key.values() for qid in qids})
-    for start in range(0, len(ids), 5000):
-        for qid, tokens, key_terms, text in conn.execute(
-                _statement("sigs", scope, conn.dialect.name), {"ids": ids[start:start + 5000]}):
+    if ids:
+        for qid, tokens, key_terms, text in conn.execute(_statement("sigs", scope, dialect),
+                                                         {"ids": _values(dialect, ids)}):
             sigs[qid] = Signature.decode(tokens, key_terms, text)
     return by_key, sigs
 
@@ -108,12 +111,18 @@ _STATEMENTS: dict[tuple[str, Scope, str], Any] = {}
 
 
 def _in(column: Any, name: str, dialect: str, item: Any) -> Any:
-    """`column` in the list bound as `name`: one array parameter on PostgreSQL (`= ANY`);
-    an expanded IN elsewhere. A batch's 3,200 band keys expanded into as many parameters
-    cost more to render and convert than the query takes to run (cProfile)."""
+    """`column` in the list bound as `name` (see `_values`), as one parameter: an array on
+    PostgreSQL (`= ANY`), a JSON array read by `json_each` on SQLite. A batch's 3,200 band
+    keys expanded into as many parameters cost more to render and convert than the query
+    takes to run (cProfile)."""
     if dialect == "postgresql":
         return column == any_(bindparam(name, type_=ARRAY(item)))
-    return column.in_(bindparam(name, expanding=True))
+    return column.in_(select(literal_column("value")).select_from(
+        func.json_each(bindparam(name))).scalar_subquery())
+
+
+def _values(dialect: str, values: list[int]) -> Any:
+    return values if dialect == "postgresql" else json.dumps(values)
 
 
 def _statement(name: str, scope: Scope, dialect: str) -> Any:
@@ -169,10 +178,14 @@ def index(conn: Connection, exam: str, chapter_id: str, ids: Sequence[int],
         {"question_id": qid, "exam": exam, "chapter_id": chapter_id,
          "tokens": s.sig.encode()[0], "key_terms": s.sig.encode()[1], "repeats": 0}
         for qid, s in zip(ids, signed)])
-    bands = [{"exam": exam, "band_key": k, "question_id": qid, "chapter_id": chapter_id}
-             for qid, s in zip(ids, signed) for k in set(s.keys)]
+    bands = [(exam, k, qid, chapter_id) for qid, s in zip(ids, signed) for k in set(s.keys)]
     if bands:
-        conn.execute(insert(QB), bands)
+        # 64 rows a question: straight to the driver's executemany, which takes a tenth of
+        # the time SQLAlchemy's row-by-row parameter processing does.
+        mark = "?" if conn.dialect.paramstyle == "qmark" else "%s"
+        conn.exec_driver_sql(
+            "INSERT INTO question_band (exam, band_key, question_id, chapter_id) "
+            f"VALUES ({mark}, {mark}, {mark}, {mark})", bands)
 
 
 def index_rows(conn: Connection, rows: Sequence[tuple[int, str, str, str, str]]) -> None:
@@ -206,6 +219,27 @@ def forget(conn: Connection, exam: str, chapter_ids: Sequence[str] | None = None
         conn.execute(delete(DL).where(DL.c.exam == exam))
 
 
+def _steer_statement(name: str, dialect: str = "") -> Any:
+    """steering's statements, built once with bind parameters."""
+    stmt = _STATEMENTS.get((name, Scope.chapter, dialect))
+    if stmt is None:
+        chapter = (Q.c.exam == bindparam("exam"), Q.c.chapter_id == bindparam("chapter"))
+        if name == "repeated":
+            stmt = (select(Q.c.id, Q.c.question).join(QS, QS.c.question_id == Q.c.id)
+                    .where(QS.c.exam == bindparam("exam"),
+                           QS.c.chapter_id == bindparam("chapter"), QS.c.repeats > 0)
+                    .order_by(QS.c.repeats.desc(), Q.c.id).limit(bindparam("n")))
+        elif name == "newest":
+            stmt = (select(Q.c.id, Q.c.question).where(*chapter).order_by(Q.c.id.desc())
+                    .limit(bindparam("n")))
+        else:
+            stmt = (select(Q.c.id, Q.c.question)
+                    .where(*chapter, _in(Q.c.number, "numbers", dialect, Integer))
+                    .limit(bindparam("n")))
+        _STATEMENTS[(name, Scope.chapter, dialect)] = stmt
+    return stmt
+
+
 def steering(conn: Connection, exam: str, chapter_id: str, limit: int,
              numbers: tuple[int, int], seed: int) -> tuple[str, ...]:
     """The stored questions a prompt lists as "do not repeat", at most `limit`, covering the
@@ -220,21 +254,19 @@ def steering(conn: Connection, exam: str, chapter_id: str, limit: int,
     """
     if limit <= 0:
         return ()
-    chapter = (Q.c.exam == exam, Q.c.chapter_id == chapter_id)
-    repeated = list(conn.execute(
-        select(Q.c.id, Q.c.question).join(QS, QS.c.question_id == Q.c.id)
-        .where(QS.c.exam == exam, QS.c.chapter_id == chapter_id, QS.c.repeats > 0)
-        .order_by(QS.c.repeats.desc(), Q.c.id).limit(limit // 2)))
-    newest = list(conn.execute(select(Q.c.id, Q.c.question).where(*chapter)
-                               .order_by(Q.c.id.desc()).limit(max(1, limit // 4))))
+    key = {"exam": exam, "chapter": chapter_id}
+    repeated = list(conn.execute(_steer_statement("repeated"), {**key, "n": limit // 2}))
+    newest = list(conn.execute(_steer_statement("newest"), {**key, "n": max(1, limit // 4)}))
     first, last = numbers
     room = limit - len(repeated) - len(newest)
     sample: list[tuple[int, str]] = []
-    if room > 0 and last >= first:
+    if room > 0 and last >= first and len(newest) >= max(1, limit // 4):
+        # (A chapter with fewer than that stored has them all in `newest` already.)
         rng = random.Random(seed)
         drawn = rng.sample(range(first, last + 1), min(last - first + 1, room * 2))
-        sample = list(conn.execute(select(Q.c.id, Q.c.question).where(
-            *chapter, Q.c.number.in_(drawn)).limit(room)))
+        sample = list(conn.execute(_steer_statement("sample", conn.dialect.name),
+                                   {**key, "n": room,
+                                    "numbers": _values(conn.dialect.name, drawn)}))
     seen: set[int] = set()
     out: list[str] = []
     # Most important last; a question in several parts stays in its most important place.
