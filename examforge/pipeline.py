@@ -100,7 +100,9 @@ class Runtime:
         self.client.close()
 
 
-def near_dup_checker(settings: Settings) -> Checker:
+def near_dup_checker(settings: Settings) -> Checker | None:
+    if settings.near_dup_scope == "off":
+        return None
     return Checker(settings.near_dup_threshold, Scope(settings.near_dup_scope))
 
 

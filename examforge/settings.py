@@ -171,10 +171,11 @@ class Settings(BaseSettings):
         0.5, ge=0.3, le=1.0,
         description="Similarity (Jaccard of normalised content words, 0..1) at which a new "
                     "question is a near-duplicate of a stored one and is rejected and re-asked.")
-    near_dup_scope: Literal["chapter", "exam"] = Field(
+    near_dup_scope: Literal["chapter", "exam", "off"] = Field(
         "chapter",
         description="Where near-duplicates are looked for: the question's chapter, or every "
-                    "chapter of its exam (exam: commits of the whole exam queue on one lock).")
+                    "chapter of its exam (exam: commits of the whole exam queue on one lock); "
+                    "off: exact duplicates only, and nothing indexed.")
     avoid_questions: int = Field(
         40, ge=0, le=200,
         description="Stored questions each prompt lists as 'do not repeat' (0: none).")

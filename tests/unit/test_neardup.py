@@ -186,3 +186,12 @@ def test_band_keys_find_similar_questions_and_almost_never_others() -> None:
     assert shared(0.05) <= 0.05
     assert len(nd.band_keys(nd.signature("What is the default port used by HTTPS?"))) == nd.BANDS
     assert all(0 <= k < 2**63 for k in nd.band_keys(nd.signature("a question about storage")))
+
+
+def test_the_settings_choose_the_scope_and_off_checks_nothing(make_settings) -> None:  # type: ignore[no-untyped-def]
+    from examforge.pipeline import near_dup_checker
+
+    assert near_dup_checker(make_settings()) == nd.Checker(0.5, nd.Scope.chapter)
+    assert near_dup_checker(make_settings(near_dup_scope="exam", near_dup_threshold=0.7)) == \
+        nd.Checker(0.7, nd.Scope.exam)
+    assert near_dup_checker(make_settings(near_dup_scope="off")) is None
