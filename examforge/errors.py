@@ -191,6 +191,7 @@ class Rejection(str, Enum):
     malformed_json = "malformed_json"
     wrong_schema = "wrong_schema"  # not the questions object, or a question missing a field
     duplicate = "duplicate"  # already stored in the chapter, or twice in the reply
+    near_duplicate = "near_duplicate"  # a reworded repeat (examforge.neardup)
     too_few = "too_few"  # a valid reply with no question in it
     reply_too_large = "reply_too_large"
 

@@ -31,6 +31,7 @@ from examforge.errors import (
 from examforge.heartbeat import LeaseKeeper
 from examforge.levels import Levels, ask
 from examforge.llm import Admission, Completion, LLMClient
+from examforge.neardup import Checker, Scope
 from examforge.output import Question, normalise, parse_questions
 from examforge.prompt import build_messages
 from examforge.retry import Action, Decision, HandBack, decide
@@ -44,6 +45,7 @@ from storage.store import (
     NoRoom,
     NotClaimed,
     NotClaimedReason,
+    Steer,
     Store,
     Usage,
 )
@@ -100,6 +102,16 @@ class Runtime:
         self.client.close()
 
 
+def near_dup_checker(settings: Settings) -> Checker | None:
+    if settings.near_dup_scope == "off":
+        return None
+    return Checker(settings.near_dup_threshold, Scope(settings.near_dup_scope))
+
+
+def steer_of(settings: Settings) -> Steer:
+    return Steer(settings.avoid_questions, settings.steer_prompt)
+
+
 def new_owner() -> str:
     """A fencing token unique to one claim: who holds the lease, and which claim it was."""
     return f"{socket.gethostname()[:60]}/{os.getpid()}/{uuid.uuid4().hex[:16]}"
@@ -121,7 +133,8 @@ def process_chapter(rt: Runtime, exam: str, chapter_id: str, slice_no: int = 0) 
     began = time.monotonic()
     try:
         claim = store.claim(exam, chapter_id, new_owner(), settings.lease_s,
-                            settings.max_attempts, slice_no=slice_no, plan_first=calls.plan)
+                            settings.max_attempts, slice_no=slice_no, plan_first=calls.plan,
+                            steer=steer_of(settings))
     except BaseException:
         calls.discard()
         raise
@@ -277,9 +290,10 @@ class _Calls:
             numbers = (view.first_number, view.first_number + view.target - 1,
                        view.chapter_target)
         levels = self.levels(view, want)
-        messages = build_messages(view.exam, view.exam_title, spec, want,
-                                  self.avoid or list(view.recent), numbers=numbers,
-                                  levels=levels)
+        limit = rt.settings.avoid_questions
+        avoid = (self.avoid or list(view.recent))[-limit:] if limit else []
+        messages = build_messages(view.exam, view.exam_title, spec, want, avoid,
+                                  numbers=numbers, levels=levels)
         prompt_tokens = rt.client.count_prompt(messages)
         max_tokens = rt.settings.max_tokens(want)
         return _Next(want, messages, prompt_tokens, max_tokens,
@@ -438,7 +452,9 @@ def _generate(rt: Runtime, claim: Claimed, lost: threading.Event, run: _Run,
         try:
             committed = store.commit_batch(claim, settings.lease_s, call_id,
                                            batch, model=completion.model,
-                                           note=note, usage=usage, plan_next=calls.plan)
+                                           note=note, usage=usage, plan_next=calls.plan,
+                                           near_dup=near_dup_checker(settings),
+                                           steer=steer_of(settings))
             if isinstance(committed.next_call, int):
                 _still_ours(rt, claim, committed.next_call, began)
         except BaseException:
@@ -449,6 +465,10 @@ def _generate(rt: Runtime, claim: Claimed, lost: threading.Event, run: _Run,
         planned = committed.next_call
         if committed.recent:
             calls.avoid = list(committed.recent)  # what every slice of the chapter stored
+        if committed.near_duplicates:
+            log.info("near-duplicates rejected", extra={
+                "exam": claim.exam, "chapter": claim.chapter_id, "slice": claim.slice_no,
+                "near_duplicates": committed.near_duplicates})
         for text in committed.kept:
             known.add(normalise(text))
         calls.not_kept(batch, committed.kept)

@@ -43,6 +43,7 @@ class Label(str, Enum):
 
 
 AVOID_HEADER = "Do not repeat these existing questions:"
+AVOID_MAX = 200  # the most AVOID_QUESTIONS allows
 
 
 def field_line(label: Label, value: object) -> str:
@@ -120,9 +121,10 @@ def build_messages(
     if chapter.prompt:
         lines.append(field_line(Label.guidance, chapter.prompt))
     if avoid:
-        # Enough to steer away from repeats without sending the whole chapter every call.
+        # The caller bounds the list (AVOID_QUESTIONS, chosen over the whole chapter by
+        # storage.neardup.steering); this only caps a caller that does not.
         lines.append(AVOID_HEADER)
-        lines.extend(f"- {q}" for q in avoid[-20:])
+        lines.extend(f"- {q}" for q in avoid[-AVOID_MAX:])
     return [
         {"role": "system", "content": SYSTEM_PROMPT},
         {"role": "user", "content": "\n".join(lines)},

@@ -167,6 +167,23 @@ class Settings(BaseSettings):
         8, ge=1, description="Attempts without progress before a chapter is failed."
     )
     max_reasks: int = Field(3, ge=0, description="Re-asks of one batch after invalid model output.")
+    near_dup_threshold: float = Field(
+        0.5, ge=0.3, le=1.0,
+        description="Similarity (Jaccard of normalised content words, 0..1) at which a new "
+                    "question is a near-duplicate of a stored one and is rejected and re-asked.")
+    near_dup_scope: Literal["chapter", "exam", "off"] = Field(
+        "chapter",
+        description="Where near-duplicates are looked for: the question's chapter, or every "
+                    "chapter of its exam (exam: commits of the whole exam queue on one lock); "
+                    "off: exact duplicates only, and nothing indexed.")
+    avoid_questions: int = Field(
+        40, ge=0, le=200,
+        description="Stored questions each prompt lists as 'do not repeat' (0: none).")
+    steer_prompt: Literal["chapter", "recent"] = Field(
+        "chapter",
+        description="Which stored questions the prompt lists: chapter (those the model "
+                    "repeated most, the newest, and a sample rotating over the whole chapter) "
+                    "or recent (the newest only).")
     auth_failure_limit: int = Field(
         1, ge=1, description="Consecutive 401/403 replies that pause the exam."
     )

@@ -129,8 +129,12 @@ class MockConfig:
     # --- question content
     reword_rate: float = field(
         default=0.0,
-        metadata=_help("share (0..1) of a reply's questions that paraphrase questions already served to "
-                       "the chapter"))
+        metadata=_help("share (0..1) of a reply's questions the model means to write again: paraphrases "
+                       "of questions already served to the chapter, its first ones most often"))
+    avoid_compliance: float = field(
+        default=0.9,
+        metadata=_help("chance (0..1) that a paraphrase the model means to write of a question the "
+                       "prompt's 'do not repeat' list shows becomes a new question instead"))
     answer_position: int | None = field(
         default=None, metadata=_help("put the correct choice always at this index 0..3", unset="spread"))
     # --- batches
@@ -175,6 +179,7 @@ class MockConfig:
         self.trickle_interval_s = _non_negative_float(self.trickle_interval_s, "trickle_interval_s")
         self.oversized_bytes = _int_at_least(self.oversized_bytes, "oversized_bytes", 1024)
         self.reword_rate = _fraction(self.reword_rate, "reword_rate")
+        self.avoid_compliance = _fraction(self.avoid_compliance, "avoid_compliance")
         self.answer_position = _optional_int(self.answer_position, "answer_position", 0)
         if self.answer_position is not None and self.answer_position > 3:
             raise ValueError("answer_position must be 0..3 or null")

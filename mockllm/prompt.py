@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from examforge.prompt import Label, parse_difficulty, read_fields
+from examforge.output import normalise
+from examforge.prompt import AVOID_HEADER, Label, parse_difficulty, read_fields
 from mockllm.faults import MODEL_ID
 
 UNKNOWN_CHAPTER = "unknown"
@@ -35,6 +36,8 @@ class ChatPrompt:
     # labels its questions so.
     difficulties: tuple[str, ...] = ()
     bloom: tuple[str, ...] = ()
+    # The questions the prompt asks not to repeat (its "Do not repeat" list), normalised.
+    avoid: frozenset[str] = frozenset()
 
     @property
     def requester(self) -> str:
@@ -67,9 +70,23 @@ def _first_token(value: str | None) -> str | None:
     return parts[0] if parts else None
 
 
+def avoid_list(text: str) -> frozenset[str]:
+    """The "- question" lines that follow the prompt's "Do not repeat" header."""
+    _, found, rest = text.partition(AVOID_HEADER)
+    if not found:
+        return frozenset()
+    listed = set()
+    for line in rest.splitlines()[1:]:
+        if not line.startswith("- "):
+            break
+        listed.add(normalise(line[2:]))
+    return frozenset(listed)
+
+
 def parse_prompt(body: dict[str, Any]) -> ChatPrompt:
     """Extract chapter key, title and question count from an OpenAI request body."""
-    fields = read_fields(_last_user_text(body))
+    text = _last_user_text(body)
+    fields = read_fields(text)
     exam = _first_token(fields.get(Label.exam))
     chapter = _first_token(fields.get(Label.chapter_id))
     count = _first_token(fields.get(_COUNT_LABEL))
@@ -86,4 +103,5 @@ def parse_prompt(body: dict[str, Any]) -> ChatPrompt:
             fields.get(Label.difficulty, "")).items() for _ in range(min(n, 1000))),
         bloom=tuple(b.strip().lower() for b in fields.get(Label.bloom, "").split(",")
                     if b.strip()),
+        avoid=avoid_list(text),
     )

@@ -11,15 +11,16 @@ chapter are pairwise distinct this way; beyond that a chapter cycles through the
 with its banks re-drawn, and a "(part N)" suffix keeps the texts unique.
 
 A paraphrase (``reword``) renders the same slots with other surface forms, the way a model
-repeats itself over a long chapter: "Which ..." against "What ...", synonyms for the concept,
-actor and goal, the scenario clause moved to the front or the end, another qualifier. The
-choices and the answer stay the same.
+repeats itself over a long chapter: "Which of the following ..." against "What ...", synonyms
+for the concept, actor and goal, the scenario clause moved to the front or the end, another
+qualifier, numbers written another way. The choices and the answer stay the same.
 """
 
 from __future__ import annotations
 
 import hashlib
 import random
+import re
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -129,19 +130,19 @@ CONCEPTS: tuple[tuple[str, str], ...] = (
 
 SCENARIOS: tuple[tuple[str, str], ...] = (
     ("during a quarterly compliance audit", "while a quarterly compliance review is under way"),
-    ("after an unexpected spike in traffic", "following a sudden surge in load"),
+    ("after traffic spikes to 12,000 requests per second", "following a sudden surge to 12,000 requests per second"),
     ("when a legacy workload is being migrated", "while an older workload moves to the new setup"),
     ("before a major product launch", "ahead of a big release"),
     ("while a new region is being brought online", "as a fresh region comes into service"),
     ("after a failed deployment was rolled back", "once a broken release has been reverted"),
     ("when the monthly bill grows faster than usage", "as monthly costs outpace actual usage"),
-    ("during an overnight maintenance window", "in a scheduled late-night maintenance slot"),
+    ("during a 4-hour overnight maintenance window", "in a scheduled 4-hour late-night maintenance slot"),
     ("when two teams share the same environment", "if a single environment serves two teams"),
     ("after a security review flagged a gap", "once an internal security check has found a weakness"),
-    ("while onboarding several new engineers", "as a group of new engineers joins"),
+    ("while onboarding 3 new engineers", "as a group of 3 new engineers joins"),
     ("when a key vendor announces a deprecation", "after an important supplier retires a feature"),
     ("during a disaster recovery drill", "while rehearsing recovery from a major outage"),
-    ("when latency targets are missed for a week", "after a week of missed response time goals"),
+    ("when latency targets are missed for 7 days", "after 7 days of missed response time goals"),
     ("before handing the system to an operations team", "ahead of a handover to the operations group"),
     ("when a customer reports inconsistent results", "after a client complains about results that do not match"),
     ("while budgets are frozen for the quarter", "during a quarter with no new spending allowed"),
@@ -149,15 +150,15 @@ SCENARIOS: tuple[tuple[str, str], ...] = (
     ("when traffic shifts to mobile clients", "as most requests start arriving from phones"),
     ("during a merger of two product lines", "while two product lines are being combined"),
     ("when the on-call rotation is short-staffed", "if too few people are available for on-call duty"),
-    ("after data volumes double in a month", "once the stored data has grown twofold within a month"),
+    ("after data volumes reach 1,500 GB in 30 days", "once the stored data has grown to 1,500 GB within 30 days"),
     ("before a contract renewal with a hosting provider", "ahead of renegotiating the hosting agreement"),
     ("when a pilot project becomes production", "as a trial project turns into a live service"),
     ("after a near miss that nobody noticed for days", "following a close call that went unseen for days"),
     ("while a regulator is drafting new rules", "as new regulations are being written"),
     ("when the original author has left the company", "now that the person who built it has moved on"),
-    ("during the busiest week of the year", "in the peak week of the annual cycle"),
+    ("during the busiest week of the year, with 250ms p99 latency", "in the peak week of the annual cycle, with 250ms p99 latency"),
     ("after a dependency released a breaking change", "once an upstream library shipped an incompatible update"),
-    ("when half of the fleet runs an older version", "while part of the servers still run an outdated release"),
+    ("when 50% of the fleet runs an older version", "while 50% of the servers still run an outdated release"),
 )
 
 ACTORS: tuple[tuple[str, str], ...] = (
@@ -294,10 +295,12 @@ class Style:
 
     what_form: bool = False  # "What ..." instead of "Which ..."
     scenario_first: bool = False
-    synonyms: bool = False  # concept and actor synonyms
+    concept_alt: bool = False  # the concept's synonym
+    actor_alt: bool = False
     goal_alt: bool = False
     scenario_alt: bool = False
     qualifier_alt: bool = False
+    numbers_alt: bool = False  # numbers written another way
 
 
 @dataclass(frozen=True)
@@ -370,8 +373,8 @@ def render(slots: Slots, style: Style, title: str) -> str:
     """The question text for ``slots`` worded as ``style``."""
     which_form, what_form = STEMS[slots.stem]
     template = what_form if style.what_form else which_form
-    concept = CONCEPTS[slots.concept][1 if style.synonyms else 0]
-    actor = ACTORS[slots.actor][1 if style.synonyms else 0]
+    concept = CONCEPTS[slots.concept][1 if style.concept_alt else 0]
+    actor = ACTORS[slots.actor][1 if style.actor_alt else 0]
     goal = GOALS[slots.goal][1 if style.goal_alt else 0]
     qualifier = QUALIFIERS[slots.qualifier][1 if style.qualifier_alt else 0]
     scenario = SCENARIOS[slots.scenario][1 if style.scenario_alt else 0]
@@ -380,6 +383,8 @@ def render(slots: Slots, style: Style, title: str) -> str:
         text = f"{scenario[0].upper()}{scenario[1:]}, {body[0].lower()}{body[1:]}?"
     else:
         text = f"{body} {scenario}?"
+    if style.numbers_alt:
+        text = respell_numbers(text)
     if slots.part:
         text = f"{text} (part {slots.part + 1})"
     return text
@@ -389,42 +394,88 @@ def has_qualifier(slots: Slots) -> bool:
     return "{q}" in STEMS[slots.stem][0]
 
 
-# The transformations a paraphrase combines, cycled so rewordings vary among themselves. Two
-# at a time, and at most one long phrase (goal or scenario) reworded: the paraphrase stays
-# nearer its original than any other question of the chapter (the test checks it), as a
-# model's repeats of itself do.
-_REWORDINGS: tuple[tuple[str, ...], ...] = (
-    ("form", "position"),
-    ("synonyms", "qualifier"),
-    ("form", "synonyms"),
-    ("position", "goal"),
-    ("form", "qualifier"),
-    ("synonyms", "position"),
-    ("goal", "form"),
-    ("scenario", "position"),
-)
+# The transformations a paraphrase draws from, the ways a model rewords its own question when
+# it writes it again: "Which of the following ..." against "What ...", the scenario clause
+# moved, a synonym for the concept or the actor, another qualifier, the goal or the scenario
+# said in other words, numbers written another way ("12,000" / "12000", "7" / "seven",
+# "50%" / "50 percent", "250ms" / "250 ms"). A paraphrase takes one to three of them, drawn
+# per (chapter, serial, variant); of the four that replace words of the subject (concept,
+# actor, goal, scenario) one, or the two short ones (concept and actor), and a long phrase
+# (goal or scenario) said anew with one other change at most: a model that writes its
+# question again keeps most of its words, and the paraphrase stays nearer its original than
+# any other question of the chapter (the test checks it). Rephrasings that keep little of the
+# wording are semantic, not near, duplicates: see examforge.neardup.
+CHANGES: tuple[str, ...] = ("form", "position", "concept", "actor", "qualifier", "goal",
+                            "scenario", "numbers")
+_SUBJECT_CHANGES = frozenset({"concept", "actor", "goal", "scenario"})
+_CHANGE_COUNTS = (1, 2, 2, 2, 3)  # drawn uniformly: mostly two changes
 
 
-def reword_style(slots: Slots, original: Style, variant: int) -> Style:
-    """Another wording of the same question: at least two visible transformations."""
-    wanted = list(_REWORDINGS[variant % len(_REWORDINGS)])
-    if "qualifier" in wanted and not has_qualifier(slots):
-        wanted[wanted.index("qualifier")] = "goal" if "goal" not in wanted else "position"
+def reword_changes(chapter_key: str, serial: int, variant: int, slots: Slots,
+                   original: Style) -> tuple[str, ...]:
+    """The changes paraphrase ``variant`` of question ``serial`` makes (a pure function)."""
+    rng = _rng("reword", chapter_key, serial, variant)
+    usable = [c for c in CHANGES
+              if (c != "qualifier" or has_qualifier(slots))
+              and (c != "numbers" or has_numbers(slots))]
+    for _ in range(100):
+        count = rng.choice(_CHANGE_COUNTS)
+        changes = tuple(rng.sample(usable, count))
+        subject = _SUBJECT_CHANGES.intersection(changes)
+        long_phrase = bool(subject & {"goal", "scenario"})
+        if (len(subject) <= 1 or subject == {"concept", "actor"}) and not (long_phrase and count > 2):
+            return changes
+    return ("form", "position")
+
+
+def reword_style(slots: Slots, original: Style, changes: tuple[str, ...]) -> Style:
+    """Another wording of the same question, with ``changes`` applied."""
     style = original
-    for change in wanted:
+    for change in changes:
         if change == "form":
             style = replace(style, what_form=not style.what_form)
         elif change == "position":
             style = replace(style, scenario_first=not style.scenario_first)
-        elif change == "synonyms":
-            style = replace(style, synonyms=not style.synonyms)
+        elif change == "concept":
+            style = replace(style, concept_alt=not style.concept_alt)
+        elif change == "actor":
+            style = replace(style, actor_alt=not style.actor_alt)
         elif change == "goal":
             style = replace(style, goal_alt=not style.goal_alt)
         elif change == "scenario":
             style = replace(style, scenario_alt=not style.scenario_alt)
         elif change == "qualifier":
             style = replace(style, qualifier_alt=not style.qualifier_alt)
+        elif change == "numbers":
+            style = replace(style, numbers_alt=not style.numbers_alt)
     return style
+
+
+_SMALL = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten",
+          "eleven", "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen",
+          "eighteen", "nineteen", "twenty")
+_TENS = {30: "thirty", 40: "forty", 50: "fifty"}
+
+
+def respell_numbers(text: str) -> str:
+    """The same numbers written another way, as a model varies them between two answers."""
+    def one(match: re.Match[str]) -> str:
+        number, unit = match.group(1), match.group(2) or ""
+        if "," in number:
+            return number.replace(",", "") + unit  # 12,000 requests -> 12000 requests
+        value = int(number)
+        if unit.strip() == "%":
+            return f"{number} percent"
+        if unit and not unit.startswith((" ", "-")):
+            return f"{number} {unit}"  # 250ms -> 250 ms
+        word = _SMALL[value] if value < len(_SMALL) else _TENS.get(value)
+        return f"{word}{unit}" if word else match.group(0)
+
+    return re.sub(r"\b(\d[\d,]*)(%| ?%|[a-zA-Z]+\b|-| )?", one, text)
+
+
+def has_numbers(slots: Slots) -> bool:
+    return any(ch.isdigit() for ch in SCENARIOS[slots.scenario][0])
 
 
 def answer_index(serial: int, answer_position: int | None) -> int:
@@ -464,7 +515,8 @@ def reword(
 ) -> dict[str, Any]:
     """A paraphrase of question ``serial``: same meaning, choices and answer, other wording."""
     slots = slots_for(chapter_key, serial)
-    style = reword_style(slots, base_style(serial), variant)
+    original = base_style(serial)
+    style = reword_style(slots, original, reword_changes(chapter_key, serial, variant, slots, original))
     return question_from(slots, style, chapter_key, title, serial, answer_position)
 
 

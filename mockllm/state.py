@@ -11,6 +11,7 @@ import time
 from collections import Counter
 from typing import Any
 
+from examforge.output import normalise
 from mockllm import questions
 from mockllm.config import MockConfig
 from mockllm.faults import OK
@@ -63,6 +64,7 @@ class MockState:
         self.rate_limited_by_type: Counter[str] = Counter()
         self.rewordings: list[dict[str, Any]] = []
         self.rewordings_by_chapter: Counter[str] = Counter()
+        self.rewordings_avoided_by_chapter: Counter[str] = Counter()
         self.cut_at_max_tokens = 0
         self.usage = UsageLog()
         self.limiter = self._new_limiter()
@@ -155,7 +157,7 @@ class MockState:
         """The questions of one reply: new serials, and ``reword_rate`` of them paraphrases."""
         key = prompt.key
         position = self.config.answer_position
-        reworded = self._rewordings_due(key, count)
+        reworded = self._rewordings_due(key, count, prompt.avoid)
         items = []
         for _ in range(count - len(reworded)):
             self.serials[key] += 1
@@ -168,17 +170,38 @@ class MockState:
             items.insert(self.reword_rng.randrange(len(items) + 1), Item(question, of_serial, of_serial))
         return items
 
-    def _rewordings_due(self, key: str, count: int) -> list[int]:
-        """Which served serials this reply paraphrases: a running share of ``reword_rate``."""
+    def _rewordings_due(self, key: str, count: int, avoid: frozenset[str] = frozenset()) -> list[int]:
+        """Which served serials this reply paraphrases: a running share of ``reword_rate``.
+
+        How the mock models a model's repeats (a modelling choice, documented in README):
+        each question of a reply is, with probability ``reword_rate``, one the model has
+        written before, drawn with weight 1/serial, so its first, most obvious questions come
+        back most often, as a model's favourites do. A question the prompt's "do not repeat"
+        list shows is avoided with probability ``avoid_compliance`` (a new question is
+        written instead): a model told what to avoid mostly avoids it, and never avoids what
+        it was not shown. The mock does not remember what it served in deciding this, beyond
+        the draw itself: a real model has no memory across calls either."""
         rate = self.config.reword_rate
         if rate <= 0 or count <= 0:
             return []
         self._reword_debt[key] = self._reword_debt.get(key, 0.0) + count * rate
         due = int(self._reword_debt[key] + 1e-9)
         self._reword_debt[key] -= due
-        served = sorted(self.served.get(key, {}))
-        due = min(due, count, len(served))
-        return self.reword_rng.sample(served, due) if due else []
+        served = self.served.get(key, {})
+        serials = sorted(served)
+        due = min(due, count, len(serials))
+        if not due:
+            return []
+        weights = [1.0 / s for s in serials]
+        picked: list[int] = []
+        for serial in self.reword_rng.choices(serials, weights, k=due):
+            if serial in picked:
+                continue
+            if normalise(served[serial]) in avoid and self.reword_rng.random() < self.config.avoid_compliance:
+                self.rewordings_avoided_by_chapter[key] += 1
+                continue
+            picked.append(serial)
+        return picked
 
     def next_completion_id(self) -> str:
         self.completion_seq += 1
@@ -228,7 +251,9 @@ class MockState:
         chapter, a slice's "Question numbers", the chapter reads ``"exam/chapter#101-150"``).
         Content: ``questions_served_by_chapter`` (new well-formed questions delivered),
         ``rewordings_by_chapter`` and ``rewordings`` (each delivered paraphrase:
-        ``{"chapter", "of_serial", "question", "original"}``), ``cut_at_max_tokens``.
+        ``{"chapter", "of_serial", "question", "original"}``), ``rewordings_avoided_by_chapter``
+        (paraphrases drawn of a question the prompt listed, written as new ones instead),
+        ``cut_at_max_tokens``.
         Rate limits: ``admitted_total``, ``admitted_at`` (seconds since the reset at which each
         request passed the limiter), ``max_admitted_in_1s`` (the busiest 1-second window),
         ``rate_limited_by_type`` (``requests``/``tokens``).
@@ -248,6 +273,7 @@ class MockState:
             "retry_after_violations": [dict(v) for v in self.retry_after_violations],
             "questions_served_by_chapter": dict(self.questions_served_by_chapter),
             "rewordings_by_chapter": dict(self.rewordings_by_chapter),
+            "rewordings_avoided_by_chapter": dict(self.rewordings_avoided_by_chapter),
             "rewordings": [dict(r) for r in self.rewordings],
             "cut_at_max_tokens": self.cut_at_max_tokens,
             "admitted_total": len(self.admitted_at),

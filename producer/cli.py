@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import signal
 import sys
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 

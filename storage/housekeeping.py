@@ -16,6 +16,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import OperationalError
 
 from examforge.errors import UserError
+from storage import neardup
 from storage.base import ACTIVE_STATES, E, K, Q, S, StoreBase
 from storage.models import Run
 
@@ -107,6 +108,7 @@ class Housekeeping(StoreBase):
                 if fp.age_s < older_than_s:
                     result.recent.append(fp)
                     return
+                neardup.forget(conn, slug)
                 for table in (Q, K, S, RUN):
                     conn.execute(delete(table).where(table.c.exam == slug))
                 conn.execute(delete(E).where(E.c.slug == slug))

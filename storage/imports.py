@@ -23,6 +23,7 @@ from examforge.errors import UserError
 from examforge.levels import known_levels
 from examforge.output import Question as ParsedQuestion
 from examforge.output import text_hash
+from storage import neardup
 from storage.base import E, K, Q, S, StoreBase
 from storage.ledger import question_row
 from storage.models import CallOutcome, ChapterState
@@ -211,11 +212,16 @@ class Imports(StoreBase):
             # Balanced like generated questions (examforge.balance: idempotent, so a bank
             # exported by examforge comes back in its own order), with the levels a file
             # names only when they are known ones.
-            conn.execute(insert(Q), [
+            ids = conn.execute(insert(Q).returning(Q.c.id, sort_by_parameter_order=True), [
                 {"exam": slug, "chapter_id": chapter_id, "number": first + i,
                  "norm_hash": h, "model": IMPORT_MODEL, "call_id": call_id, "created_at": now,
                  **question_row(known_levels(balanced(q, slug, chapter_id, first + i)))}
-                for i, (q, h) in enumerate(batch)])
+                for i, (q, h) in enumerate(batch)]).scalars().all()
+            # Indexed like generated questions, so that the model's repeats of them are caught.
+            title = conn.execute(select(S.c.title).where(
+                S.c.exam == slug, S.c.chapter_id == chapter_id).limit(1)).scalar_one_or_none()
+            neardup.index_rows(conn, [(qid, slug, chapter_id, q.question, title or "")
+                                      for qid, (q, _) in zip(ids, batch)])
             done = r.room == 0
             values: dict[str, Any] = {"updated_at": now}
             if done:

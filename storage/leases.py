@@ -14,7 +14,8 @@ from sqlalchemy.engine import Connection, Engine
 
 from examforge.output import normalise
 from storage.base import ACTIVE_STATES, SLICE_KEY, E, Q, S
-from storage.ledger import RECENT_QUESTIONS, ChapterLevels, ChapterView, Ledger, NoRoom, Planner
+from storage.ledger import (RECENT_QUESTIONS, ChapterLevels, ChapterView, Ledger, NoRoom,
+                            Planner, Steer)
 from storage.models import ChapterState, ExamState
 
 
@@ -95,11 +96,13 @@ class Leases(Ledger):
 
     def claim(self, slug: str, chapter_id: str, owner: str, lease_s: float,
               max_attempts: int, *, slice_no: int = 0,
-              plan_first: Planner | None = None) -> Claimed | NotClaimed:
+              plan_first: Planner | None = None,
+              steer: Steer | None = None) -> Claimed | NotClaimed:
         """Take the slice's lease if nobody holds a live one and it still needs work, and
         note that a worker received its message (picked_at: the reconciler's evidence of
         delivery), in one transaction. With `plan_first`, the first call is recorded in the
-        same transaction too (see Ledger.start_planned)."""
+        same transaction too (see Ledger.start_planned). With `steer`, `recent` is what the
+        first prompt lists of the chapter's questions (Steer.select)."""
         key = {"k_exam": slug, "k_chapter": chapter_id, "k_slice": slice_no}
         with self._write() as conn:
             self._exam_first(conn, slug)
@@ -131,7 +134,9 @@ class Leases(Ledger):
                 attempts_since_progress=row.attempts_since_progress, took_over_calls=took_over,
                 slice_no=slice_no, first_number=row.first_number,
                 chapter_target=chapter_target or row.target,
-                recent=tuple(t for _, t in numbers_texts[-RECENT_QUESTIONS:]),
+                recent=(steer.select(conn, slug, chapter_id, chapter_target or row.target,
+                                     seed=row.attempts) if steer is not None and numbers_texts
+                        else tuple(t for _, t in numbers_texts[-RECENT_QUESTIONS:])),
                 levels=self._levels(conn, row),
             )
             if plan_first is None:

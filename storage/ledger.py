@@ -14,16 +14,19 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from examforge.balance import balanced
-from examforge.errors import LeaseLost
+from examforge.errors import LeaseLost, Rejection
+from examforge.neardup import Checker, Scope
 from examforge.output import Question as ParsedQuestion
 from examforge.output import text_hash
+from storage import neardup
 from storage.base import SLICE_KEY, E, K, Q, S, StoreBase
 from storage.models import CallOutcome, CallReason, ChapterState
 
 if TYPE_CHECKING:
     from storage.leases import Claimed
 
-# What a prompt shows of the questions a chapter already has (see examforge.prompt).
+# What a prompt shows of the questions a chapter already has when no steering is asked for
+# (see examforge.prompt and storage.neardup.steering).
 RECENT_QUESTIONS = 20
 # What ending a call sets (Ledger._finish).
 _FINISHED = ("outcome", "reason", "detail", "status_code", "questions_stored", "prompt_tokens",
@@ -75,6 +78,7 @@ class Committed:
     duplicates: int = 0
     recent: tuple[str, ...] = ()
     kept: tuple[str, ...] = ()  # the texts of the questions this commit stored
+    near_duplicates: int = 0  # of `duplicates`, those dropped as near-duplicates
 
     @property
     def done(self) -> bool:
@@ -118,6 +122,24 @@ class ChapterView:
     def next_number(self) -> int:
         """The number the next stored question of the slice gets."""
         return self.first_number + self.stored
+
+
+@dataclass(frozen=True)
+class Steer:
+    """What the next prompts list of the chapter's stored questions: at most `avoid` of them,
+    chosen over the whole chapter (`chapter`, storage.neardup.steering) or the newest only
+    (`recent`: what examforge did before)."""
+
+    avoid: int = neardup.DEFAULT_AVOID_QUESTIONS
+    mode: str = "chapter"
+
+    def select(self, conn: Connection, exam: str, chapter_id: str, chapter_target: int,
+               seed: int) -> tuple[str, ...]:
+        if self.mode == "recent":
+            return tuple(reversed(conn.execute(
+                select(Q.c.question).where(Q.c.exam == exam, Q.c.chapter_id == chapter_id)
+                .order_by(Q.c.id.desc()).limit(self.avoid)).scalars().all()))
+        return neardup.steering(conn, exam, chapter_id, self.avoid, (1, chapter_target), seed)
 
 
 @dataclass(frozen=True)
@@ -299,7 +321,8 @@ class Ledger(StoreBase):
 
     def commit_batch(self, claim: Claimed, lease_s: float, call_id: int,
                      questions: Sequence[ParsedQuestion], *, model: str, usage: Usage,
-                     note: str = "", plan_next: Planner | None = None) -> Committed:
+                     note: str = "", plan_next: Planner | None = None,
+                     near_dup: Checker | None = None, steer: Steer | None = None) -> Committed:
         """Store one call's questions and its usage atomically, only while holding the lease.
 
         The questions are numbered on from the slice's stored count as read inside the
@@ -309,19 +332,28 @@ class Ledger(StoreBase):
         norm_hash) makes storing it twice impossible whichever slices race); a batch left with
         none stores nothing and its call is booked as wasted (invalid output).
 
+        With `near_dup`, a question that is a near-duplicate of one the scope (chapter or
+        exam) has, or of an earlier one of the batch, is dropped the same way, and counted in
+        the call's detail; the check and the insert are atomic for the scope (storage.neardup).
+        With `steer`, the result carries what the next prompts list (`recent`).
+
         Returns the slice's stored count and its target as they are now (the target may have
         been raised by an `enqueue` while it ran). Raises LeaseLost (after recording the call
         as wasted) when the lease is gone: the result is discarded, never mixed in. Any other
         database failure records the call as wasted too, with its tokens, and re-raises.
         """
         hashes = [text_hash(q.question) for q in questions]
+        # Outside the transaction: the signatures cost CPU, not locks.
+        signed = ([neardup.Signed.of(q.question, claim.title) for q in questions]
+                  if near_dup is not None else None)
         try:
             for attempt in range(_DUPLICATE_RACE_RETRIES + 1):
                 try:
                     with self._write() as conn:
                         return self._commit(conn, claim, lease_s, call_id, questions, hashes,
                                             model=model, usage=usage, note=note,
-                                            plan_next=plan_next, recheck=attempt > 0)
+                                            plan_next=plan_next, recheck=attempt > 0,
+                                            near_dup=near_dup, signed=signed, steer=steer)
                 except IntegrityError as exc:
                     # Another slice committed one of these questions after our check read
                     # the chapter (PostgreSQL: its transaction was open): check again.
@@ -349,7 +381,9 @@ class Ledger(StoreBase):
     def _commit(self, conn: Connection, claim: Claimed, lease_s: float, call_id: int,
                 questions: Sequence[ParsedQuestion], hashes: list[str], *, model: str,
                 usage: Usage, note: str, plan_next: Planner | None,
-                recheck: bool = False) -> Committed:
+                recheck: bool = False, near_dup: Checker | None = None,
+                signed: Sequence[neardup.Signed] | None = None,
+                steer: Steer | None = None) -> Committed:
         self._exam_first(conn, claim.exam)
         key = {"k_exam": claim.exam, "k_chapter": claim.chapter_id, "k_slice": claim.slice_no}
         # The fence: this row is ours only while the lease is. It also locks the row, so the
@@ -365,6 +399,11 @@ class Ledger(StoreBase):
             raise LeaseLost(f"lease on {claim.exam}/{claim.chapter_id}/{claim.slice_no} "
                             "lost before commit")
         target, first, now = held
+        shared = claim.chapter_target > claim.target
+        if near_dup is not None and (shared or near_dup.scope is Scope.exam):
+            # Others commit into the scope too: check and insert as one step (lock order:
+            # the exam row, the slice's, then this one).
+            neardup.lock(conn, claim.exam, claim.chapter_id, near_dup.scope)
         taken: set[str] = set()
         if hashes and (claim.chapter_target > claim.target or recheck):
             # Other slices write this chapter too (a chapter of one slice has one writer, and
@@ -372,7 +411,21 @@ class Ledger(StoreBase):
             taken = set(conn.execute(select(Q.c.norm_hash).where(
                 Q.c.exam == claim.exam, Q.c.chapter_id == claim.chapter_id,
                 Q.c.norm_hash.in_(hashes))).scalars())
-        kept = [(q, h) for q, h in zip(questions, hashes) if h not in taken]
+        keep = [i for i, h in enumerate(hashes) if h not in taken]
+        if len(keep) < len(hashes):
+            note = ", ".join(filter(None, [note, f"{len(hashes) - len(keep)} "
+                                                 f"{Rejection.duplicate.value} rejected at commit"]))
+        near = 0
+        if near_dup is not None and signed is not None and keep:
+            verdict = neardup.check(conn, claim.exam, claim.chapter_id, near_dup,
+                                    [signed[i] for i in keep])
+            keep = [i for i, ok in zip(keep, verdict.keep) if ok]
+            near = verdict.rejected
+            neardup.record_repeats(conn, verdict.repeated)
+            if near:
+                note = ", ".join(filter(None, [note, f"{near} {Rejection.near_duplicate.value} "
+                                                     "rejected"]))
+        kept = [(questions[i], hashes[i]) for i in keep]
         stored = conn.execute(self._stmt("slice_stored", lambda: (
             select(func.count()).select_from(Q).where(
                 Q.c.exam == bindparam("k_exam"), Q.c.chapter_id == bindparam("k_chapter"),
@@ -380,12 +433,18 @@ class Ledger(StoreBase):
                 Q.c.number < bindparam("k_first") + bindparam("k_target")))),
             {**key, "k_first": first, "k_target": target}).scalar_one()
         if kept:
-            conn.execute(self._stmt("insert_questions", lambda: insert(Q)), [
+            rows = [
                 {"exam": claim.exam, "chapter_id": claim.chapter_id,
                  "number": first + stored + i, "norm_hash": h, "model": model,
                  "call_id": call_id, "created_at": now,
                  **question_row(balanced(q, claim.exam, claim.chapter_id, first + stored + i))}
-                for i, (q, h) in enumerate(kept)])
+                for i, (q, h) in enumerate(kept)]
+            if signed is None:
+                conn.execute(self._stmt("insert_questions", lambda: insert(Q)), rows)
+            else:
+                ids = conn.execute(self._stmt("insert_questions_ids", lambda: insert(Q).returning(
+                    Q.c.id, sort_by_parameter_order=True)), rows).scalars().all()
+                neardup.index(conn, claim.exam, claim.chapter_id, ids, [signed[i] for i in keep])
             stored += len(kept)
             conn.execute(self._stmt("progress", lambda: update(S).where(*SLICE_KEY).values(
                 attempts_since_progress=0, last_error=None)), key)
@@ -395,7 +454,8 @@ class Ledger(StoreBase):
             values = {"outcome": CallOutcome.wasted.value,
                       "reason": CallReason.invalid_output.value,
                       "detail": "every question was one the chapter already had (stored by "
-                                "another slice)"}
+                                "another slice)" if not near else
+                                f"every question was one the chapter already had ({note})"}
         if not self._finish(conn, call_id, values, usage):
             # Settled by a takeover in the meantime: the fence above makes that impossible
             # while we hold the lease, so this is a bug, not a race.
@@ -404,14 +464,18 @@ class Ledger(StoreBase):
             E.c.slug == bindparam("k_exam"), E.c.auth_failures > 0).values(auth_failures=0)),
             key)
         recent: tuple[str, ...] = ()
-        if claim.chapter_target > claim.target:
+        if steer is not None:
+            recent = steer.select(conn, claim.exam, claim.chapter_id, claim.chapter_target,
+                                  seed=call_id)
+        elif claim.chapter_target > claim.target:
             # Other slices write this chapter too: the next prompts show what it has now.
             recent = tuple(reversed(conn.execute(
                 select(Q.c.question).where(Q.c.exam == claim.exam,
                                            Q.c.chapter_id == claim.chapter_id)
                 .order_by(Q.c.id.desc()).limit(RECENT_QUESTIONS)).scalars().all()))
         result = Committed(stored=stored, target=target, duplicates=len(questions) - len(kept),
-                           recent=recent, kept=tuple(q.question for q, _ in kept))
+                           recent=recent, kept=tuple(q.question for q, _ in kept),
+                           near_duplicates=near)
         if stored >= target:
             conn.execute(self._stmt("slice_done", lambda: update(S).where(*SLICE_KEY).values(
                 state=ChapterState.done.value, lease_owner=None, lease_expires_at=None)), key)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from enum import Enum
 from typing import Optional
 
-from sqlalchemy import Column, Index, Text, UniqueConstraint
+from sqlalchemy import BigInteger, Column, Index, Text, UniqueConstraint
 from sqlmodel import Field, SQLModel
 
 
@@ -223,3 +223,46 @@ class Run(SQLModel, table=True):
     launched_at: Optional[float] = None  # its work was enqueued (or started, in --local)
     created_at: float
     updated_at: float
+
+
+class QuestionSig(SQLModel, table=True):
+    """A stored question's near-duplicate signature (examforge.neardup): its normalised
+    content words and key terms, kept so that a candidate is verified without re-reading and
+    re-normalising its text, and how often the model wrote it again (rejected near-duplicates:
+    the prompt lists the most repeated, see storage.neardup.steering)."""
+
+    __tablename__ = "question_sig"
+    __table_args__ = (Index("ix_question_sig_repeats", "exam", "chapter_id", "repeats"),)
+
+    question_id: int = Field(primary_key=True)  # question.id
+    exam: str = Field(max_length=64)
+    chapter_id: str = Field(max_length=64)
+    tokens: str = Field(sa_column=Column(Text, nullable=False))
+    key_terms: str = Field(sa_column=Column(Text, nullable=False))
+    repeats: int = 0
+
+
+class QuestionBand(SQLModel, table=True):
+    """One LSH band key of a stored question: the index that finds the candidates of a new
+    question in one lookup whatever the size of the chapter. The primary key (exam, band_key,
+    question_id) is that index, for either scope (chapter_id filters the few rows a key has)."""
+
+    __tablename__ = "question_band"
+
+    exam: str = Field(primary_key=True, max_length=64)
+    band_key: int = Field(sa_column=Column(BigInteger, primary_key=True, autoincrement=False))
+    question_id: int = Field(primary_key=True)
+    chapter_id: str = Field(max_length=64)
+
+
+class DedupLock(SQLModel, table=True):
+    """The row a commit locks (FOR UPDATE, on PostgreSQL) before it checks its batch for
+    near-duplicates and stores it: the check and the insert are one atomic step for the scope,
+    so two slices committing near-duplicates at once cannot both store theirs. `scope` is the
+    chapter id, or "" for the whole exam (NEAR_DUP_SCOPE=exam)."""
+
+    __tablename__ = "dedup_lock"
+
+    exam: str = Field(primary_key=True, max_length=64)
+    scope: str = Field(primary_key=True, max_length=64)
+    commits: int = 0

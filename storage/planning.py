@@ -13,6 +13,7 @@ from sqlalchemy.engine import Connection
 
 from examforge.syllabus import Chapter as SyllabusChapter
 from examforge.syllabus import Syllabus, slice_ranges
+from storage import neardup
 from storage.base import ACTIVE_STATES, BUDGET_PAUSE_PREFIX, E, K, Q, S, StoreBase
 from storage.models import CallOutcome, ChapterState, ExamState
 
@@ -131,6 +132,7 @@ class Planning(StoreBase):
                         changes[tuple(sorted(row_values))].append(
                             {"_cid": ch.id, "_sno": r.slice_no, **row_values})
             for chunk in _chunks(wiped, 500):
+                neardup.forget(conn, slug, chunk)
                 conn.execute(delete(Q).where(Q.c.exam == slug, Q.c.chapter_id.in_(chunk)))
                 conn.execute(delete(S).where(S.c.exam == slug, S.c.chapter_id.in_(chunk)))
             for columns, batch in changes.items():

@@ -440,6 +440,32 @@ def test_reword_rate_serves_that_share_of_paraphrases(server: MockServer, client
     assert not first_reply & {r["question"] for r in rewordings}
 
 
+def _chat_avoiding(client: httpx.Client, listed: list[str], n: int = 10) -> httpx.Response:
+    request = body(n=n)
+    request["messages"][-1]["content"] += "\nDo not repeat these existing questions:\n" + \
+        "\n".join(f"- {text}" for text in listed)
+    return client.post("/chat/completions", json=request)
+
+
+def test_rewordings_favour_the_first_questions_and_spare_those_the_prompt_lists(
+        server: MockServer, client: httpx.Client) -> None:
+    server.configure(reword_rate=0.3, avoid_compliance=1.0)
+    first = questions(chat(client, n=10))
+    for _ in range(20):
+        chat(client, n=10)
+    unlisted = server.stats()["rewordings"]
+    # Weight 1/serial: the first ten of 200 questions hold over half of the draws.
+    assert sum(r["of_serial"] <= 10 for r in unlisted) > len(unlisted) / 2
+    server.reset()
+    listed = [q["question"] for q in first]  # serials 1-10, as stored by a client
+    for _ in range(20):
+        assert _chat_avoiding(client, listed).status_code == 200
+    stats = server.stats()
+    assert stats["rewordings"] and all(r["of_serial"] > 10 for r in stats["rewordings"])
+    # The ten listed hold some 45% of the weight among the 400 served by then.
+    assert stats["rewordings_avoided_by_chapter"][KEY] > 0.3 * len(stats["rewordings"])
+
+
 def test_a_paraphrase_keeps_the_answer_of_its_original(server: MockServer, client: httpx.Client) -> None:
     server.configure(reword_rate=0.5)
     served: dict[str, dict[str, Any]] = {}

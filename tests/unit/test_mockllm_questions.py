@@ -70,7 +70,9 @@ def test_a_rewording_keeps_meaning_and_answer_but_not_wording(variant: int) -> N
         text = paraphrase["question"]
         assert text != original["question"] and TITLE in text
         assert not text.startswith(original["question"].rstrip("?"))  # a rewording, not a suffix
-        assert jaccard(shingles(text), shingles(original["question"])) < 0.9  # reworded, not one word off
+        # Reworded, not the same words: a light repeat may change a single phrase ("Which" to
+        # "What"), as models do.
+        assert jaccard(shingles(text), shingles(original["question"])) < 0.95
         # Still about the same thing: nearer its original than any other question of the chapter.
         mine = set(words(text))
         nearest = max(range(300), key=lambda i: jaccard(mine, vocab[i]))
@@ -81,8 +83,8 @@ def test_rewordings_use_several_transformations() -> None:
     serial = next(s for s in range(1, 100) if q.has_qualifier(q.slots_for(KEY, s)))
     slots = q.slots_for(KEY, serial)
     original = q.make_question(KEY, TITLE, serial)["question"]
-    paraphrases = [q.reword(KEY, TITLE, serial, variant)["question"] for variant in range(8)]
-    assert len(set(paraphrases)) == 8
+    paraphrases = [q.reword(KEY, TITLE, serial, variant)["question"] for variant in range(40)]
+    assert len(set(paraphrases)) >= 15  # the changes are drawn: some paraphrases coincide
 
     def asks_what(text: str) -> bool:
         return " what " in f" {text.lower()}" and " which " not in f" {text.lower()}"
@@ -98,3 +100,13 @@ def test_rewordings_use_several_transformations() -> None:
     assert any(synonym in p for p in paraphrases)  # synonyms
     assert any(f" {other_qualifier} " in p for p in paraphrases)  # another qualifier
     assert f" {qualifier} " in original
+
+
+def test_rewordings_write_numbers_another_way() -> None:
+    serial = next(s for s in range(1, 300) if q.has_numbers(q.slots_for(KEY, s)))
+    original = q.make_question(KEY, TITLE, serial)["question"]
+    paraphrases = [q.reword(KEY, TITLE, serial, variant)["question"] for variant in range(40)]
+    digits = {w for w in words(original) if w.isdigit()}
+    assert digits and any(not digits <= set(words(p)) or " percent" in p for p in paraphrases)
+    assert q.respell_numbers("12,000 requests, 7 days, 50% of 250ms") == \
+        "12000 requests, seven days, 50 percent of 250 ms"

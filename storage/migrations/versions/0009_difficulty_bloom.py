@@ -1,7 +1,7 @@
 """difficulty and Bloom level: per chapter on its slices, per question on the question
 
 Revision ID: 0009
-Revises: 0007
+Revises: 0008
 A syllabus chapter may now say how hard its questions are (`difficulty`: one level, or a mix
 of levels with shares) and which Bloom levels they target (`bloom`). Workers read a chapter's
 fields from its slice rows, so the slices carry them (JSON text, NULL when the syllabus says
@@ -15,7 +15,7 @@ import sqlalchemy as sa
 
 
 revision = '0009'
-down_revision = '0007'
+down_revision = '0008'
 branch_labels = None
 depends_on = None
 

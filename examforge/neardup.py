@@ -1,0 +1,269 @@
+"""Near-duplicate questions: a reworded repeat of a question the chapter (or the exam) has.
+
+A question's *signature* is the set of its content words, normalised so that the surface
+changes a model makes when it repeats itself do not count: case, punctuation, "Which of the
+following ..." lead-ins, stop words, inflections (Snowball's English stemmer), and the
+formatting of numbers ("1,000" and "1000", "seven" and "7", "99.9%" and "99.9 percent",
+"250ms" and "250 ms"). Two questions are near-duplicates when the Jaccard similarity of their
+signatures reaches NEAR_DUP_THRESHOLD, unless their *key terms* were swapped: when each has a
+number or an identifier (an acronym such as HTTPS, a name such as EC2 or DynamoDB) that the
+other lacks, they ask about different facts ("port 22" against "port 443", "S3" against
+"EBS") however alike the rest of the sentence is. A key term present on one side only (an
+acronym spelled out on the other) is not a swap.
+
+Why datasketch's MinHash and not rapidfuzz. Both were tried on the labelled pairs of
+tests/unit/test_neardup.py (paraphrases written by hand, pairs of one template asking
+different facts, the mock's rewordings and its closest distinct questions; the test prints
+the comparison): at its best threshold each of rapidfuzz's scorers gets some pairs wrong
+(token_set_ratio 5, token_sort_ratio 6, ratio 24 of 528), the Jaccard of signatures none at
+0.5. And rapidfuzz only compares two strings: finding the near-duplicates of a new question
+among 5,000 stored ones means scoring all 5,000. MinHash estimates that same Jaccard from 256
+hash minima, and the LSH banding of those minima (64 bands of 4) gives every question 64
+*band keys* such that two questions of Jaccard 0.5 share at least one with probability 0.98
+(0.6: 0.9996; 0.3: 0.41; 0.1: 0.006). The band keys are stored in an indexed table, so the
+candidates of a new question are found by index lookups whose number does not grow with the
+chapter, across processes and machines; the candidates are then verified with the exact
+Jaccard of the stored signatures. datasketch's own MinHashLSH keeps its index in memory (or
+Redis/Cassandra), outside our database's transaction, so only its MinHash is used; the
+banding is the textbook one (Leskovec, Rajaraman, Ullman, Mining of Massive Datasets, 3.4),
+a few lines here.
+
+The number-word table is written by hand: the libraries that parse English numbers
+(word2number, text2num) are unmaintained or pull in far more than twenty words need.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import struct
+import threading
+import unicodedata
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from enum import Enum
+from functools import lru_cache
+from typing import TYPE_CHECKING
+
+from examforge.output import normalise
+
+if TYPE_CHECKING:
+    from datasketch import MinHash
+
+# The LSH layout. Fixed, not derived from NEAR_DUP_THRESHOLD: the band keys are stored, and
+# a threshold changed later must not make them stale. Changing these (or the normalisation)
+# changes every signature: bump SIGNATURE_VERSION and re-index (storage.neardup.reindex).
+BANDS = 64
+ROWS = 4
+NUM_PERM = BANDS * ROWS
+SIGNATURE_VERSION = 1
+_SEED = 1
+
+DEFAULT_THRESHOLD = 0.5
+# The edit similarity at which two texts are near-duplicates whatever their Jaccard: above
+# every pair to keep of the labelled set (at most 0.75 where no key term is swapped, 0.73
+# between the mock's closest distinct questions), below the synonym swaps it must catch.
+EDIT_THRESHOLD = 0.85
+
+
+class Scope(str, Enum):
+    """Where a new question is compared: its chapter, or every chapter of its exam."""
+
+    chapter = "chapter"
+    exam = "exam"
+
+
+# Function words and the words every exam question is made of: they carry no subject.
+STOP_WORDS = frozenset(["a", "about", "above", "after", "again", "against", "all", "also", "am", "an", "and", "any", "are", "as", "at", "be", "been", "before", "being", "below", "between", "both", "but", "by", "can", "could", "did", "do", "does", "doing", "down", "during", "each", "few", "for", "from", "further", "had", "has", "have", "having", "he", "her", "here", "hers", "him", "his", "how", "i", "if", "in", "into", "is", "it", "its", "itself", "just", "me", "more", "most", "my", "no", "nor", "not", "now", "of", "off", "on", "once", "only", "or", "other", "our", "ours", "out", "over", "own", "same", "she", "should", "so", "some", "such", "than", "that", "the", "their", "theirs", "them", "then", "there", "these", "they", "this", "those", "through", "to", "too", "under", "until", "up", "very", "was", "we", "were", "what", "when", "where", "which", "while", "who", "whom", "why", "will", "with", "would", "you", "your", "yours", "one", "following", "option", "options", "choice", "choices", "statement", "statements", "best", "describe", "describes", "true", "correct", "question", "given", "listed"])
+
+# "Which of the following ...", "Which one of these ...": what rephrasings add or drop.
+_LEAD_IN_RE = re.compile(
+    r"^\s*(which|what)\s+(one\s+)?(of\s+)?(the\s+)?(following|these|those|listed|below)"
+    r"(\s+(options|choices|statements|answers))?\s*(is|are|would|best|most)?\b",
+    re.IGNORECASE)
+_NUMBER_WORDS = {
+    "zero": 0, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7,
+    "eight": 8, "nine": 9, "ten": 10, "eleven": 11, "twelve": 12, "thirteen": 13,
+    "fourteen": 14, "fifteen": 15, "sixteen": 16, "seventeen": 17, "eighteen": 18,
+    "nineteen": 19, "twenty": 20, "thirty": 30, "forty": 40, "fifty": 50, "sixty": 60,
+    "seventy": 70, "eighty": 80, "ninety": 90, "hundred": 100, "thousand": 1000,
+    "million": 1_000_000, "dozen": 12, "twice": 2, "double": 2,
+}
+# "twenty-five", "twenty five"
+_COMPOUND_RE = re.compile(r"\b(twenty|thirty|forty|fifty|sixty|seventy|eighty|ninety)[- ]"
+                          r"(one|two|three|four|five|six|seven|eight|nine)\b", re.IGNORECASE)
+_THOUSANDS_RE = re.compile(r"(?<=\d),(?=\d{3}\b)")
+_UNIT_RE = re.compile(r"(\d)([a-zA-Z%]+)")  # 250ms -> 250 ms, 5GB -> 5 GB, 20% -> 20 %
+_WORD_RE = re.compile(r"[^\W_]+(?:\.\d+)?", re.UNICODE)
+_NUMBER_RE = re.compile(r"^\d+(\.\d+)?$")
+# An identifier as written: an acronym (HTTPS, SQL), a name with inner capitals (DynamoDB,
+# CloudFront) or letters mixed with digits (EC2, S3, IPv6, HTTP2). Read before lower-casing.
+_IDENT_RE = re.compile(r"\b(?:[A-Z]{2,}[a-z]*\d*|[A-Za-z]+\d+[A-Za-z\d]*|[A-Z][a-z]+[A-Z]\w*)\b")
+
+
+_local = threading.local()
+
+
+@lru_cache(maxsize=65536)
+def _stem(word: str) -> str:
+    # A stemmer object keeps its word in itself while it works: one per thread (a worker's
+    # threads commit at once; a shared one garbles stems, and with them the stored keys).
+    stemmer = getattr(_local, "stemmer", None)
+    if stemmer is None:
+        import snowballstemmer
+
+        stemmer = _local.stemmer = snowballstemmer.stemmer("english")
+    return str(stemmer.stemWord(word))
+
+
+def _number(token: str) -> str:
+    """One spelling for a number: '1.50' and '1.5', '007' and '7'."""
+    value = float(token)
+    return str(int(value)) if value.is_integer() else repr(value)
+
+
+def _words_to_digits(text: str) -> str:
+    text = _COMPOUND_RE.sub(lambda m: str(_NUMBER_WORDS[m.group(1).lower()]
+                                          + _NUMBER_WORDS[m.group(2).lower()]), text)
+    return re.sub(r"\b(" + "|".join(_NUMBER_WORDS) + r")\b",
+                  lambda m: str(_NUMBER_WORDS[m.group(1).lower()]), text, flags=re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class Signature:
+    """What near-duplicate detection compares of one question text."""
+
+    tokens: frozenset[str]
+    keys: frozenset[str]  # numbers and identifiers: the facts a question turns on
+    # The whole text, lower-cased (examforge.output.normalise), for the edit similarity;
+    # not stored with the signature (the question's own row has it).
+    text: str = field(default="", compare=False)
+
+    def encode(self) -> tuple[str, str]:
+        """The stored form (two space-separated columns)."""
+        return " ".join(sorted(self.tokens)), " ".join(sorted(self.keys))
+
+    @classmethod
+    def decode(cls, tokens: str, keys: str, text: str = "") -> Signature:
+        return cls(frozenset(tokens.split()), frozenset(keys.split()), normalise(text))
+
+
+def signature(text: str, context: str = "") -> Signature:
+    """The normalised content words and the key terms of a question text. The words of
+    `context` (the chapter's title, which most of its questions repeat) are left out: they
+    say nothing about what one question asks that the others do not."""
+    original = text
+    text = unicodedata.normalize("NFKC", text)
+    idents = {m.group(0).lower() for m in _IDENT_RE.finditer(text)}
+    text = _LEAD_IN_RE.sub(" ", text)
+    text = _THOUSANDS_RE.sub("", text)
+    text = _words_to_digits(text)
+    text = _UNIT_RE.sub(r"\1 \2", text).replace("%", " percent ")
+    stem = _stem
+    tokens: set[str] = set()
+    keys = set()
+    for word in _WORD_RE.findall(text.lower()):
+        if _NUMBER_RE.match(word):
+            word = _number(word)
+            keys.add(word)
+            tokens.add(word)
+        elif word not in STOP_WORDS:
+            tokens.add(stem(word))
+    keys |= {stem(i) for i in idents if i not in STOP_WORDS}
+    if context:
+        common = signature(context)
+        tokens -= common.tokens
+        keys -= common.keys
+    return Signature(frozenset(tokens), frozenset(keys), normalise(original))
+
+
+def jaccard(a: frozenset[str], b: frozenset[str]) -> float:
+    if not a and not b:
+        return 1.0
+    return len(a & b) / len(a | b)
+
+
+def swapped(a: Signature, b: Signature) -> bool:
+    """Whether each has a key term the other lacks: a different fact asked in a like form."""
+    return bool(a.keys - b.keys) and bool(b.keys - a.keys)
+
+
+def similarity(a: Signature, b: Signature) -> float:
+    """How alike two questions are, 0..1; 0 when their key terms were swapped."""
+    return 0.0 if swapped(a, b) else jaccard(a.tokens, b.tokens)
+
+
+def edit_similarity(a: Signature, b: Signature) -> float:
+    """rapidfuzz's normalised Indel similarity of the two whole texts, 0..1."""
+    from rapidfuzz import fuzz
+
+    return float(fuzz.ratio(a.text, b.text)) / 100 if a.text and b.text else 0.0
+
+
+def is_near(a: Signature, b: Signature, threshold: float = DEFAULT_THRESHOLD) -> bool:
+    """Near-duplicates: their key terms not swapped, and either their content words alike
+    (Jaccard at `threshold`: clauses moved, lead-ins and numbers rewritten) or their texts
+    nearly the same in order (edit similarity at EDIT_THRESHOLD: a phrase or two swapped for
+    synonyms in a sentence otherwise left as it was, which moves many words at once)."""
+    if swapped(a, b):
+        return False
+    return jaccard(a.tokens, b.tokens) >= threshold or edit_similarity(a, b) >= EDIT_THRESHOLD
+
+
+@lru_cache(maxsize=1)
+def _permutations():  # type: ignore[no-untyped-def]
+    from datasketch import MinHash
+
+    return MinHash(num_perm=NUM_PERM, seed=_SEED, scheme="affine32").permutations
+
+
+def _hash32(data: bytes) -> int:
+    # Fixed here rather than datasketch's default, so a new default there cannot change the
+    # stored band keys.
+    return struct.unpack("<I", hashlib.blake2b(data, digest_size=4).digest())[0]
+
+
+def minhash(sig: Signature) -> MinHash:
+    from datasketch import MinHash
+
+    m = MinHash(num_perm=NUM_PERM, seed=_SEED, hashfunc=_hash32, permutations=_permutations(),
+                scheme="affine32")
+    m.update_batch(t.encode() for t in sorted(sig.tokens))
+    return m
+
+
+# The band's number, mixed into its key so that equal minima in two bands never collide.
+_SALTS = [band.to_bytes(16, "big") for band in range(BANDS)]
+
+
+def band_keys(sig: Signature) -> list[int]:
+    """The LSH band keys of a signature: BANDS signed 63-bit integers (a BIGINT column), one
+    per band of ROWS minima, the band's number mixed in so bands never collide."""
+    if not sig.tokens:
+        return []
+    raw = minhash(sig).hashvalues.astype("<u8").tobytes()
+    width = 8 * ROWS
+    return [int.from_bytes(hashlib.blake2b(raw[band * width:(band + 1) * width],
+                                           digest_size=8, salt=_SALTS[band]).digest(),
+                           "big") >> 1
+            for band in range(BANDS)]
+
+
+@dataclass(frozen=True)
+class Checker:
+    """The settings of one check: NEAR_DUP_THRESHOLD and NEAR_DUP_SCOPE."""
+
+    threshold: float = DEFAULT_THRESHOLD
+    scope: Scope = Scope.chapter
+
+    def is_near(self, a: Signature, b: Signature) -> bool:
+        return is_near(a, b, self.threshold)
+
+
+def near_pairs(texts: Iterable[str], threshold: float = DEFAULT_THRESHOLD,
+               context: str = "") -> list[tuple[int, int]]:
+    """Every near-duplicate pair (i, j) of `texts`, compared pairwise without band keys:
+    what a check by index lookups must agree with (the tests compare them)."""
+    sigs = [signature(t, context) for t in texts]
+    return [(i, j) for i in range(len(sigs)) for j in range(i + 1, len(sigs))
+            if is_near(sigs[i], sigs[j], threshold)]

@@ -1,0 +1,209 @@
+"""Near-duplicates in the store, on SQLite and the real PostgreSQL: rejected at commit and
+counted in the call's detail, compared across the exam when asked, atomic between two slices
+committing at once (PostgreSQL), and the questions stored before migration 0008 indexed."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from helpers import wait_for, write_syllabus
+from sqlalchemy import select, text
+
+from examforge.neardup import Checker, Scope
+from examforge.output import Question
+from examforge.syllabus import load_syllabus
+from storage import Store, connect, migrate, neardup
+from storage.store import Claimed, K, Steer, Usage
+
+ORIGINAL = "Which AWS service provides durable object storage for static website assets?"
+PARAPHRASE = "Which of the following AWS services offers durable object storage for static " \
+             "website assets?"
+
+
+def _q(text: str) -> Question:
+    return Question(text, ("a", "b", "c", "d"), 0, "")
+
+
+def _claim(store: Store, chapter: str = "a", slice_no: int = 0, owner: str = "w") -> Claimed:
+    claim = store.claim("ex", chapter, owner, 30.0, 8, slice_no=slice_no)
+    assert isinstance(claim, Claimed), claim
+    return claim
+
+
+CHAPTER = Checker()
+
+
+def _commit(store: Store, claim: Claimed, texts: list[str], checker: Checker = CHAPTER,
+            first: int | None = None):  # type: ignore[no-untyped-def]
+    call = store.start_call(claim, first or claim.first_number, len(texts), lease_s=30.0)
+    return call, store.commit_batch(claim, 30.0, call, [_q(t) for t in texts], model="m",
+                                    usage=Usage(1, 1, 0.0), near_dup=checker, steer=Steer())
+
+
+def _sync(store: Store, tmp_path, chapters, slice_questions: int = 50):  # type: ignore[no-untyped-def]
+    path = write_syllabus(tmp_path / "exams", "ex", chapters)
+    store.sync_exam("ex", load_syllabus(path, max_questions=1000),
+                    slice_questions=slice_questions)
+
+
+def _detail(store: Store, call_id: int) -> str:
+    with store.engine.connect() as conn:
+        return conn.execute(select(K.c.detail).where(K.c.id == call_id)).scalar_one() or ""
+
+
+def test_a_near_duplicate_is_rejected_counted_and_listed_first_in_the_next_prompts(
+        store, tmp_path):
+    _sync(store, tmp_path, [("a", 10)])
+    claim = _claim(store)
+    _commit(store, claim, [ORIGINAL, "What is the default port used by HTTPS?"])
+    call, committed = _commit(store, claim, [PARAPHRASE, "What is the default port used by SSH?",
+                                             "Which port does HTTPS use by default?"])
+    # The paraphrase and the HTTPS reordering are dropped; SSH is another fact.
+    assert (committed.stored, committed.near_duplicates, committed.duplicates) == (3, 2, 2)
+    assert committed.kept == ("What is the default port used by SSH?",)
+    assert _detail(store, call) == "2 near_duplicate rejected"
+    # The stored questions the model wrote again come last in the list (kept when it is cut).
+    assert set(committed.recent[-2:]) == {ORIGINAL, "What is the default port used by HTTPS?"}
+    with store.engine.connect() as conn:
+        repeats = dict(conn.execute(select(neardup.Q.c.question, neardup.QS.c.repeats).join(
+            neardup.QS, neardup.QS.c.question_id == neardup.Q.c.id)).all())
+    assert repeats == {ORIGINAL: 1, "What is the default port used by HTTPS?": 1,
+                       "What is the default port used by SSH?": 0}
+
+
+def test_a_batch_of_nothing_but_near_duplicates_is_wasted_and_re_asked(store, tmp_path):
+    _sync(store, tmp_path, [("a", 10)])
+    claim = _claim(store)
+    _commit(store, claim, [ORIGINAL])
+    call, committed = _commit(store, claim, [PARAPHRASE], first=2)
+    assert (committed.stored, committed.kept, committed.next_call) == (1, (), None)
+    with store.engine.connect() as conn:
+        row = conn.execute(select(K.c.outcome, K.c.reason, K.c.detail)
+                           .where(K.c.id == call)).one()
+    assert (row.outcome, row.reason) == ("wasted", "invalid_output")
+    assert "1 near_duplicate rejected" in row.detail
+
+
+def test_two_near_duplicates_in_one_batch_keep_the_first(store, tmp_path):
+    _sync(store, tmp_path, [("a", 10)])
+    _, committed = _commit(store, _claim(store), [ORIGINAL, PARAPHRASE])
+    assert committed.kept == (ORIGINAL,) and committed.near_duplicates == 1
+
+
+def test_the_exam_scope_compares_with_every_chapter(store, tmp_path):
+    _sync(store, tmp_path, [("a", 10), ("b", 10), ("c", 10)])
+    _commit(store, _claim(store, "a"), [ORIGINAL])
+    _, in_chapter = _commit(store, _claim(store, "b"), [PARAPHRASE])
+    assert in_chapter.kept == (PARAPHRASE,)  # the default scope: its own chapter only
+    _, in_exam = _commit(store, _claim(store, "c"),
+                         [("Which AWS service offers durable object storage for static website "
+                          "assets?")], Checker(scope=Scope.exam))
+    assert in_exam.kept == () and in_exam.near_duplicates == 1
+
+
+@pytest.mark.parametrize("locked", [True, False], ids=["with the lock", "without it"])
+def test_two_slices_committing_near_duplicates_at_once_store_only_one(
+        pg_url, tmp_path, monkeypatch, locked):
+    """Slice 0's commit is held inside its transaction, after its check and insert; slice 1
+    commits a paraphrase meanwhile. With the chapter's lock row, slice 1 waits for slice 0's
+    commit and then finds its question; without it (the control), both land."""
+    engine = connect(pg_url)
+    migrate(engine)
+    store = Store(engine)
+    _sync(store, tmp_path, [("a", 20)], slice_questions=10)
+    first, second = _claim(store, slice_no=0, owner="w0"), _claim(store, slice_no=1, owner="w1")
+    inside, release = threading.Event(), threading.Event()
+    index = neardup.index
+
+    def held_index(conn, exam, chapter_id, ids, signed):  # type: ignore[no-untyped-def]
+        index(conn, exam, chapter_id, ids, signed)
+        if threading.current_thread().name == "slice-0":
+            inside.set()
+            assert release.wait(30)
+
+    monkeypatch.setattr(neardup, "index", held_index)
+    if not locked:
+        monkeypatch.setattr(neardup, "lock", lambda *args: None)
+    results: dict[str, object] = {}
+
+    def commit(name: str, claim: Claimed, texts: list[str]) -> None:
+        results[name] = _commit(store, claim, texts)[1]
+
+    t0 = threading.Thread(target=commit, name="slice-0", args=("0", first, [ORIGINAL]))
+    t0.start()
+    assert inside.wait(30)
+    t1 = threading.Thread(target=commit, name="slice-1", args=("1", second, [PARAPHRASE]))
+    t1.start()
+    if locked:
+        def waiting_on_lock() -> bool:
+            with engine.connect() as conn:
+                return bool(conn.execute(text(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                    "AND query LIKE '%dedup_lock%'")).scalar())
+
+        wait_for(waiting_on_lock, 30, "slice 1 to wait for the chapter's lock")
+    else:
+        t1.join(30)
+        assert "1" in results  # it did not wait for slice 0
+    release.set()
+    t0.join(30)
+    t1.join(30)
+    stored = [q["question"] for q in store.questions("ex")]
+    if locked:
+        assert stored == [ORIGINAL]
+        assert results["1"].near_duplicates == 1  # type: ignore[attr-defined]
+    else:
+        assert sorted(stored) == sorted([ORIGINAL, PARAPHRASE])
+    engine.dispose()
+
+
+def test_0008_indexes_the_questions_stored_before_it(db_url):
+    from alembic import command
+
+    from storage.db import alembic_config
+
+    engine = connect(db_url)
+    with engine.begin() as conn:
+        command.upgrade(alembic_config(conn), "0006")
+        conn.execute(text("INSERT INTO exam (slug, title, state, auth_failures, spent_usd, "
+                          "reserved_usd, created_at, updated_at) VALUES "
+                          "('ex', 'Ex', 'active', 0, 0, 0, 1, 1)"))
+        conn.execute(text(
+            "INSERT INTO slice (exam, chapter_id, slice_no, first_number, position, title, "
+            "spec_hash, target, state, attempts, attempts_since_progress, requeues, "
+            "updated_at) VALUES ('ex', 'a', 0, 1, 0, 'Storage', 'h', 10, 'pending', 0, 0, 0, 1)"))
+        for n, q in enumerate([ORIGINAL, "What is the default port used by HTTPS?"], 1):
+            conn.execute(text(
+                "INSERT INTO question (exam, chapter_id, number, question, choices, "
+                "answer_index, explanation, norm_hash, model, created_at) VALUES "
+                "('ex', 'a', :n, :q, '[]', 0, '', :h, 'm', 1)"), {"n": n, "q": q, "h": str(n)})
+    migrate(engine)
+    store = Store(engine)
+    with engine.connect() as conn:
+        signed = conn.execute(text("SELECT count(*) FROM question_sig")).scalar_one()
+        bands = conn.execute(text("SELECT count(DISTINCT question_id) FROM question_band")
+                             ).scalar_one()
+    assert (signed, bands) == (2, 2)
+    _, committed = _commit(store, _claim(store), [PARAPHRASE, "Which port does SSH use?"],
+                           first=3)
+    assert committed.kept == ("Which port does SSH use?",) and committed.near_duplicates == 1
+    engine.dispose()
+
+
+def test_imported_questions_are_indexed_and_a_regenerated_chapter_forgets_its_own(
+        store, tmp_path):
+    _sync(store, tmp_path, [("a", 10), ("b", 10)])
+    store.import_questions("ex", {"a": [_q(ORIGINAL)], "b": [_q(ORIGINAL)]}, "bank.jsonl")
+    claim = _claim(store, "a")
+    _, committed = _commit(store, claim, [PARAPHRASE], first=2)
+    assert committed.kept == () and committed.near_duplicates == 1
+    store.release(claim, retry_in_s=0, error="test")
+    path = write_syllabus(tmp_path / "exams", "ex", [("a", 10), ("b", 10)])
+    store.sync_exam("ex", load_syllabus(path, max_questions=1000), regenerate=["a"])
+    with store.engine.connect() as conn:
+        left = {c for (c,) in conn.execute(select(neardup.QS.c.chapter_id))} | \
+            {c for (c,) in conn.execute(select(neardup.QB.c.chapter_id))}
+    assert left == {"b"}  # chapter a's questions and their index rows are gone together
+    _, again = _commit(store, _claim(store, "a"), [PARAPHRASE])
+    assert again.kept == (PARAPHRASE,)
