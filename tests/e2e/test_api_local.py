@@ -147,6 +147,14 @@ def test_a_killed_local_server_started_again_finishes_its_runs(local_dep, mock):
     _assert_paid_once_but_the_killed_calls(local_dep, mock, targets, in_flight=2)
 
 
+def _wait_ended(c, run_id, timeout_s):
+    def ended():
+        view = c.get(f"/runs/{run_id}").json()
+        return view if view["state"] not in ("queued", "running") else None
+
+    return wait_for(ended, timeout_s, f"run {run_id} to end")
+
+
 def _assert_paid_once_but_the_killed_calls(dep, mock, targets, in_flight):
     """Paid calls: those needed, each booked used, plus at most the `in_flight` calls the
     killed server had sent, each booked wasted."""
@@ -177,6 +185,7 @@ def test_a_local_server_takes_over_the_runs_of_another_that_was_killed(local_dep
             next(e for e in events(r) if e.get("event") == "progress")
     local_dep.kill(first.proc, signal.SIGKILL)
     with other.client() as c:
+        _wait_ended(c, run["id"], 90)  # a deadline: a stalled run's stream would never end
         stream = read_to_end(c, run["id"])
         assert stream[-1]["event"] == "done", stream
         assert len(c.get("/exams/demo/runs").json()["items"]) == 1

@@ -11,6 +11,7 @@ import threading
 import pytest
 from apiserver import ApiServer, events, put_syllabus, read_to_end
 from harness import assert_stored_exactly_once
+from helpers import wait_for
 from sqlalchemy import func, select
 
 from storage.models import Run
@@ -154,6 +155,8 @@ def test_a_broker_that_is_down_is_503_and_the_run_is_launched_once_it_is_back(
             broker.start()
             dep.worker(concurrency=2)
             # No request: the server's sweep launches the run once the broker answers.
+            wait_for(lambda: c.get(f"/runs/{run_id}").json()["state"] == "done", 60,
+                     "the run to be launched and done")
             assert read_to_end(c, run_id)[-1]["event"] == "done"
             assert len(c.get("/exams/demo/runs").json()["items"]) == 1
     finally:
