@@ -153,3 +153,29 @@ def test_the_sweep_resumes_a_launched_run_whose_work_nobody_does(make_settings, 
         store.mark_launched(run.id)
         assert wait_run(c, run.id, 20)["state"] == "done"
     assert mock_llm.stats()["calls_total"] == CALLS
+
+
+def test_a_cancel_that_lands_during_the_hand_off_stays_a_cancel(make_settings, mock_llm):
+    """The run is cancelled after its hand-off was claimed and before its slices were
+    recorded: the hand-off must not leave its work going (it cancels again once launched)."""
+    mock_llm.configure(latency_s=0.3)
+
+    class CancelledMidway(FlakyBroker):
+        def check(self):  # the cancel arrives here, between the claim and the enqueue
+            store.cancel_run(store.exam_runs("demo")[0])
+
+    with api(make_settings, mock_llm, api_local_concurrency=1,
+             api_sweep_interval_s=3600) as c:
+        ctx = c.app.state.ctx
+        store = ctx.store
+        ctx.work = CancelledMidway(ctx.work)
+        c.put("/exams/demo", json=SYLLABUS)
+        run = c.post("/exams/demo/runs", headers={"Idempotency-Key": "k"}).json()
+        assert run["state"] == "cancelled"
+        wait_for(lambda: store.calls_in_flight(store.run(run["id"])) == 0 and
+                 ctx.work.real.working_on() == [], 20, "the hand-off's work to stop")
+        status = c.get("/exams/demo").json()
+        assert status["chapters"]["pending"] == status["chapters"]["running"] == 0
+        assert status["chapters"]["cancelled"] == 2
+        assert status["questions"]["done"] < 10
+    assert mock_llm.stats()["calls_total"] <= 1  # at most the call in flight at the cancel
