@@ -232,6 +232,14 @@ class Settings(BaseSettings):
         0.5, gt=0, description="Seconds between two reads of the database by an event stream.")
     api_local_concurrency: int = Field(
         8, ge=1, le=512, description="Threads calling the model at once in serve --local.")
+    api_sweep_interval_s: float = Field(
+        10.0, gt=0, le=3600,
+        description="Seconds between two sweeps of every API replica: runs whose work was "
+                    "never handed on are launched, and serve --local resumes its runs.")
+    api_launch_grace_s: float = Field(
+        30.0, gt=0, le=3600,
+        description="How long a run's hand-off may take: a sweep launches a run stored this "
+                    "long ago and never launched, and a hand-off's claim lapses after it.")
 
     @field_validator("llm_base_url", "llm_fallback_base_url")
     @classmethod

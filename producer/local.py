@@ -16,16 +16,20 @@ Slice = tuple[str, int]  # (chapter_id, slice_no)
 
 
 def run_local(rt: Runtime, exam: str, slices: list[Slice], concurrency: int,
-              on_progress: Callable[[], None] | None = None) -> dict[Slice, ChapterResult]:
+              on_progress: Callable[[], None] | None = None,
+              more: Callable[[], list[Slice]] | None = None) -> dict[Slice, ChapterResult]:
     """Process slices until each is done, failed or skipped; transient failures are retried
-    after the delay the pipeline asks for (backoff, Retry-After, another holder's lease)."""
+    after the delay the pipeline asks for (backoff, Retry-After, another holder's lease).
+    `more`, asked at every turn of the loop, gives slices to add (serve --local: a new run of
+    an exam this process already works on); one already waiting or running is not added
+    twice."""
     ready: list[tuple[float, int, Slice]] = [(0.0, i, s) for i, s in enumerate(slices)]
     heapq.heapify(ready)
     results: dict[Slice, ChapterResult] = {}
     running: dict[Future[ChapterResult], Slice] = {}
     with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="chapter") as pool:
         try:
-            _loop(rt, exam, pool, ready, running, results, concurrency, on_progress)
+            _loop(rt, exam, pool, ready, running, results, concurrency, on_progress, more)
         except BaseException:
             # Ctrl-C, SIGTERM or a crash: running chapters finish the call they are in, commit
             # it and stop; the pool's exit waits for exactly that, no more paid calls.
@@ -37,10 +41,21 @@ def run_local(rt: Runtime, exam: str, slices: list[Slice], concurrency: int,
 def _loop(rt: Runtime, exam: str, pool: ThreadPoolExecutor,
           ready: list[tuple[float, int, Slice]], running: dict[Future[ChapterResult], Slice],
           results: dict[Slice, ChapterResult], concurrency: int,
-          on_progress: Callable[[], None] | None) -> None:
+          on_progress: Callable[[], None] | None,
+          more: Callable[[], list[Slice]] | None = None) -> None:
     """Submit ready chapters, collect results, re-schedule retries at their delay."""
     seq = len(ready) + len(running) + len(results)
-    while ready or running:
+    while True:
+        if more is not None:
+            live = {ref for _, _, ref in ready} | set(running.values())
+            for ref in more():
+                if ref not in live:
+                    live.add(ref)
+                    results.pop(ref, None)
+                    seq += 1
+                    heapq.heappush(ready, (0.0, seq, ref))
+        if not (ready or running):
+            break
         now = time.monotonic()
         while ready and ready[0][0] <= now and len(running) < concurrency:
             _, _, ref = heapq.heappop(ready)

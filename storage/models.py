@@ -208,7 +208,8 @@ class Run(SQLModel, table=True):
     `call_floor` is the exam's highest call id when the run began: the run's calls, cost and
     events are those above it. `state` is written once, when the run is first seen final, so
     a later run of the same exam never reopens it; and only once `launched_at` is set, so a
-    run read while its request is still enqueuing is never judged by the exam as it was."""
+    run read while its request is still enqueuing is never judged by the exam as it was.
+    `launching_until` is the claim of whoever is handing the run's work on (migration 0010)."""
 
     __table_args__ = (UniqueConstraint("idempotency_key", name="uq_run_idempotency_key"),)
 
@@ -221,6 +222,8 @@ class Run(SQLModel, table=True):
     state: Optional[str] = Field(default=None, max_length=16)
     cancelled_at: Optional[float] = None
     launched_at: Optional[float] = None  # its work was enqueued (or started, in --local)
+    # A hand-off in progress holds the run until then (database clock); see storage.runs.
+    launching_until: Optional[float] = None
     created_at: float
     updated_at: float
 

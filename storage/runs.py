@@ -21,10 +21,10 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import and_, delete, func, select, update
+from sqlalchemy import and_, func, select, update
 
 from examforge.errors import UserError
-from storage.base import BUDGET_PAUSE_PREFIX, E, K, Q, S, StoreBase
+from storage.base import ACTIVE_STATES, BUDGET_PAUSE_PREFIX, E, K, Q, S, StoreBase
 from storage.models import (
     FINAL_RUN_STATES,
     CallOutcome,
@@ -34,6 +34,7 @@ from storage.models import (
     RunState,
     StoredSyllabus,
 )
+from storage.planning import SliceRef
 from storage.reports import ExamReport, ExamStatus
 
 R = Run.__table__  # type: ignore[attr-defined]
@@ -55,6 +56,7 @@ class RunRow:
     state: str | None
     cancelled_at: float | None
     launched_at: float | None
+    launching_until: float | None
     created_at: float
     updated_at: float
 
@@ -154,12 +156,6 @@ class Runs(StoreBase):
                 "use a new key for a new request")
         return row, new_id is not None
 
-    def delete_run(self, run_id: int) -> None:
-        """Undo a run whose work could not be started (the broker refused): its key may be
-        sent again."""
-        with self._write() as conn:
-            conn.execute(delete(R).where(R.c.id == run_id))
-
     def run(self, run_id: int) -> RunRow | None:
         with self._read() as conn:
             r = conn.execute(select(R).where(R.c.id == run_id)).first()
@@ -172,11 +168,57 @@ class Runs(StoreBase):
                 select(R).where(R.c.exam == slug).order_by(R.c.id.desc()).limit(limit))]
 
     def open_runs(self) -> list[RunRow]:
-        """Runs not known to be final, oldest first (serve --local restarts their work)."""
+        """Runs not known to be final, oldest first (serve --local resumes their work)."""
         with self._read() as conn:
             return [_row(r) for r in conn.execute(
                 select(R).where(R.c.state.is_(None), R.c.cancelled_at.is_(None))
                 .order_by(R.c.id))]
+
+    def unlaunched_runs(self, grace_s: float) -> list[RunRow]:
+        """Open runs stored over `grace_s` ago whose work was never handed on and that no
+        one is handing on now (no live claim): their request died or the broker refused.
+        Oldest first."""
+        with self._read() as conn:
+            return [_row(r) for r in conn.execute(
+                select(R).where(R.c.launched_at.is_(None), R.c.state.is_(None),
+                                R.c.cancelled_at.is_(None),
+                                R.c.created_at < self._now - grace_s,
+                                R.c.launching_until.is_(None)
+                                | (R.c.launching_until < self._now))
+                .order_by(R.c.id))]
+
+    def claim_launch(self, run_id: int, lease_s: float) -> bool:
+        """Take the right to hand the run's work on, for `lease_s` (the database's clock):
+        True for exactly one of any number of callers at once, on any replica, until the
+        claim is released or lapses; False once the run is launched, cancelled or final.
+        The conditional UPDATE is the lock: the row's write lock serialises the callers and
+        the loser's WHERE no longer matches."""
+        with self._write() as conn:
+            return conn.execute(update(R).where(
+                R.c.id == run_id, R.c.launched_at.is_(None), R.c.state.is_(None),
+                R.c.cancelled_at.is_(None),
+                R.c.launching_until.is_(None) | (R.c.launching_until < self._now))
+                .values(launching_until=self._now + lease_s)).rowcount == 1
+
+    def release_launch(self, run_id: int) -> None:
+        """Give up a claim whose hand-off failed (the broker refused): the run stays
+        queued, and the next repeat of its key or the next sweep tries again."""
+        with self._write() as conn:
+            conn.execute(update(R).where(R.c.id == run_id, R.c.launched_at.is_(None))
+                         .values(launching_until=None))
+
+    def unfinished_slices(self, slug: str) -> list[SliceRef]:
+        """The exam's slices still to work on (pending or running), in syllabus order; none
+        while the exam is paused (a pause is lifted by a new run or `resume`)."""
+        with self._read() as conn:
+            paused = conn.execute(select(E.c.slug).where(
+                E.c.slug == slug, E.c.state == ExamState.paused.value)).first()
+            if paused is not None:
+                return []
+            return [(r.chapter_id, r.slice_no) for r in conn.execute(
+                select(S.c.chapter_id, S.c.slice_no)
+                .where(S.c.exam == slug, S.c.state.in_(ACTIVE_STATES))
+                .order_by(S.c.position, S.c.chapter_id, S.c.slice_no))]
 
     def run_activity(self, run: RunRow) -> RunActivity:
         with self._read() as conn:
@@ -188,9 +230,11 @@ class Runs(StoreBase):
         return RunActivity(int(n), round(float(cost), 6), last)
 
     def mark_launched(self, run_id: int) -> None:
+        """The run's work was handed on: the first hand-off's time is kept, the claim ends."""
         with self._write() as conn:
-            conn.execute(update(R).where(R.c.id == run_id)
-                         .values(launched_at=self._now, updated_at=self._now))
+            conn.execute(update(R).where(R.c.id == run_id, R.c.launched_at.is_(None))
+                         .values(launched_at=self._now, launching_until=None,
+                                 updated_at=self._now))
 
     def record_run_state(self, run_id: int, state: str) -> None:
         """Write a final state once: the first writer wins, later ones change nothing."""
@@ -216,8 +260,6 @@ class Runs(StoreBase):
     def cancel_run(self, run: RunRow) -> None:
         """Cancel the exam's unfinished slices and mark the run cancelled, in one
         transaction; stored questions are kept."""
-        from storage.base import ACTIVE_STATES
-
         with self._write() as conn:
             conn.execute(update(S).where(
                 S.c.exam == run.exam,
@@ -290,7 +332,8 @@ class Runs(StoreBase):
             self._require_exam(conn, slug)
             rows = conn.execute(
                 select(Q.c.id, Q.c.chapter_id, Q.c.number, Q.c.question, Q.c.choices,
-                       Q.c.answer_index, Q.c.explanation, Q.c.model, Q.c.created_at)
+                       Q.c.answer_index, Q.c.explanation, Q.c.difficulty, Q.c.bloom,
+                       Q.c.model, Q.c.created_at)
                 .join(S, and_(S.c.exam == Q.c.exam, S.c.chapter_id == Q.c.chapter_id,
                               Q.c.number >= S.c.first_number,
                               Q.c.number < S.c.first_number + S.c.target))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from dataclasses import dataclass, field
@@ -48,11 +49,13 @@ def create_app(settings: Settings, local: bool = False, *, no_auth: bool = False
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        if local:
-            await run_in_threadpool(_resume_local, ctx)
+        sweeper = asyncio.create_task(_sweep_forever(ctx), name="sweep")
         try:
             yield
         finally:
+            sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sweeper
             await run_in_threadpool(work.close)
             store.engine.dispose()
 
@@ -130,14 +133,15 @@ def _declare_problem(app: FastAPI, settings: Settings) -> None:
     app.openapi = openapi  # type: ignore[method-assign]
 
 
-def _resume_local(ctx: Context) -> None:
-    """serve --local, started again: the runs that had not ended carry on (their work is in
-    the database; the process that did it is gone)."""
-    from examforge.errors import ExamforgeError
-    from producer.syllabi import resolve
+async def _sweep_forever(ctx: Context) -> None:
+    """`runs.sweep` at startup and then every API_SWEEP_INTERVAL_S, in the thread pool (the
+    database is synchronous), for as long as the app runs. Every replica sweeps: the claim in
+    the database keeps each run's hand-off to one of them."""
+    from producer.api.runs import sweep
 
-    for slug in dict.fromkeys(r.exam for r in ctx.store.open_runs() if r.launched_at):
+    while True:
         try:
-            ctx.work.start(slug, resolve(ctx.settings, slug, ctx.store), None)
-        except ExamforgeError as exc:
-            log.warning("run not resumed: %s", exc, extra={"exam": slug})
+            await run_in_threadpool(sweep, ctx)
+        except Exception:  # a database that is down now may answer at the next sweep
+            log.exception("sweep failed")
+        await asyncio.sleep(ctx.settings.api_sweep_interval_s)

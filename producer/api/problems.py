@@ -23,6 +23,7 @@ from examforge.errors import (
     UnknownChapter,
     UnknownExam,
 )
+from producer.api.runs import RunNotLaunched
 from storage.runs import IdempotencyKeyReused
 
 PROBLEM_JSON = "application/problem+json"
@@ -110,6 +111,8 @@ def install(app: FastAPI) -> None:
             return problem(422, str(exc))
         if isinstance(exc, Conflict):
             return problem(409, str(exc))
+        if isinstance(exc, RunNotLaunched):
+            return problem(503, str(exc), run_id=exc.run_id)
         if isinstance(exc, InfrastructureError):
             return problem(503, str(exc))
         return problem(400, str(exc))

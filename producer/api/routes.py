@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import json
 import queue
+import tempfile
 import threading
-from typing import Annotated, Any, Iterator
+from typing import IO, Annotated, Any, Iterator
 
 from fastapi import APIRouter, Body, Depends, Header, Path, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -17,7 +18,13 @@ from examforge.errors import UnknownExam
 from examforge.syllabus import NAME_PATTERN, Syllabus, check_name, parse_syllabus
 from producer.api import schemas
 from producer.api.problems import Conflict, problem, responses
-from producer.export import WRITERS
+from producer.export import (
+    FORMATS,
+    TABLE_FORMATS,
+    WRITERS,
+    bank_questions,
+    default_name,
+)
 from producer.syllabi import file_syllabus
 from producer.views import status_dict, summary_dict, when
 
@@ -208,9 +215,13 @@ def get_run(run_id: RunId, c: Ctx) -> Any:
 @router.post("/runs/{run_id}/cancel", response_model=schemas.RunOut, tags=["runs"],
              responses=responses(401, 404, 409, 422))
 def cancel_run(run_id: RunId, c: Ctx) -> Any:
-    """Cancel the run: its exam's unfinished chapters stop (a call in flight is let finish,
-    its reply booked as wasted); stored questions stay. Cancelling a cancelled run changes nothing; a run that
-    ended otherwise is 409. Closing a connection never cancels anything: only this does."""
+    """Cancel the run: its exam's unfinished slices are cancelled and their leases cleared
+    at once, so no new call starts. A call already in flight (at most one per running slice)
+    is paid for and its reply discarded: its commit no longer holds the lease, and the call
+    is booked `wasted` (`lease_lost`); the stream's `cancelled` event comes once those calls
+    have settled. Stored questions stay. Cancelling a cancelled run changes nothing; a run
+    that ended otherwise is 409. Closing a connection never cancels anything: only this
+    does."""
     from producer.api.runs import run_view
 
     run = _run(c, run_id)
@@ -260,20 +271,80 @@ def questions(slug: Slug, c: Ctx,
     return {"items": items, "next": items[-1]["id"] if len(items) == limit else None}
 
 
+# Bank formats: Moodle XML and GIFT are text; an .apkg has no registered media type (Anki
+# itself serves it as octet-stream); a QTI package is a zip.
+MEDIA_TYPES.update({"moodle-xml": "application/xml", "gift": "text/plain; charset=utf-8",
+                    "anki": "application/octet-stream", "qti": "application/zip"})
+_FORMAT_PATTERN = "^(" + "|".join(FORMATS) + ")$"  # names of [a-z-] only
+_BINARY_BODY = {"schema": {"type": "string", "format": "binary"}}
+
+
 @router.get("/exams/{slug}/export", tags=["questions"], response_class=Response,
-            responses={**responses(401, 404, 422), 200: {"description": "The questions", "content": {
-                "application/x-ndjson": {"schema": {"type": "string"}},
-                "application/json": {"schema": {"type": "array", "items": {"type": "object"}}},
-                "text/csv": {"schema": {"type": "string"}}}}})
-def export(slug: Slug, c: Ctx,
-           format: Annotated[str, Query(pattern="^(jsonl|json|csv)$")] = "jsonl") -> Response:
-    """Every stored question, streamed (export's writers: the same bytes as the CLI's)."""
+            responses={**responses(401, 404, 409, 422), 200: {
+                "description": "The questions, as a download (Content-Disposition names the "
+                               "file as `producer export` would)",
+                "content": {
+                    "application/x-ndjson": {"schema": {"type": "string"}},
+                    "application/json": {"schema": {"type": "array",
+                                                    "items": {"type": "object"}}},
+                    "text/csv": {"schema": {"type": "string"}},
+                    "application/xml": {"schema": {"type": "string"}},
+                    "text/plain": {"schema": {"type": "string"}},
+                    "application/octet-stream": _BINARY_BODY,
+                    "application/zip": _BINARY_BODY}}})
+def export(slug: Slug, request: Request, c: Ctx,
+           format: Annotated[str, Query(
+               pattern=_FORMAT_PATTERN,
+               description="jsonl, json, csv, or a question bank: moodle-xml, gift, anki "
+                           "(.apkg), qti (QTI 1.2 zip for Canvas)")] = "jsonl") -> Response:
+    """Every stored question (export's writers: the same content as the CLI's). The table
+    formats are streamed; a bank is built whole first (spooled to disk when large), so that a
+    stored question no bank can hold is a 409 problem, not a download cut short."""
     check_name(slug, "exam slug")
     if not c.store.exam_exists(slug):
         raise UnknownExam(f"unknown exam {slug!r}: not in the database (start a run first)")
-    return StreamingResponse(
-        _stream_export(c.store, slug, format), media_type=MEDIA_TYPES[format],
-        headers={"Content-Disposition": f'attachment; filename="{slug}.{format}"'})
+    headers = {"Content-Disposition":
+               f'attachment; filename="{slug}{default_name(format).removeprefix("generated")}"'}
+    if request.method == "HEAD":  # the headers a GET would have, and nothing read
+        response = Response(media_type=MEDIA_TYPES[format], headers=headers)
+        del response.headers["content-length"]
+        return response
+    if format in TABLE_FORMATS:
+        return StreamingResponse(_stream_export(c.store, slug, format),
+                                 media_type=MEDIA_TYPES[format], headers=headers)
+    bank = _build_bank(c.store, slug, format)
+    size = bank.seek(0, 2)
+    bank.seek(0)
+    return StreamingResponse(_read_chunks(bank), media_type=MEDIA_TYPES[format],
+                             headers={**headers, "Content-Length": str(size)})
+
+
+def _build_bank(store: Any, slug: str, fmt: str) -> IO[bytes]:
+    """The whole bank in a temporary file (memory up to 8 MB, then disk)."""
+    from examforge.banks import BankChapter, BankExam, write_bank
+
+    title, chapters = store.outline(slug)
+    exam = BankExam(slug, title, tuple(BankChapter(i, t, p) for i, t, p in chapters))
+    # Closed by _read_chunks once sent (or below on failure), not by a `with` here.
+    out = tempfile.SpooledTemporaryFile(max_size=8 << 20)  # noqa: SIM115
+    try:
+        rows = bank_questions(store.iter_questions(slug))
+        write_bank(fmt, exam, rows, out)  # type: ignore[arg-type]
+    except ValueError as exc:  # a stored row no bank can hold: say which, send nothing
+        out.close()
+        raise Conflict(f"export {fmt}: {exc}") from None
+    except BaseException:
+        out.close()
+        raise
+    return out  # type: ignore[return-value]
+
+
+def _read_chunks(f: IO[bytes]) -> Iterator[bytes]:
+    try:
+        while chunk := f.read(65536):
+            yield chunk
+    finally:
+        f.close()
 
 
 class _Pipe:
@@ -328,3 +399,22 @@ def _stream_export(store: Any, slug: str, fmt: str) -> Iterator[bytes]:
                 chunks.get_nowait()
             except queue.Empty:
                 worker.join(timeout=0.05)
+
+
+def _head_routes() -> None:
+    """HEAD wherever GET is (RFC 9110: the GET's headers without its body). Starlette adds
+    HEAD to its own GET routes but FastAPI does not; each gets a HEAD route of its own, left
+    out of the spec (it would double every GET operation there). Not for the event stream:
+    its headers promise an endless body, and a HEAD would hold a stream open for nothing."""
+    from fastapi.routing import APIRoute
+
+    for route in list(router.routes):
+        if (isinstance(route, APIRoute) and "GET" in (route.methods or ())
+                and route.path != "/runs/{run_id}/events"):
+            router.add_api_route(route.path, route.endpoint, methods=["HEAD"],
+                                 include_in_schema=False, response_model=route.response_model,
+                                 response_class=route.response_class,
+                                 status_code=route.status_code, name=f"{route.name}_head")
+
+
+_head_routes()

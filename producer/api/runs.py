@@ -3,10 +3,14 @@
 The Idempotency-Key rules (the IETF httpapi Idempotency-Key draft):
 - the key is required (400 without it);
 - the same key with the same request (exam and body) returns the run the first one made,
-  whatever happened since, and never starts more work: a double click, a client's retry and
-  two requests at once on two replicas (the UNIQUE key in the database decides) all get one
-  run;
+  whatever happened since, and never starts more work (beyond launching it if it never
+  was): a double click, a client's retry and two requests at once on two replicas (the
+  UNIQUE key in the database decides) all get one run;
 - the same key with another request gets 422;
+- a run is stored before its work is handed on, and never deleted: a repeat of its key, or
+  the periodic sweep of any replica (`sweep`), launches a run whose hand-off never happened
+  (its server died, the broker refused); a claim in the database keeps it to one hand-off
+  at a time;
 - a key is remembered API_IDEMPOTENCY_TTL_S (at least 24 h) from its first request; older
   keys are forgotten by every POST and by `producer prune`, and the same key then starts a
   new run.
@@ -16,9 +20,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from typing import TYPE_CHECKING, Any
 
-from examforge.errors import UnknownExam
+from examforge.errors import InfrastructureError, UnknownExam
+from examforge.syllabus import Syllabus
 from producer.views import when
 from storage.models import FINAL_RUN_STATES
 from storage.runs import RunRow, run_state
@@ -27,6 +33,17 @@ if TYPE_CHECKING:
     from producer.api.app import Context
 
 MAX_KEY_LENGTH = 255
+log = logging.getLogger("examforge.api")
+
+
+class RunNotLaunched(InfrastructureError):
+    """Raised when a run is stored but its work could not be handed on (the broker refused):
+    the run stays queued and is launched later (503)."""
+
+    def __init__(self, run_id: int, cause: Exception) -> None:
+        super().__init__(f"{cause}; run {run_id} is stored and stays queued: the same "
+                         "Idempotency-Key, or the server's next sweep, starts it")
+        self.run_id = run_id
 
 
 def parse_key(value: str | None) -> str | None:
@@ -82,27 +99,79 @@ def run_view(ctx: Context, run: RunRow) -> dict[str, Any]:
 
 def start_run(ctx: Context, slug: str, key: str, budget_usd: float | None
               ) -> tuple[RunRow, bool]:
-    """The run of `key` for this request, starting its work if it is new (True)."""
+    """The run of `key` for this request (True if this request made it), its work handed on
+    if it has not been yet: by this request, or by a repeat of the key when the first one
+    died or the broker refused it. BrokerUnavailable (503) leaves the run queued."""
     from producer.syllabi import resolve
 
     store = ctx.store
     syllabus = resolve(ctx.settings, slug, store)  # UnknownExam: 404, before any write
     store.forget_idempotency_keys(ctx.settings.api_idempotency_ttl_s)
-    existing = store.exam_runs(slug, limit=50)
     run, created = store.create_run(slug, key, fingerprint(slug, budget_usd), budget_usd)
-    if not created:
-        return run, False
+    if run.launched_at is None:
+        try:
+            launch(ctx, run, syllabus)
+        except InfrastructureError as exc:
+            raise RunNotLaunched(run.id, exc) from exc
+    return store.run(run.id) or run, created
+
+
+def launch(ctx: Context, run: RunRow, syllabus: Syllabus | None = None) -> bool:
+    """Hand the run's work on (enqueue it, or start it in --local), once the run is claimed
+    (`Store.claim_launch`, one holder at a time on any number of replicas); False if someone
+    else holds the claim or the run needs no launch. A failure releases the claim and is
+    raised: the run stays queued, and a repeat of its key or the next sweep tries again.
+    A run is never deleted: a duplicate request may already hold its id.
+
+    Handing on twice (a claim that lapsed while its holder was slow) is harmless: `sync_exam`
+    and the slices' deterministic task ids make a second enqueue change nothing."""
+    from producer.syllabi import resolve
+
+    store = ctx.store
+    if not store.claim_launch(run.id, ctx.settings.api_launch_grace_s):
+        return False
     try:
         ctx.work.check()
+        if syllabus is None:
+            syllabus = resolve(ctx.settings, run.exam, store)
         # Earlier runs of the exam that have ended are recorded as such before this one
         # changes the exam's rows (a raised target must not reopen a finished run).
-        for older in existing:
-            if older.state is None:
+        for older in store.exam_runs(run.exam, limit=50):
+            if older.id < run.id and older.state is None:
                 run_view(ctx, older)
-        store.prepare_run(slug)
-        ctx.work.start(slug, syllabus, budget_usd)
+        store.prepare_run(run.exam)
+        ctx.work.start(run.exam, syllabus, run.budget_usd)
     except BaseException:
-        store.delete_run(run.id)  # nothing was handed on: the key may be sent again
+        store.release_launch(run.id)
         raise
     store.mark_launched(run.id)
-    return store.run(run.id) or run, True
+    now = store.run(run.id)
+    if now is not None and now.cancelled_at is not None:
+        # Cancelled while its work was being handed on: prepare_run may have put the
+        # cancelled slices back to work; cancel them again.
+        store.cancel_run(now)
+    return True
+
+
+def sweep(ctx: Context) -> int:
+    """What every API replica does every API_SWEEP_INTERVAL_S: launch the runs stored over
+    API_LAUNCH_GRACE_S ago whose work was never handed on (their request died between storing
+    the run and enqueuing, or the broker refused), and in --local resume the work of the
+    runs that are launched and not finished (`LocalWork.resume`: one thread per exam per
+    process). Returns how many runs it launched."""
+    from examforge.errors import BrokerUnavailable, ExamforgeError
+
+    store = ctx.store
+    launched = 0
+    for run in store.unlaunched_runs(ctx.settings.api_launch_grace_s):
+        try:
+            launched += launch(ctx, run)
+        except BrokerUnavailable as exc:  # the next sweep tries again; the others too
+            log.warning("runs not launched: %s", exc)
+            break
+        except ExamforgeError as exc:
+            log.warning("run %s not launched: %s", run.id, exc, extra={"exam": run.exam})
+    if ctx.work.mode == "local":
+        for slug in dict.fromkeys(r.exam for r in store.open_runs() if r.launched_at):
+            ctx.work.resume(slug, store.unfinished_slices(slug))
+    return launched

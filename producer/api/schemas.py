@@ -118,6 +118,12 @@ class Question(BaseModel):
     choices: list[str]
     answer_index: int
     explanation: str
+    difficulty: str | None = Field(
+        description="The level it was written at (easy, medium, hard), if its chapter asked "
+                    "for one; null otherwise.")
+    bloom: str | None = Field(
+        description="The Bloom level it targets (remember ... create), if its chapter asked "
+                    "for one; null otherwise.")
     model: str
     created_at: str
 

@@ -26,6 +26,10 @@ class Work(Protocol):
     def start(self, slug: str, syllabus: Syllabus, budget_usd: float | None) -> EnqueuePlan:
         """Record the exam's slices and hand the unfinished ones to whoever does them."""
 
+    def resume(self, slug: str, slices: list[tuple[str, int]]) -> None:
+        """Work on an open run's unfinished slices again (--local only: Celery's reconciler
+        re-publishes what its messages lost)."""
+
     def close(self) -> None: ...
 
 
@@ -48,14 +52,22 @@ class CeleryWork:
 
         return enqueue_exam(self.settings, self.store, slug, syllabus, budget_usd=budget_usd)
 
+    def resume(self, slug: str, slices: list[tuple[str, int]]) -> None:
+        pass
+
     def close(self) -> None:
         pass
 
 
 class LocalWork:
-    """`producer run`'s code path (producer/local.py), one thread per started run, none of
-    them tied to a request: a client that goes away stops nothing. Two runs of one exam at
-    once are safe: the slices' leases decide who works on what."""
+    """`producer run`'s code path (producer/local.py) in threads of this process, none of
+    them tied to a request: a client that goes away stops nothing.
+
+    One thread per exam, at most: a new run of an exam that a thread already works on hands
+    its slices to that thread (`run_local`'s `more`), and so does the sweep that resumes the
+    unfinished slices of open runs (after a restart, or when a thread stopped), so no slice is
+    worked twice by one process. Several processes on one database (two `serve --local`, or
+    `producer run` beside one) are safe too: the slices' leases decide who works on what."""
 
     mode = "local"
 
@@ -64,7 +76,9 @@ class LocalWork:
 
         self.settings, self.store = settings, store
         self.rt = Runtime.build(settings, store)
-        self.threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
+        self._threads: dict[str, threading.Thread] = {}
+        self._fed: dict[str, list[tuple[str, int]]] = {}  # slices for the exam's thread
 
     def check(self) -> None:
         pass
@@ -73,25 +87,56 @@ class LocalWork:
         plan = self.store.sync_exam(slug, syllabus, budget_usd=budget_usd,
                                     default_budget_usd=self.settings.budget_usd,
                                     slice_questions=self.settings.slice_questions)
-        if plan.slices and plan.exam_paused is None:
-            thread = threading.Thread(target=self._run, args=(slug, plan.slices),
-                                      name=f"run-{slug}", daemon=True)
-            self.threads = [t for t in self.threads if t.is_alive()] + [thread]
-            thread.start()
+        if plan.exam_paused is None:
+            self.resume(slug, plan.slices)
         return plan
 
-    def _run(self, slug: str, slices: list[tuple[str, int]]) -> None:
+    def resume(self, slug: str, slices: list[tuple[str, int]]) -> None:
+        """Have this process work on the exam's `slices`: given to the exam's thread if it
+        has one, else to a new one."""
+        if not slices or self.rt.stopping.is_set():
+            return
+        with self._lock:
+            self._fed.setdefault(slug, []).extend(slices)
+            if slug in self._threads:
+                return
+            thread = threading.Thread(target=self._run, args=(slug,), name=f"run-{slug}",
+                                      daemon=True)
+            self._threads[slug] = thread
+            thread.start()
+
+    def working_on(self) -> list[str]:
+        """The exams this process's threads work on now."""
+        with self._lock:
+            return sorted(self._threads)
+
+    def _take(self, slug: str) -> list[tuple[str, int]]:
+        with self._lock:
+            return self._fed.pop(slug, [])
+
+    def _run(self, slug: str) -> None:
         from producer.local import run_local
 
         try:
-            run_local(self.rt, slug, slices, self.settings.api_local_concurrency)
+            while True:
+                run_local(self.rt, slug, [], self.settings.api_local_concurrency,
+                          more=lambda: self._take(slug))
+                with self._lock:  # ends only with nothing fed: no slice falls between
+                    if not self._fed.get(slug) or self.rt.stopping.is_set():
+                        self._fed.pop(slug, None)
+                        del self._threads[slug]
+                        return
         except Exception:  # the run's state is in the database; say why it stopped
             log.exception("local run stopped", extra={"exam": slug})
+            with self._lock:
+                self._threads.pop(slug, None)
 
     def close(self) -> None:
         """Like Ctrl-C in `producer run`: running calls finish and commit, nothing new is
         paid for; what is left resumes at the next start."""
         self.rt.stopping.set()
-        for thread in self.threads:
+        with self._lock:
+            threads = list(self._threads.values())
+        for thread in threads:
             thread.join(timeout=self.settings.llm_timeout_s + 5)
         self.rt.close()

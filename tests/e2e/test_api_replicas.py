@@ -11,6 +11,7 @@ import threading
 import pytest
 from apiserver import ApiServer, events, put_syllabus, read_to_end
 from harness import assert_stored_exactly_once
+from helpers import wait_for
 from sqlalchemy import func, select
 
 from storage.models import Run
@@ -129,21 +130,39 @@ def test_an_idle_stream_gets_heartbeats_and_the_run_waits_queued(deploy, mock):
     assert mock.stats()["calls_total"] == 1
 
 
-def test_a_broker_that_is_down_is_503_and_leaves_no_run(deploy, mock):
-    from services import free_port
+def test_a_broker_that_is_down_is_503_and_the_run_is_launched_once_it_is_back(
+        deploy, mock, tmp_path):
+    from services import PrivateRedis
 
-    dep = deploy(broker_url=f"redis://127.0.0.1:{free_port()}/0", broker_connect_timeout_s=1)
-    server = ApiServer.start(dep, ready_path="/openapi.json")
-    with server.client() as c:
-        health = c.get("/healthz")
-        assert health.status_code == 503 and health.json()["detail"].startswith("broker")
-        put_syllabus(c, "demo", [("a", 5)])
-        r = c.post("/exams/demo/runs", headers={"Idempotency-Key": "k"})
-        assert r.status_code == 503, r.text
-        assert r.headers["content-type"] == "application/problem+json"
-        assert c.get("/exams/demo/runs").json() == {"items": []}
-        assert c.get("/exams/demo").json()["state"] == "new"  # nothing was recorded
-    assert mock.stats()["calls_total"] == 0
+    broker = PrivateRedis(tmp_path)  # not started yet: its port refuses connections
+    dep = deploy(broker_url=broker.url, broker_connect_timeout_s=1)
+    server = ApiServer.start(dep, ready_path="/openapi.json", API_SWEEP_INTERVAL_S="0.5",
+                             API_LAUNCH_GRACE_S="1")
+    try:
+        with server.client() as c:
+            health = c.get("/healthz")
+            assert health.status_code == 503 and health.json()["detail"].startswith("broker")
+            put_syllabus(c, "demo", [("a", 5)])
+            r = c.post("/exams/demo/runs", headers={"Idempotency-Key": "k"})
+            assert r.status_code == 503, r.text
+            assert r.headers["content-type"] == "application/problem+json"
+            run_id = r.json()["run_id"]
+            # Kept, queued: a duplicate request that was given its id can read it.
+            assert c.get(f"/runs/{run_id}").json()["state"] == "queued"
+            again = c.post("/exams/demo/runs", headers={"Idempotency-Key": "k"})
+            assert again.status_code == 503 and again.json()["run_id"] == run_id
+            assert c.get("/exams/demo").json()["state"] == "new"  # no slice recorded
+            broker.start()
+            dep.worker(concurrency=2)
+            # No request: the server's sweep launches the run once the broker answers.
+            wait_for(lambda: c.get(f"/runs/{run_id}").json()["state"] == "done", 60,
+                     "the run to be launched and done")
+            assert read_to_end(c, run_id)[-1]["event"] == "done"
+            assert len(c.get("/exams/demo/runs").json()["items"]) == 1
+    finally:
+        broker.stop()
+    assert_stored_exactly_once(dep, "demo", {"a": 5})
+    assert mock.stats()["calls_total"] == 1
 
 
 def test_the_cli_enqueues_a_syllabus_the_api_stored(deploy, mock):

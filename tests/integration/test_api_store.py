@@ -81,3 +81,101 @@ def test_put_syllabus_reports_created_once(store):
     assert store.put_syllabus("ex", "{}") is True
     assert store.put_syllabus("ex", '{"a": 1}') is False
     assert store.stored_syllabus("ex") == '{"a": 1}'
+
+
+def test_0010_adds_the_launch_claim_keeping_the_runs(db_url):
+    from alembic import command
+
+    from storage.db import alembic_config
+
+    engine = connect(db_url)
+    with engine.begin() as conn:
+        command.upgrade(alembic_config(conn), "0009")
+        for rid, key, launched in ((1, "old", 5.0), (2, "stalled", None)):
+            conn.execute(text(
+                "INSERT INTO run (id, exam, idempotency_key, fingerprint, call_floor, "
+                "launched_at, created_at, updated_at) VALUES "
+                "(:id, 'ex', :key, 'fp', 0, :launched, 1, 1)"),
+                {"id": rid, "key": key, "launched": launched})
+    migrate(engine)
+    store = Store(engine)
+    assert [(r.id, r.launched_at, r.launching_until) for r in store.exam_runs("ex")] == [
+        (2, None, None), (1, 5.0, None)]
+    # The run stored and never handed on is found by the sweep and can be claimed; the
+    # launched one is neither.
+    assert [r.id for r in store.unlaunched_runs(60)] == [2]
+    assert not store.claim_launch(1, 30)
+    assert store.claim_launch(2, 30)
+    assert store.unlaunched_runs(60) == []  # claimed: the sweep leaves it to its holder
+    engine.dispose()
+
+
+class _CountingWork:
+    """Work whose hand-off takes a while and counts how often it happened."""
+
+    mode = "celery"
+
+    def __init__(self) -> None:
+        self.starts = 0
+        self.refuse = threading.Event()
+        self.lock = threading.Lock()
+
+    def check(self) -> None:
+        from examforge.errors import BrokerUnavailable
+
+        if self.refuse.is_set():
+            raise BrokerUnavailable("broker down")
+
+    def start(self, *args: object) -> None:
+        with self.lock:
+            self.starts += 1
+        threading.Event().wait(0.2)  # a slow hand-off: the others arrive while it runs
+
+    def resume(self, *args: object) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def test_threads_racing_to_launch_one_run_hand_it_on_once(store, make_settings):
+    from helpers import wait_for
+
+    from producer.api.app import Context
+    from producer.api.runs import launch
+
+    store.put_syllabus("ex", '{"title": "Ex", "chapters": [{"id": "a", "title": "A", '
+                             '"questions": 3}]}')
+    work = _CountingWork()
+    ctx = Context(make_settings(api_launch_grace_s=30), store, work)  # type: ignore[arg-type]
+    run, _ = store.create_run("ex", "k", "fp", None)
+    # A refused hand-off releases its claim and leaves the run unlaunched.
+    work.refuse.set()
+    with pytest.raises(Exception, match="broker down"):
+        launch(ctx, run)
+    assert store.run(run.id).launching_until is None and store.run(run.id).launched_at is None
+    work.refuse.clear()
+    n = 12
+    barrier = threading.Barrier(n)
+    won: list[bool] = []
+
+    def race() -> None:
+        barrier.wait()
+        won.append(launch(ctx, run))
+
+    threads = [threading.Thread(target=race) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(won) == [False] * (n - 1) + [True]
+    assert work.starts == 1
+    done = store.run(run.id)
+    assert done.launched_at is not None and done.launching_until is None
+    assert not launch(ctx, done)  # launched: nothing more
+    # A holder that dies keeps others out only until its claim lapses.
+    second, _ = store.create_run("ex", "k2", "fp", None)
+    assert store.claim_launch(second.id, 0.5)
+    assert not launch(ctx, second)
+    wait_for(lambda: launch(ctx, second), 10, "the dead holder's claim to lapse")
+    assert work.starts == 2

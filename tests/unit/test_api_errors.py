@@ -139,8 +139,8 @@ def test_random_bytes_never_make_a_500(make_settings, mock_llm):
 
 def test_405_lists_every_method_of_the_path(make_settings):
     with api(make_settings) as c:
-        for method, path, allow in (("OPTIONS", "/exams/demo", "GET, PUT"),
-                                    ("DELETE", "/exams/demo/runs", "GET, POST"),
+        for method, path, allow in (("OPTIONS", "/exams/demo", "GET, HEAD, PUT"),
+                                    ("DELETE", "/exams/demo/runs", "GET, HEAD, POST"),
                                     ("GET", "/runs/1/cancel", "POST"),
                                     ("POST", "/index.html", "GET, HEAD")):
             r = c.request(method, path)
