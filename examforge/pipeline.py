@@ -150,7 +150,8 @@ def process_chapter(rt: Runtime, exam: str, chapter_id: str, slice_no: int = 0) 
     try:
         if isinstance(claim.first_call, int):
             _still_ours(rt, claim, claim.first_call, began)
-        _generate(rt, claim, lost, run, calls)
+        if not _generate(rt, claim, lost, run, calls):
+            return ChapterResult(Outcome.skipped, "cancelled", calls=run.calls)
         return ChapterResult(Outcome.done, calls=run.calls)
     except BaseException as exc:
         calls.discard()
@@ -390,8 +391,10 @@ class _Calls:
 
 
 def _generate(rt: Runtime, claim: Claimed, lost: threading.Event, run: _Run,
-              calls: _Calls) -> None:
-    """Call the model batch by batch until the chapter has its questions."""
+              calls: _Calls) -> bool:
+    """Call the model batch by batch until the chapter has its questions (True), or until a
+    commit finds the slice cancelled while its call ran (False: that call's questions are
+    stored, and no more is sent)."""
     settings, store = rt.settings, rt.store
     stored, known = claim.stored, set(claim.known)
     invalid_in_row = 0
@@ -460,6 +463,12 @@ def _generate(rt: Runtime, claim: Claimed, lost: threading.Event, run: _Run,
         except BaseException:
             calls.discard()
             raise
+        if committed.cancelled:
+            calls.discard()
+            log.info("slice cancelled; the call in flight was kept", extra={
+                "exam": claim.exam, "chapter": claim.chapter_id, "slice": claim.slice_no,
+                "stored": committed.stored, "target": committed.target})
+            return False
         # The target may have been raised by an enqueue while this slice ran.
         stored, target = committed.stored, committed.target
         planned = committed.next_call
@@ -490,6 +499,7 @@ def _generate(rt: Runtime, claim: Claimed, lost: threading.Event, run: _Run,
                 "attempt": claim.attempt,
                 "stored": stored, "target": target, "prompt_tokens": usage.prompt_tokens,
                 "completion_tokens": usage.completion_tokens, "cost_usd": usage.cost_usd})
+    return True
 
 
 def _still_ours(rt: Runtime, claim: Claimed, call_id: int, began: float) -> None:

@@ -467,8 +467,8 @@ def retry(slug: str, chapters: tuple[str, ...]) -> None:
 @click.argument("slug")
 @click.option("--chapter", "chapters", multiple=True, help="Only these chapters (repeatable).")
 def cancel(slug: str, chapters: tuple[str, ...]) -> None:
-    """Cancel an exam's unfinished chapters; stored questions are kept. A call in flight is
-    paid for and its reply discarded (booked wasted, lease_lost)."""
+    """Cancel an exam's unfinished chapters; stored questions are kept. No new call starts;
+    a call in flight, paid for either way, has its reply stored when it comes."""
     from examforge.errors import UnknownChapter
 
     settings = _settings()

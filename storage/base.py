@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
-from sqlalchemy import and_, bindparam, func, select
+from sqlalchemy import and_, bindparam, case, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 
@@ -96,3 +96,13 @@ class StoreBase:
 
         if conn.execute(select(E.c.slug).where(E.c.slug == slug)).first() is None:
             raise UnknownExam(f"unknown exam {slug!r}: not in the database (run enqueue first)")
+
+    def _cancel_slices(self, conn: Connection, where: Sequence[Any]) -> list[str]:
+        """Cancel the slices `where` selects, keeping the live lease of a holder in a call
+        (see Planning.cancel); returns their chapter ids (one per slice)."""
+        live = and_(S.c.state == ChapterState.running.value, S.c.lease_expires_at > self._now)
+        return list(conn.execute(update(S).where(*where).values(
+            state=ChapterState.cancelled.value,
+            lease_owner=case((live, S.c.lease_owner), else_=None),
+            lease_expires_at=case((live, S.c.lease_expires_at), else_=None),
+            updated_at=self._now).returning(S.c.chapter_id)).scalars())

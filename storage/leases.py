@@ -228,13 +228,15 @@ class Leases(Ledger):
         The heartbeat has a connection of its own, so it never waits behind the workers'
         queries for one; and no transaction holds a chapter's row while it queues for
         something else (see Ledger._exam_first), so the renewal waits at most for a short
-        critical section."""
+        critical section. A slice cancelled while its call runs keeps its holder's lease
+        until that call's reply is committed (Planning.cancel)."""
         if not owners:
             return set()
         with self._write(self._heartbeat_engine()) as conn:
             return set(conn.execute(
                 update(S).where(S.c.lease_owner.in_(owners), S.c.lease_expires_at > self._now,
-                                S.c.state == ChapterState.running.value)
+                                S.c.state.in_((ChapterState.running.value,
+                                               ChapterState.cancelled.value)))
                 .values(lease_expires_at=self._now + lease_s)
                 .returning(S.c.lease_owner)).scalars().all())
 

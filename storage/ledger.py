@@ -9,7 +9,7 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from sqlalchemy import bindparam, func, insert, select, update
+from sqlalchemy import bindparam, func, insert, or_, select, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
@@ -79,6 +79,9 @@ class Committed:
     recent: tuple[str, ...] = ()
     kept: tuple[str, ...] = ()  # the texts of the questions this commit stored
     near_duplicates: int = 0  # of `duplicates`, those dropped as near-duplicates
+    # The slice was cancelled while the call ran: its questions are stored, nothing more is
+    # planned, and the lease is given up.
+    cancelled: bool = False
 
     @property
     def done(self) -> bool:
@@ -388,17 +391,23 @@ class Ledger(StoreBase):
         key = {"k_exam": claim.exam, "k_chapter": claim.chapter_id, "k_slice": claim.slice_no}
         # The fence: this row is ours only while the lease is. It also locks the row, so the
         # target it returns cannot change before we commit.
+        # A slice cancelled while this call was in flight keeps its holder's lease until the
+        # reply is committed (the call is paid for either way; see Planning.cancel): its
+        # questions are stored, and no next call is planned.
         held = conn.execute(self._stmt("fence", lambda: (
             update(S)
             .where(*SLICE_KEY, S.c.lease_owner == bindparam("k_owner"),
-                   S.c.lease_expires_at > self._now, S.c.state == ChapterState.running.value)
+                   S.c.lease_expires_at > self._now,
+                   or_(S.c.state == ChapterState.running.value,
+                       S.c.state == ChapterState.cancelled.value))
             .values(lease_expires_at=self._now + bindparam("p_lease"), updated_at=self._now)
-            .returning(S.c.target, S.c.first_number, S.c.updated_at))),
+            .returning(S.c.target, S.c.first_number, S.c.updated_at, S.c.state))),
             {**key, "k_owner": claim.owner, "p_lease": lease_s}).one_or_none()
         if held is None:
             raise LeaseLost(f"lease on {claim.exam}/{claim.chapter_id}/{claim.slice_no} "
                             "lost before commit")
-        target, first, now = held
+        target, first, now, state = held
+        cancelled = state == ChapterState.cancelled.value
         shared = claim.chapter_target > claim.target
         if near_dup is not None and (shared or near_dup.scope is Scope.exam):
             # Others commit into the scope too: check and insert as one step (lock order:
@@ -476,10 +485,14 @@ class Ledger(StoreBase):
         result = Committed(stored=stored, target=target, duplicates=len(questions) - len(kept),
                            recent=recent, kept=tuple(q.question for q, _ in kept),
                            near_duplicates=near)
-        if stored >= target:
+        if stored >= target:  # done, even if it was cancelled meanwhile: nothing is missing
             conn.execute(self._stmt("slice_done", lambda: update(S).where(*SLICE_KEY).values(
                 state=ChapterState.done.value, lease_owner=None, lease_expires_at=None)), key)
             return result
+        if cancelled:
+            conn.execute(self._stmt("slice_let_go", lambda: update(S).where(*SLICE_KEY).values(
+                lease_owner=None, lease_expires_at=None)), key)
+            return dataclasses.replace(result, cancelled=True)
         if not kept:
             return result  # re-asked through the slow path, like any invalid output
         # The next call is recorded in this same transaction: one write per paid call.

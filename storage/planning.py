@@ -249,8 +249,13 @@ class Planning(StoreBase):
             r.position, r.slice_no))]
 
     def cancel(self, slug: str, chapter_ids: Sequence[str] | None = None) -> int:
-        """Cancel the slices of chapters that are not done; a running holder loses its lease at
-        its next beat. Returns the number of chapters with a slice cancelled.
+        """Cancel the slices of chapters that are not done. Returns the number of chapters with
+        a slice cancelled.
+
+        A slice whose holder is in a call keeps the holder's lease: that call is paid for
+        whatever we do, so its reply is committed when it comes (the commit sees the cancel,
+        plans no next call and gives the lease up). Nothing more is sent for the slice. A
+        holder that dies meanwhile loses nothing more than a crash would: its lease lapses.
 
         Raises UnknownChapter, cancelling nothing, if a chapter id is not one of the exam's: a typo
         must not read as "nothing left to cancel"."""
@@ -266,9 +271,7 @@ class Planning(StoreBase):
 
                     raise UnknownChapter(f"chapter {unknown[0]!r} is not in exam {slug}")
                 where.append(S.c.chapter_id.in_(chapter_ids))
-            return len(set(conn.execute(update(S).where(*where).values(
-                state=ChapterState.cancelled.value, lease_owner=None, lease_expires_at=None,
-                updated_at=self._now).returning(S.c.chapter_id)).scalars()))
+            return len(set(self._cancel_slices(conn, where)))
 
     def pause_exam(self, slug: str, reason: str) -> bool:
         """Stop sending anything for the exam until a person acts (`resume`, a raised budget).

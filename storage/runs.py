@@ -21,7 +21,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import and_, func, select, update
+from sqlalchemy import and_, case, func, select, update
 
 from examforge.errors import UserError
 from storage.base import ACTIVE_STATES, BUDGET_PAUSE_PREFIX, E, K, Q, S, StoreBase
@@ -252,20 +252,23 @@ class Runs(StoreBase):
                 ~func.coalesce(E.c.pause_reason, "").like(f"{BUDGET_PAUSE_PREFIX}%"))
                 .values(state=ExamState.active.value, pause_reason=None, auth_failures=0,
                         updated_at=self._now))
+            # A slice cancelled while its holder was in a call, and that holder still in it
+            # (its lease is live), goes on running: its commit then finds it running again.
             conn.execute(update(S).where(S.c.exam == slug,
                                          S.c.state == ChapterState.cancelled.value)
-                         .values(state=ChapterState.pending.value, attempts_since_progress=0,
-                                 updated_at=self._now))
+                         .values(state=case((and_(S.c.lease_owner.is_not(None),
+                                                  S.c.lease_expires_at > self._now),
+                                             ChapterState.running.value),
+                                            else_=ChapterState.pending.value),
+                                 attempts_since_progress=0, updated_at=self._now))
 
     def cancel_run(self, run: RunRow) -> None:
         """Cancel the exam's unfinished slices and mark the run cancelled, in one
         transaction; stored questions are kept."""
         with self._write() as conn:
-            conn.execute(update(S).where(
+            self._cancel_slices(conn, [  # as `producer cancel`: a call in flight is kept
                 S.c.exam == run.exam,
-                S.c.state.in_(ACTIVE_STATES + (ChapterState.failed.value,)))
-                .values(state=ChapterState.cancelled.value, lease_owner=None,
-                        lease_expires_at=None, updated_at=self._now))
+                S.c.state.in_(ACTIVE_STATES + (ChapterState.failed.value,))])
             conn.execute(update(R).where(R.c.id == run.id, R.c.state.is_(None)).values(
                 cancelled_at=self._now, state=RunState.cancelled.value, updated_at=self._now))
 

@@ -62,8 +62,8 @@ async def _events(ctx: Context, run: RunRow, cursor: int) -> AsyncIterator[Serve
         if final and view["state"] == RunState.cancelled.value and \
                 time.monotonic() < settle_by and \
                 await run_in_threadpool(store.calls_in_flight, run):
-            # A cancelled run's calls in flight are let finish (their replies are booked, as
-            # wasted: the cancel took their leases), so the final event waits until they
+            # A cancelled run's calls in flight are let finish (their holders keep their
+            # leases until the replies are stored), so the final event waits until they
             # have settled (for as long as a call can take and a crashed holder's lease can
             # last): its cost is then final, and the stream reads the same whenever read.
             final = False

@@ -215,11 +215,10 @@ def get_run(run_id: RunId, c: Ctx) -> Any:
 @router.post("/runs/{run_id}/cancel", response_model=schemas.RunOut, tags=["runs"],
              responses=responses(401, 404, 409, 422))
 def cancel_run(run_id: RunId, c: Ctx) -> Any:
-    """Cancel the run: its exam's unfinished slices are cancelled and their leases cleared
-    at once, so no new call starts. A call already in flight (at most one per running slice)
-    is paid for and its reply discarded: its commit no longer holds the lease, and the call
-    is booked `wasted` (`lease_lost`); the stream's `cancelled` event comes once those calls
-    have settled. Stored questions stay. Cancelling a cancelled run changes nothing; a run
+    """Cancel the run: its exam's unfinished slices are cancelled at once, so no new call
+    starts. A call already in flight (at most one per running slice) is paid for either way:
+    its holder keeps the lease until its reply is committed, and then stops; the stream's
+    `cancelled` event comes once those calls have settled. Stored questions stay. Cancelling a cancelled run changes nothing; a run
     that ended otherwise is 409. Closing a connection never cancels anything: only this
     does."""
     from producer.api.runs import run_view

@@ -108,11 +108,11 @@ def test_a_target_raised_mid_run_adds_slices_that_run_beside_the_others(deploy, 
 
 def test_cancel_with_slices_in_flight_stops_every_slice_and_keeps_what_is_stored(deploy, mock):
     mock.configure(latency_s=1.0)
-    dep = deploy("sqlite", questions_per_call=5, slice_questions=10)
+    dep = deploy("sqlite", questions_per_call=5, slice_questions=25)
     dep.syllabus("stop", [("c", 100)])
     dep.worker(16)
     assert dep.cli("enqueue", "stop").returncode == 0
-    wait_for(lambda: dep.status("stop")["usage"]["calls_in_flight"] >= 5, 60, "slices running")
+    wait_for(lambda: dep.status("stop")["usage"]["calls_in_flight"] >= 4, 60, "slices running")
     cancel = dep.cli("cancel", "stop")
     assert cancel.returncode == 0 and "cancelled 1 chapters" in cancel.stdout, cancel.stdout
     calls_at_cancel = dep.status("stop")["usage"]["calls"]
@@ -125,9 +125,18 @@ def test_cancel_with_slices_in_flight_stops_every_slice_and_keeps_what_is_stored
     chapter = report["chapter_list"][0]
     assert chapter["state"] == "cancelled", dump(report)
     assert {s["state"] for s in chapter["slices"]} <= {"cancelled", "done"}
-    # No new call started after the cancel; the ones in flight ended (their replies wasted:
-    # the lease was gone) and nothing was stored past them.
+    # No new call started after the cancel; the ones in flight ended and their replies,
+    # paid for either way, were stored: not one call was wasted. (A call recorded but not
+    # yet sent at the cancel is never sent: booked failed, at no cost.)
     time.sleep(2)
     assert dep.status("stop")["usage"]["calls"] == calls_at_cancel
     stored = dep.store.questions("stop")
     assert len({q["number"] for q in stored}) == len(stored) < 100
+    calls = dep.calls("stop")
+    assert [c for c in calls if c["outcome"] == "wasted"] == [], dump(calls)
+    assert all(c["outcome"] == "used" or (c["outcome"] == "failed" and c["cost_usd"] == 0
+                                          and c["completion_tokens"] == 0)
+               for c in calls), dump(calls)
+    assert sum(c["questions_stored"] for c in calls) == len(stored)
+    billed = [u for u in mock.usage() if u["billed"]]
+    assert len(billed) == len([c for c in calls if c["outcome"] == "used"]), dump(calls)

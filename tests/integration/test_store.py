@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 from sqlalchemy import func, select
@@ -226,14 +225,51 @@ def test_orphans_finds_picked_chapters_without_a_live_lease_and_lost_epochs(stor
     assert store.orphans(grace_s=0, epoch="epoch-2") == []
 
 
-def test_cancel_stops_a_running_holder(store, tmp_path):
+def test_cancel_keeps_the_reply_of_the_call_in_flight_and_sends_nothing_more(store, tmp_path):
+    """The call in flight at a cancel is paid for whatever we do: its reply is stored, no
+    next call is planned or allowed, and the holder gives the lease up."""
     _sync(store, tmp_path, [("a", 10)])
     claim = store.claim("ex", "a", "w", 10.0, 8)
+    call = store.start_call(claim, 1, 5, lease_s=10.0)  # in flight
     assert store.cancel("ex") == 1
+    assert store.renew(["w"], 10.0) == {"w"}  # the holder keeps it while the call runs
+    committed = store.commit_batch(claim, 10.0, call, _qs(5, 1), model="m",
+                                   usage=Usage(10, 20, 0.001), plan_next=lambda view: None)
+    assert committed.cancelled and committed.stored == 5 and committed.next_call is None
+    with store.engine.connect() as conn:
+        outcome = conn.execute(text_("SELECT outcome FROM call WHERE id = :i"),
+                               {"i": call}).scalar_one()
+        lease = conn.execute(text_("SELECT state, lease_owner FROM slice")).one()
+    assert outcome == "used" and tuple(lease) == ("cancelled", None)
     assert store.renew(["w"], 10.0) == set()
     with pytest.raises(LeaseLost):
-        _commit(store, claim, 5)
-    assert store.status("ex").as_dict()["chapters"]["cancelled"] == 1
+        store.start_call(claim, 6, 5, lease_s=10.0)
+    report = store.status("ex").as_dict()
+    assert report["chapters"]["cancelled"] == 1 and report["questions"]["done"] == 5
+    taken = store.claim("ex", "a", "w2", 10.0, 8)
+    assert isinstance(taken, NotClaimed) and taken.reason.value == "cancelled"
+
+
+def test_a_cancel_whose_call_in_flight_completes_the_slice_leaves_it_done(store, tmp_path):
+    _sync(store, tmp_path, [("a", 5)])
+    claim = store.claim("ex", "a", "w", 10.0, 8)
+    call = store.start_call(claim, 1, 5, lease_s=10.0)
+    assert store.cancel("ex") == 1
+    committed = store.commit_batch(claim, 10.0, call, _qs(5, 1), model="m",
+                                   usage=Usage(10, 20, 0.001))
+    assert committed.done and not committed.cancelled
+    assert store.status("ex").as_dict()["chapters"]["done"] == 1
+
+
+def test_cancel_clears_a_lease_that_has_lapsed(store, tmp_path):
+    """A holder that died: nothing of its is in flight any more, the slice is let go."""
+    _sync(store, tmp_path, [("a", 10)])
+    store.claim("ex", "a", "dead", 1.0, 8)
+    wait_lease_expired(store, "ex", "a")
+    assert store.cancel("ex") == 1
+    with store.engine.connect() as conn:
+        assert tuple(conn.execute(text_("SELECT state, lease_owner FROM slice")).one()) == (
+            "cancelled", None)
 
 
 def test_unique_question_numbers_make_a_double_commit_impossible(store, tmp_path):
@@ -627,3 +663,20 @@ def test_slices_keep_disjoint_ranges_through_lowered_raised_and_regenerated_targ
                            slice_questions=50)
     assert ranges() == [(1, 50, "pending"), (51, 100, "pending"), (101, 130, "pending")]
     assert store.questions("ex") == [] and plan.slices == [("a", 0), ("a", 1), ("a", 2)]
+
+
+def test_a_new_run_right_after_a_cancel_lets_the_holder_in_its_call_go_on(store, tmp_path):
+    """A cancel, then at once a new run (the API's resume), while a holder is still in its
+    call: the slice is running again under that holder, whose commit stores the batch and
+    carries on; nobody else can take the slice meanwhile."""
+    _sync(store, tmp_path, [("a", 10)])
+    claim = store.claim("ex", "a", "w", 10.0, 8)
+    call = store.start_call(claim, 1, 5, lease_s=10.0)
+    assert store.cancel("ex") == 1
+    store.prepare_run("ex")
+    assert not isinstance(store.claim("ex", "a", "w2", 10.0, 8), Claimed)
+    committed = store.commit_batch(claim, 10.0, call, _qs(5, 1), model="m",
+                                   usage=Usage(10, 20, 0.001))
+    assert not committed.cancelled and committed.stored == 5
+    _commit(store, claim, 5, 6, tag="more")
+    assert store.status("ex").as_dict()["chapters"]["done"] == 1
