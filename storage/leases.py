@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Sequence
 
-from sqlalchemy import bindparam, case, func, or_, select, update
+from sqlalchemy import and_, bindparam, case, func, or_, select, tuple_, update
 from sqlalchemy.engine import Connection, Engine
 
 from examforge.output import normalise
@@ -226,19 +226,29 @@ class Leases(Ledger):
         """Extend the live leases of `owners`; returns the owners that still hold theirs.
 
         The heartbeat has a connection of its own, so it never waits behind the workers'
-        queries for one; and no transaction holds a chapter's row while it queues for
-        something else (see Ledger._exam_first), so the renewal waits at most for a short
-        critical section. A slice cancelled while its call runs keeps its holder's lease
-        until that call's reply is committed (Planning.cancel)."""
+        queries for one. On PostgreSQL it never waits behind their row locks either: a slice
+        whose row is locked is skipped (SKIP LOCKED) and counted as held while its lease is
+        live. The lock is almost always its holder's commit, whose fence extends the lease
+        itself; and one renewal statement covers every lease of the worker, so waiting for
+        one commit would hold up all of them (128 threads committing near-duplicate indexes
+        kept it waiting past the TTL). A slice cancelled while its call runs keeps its
+        holder's lease until that call's reply is committed (Planning.cancel)."""
         if not owners:
             return set()
+        live = and_(S.c.lease_owner.in_(owners), S.c.lease_expires_at > self._now,
+                    S.c.state.in_((ChapterState.running.value, ChapterState.cancelled.value)))
         with self._write(self._heartbeat_engine()) as conn:
-            return set(conn.execute(
-                update(S).where(S.c.lease_owner.in_(owners), S.c.lease_expires_at > self._now,
-                                S.c.state.in_((ChapterState.running.value,
-                                               ChapterState.cancelled.value)))
-                .values(lease_expires_at=self._now + lease_s)
-                .returning(S.c.lease_owner)).scalars().all())
+            if conn.dialect.name != "postgresql":  # one writer at a time: nothing to skip
+                return set(conn.execute(
+                    update(S).where(live).values(lease_expires_at=self._now + lease_s)
+                    .returning(S.c.lease_owner)).scalars().all())
+            key = tuple_(S.c.exam, S.c.chapter_id, S.c.slice_no)
+            free = select(S.c.exam, S.c.chapter_id, S.c.slice_no).where(live) \
+                .with_for_update(skip_locked=True)
+            conn.execute(update(S).where(key.in_(free))
+                         .values(lease_expires_at=self._now + lease_s))
+            # Renewed, or locked and still live (a new statement: a fresh snapshot).
+            return set(conn.execute(select(S.c.lease_owner).where(live)).scalars().all())
 
     def _heartbeat_engine(self) -> Engine:
         with self._beat_lock:
