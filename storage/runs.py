@@ -236,11 +236,12 @@ class Runs(StoreBase):
                          .values(launched_at=self._now, launching_until=None,
                                  updated_at=self._now))
 
-    def record_run_state(self, run_id: int, state: str) -> None:
-        """Write a final state once: the first writer wins, later ones change nothing."""
+    def record_run_state(self, run_id: int, state: str, at: float | None = None) -> None:
+        """Write a final state once: the first writer wins, later ones change nothing. `at`
+        is the time the run last changed (default now)."""
         with self._write() as conn:
             conn.execute(update(R).where(R.c.id == run_id, R.c.state.is_(None))
-                         .values(state=state, updated_at=self._now))
+                         .values(state=state, updated_at=self._now if at is None else at))
 
     def prepare_run(self, slug: str) -> None:
         """What a new run asks beyond `enqueue`: cancelled slices go back to pending (start

@@ -83,14 +83,16 @@ def run_view(ctx: Context, run: RunRow) -> dict[str, Any]:
         budget, spent, changed = run.budget_usd, 0.0, run.updated_at
     else:
         state, reason = run_state(run, report, activity)
+        changed = max(filter(None, (run.updated_at, report.updated_at, activity.last_at)))
         if state in FINAL_RUN_STATES and run.state is None and run.launched_at is not None:
-            store.record_run_state(run.id, state)
+            # Stamped with the time the run last changed, not the time it was first seen
+            # final: every later read (any replica, any stream) shows the same final event.
+            store.record_run_state(run.id, state, at=changed)
         questions = {"done": report.questions.done, "target": report.questions.target}
         c = report.chapters
         chapters = {"total": c.total, "pending": c.pending, "running": c.running,
                     "done": c.done, "failed": c.failed, "cancelled": c.cancelled}
         budget, spent = report.budget_usd, report.spent_usd
-        changed = max(filter(None, (run.updated_at, report.updated_at, activity.last_at)))
     return {"id": run.id, "exam": run.exam, "state": state, "pause_reason": reason,
             "questions": questions, "chapters": chapters, "cost_usd": activity.cost_usd,
             "budget_usd": budget, "spent_usd": spent, "created_at": when(run.created_at),
