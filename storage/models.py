@@ -3,10 +3,11 @@ leases never depend on a worker's clock. Statuses are str enums stored as plain 
 
 from __future__ import annotations
 
+import secrets
 from enum import Enum
 from typing import Optional
 
-from sqlalchemy import BigInteger, Column, Index, Text, UniqueConstraint
+from sqlalchemy import BigInteger, Column, Index, LargeBinary, Text, UniqueConstraint
 from sqlmodel import Field, SQLModel
 
 
@@ -52,6 +53,12 @@ class CallReason(str, Enum):
     legacy = "legacy"  # recorded before reasons were a closed list: see `detail`
 
 
+def new_epoch() -> int:
+    """A fresh `exam.index_epoch`: random, so that an exam deleted and recorded again never
+    shows a process the epoch its index was built at."""
+    return secrets.randbits(62)
+
+
 class Exam(SQLModel, table=True):
     slug: str = Field(primary_key=True, max_length=64)
     title: str = Field(sa_column=Column(Text, nullable=False))
@@ -67,6 +74,10 @@ class Exam(SQLModel, table=True):
     reserved_usd: float = 0.0
     created_at: float
     updated_at: float
+    # Changed whenever questions of the exam are deleted: a process's in-memory near-duplicate
+    # index of the exam (storage.neardup) is rebuilt when it sees a new one.
+    index_epoch: Optional[int] = Field(
+        default=None, sa_column=Column(BigInteger, nullable=True, default=new_epoch))
 
 
 class Slice(SQLModel, table=True):
@@ -235,7 +246,10 @@ class QuestionSig(SQLModel, table=True):
     the prompt lists the most repeated, see storage.neardup.steering)."""
 
     __tablename__ = "question_sig"
-    __table_args__ = (Index("ix_question_sig_repeats", "exam", "chapter_id", "repeats"),)
+    __table_args__ = (Index("ix_question_sig_repeats", "exam", "chapter_id", "repeats"),
+                      # What a process's index reads of a scope since it last looked.
+                      Index("ix_question_sig_chapter_id", "exam", "chapter_id", "question_id"),
+                      Index("ix_question_sig_exam_id", "exam", "question_id"))
 
     question_id: int = Field(primary_key=True)  # question.id
     exam: str = Field(max_length=64)
@@ -243,19 +257,9 @@ class QuestionSig(SQLModel, table=True):
     tokens: str = Field(sa_column=Column(Text, nullable=False))
     key_terms: str = Field(sa_column=Column(Text, nullable=False))
     repeats: int = 0
-
-
-class QuestionBand(SQLModel, table=True):
-    """One LSH band key of a stored question: the index that finds the candidates of a new
-    question in one lookup whatever the size of the chapter. The primary key (exam, band_key,
-    question_id) is that index, for either scope (chapter_id filters the few rows a key has)."""
-
-    __tablename__ = "question_band"
-
-    exam: str = Field(primary_key=True, max_length=64)
-    band_key: int = Field(sa_column=Column(BigInteger, primary_key=True, autoincrement=False))
-    question_id: int = Field(primary_key=True)
-    chapter_id: str = Field(max_length=64)
+    # Its LSH band keys (examforge.neardup.band_keys), 64 unsigned 64-bit little-endian
+    # integers: what each process's in-memory band index is built from (storage.neardup).
+    bands: Optional[bytes] = Field(default=None, sa_column=Column(LargeBinary))
 
 
 class DedupLock(SQLModel, table=True):

@@ -7,18 +7,35 @@ commit first locks the scope's `dedup_lock` row (its chapter, or its exam), so c
 could store near-duplicates of each other queue there: the second one's check, a statement
 run after the first commit ended (READ COMMITTED), sees what the first one stored. SQLite
 serialises its writers already (BEGIN IMMEDIATE), so it takes no lock.
+
+Where the band index lives. The database keeps each stored question's signature and its 64
+band keys (`question_sig.bands`, one row per question, written in id order). The index from
+band key to question, which finds a new question's candidates, is kept in memory by each
+process, one per scope (`_BandIndex`), and brought up to date inside the commit's
+transaction by reading the rows stored since it last looked (`question_id` above the highest
+it has: within a scope, commits are serialised by the lock above, by the slice's fence, or
+by an import's slice locks, so ids grow in commit order there). The first version kept the
+index in a table, 64 rows a question: each commit wrote 320 rows at random places of a
+b-tree, and the commit's check cost three times the rest of the commit (bench overhead run
+F: 23 ms against 10 per chapter). Candidates found in memory are verified against the
+signatures read from the database in the same transaction, so a stale entry (a question
+deleted since) can never reject anything; `exam.index_epoch`, changed whenever questions are
+deleted, makes a process rebuild its index, because SQLite may give a deleted question's id
+to a new one.
 """
 
 from __future__ import annotations
 
 import json
 import random
-from collections.abc import Sequence
+import struct
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import (
-    BigInteger,
     Integer,
     any_,
     bindparam,
@@ -33,10 +50,10 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import Connection
 
 from examforge.neardup import Checker, Scope, Signature, band_keys, signature
-from storage.models import DedupLock, Question, QuestionBand, QuestionSig
+from storage.models import DedupLock, Exam, Question, QuestionSig, new_epoch
 
 QS = QuestionSig.__table__  # type: ignore[attr-defined]
-QB = QuestionBand.__table__  # type: ignore[attr-defined]
+E = Exam.__table__  # type: ignore[attr-defined]
 DL = DedupLock.__table__  # type: ignore[attr-defined]
 Q = Question.__table__  # type: ignore[attr-defined]
 
@@ -55,6 +72,10 @@ class Signed:
     def of(cls, text: str, context: str = "") -> Signed:
         sig = signature(text, context)
         return cls(sig, tuple(band_keys(sig)))
+
+    def blob(self) -> bytes:
+        """The band keys as stored (`question_sig.bands`): unsigned 64-bit, little-endian."""
+        return struct.pack(f"<{len(self.keys)}Q", *self.keys)
 
 
 @dataclass(frozen=True)
@@ -83,28 +104,128 @@ def lock(conn: Connection, exam: str, chapter_id: str, scope: Scope) -> None:
                                             set_={"commits": DL.c.commits + 1}))
 
 
+class _BandIndex:
+    """One scope's band keys in memory: band key -> question ids, as two sorted numpy arrays
+    (12 bytes a key: 64 keys a question, about 0.8 kB) plus a dict of the keys added since
+    they were last merged. Written by hand: datasketch's MinHashLSH keeps Python sets per
+    key (ten times the memory), cannot say which rows it has seen, and its storage backends
+    (Redis, Cassandra) live outside our transaction."""
+
+    def __init__(self, epoch: int | None) -> None:
+        import numpy as np
+
+        self.np = np
+        self.epoch = epoch
+        self.max_id = 0
+        self.keys = np.empty(0, dtype=np.uint64)
+        self.ids = np.empty(0, dtype=np.int64)
+        self.recent: dict[int, list[int]] = {}
+        self.recent_n = 0
+        self.lock = threading.Lock()
+
+    @property
+    def size(self) -> int:
+        return len(self.keys) + self.recent_n
+
+    def add(self, rows: Iterable[tuple[int, bytes | None]]) -> None:
+        for qid, blob in rows:
+            self.max_id = max(self.max_id, qid)
+            if not blob:
+                continue
+            for key in struct.unpack(f"<{len(blob) // 8}Q", blob):
+                self.recent.setdefault(key, []).append(qid)
+            self.recent_n += len(blob) // 8
+        if self.recent_n > max(4096, len(self.keys) // 8):
+            self._merge()
+
+    def _merge(self) -> None:
+        np = self.np
+        n = self.recent_n
+        keys = np.empty(n, dtype=np.uint64)
+        ids = np.empty(n, dtype=np.int64)
+        i = 0
+        for key, qids in self.recent.items():
+            keys[i:i + len(qids)] = key
+            ids[i:i + len(qids)] = qids
+            i += len(qids)
+        keys = np.concatenate([self.keys, keys[:i]])
+        ids = np.concatenate([self.ids, ids[:i]])
+        order = np.argsort(keys, kind="stable")
+        self.keys, self.ids = keys[order], ids[order]
+        self.recent, self.recent_n = {}, 0
+
+    def lookup(self, keys: Sequence[int]) -> set[int]:
+        """The ids of the questions sharing a band key with `keys`."""
+        out: set[int] = set()
+        recent = self.recent
+        for key in keys:
+            out.update(recent.get(key, ()))
+        if len(self.keys):
+            np = self.np
+            wanted = np.fromiter(keys, dtype=np.uint64, count=len(keys))
+            lo = np.searchsorted(self.keys, wanted, "left")
+            hi = np.searchsorted(self.keys, wanted, "right")
+            for a, b in zip(lo[hi > lo].tolist(), hi[hi > lo].tolist()):
+                out.update(self.ids[a:b].tolist())
+        return out
+
+
+class _Indexes:
+    """Every scope's band index of this process, least recently used first, at most
+    CACHE_KEYS keys in all (about 48 MB): a scope dropped is rebuilt from its rows (one
+    read of its `question_sig` rows) when it is next checked."""
+
+    CACHE_KEYS = 4_000_000
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_scope: OrderedDict[tuple[str, str, str], _BandIndex] = OrderedDict()
+
+    def get(self, where: tuple[str, str, str], epoch: int | None) -> _BandIndex:
+        if epoch is None:  # an exam row written without one (by hand): nothing to trust
+            return _BandIndex(None)
+        with self._lock:
+            idx = self._by_scope.get(where)
+            if idx is None or idx.epoch != epoch:
+                idx = self._by_scope[where] = _BandIndex(epoch)
+            self._by_scope.move_to_end(where)
+            total = sum(i.size for i in self._by_scope.values())
+            while total > self.CACHE_KEYS and len(self._by_scope) > 1:
+                _, dropped = self._by_scope.popitem(last=False)
+                total -= dropped.size
+            return idx
+
+    def clear(self) -> None:
+        with self._lock:
+            self._by_scope.clear()
+
+
+INDEXES = _Indexes()
+
+
 def _candidates(conn: Connection, exam: str, chapter_id: str, scope: Scope,
-                keys: Sequence[int]) -> tuple[dict[int, list[int]], dict[int, Signature]]:
-    """The stored questions of the scope sharing a band key with `keys` (the batch's), by
-    key, and their signatures. Two statements whatever the batch: the band rows (an index
-    lookup per key, whose cost depends on how many stored questions are alike, not on how
-    many are stored), then the signatures of the distinct candidates."""
-    by_key: dict[int, list[int]] = {}
+                batch: Sequence[Signed | None]) -> tuple[list[set[int]], dict[int, Signature]]:
+    """Each new question's candidates (the stored questions of the scope sharing a band key
+    with it) and their signatures read from the database. Three statements whatever the
+    batch: the exam's index epoch, the scope's rows stored since the index last looked
+    (none, mostly: this process stored them, or another one a few), the candidates'
+    signatures."""
+    epoch = conn.execute(_statement("epoch", scope, ""), {"exam": exam}).scalar_one_or_none()
+    key = "" if scope is Scope.exam else chapter_id
+    idx = INDEXES.get((str(conn.engine.url), exam, key), epoch)
+    with idx.lock:
+        idx.add(conn.execute(_statement("since", scope, ""),
+                             {"exam": exam, "chapter": chapter_id, "after": idx.max_id}))
+        mine = [idx.lookup(s.keys) if s is not None else set() for s in batch]
     sigs: dict[int, Signature] = {}
-    wanted = sorted(set(keys))
-    if not wanted:
-        return by_key, sigs
-    params: dict[str, Any] = {"exam": exam, "chapter": chapter_id}
-    dialect = conn.dialect.name
-    params["keys"] = _values(dialect, wanted)
-    for key, qid in conn.execute(_statement("bands", scope, dialect), params):
-        by_key.setdefault(key, []).append(qid)
-    ids = sorted({qid for qids in by_key.values() for qid in qids})
+    ids = sorted(set().union(*mine))
     if ids:
-        for qid, tokens, key_terms, text in conn.execute(_statement("sigs", scope, dialect),
-                                                         {"ids": _values(dialect, ids)}):
+        dialect = conn.dialect.name
+        for qid, tokens, key_terms, text in conn.execute(
+                _statement("sigs", scope, dialect),
+                {"exam": exam, "chapter": chapter_id, "ids": _values(dialect, ids)}):
             sigs[qid] = Signature.decode(tokens, key_terms, text)
-    return by_key, sigs
+    return mine, sigs
 
 
 _STATEMENTS: dict[tuple[str, Scope, str], Any] = {}
@@ -112,9 +233,9 @@ _STATEMENTS: dict[tuple[str, Scope, str], Any] = {}
 
 def _in(column: Any, name: str, dialect: str, item: Any) -> Any:
     """`column` in the list bound as `name` (see `_values`), as one parameter: an array on
-    PostgreSQL (`= ANY`), a JSON array read by `json_each` on SQLite. A batch's 3,200 band
-    keys expanded into as many parameters cost more to render and convert than the query
-    takes to run (cProfile)."""
+    PostgreSQL (`= ANY`), a JSON array read by `json_each` on SQLite. A long list expanded
+    into as many parameters costs more to render and convert than the query takes to run
+    (cProfile)."""
     if dialect == "postgresql":
         return column == any_(bindparam(name, type_=ARRAY(item)))
     return column.in_(select(literal_column("value")).select_from(
@@ -129,15 +250,19 @@ def _statement(name: str, scope: Scope, dialect: str) -> Any:
     """The check's statements, built once (building one costs more than running it)."""
     stmt = _STATEMENTS.get((name, scope, dialect))
     if stmt is None:
-        if name == "bands":
-            stmt = select(QB.c.band_key, QB.c.question_id).where(
-                QB.c.exam == bindparam("exam"), _in(QB.c.band_key, "keys", dialect, BigInteger))
-            if scope is Scope.chapter:
-                stmt = stmt.where(QB.c.chapter_id == bindparam("chapter"))
+        in_scope = [QS.c.exam == bindparam("exam")]
+        if scope is Scope.chapter:
+            in_scope.append(QS.c.chapter_id == bindparam("chapter"))
+        if name == "epoch":
+            stmt = select(E.c.index_epoch).where(E.c.slug == bindparam("exam"))
+        elif name == "since":
+            stmt = (select(QS.c.question_id, QS.c.bands)
+                    .where(*in_scope, QS.c.question_id > bindparam("after"))
+                    .order_by(QS.c.question_id))
         else:
             stmt = (select(QS.c.question_id, QS.c.tokens, QS.c.key_terms, Q.c.question)
                     .join(Q, Q.c.id == QS.c.question_id)
-                    .where(_in(QS.c.question_id, "ids", dialect, Integer)))
+                    .where(*in_scope, _in(QS.c.question_id, "ids", dialect, Integer)))
         _STATEMENTS[(name, scope, dialect)] = stmt
     return stmt
 
@@ -146,18 +271,17 @@ def check(conn: Connection, exam: str, chapter_id: str, checker: Checker,
           batch: Sequence[Signed | None]) -> Verdict:
     """Which questions of `batch` are new: not a near-duplicate of a stored question of the
     scope, nor of an earlier question of the batch. (None: already dropped, kept False.)"""
-    by_key, stored = _candidates(conn, exam, chapter_id, checker.scope,
-                                 [k for s in batch if s is not None for k in s.keys])
+    candidates, stored = _candidates(conn, exam, chapter_id, checker.scope, batch)
     keep: list[bool] = []
     repeated: list[int] = []
     kept: list[Signed] = []
-    for new in batch:
+    for new, mine in zip(batch, candidates):
         if new is None:
             keep.append(False)
             continue
         # Its own candidates (sharing a band key with it), verified exactly.
-        mine = sorted({qid for k in new.keys for qid in by_key.get(k, ())})
-        hit = next((qid for qid in mine if checker.is_near(new.sig, stored[qid])), None)
+        hit = next((qid for qid in sorted(mine)
+                    if qid in stored and checker.is_near(new.sig, stored[qid])), None)
         if hit is not None:
             repeated.append(hit)
             keep.append(False)
@@ -171,26 +295,25 @@ def check(conn: Connection, exam: str, chapter_id: str, checker: Checker,
 
 def index(conn: Connection, exam: str, chapter_id: str, ids: Sequence[int],
           signed: Sequence[Signed]) -> None:
-    """Store the signatures and band keys of questions just inserted."""
+    """Store the signatures and band keys of questions just inserted. (The processes'
+    in-memory indexes read them at their next check of the scope, once committed.)"""
     if not ids:
         return
-    conn.execute(insert(QS), [
-        {"question_id": qid, "exam": exam, "chapter_id": chapter_id,
-         "tokens": s.sig.encode()[0], "key_terms": s.sig.encode()[1], "repeats": 0}
-        for qid, s in zip(ids, signed)])
-    bands = [(exam, k, qid, chapter_id) for qid, s in zip(ids, signed) for k in set(s.keys)]
-    if bands:
-        # 64 rows a question: straight to the driver's executemany, which takes a tenth of
-        # the time SQLAlchemy's row-by-row parameter processing does.
-        mark = "?" if conn.dialect.paramstyle == "qmark" else "%s"
-        conn.exec_driver_sql(
-            "INSERT INTO question_band (exam, band_key, question_id, chapter_id) "
-            f"VALUES ({mark}, {mark}, {mark}, {mark})", bands)
+    rows = []
+    for qid, s in zip(ids, signed):
+        tokens, key_terms = s.sig.encode()
+        rows.append({"question_id": qid, "exam": exam, "chapter_id": chapter_id,
+                     "tokens": tokens, "key_terms": key_terms, "repeats": 0,
+                     "bands": s.blob()})
+    conn.execute(_INSERT_SIG, rows)
+
+
+_INSERT_SIG = insert(QS)
 
 
 def index_rows(conn: Connection, rows: Sequence[tuple[int, str, str, str, str]]) -> None:
-    """Index stored questions given as (id, exam, chapter_id, text, chapter title): the
-    migration's backfill and `producer import`."""
+    """Index stored questions given as (id, exam, chapter_id, text, chapter title), as
+    `producer import` stores them."""
     by_chapter: dict[tuple[str, str], tuple[list[int], list[Signed]]] = {}
     for qid, exam, chapter_id, text, title in rows:
         ids, signed = by_chapter.setdefault((exam, chapter_id), ([], []))
@@ -209,12 +332,13 @@ def record_repeats(conn: Connection, question_ids: Sequence[int]) -> None:
 
 def forget(conn: Connection, exam: str, chapter_ids: Sequence[str] | None = None) -> None:
     """Drop the index rows of an exam's questions (all of them, or those of some chapters),
-    with the questions themselves."""
-    for table in (QS, QB):
-        where = [table.c.exam == exam]
-        if chapter_ids is not None:
-            where.append(table.c.chapter_id.in_(list(chapter_ids)))
-        conn.execute(delete(table).where(*where))
+    with the questions themselves; the exam's new index epoch makes every process rebuild
+    its in-memory index of the exam."""
+    where = [QS.c.exam == exam]
+    if chapter_ids is not None:
+        where.append(QS.c.chapter_id.in_(list(chapter_ids)))
+    conn.execute(delete(QS).where(*where))
+    conn.execute(update(E).where(E.c.slug == exam).values(index_epoch=new_epoch()))
     if chapter_ids is None:
         conn.execute(delete(DL).where(DL.c.exam == exam))
 

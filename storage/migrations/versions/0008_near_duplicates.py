@@ -47,15 +47,31 @@ def upgrade() -> None:
 
 
 def _index_stored(bind: sa.engine.Connection) -> None:
-    from storage.neardup import index_rows
+    # Written out as this revision's tables were (not through storage.neardup, whose rows
+    # later revisions change): the signatures come from examforge.neardup.
+    from examforge.neardup import band_keys, signature
 
+    sig = sa.table('question_sig', *(sa.column(c) for c in (
+        'question_id', 'exam', 'chapter_id', 'tokens', 'key_terms', 'repeats')))
+    band = sa.table('question_band', *(sa.column(c) for c in (
+        'exam', 'band_key', 'question_id', 'chapter_id')))
     titles = {(e, c): t for e, c, t in bind.execute(sa.text(
         'SELECT DISTINCT exam, chapter_id, title FROM slice'))}
     rows = bind.execute(sa.text(
         'SELECT id, exam, chapter_id, question FROM question ORDER BY id')).all()
     for start in range(0, len(rows), 500):
-        index_rows(bind, [(r.id, r.exam, r.chapter_id, r.question,
-                           titles.get((r.exam, r.chapter_id), '')) for r in rows[start:start + 500]])
+        sigs, bands = [], []
+        for r in rows[start:start + 500]:
+            s = signature(r.question, titles.get((r.exam, r.chapter_id), ''))
+            tokens, key_terms = s.encode()
+            sigs.append({'question_id': r.id, 'exam': r.exam, 'chapter_id': r.chapter_id,
+                         'tokens': tokens, 'key_terms': key_terms, 'repeats': 0})
+            bands += [{'exam': r.exam, 'band_key': k, 'question_id': r.id,
+                       'chapter_id': r.chapter_id} for k in set(band_keys(s))]
+        if sigs:
+            bind.execute(sig.insert(), sigs)
+        if bands:
+            bind.execute(band.insert(), bands)
 
 
 def downgrade() -> None:
