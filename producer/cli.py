@@ -410,7 +410,8 @@ def reconcile() -> None:
     check_broker(app, settings)
     result = reconcile_once(settings, store, app)
     out.print(f"re-enqueued {result['requeued']} ({result['requeued_lost']} whose message the "
-              f"broker lost), failed at attempt cap {result['failed_at_cap']}")
+              f"broker lost), failed at attempt cap {result['failed_at_cap']}, calls settled "
+              f"on cancelled chapters {result['settled_cancelled']}")
 
 
 @cli.command()

@@ -142,3 +142,28 @@ class Recovery(Leases):
                                      + " [attempt cap reached]"))
                 self._waste_orphaned_calls(conn, exam, chapter_id, slice_no)
             return len(capped)
+
+    def settle_cancelled(self) -> int:
+        """Cancelled slices whose holder kept its lease for the call it was in (see
+        Planning.cancel) and then died: the lease has lapsed, so nobody will commit that
+        reply. The lease is cleared and the call booked as a crashed one (its worst case, its
+        reservation settled), as a takeover would; otherwise it stayed in flight, and its
+        reservation held the exam's budget, until the exam was started again."""
+        with self._write() as conn:
+            lapsed = conn.execute(
+                select(S.c.exam, S.c.chapter_id, S.c.slice_no).where(
+                    S.c.state == ChapterState.cancelled.value, S.c.lease_owner.is_not(None),
+                    S.c.lease_expires_at <= self._now)
+                .order_by(S.c.exam, S.c.chapter_id, S.c.slice_no)).all()
+            settled = 0
+            for exam, chapter_id, slice_no in lapsed:
+                self._exam_first(conn, exam)
+                cleared = conn.execute(
+                    update(S).where(*slice_where(exam, chapter_id, slice_no),
+                                    S.c.state == ChapterState.cancelled.value,
+                                    S.c.lease_owner.is_not(None),
+                                    S.c.lease_expires_at <= self._now)
+                    .values(lease_owner=None, lease_expires_at=None, updated_at=self._now))
+                if cleared.rowcount:
+                    settled += self._waste_orphaned_calls(conn, exam, chapter_id, slice_no)
+            return settled

@@ -9,6 +9,8 @@
   a chapter that moves on between the two reads can then only make the queue look fuller than
   it is, never emptier, so a complete queue is never re-published.
 - Chapters past their attempt cap: failed.
+- Calls in flight on cancelled chapters whose holder died (it kept its lease through the
+  cancel to commit the reply): booked as crashed calls, their budget reservation settled.
 
 Safe to run anywhere, any number of times: a duplicate message is a no-op at the worker.
 """
@@ -35,6 +37,7 @@ _SECOND_READ_AFTER_S = 0.05
 
 def reconcile_once(settings: Settings, store: Store, app: Celery) -> dict[str, int]:
     failed = store.fail_capped(settings.max_attempts)
+    settled = store.settle_cancelled()
     epoch = broker_epoch(app, settings)
     holdings = _read_twice(app, settings)
     # Grace: one heartbeat, so a message that was just picked up gets the chance to claim.
@@ -54,7 +57,8 @@ def reconcile_once(settings: Settings, store: Store, app: Celery) -> dict[str, i
                    "waiting in it")
             _requeue(settings, store, app, epoch, audit.lost, RequeueReason.message_lost, why)
             lost = len(audit.lost)
-    return {"requeued": len(orphans) + lost, "requeued_lost": lost, "failed_at_cap": failed}
+    return {"requeued": len(orphans) + lost, "requeued_lost": lost, "failed_at_cap": failed,
+            "settled_cancelled": settled}
 
 
 _WHY = {

@@ -272,6 +272,29 @@ def test_cancel_clears_a_lease_that_has_lapsed(store, tmp_path):
             "cancelled", None)
 
 
+def test_a_call_in_flight_on_a_cancelled_slice_whose_holder_died_is_settled(store, tmp_path):
+    """The holder kept its lease through the cancel to commit the reply of its call, then
+    died: the reconciler's pass books that call as a crash (worst case, reservation
+    settled) and lets the slice go, instead of leaving it in flight and reserved forever."""
+    _sync(store, tmp_path, [("a", 10)])
+    store.set_budget("ex", 5.0)
+    claim = store.claim("ex", "a", "dead", 1.0, 8)
+    call = store.start_call(claim, 1, 5, lease_s=1.0, reserve_usd=0.25)
+    assert store.cancel("ex") == 1
+    assert store.settle_cancelled() == 0  # its lease is live: it may still commit
+    wait_lease_expired(store, "ex", "a")
+    assert store.settle_cancelled() == 1
+    assert store.settle_cancelled() == 0  # once
+    with store.engine.connect() as conn:
+        row = conn.execute(text_("SELECT outcome, reason, cost_usd FROM call WHERE id = :i"),
+                           {"i": call}).one()
+        slice_ = conn.execute(text_("SELECT state, lease_owner FROM slice")).one()
+        exam = conn.execute(text_("SELECT spent_usd, reserved_usd FROM exam")).one()
+    assert tuple(row) == ("wasted", "crash_before_commit", 0.25)
+    assert tuple(slice_) == ("cancelled", None)
+    assert tuple(exam) == (0.25, 0.0)
+
+
 def test_unique_question_numbers_make_a_double_commit_impossible(store, tmp_path):
     _sync(store, tmp_path, [("a", 10)])
     claim = store.claim("ex", "a", "w", 10.0, 8)
