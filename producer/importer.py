@@ -19,6 +19,7 @@ from typing import Iterable
 from examforge.errors import UnknownExam, UserError
 from examforge.output import ItemInvalid, check_item
 from examforge.output import Question
+from examforge.pipeline import near_dup_checker
 from examforge.settings import Settings
 from examforge.syllabus import find_syllabus, load_syllabus
 from storage import Store
@@ -120,7 +121,8 @@ def import_file(settings: Settings, store: Store, slug: str, path: Path) -> Impo
     if syllabus is not None:
         store.sync_exam(slug, syllabus, default_budget_usd=settings.budget_usd,
                         slice_questions=settings.slice_questions)
-    return store.import_questions(slug, file.by_chapter(), source=str(path))
+    return store.import_questions(slug, file.by_chapter(), source=str(path),
+                                  near_dup=near_dup_checker(settings))
 
 
 def report_lines(result: ImportResult) -> list[str]:
@@ -136,5 +138,6 @@ def report_lines(result: ImportResult) -> list[str]:
         lines.append(f"imported  {result.exam}/{c.chapter_id}: {c.imported} questions, "
                      + ", ".join(parts))
     lines.append(f"imported {result.imported}, skipped {result.already_stored} already stored, "
-                 f"{result.repeated} repeated in the file, {result.past_target} past the target")
+                 f"{result.repeated} repeated in the file, {result.near_duplicates} "
+                 f"near-duplicates, {result.past_target} past the target")
     return lines

@@ -21,6 +21,7 @@ from sqlalchemy.engine import Connection
 from examforge.balance import balanced
 from examforge.errors import UserError
 from examforge.levels import known_levels
+from examforge.neardup import Checker
 from examforge.output import Question as ParsedQuestion
 from examforge.output import text_hash
 from storage import neardup
@@ -59,6 +60,7 @@ class ChapterImport:
     imported: int = 0
     already_stored: int = 0  # the chapter already had the same normalised text
     repeated: int = 0  # the same normalised text came earlier in the file
+    near_duplicates: int = 0  # a near-duplicate of a stored question or of one earlier in it
     past_target: int = 0  # the chapter's ranges were full
     slices: list[FilledSlice] = field(default_factory=list)
 
@@ -79,6 +81,10 @@ class ImportResult:
     @property
     def repeated(self) -> int:
         return sum(c.repeated for c in self.chapters)
+
+    @property
+    def near_duplicates(self) -> int:
+        return sum(c.near_duplicates for c in self.chapters)
 
     @property
     def past_target(self) -> int:
@@ -106,13 +112,14 @@ class Imports(StoreBase):
         return [r.chapter_id for r in rows]
 
     def import_questions(self, slug: str, questions: Mapping[str, Sequence[ParsedQuestion]],
-                         source: str) -> ImportResult:
+                         source: str, near_dup: Checker | None = None) -> ImportResult:
         """Store `questions` (by chapter, in file order) as the exam's, after what is stored
         and up to each chapter's target, in one transaction. Questions whose normalised text
         the chapter already has, or that repeat one earlier in `questions`, are skipped and
         counted; so are those past the target. Each slice filled gets one ledger row of its
         own (outcome `imported`, cost 0, `detail` naming `source`) that its questions point
-        to. Raises UnknownChapter, or ChapterBusy (nothing stored) while a worker holds a
+        to. With `near_dup`, near-duplicates (of a stored question of the scope, or of one
+        earlier in `questions`) are skipped and counted too, as a commit rejects them. Raises UnknownChapter, or ChapterBusy (nothing stored) while a worker holds a
         live lease on a slice of one of these chapters."""
         wanted = [c for c in questions if questions[c]]
         # A first look without locks: refusing here saves taking locks a heartbeat may want.
@@ -135,7 +142,7 @@ class Imports(StoreBase):
             for chapter_id in wanted:
                 result.chapters.append(self._import_chapter(
                     conn, slug, chapter_id, questions[chapter_id], ranges[chapter_id],
-                    source, now))
+                    source, now, near_dup))
         return result
 
     def _refuse_busy(self, conn: Connection, slug: str, chapter_ids: Sequence[str]) -> None:
@@ -170,16 +177,14 @@ class Imports(StoreBase):
 
     def _import_chapter(self, conn: Connection, slug: str, chapter_id: str,
                         questions: Sequence[ParsedQuestion], ranges: list[_Range],
-                        source: str, now: float) -> ChapterImport:
+                        source: str, now: float, near_dup: Checker | None) -> ChapterImport:
         report = ChapterImport(chapter_id)
         # Rows stored before norm_hash existed have none: compare their text instead.
         stored = {h or text_hash(text) for h, text in conn.execute(
             select(Q.c.norm_hash, Q.c.question).where(Q.c.exam == slug,
                                                       Q.c.chapter_id == chapter_id))}
         seen: set[str] = set()
-        batches: dict[int, list[tuple[ParsedQuestion, str]]] = {}
-        free = iter(r for r in ranges if r.room > 0)
-        current = next(free, None)
+        fresh: list[tuple[ParsedQuestion, str]] = []
         for q in questions:
             h = text_hash(q.question)
             if h in stored:
@@ -189,6 +194,19 @@ class Imports(StoreBase):
                 report.repeated += 1
                 continue
             seen.add(h)
+            fresh.append((q, h))
+        title = conn.execute(select(S.c.title).where(
+            S.c.exam == slug, S.c.chapter_id == chapter_id).limit(1)).scalar_one_or_none() or ""
+        signed = {h: neardup.Signed.of(q.question, title) for q, h in fresh}
+        if near_dup is not None and fresh:
+            verdict = neardup.check(conn, slug, chapter_id, near_dup,
+                                    [signed[h] for _, h in fresh])
+            report.near_duplicates = verdict.rejected
+            fresh = [f for f, ok in zip(fresh, verdict.keep) if ok]
+        batches: dict[int, list[tuple[ParsedQuestion, str]]] = {}
+        free = iter(r for r in ranges if r.room > 0)
+        current = next(free, None)
+        for q, h in fresh:
             while current is not None and current.room == 0:
                 current = next(free, None)
             if current is None:
@@ -218,10 +236,7 @@ class Imports(StoreBase):
                  **question_row(known_levels(balanced(q, slug, chapter_id, first + i)))}
                 for i, (q, h) in enumerate(batch)]).scalars().all()
             # Indexed like generated questions, so that the model's repeats of them are caught.
-            title = conn.execute(select(S.c.title).where(
-                S.c.exam == slug, S.c.chapter_id == chapter_id).limit(1)).scalar_one_or_none()
-            neardup.index_rows(conn, [(qid, slug, chapter_id, q.question, title or "")
-                                      for qid, (q, _) in zip(ids, batch)])
+            neardup.index(conn, slug, chapter_id, ids, [signed[h] for _, h in batch])
             done = r.room == 0
             values: dict[str, Any] = {"updated_at": now}
             if done:

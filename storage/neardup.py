@@ -275,6 +275,9 @@ def check(conn: Connection, exam: str, chapter_id: str, checker: Checker,
     keep: list[bool] = []
     repeated: list[int] = []
     kept: list[Signed] = []
+    # A model's batch is compared pairwise; an imported file of thousands through band keys
+    # of its own, as the stored questions are.
+    local = _BandIndex(None) if len(batch) > 64 else None
     for new, mine in zip(batch, candidates):
         if new is None:
             keep.append(False)
@@ -282,12 +285,15 @@ def check(conn: Connection, exam: str, chapter_id: str, checker: Checker,
         # Its own candidates (sharing a band key with it), verified exactly.
         hit = next((qid for qid in sorted(mine)
                     if qid in stored and checker.is_near(new.sig, stored[qid])), None)
+        earlier = kept if local is None else [kept[i] for i in sorted(local.lookup(new.keys))]
         if hit is not None:
             repeated.append(hit)
             keep.append(False)
-        elif any(checker.is_near(new.sig, other.sig) for other in kept):
+        elif any(checker.is_near(new.sig, other.sig) for other in earlier):
             keep.append(False)
         else:
+            if local is not None:
+                local.add([(len(kept), new.blob())])
             kept.append(new)
             keep.append(True)
     return Verdict(keep, repeated)
@@ -309,18 +315,6 @@ def index(conn: Connection, exam: str, chapter_id: str, ids: Sequence[int],
 
 
 _INSERT_SIG = insert(QS)
-
-
-def index_rows(conn: Connection, rows: Sequence[tuple[int, str, str, str, str]]) -> None:
-    """Index stored questions given as (id, exam, chapter_id, text, chapter title), as
-    `producer import` stores them."""
-    by_chapter: dict[tuple[str, str], tuple[list[int], list[Signed]]] = {}
-    for qid, exam, chapter_id, text, title in rows:
-        ids, signed = by_chapter.setdefault((exam, chapter_id), ([], []))
-        ids.append(qid)
-        signed.append(Signed.of(text, title))
-    for (exam, chapter_id), (ids, signed) in by_chapter.items():
-        index(conn, exam, chapter_id, ids, signed)
 
 
 def record_repeats(conn: Connection, question_ids: Sequence[int]) -> None:

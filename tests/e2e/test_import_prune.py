@@ -24,7 +24,7 @@ def _naive_file(path: Path, counts: dict[str, int]) -> Path:
             for i in range(n):
                 f.write(json.dumps({
                     "chapter_id": chapter_id,
-                    "question": f"Naive script question {i} of {chapter_id}: which one?",
+                    "question": f"Naive script question {i} of {chapter_id}: pick a choice.",
                     "choices": ["first", "second", "third", "fourth"],
                     "answer_index": i % 4, "explanation": "From the old run."}) + "\n")
     return path
@@ -55,8 +55,8 @@ def test_the_naive_scripts_file_imported_twice_then_enqueue_pays_only_for_the_re
         f.write(path.read_text().splitlines()[12] + "\n")
     first = dep.cli("import", "demo", str(path))
     assert first.returncode == 0, first.stderr
-    assert "imported 18, skipped 0 already stored, 1 repeated in the file, 0 past the " \
-           "target" in first.stdout, first.stdout
+    assert "imported 18, skipped 0 already stored, 1 repeated in the file, 0 near-duplicates, " \
+           "0 past the target" in first.stdout, first.stdout
     assert "demo/b: 6 questions, slice 0 numbers 1-6" in first.stdout
     second = dep.cli("import", "demo", str(path))
     assert second.returncode == 0, second.stderr

@@ -246,3 +246,20 @@ def test_an_index_is_rebuilt_when_its_exam_lost_questions(store, tmp_path):
     _commit(store, claim, [ORIGINAL])  # on SQLite, id 1 again
     _, committed = _commit(store, claim, [PARAPHRASE], first=2)
     assert committed.kept == () and committed.near_duplicates == 1
+
+
+def test_an_import_skips_near_duplicates_of_stored_questions_and_of_its_own_lines(
+        store, tmp_path):
+    _sync(store, tmp_path, [("a", 200)], slice_questions=200)
+    store.import_questions("ex", {"a": [_q(ORIGINAL)]}, "first.jsonl", near_dup=CHAPTER)
+    # A file of 100 distinct questions with a paraphrase of the stored one and of its own
+    # first line: past 64 lines, its own lines are compared through band keys of their own.
+    lines = [f"What is the default port number used by protocol number {n}?"
+             for n in range(100)]
+    lines += [PARAPHRASE, "What's the default port number used by protocol number 0?"]
+    result = store.import_questions("ex", {"a": [_q(t) for t in lines]}, "second.jsonl",
+                                    near_dup=CHAPTER)
+    assert (result.imported, result.near_duplicates) == (100, 2)
+    # Without a checker (NEAR_DUP_SCOPE=off) both land.
+    more = store.import_questions("ex", {"a": [_q(PARAPHRASE)]}, "third.jsonl")
+    assert more.imported == 1
