@@ -68,3 +68,25 @@ def wait_backoff_over(store: Any, exam: str, chapter_id: str, timeout_s: float =
     """Until the slice's backoff (not_before_at) has passed on the database's clock."""
     _wait_passed(store, exam, chapter_id, slice_no, "not_before_at",
                  f"the backoff of {exam}/{chapter_id}/{slice_no} to end", timeout_s)
+
+
+def seed_at_0006(conn: Any, *, title: str, target: int, state: str = "pending",
+                 spec_hash: str = "h", attempts: int = 0, since_progress: int = 0) -> None:
+    """Bring an empty database (`conn`, in a transaction) to migration 0006 and record exam
+    `ex` with one slice of chapter `a` by hand, as a deployment of that revision had them:
+    what the tests of later migrations start from."""
+    from alembic import command
+    from sqlalchemy import text
+
+    from storage.db import alembic_config
+
+    command.upgrade(alembic_config(conn), "0006")
+    conn.execute(text("INSERT INTO exam (slug, title, state, auth_failures, spent_usd, "
+                      "reserved_usd, created_at, updated_at) VALUES "
+                      "('ex', 'Ex', 'active', 0, 0, 0, 1, 1)"))
+    conn.execute(text(
+        "INSERT INTO slice (exam, chapter_id, slice_no, first_number, position, title, "
+        "spec_hash, target, state, attempts, attempts_since_progress, requeues, updated_at) "
+        "VALUES ('ex', 'a', 0, 1, 0, :title, :h, :target, :state, :attempts, :since, 0, 1)"),
+        {"title": title, "h": spec_hash, "target": target, "state": state,
+         "attempts": attempts, "since": since_progress})

@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 
 import pytest
+from helpers import seed_at_0006
 from sqlalchemy import text
 
 from storage import Store, connect, migrate
@@ -13,20 +14,11 @@ from storage.runs import IdempotencyKeyReused
 
 
 def test_0007_adds_the_api_tables_keeping_what_is_stored(db_url):
-    from alembic import command
-
-    from storage.db import SCHEMA_REVISION, alembic_config
+    from storage.db import SCHEMA_REVISION
 
     engine = connect(db_url)
     with engine.begin() as conn:
-        command.upgrade(alembic_config(conn), "0006")
-        conn.execute(text("INSERT INTO exam (slug, title, state, auth_failures, spent_usd, "
-                          "reserved_usd, created_at, updated_at) VALUES "
-                          "('ex', 'Ex', 'active', 0, 0, 0, 1, 1)"))
-        conn.execute(text(
-            "INSERT INTO slice (exam, chapter_id, slice_no, first_number, position, title, "
-            "spec_hash, target, state, attempts, attempts_since_progress, requeues, updated_at)"
-            " VALUES ('ex', 'a', 0, 1, 0, 'A', 'h', 2, 'done', 1, 0, 0, 1)"))
+        seed_at_0006(conn, title="A", target=2, state="done", attempts=1)
         conn.execute(text(
             "INSERT INTO call (exam, chapter_id, slice_no, attempt, first_number, requested, "
             "worker, outcome, prompt_tokens, completion_tokens, cost_usd, questions_stored, "

@@ -9,28 +9,17 @@ from sqlalchemy import inspect, text
 
 from examforge.output import Question
 from examforge.syllabus import load_syllabus
-from helpers import write_syllabus
+from helpers import seed_at_0006, write_syllabus
 from storage import Store, connect, migrate
 from storage.ledger import Usage
 from storage.store import Claimed
 
 
 def test_0009_adds_levels_keeping_what_is_stored(db_url: str, tmp_path: Path) -> None:
-    from alembic import command
-
-    from storage.db import alembic_config
-
     engine = connect(db_url)
     with engine.begin() as conn:
-        command.upgrade(alembic_config(conn), "0006")
-        conn.execute(text("INSERT INTO exam (slug, title, state, auth_failures, spent_usd, "
-                          "reserved_usd, created_at, updated_at) VALUES "
-                          "('ex', 'Ex', 'active', 0, 0, 0, 1, 1)"))
-        conn.execute(text(
-            "INSERT INTO slice (exam, chapter_id, slice_no, first_number, position, title, "
-            "spec_hash, target, state, attempts, attempts_since_progress, requeues, "
-            "updated_at) VALUES ('ex', 'a', 0, 1, 0, 'Chapter a', :h, 8, 'pending', 1, 1, 0, "
-            "1)"), {"h": _spec_hash(tmp_path)})
+        seed_at_0006(conn, title="Chapter a", target=8, spec_hash=_spec_hash(tmp_path),
+                     attempts=1, since_progress=1)
         for n in (1, 2, 3):
             conn.execute(text(
                 "INSERT INTO question (exam, chapter_id, number, question, choices, "

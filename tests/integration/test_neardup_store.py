@@ -4,11 +4,12 @@ committing at once (PostgreSQL), and the questions stored before migration 0008 
 
 from __future__ import annotations
 
+import struct
 import threading
 
 import pytest
-from helpers import wait_for, write_syllabus
-from sqlalchemy import select, text
+from helpers import seed_at_0006, wait_for, write_syllabus
+from sqlalchemy import inspect, select, text
 
 from examforge.neardup import Checker, Scope
 from examforge.output import Question
@@ -159,20 +160,9 @@ def test_two_slices_committing_near_duplicates_at_once_store_only_one(
 
 
 def test_0008_indexes_the_questions_stored_before_it(db_url):
-    from alembic import command
-
-    from storage.db import alembic_config
-
     engine = connect(db_url)
     with engine.begin() as conn:
-        command.upgrade(alembic_config(conn), "0006")
-        conn.execute(text("INSERT INTO exam (slug, title, state, auth_failures, spent_usd, "
-                          "reserved_usd, created_at, updated_at) VALUES "
-                          "('ex', 'Ex', 'active', 0, 0, 0, 1, 1)"))
-        conn.execute(text(
-            "INSERT INTO slice (exam, chapter_id, slice_no, first_number, position, title, "
-            "spec_hash, target, state, attempts, attempts_since_progress, requeues, "
-            "updated_at) VALUES ('ex', 'a', 0, 1, 0, 'Storage', 'h', 10, 'pending', 0, 0, 0, 1)"))
+        seed_at_0006(conn, title="Storage", target=10)
         for n, q in enumerate([ORIGINAL, "What is the default port used by HTTPS?"], 1):
             conn.execute(text(
                 "INSERT INTO question (exam, chapter_id, number, question, choices, "
@@ -263,3 +253,36 @@ def test_an_import_skips_near_duplicates_of_stored_questions_and_of_its_own_line
     # Without a checker (NEAR_DUP_SCOPE=off) both land.
     more = store.import_questions("ex", {"a": [_q(PARAPHRASE)]}, "third.jsonl")
     assert more.imported == 1
+
+
+def test_0011_moves_the_band_keys_onto_the_signature_rows_and_back(db_url):
+    """0011 copies each question's band keys from question_band (as 0008 wrote them) onto its
+    question_sig row, gives every exam an index epoch and drops the table; its downgrade
+    writes the rows back."""
+    from alembic import command
+
+    from examforge.neardup import band_keys, signature
+    from storage.db import alembic_config
+
+    engine = connect(db_url)
+    with engine.begin() as conn:
+        seed_at_0006(conn, title="Storage", target=10)
+        conn.execute(text(
+            "INSERT INTO question (exam, chapter_id, number, question, choices, answer_index, "
+            "explanation, norm_hash, model, created_at) VALUES "
+            "('ex', 'a', 1, :q, '[]', 0, '', 'h1', 'm', 1)"), {"q": ORIGINAL})
+        command.upgrade(alembic_config(conn), "0010")
+        before = conn.execute(text("SELECT count(*) FROM question_band")).scalar_one()
+    migrate(engine)
+    expected = sorted(set(band_keys(signature(ORIGINAL, "Storage"))))
+    with engine.connect() as conn:
+        blob = conn.execute(text("SELECT bands FROM question_sig")).scalar_one()
+        epoch = conn.execute(text("SELECT index_epoch FROM exam")).scalar_one()
+        assert "question_band" not in inspect(conn).get_table_names()
+    assert before == 64 and sorted(struct.unpack("<64Q", blob)) == expected
+    assert epoch is not None
+    with engine.begin() as conn:
+        command.downgrade(alembic_config(conn), "0010")
+        back = sorted(conn.execute(text("SELECT band_key FROM question_band")).scalars())
+    assert back == expected
+    engine.dispose()

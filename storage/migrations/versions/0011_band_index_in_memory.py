@@ -72,7 +72,9 @@ def downgrade() -> None:
         bind.execute(band.insert(), rows[start:start + 5000])
     op.drop_index('ix_question_sig_exam_id', table_name='question_sig')
     op.drop_index('ix_question_sig_chapter_id', table_name='question_sig')
-    with op.batch_alter_table('exam') as batch:
+    # ALTER TABLE .. DROP COLUMN (SQLite 3.35+), not batch mode's copy of the table: the
+    # slices' foreign key refuses the copy's DROP TABLE exam.
+    with op.batch_alter_table('exam', recreate='never') as batch:
         batch.drop_column('index_epoch')
-    with op.batch_alter_table('question_sig') as batch:
+    with op.batch_alter_table('question_sig', recreate='never') as batch:
         batch.drop_column('bands')
