@@ -171,10 +171,16 @@ def signature(text: str, context: str = "") -> Signature:
             tokens.add(stem(word))
     keys |= {stem(i) for i in idents if i not in STOP_WORDS}
     if context:
-        common = signature(context)
+        common = _context(context)
         tokens -= common.tokens
         keys -= common.keys
     return Signature(frozenset(tokens), frozenset(keys), normalise(original))
+
+
+@lru_cache(maxsize=1024)
+def _context(context: str) -> Signature:
+    """A chapter title's signature: the same for each of its questions."""
+    return signature(context)
 
 
 def jaccard(a: frozenset[str], b: frozenset[str]) -> float:
