@@ -231,13 +231,14 @@ class Leases(Ledger):
         live. The lock is almost always its holder's commit, whose fence extends the lease
         itself; and one renewal statement covers every lease of the worker, so waiting for
         one commit would hold up all of them (128 threads committing near-duplicate indexes
-        kept it waiting past the TTL). A slice cancelled while its call runs keeps its
-        holder's lease until that call's reply is committed (Planning.cancel)."""
+        kept it waiting past the TTL). On SQLite, where writers take turns, its turn comes
+        right after the current writer's (WriterLock). A slice cancelled while its call runs
+        keeps its holder's lease until that call's reply is committed (Planning.cancel)."""
         if not owners:
             return set()
         live = and_(S.c.lease_owner.in_(owners), S.c.lease_expires_at > self._now,
                     S.c.state.in_((ChapterState.running.value, ChapterState.cancelled.value)))
-        with self._write(self._heartbeat_engine()) as conn:
+        with self._write(self._heartbeat_engine(), urgent=True) as conn:
             if conn.dialect.name != "postgresql":  # one writer at a time: nothing to skip
                 return set(conn.execute(
                     update(S).where(live).values(lease_expires_at=self._now + lease_s)
