@@ -229,10 +229,18 @@ def _hash32(data: bytes) -> int:
     return struct.unpack("<I", hashlib.blake2b(data, digest_size=4).digest())[0]
 
 
-def minhash(sig: Signature) -> MinHash:
+@lru_cache(maxsize=1)
+def _minhash_class() -> type[MinHash]:
+    # Imported on first use (datasketch brings numpy and scipy: a CLI that never checks a
+    # question should not pay for them), and once: a function-level import on every
+    # question showed in the worker's profile.
     from datasketch import MinHash
 
-    m = MinHash(num_perm=NUM_PERM, seed=_SEED, hashfunc=_hash32, permutations=_permutations(),
+    return MinHash
+
+
+def minhash(sig: Signature) -> MinHash:
+    m = _minhash_class()(num_perm=NUM_PERM, seed=_SEED, hashfunc=_hash32, permutations=_permutations(),
                 scheme="affine32")
     m.update_batch(t.encode() for t in sorted(sig.tokens))
     return m

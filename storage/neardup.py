@@ -121,6 +121,7 @@ class _BandIndex:
         self.ids = np.empty(0, dtype=np.int64)
         self.recent: dict[int, list[int]] = {}
         self.recent_n = 0
+        self.counted = 0  # its size as _Indexes last counted it
         self.lock = threading.Lock()
 
     @property
@@ -180,6 +181,7 @@ class _Indexes:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._by_scope: OrderedDict[tuple[str, str, str], _BandIndex] = OrderedDict()
+        self._keys = 0  # the sizes of the indexes in _by_scope, as last counted
 
     def get(self, where: tuple[str, str, str], epoch: int | None) -> _BandIndex:
         if epoch is None:  # an exam row written without one (by hand): nothing to trust
@@ -187,17 +189,28 @@ class _Indexes:
         with self._lock:
             idx = self._by_scope.get(where)
             if idx is None or idx.epoch != epoch:
+                if idx is not None:
+                    self._keys -= idx.counted
                 idx = self._by_scope[where] = _BandIndex(epoch)
             self._by_scope.move_to_end(where)
-            total = sum(i.size for i in self._by_scope.values())
-            while total > self.CACHE_KEYS and len(self._by_scope) > 1:
-                _, dropped = self._by_scope.popitem(last=False)
-                total -= dropped.size
             return idx
+
+    def grew(self, where: tuple[str, str, str], idx: _BandIndex) -> None:
+        """Count what `idx` added since it was last counted, and drop the least recently
+        used indexes past CACHE_KEYS."""
+        with self._lock:
+            if self._by_scope.get(where) is not idx:
+                return  # dropped or replaced meanwhile
+            self._keys += idx.size - idx.counted
+            idx.counted = idx.size
+            while self._keys > self.CACHE_KEYS and len(self._by_scope) > 1:
+                _, dropped = self._by_scope.popitem(last=False)
+                self._keys -= dropped.counted
 
     def clear(self) -> None:
         with self._lock:
             self._by_scope.clear()
+            self._keys = 0
 
 
 INDEXES = _Indexes()
@@ -212,11 +225,15 @@ def _candidates(conn: Connection, exam: str, chapter_id: str, scope: Scope,
     signatures."""
     epoch = conn.execute(_statement("epoch", scope, ""), {"exam": exam}).scalar_one_or_none()
     key = "" if scope is Scope.exam else chapter_id
-    idx = INDEXES.get((str(conn.engine.url), exam, key), epoch)
+    where = (str(conn.engine.url), exam, key)
+    idx = INDEXES.get(where, epoch)
     with idx.lock:
         idx.add(conn.execute(_statement("since", scope, ""),
                              {"exam": exam, "chapter": chapter_id, "after": idx.max_id}))
         mine = [idx.lookup(s.keys) if s is not None else set() for s in batch]
+        grown = idx.size != idx.counted
+    if grown:
+        INDEXES.grew(where, idx)
     sigs: dict[int, Signature] = {}
     ids = sorted(set().union(*mine))
     if ids:

@@ -213,3 +213,21 @@ def test_the_in_memory_band_index_finds_keys_before_and_after_a_merge() -> None:
     assert idx.lookup([3 * 1000 + 5]) == {3, 201}
     assert idx.lookup([150 * 1000, 555, 42]) == {150, 201}
     assert idx.max_id == 201
+
+
+def test_the_indexes_of_a_process_keep_at_most_their_budget_of_keys(monkeypatch) -> None:
+    from storage.neardup import _Indexes
+
+    registry = _Indexes()
+    monkeypatch.setattr(_Indexes, "CACHE_KEYS", 64 * 10)
+    blob = struct.pack("<64Q", *range(64))
+    scopes = [("db", "ex", f"ch{i}") for i in range(4)]
+    for i, where in enumerate(scopes):
+        idx = registry.get(where, epoch=7)
+        idx.add([(n, blob) for n in range(4 * i + 1, 4 * i + 5)])  # 4 questions each
+        registry.grew(where, idx)
+    # 16 questions' keys against room for 10: the two least recently used scopes are gone.
+    assert list(registry._by_scope) == scopes[2:] and registry._keys == 64 * 8
+    assert registry.get(scopes[3], epoch=7).size == 64 * 4  # kept as it was
+    assert registry.get(scopes[3], epoch=8).size == 0  # a new epoch: built afresh
+    assert registry._keys == 64 * 4
