@@ -3,7 +3,7 @@ its baseline measured in the same run, written to bench/results.md and bench/res
 the plots beside them).
 
     python -m bench                       # full size, about 12 minutes on 2 cores
-    python -m bench --small               # tiny sizes (CI smoke), under 2 minutes
+    python -m bench --small               # tiny sizes (CI smoke), about 2.5 minutes
     python -m bench --only overhead,export --results /tmp/r.md
 
 Parts (bench/parts/, one module each): see PARTS below and bench/README.md.
@@ -175,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
 
     measure.REDIS_URL = args.redis_url  # the default of every helper that flushes or waits
     results = Path(args.results).resolve()
+    results.parent.mkdir(parents=True, exist_ok=True)
     started = dt.datetime.now().astimezone()
     t0 = time.monotonic()
     workdir = Path(tempfile.mkdtemp(prefix="efbench-"))

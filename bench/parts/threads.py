@@ -22,7 +22,8 @@ def run(ctx: Context) -> PartResult:
     counts = (8, 32) if ctx.small else (8, 32, 128)
     got: dict[tuple[str, int], Result] = {}
     for slots in counts:
-        targets, calls = plan(slots * 2 * 50, slots * 2, QPC)
+        targets, calls = (plan(slots * 20, slots, QPC) if ctx.small
+                          else plan(slots * 2 * 50, slots * 2, QPC))
         base = run_baseline(ctx.mock, ctx.workdir, targets, calls, QPC, slots)
         got[("baseline", slots)] = part.add_run(base, slots_=slots)
         r = run_distributed(f"threads-{slots}", ctx.mock, ctx.workdir, targets, calls,
