@@ -11,7 +11,7 @@ other lacks, they ask about different facts ("port 22" against "port 443", "S3" 
 "EBS") however alike the rest of the sentence is. A key term present on one side only (an
 acronym spelled out on the other) is not a swap.
 
-Why datasketch's MinHash and not rapidfuzz. Both were tried on the labelled pairs of
+Why MinHash and not rapidfuzz. Both were tried on the labelled pairs of
 tests/unit/test_neardup.py (paraphrases written by hand, pairs of one template asking
 different facts, the mock's rewordings and its closest distinct questions; the test prints
 the comparison): at its best threshold each of rapidfuzz's scorers gets some pairs wrong
@@ -20,13 +20,21 @@ the comparison): at its best threshold each of rapidfuzz's scorers gets some pai
 among 5,000 stored ones means scoring all 5,000. MinHash estimates that same Jaccard from 256
 hash minima, and the LSH banding of those minima (64 bands of 4) gives every question 64
 *band keys* such that two questions of Jaccard 0.5 share at least one with probability 0.98
-(0.6: 0.9996; 0.3: 0.41; 0.1: 0.006). The band keys are stored in an indexed table, so the
-candidates of a new question are found by index lookups whose number does not grow with the
-chapter, across processes and machines; the candidates are then verified with the exact
-Jaccard of the stored signatures. datasketch's own MinHashLSH keeps its index in memory (or
-Redis/Cassandra), outside our database's transaction, so only its MinHash is used; the
-banding is the textbook one (Leskovec, Rajaraman, Ullman, Mining of Massive Datasets, 3.4),
-a few lines here.
+(0.6: 0.9996; 0.3: 0.41; 0.1: 0.006). The band keys are stored with each question and
+indexed in memory (storage.neardup), so the candidates of a new question are found by
+lookups whose number does not grow with the chapter; the candidates are then verified with
+the exact Jaccard of the stored signatures. The banding is the textbook one (Leskovec,
+Rajaraman, Ullman, Mining of Massive Datasets, 3.4).
+
+Why the MinHash is computed here and not by datasketch (which the first version used, and
+which the tests keep as the reference its estimates are compared with): importing datasketch
+imports its LSH classes and with them scipy, 0.5 s of CPU and 40 MB in every process that
+checks a question, and its per-object set-up cost more than the hashing at five questions a
+call. What is used of it is one formula, the affine scheme of its `affine32` MinHash: each
+token hashed to 32 bits (blake2b) and mixed (the MurmurHash3 finalizer), then 256 affine
+maps `a * x + b mod 2^32` with odd `a`, and the minimum of each over the tokens. numpy does
+that in one broadcast; the band keys mix each band's four minima with a 64-bit finalizer in
+one more (64 blake2b calls a question before).
 
 The number-word table is written by hand: the libraries that parse English numbers
 (word2number, text2num) are unmaintained or pull in far more than twenty words need.
@@ -43,12 +51,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import Enum
 from functools import lru_cache
-from typing import TYPE_CHECKING
 
 from examforge.output import normalise
-
-if TYPE_CHECKING:
-    from datasketch import MinHash
 
 # The LSH layout. Fixed, not derived from NEAR_DUP_THRESHOLD: the band keys are stored, and
 # a threshold changed later must not make them stale. Changing these (or the normalisation)
@@ -217,50 +221,87 @@ def is_near(a: Signature, b: Signature, threshold: float = DEFAULT_THRESHOLD) ->
 
 
 @lru_cache(maxsize=1)
-def _permutations():  # type: ignore[no-untyped-def]
-    from datasketch import MinHash
+def _numpy():  # type: ignore[no-untyped-def]
+    # Imported on first use: a CLI that never checks a question does not pay for numpy.
+    import numpy as np
 
-    return MinHash(num_perm=NUM_PERM, seed=_SEED, scheme="affine32").permutations
-
-
-def _hash32(data: bytes) -> int:
-    # Fixed here rather than datasketch's default, so a new default there cannot change the
-    # stored band keys.
-    return struct.unpack("<I", hashlib.blake2b(data, digest_size=4).digest())[0]
+    return np
 
 
 @lru_cache(maxsize=1)
-def _minhash_class() -> type[MinHash]:
-    # Imported on first use (datasketch brings numpy and scipy: a CLI that never checks a
-    # question should not pay for them), and once: a function-level import on every
-    # question showed in the worker's profile.
-    from datasketch import MinHash
-
-    return MinHash
-
-
-def minhash(sig: Signature) -> MinHash:
-    m = _minhash_class()(num_perm=NUM_PERM, seed=_SEED, hashfunc=_hash32, permutations=_permutations(),
-                scheme="affine32")
-    m.update_batch(t.encode() for t in sorted(sig.tokens))
-    return m
+def _affine():  # type: ignore[no-untyped-def]
+    """The NUM_PERM affine maps (odd multipliers, offsets), fixed by _SEED."""
+    np = _numpy()
+    rng = np.random.default_rng(_SEED)
+    a = rng.integers(0, 2**32, size=NUM_PERM, dtype=np.uint64) | np.uint64(1)
+    b = rng.integers(0, 2**32, size=NUM_PERM, dtype=np.uint64)
+    return a, b
 
 
-# The band's number, mixed into its key so that equal minima in two bands never collide.
-_SALTS = [band.to_bytes(16, "big") for band in range(BANDS)]
+_MASK32 = 0xFFFFFFFF
+_MASK64 = 0xFFFFFFFFFFFFFFFF
+
+
+def _hash32(data: bytes) -> int:
+    return struct.unpack("<I", hashlib.blake2b(data, digest_size=4).digest())[0]
+
+
+def _fmix32(h):  # type: ignore[no-untyped-def]
+    """MurmurHash3's 32-bit finalizer on an array of uint64 holding 32-bit values."""
+    np = _numpy()
+    m = np.uint64(_MASK32)
+    h = h ^ (h >> np.uint64(16))
+    h = (h * np.uint64(0x85EBCA6B)) & m
+    h = h ^ (h >> np.uint64(13))
+    h = (h * np.uint64(0xC2B2AE35)) & m
+    return h ^ (h >> np.uint64(16))
+
+
+def _fmix64(h):  # type: ignore[no-untyped-def]
+    """MurmurHash3's 64-bit finalizer (uint64 arithmetic wraps: modulo 2^64)."""
+    np = _numpy()
+    h = h ^ (h >> np.uint64(33))
+    h = h * np.uint64(0xFF51AFD7ED558CCD)
+    h = h ^ (h >> np.uint64(33))
+    h = h * np.uint64(0xC4CEB9FE1A85EC53)
+    return h ^ (h >> np.uint64(33))
+
+
+def minhash(sig: Signature):  # type: ignore[no-untyped-def]
+    """The NUM_PERM minima of a signature's tokens (uint64 array of 32-bit values)."""
+    np = _numpy()
+    a, b = _affine()
+    tokens = sorted(sig.tokens)
+    hv = _fmix32(np.fromiter((_hash32(t.encode()) for t in tokens), dtype=np.uint64,
+                             count=len(tokens)))
+    return ((hv[:, None] * a + b) & np.uint64(_MASK32)).min(axis=0)
+
+
+def estimate_jaccard(x: Signature, y: Signature) -> float:
+    """The Jaccard similarity of two signatures as their minima estimate it (the share of
+    equal minima): what the band keys are built on."""
+    return float((minhash(x) == minhash(y)).mean())
+
+
+@lru_cache(maxsize=1)
+def _band_salts():  # type: ignore[no-untyped-def]
+    # Mixed into each band's key, so equal minima in two bands never give one key.
+    np = _numpy()
+    return _fmix64(np.arange(1, BANDS + 1, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15))
 
 
 def band_keys(sig: Signature) -> list[int]:
-    """The LSH band keys of a signature: BANDS signed 63-bit integers (a BIGINT column), one
-    per band of ROWS minima, the band's number mixed in so bands never collide."""
+    """The LSH band keys of a signature: BANDS non-negative 63-bit integers, one per band of
+    ROWS minima (four 32-bit minima packed into two 64-bit words and mixed with the band's
+    salt)."""
     if not sig.tokens:
         return []
-    raw = minhash(sig).hashvalues.astype("<u8").tobytes()
-    width = 8 * ROWS
-    return [int.from_bytes(hashlib.blake2b(raw[band * width:(band + 1) * width],
-                                           digest_size=8, salt=_SALTS[band]).digest(),
-                           "big") >> 1
-            for band in range(BANDS)]
+    np = _numpy()
+    rows = minhash(sig).reshape(BANDS, ROWS)
+    low = rows[:, 0] | (rows[:, 1] << np.uint64(32))
+    high = rows[:, 2] | (rows[:, 3] << np.uint64(32))
+    keys = _fmix64(_fmix64(high ^ _band_salts()) ^ low) >> np.uint64(1)
+    return [int(k) for k in keys.tolist()]
 
 
 @dataclass(frozen=True)

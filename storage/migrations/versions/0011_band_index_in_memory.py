@@ -8,8 +8,9 @@ of that b-tree, which cost more than the rest of the commit. The keys now go on 
 question's own `question_sig` row (`bands`, 64 little-endian unsigned 64-bit integers), read
 in id order by each process into an in-memory index (storage.neardup); two indexes serve
 that read, by chapter and by exam. `exam.index_epoch` changes whenever an exam's questions
-are deleted, so that a process rebuilds its index then. The keys are copied from the old
-table, so nothing is re-hashed.
+are deleted, so that a process rebuilds its index then. The keys are computed afresh from
+each question's stored tokens (the MinHash is now examforge.neardup's own, not
+datasketch's), so the index agrees with the keys new questions get.
 """
 
 import struct
@@ -32,13 +33,14 @@ def upgrade() -> None:
                     ['exam', 'chapter_id', 'question_id'])
     op.create_index('ix_question_sig_exam_id', 'question_sig', ['exam', 'question_id'])
     bind = op.get_bind()
-    keys: dict[int, list[int]] = {}
-    for qid, key in bind.execute(sa.text(
-            'SELECT question_id, band_key FROM question_band ORDER BY question_id, band_key')):
-        keys.setdefault(qid, []).append(key)
+    from examforge.neardup import Signature, band_keys
+
     sig = sa.table('question_sig', sa.column('question_id', sa.Integer),
                    sa.column('bands', sa.LargeBinary))
-    rows = [{'qid': qid, 'b': struct.pack(f'<{len(ks)}Q', *ks)} for qid, ks in keys.items()]
+    rows = [{'qid': qid, 'b': struct.pack(f'<{len(ks)}Q', *ks)}
+            for qid, tokens in bind.execute(sa.text(
+                'SELECT question_id, tokens FROM question_sig ORDER BY question_id'))
+            for ks in [band_keys(Signature.decode(tokens, ''))]]
     for start in range(0, len(rows), 1000):
         bind.execute(sig.update().where(sig.c.question_id == sa.bindparam('qid'))
                      .values(bands=sa.bindparam('b')), rows[start:start + 1000])
