@@ -205,11 +205,12 @@ def test_the_in_memory_band_index_finds_keys_before_and_after_a_merge() -> None:
     idx = _BandIndex(epoch=1)
     rows = [(qid, struct.pack("<64Q", *[(qid * 1000 + b) for b in range(64)]))
             for qid in range(1, 201)]
-    idx.add(rows[:10])
-    assert idx.recent_n == 640 and len(idx.keys) == 0  # not merged yet
-    assert idx.lookup([3 * 1000 + 5, 7 * 1000 + 63, 10**9]) == {3, 7}
-    idx.add(rows[10:])  # 12,800 keys: merged into the sorted arrays
+    idx.add(rows[:4])
+    assert idx.recent_n == 256 and len(idx.keys) == 0  # not merged yet
+    assert idx.lookup([3 * 1000 + 5, 2 * 1000 + 63, 10**9]) == {2, 3}
+    idx.add(rows[4:])  # 12,800 keys: merged into the sorted arrays
     assert idx.recent_n == 0 and len(idx.keys) == 200 * 64
+    assert idx.lookup([7 * 1000 + 63]) == {7}
     idx.add([(201, struct.pack("<2Q", 3 * 1000 + 5, 555))])  # a shared key, in `recent`
     assert idx.lookup([3 * 1000 + 5]) == {3, 201}
     assert idx.lookup([150 * 1000, 555, 42]) == {150, 201}
