@@ -119,8 +119,9 @@ class Imports(StoreBase):
         counted; so are those past the target. Each slice filled gets one ledger row of its
         own (outcome `imported`, cost 0, `detail` naming `source`) that its questions point
         to. With `near_dup`, near-duplicates (of a stored question of the scope, or of one
-        earlier in `questions`) are skipped and counted too, as a commit rejects them. Raises UnknownChapter, or ChapterBusy (nothing stored) while a worker holds a
-        live lease on a slice of one of these chapters."""
+        earlier in `questions`) are skipped and counted too, as a commit rejects them.
+        Raises UnknownChapter, or ChapterBusy (nothing stored) while a worker holds a live
+        lease on a slice of one of these chapters."""
         wanted = [c for c in questions if questions[c]]
         # A first look without locks: refusing here saves taking locks a heartbeat may want.
         with self._read() as conn:
