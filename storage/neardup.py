@@ -17,11 +17,10 @@ it has: within a scope, commits are serialised by the lock above, by the slice's
 by an import's slice locks, so ids grow in commit order there). The first version kept the
 index in a table, 64 rows a question: each commit wrote 320 rows at random places of a
 b-tree, and the commit's check cost three times the rest of the commit (bench overhead run
-F: 23 ms against 10 per chapter). Candidates found in memory are verified against the
-signatures read from the database in the same transaction, so a stale entry (a question
-deleted since) can never reject anything; `exam.index_epoch`, changed whenever questions are
-deleted, makes a process rebuild its index, because SQLite may give a deleted question's id
-to a new one.
+F: 23 ms against 10 per chapter). Candidates are verified against the signatures the index
+read with their keys (see `_candidates` for why they cannot be stale); `exam.index_epoch`,
+changed whenever questions are deleted, makes a process rebuild its index, also because
+SQLite may give a deleted question's id to a new one.
 """
 
 from __future__ import annotations
@@ -107,7 +106,7 @@ def lock(conn: Connection, exam: str, chapter_id: str, scope: Scope) -> None:
 class _BandIndex:
     """One scope's band keys in memory: band key -> question ids, as two sorted numpy arrays
     (12 bytes a key: 64 keys a question, about 0.8 kB) plus a dict of the keys added since
-    they were last merged. Written by hand: datasketch's MinHashLSH keeps Python sets per
+    they were last merged; and the questions' signatures (about 1 kB a question). Written by hand: datasketch's MinHashLSH keeps Python sets per
     key (ten times the memory), cannot say which rows it has seen, and its storage backends
     (Redis, Cassandra) live outside our transaction."""
 
@@ -122,15 +121,23 @@ class _BandIndex:
         self.recent: dict[int, list[int]] = {}
         self.recent_n = 0
         self.counted = 0  # its size as _Indexes last counted it
+        # The indexed questions' signatures (read with their keys), for verifying candidates
+        # without reading and decoding them again at each commit.
+        self.sigs: dict[int, Signature] = {}
         self.lock = threading.Lock()
 
     @property
     def size(self) -> int:
         return len(self.keys) + self.recent_n
 
-    def add(self, rows: Iterable[tuple[int, bytes | None]]) -> None:
-        for qid, blob in rows:
+    def add(self, rows: Iterable[Sequence[Any]]) -> None:
+        """Index rows of (question id, band keys blob[, tokens, key terms, text]): with the
+        last three, the question's signature is kept for verifying candidates."""
+        for row in rows:
+            qid, blob = row[0], row[1]
             self.max_id = max(self.max_id, qid)
+            if len(row) > 2:
+                self.sigs[qid] = Signature.decode(row[2], row[3], row[4])
             if not blob:
                 continue
             for key in struct.unpack(f"<{len(blob) // 8}Q", blob):
@@ -176,10 +183,11 @@ class _BandIndex:
 
 class _Indexes:
     """Every scope's band index of this process, least recently used first, at most
-    CACHE_KEYS keys in all (about 48 MB): a scope dropped is rebuilt from its rows (one
-    read of its `question_sig` rows) when it is next checked."""
+    CACHE_KEYS keys in all (about 31,000 questions, 60 MB with their signatures): a scope
+    dropped is rebuilt from its rows (one read of its `question_sig` rows) when it is next
+    checked."""
 
-    CACHE_KEYS = 4_000_000
+    CACHE_KEYS = 2_000_000
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -222,10 +230,14 @@ INDEXES = _Indexes()
 def _candidates(conn: Connection, exam: str, chapter_id: str, scope: Scope,
                 batch: Sequence[Signed | None]) -> tuple[list[set[int]], dict[int, Signature]]:
     """Each new question's candidates (the stored questions of the scope sharing a band key
-    with it) and their signatures read from the database. Three statements whatever the
-    batch: the exam's index epoch, the scope's rows stored since the index last looked
-    (none, mostly: this process stored them, or another one a few), the candidates'
-    signatures."""
+    with it) and the signatures of the scope's questions. Two statements whatever the batch
+    and the chapter: the exam's index epoch, and the scope's rows stored since the index
+    last looked (none, mostly: this process stored them, or another one a few).
+
+    The signatures are the index's own, read with the keys. They cannot be stale for the
+    chapter being committed: its questions are deleted only with its slices, whose rows the
+    commit's fence holds (a regeneration waits for the commit, or the fence fails). Deleting
+    any question changes the exam's epoch, which rebuilds the index at the next check."""
     epoch = conn.execute(_statement("epoch", scope, ""), {"exam": exam}).scalar_one_or_none()
     key = "" if scope is Scope.exam else chapter_id
     where = (str(conn.engine.url), exam, key)
@@ -235,16 +247,9 @@ def _candidates(conn: Connection, exam: str, chapter_id: str, scope: Scope,
                              {"exam": exam, "chapter": chapter_id, "after": idx.max_id}))
         mine = [idx.lookup(s.keys) if s is not None else set() for s in batch]
         grown = idx.size != idx.counted
+        sigs = idx.sigs
     if grown:
         INDEXES.grew(where, idx)
-    sigs: dict[int, Signature] = {}
-    ids = sorted(set().union(*mine))
-    if ids:
-        dialect = conn.dialect.name
-        for qid, tokens, key_terms, text in conn.execute(
-                _statement("sigs", scope, dialect),
-                {"exam": exam, "chapter": chapter_id, "ids": _values(dialect, ids)}):
-            sigs[qid] = Signature.decode(tokens, key_terms, text)
     return mine, sigs
 
 
@@ -275,14 +280,12 @@ def _statement(name: str, scope: Scope, dialect: str) -> Any:
             in_scope.append(QS.c.chapter_id == bindparam("chapter"))
         if name == "epoch":
             stmt = select(E.c.index_epoch).where(E.c.slug == bindparam("exam"))
-        elif name == "since":
-            stmt = (select(QS.c.question_id, QS.c.bands)
+        else:  # since
+            stmt = (select(QS.c.question_id, QS.c.bands, QS.c.tokens, QS.c.key_terms,
+                           Q.c.question)
+                    .join(Q, Q.c.id == QS.c.question_id)
                     .where(*in_scope, QS.c.question_id > bindparam("after"))
                     .order_by(QS.c.question_id))
-        else:
-            stmt = (select(QS.c.question_id, QS.c.tokens, QS.c.key_terms, Q.c.question)
-                    .join(Q, Q.c.id == QS.c.question_id)
-                    .where(*in_scope, _in(QS.c.question_id, "ids", dialect, Integer)))
         _STATEMENTS[(name, scope, dialect)] = stmt
     return stmt
 
