@@ -246,3 +246,61 @@ def test_cancel_then_resume_from_the_page(deploy, mock, browser):
     assert all(c["outcome"] == "failed" and c["cost_usd"] == 0 for c in unused), dump(unused)
     billed = [u for u in mock.usage() if u["billed"]]
     assert len(billed) == len(calls) - len(unused) == needed, dump(mock.stats())
+
+
+# Holds back the page's reads of one run (GET /runs/ID, not its events or cancel) until
+# `window.__releaseRun` is called: a slow answer to a refresh, as a busy server gives one.
+_HOLD_RUN_READS = """
+const held = String(arguments[0]);
+const real = window.fetch.bind(window);
+window.__heldReads = 0;
+let release;
+const gate = new Promise((resolve) => { release = resolve; });
+window.__releaseRun = () => release();
+window.fetch = async (input, init) => {
+  const url = new URL(typeof input === "string" ? input : input.url, location.href);
+  const method = (init && init.method) || "GET";
+  if (method === "GET" && url.pathname === `/runs/${held}`) {
+    window.__heldReads += 1;
+    await gate;
+  }
+  return real(input, init);
+};
+"""
+
+
+def test_a_late_refresh_of_the_cancelled_run_never_takes_the_card_back(deploy, mock, browser):
+    """Cancel, then resume at once, while the page's refresh of the cancelled run is still
+    on its way: when that answer comes, after the new run finished, the card must keep
+    showing the new run (before the fix it put the cancelled run back, and with it stopped
+    following the new one; CI caught it once)."""
+    mock.configure(latency_s=1.0)
+    dep = deploy("sqlite", questions_per_call=QUESTIONS_PER_CALL)
+    dep.worker(2)
+    api = serve(dep)
+    api.put_exam(SLUG, CHAPTERS, title="Browser test")
+    total = sum(n for _, n in CHAPTERS)
+
+    card = _open_page(browser, api)
+    _el(card, ".start").click()
+    wait_for(lambda: _progress(card)[0] > 0, 60, "the first stored batch on the page")
+    first_run = _el(card, ".run").get_attribute("data-run")
+    browser.execute_script(_HOLD_RUN_READS, first_run)
+    _el(card, ".cancel").click()
+    wait_for(lambda: _progress(card)[2] == "cancelled", 60, "the page to show the run cancelled")
+    wait_for(lambda: browser.execute_script("return window.__heldReads") > 0, 30,
+             "the page's refresh of the cancelled run to be held")
+    mock.configure(latency_s=0.05)
+    _el(card, ".resume").click()
+    wait_for(lambda: _progress(card) == (total, total, "done"), 120,
+             "the resumed run to finish on the page")
+    second_run = _el(card, ".run").get_attribute("data-run")
+    assert second_run != first_run
+    browser.execute_script("window.__releaseRun()")  # the late answer comes now
+    wait_for(lambda: browser.execute_script(
+        "return performance.getEntriesByType('resource').filter(e => "
+        f"new URL(e.name).pathname === '/runs/{first_run}').length") > 0, 30,
+        "the held read of the cancelled run to complete")
+    browser.execute_script("return new Promise((r) => setTimeout(r, 300))")  # let it render
+    assert _el(card, ".run").get_attribute("data-run") == second_run
+    assert _progress(card) == (total, total, "done")

@@ -282,21 +282,28 @@ async function start(entry) {
 async function cancel(entry) {
   if (!entry.run) return;
   try {
-    const { data } = await api(`/runs/${encodeURIComponent(entry.run.id)}/cancel`, { method: "POST" });
-    if (data && data.id) entry.run = data;
-    await refreshRun(entry);
+    const runId = entry.run.id;
+    const { data } = await api(`/runs/${encodeURIComponent(runId)}/cancel`, { method: "POST" });
+    if (data && data.id && entry.run && entry.run.id === runId) entry.run = data;
+    await refreshRun(entry, runId);
   } catch (err) {
     notice(err);
   }
 }
 
-async function refreshRun(entry) {
-  if (!entry.run) return;
+// Re-read run `runId` and show it, unless another run took the card meanwhile: a refresh of
+// a cancelled run still on its way when "resume" started a new one must not put the old run
+// back on the card (its stream would then be the only one the card listens to).
+async function refreshRun(entry, runId = entry.run && entry.run.id) {
+  if (runId === undefined || runId === null) return;
+  let run;
   try {
-    entry.run = (await api(`/runs/${encodeURIComponent(entry.run.id)}`)).data;
+    run = (await api(`/runs/${encodeURIComponent(runId)}`)).data;
   } catch (err) {
     return notice(err);
   }
+  if (!entry.run || entry.run.id !== runId) return;
+  entry.run = run;
   render(entry);
   if (state.questions.exam === entry.card.dataset.exam) reloadQuestions();
 }
@@ -346,7 +353,7 @@ async function streamRun(entry, runId, signal) {
       if (err instanceof AuthError || (err instanceof ApiError && err.status < 500)) throw err;
     }
     if (final) {
-      await refreshRun(entry);
+      await refreshRun(entry, runId);
       return;
     }
     await sleep(retryMs);
