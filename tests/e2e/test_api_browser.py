@@ -205,21 +205,26 @@ def _save_screenshot(driver: Any, path: Path, for_readme: bool) -> None:
         shutil.copyfile(path, SCREENSHOT)
 
 
-def test_cancel_then_resume_from_the_page(deploy, mock, browser):
-    """Cancel stops the run, resume starts a new run that generates only what is missing:
-    two runs. The calls in flight at the cancel are paid for either way, so their replies
-    are kept: no call is wasted, and the two runs together pay for the calls needed."""
+def _a_slow_run_started(deploy: Any, mock: Any, browser: Any) -> tuple[Any, LiveApi, Any, int]:
+    """A worker and a server on SQLite, the mock at 1 s a call, the exam's run started from
+    the page and its first batch shown: (deployment, server, card, questions in all)."""
     mock.configure(latency_s=1.0)
     dep = deploy("sqlite", questions_per_call=QUESTIONS_PER_CALL)
     dep.worker(2)
     api = serve(dep)
     api.put_exam(SLUG, CHAPTERS, title="Browser test")
-    total = sum(n for _, n in CHAPTERS)
-    needed = sum(math.ceil(n / QUESTIONS_PER_CALL) for _, n in CHAPTERS)
-
     card = _open_page(browser, api)
     _el(card, ".start").click()
     wait_for(lambda: _progress(card)[0] > 0, 60, "the first stored batch on the page")
+    return dep, api, card, sum(n for _, n in CHAPTERS)
+
+
+def test_cancel_then_resume_from_the_page(deploy, mock, browser):
+    """Cancel stops the run, resume starts a new run that generates only what is missing:
+    two runs. The calls in flight at the cancel are paid for either way, so their replies
+    are kept: no call is wasted, and the two runs together pay for the calls needed."""
+    dep, api, card, total = _a_slow_run_started(deploy, mock, browser)
+    needed = sum(math.ceil(n / QUESTIONS_PER_CALL) for _, n in CHAPTERS)
     assert _el(card, ".resume").get_attribute("disabled") is not None
     _el(card, ".cancel").click()
     wait_for(lambda: _progress(card)[2] == "cancelled", 60, "the page to show the run cancelled")
@@ -274,16 +279,7 @@ def test_a_late_refresh_of_the_cancelled_run_never_takes_the_card_back(deploy, m
     on its way: when that answer comes, after the new run finished, the card must keep
     showing the new run (before the fix it put the cancelled run back, and with it stopped
     following the new one; CI caught it once)."""
-    mock.configure(latency_s=1.0)
-    dep = deploy("sqlite", questions_per_call=QUESTIONS_PER_CALL)
-    dep.worker(2)
-    api = serve(dep)
-    api.put_exam(SLUG, CHAPTERS, title="Browser test")
-    total = sum(n for _, n in CHAPTERS)
-
-    card = _open_page(browser, api)
-    _el(card, ".start").click()
-    wait_for(lambda: _progress(card)[0] > 0, 60, "the first stored batch on the page")
+    _, _, card, total = _a_slow_run_started(deploy, mock, browser)
     first_run = _el(card, ".run").get_attribute("data-run")
     browser.execute_script(_HOLD_RUN_READS, first_run)
     _el(card, ".cancel").click()
