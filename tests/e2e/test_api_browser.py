@@ -219,6 +219,18 @@ def _a_slow_run_started(deploy: Any, mock: Any, browser: Any) -> tuple[Any, Live
     return dep, api, card, sum(n for _, n in CHAPTERS)
 
 
+def _resume_to_the_end(mock: Any, card: Any, total: int, first_run: str) -> str:
+    """Click resume with the mock fast again, wait for the new run to finish on the page,
+    and return its id (not the cancelled run's)."""
+    mock.configure(latency_s=0.05)
+    _el(card, ".resume").click()
+    wait_for(lambda: _progress(card) == (total, total, "done"), 120,
+             "the resumed run to finish on the page")
+    second_run = _el(card, ".run").get_attribute("data-run")
+    assert second_run != first_run
+    return second_run
+
+
 def test_cancel_then_resume_from_the_page(deploy, mock, browser):
     """Cancel stops the run, resume starts a new run that generates only what is missing:
     two runs. The calls in flight at the cancel are paid for either way, so their replies
@@ -233,12 +245,7 @@ def test_cancel_then_resume_from_the_page(deploy, mock, browser):
     assert _stored(dep) < total
     assert _el(card, ".cancel").get_attribute("disabled") is not None
 
-    mock.configure(latency_s=0.05)
-    _el(card, ".resume").click()
-    wait_for(lambda: _progress(card) == (total, total, "done"), 120,
-             "the resumed run to finish on the page")
-    second_run = _el(card, ".run").get_attribute("data-run")
-    assert second_run != first_run
+    second_run = _resume_to_the_end(mock, card, total, first_run)
     runs = _runs(dep)
     assert [r[0] for r in runs] == [int(first_run), int(second_run)] and runs[0][1] != runs[1][1]
     with api.client() as c:
@@ -286,12 +293,7 @@ def test_a_late_refresh_of_the_cancelled_run_never_takes_the_card_back(deploy, m
     wait_for(lambda: _progress(card)[2] == "cancelled", 60, "the page to show the run cancelled")
     wait_for(lambda: browser.execute_script("return window.__heldReads") > 0, 30,
              "the page's refresh of the cancelled run to be held")
-    mock.configure(latency_s=0.05)
-    _el(card, ".resume").click()
-    wait_for(lambda: _progress(card) == (total, total, "done"), 120,
-             "the resumed run to finish on the page")
-    second_run = _el(card, ".run").get_attribute("data-run")
-    assert second_run != first_run
+    second_run = _resume_to_the_end(mock, card, total, first_run)
     browser.execute_script("window.__releaseRun()")  # the late answer comes now
     wait_for(lambda: browser.execute_script(
         "return performance.getEntriesByType('resource').filter(e => "
