@@ -427,19 +427,53 @@ class DbProbe:
             self._conn.close()
 
 
+class Stalled(TimeoutError):
+    """No chapter finished for a long while: the workers are stuck, not slow."""
+
+
 def wait_done(db: DbProbe, slug: str, chapters: int, timeout_s: float,
-              procs: list[subprocess.Popen], poll_s: float = 0.02) -> float:
-    """Poll until every chapter is finished; return the monotonic time it was seen."""
+              procs: list[subprocess.Popen], poll_s: float = 0.02,
+              stall_s: float = 120) -> float:
+    """Poll until every chapter is finished; return the monotonic time it was seen. No
+    chapter finishing for `stall_s` raises Stalled at once (rather than at the deadline), with
+    a py-spy dump of every process, so a hang says where it hangs."""
     deadline = time.monotonic() + timeout_s
+    seen, moved = -1, time.monotonic()
     while time.monotonic() < deadline:
-        if db.chapters_finished(slug) >= chapters:
+        finished = db.chapters_finished(slug)
+        if finished >= chapters:
             return time.monotonic()
+        if finished != seen:
+            seen, moved = finished, time.monotonic()
+        elif time.monotonic() - moved > stall_s:
+            raise Stalled(f"{slug}: {finished}/{chapters} chapters finished and none for "
+                          f"{stall_s:.0f} s\n" + dump_stacks(procs))
         for p in procs:
             code = exit_code(p)
             if code is not None and code != 0:
                 raise RuntimeError(f"pid {p.pid} exited with {code}")
         time.sleep(poll_s)
-    raise TimeoutError(f"{slug}: not done after {timeout_s:.0f} s")
+    raise TimeoutError(f"{slug}: not done after {timeout_s:.0f} s\n" + dump_stacks(procs))
+
+
+def dump_stacks(procs: list[subprocess.Popen]) -> str:
+    """`py-spy dump` of each process still running (the threads' stacks), for a report."""
+    py_spy = Path(sys.executable).with_name("py-spy")
+    out = []
+    for p in procs:
+        if p.poll() is not None:
+            continue
+        if not py_spy.exists():
+            out.append(f"pid {p.pid}: py-spy not installed, no stacks")
+            continue
+        try:
+            dump = subprocess.run([str(py_spy), "dump", "--pid", str(p.pid)], text=True,
+                                  capture_output=True, timeout=30)
+            out.append(f"pid {p.pid} ({' '.join(map(str, p.args))[:120]}):\n"
+                       + (dump.stdout or dump.stderr))
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            out.append(f"pid {p.pid}: py-spy failed: {exc}")
+    return "\n".join(out)
 
 
 # ----------------------------------------------------------------------------- the broker

@@ -180,7 +180,13 @@ class Cluster:
             with open(enq_log, "wb") as log:
                 enq = subprocess.Popen(enqueue, cwd=ROOT, env=env, stdout=log,
                                        stderr=subprocess.STDOUT)
-            done = wait_done(db, slug, len(targets), timeout_s, [*self.procs, enq])
+            try:
+                done = wait_done(db, slug, len(targets), timeout_s, [*self.procs, enq])
+            except TimeoutError as exc:  # what the workers said, beside where they hang
+                logs = "\n".join(
+                    f"--- {log.name} (end):\n" + log.read_text(errors="replace")[-3000:]
+                    for log in sorted(self.workdir.glob(f"{self.queue}-worker*.log")))
+                raise type(exc)(f"{exc}\n{logs}") from None
             cpu1 = {pid: proc_cpu_s(pid) for pid in self.pids}
             servers1 = servers_cpu_s()
             res.bench_cpu_s = self.mock.bench_cpu_since_first()
