@@ -83,6 +83,19 @@ def _http() -> Any:
 
 @app.task(name="minimal.chapter", acks_late=True)
 def chapter(exam: str, chapter_id: str, title: str, target: int) -> str:
+    try:
+        return _chapter(exam, chapter_id, title, target)
+    except Exception as exc:
+        # Booked as failed (questions -1, PROBE_SQL's failed_sql), so the bench sees the
+        # chapter finished and reports the failure instead of waiting for it forever.
+        with _write_lock:
+            _db().execute("INSERT OR IGNORE INTO completion VALUES (?, ?, -1, ?)",
+                          (exam, chapter_id, repr(exc)[:500]))
+            _db().commit()
+        raise
+
+
+def _chapter(exam: str, chapter_id: str, title: str, target: int) -> str:
     from examforge.output import parse_questions
     from examforge.prompt import build_messages
     from examforge.syllabus import Chapter
