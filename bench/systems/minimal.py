@@ -81,6 +81,26 @@ def _http() -> Any:
         return _client
 
 
+def _post(body: dict[str, Any], attempts: int = 3) -> Any:
+    """The call, retried on what any client must retry (a dropped keep-alive connection, a
+    429 or 5xx); anything else raises at once."""
+    import httpx
+
+    for attempt in range(attempts):
+        try:
+            response = _http().post("chat/completions", json=body)
+        except httpx.TransportError:
+            if attempt == attempts - 1:
+                raise
+            continue
+        if response.status_code == 429 or response.status_code >= 500:
+            if attempt < attempts - 1:
+                continue
+        response.raise_for_status()
+        return response
+    raise AssertionError("unreachable")
+
+
 @app.task(name="minimal.chapter", acks_late=True)
 def chapter(exam: str, chapter_id: str, title: str, target: int) -> str:
     try:
@@ -108,8 +128,7 @@ def _chapter(exam: str, chapter_id: str, title: str, target: int) -> str:
     body = {"model": "mock-model",
             "messages": build_messages(exam, f"Benchmark exam {exam}", spec, target, []),
             "temperature": 0.7, "response_format": {"type": "json_object"}}
-    response = _http().post("chat/completions", json=body)
-    response.raise_for_status()
+    response = _post(body)
     choice = response.json()["choices"][0]
     parsed = parse_questions(choice["message"].get("content"), choice.get("finish_reason"),
                              target, set())
