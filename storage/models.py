@@ -220,7 +220,8 @@ class Run(SQLModel, table=True):
     events are those above it. `state` is written once, when the run is first seen final, so
     a later run of the same exam never reopens it; and only once `launched_at` is set, so a
     run read while its request is still enqueuing is never judged by the exam as it was.
-    `launching_until` is the claim of whoever is handing the run's work on (migration 0010)."""
+    `launching_until` is the claim of whoever is handing the run's work on (migration 0010).
+    `final_view` is what GET /runs/ID said when the run was first seen final (0012)."""
 
     __table_args__ = (UniqueConstraint("idempotency_key", name="uq_run_idempotency_key"),)
 
@@ -235,6 +236,9 @@ class Run(SQLModel, table=True):
     launched_at: Optional[float] = None  # its work was enqueued (or started, in --local)
     # A hand-off in progress holds the run until then (database clock); see storage.runs.
     launching_until: Optional[float] = None
+    # GET /runs/ID as it was when the run was first seen final, JSON (migration 0012): a
+    # later run of the exam never changes what a finished one says of itself.
+    final_view: Optional[str] = Field(default=None, sa_column=Column(Text))
     created_at: float
     updated_at: float
 

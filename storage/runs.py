@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import and_, case, func, select, update
+from sqlalchemy.engine import Connection
 
 from examforge.errors import UserError
 from storage.base import ACTIVE_STATES, BUDGET_PAUSE_PREFIX, E, K, Q, S, StoreBase
@@ -57,6 +58,7 @@ class RunRow:
     cancelled_at: float | None
     launched_at: float | None
     launching_until: float | None
+    final_view: str | None
     created_at: float
     updated_at: float
 
@@ -78,6 +80,7 @@ class RunEvent:
     done: int
     target: int
     cost_usd: float
+    spent_usd: float = 0.0  # the exam's, every run's calls, after it
 
 
 def run_state(run: RunRow, report: ExamReport, activity: RunActivity) -> tuple[str, str | None]:
@@ -220,12 +223,25 @@ class Runs(StoreBase):
                 .where(S.c.exam == slug, S.c.state.in_(ACTIVE_STATES))
                 .order_by(S.c.position, S.c.chapter_id, S.c.slice_no))]
 
+    @staticmethod
+    def _window(conn: Connection, run: RunRow) -> tuple[Any, ...]:
+        """The run's calls: those of its exam above its floor and, once a later run of the
+        exam was launched, up to that run's floor (from then on the exam's calls are the
+        later run's: a job is billed its own calls, never its successor's). A later run never
+        launched (cancelled first, or still being handed on) did no work and bounds nothing."""
+        ceiling = conn.execute(select(func.min(R.c.call_floor)).where(
+            R.c.exam == run.exam, R.c.id > run.id, R.c.launched_at.is_not(None))).scalar()
+        where = (K.c.exam == run.exam, K.c.id > run.call_floor)
+        return where if ceiling is None else (*where, K.c.id <= ceiling)
+
     def run_activity(self, run: RunRow) -> RunActivity:
         with self._read() as conn:
+            if run.launched_at is None:  # nothing handed on: none of the exam's calls is its
+                return RunActivity(0, 0.0, None)
             n, cost, last = conn.execute(
                 select(func.count(), func.coalesce(func.sum(K.c.cost_usd), 0.0),
                        func.max(func.coalesce(K.c.finished_at, K.c.started_at)))
-                .where(K.c.exam == run.exam, K.c.id > run.call_floor,
+                .where(*self._window(conn, run),
                        K.c.outcome != CallOutcome.imported.value)).one()
         return RunActivity(int(n), round(float(cost), 6), last)
 
@@ -236,12 +252,17 @@ class Runs(StoreBase):
                          .values(launched_at=self._now, launching_until=None,
                                  updated_at=self._now))
 
-    def record_run_state(self, run_id: int, state: str, at: float | None = None) -> None:
-        """Write a final state once: the first writer wins, later ones change nothing. `at`
-        is the time the run last changed (default now)."""
+    def record_run_state(self, run_id: int, state: str, at: float | None = None,
+                         view: str | None = None) -> None:
+        """Write a final state once: the first writer wins, later ones change nothing (a
+        state written by cancel is kept). `at` is the time the run last changed (default
+        now); `view`, the run's view (JSON) then, is written once too."""
         with self._write() as conn:
             conn.execute(update(R).where(R.c.id == run_id, R.c.state.is_(None))
                          .values(state=state, updated_at=self._now if at is None else at))
+            if view is not None:
+                conn.execute(update(R).where(R.c.id == run_id, R.c.final_view.is_(None))
+                             .values(final_view=view))
 
     def prepare_run(self, slug: str) -> None:
         """What a new run asks beyond `enqueue`: cancelled slices go back to pending (start
@@ -284,21 +305,28 @@ class Runs(StoreBase):
 
     # --- events ------------------------------------------------------------------------
 
-    def run_events(self, run: RunRow, after: int, final: bool) -> list[RunEvent]:
+    def run_events(self, run: RunRow, after: int, final: bool,
+                   target: int | None = None) -> list[RunEvent]:
         """The run's stored batches with a call id above `after`, in id order, up to the
         first call still in flight (all of them once the run is `final`: no call of its
-        exam can store anything more). See the module's docstring."""
+        exam can store anything more). `target`: the exam's target the events carry (a
+        finished run's, as its kept view has it), default the exam's now. See the module's
+        docstring."""
         with self._read() as conn:
             after = max(after, run.call_floor)
-            target = conn.execute(select(func.coalesce(func.sum(S.c.target), 0))
-                                  .where(S.c.exam == run.exam)).scalar_one()
+            if target is None:
+                target = conn.execute(select(func.coalesce(func.sum(S.c.target), 0))
+                                      .where(S.c.exam == run.exam)).scalar_one()
             done = conn.execute(select(func.count()).select_from(Q).where(
                 Q.c.exam == run.exam,
                 (Q.c.call_id <= after) | Q.c.call_id.is_(None))).scalar_one()
+            window = self._window(conn, run)
             cost = conn.execute(select(func.coalesce(func.sum(K.c.cost_usd), 0.0)).where(
-                K.c.exam == run.exam, K.c.id > run.call_floor, K.c.id <= after)).scalar_one()
+                *window, K.c.id <= after)).scalar_one()
+            spent = conn.execute(select(func.coalesce(func.sum(K.c.cost_usd), 0.0)).where(
+                K.c.exam == run.exam, K.c.id <= after)).scalar_one()
             calls = conn.execute(select(K.c.id, K.c.outcome, K.c.cost_usd).where(
-                K.c.exam == run.exam, K.c.id > after).order_by(K.c.id)).all()
+                *window, K.c.id > after).order_by(K.c.id)).all()
             stored: dict[int, int] = dict(conn.execute(  # type: ignore[arg-type]
                 select(Q.c.call_id, func.count()).where(Q.c.exam == run.exam,
                                                         Q.c.call_id > after)
@@ -309,21 +337,24 @@ class Runs(StoreBase):
                 break
             done += stored.get(call_id, 0)
             cost += call_cost or 0.0
+            spent += call_cost or 0.0
             if stored.get(call_id):
-                events.append(RunEvent(call_id, min(done, target), target, round(cost, 6)))
+                events.append(RunEvent(call_id, min(done, target), target, round(cost, 6),
+                                       round(spent, 6)))
         return events
 
     def calls_in_flight(self, run: RunRow) -> int:
         """The run's calls still waiting for their reply."""
         with self._read() as conn:
             return conn.execute(select(func.count()).select_from(K).where(
-                K.c.exam == run.exam, K.c.id > run.call_floor,
+                *self._window(conn, run),
                 K.c.outcome == CallOutcome.in_flight.value)).scalar_one()
 
     def last_call_id(self, run: RunRow) -> int:
-        """The exam's highest call id (at least the run's floor): the id of a final event."""
+        """The run's highest call id (at least its floor): the id of its final event."""
         with self._read() as conn:
-            top = conn.execute(select(func.max(K.c.id)).where(K.c.exam == run.exam)).scalar()
+            top = conn.execute(select(func.max(K.c.id)).where(
+                *self._window(conn, run))).scalar()
         return max(top or 0, run.call_floor)
 
     # --- questions ---------------------------------------------------------------------

@@ -54,6 +54,7 @@ async def _events(ctx: Context, run: RunRow, cursor: int) -> AsyncIterator[Serve
 
     store = ctx.store
     settle_by = time.monotonic() + ctx.settings.llm_timeout_s + ctx.settings.lease_s
+    paused = None  # the pause last announced
     while True:
         # The state first, then the events: a final state read before them means every
         # batch it counts is in the events' later snapshot.
@@ -67,11 +68,25 @@ async def _events(ctx: Context, run: RunRow, cursor: int) -> AsyncIterator[Serve
             # have settled (for as long as a call can take and a crashed holder's lease can
             # last): its cost is then final, and the stream reads the same whenever read.
             final = False
-        events = await run_in_threadpool(store.run_events, run, cursor, final)
+        events = await run_in_threadpool(store.run_events, run, cursor, final,
+                                         view["questions"]["target"])
         for e in events:
             cursor = e.id
             yield ServerSentEvent(event="progress", id=str(e.id), data=json.dumps(
-                {"done": e.done, "target": e.target, "cost_usd": e.cost_usd}))
+                {"done": e.done, "target": e.target, "cost_usd": e.cost_usd,
+                 "spent_usd": e.spent_usd, "budget_usd": view["budget_usd"],
+                 "state": RunState.running.value}))
+        if view["state"] == RunState.paused.value and not final:
+            if paused != view["pause_reason"]:
+                # Said once per pause (the stream stays open: a pause is lifted by a new run
+                # or `resume`); its id is the last batch's, so a reconnect misses nothing.
+                paused = view["pause_reason"]
+                yield ServerSentEvent(event="progress", id=f"{cursor}-paused", data=json.dumps(
+                    {**view["questions"], "cost_usd": view["cost_usd"],
+                     "spent_usd": view["spent_usd"], "budget_usd": view["budget_usd"],
+                     "state": RunState.paused.value, "pause_reason": paused}))
+        else:
+            paused = None
         if final:
             last = await run_in_threadpool(store.last_call_id, run)
             yield ServerSentEvent(event=view["state"], id=f"{max(cursor, last)}-{view['state']}",

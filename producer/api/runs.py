@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from examforge.errors import InfrastructureError, UnknownExam
 from examforge.syllabus import Syllabus
 from producer.views import when
-from storage.models import FINAL_RUN_STATES
+from storage.models import FINAL_RUN_STATES, RunState
 from storage.runs import RunRow, run_state
 
 if TYPE_CHECKING:
@@ -70,6 +70,8 @@ def run_view(ctx: Context, run: RunRow) -> dict[str, Any]:
     cancelled since `run` was read). A final state is recorded the first time it is seen."""
     store = ctx.store
     run = store.run(run.id) or run
+    if run.final_view is not None:  # what it said when it ended; later runs change nothing
+        return dict(json.loads(run.final_view))
     try:
         report = store.status(run.exam)
     except UnknownExam:  # its request has not recorded the exam yet
@@ -84,19 +86,27 @@ def run_view(ctx: Context, run: RunRow) -> dict[str, Any]:
     else:
         state, reason = run_state(run, report, activity)
         changed = max(filter(None, (run.updated_at, report.updated_at, activity.last_at)))
-        if state in FINAL_RUN_STATES and run.state is None and run.launched_at is not None:
-            # Stamped with the time the run last changed, not the time it was first seen
-            # final: every later read (any replica, any stream) shows the same final event.
-            store.record_run_state(run.id, state, at=changed)
         questions = {"done": report.questions.done, "target": report.questions.target}
         c = report.chapters
         chapters = {"total": c.total, "pending": c.pending, "running": c.running,
                     "done": c.done, "failed": c.failed, "cancelled": c.cancelled}
         budget, spent = report.budget_usd, report.spent_usd
-    return {"id": run.id, "exam": run.exam, "state": state, "pause_reason": reason,
+    view = {"id": run.id, "exam": run.exam, "state": state, "pause_reason": reason,
             "questions": questions, "chapters": chapters, "cost_usd": activity.cost_usd,
             "budget_usd": budget, "spent_usd": spent, "created_at": when(run.created_at),
             "updated_at": when(changed)}
+    if report is not None and state in FINAL_RUN_STATES and (
+            run.launched_at is not None or run.cancelled_at is not None) and (
+            state != RunState.cancelled.value or not store.calls_in_flight(run)):
+        # Kept as it is now, the first time it is seen final (a cancelled run's once its
+        # calls in flight have settled: its cost is final then), stamped with the time the
+        # run last changed: every later read, on any replica and any stream, is the same,
+        # whatever later runs of the exam do.
+        store.record_run_state(run.id, state, at=changed, view=json.dumps(view))
+        kept = store.run(run.id)
+        if kept is not None and kept.final_view is not None:
+            return dict(json.loads(kept.final_view))
+    return view
 
 
 def start_run(ctx: Context, slug: str, key: str, budget_usd: float | None

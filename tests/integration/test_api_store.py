@@ -171,3 +171,28 @@ def test_threads_racing_to_launch_one_run_hand_it_on_once(store, make_settings):
     assert not launch(ctx, second)
     wait_for(lambda: launch(ctx, second), 10, "the dead holder's claim to lapse")
     assert work.starts == 2
+
+
+def test_0012_keeps_a_finished_runs_view_and_leaves_older_runs_computed(db_url):
+    from alembic import command
+
+    from storage.db import alembic_config
+
+    engine = connect(db_url)
+    with engine.begin() as conn:
+        command.upgrade(alembic_config(conn), "0011")
+        conn.execute(text(
+            "INSERT INTO run (id, exam, idempotency_key, fingerprint, call_floor, state, "
+            "launched_at, created_at, updated_at) VALUES (1, 'ex', 'k', 'fp', 0, 'done', 5, 1, 1)"))
+    migrate(engine)
+    store = Store(engine)
+    assert store.run(1).final_view is None  # a run from before keeps its computed view
+    store.record_run_state(1, "failed", at=9.0, view='{"state": "done"}')
+    run = store.run(1)  # the state stays the first writer's; the view is written once
+    assert (run.state, run.final_view) == ("done", '{"state": "done"}')
+    store.record_run_state(1, "done", view='{"state": "other"}')
+    assert store.run(1).final_view == '{"state": "done"}'
+    with engine.begin() as conn:
+        command.downgrade(alembic_config(conn), "0011")
+        assert conn.execute(text("SELECT state FROM run WHERE id = 1")).scalar() == "done"
+    engine.dispose()

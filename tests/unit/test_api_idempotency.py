@@ -3,6 +3,8 @@ requests on live servers are in tests/e2e/test_api_replicas.py)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from api_support import SYLLABUS, api, wait_run
 from helpers import wait_for
@@ -162,9 +164,48 @@ def test_a_budget_pause_is_a_paused_run_and_a_raised_budget_resumes(make_setting
             c.get(f"/runs/{run['id']}").json()), 20, "the run to pause")
         assert paused["pause_reason"].startswith("budget:")
         assert paused["budget_usd"] == 0.01 and mock_llm.stats()["calls_total"] == 0
+        # The open stream says so once (and stays open: a pause is lifted by a new run).
+        with c.stream("GET", f"/runs/{run['id']}/events") as stream:
+            lines = []
+            for line in stream.iter_lines():
+                lines.append(line)
+                if line.startswith("data:"):
+                    break
+        announced = json.loads(lines[-1][len("data:"):])
+        assert "event: progress" in lines and any(
+            line.startswith("id:") and line.endswith("-paused") for line in lines), lines
+        assert announced["state"] == "paused" and announced["budget_usd"] == 0.01
+        assert announced["pause_reason"] == paused["pause_reason"]
         more = c.post("/exams/demo/runs", headers={"Idempotency-Key": "more"},
                       json={"budget_usd": 1000}).json()
         done = wait_run(c, more["id"])
         assert done["state"] == "done" and done["cost_usd"] > 0
         assert done["cost_usd"] == done["spent_usd"]  # the paused run paid nothing
-        assert c.get(f"/runs/{run['id']}").json()["state"] == "done"  # the exam is done
+        first = c.get(f"/runs/{run['id']}").json()
+        assert first["state"] == "done"  # the exam is done
+        # ... and the paused run is billed its own calls (none), not its successor's.
+        assert first["cost_usd"] == 0.0
+        assert not [e for e in _events(c, run["id"]) if "event: progress" in e]
+
+
+def test_an_earlier_run_keeps_its_own_cost_and_events_after_a_later_run(make_settings,
+                                                                         mock_llm):
+    priced = {"llm_price_prompt_per_mtok": 1.0, "llm_price_completion_per_mtok": 1.0}
+    with api(make_settings, mock_llm, **priced) as c:
+        c.put("/exams/demo", json=SYLLABUS)
+        one = c.post("/exams/demo/runs", headers={"Idempotency-Key": "one"}).json()
+        before = wait_run(c, one["id"])
+        events_before = _events(c, one["id"])
+        assert before["state"] == "done" and before["cost_usd"] > 0
+        raised = {**SYLLABUS, "chapters": [{**SYLLABUS["chapters"][0], "questions": 16},
+                                           SYLLABUS["chapters"][1]]}
+        c.put("/exams/demo", json=raised)
+        two = c.post("/exams/demo/runs", headers={"Idempotency-Key": "two"}).json()
+        after = wait_run(c, two["id"])
+        assert after["state"] == "done" and after["questions"]["done"] == 20
+        again = c.get(f"/runs/{one['id']}").json()
+        # The first run's bill and stream are what they were: the later run's calls are its own.
+        assert again["cost_usd"] == before["cost_usd"]
+        assert _events(c, one["id"]) == events_before
+        assert after["cost_usd"] > 0
+        assert round(before["cost_usd"] + after["cost_usd"], 6) == after["spent_usd"]

@@ -411,7 +411,10 @@ function onEvent(entry, runId, ev) {
   for (const field of ["cost_usd", "spent_usd", "budget_usd"]) {
     if (num(data[field]) !== null) run[field] = data[field];
   }
-  if (ev.type === "progress" && !FINAL.has(run.state)) run.state = data.state || "running";
+  if (ev.type === "progress" && !FINAL.has(run.state)) {
+    run.state = data.state || "running";
+    run.pause_reason = data.pause_reason ?? null;  // a pause is announced on the stream
+  }
   if (FINAL.has(ev.type)) run.state = ev.type;
   entry.run = run;
   render(entry);
