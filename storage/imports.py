@@ -231,6 +231,7 @@ class Imports(StoreBase):
             # Balanced like generated questions (examforge.balance: idempotent, so a bank
             # exported by examforge comes back in its own order), with the levels a file
             # names only when they are known ones.
+            self._questions_in_order(conn, slug)
             ids = conn.execute(insert(Q).returning(Q.c.id, sort_by_parameter_order=True), [
                 {"exam": slug, "chapter_id": chapter_id, "number": first + i,
                  "norm_hash": h, "model": IMPORT_MODEL, "call_id": call_id, "created_at": now,

@@ -448,6 +448,7 @@ class Ledger(StoreBase):
                  "call_id": call_id, "created_at": now,
                  **question_row(balanced(q, claim.exam, claim.chapter_id, first + stored + i))}
                 for i, (q, h) in enumerate(kept)]
+            self._questions_in_order(conn, claim.exam)
             if signed is None:
                 conn.execute(self._stmt("insert_questions", lambda: insert(Q)), rows)
             else:

@@ -286,3 +286,50 @@ def test_0011_moves_the_band_keys_onto_the_signature_rows_and_back(db_url):
         back = sorted(conn.execute(text("SELECT band_key FROM question_band")).scalars())
     assert back == expected
     engine.dispose()
+
+
+def test_question_ids_become_visible_in_id_order_on_postgresql(pg_url, tmp_path):
+    """Two chapters' commits on PostgreSQL: a commit that has taken its question ids waits
+    for the exam's order lock, so no lower id is ever committed after a higher one (a keyset
+    page `after=` the higher one would skip it). The lock is held here by a bare transaction
+    that inserted a question; chapter b's commit must queue behind it, and its ids must come
+    after."""
+    from sqlalchemy import text
+
+    from storage import Store, connect, migrate
+
+    engine = connect(pg_url)
+    migrate(engine)
+    store = Store(engine)
+    _sync(store, tmp_path, [("a", 5), ("b", 5)])
+    claim = _claim(store, "b")
+    call = store.start_call(claim, 1, 1, lease_s=30.0)
+    holder = engine.connect()
+    holder_tx = holder.begin()
+    Store._questions_in_order(holder, "ex")
+    held_id = holder.execute(text(
+        "INSERT INTO question (exam, chapter_id, number, question, choices, answer_index, "
+        "explanation, norm_hash, model, created_at) VALUES ('ex', 'a', 1, 'Held?', '[]', 0, "
+        "'', 'h-held', 'm', 0) RETURNING id")).scalar_one()
+    done = threading.Event()
+
+    def commit() -> None:
+        store.commit_batch(claim, 30.0, call, [_q("Which port does SSH use by default?")],
+                           model="m", usage=Usage(1, 1, 0.0), near_dup=CHAPTER, steer=Steer())
+        done.set()
+
+    worker = threading.Thread(target=commit)
+    worker.start()
+    with engine.connect() as probe:
+        wait_for(lambda: probe.execute(text(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"))
+            .scalar_one() == 1, 10, "chapter b's commit to queue on the order lock")
+    assert not done.is_set()
+    holder_tx.commit()
+    holder.close()
+    worker.join(10)
+    assert done.is_set()
+    with engine.connect() as conn:
+        b_id = conn.execute(text("SELECT id FROM question WHERE chapter_id = 'b'")).scalar_one()
+    assert b_id > held_id
+    engine.dispose()
