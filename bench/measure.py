@@ -469,7 +469,8 @@ def dump_stacks(procs: list[subprocess.Popen]) -> str:
         try:
             dump = subprocess.run([str(py_spy), "dump", "--pid", str(p.pid)], text=True,
                                   capture_output=True, timeout=30)
-            out.append(f"pid {p.pid} ({' '.join(map(str, p.args))[:120]}):\n"
+            args = p.args if isinstance(p.args, (list, tuple)) else [p.args]
+            out.append(f"pid {p.pid} ({' '.join(str(a) for a in args)[:120]}):\n"
                        + (dump.stdout or dump.stderr))
         except (OSError, subprocess.TimeoutExpired) as exc:
             out.append(f"pid {p.pid}: py-spy failed: {exc}")

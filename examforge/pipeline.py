@@ -38,6 +38,7 @@ from examforge.retry import Action, Decision, HandBack, decide
 from examforge.settings import Settings
 from examforge.syllabus import Chapter as ChapterSpec
 from storage.models import CallOutcome, CallReason
+from storage.neardup import Steering
 from storage.store import (
     CallPlan,
     ChapterView,
@@ -55,6 +56,7 @@ log = logging.getLogger("examforge.pipeline")
 # The longest a chapter waits in its thread for the shared rate limiter; past that it is handed
 # back to the queue for the wait (uncounted), and the thread takes other work.
 RATE_WAIT_MAX_S = 60.0
+MAX_AVOID = 200  # AVOID_QUESTIONS's upper bound (examforge.settings)
 
 __all__ = ["ChapterResult", "HandBack", "Runtime", "new_owner", "process_chapter"]
 
@@ -241,7 +243,10 @@ class _Calls:
     def __init__(self, rt: Runtime, check: Callable[[], None]) -> None:
         self.rt = rt
         self.check = check
-        self.avoid: list[str] = []
+        # What the next prompts list: the store's pick (the claim's, then the last commit's)
+        # and the questions received since, which replace its newest (Steering.with_fresh).
+        self.steering: Sequence[str] | None = None
+        self.fresh: list[str] = []
         self.next: _Next | None = None
         self.prepared: _Next | None = None
         # The slice's stored questions per difficulty, once a commit has changed them from
@@ -292,7 +297,10 @@ class _Calls:
                        view.chapter_target)
         levels = self.levels(view, want)
         limit = rt.settings.avoid_questions
-        avoid = (self.avoid or list(view.recent))[-limit:] if limit else []
+        base = view.recent if self.steering is None else self.steering
+        if not isinstance(base, Steering):  # the newest only (STEER_PROMPT=recent)
+            base = Steering(newest=base)
+        avoid = base.with_fresh(self.fresh, limit)
         messages = build_messages(view.exam, view.exam_title, spec, want, avoid,
                                   numbers=numbers, levels=levels)
         prompt_tokens = rt.client.count_prompt(messages)
@@ -448,7 +456,8 @@ def _generate(rt: Runtime, claim: Claimed, lost: threading.Event, run: _Run,
         batch = nxt.levels.resolve(parsed.questions)  # the levels each is stored with
         calls.count_levels(claim.view(), batch)
         for q in parsed.questions:  # the next call's prompt already avoids this batch
-            calls.avoid.append(q.question)
+            calls.fresh.append(q.question)
+        del calls.fresh[:-MAX_AVOID]  # no prompt lists more
         if stored + len(parsed.questions) < target:
             calls.prepare(claim.view(stored + len(parsed.questions), target))
         began = time.monotonic()
@@ -473,7 +482,8 @@ def _generate(rt: Runtime, claim: Claimed, lost: threading.Event, run: _Run,
         stored, target = committed.stored, committed.target
         planned = committed.next_call
         if committed.recent:
-            calls.avoid = list(committed.recent)  # what every slice of the chapter stored
+            # What every slice of the chapter stored, this batch included.
+            calls.steering, calls.fresh = committed.recent, []
         if committed.near_duplicates:
             log.info("near-duplicates rejected", extra={
                 "exam": claim.exam, "chapter": claim.chapter_id, "slice": claim.slice_no,

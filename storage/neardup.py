@@ -374,15 +374,52 @@ def _steer_statement(name: str, dialect: str = "") -> Any:
             stmt = (select(Q.c.id, Q.c.question).where(*chapter).order_by(Q.c.id.desc())
                     .limit(bindparam("n")))
         else:
-            stmt = (select(Q.c.id, Q.c.question)
-                    .where(*chapter, _in(Q.c.number, "numbers", dialect, Integer))
-                    .limit(bindparam("n")))
+            stmt = (select(Q.c.id, Q.c.question, Q.c.number)
+                    .where(*chapter, _in(Q.c.number, "numbers", dialect, Integer)))
         _STATEMENTS[(name, Scope.chapter, dialect)] = stmt
     return stmt
 
 
+class Steering(tuple):  # type: ignore[type-arg]
+    """What the next prompts list, as the flat tuple of texts a prompt shows (sample, newest,
+    repeated: least important first), and its three parts, so that a caller adding the
+    questions it has just received (examforge.pipeline) replaces the newest with them and
+    keeps the sample that makes the list cover the whole chapter."""
+
+    sample: tuple[str, ...]
+    newest: tuple[str, ...]
+    repeated: tuple[str, ...]
+
+    def __new__(cls, sample: Sequence[str] = (), newest: Sequence[str] = (),
+                repeated: Sequence[str] = ()) -> "Steering":
+        # A question in several parts stays in its most important one.
+        later = set(repeated)
+        newest = tuple(t for t in newest if t not in later)
+        later.update(newest)
+        sample = tuple(t for t in sample if t not in later)
+        self = super().__new__(cls, (*sample, *newest, *repeated))
+        self.sample, self.newest, self.repeated = sample, newest, tuple(repeated)
+        return self
+
+    def with_fresh(self, fresh: Sequence[str], limit: int) -> list[str]:
+        """The list for a prompt built before the questions just received (`fresh`, oldest
+        first) are committed, at most `limit`: the repeated ones (at most half), a quarter
+        kept for the sample whenever there is one, and the newest questions (`fresh` first)
+        in the rest, then more of the sample if room is left."""
+        if limit <= 0:
+            return []
+        repeated = list(self.repeated[-(limit // 2):]) if limit // 2 else []
+        taken = set(repeated)
+        newest = [t for t in dict.fromkeys([*self.newest, *fresh]) if t not in taken]
+        sample = [t for t in self.sample if t not in taken and t not in newest]
+        keep_sample = min(len(sample), max(limit // 4, limit - len(repeated) - len(newest)))
+        room = limit - len(repeated) - keep_sample
+        newest = newest[-room:] if room > 0 else []
+        return [*sample[:keep_sample], *newest, *repeated]
+
+
 def steering(conn: Connection, exam: str, chapter_id: str, limit: int,
-             numbers: tuple[int, int], seed: int) -> tuple[str, ...]:
+             numbers: tuple[int, int], seed: int) -> Steering:
     """The stored questions a prompt lists as "do not repeat", at most `limit`, covering the
     whole chapter however long it grows, least important first (a caller that must cut
     keeps the tail):
@@ -394,7 +431,7 @@ def steering(conn: Connection, exam: str, chapter_id: str, limit: int,
       the ones it keeps coming back to, which a list of the newest never shows.
     """
     if limit <= 0:
-        return ()
+        return Steering()
     key = {"exam": exam, "chapter": chapter_id}
     repeated = list(conn.execute(_steer_statement("repeated"), {**key, "n": limit // 2}))
     newest = list(conn.execute(_steer_statement("newest"), {**key, "n": max(1, limit // 4)}))
@@ -405,14 +442,14 @@ def steering(conn: Connection, exam: str, chapter_id: str, limit: int,
         # (A chapter with fewer than that stored has them all in `newest` already.)
         rng = random.Random(seed)
         drawn = rng.sample(range(first, last + 1), min(last - first + 1, room * 2))
-        sample = list(conn.execute(_steer_statement("sample", conn.dialect.name),
-                                   {**key, "n": room,
-                                    "numbers": _values(conn.dialect.name, drawn)}))
-    seen: set[int] = set()
-    out: list[str] = []
-    # Most important last; a question in several parts stays in its most important place.
-    for qid, text in reversed([*sample, *reversed(newest), *reversed(repeated)]):
-        if qid not in seen:
-            seen.add(qid)
-            out.append(text)
-    return tuple(reversed(out[:limit]))
+        rows = conn.execute(_steer_statement("sample", conn.dialect.name),
+                            {**key, "numbers": _values(conn.dialect.name, drawn)}).all()
+        # In the order drawn, not the database's (its index order would favour the chapter's
+        # first numbers), leaving out what the other parts list.
+        listed = {qid for qid, _ in (*newest, *repeated)}
+        place = {n: i for i, n in enumerate(drawn)}
+        sample = [(qid, text) for qid, text, _ in sorted(rows, key=lambda r: place[r[2]])
+                  if qid not in listed][:room]
+    # Most important last in each part (the statements read newest and most repeated first).
+    return Steering([t for _, t in sample], [t for _, t in reversed(newest)],
+                    [t for _, t in reversed(repeated)])

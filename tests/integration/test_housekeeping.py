@@ -181,11 +181,17 @@ def test_enqueue_concurrent_with_a_prune_of_the_same_exam_recreates_it(pg_url, t
         pruner.execute(select(E.c.slug).where(E.c.slug == "old").with_for_update()).all()
         worker = threading.Thread(target=enqueue)
         worker.start()
-        with engine.connect() as watcher:  # its own snapshot of pg_stat_activity each time
-            wait_for(lambda: watcher.execute(text(
-                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                "AND datname = current_database()")).scalar_one() >= 1
-                and watcher.rollback() is None, 10, "the enqueue to wait on the exam row")
+        with engine.connect() as watcher:
+            def waiting() -> bool:
+                n = watcher.execute(text(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                    "AND datname = current_database()")).scalar_one()
+                # Ended every time: a transaction keeps its first snapshot of
+                # pg_stat_activity, and a poll that came too early would never see the wait.
+                watcher.rollback()
+                return n >= 1
+
+            wait_for(waiting, 10, "the enqueue to wait on the exam row")
         for table in (Q, K, S):
             pruner.execute(table.delete().where(table.c.exam == "old"))
         pruner.execute(E.delete().where(E.c.slug == "old"))

@@ -125,7 +125,12 @@ def test_two_slices_committing_near_duplicates_at_once_store_only_one(
 
     monkeypatch.setattr(neardup, "index", held_index)
     if not locked:
+        from storage.base import StoreBase
+
         monkeypatch.setattr(neardup, "lock", lambda *args: None)
+        # The exam's question-order lock would queue slice 1's insert too (after its check,
+        # which is what the control must show unguarded).
+        monkeypatch.setattr(StoreBase, "_questions_in_order", staticmethod(lambda *args: None))
     results: dict[str, object] = {}
 
     def commit(name: str, claim: Claimed, texts: list[str]) -> None:
@@ -333,3 +338,23 @@ def test_question_ids_become_visible_in_id_order_on_postgresql(pg_url, tmp_path)
         b_id = conn.execute(text("SELECT id FROM question WHERE chapter_id = 'b'")).scalar_one()
     assert b_id > held_id
     engine.dispose()
+
+
+def test_the_steering_sample_covers_the_whole_chapter_over_a_few_calls(store, tmp_path):
+    """storage.neardup.steering: each call's sample is drawn anew, so the prompts cover the
+    whole chapter; the newest are listed apart, and nothing is listed twice."""
+    _sync(store, tmp_path, [("a", 200)], slice_questions=200)
+    claim = _claim(store)
+    for start in range(0, 200, 20):
+        _commit(store, claim, [f"Stored question number {n}?" for n in range(start, start + 20)],
+                checker=None)
+    steer = Steer(avoid=40)
+    shown: set[str] = set()
+    with store.engine.connect() as conn:
+        for seed in range(30):
+            picked = steer.select(conn, "ex", "a", 200, seed=seed)
+            assert len(picked) == len(set(picked)) <= 40
+            assert picked.newest == tuple(f"Stored question number {n}?" for n in range(190, 200))
+            assert picked.sample and not set(picked.sample) & set(picked.newest)
+            shown.update(picked)
+    assert len(shown) >= 190, len(shown)  # 30 draws of 30 of 200: about 1 in 130 missed

@@ -62,9 +62,10 @@ def test_only_one_of_many_concurrent_claims_wins(store, tmp_path):
 
 def test_commit_is_fenced_by_the_lease(store, tmp_path):
     _sync(store, tmp_path, [("a", 10)])
-    first = store.claim("ex", "a", "frozen", 0.3, 8)
+    # Leases long enough to be live at the next line on a loaded machine (CI saw 0.3 s lapse).
+    first = store.claim("ex", "a", "frozen", 1.5, 8)
     assert isinstance(first, Claimed)
-    call = store.start_call(first, 1, 5, lease_s=0.3)
+    call = store.start_call(first, 1, 5, lease_s=1.5)
     wait_lease_expired(store, "ex", "a")  # while "frozen" is paused mid-call
     second = store.claim("ex", "a", "new", 10.0, 8)
     assert isinstance(second, Claimed) and second.took_over_calls == 1
@@ -99,8 +100,8 @@ def test_expired_lease_cannot_be_renewed_or_committed_even_if_nobody_took_it(sto
 
 def test_takeover_marks_in_flight_calls_of_the_dead_holder_wasted(store, tmp_path):
     _sync(store, tmp_path, [("a", 10)])
-    dead = store.claim("ex", "a", "dead", 0.2, 8)
-    store.start_call(dead, 1, 5, lease_s=0.2)  # the process dies before the reply
+    dead = store.claim("ex", "a", "dead", 1.5, 8)  # live at the next line, even when loaded
+    store.start_call(dead, 1, 5, lease_s=1.5)  # the process dies before the reply
     wait_lease_expired(store, "ex", "a")
     new = store.claim("ex", "a", "new", 10.0, 8)
     assert isinstance(new, Claimed) and new.took_over_calls == 1
@@ -365,8 +366,8 @@ def test_reads_see_one_snapshot_while_a_batch_commits(store, tmp_path):
 @pytest.mark.parametrize("via", ["claim", "reconciler"])
 def test_failing_at_the_cap_explains_the_dead_holders_call(store, tmp_path, via):
     _sync(store, tmp_path, [("a", 5)])
-    dead = store.claim("ex", "a", "dead", 0.2, 1)
-    store.start_call(dead, 1, 5, lease_s=0.2)  # dies mid-call, at its last allowed attempt
+    dead = store.claim("ex", "a", "dead", 1.5, 1)  # live at the next line, even when loaded
+    store.start_call(dead, 1, 5, lease_s=1.5)  # dies mid-call, at its last allowed attempt
     wait_lease_expired(store, "ex", "a")
     if via == "claim":
         assert store.claim("ex", "a", "next", 10.0, 1).reason == "cap"
@@ -510,8 +511,8 @@ def test_a_settled_call_frees_what_it_did_not_spend(store, tmp_path):
 def test_a_crashed_calls_reservation_is_settled_at_its_worst_case_by_the_takeover(store, tmp_path):
     _sync(store, tmp_path, [("a", 10)])
     store.set_budget("ex", 5.0)
-    dead = store.claim("ex", "a", "dead", 0.2, 8)
-    store.start_call(dead, 1, 5, lease_s=0.2, prompt_tokens=300, max_tokens=2100,
+    dead = store.claim("ex", "a", "dead", 1.5, 8)  # live at the next line, even when loaded
+    store.start_call(dead, 1, 5, lease_s=1.5, prompt_tokens=300, max_tokens=2100,
                      reserve_usd=0.75)
     assert _totals_match_the_ledger(store) == (0, pytest.approx(0.75))
     wait_lease_expired(store, "ex", "a")

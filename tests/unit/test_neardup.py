@@ -264,3 +264,40 @@ def test_our_minhash_estimates_jaccard_as_well_as_datasketchs() -> None:
     a = nd.Signature(frozenset(["storage", "object", "durable"]), frozenset())
     b = nd.Signature(frozenset(["durable", "object", "storage"]), frozenset(["s3"]))
     assert nd.band_keys(a) == nd.band_keys(b)
+
+
+def _texts(prefix: str, n: int) -> list[str]:
+    return [f"{prefix}{i}" for i in range(n)]
+
+
+def test_the_questions_just_received_replace_the_newest_and_the_sample_stays():
+    from storage.neardup import Steering
+
+    # The defaults (40 listed, 10 a call), with the model repeating itself a lot: the store
+    # picked 20 repeated, 10 newest and 10 of a sample rotating over the chapter.
+    picked = Steering(_texts("s", 10), _texts("n", 10), _texts("r", 20))
+    assert list(picked) == [*_texts("s", 10), *_texts("n", 10), *_texts("r", 20)]
+    fresh = _texts("f", 10)
+    listed = picked.with_fresh(fresh, 40)
+    assert len(listed) == 40
+    assert set(listed) == {*_texts("s", 10), *fresh, *_texts("r", 20)}
+    # A batch as long as the list (20 listed, 20 a call) still leaves a quarter to the sample
+    # and half to the repeated ones: the prompt covers more than the last batch.
+    small = Steering(_texts("s", 5), _texts("n", 5), _texts("r", 10))
+    listed = small.with_fresh(_texts("f", 20), 20)
+    assert len(listed) == 20 and set(_texts("s", 5)) <= set(listed)
+    assert set(_texts("r", 10)) <= set(listed) and set(_texts("f", 20)[-5:]) <= set(listed)
+    # Room the repeated ones leave goes to the newest, then to more of the sample.
+    few = Steering(_texts("s", 30), _texts("n", 2), ())
+    assert few.with_fresh(["f"], 10) == [*_texts("s", 7), "n0", "n1", "f"]
+    assert Steering().with_fresh(["a"], 0) == []
+
+
+def test_newest_only_steering_keeps_the_newest_with_the_fresh_ones():
+    from storage.neardup import Steering
+
+    listed = Steering(newest=_texts("n", 20)).with_fresh(_texts("f", 5), 20)
+    assert listed == [*_texts("n", 20)[5:], *_texts("f", 5)]
+    # A question in two parts is listed once, in its most important part.
+    both = Steering(["x", "s"], ["x", "n"], ["x"])
+    assert list(both) == ["s", "n", "x"]
