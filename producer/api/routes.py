@@ -4,6 +4,7 @@ client that goes away does not interrupt one (the database is synchronous, like 
 from __future__ import annotations
 
 import json
+import logging
 import queue
 import tempfile
 import threading
@@ -29,6 +30,7 @@ from producer.syllabi import file_syllabus
 from producer.views import status_dict, summary_dict, when
 
 router = APIRouter()
+log = logging.getLogger("examforge.api")
 
 Slug = Annotated[str, Path(pattern=NAME_PATTERN, max_length=64,
                            description="The exam's slug ([a-z0-9-], up to 64)")]
@@ -367,11 +369,16 @@ class _Pipe:
             self.buffer, self.size = [], 0
 
 
+class ExportInterrupted(RuntimeError):
+    """Raised mid-response when a streamed export's writer failed."""
+
+
 def _stream_export(store: Any, slug: str, fmt: str) -> Iterator[bytes]:
     """The writer runs in a thread of its own, a bounded queue between it and the response:
     memory stays flat however many questions, as in the CLI's export."""
     chunks: queue.Queue[bytes | None] = queue.Queue(maxsize=8)
     stop = threading.Event()
+    failed: list[BaseException] = []
 
     def produce() -> None:
         pipe = _Pipe(chunks)
@@ -383,6 +390,8 @@ def _stream_export(store: Any, slug: str, fmt: str) -> Iterator[bytes]:
                     yield r
             WRITERS[fmt](rows(), pipe)  # type: ignore[arg-type]
             pipe.flush()
+        except BaseException as exc:  # noqa: BLE001 - raised on the response's side below
+            failed.append(exc)
         finally:
             chunks.put(None)
 
@@ -391,6 +400,13 @@ def _stream_export(store: Any, slug: str, fmt: str) -> Iterator[bytes]:
     try:
         while (chunk := chunks.get()) is not None:
             yield chunk
+        if failed:
+            # The status line and the first chunks are gone already: the one way left to say
+            # the download is not whole is to break it off (no last chunk), which every
+            # HTTP client reports as an incomplete body, instead of ending it as complete.
+            log.error("export of %s stopped: %s", slug, failed[0], exc_info=failed[0],
+                      extra={"exam": slug})
+            raise ExportInterrupted(f"export of {slug} stopped: {failed[0]}") from failed[0]
     finally:
         stop.set()
         while worker.is_alive():  # let it end: it may be blocked on a full queue

@@ -5,7 +5,8 @@ back with the strict readers of the writers' own tests and compared with the dat
 from __future__ import annotations
 
 import pytest
-from api_support import api, wait_run
+from api_support import AUTH, api, wait_run
+from helpers import wait_for
 from test_banks_anki import read_collection
 from test_banks_gift import read_bank as read_gift
 from test_banks_moodle_xml import read_bank as read_moodle_xml
@@ -98,3 +99,47 @@ def test_head_answers_where_get_does_with_its_headers_and_no_body(client):
     assert client.head("/exams/nope").status_code == 404
     r = client.head("/runs/1/events")  # an endless body: no HEAD there
     assert r.status_code == 405 and r.headers["allow"] == "GET"
+
+
+def test_an_export_that_fails_midway_is_broken_off_not_ended_as_whole(make_settings, mock_llm):
+    """A streamed export whose writer fails after its first chunks (the database went away)
+    must not end like a complete download: the response is broken off, which a client
+    reports as an incomplete body."""
+    with api(make_settings, mock_llm) as c:
+        c.put("/exams/demo", json=SYLLABUS)
+        run = c.post("/exams/demo/runs", headers={"Idempotency-Key": "k"}).json()
+        assert wait_run(c, run["id"])["state"] == "done"
+        store = c.app.state.ctx.store
+        real = store.iter_questions
+
+        def failing(slug):
+            for i, row in enumerate(real(slug)):
+                if i == 3:
+                    raise OSError("the database went away")
+                yield {**row, "explanation": row["explanation"] + " " + "x" * 30000}
+
+        store.iter_questions = failing
+        # A real server (TestClient hands back whatever body was sent): uvicorn, in a thread.
+        import socket
+        import threading
+
+        import httpx
+        import uvicorn
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        server = uvicorn.Server(uvicorn.Config(c.app, host="127.0.0.1", port=port,
+                                               lifespan="off", log_level="critical"))
+        thread = threading.Thread(target=server.run, daemon=True)
+        thread.start()
+        try:
+            wait_for(lambda: server.started, 10, "uvicorn to start")
+            with pytest.raises(httpx.RemoteProtocolError):
+                with httpx.stream("GET", f"http://127.0.0.1:{port}/exams/demo/export",
+                                  params={"format": "jsonl"}, headers=AUTH, timeout=10) as r:
+                    assert r.status_code == 200
+                    b"".join(r.iter_bytes())
+        finally:
+            server.should_exit = True
+            thread.join(10)
