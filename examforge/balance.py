@@ -4,7 +4,8 @@ Models favour some positions (the mock's `answer_position` plays one that always
 answer first; real models lean towards B and C). A bank whose answer is "A" half the time
 teaches test-taking, not the subject. So every stored question's choices are reordered when
 it is committed, from its identity alone (exam, chapter, number): the database, every export
-and every re-export agree, and a second export of the same bank is byte-for-byte the same.
+and every re-export agree, and a second export of the same bank in a text format is
+byte-for-byte the same (the .apkg and the QTI zip also hold the time they were made).
 
 Why balanced blocks rather than a random position per question: a seeded random draw is
 uniform only on average; a 20-question chapter would often come out 8/3/5/4. Here the

@@ -66,7 +66,10 @@ _SEED = 1
 DEFAULT_THRESHOLD = 0.5
 # The edit similarity at which two texts are near-duplicates whatever their Jaccard: above
 # every pair to keep of the labelled set (at most 0.75 where no key term is swapped, 0.73
-# between the mock's closest distinct questions), below the synonym swaps it must catch.
+# between the mock's closest distinct questions), below what only it catches: one sentence
+# in British and American spelling, or with typos (0.95-0.97, Jaccard 0.27-0.45: every
+# spelling is another stem; tests/unit/test_neardup.py EDIT_ONLY_CATCH). Fixed, unlike
+# NEAR_DUP_THRESHOLD, which sets the Jaccard's.
 EDIT_THRESHOLD = 0.85
 
 

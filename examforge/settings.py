@@ -170,7 +170,9 @@ class Settings(BaseSettings):
     near_dup_threshold: float = Field(
         0.5, ge=0.3, le=1.0,
         description="Similarity (Jaccard of normalised content words, 0..1) at which a new "
-                    "question is a near-duplicate of a stored one and is rejected and re-asked.")
+                    "question is a near-duplicate of a stored one and is rejected and re-asked "
+                    "(texts 85 % the same in order, e.g. another spelling, are one "
+                    "whatever this says).")
     near_dup_scope: Literal["chapter", "exam", "off"] = Field(
         "chapter",
         description="Where near-duplicates are looked for: the question's chapter, or every "

@@ -76,6 +76,33 @@ MUST_NOT_CATCH: list[tuple[str, str]] = [
 ]
 
 
+# What only the edit path catches (EDIT_THRESHOLD): the same sentence in British and American
+# spelling, or with typos. Each spelling is another word to the Jaccard of stems (0.27-0.45
+# here), while the texts are 95-97 % the same.
+EDIT_ONLY_CATCH: list[tuple[str, str]] = [
+    ("How should a team optimise the behaviour of a caching centre when analysing logs?",
+     "How should a team optimize the behavior of a caching center when analyzing logs?"),
+    ("Which colour-coded dashboard helps an organisation prioritise the alarms it receives?",
+     "Which color-coded dashboard helps an organization prioritize the alarms it receives?"),
+    ("Which AWS service provides durable object storage for static website assets?",
+     "Which AWS servce provides durible objct storage for statik webste assets?"),
+]
+
+
+def test_spelling_variants_and_typos_are_caught_by_the_edit_path_alone() -> None:
+    checker = nd.Checker()
+    for a, b in EDIT_ONLY_CATCH:
+        sa, sb = nd.signature(a, TITLE), nd.signature(b, TITLE)
+        assert nd.jaccard(sa.tokens, sb.tokens) < checker.threshold, (a, b)
+        assert nd.edit_similarity(sa, sb) >= nd.EDIT_THRESHOLD and checker.is_near(sa, sb)
+    # And the edit path stays clear of what must be kept (a swapped key term, such as HTTPS
+    # and SSH, keeps the others apart before any measure).
+    for a, b in MUST_NOT_CATCH:
+        sa, sb = nd.signature(a, TITLE), nd.signature(b, TITLE)
+        if not nd.swapped(sa, sb):
+            assert nd.edit_similarity(sa, sb) < nd.EDIT_THRESHOLD, (a, b)
+
+
 # Beyond a measure of words: one ordinary word swapped changes the fact asked, exactly as a
 # synonym swap changes none ("reduces" / "limits" above). These are caught (a false
 # positive): the cost is one question asked again, where a missed repeat stays in the bank.
