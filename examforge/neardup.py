@@ -47,7 +47,7 @@ import re
 import struct
 import threading
 import unicodedata
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import Enum
 from functools import lru_cache
@@ -193,12 +193,13 @@ def _context(context: str) -> Signature:
 def jaccard(a: frozenset[str], b: frozenset[str]) -> float:
     if not a and not b:
         return 1.0
-    return len(a & b) / len(a | b)
+    shared = len(a & b)  # one set built, not two: this runs for every candidate
+    return shared / (len(a) + len(b) - shared)
 
 
 def swapped(a: Signature, b: Signature) -> bool:
     """Whether each has a key term the other lacks: a different fact asked in a like form."""
-    return bool(a.keys - b.keys) and bool(b.keys - a.keys)
+    return not a.keys <= b.keys and not b.keys <= a.keys  # no set built
 
 
 def similarity(a: Signature, b: Signature) -> float:
@@ -206,21 +207,43 @@ def similarity(a: Signature, b: Signature) -> float:
     return 0.0 if swapped(a, b) else jaccard(a.tokens, b.tokens)
 
 
-def edit_similarity(a: Signature, b: Signature) -> float:
-    """rapidfuzz's normalised Indel similarity of the two whole texts, 0..1."""
+@lru_cache(maxsize=1)
+def _ratio() -> Callable[..., float]:
+    # Imported once, on first use (an import statement per candidate cost a tenth of it).
     from rapidfuzz import fuzz
 
-    return float(fuzz.ratio(a.text, b.text)) / 100 if a.text and b.text else 0.0
+    return fuzz.ratio  # type: ignore[no-any-return]
+
+
+def edit_similarity(a: Signature, b: Signature) -> float:
+    """rapidfuzz's normalised Indel similarity of the two whole texts, 0..1."""
+    return float(_ratio()(a.text, b.text)) / 100 if a.text and b.text else 0.0
+
+
+_EDIT_CUTOFF = round(EDIT_THRESHOLD * 100, 9)  # 0.85 * 100 is 85.00000000000001
 
 
 def is_near(a: Signature, b: Signature, threshold: float = DEFAULT_THRESHOLD) -> bool:
     """Near-duplicates: their key terms not swapped, and either their content words alike
     (Jaccard at `threshold`: clauses moved, lead-ins and numbers rewritten) or their texts
     nearly the same in order (edit similarity at EDIT_THRESHOLD: a phrase or two swapped for
-    synonyms in a sentence otherwise left as it was, which moves many words at once)."""
+    synonyms in a sentence otherwise left as it was, which moves many words at once).
+
+    Run for every candidate of every new question, so written for speed: the Jaccard's
+    bound from the sets' sizes alone first (|A & B| <= min), and rapidfuzz told the cut-off,
+    which lets it give up early (texts whose lengths alone rule it out cost nothing)."""
     if swapped(a, b):
         return False
-    return jaccard(a.tokens, b.tokens) >= threshold or edit_similarity(a, b) >= EDIT_THRESHOLD
+    ta, tb = a.tokens, b.tokens
+    la, lb = len(ta), len(tb)
+    if la and lb and min(la, lb) >= threshold * max(la, lb) and \
+            jaccard(ta, tb) >= threshold:
+        return True
+    if not la and not lb:
+        return True
+    if not a.text or not b.text:
+        return False
+    return bool(_ratio()(a.text, b.text, score_cutoff=_EDIT_CUTOFF))
 
 
 @lru_cache(maxsize=1)
