@@ -89,7 +89,9 @@ async def _events(ctx: Context, run: RunRow, cursor: int) -> AsyncIterator[Serve
             paused = None
         if final:
             last = await run_in_threadpool(store.last_call_id, run)
-            yield ServerSentEvent(event=view["state"], id=f"{max(cursor, last)}-{view['state']}",
+            # The run's own last call, never the client's Last-Event-ID (which may name a
+            # call this run never made): every reader gets the same final id.
+            yield ServerSentEvent(event=view["state"], id=f"{last}-{view['state']}",
                                   data=json.dumps(view))
             return
         await asyncio.sleep(ctx.settings.api_sse_poll_s)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ipaddress
+import sys
+from typing import Any
 
 from examforge.errors import ConfigError
 from examforge.settings import Settings
@@ -34,6 +36,16 @@ def serve(settings: Settings, host: str, port: int, *, local: bool, no_auth: boo
     from producer.api import create_app
 
     app = create_app(settings, local, no_auth=no_auth)
+    mode = "work done in this process" if local else "work enqueued to Celery"
+    where = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
+
+    class Server(uvicorn.Server):
+        async def startup(self, sockets: Any = None) -> None:
+            await super().startup(sockets)
+            if self.started:  # bound: say where (uvicorn's own line is below its log level)
+                print(f"examforge API on {where} ({mode}{', no auth' if no_auth else ''}); "
+                      f"the page is {where}/, Ctrl-C stops it", file=sys.stderr, flush=True)
+
     # Open event streams would hold a graceful shutdown forever: they get a few seconds.
-    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False,
-                timeout_graceful_shutdown=5, lifespan="on")
+    Server(uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
+                          timeout_graceful_shutdown=5, lifespan="on")).run()

@@ -27,6 +27,8 @@ def _calls_needed(targets: dict[str, int], per_call: int = 5) -> int:
 def test_serve_local_runs_an_exam_with_no_broker(local_dep, mock):
     server = ApiServer.start(local_dep, "--local")
     targets = {"a": 12, "b": 7}
+    # It says where it listens (uvicorn's own line is below the log level it runs at).
+    assert f"examforge API on {server.url} (work done in this process)" in server.log()
     with server.client() as c:
         assert c.get("/healthz").json() == {"status": "ok", "database": "ok",
                                             "broker": "not used"}

@@ -209,3 +209,7 @@ def test_an_earlier_run_keeps_its_own_cost_and_events_after_a_later_run(make_set
         assert _events(c, one["id"]) == events_before
         assert after["cost_usd"] > 0
         assert round(before["cost_usd"] + after["cost_usd"], 6) == after["spent_usd"]
+        # A Last-Event-ID naming a call the run never made changes nothing of its final id.
+        final_id = [line for line in events_before[-1].splitlines() if line.startswith("id:")]
+        bogus = c.get(f"/runs/{one['id']}/events", headers={"Last-Event-ID": "999"}).text
+        assert final_id and final_id[0] in bogus.replace("\r\n", "\n").splitlines()
