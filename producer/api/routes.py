@@ -92,21 +92,50 @@ def metrics(c: Ctx) -> Response:
 @router.get("/exams", response_model=schemas.ExamList, tags=["exams"],
             responses=responses(401))
 def list_exams(c: Ctx) -> Any:
-    """Every exam: those in the database, and syllabi stored but never run (state new)."""
+    """Every exam: those in the database, then syllabi never run (state new): stored ones,
+    and the files of EXAMS_DIR (a file that does not load is left out here; GET
+    /exams/SLUG says why)."""
     items = []
     seen = set()
     for e in c.store.exams():
         seen.add(e.exam)
         items.append({**summary_dict(e), "source": _source(c, e.exam)})
-    for slug, (body, changed) in sorted(c.store.stored_syllabi().items()):
-        if slug not in seen:
-            data = json.loads(body)
-            items.append({"exam": slug, "title": data["title"], "state": "new",
-                          "chapters": {"done": 0, "total": len(data["chapters"])},
-                          "questions": {"done": 0, "target": sum(
-                              ch["questions"] for ch in data["chapters"])},
-                          "cost_usd": 0.0, "updated_at": when(changed), "source": "api"})
+    new: dict[str, tuple[str, list[int], float, str]] = {}
+    for slug, (body, changed) in c.store.stored_syllabi().items():
+        data = json.loads(body)
+        new[slug] = (data["title"], [ch["questions"] for ch in data["chapters"]], changed,
+                     "api")
+    for slug, (title, targets, changed) in _file_syllabi(c.settings).items():
+        new[slug] = (title, targets, changed, "file")  # a file wins, as everywhere
+    for slug in sorted(set(new) - seen):
+        title, targets, changed, source = new[slug]
+        items.append({"exam": slug, "title": title, "state": "new",
+                      "chapters": {"done": 0, "total": len(targets)},
+                      "questions": {"done": 0, "target": sum(targets)},
+                      "cost_usd": 0.0, "updated_at": when(changed), "source": source})
     return {"items": items}
+
+
+def _file_syllabi(settings: Any) -> dict[str, tuple[str, list[int], float]]:
+    """The syllabi of EXAMS_DIR that load: slug -> (title, chapter targets, file's mtime)."""
+    from examforge.errors import ExamforgeError
+    from examforge.syllabus import load_syllabus
+
+    out: dict[str, tuple[str, list[int], float]] = {}
+    root = settings.exams_dir
+    if not root.is_dir():
+        return out
+    for folder in sorted(root.iterdir()):
+        try:
+            path = file_syllabus(settings, folder.name) if folder.is_dir() else None
+            if path is None:
+                continue
+            syllabus = load_syllabus(path, max_questions=settings.max_questions_per_chapter)
+        except (ExamforgeError, OSError):
+            continue
+        out[folder.name] = (syllabus.title, [ch.questions for ch in syllabus.chapters],
+                            path.stat().st_mtime)
+    return out
 
 
 def _source(c: Any, slug: str) -> str:

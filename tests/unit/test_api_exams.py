@@ -30,6 +30,12 @@ def test_put_creates_then_replaces_and_refuses_a_file_based_exam(make_settings, 
         assert listed["demo"]["state"] == "new" and listed["demo"]["source"] == "api"
         assert listed["demo"]["questions"] == {"done": 0, "target": 10}
         assert c.get("/exams/filed").json()["state"] == "new"  # a file is an exam too
+        # ... listed too, never run (the page can start it); a file that does not load is not.
+        assert listed["filed"]["state"] == "new" and listed["filed"]["source"] == "file"
+        assert listed["filed"]["questions"] == {"done": 0, "target": 3}
+        (tmp_path / "exams" / "broken").mkdir()
+        (tmp_path / "exams" / "broken" / "syllabus.json").write_text("{")
+        assert "broken" not in {e["exam"] for e in c.get("/exams").json()["items"]}
 
 
 def test_the_cli_finds_a_syllabus_the_api_stored(make_settings, tmp_path, monkeypatch):
