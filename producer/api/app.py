@@ -17,7 +17,7 @@ from starlette.concurrency import run_in_threadpool
 from examforge.settings import Settings
 from producer.api import problems, routes
 from producer.api.metrics import StoreCollector
-from producer.api.middleware import BearerAuth, BodyLimit
+from producer.api.middleware import PUBLIC_PATHS, BearerAuth, BodyLimit
 from producer.api.schemas import Problem
 from producer.api.work import CeleryWork, LocalWork, Work
 
@@ -120,6 +120,14 @@ def _declare_problem(app: FastAPI, settings: Settings) -> None:
             spec.setdefault("components", {}).setdefault("schemas", {})["Problem"] = \
                 Problem.model_json_schema()
             _tighten(spec, settings)
+            # The bearer token, declared so that /docs can send one ("Authorize"); the
+            # middleware (BearerAuth) is what enforces it, on every path but the public ones.
+            spec["components"]["securitySchemes"] = {"bearer": {
+                "type": "http", "scheme": "bearer",
+                "description": "A token of API_TOKENS"}}
+            for route, path in spec.get("paths", {}).items():
+                for op in path.values():
+                    op["security"] = [] if route in PUBLIC_PATHS else [{"bearer": []}]
             for path in spec.get("paths", {}).values():
                 for op in path.values():
                     for code, resp in list(op.get("responses", {}).items()):

@@ -49,6 +49,14 @@ def test_the_right_token_passes_and_the_public_paths_need_none(make_settings):
         assert c.get("/exams").status_code == 200
         for path in ("/", "/index.html", "/healthz", "/openapi.json"):
             assert c.get(path, headers={"Authorization": ""}).status_code == 200, path
+        # The spec says which operations need the token, so that /docs can send one.
+        spec = c.get("/openapi.json").json()
+        assert spec["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
+        assert spec["paths"]["/healthz"]["get"]["security"] == []
+        assert spec["paths"]["/exams"]["get"]["security"] == [{"bearer": []}]
+        assert all(op["security"] == [{"bearer": []}]
+                   for route, ops in spec["paths"].items() if route != "/healthz"
+                   for op in ops.values()), "every operation but the probe needs the token"
         # A path that only looks like the page's files is not public.
         assert c.get("/../pyproject.toml", headers={"Authorization": ""}).status_code in (
             401, 404)
