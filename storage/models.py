@@ -212,7 +212,7 @@ FINAL_RUN_STATES = (RunState.done.value, RunState.failed.value, RunState.cancell
 class Run(SQLModel, table=True):
     """One POST /exams/SLUG/runs: a request to generate what the exam is missing.
 
-    `idempotency_key` is UNIQUE: two requests with the same key (a double click, a retry, two
+    `idempotency_key` is UNIQUE per client: two requests with the same key (a double click, a retry, two
     at once on two replicas) insert one row, and the loser reads the winner's; the key is set
     to NULL once older than API_IDEMPOTENCY_TTL_S (NULLs never collide). `fingerprint` is the
     hash of what was asked (exam and body), to refuse the same key with another request.
@@ -221,12 +221,16 @@ class Run(SQLModel, table=True):
     a later run of the same exam never reopens it; and only once `launched_at` is set, so a
     run read while its request is still enqueuing is never judged by the exam as it was.
     `launching_until` is the claim of whoever is handing the run's work on (migration 0010).
-    `final_view` is what GET /runs/ID said when the run was first seen final (0012)."""
+    `final_view` is what GET /runs/ID said when the run was first seen final, and `client`
+    scopes the key to the token that sent it (0012)."""
 
-    __table_args__ = (UniqueConstraint("idempotency_key", name="uq_run_idempotency_key"),)
+    __table_args__ = (UniqueConstraint("client", "idempotency_key", name="uq_run_client_key"),)
 
     id: Optional[int] = Field(default=None, primary_key=True)
     exam: str = Field(max_length=64, index=True)
+    # Whose key it is: a hash of the bearer token that sent it ("" without auth), so that two
+    # clients' keys never meet (the draft scopes a key to its client). Migration 0012.
+    client: str = Field(default="", max_length=32)
     idempotency_key: Optional[str] = Field(default=None, max_length=255)
     fingerprint: str = Field(max_length=64)
     budget_usd: Optional[float] = None

@@ -50,6 +50,7 @@ class IdempotencyKeyReused(UserError):
 class RunRow:
     id: int
     exam: str
+    client: str
     idempotency_key: str | None
     fingerprint: str
     budget_usd: float | None
@@ -138,21 +139,22 @@ class Runs(StoreBase):
     # --- runs --------------------------------------------------------------------------
 
     def create_run(self, slug: str, key: str, fingerprint: str,
-                   budget_usd: float | None) -> tuple[RunRow, bool]:
-        """The run of `key`: a new one (True) or the one an identical earlier request made
-        (False). The UNIQUE key decides between concurrent requests: INSERT .. ON CONFLICT DO
-        NOTHING inserts for one of them, and the others read its row once it commits.
-        Raises IdempotencyKeyReused if the key's run was made by another request."""
+                   budget_usd: float | None, client: str = "") -> tuple[RunRow, bool]:
+        """The run of `client`'s `key`: a new one (True) or the one an identical earlier
+        request made (False). The UNIQUE key decides between concurrent requests: INSERT ..
+        ON CONFLICT DO NOTHING inserts for one of them, and the others read its row once it
+        commits. Raises IdempotencyKeyReused if the key's run was made by another request."""
         with self._write() as conn:
             now = conn.execute(select(self._now)).scalar_one()
             floor = select(func.coalesce(func.max(K.c.id), 0)).where(
                 K.c.exam == slug).scalar_subquery()
             new_id = conn.execute(
-                self._insert(R).values(exam=slug, idempotency_key=key, fingerprint=fingerprint,
-                                       budget_usd=budget_usd, call_floor=floor,
-                                       created_at=now, updated_at=now)
+                self._insert(R).values(exam=slug, client=client, idempotency_key=key,
+                                       fingerprint=fingerprint, budget_usd=budget_usd,
+                                       call_floor=floor, created_at=now, updated_at=now)
                 .on_conflict_do_nothing().returning(R.c.id)).scalar()
-            row = _row(conn.execute(select(R).where(R.c.idempotency_key == key)).one())
+            row = _row(conn.execute(select(R).where(R.c.client == client,
+                                                    R.c.idempotency_key == key)).one())
         if new_id is None and row.fingerprint != fingerprint:
             raise IdempotencyKeyReused(
                 "this Idempotency-Key was used for another request (another exam or body); "

@@ -32,6 +32,7 @@ class Context:
     settings: Settings
     store: Any
     work: Work
+    auth: bool = True  # bearer tokens checked (each client's Idempotency-Keys its own)
     registry: CollectorRegistry = field(default_factory=lambda: CollectorRegistry(
         auto_describe=False))
 
@@ -44,7 +45,7 @@ def create_app(settings: Settings, local: bool = False, *, no_auth: bool = False
 
     store = open_store(settings.database_url, pool_size=settings.db_pool_size)
     work: Work = LocalWork(settings, store) if local else CeleryWork(settings, store)
-    ctx = Context(settings, store, work)
+    ctx = Context(settings, store, work, auth=bool(settings.api_token_list()) and not no_auth)
     ctx.registry.register(StoreCollector(store))
 
     @contextlib.asynccontextmanager

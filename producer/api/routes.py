@@ -192,20 +192,21 @@ def get_exam(slug: Slug, c: Ctx) -> Any:
 
 @router.post("/exams/{slug}/runs", response_model=schemas.RunOut, status_code=202,
              tags=["runs"], responses=responses(400, 401, 404, 413, 422, 503))
-def post_run(slug: Slug, c: Ctx,
+def post_run(slug: Slug, c: Ctx, request: Request,
              idempotency_key: Annotated[str | None, Header(
                  alias="Idempotency-Key",
                  description="Required; the same key and body return the same run")] = None,
              body: Annotated[schemas.RunRequest | None, Body()] = None) -> Any:
     """Start generating what the exam is missing; answers at once with the run (202)."""
-    from producer.api.runs import parse_key, run_view, start_run
+    from producer.api.runs import client_of, parse_key, run_view, start_run
 
     key = parse_key(idempotency_key)
     if key is None:
         return problem(400, "the Idempotency-Key header is required (a string of up to 255 "
                             "printable ASCII characters, one per distinct request)")
     budget = body.budget_usd if body is not None else None
-    run, _ = start_run(c, slug, key, budget)
+    run, _ = start_run(c, slug, key, budget,
+                       client_of(request.headers.get("authorization"), c.auth))
     return JSONResponse(run_view(c, run), status_code=202,
                         headers={"Location": f"/runs/{run.id}"})
 

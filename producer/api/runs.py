@@ -7,6 +7,8 @@ The Idempotency-Key rules (the IETF httpapi Idempotency-Key draft):
   was): a double click, a client's retry and two requests at once on two replicas (the
   UNIQUE key in the database decides) all get one run;
 - the same key with another request gets 422;
+- keys are the client's: each bearer token has its own (`client_of`), so two clients that
+  pick the same key never meet;
 - a run is stored before its work is handed on, and never deleted: a repeat of its key, or
   the periodic sweep of any replica (`sweep`), launches a run whose hand-off never happened
   (its server died, the broker refused); a claim in the database keeps it to one hand-off
@@ -109,17 +111,28 @@ def run_view(ctx: Context, run: RunRow) -> dict[str, Any]:
     return view
 
 
-def start_run(ctx: Context, slug: str, key: str, budget_usd: float | None
-              ) -> tuple[RunRow, bool]:
-    """The run of `key` for this request (True if this request made it), its work handed on
-    if it has not been yet: by this request, or by a repeat of the key when the first one
-    died or the broker refused it. BrokerUnavailable (503) leaves the run queued."""
+def client_of(authorization: str | None, auth: bool) -> str:
+    """Whose Idempotency-Keys a request's are: a hash of its bearer token (the middleware has
+    checked it), '' when the server runs without auth. Never the token itself: the database
+    must not hold a credential."""
+    if not auth or not authorization:
+        return ""
+    token = authorization.partition(" ")[2].strip()
+    return hashlib.sha256(b"examforge-client\0" + token.encode()).hexdigest()[:32]
+
+
+def start_run(ctx: Context, slug: str, key: str, budget_usd: float | None,
+              client: str = "") -> tuple[RunRow, bool]:
+    """The run of `client`'s `key` for this request (True if this request made it), its work
+    handed on if it has not been yet: by this request, or by a repeat of the key when the
+    first one died or the broker refused it. BrokerUnavailable (503) leaves the run queued."""
     from producer.syllabi import resolve
 
     store = ctx.store
     syllabus = resolve(ctx.settings, slug, store)  # UnknownExam: 404, before any write
     store.forget_idempotency_keys(ctx.settings.api_idempotency_ttl_s)
-    run, created = store.create_run(slug, key, fingerprint(slug, budget_usd), budget_usd)
+    run, created = store.create_run(slug, key, fingerprint(slug, budget_usd), budget_usd,
+                                    client)
     if run.launched_at is None:
         try:
             launch(ctx, run, syllabus)

@@ -181,9 +181,9 @@ def test_0012_keeps_a_finished_runs_view_and_leaves_older_runs_computed(db_url):
     engine = connect(db_url)
     with engine.begin() as conn:
         command.upgrade(alembic_config(conn), "0011")
-        conn.execute(text(
-            "INSERT INTO run (id, exam, idempotency_key, fingerprint, call_floor, state, "
-            "launched_at, created_at, updated_at) VALUES (1, 'ex', 'k', 'fp', 0, 'done', 5, 1, 1)"))
+        conn.execute(text(  # its id from the sequence: PostgreSQL's must move past it
+            "INSERT INTO run (exam, idempotency_key, fingerprint, call_floor, state, "
+            "launched_at, created_at, updated_at) VALUES ('ex', 'k', 'fp', 0, 'done', 5, 1, 1)"))
     migrate(engine)
     store = Store(engine)
     assert store.run(1).final_view is None  # a run from before keeps its computed view
@@ -192,7 +192,12 @@ def test_0012_keeps_a_finished_runs_view_and_leaves_older_runs_computed(db_url):
     assert (run.state, run.final_view) == ("done", '{"state": "done"}')
     store.record_run_state(1, "done", view='{"state": "other"}')
     assert store.run(1).final_view == '{"state": "done"}'
+    # Keys are each client's: the run from before is the no-auth client's ('').
+    assert store.run(1).client == ""
+    mine, made = store.create_run("ex", "k", "fp", None, client="a" * 32)
+    assert made and mine.id != 1 and store.create_run("ex", "k", "fp", None)[0].id == 1
     with engine.begin() as conn:
+        conn.execute(text("DELETE FROM run WHERE id <> 1"))  # one key, one client, to go down
         command.downgrade(alembic_config(conn), "0011")
         assert conn.execute(text("SELECT state FROM run WHERE id = 1")).scalar() == "done"
     engine.dispose()

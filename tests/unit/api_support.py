@@ -19,9 +19,10 @@ def api(make_settings: Any, mock_llm: Any = None, *, no_auth: bool = False,
         **overrides: Any) -> Iterator[TestClient]:
     from producer.api import create_app
 
-    settings = make_settings(
-        api_tokens=TOKEN, api_sse_poll_s=0.05, api_sse_heartbeat_s=0.2,
-        llm_base_url=mock_llm.base_url if mock_llm else "http://mock.invalid/v1", **overrides)
+    settings = make_settings(**{
+        "api_tokens": TOKEN, "api_sse_poll_s": 0.05, "api_sse_heartbeat_s": 0.2,
+        "llm_base_url": mock_llm.base_url if mock_llm else "http://mock.invalid/v1",
+        **overrides})
     app = create_app(settings, local=True, no_auth=no_auth)
     with TestClient(app, raise_server_exceptions=False) as client:
         client.headers.update(AUTH)

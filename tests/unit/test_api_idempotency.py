@@ -213,3 +213,27 @@ def test_an_earlier_run_keeps_its_own_cost_and_events_after_a_later_run(make_set
         final_id = [line for line in events_before[-1].splitlines() if line.startswith("id:")]
         bogus = c.get(f"/runs/{one['id']}/events", headers={"Last-Event-ID": "999"}).text
         assert final_id and final_id[0] in bogus.replace("\r\n", "\n").splitlines()
+
+
+def test_keys_are_each_clients_own(make_settings, mock_llm):
+    """Two clients (two tokens) that pick the same key get a run each, and neither sees the
+    other's; each repeat of a client's own key still gets that client's run."""
+    with api(make_settings, mock_llm, api_tokens="unit-token,other-token") as c:
+        c.put("/exams/demo", json=SYLLABUS)
+        mine = c.post("/exams/demo/runs", headers={"Idempotency-Key": "run-1"})
+        theirs = c.post("/exams/demo/runs", headers={
+            "Idempotency-Key": "run-1", "Authorization": "Bearer other-token"},
+            json={"budget_usd": 5})  # another body: not a 422, another client's key
+        assert mine.status_code == theirs.status_code == 202, theirs.text
+        assert mine.json()["id"] != theirs.json()["id"]
+        again = c.post("/exams/demo/runs", headers={
+            "Idempotency-Key": "run-1", "Authorization": "Bearer other-token"},
+            json={"budget_usd": 5})
+        assert again.json()["id"] == theirs.json()["id"]
+        assert c.post("/exams/demo/runs", headers={"Idempotency-Key": "run-1"}).json()["id"] \
+            == mine.json()["id"]
+        wait_run(c, theirs.json()["id"])
+        with c.app.state.ctx.store.engine.connect() as conn:
+            clients = conn.execute(text("SELECT client FROM run ORDER BY id")).scalars().all()
+        assert len(set(clients)) == 2 and all(len(k) == 32 for k in clients)
+        assert not any("token" in k for k in clients)  # a hash, never the token

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import threading
 
-from api_support import SYLLABUS, api, wait_run
+from api_support import AUTH, SYLLABUS, api, wait_run
 from helpers import wait_for
 
 from examforge.errors import BrokerUnavailable
-from producer.api.runs import fingerprint
+from producer.api.runs import client_of, fingerprint
 
 FAST_SWEEP = {"api_sweep_interval_s": 0.1, "api_launch_grace_s": 0.5}
 CALLS = 2 + 1  # SYLLABUS: a 1-5, 6; b 1-4
@@ -20,7 +20,8 @@ CALLS = 2 + 1  # SYLLABUS: a 1-5, 6; b 1-4
 def _stored_only(c, key, budget_usd=None):
     """What a server that died right after storing the run left: the run, nothing handed on."""
     store = c.app.state.ctx.store
-    run, created = store.create_run("demo", key, fingerprint("demo", budget_usd), budget_usd)
+    run, created = store.create_run("demo", key, fingerprint("demo", budget_usd), budget_usd,
+                                    client_of(AUTH["Authorization"], True))
     assert created and run.launched_at is None
     return run
 
