@@ -196,3 +196,30 @@ def test_a_local_server_takes_over_the_runs_of_another_that_was_killed(local_dep
     # every open run): still every slice at one server at a time, so at most the killed
     # server's two calls in flight are lost.
     _assert_paid_once_but_the_killed_calls(local_dep, mock, targets, in_flight=2)
+
+
+
+def test_healthz_says_503_while_the_database_is_gone_and_ok_once_it_is_back(deploy, pg_url):
+    """A real PostgreSQL database taken from under a running server (its connections
+    terminated, new ones refused), then given back: /healthz is a 503 problem naming the
+    database meanwhile, and ok again after, with no restart."""
+    import psycopg
+
+    admin_url = pg_url.rsplit("/", 1)[0] + "/postgres"  # the fixture's server, its admin db
+    closed = free_port()
+    dep = deploy("postgres", broker_url=f"redis://127.0.0.1:{closed}/0")
+    server = ApiServer.start(dep, "--local")
+    name = pg_url.rsplit("/", 1)[1]
+    with server.client() as c, psycopg.connect(admin_url, autocommit=True) as admin:
+        assert c.get("/healthz").status_code == 200
+        admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false')
+        admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                      "WHERE datname = %s", (name,))
+        try:
+            r = c.get("/healthz")
+            assert r.status_code == 503, r.text
+            assert r.headers["content-type"] == "application/problem+json"
+            assert r.json()["detail"].startswith("database: ")
+        finally:
+            admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
+        wait_for(lambda: c.get("/healthz").status_code == 200, 20, "the database to be back")

@@ -237,3 +237,17 @@ def test_keys_are_each_clients_own(make_settings, mock_llm):
             clients = conn.execute(text("SELECT client FROM run ORDER BY id")).scalars().all()
         assert len(set(clients)) == 2 and all(len(k) == 32 for k in clients)
         assert not any("token" in k for k in clients)  # a hash, never the token
+
+
+def test_a_run_whose_chapters_fail_is_failed_and_its_stream_says_so(make_settings, mock_llm):
+    # A provider that refuses every request as invalid (a permanent error): nothing retried.
+    mock_llm.configure(fault_rate=1.0, faults=["400"])
+    with api(make_settings, mock_llm) as c:
+        c.put("/exams/demo", json=SYLLABUS)
+        run = c.post("/exams/demo/runs", headers={"Idempotency-Key": "k"}).json()
+        view = wait_run(c, run["id"])
+        assert view["state"] == "failed" and view["chapters"]["failed"] == 2, view
+        assert view["questions"]["done"] == 0
+        final = _events(c, run["id"])[-1]
+        assert "event: failed" in final and "id: " in final
+    assert mock_llm.stats()["calls_total"] == 2  # one refusal a chapter, none retried
