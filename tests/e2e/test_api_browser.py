@@ -302,3 +302,40 @@ def test_a_late_refresh_of_the_cancelled_run_never_takes_the_card_back(deploy, m
     browser.execute_script("return new Promise((r) => setTimeout(r, 300))")  # let it render
     assert _el(card, ".run").get_attribute("data-run") == second_run
     assert _progress(card) == (total, total, "done")
+
+
+def test_a_start_whose_reply_is_lost_is_retried_with_its_key_and_makes_one_run(
+        deploy, mock, browser):
+    """The POST reaches the server (the run is made) and its reply is lost on the way back,
+    as a dropped connection loses it: the page retries the same click with the same
+    Idempotency-Key and gets that run back, not a second one."""
+    dep = deploy("sqlite", questions_per_call=QUESTIONS_PER_CALL)
+    api = serve(dep, "--local", API_LOCAL_CONCURRENCY="2")
+    api.put_exam(SLUG, CHAPTERS, title="Browser test")
+    total = sum(n for _, n in CHAPTERS)
+    needed = sum(math.ceil(n / QUESTIONS_PER_CALL) for _, n in CHAPTERS)
+    card = _open_page(browser, api)
+    # The first start's reply is thrown away after the server answered it.
+    browser.execute_script("""
+        const real = window.fetch;
+        window.__lost = 0;
+        window.fetch = async (url, init) => {
+          const reply = await real(url, init);
+          if (init && init.method === "POST" && String(url).endsWith("/runs")
+              && window.__lost === 0) {
+            window.__lost = 1;
+            throw new TypeError("the connection dropped before the reply");
+          }
+          return reply;
+        };""")
+    browser.get_log("performance")  # drop what loading the page sent
+    _el(card, ".start").click()
+    wait_for(lambda: _progress(card) == (total, total, "done"), 60, "the run to end on the page")
+    posts = _posts(browser, f"/exams/{SLUG}/runs")
+    keys = [p["headers"].get("Idempotency-Key") for p in posts]
+    assert len(posts) == 2 and keys[0] and keys[0] == keys[1], dump(posts)
+    assert browser.execute_script("return window.__lost") == 1
+    run_id = _el(card, ".run").get_attribute("data-run")
+    assert _runs(dep) == [(int(run_id), keys[0])]  # one run in the table, not two
+    assert_stored_exactly_once(dep, SLUG, dict(CHAPTERS))
+    assert mock.stats()["calls_total"] == needed
