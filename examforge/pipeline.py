@@ -56,7 +56,6 @@ log = logging.getLogger("examforge.pipeline")
 # The longest a chapter waits in its thread for the shared rate limiter; past that it is handed
 # back to the queue for the wait (uncounted), and the thread takes other work.
 RATE_WAIT_MAX_S = 60.0
-MAX_AVOID = 200  # AVOID_QUESTIONS's upper bound (examforge.settings)
 
 __all__ = ["ChapterResult", "HandBack", "Runtime", "new_owner", "process_chapter"]
 
@@ -457,7 +456,8 @@ def _generate(rt: Runtime, claim: Claimed, lost: threading.Event, run: _Run,
         calls.count_levels(claim.view(), batch)
         for q in parsed.questions:  # the next call's prompt already avoids this batch
             calls.fresh.append(q.question)
-        del calls.fresh[:-MAX_AVOID]  # no prompt lists more
+        if len(calls.fresh) > settings.avoid_questions:  # no prompt lists more of them
+            del calls.fresh[:len(calls.fresh) - settings.avoid_questions]
         if stored + len(parsed.questions) < target:
             calls.prepare(claim.view(stored + len(parsed.questions), target))
         began = time.monotonic()
