@@ -38,6 +38,18 @@ def _port_open(host: str, port: int) -> bool:
         return False
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked `slow` are the large versions of others that run by default (a 20,000-chapter
+    exam, a hold past a minute): they run only when asked for, with `-m slow` or
+    EXAMFORGE_SLOW=1, so neither CI nor a developer's loop waits on them."""
+    if os.environ.get("EXAMFORGE_SLOW") or "slow" in (config.getoption("-m") or ""):
+        return
+    skip = pytest.mark.skip(reason="large version: run with -m slow or EXAMFORGE_SLOW=1")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
+
+
 @pytest.fixture
 def sqlite_url(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'examforge.db'}"
