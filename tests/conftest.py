@@ -42,6 +42,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Tests marked `slow` are the large versions of others that run by default (a 20,000-chapter
     exam, a hold past a minute): they run only when asked for, with `-m slow` or
     EXAMFORGE_SLOW=1, so neither CI nor a developer's loop waits on them."""
+    e2e = ROOT / "tests" / "e2e"
+    for item in items:  # every test of tests/e2e is of that tier, marked or not
+        if e2e in Path(str(item.fspath)).resolve().parents:
+            item.add_marker(pytest.mark.e2e)
     if os.environ.get("EXAMFORGE_SLOW") or "slow" in (config.getoption("-m") or ""):
         return
     skip = pytest.mark.skip(reason="large version: run with -m slow or EXAMFORGE_SLOW=1")
