@@ -7,7 +7,6 @@ import json
 import re
 import unicodedata
 from dataclasses import dataclass
-from functools import lru_cache
 
 from examforge.errors import OutputInvalid, Rejection
 
@@ -31,15 +30,24 @@ class Question:
     bloom: str | None = None
 
 
-@lru_cache(maxsize=1)
-def _format_chars() -> dict[int, None]:
+class _FormatChars(dict):  # type: ignore[type-arg]
     """A str.translate table deleting every format character (Unicode category Cf: zero-width
-    spaces and joiners, soft hyphens, BOMs, bidi marks). Built from the unicodedata that NFKC
-    uses, once, on the first text that is not ASCII (a scan of 0.08 s): `re` cannot name a
-    category, and the `regex` package's Cf class follows a newer Unicode than this Python's
-    NFKC, so the two steps would disagree on newly assigned characters."""
-    return {cp: None for cp in range(0x80, 0x110000)
-            if unicodedata.category(chr(cp)) == "Cf"}
+    spaces and joiners, soft hyphens, BOMs, bidi marks), filled as characters are met: each
+    is looked up once in the unicodedata that NFKC uses (a table of all 1.1 million code
+    points costs 0.1-0.3 s to build). `re` cannot name a category, and the `regex` package's
+    Cf class follows a newer Unicode than this Python's NFKC, so the two steps would disagree
+    on newly assigned characters. At most _CACHED characters are kept (a text made of all of
+    Unicode must not grow every worker by 100 MB)."""
+
+    def __missing__(self, cp: int) -> int | None:
+        value = None if unicodedata.category(chr(cp)) == "Cf" else cp
+        if len(self) < _CACHED:
+            self[cp] = value
+        return value
+
+
+_CACHED = 65_536
+_FORMAT_CHARS = _FormatChars()
 
 
 def canonical(text: str) -> str:
@@ -51,7 +59,7 @@ def canonical(text: str) -> str:
     migration recomputes them: storage/migrations/versions/0013_normal_form.py)."""
     if not text.isascii():  # ASCII is its own NFKC and holds no format character
         # Removed first: "e", a zero-width space and a combining acute compose once it is gone.
-        text = unicodedata.normalize("NFKC", text.translate(_format_chars()))
+        text = unicodedata.normalize("NFKC", text.translate(_FORMAT_CHARS))
     return " ".join(text.split())
 
 
