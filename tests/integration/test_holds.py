@@ -104,6 +104,7 @@ def test_a_hold_outlives_60_s_for_every_worker(redis_url, make_settings, mock_42
     limited.hold(1.0)  # a shorter hold set meanwhile does not shorten the longer one
     assert r.pttl(hold_key) > 110_000
     client.close()
+    r.delete(*r.keys(key + "*"))
 
 
 @pytest.mark.slow

@@ -232,3 +232,21 @@ def test_a_hold_that_cannot_be_read_does_not_stop_an_endpoint_with_nothing_to_en
             raise ConnectionError("Redis is restarting")
 
     assert EndpointLimit(Down(), Limits()).try_acquire(100) == 0
+
+
+def test_no_write_to_the_shared_limit_shortens_a_backlog_or_a_hold():
+    """A push-back or a refund that leaves a short backlog must not expire the key holding a
+    longer one (the old scripts set the expiry from the field they wrote: 60 s later the
+    limit forgot a 300 s token backlog, and a 120 s hold)."""
+    client = fakeredis.FakeRedis()
+    limiter = RedisLimiter(client, limiter_key("http://x/v1", "m"))
+    limits = Limits(rpm=600, tpm=6_000, burst_s=1.0)
+    assert limiter.try_acquire(limits, 30_000) == 0  # 300 s of tokens charged at once
+    limiter.hold(120)
+    limiter.adjust(limits, -10)  # a refund: its tokens field still 300 s ahead
+    limiter.push_back(limits, 0.5, 0.0)  # the requests field: half a second ahead
+    assert client.pttl(limiter_key("http://x/v1", "m")) > 290_000
+    assert 119_000 < client.pttl(limiter.hold_key) <= 120_000
+    limiter.hold(1)  # a shorter hold set meanwhile
+    assert client.pttl(limiter.hold_key) > 119_000
+    assert limiter.held() == pytest.approx(120, abs=1)

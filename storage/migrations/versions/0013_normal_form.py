@@ -21,6 +21,11 @@ memory at a time; the updates, only of rows that change, go in batches of 1,000.
 hashes are first set to NULL and then to their new value, so that no intermediate state
 breaks UNIQUE whatever the order. An exam whose signatures changed gets a new index epoch,
 which makes every process rebuild its in-memory band index of it (storage.neardup).
+100,000 questions, a tenth of them changed, take 3.8 s on SQLite and 5.5 s on PostgreSQL.
+
+The hashes' form is written out here (a migration must not change when the code does); the
+signatures come from examforge.neardup, as in 0008 and 0011, so a later change to them needs
+a migration of its own (examforge.neardup.SIGNATURE_VERSION).
 """
 
 import hashlib
