@@ -46,21 +46,21 @@ import hashlib
 import re
 import struct
 import threading
-import unicodedata
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import Enum
 from functools import lru_cache
 
-from examforge.output import normalise
+from examforge.output import canonical, normalise
 
 # The LSH layout. Fixed, not derived from NEAR_DUP_THRESHOLD: the band keys are stored, and
-# a threshold changed later must not make them stale. Changing these (or the normalisation)
-# changes every signature: bump SIGNATURE_VERSION and re-index (storage.neardup.reindex).
+# a threshold changed later must not make them stale. Changing these (or the normalisation,
+# examforge.output.canonical) changes stored signatures: bump SIGNATURE_VERSION and add a
+# migration that recomputes them (as 0013_normal_form does for version 2, the normal form).
 BANDS = 64
 ROWS = 4
 NUM_PERM = BANDS * ROWS
-SIGNATURE_VERSION = 1
+SIGNATURE_VERSION = 2
 _SEED = 1
 
 DEFAULT_THRESHOLD = 0.5
@@ -160,7 +160,9 @@ def signature(text: str, context: str = "") -> Signature:
     `context` (the chapter's title, which most of its questions repeat) are left out: they
     say nothing about what one question asks that the others do not."""
     original = text
-    text = unicodedata.normalize("NFKC", text)
+    # The exact hash's normal form (NFKC, no format characters, single spaces), case kept:
+    # a zero-width space inside "AWS" must not make "A" and "WS" of it.
+    text = canonical(text)
     idents = {m.group(0).lower() for m in _IDENT_RE.finditer(text)}
     text = _LEAD_IN_RE.sub(" ", text)
     text = _THOUSANDS_RE.sub("", text)

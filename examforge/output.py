@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import unicodedata
 from dataclasses import dataclass
 
 from examforge.errors import OutputInvalid, Rejection
@@ -29,9 +30,42 @@ class Question:
     bloom: str | None = None
 
 
+class _FormatChars(dict):  # type: ignore[type-arg]
+    """A str.translate table deleting every format character (Unicode category Cf: zero-width
+    spaces and joiners, soft hyphens, BOMs, bidi marks), filled as characters are met: each
+    is looked up once in the unicodedata that NFKC uses (a table of all 1.1 million code
+    points costs 0.1-0.3 s to build). `re` cannot name a category, and the `regex` package's
+    Cf class follows a newer Unicode than this Python's NFKC, so the two steps would disagree
+    on newly assigned characters. At most _CACHED characters are kept (a text made of all of
+    Unicode must not grow every worker by 100 MB)."""
+
+    def __missing__(self, cp: int) -> int | None:
+        value = None if unicodedata.category(chr(cp)) == "Cf" else cp
+        if len(self) < _CACHED:
+            self[cp] = value
+        return value
+
+
+_CACHED = 65_536
+_FORMAT_CHARS = _FormatChars()
+
+
+def canonical(text: str) -> str:
+    """One normal form for a text, case kept (examforge.neardup reads identifiers by their
+    capitals): NFKC (full-width and compatibility forms, NFC against NFD), format characters
+    removed (invisible: a zero-width space inside "AWS" is still "AWS" to a reader), and
+    whitespace collapsed to single spaces. What the exact hash and the near-duplicate
+    signatures are computed from; changing it changes stored hashes and signatures (a
+    migration recomputes them: storage/migrations/versions/0013_normal_form.py)."""
+    if not text.isascii():  # ASCII is its own NFKC and holds no format character
+        # Removed first: "e", a zero-width space and a combining acute compose once it is gone.
+        text = unicodedata.normalize("NFKC", text.translate(_FORMAT_CHARS))
+    return " ".join(text.split())
+
+
 def normalise(text: str) -> str:
-    """The form in which two questions count as the same."""
-    return " ".join(text.lower().split())
+    """The form in which two questions count as the same: `canonical`, lower-cased."""
+    return canonical(text).lower()
 
 
 def text_hash(text: str) -> str:

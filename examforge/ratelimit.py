@@ -18,6 +18,12 @@ Redis module the server must load, and it is in maintenance mode; PyrateLimiter 
 concurrency bugs on Redis. GCRA is a few lines of arithmetic on two numbers, which the script
 below does with Redis's own clock, so machines with skewed clocks share one timeline.
 
+A provider's hold (a 429's Retry-After) is a key of its own, `<limit key>:hold`, whose expiry
+is the hold's end: Redis forgets it exactly when nobody need wait any more, and nothing that
+sets the limit's own expiry (which follows its backlog) can cut it short. Every worker reads
+it at each admission: one whose limits are configured or learned in the admission's script,
+one with none by a single PTTL, the only Redis round trip it makes.
+
 `LocalLimiter` is the same arithmetic in process, for `producer run` with no Redis.
 
 When Redis is unreachable the limiter fails safe: `acquire` keeps waiting and retrying, and
@@ -36,8 +42,6 @@ from typing import Any, Callable, Mapping, Protocol
 log = logging.getLogger(__name__)
 # Float sums of intervals drift by ulps; a burst of ten must not become nine.
 _EPSILON_S = 1e-9
-# After a 429 with no limit configured, how long a worker keeps checking the shared hold.
-HOLD_WATCH_S = 600.0
 
 
 @dataclass(frozen=True)
@@ -74,29 +78,35 @@ class Limiter(Protocol):
     def hold(self, seconds: float) -> None:
         """Nobody on this endpoint sends anything for `seconds` (a 429's Retry-After)."""
 
+    def held(self) -> float:
+        """The seconds left of the endpoint's hold (0 when there is none): what a worker with
+        no limits to enforce asks before each call."""
+
     def push_back(self, limits: Limits, requests_wait_s: float, tokens_wait_s: float) -> None:
         """The provider says it has no room: make the next admission wait at least this."""
 
 
 # ---------------------------------------------------------------- Redis, shared
+# KEYS: the limit's hash, its hold key. The hash's expiry is always set from the later of its
+# two backlogs (+60 s), so that no script shortens the life of a backlog another one set.
 _ACQUIRE = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-local st = redis.call('HMGET', KEYS[1], 'tat_r', 'tat_t', 'hold')
+local st = redis.call('HMGET', KEYS[1], 'tat_r', 'tat_t')
 local tat_r = math.max(tonumber(st[1]) or now, now)
 local tat_t = math.max(tonumber(st[2]) or now, now)
-local hold = tonumber(st[3]) or 0
+local held = redis.call('PTTL', KEYS[2])
 local Tr, Tt = tonumber(ARGV[1]), tonumber(ARGV[2])
 local tau_r, tau_t, cost = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local wait = 0
-if hold > now then wait = hold - now end
+if held > 0 then wait = held / 1000 end
 if Tr > 0 and tat_r - now > tau_r + 1e-9 then wait = math.max(wait, tat_r - now - tau_r) end
 if Tt > 0 and tat_t - now > tau_t + 1e-9 then wait = math.max(wait, tat_t - now - tau_t) end
 if wait > 0 then return tostring(wait) end
 if Tr > 0 then tat_r = tat_r + Tr end
 if Tt > 0 then tat_t = tat_t + cost * Tt end
 redis.call('HSET', KEYS[1], 'tat_r', tostring(tat_r), 'tat_t', tostring(tat_t))
-redis.call('PEXPIRE', KEYS[1], math.ceil((math.max(tat_r, tat_t, hold) - now + 60) * 1000))
+redis.call('PEXPIRE', KEYS[1], math.ceil((math.max(tat_r, tat_t) - now + 60) * 1000))
 return '0'
 """
 
@@ -106,7 +116,8 @@ local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 local tat_t = math.max(tonumber(redis.call('HGET', KEYS[1], 'tat_t')) or now, now)
 tat_t = math.max(tat_t + tonumber(ARGV[1]) * tonumber(ARGV[2]), now)
 redis.call('HSET', KEYS[1], 'tat_t', tostring(tat_t))
-redis.call('PEXPIRE', KEYS[1], math.ceil((tat_t - now + 60) * 1000))
+local tat_r = tonumber(redis.call('HGET', KEYS[1], 'tat_r')) or now
+redis.call('PEXPIRE', KEYS[1], math.ceil((math.max(tat_r, tat_t) - now + 60) * 1000))
 return 1
 """
 
@@ -117,7 +128,17 @@ local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 local until_ = now + tonumber(ARGV[2])
 local current = tonumber(redis.call('HGET', KEYS[1], ARGV[1])) or 0
 if until_ > current then redis.call('HSET', KEYS[1], ARGV[1], tostring(until_)) end
-redis.call('PEXPIRE', KEYS[1], math.ceil((tonumber(ARGV[2]) + 60) * 1000))
+local st = redis.call('HMGET', KEYS[1], 'tat_r', 'tat_t')
+local last = math.max(tonumber(st[1]) or now, tonumber(st[2]) or now)
+redis.call('PEXPIRE', KEYS[1], math.ceil((last - now + 60) * 1000))
+return 1
+"""
+
+# KEYS: the hold key; ARGV: the hold in ms. The key lives until the hold ends; a shorter hold
+# set meanwhile never shortens a longer one.
+_HOLD = """
+local ms = math.max(1, math.ceil(tonumber(ARGV[1])))
+if redis.call('PTTL', KEYS[1]) < ms then redis.call('SET', KEYS[1], '1', 'PX', ms) end
 return 1
 """
 
@@ -134,13 +155,15 @@ class RedisLimiter:
     def __init__(self, client: Any, key: str) -> None:
         self._client = client
         self._key = key
+        self.hold_key = f"{key}:hold"
         self._acquire = client.register_script(_ACQUIRE)
         self._adjust = client.register_script(_ADJUST)
         self._push = client.register_script(_PUSH)
+        self._hold = client.register_script(_HOLD)
 
     def try_acquire(self, limits: Limits, tokens: int) -> float:
         tau_r, tau_t = limits.tolerance_s()
-        return float(self._acquire(keys=[self._key], args=[
+        return float(self._acquire(keys=[self._key, self.hold_key], args=[
             repr(limits.request_interval_s), repr(limits.token_interval_s), repr(tau_r),
             repr(tau_t), int(tokens)]))
 
@@ -149,7 +172,10 @@ class RedisLimiter:
             self._adjust(keys=[self._key], args=[int(tokens), repr(limits.token_interval_s)])
 
     def hold(self, seconds: float) -> None:
-        self._push(keys=[self._key], args=["hold", repr(float(seconds))])
+        self._hold(keys=[self.hold_key], args=[repr(float(seconds) * 1000)])
+
+    def held(self) -> float:
+        return max(0, int(self._client.pttl(self.hold_key))) / 1000
 
     def push_back(self, limits: Limits, requests_wait_s: float, tokens_wait_s: float) -> None:
         tau_r, tau_t = limits.tolerance_s()
@@ -205,6 +231,10 @@ class LocalLimiter:
     def hold(self, seconds: float) -> None:
         with self._lock:
             self._hold = max(self._hold, self._clock() + seconds)
+
+    def held(self) -> float:
+        with self._lock:
+            return max(0.0, self._hold - self._clock())
 
     def push_back(self, limits: Limits, requests_wait_s: float, tokens_wait_s: float) -> None:
         tau_r, tau_t = limits.tolerance_s()
@@ -290,8 +320,8 @@ class EndpointLimit:
         self.configured = configured
         self._learned_rpm: float | None = None
         self._learned_tpm: float | None = None
-        self._watch_until = float("-inf")
         self.refund_unused = refund_unused
+        self._hold_unread = False  # the last read of the hold failed (logged once)
 
     @property
     def limits(self) -> Limits:
@@ -303,22 +333,30 @@ class EndpointLimit:
 
     @property
     def active(self) -> bool:
-        """Whether there is anything to enforce: a limit configured or learned, or a recent
-        429 (whose hold, set by any worker, must be seen). When not, nobody's Redis is asked."""
+        """Whether there is a limit to enforce, configured or learned. When not, an admission
+        only reads the endpoint's hold."""
         limits = self.limits
-        return bool(limits.rpm or limits.tpm) or time.monotonic() < self._watch_until
-
-    def watch_holds(self, seconds: float = HOLD_WATCH_S) -> None:
-        self._watch_until = max(self._watch_until, time.monotonic() + seconds)
+        return bool(limits.rpm or limits.tpm)
 
     def try_acquire(self, tokens: int) -> float:
-        if not self.active:
+        if self.active:
+            return self.limiter.try_acquire(self.limits, tokens)
+        # Any worker's 429 holds this one too, limits or not. A hold that cannot be read is
+        # taken as none: with no limit to keep, there is nothing the wait would account for,
+        # and the provider says so again with its next 429 (whose hold is then set here).
+        try:
+            held = self.limiter.held()
+        except Exception as exc:  # noqa: BLE001
+            if not self._hold_unread:
+                log.warning("rate limiter unreachable; its hold is not read: %s",
+                            str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+            self._hold_unread = True
             return 0.0
-        return self.limiter.try_acquire(self.limits, tokens)
+        self._hold_unread = False
+        return held
 
     def hold(self, seconds: float) -> None:
         """Every worker on this endpoint waits `seconds` (a 429's Retry-After)."""
-        self.watch_holds()
         self._quietly(self.limiter.hold, seconds)
 
     def refund(self, tokens: int) -> None:

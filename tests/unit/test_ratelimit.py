@@ -201,18 +201,52 @@ def test_acquire_hands_back_when_the_wait_is_longer_than_allowed():
     assert 29 < info.value.args[0] <= 30
 
 
-def test_an_endpoint_with_nothing_to_enforce_never_asks_the_limiter():
+def test_an_endpoint_with_nothing_to_enforce_only_reads_the_hold():
     class Counting(LocalLimiter):
-        asked = 0
+        asked = reads = 0
 
         def try_acquire(self, limits, tokens):  # type: ignore[no-untyped-def]
             Counting.asked += 1
             return super().try_acquire(limits, tokens)
 
-    limit = EndpointLimit(Counting(), Limits())  # no RPM/TPM configured or learned
-    assert limit.try_acquire(100) == 0 and Counting.asked == 0
-    limit.hold(0.01)  # a 429 was seen: holds set by any worker are watched from now on
-    limit.try_acquire(100)
-    assert Counting.asked == 1
+        def held(self):  # type: ignore[no-untyped-def]
+            Counting.reads += 1
+            return super().held()
+
+    clock = Clock()
+    limit = EndpointLimit(Counting(clock), Limits())  # no RPM/TPM configured or learned
+    assert limit.try_acquire(100) == 0 and (Counting.asked, Counting.reads) == (0, 1)
+    limit.hold(120)  # any worker's 429: this one waits it out too, from its first admission
+    assert limit.try_acquire(100) == pytest.approx(120) and Counting.asked == 0
+    clock.now += 120
+    assert limit.try_acquire(100) == 0 and (Counting.asked, Counting.reads) == (0, 3)
     limit.observe({"x-ratelimit-limit-requests": "600"}, last_tokens=0)
     assert limit.active and limit.limits.rpm == 600  # learned from the provider
+    limit.try_acquire(100)
+    assert (Counting.asked, Counting.reads) == (1, 3)  # the admission's script reads the hold
+
+
+def test_a_hold_that_cannot_be_read_does_not_stop_an_endpoint_with_nothing_to_enforce():
+    class Down(LocalLimiter):
+        def held(self):  # type: ignore[no-untyped-def]
+            raise ConnectionError("Redis is restarting")
+
+    assert EndpointLimit(Down(), Limits()).try_acquire(100) == 0
+
+
+def test_no_write_to_the_shared_limit_shortens_a_backlog_or_a_hold():
+    """A push-back or a refund that leaves a short backlog must not expire the key holding a
+    longer one (the old scripts set the expiry from the field they wrote: 60 s later the
+    limit forgot a 300 s token backlog, and a 120 s hold)."""
+    client = fakeredis.FakeRedis()
+    limiter = RedisLimiter(client, limiter_key("http://x/v1", "m"))
+    limits = Limits(rpm=600, tpm=6_000, burst_s=1.0)
+    assert limiter.try_acquire(limits, 30_000) == 0  # 300 s of tokens charged at once
+    limiter.hold(120)
+    limiter.adjust(limits, -10)  # a refund: its tokens field still 300 s ahead
+    limiter.push_back(limits, 0.5, 0.0)  # the requests field: half a second ahead
+    assert client.pttl(limiter_key("http://x/v1", "m")) > 290_000
+    assert 119_000 < client.pttl(limiter.hold_key) <= 120_000
+    limiter.hold(1)  # a shorter hold set meanwhile
+    assert client.pttl(limiter.hold_key) > 119_000
+    assert limiter.held() == pytest.approx(120, abs=1)
