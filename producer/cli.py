@@ -279,7 +279,8 @@ def _print_status(report: ExamReport) -> None:
                   + f", elapsed {duration(report.elapsed_s)}")
     out.print(f"calls: {u.calls} (used {u.calls_used}, wasted {u.calls_wasted}, "
               f"failed {u.calls_failed}, in flight {u.calls_in_flight}); "
-              f"tokens: {u.prompt_tokens} prompt + {u.completion_tokens} completion; "
+              f"tokens: {u.prompt_tokens} prompt ({u.cached_tokens} of them cached) + "
+              f"{u.completion_tokens} completion; "
               f"cost: ${report.cost_usd:.4f}")
     if report.budget_usd is not None:
         headroom = max(0.0, report.budget_usd - report.spent_usd - report.reserved_usd)
