@@ -100,6 +100,7 @@ class Estimate:
                 "completion_source": self.completion_source,
                 "price": {"prompt_per_mtok": self.price.prompt_per_mtok,
                           "completion_per_mtok": self.price.completion_per_mtok,
+                          "cached_prompt_per_mtok": self.price.cached_per_mtok,
                           "source": self.price.source, "known": self.price.known},
                 "worst_usd": round(self.worst_usd, 6),
                 "expected_usd": round(self.expected_usd, 6),

@@ -118,7 +118,8 @@ def _dry_run(settings: Settings, slug: str, syllabus: Syllabus, budget_usd: floa
               f"{est.expected_completion_tokens:,} ({est.completion_per_question:.0f} per "
               f"question, {est.completion_source})", soft_wrap=True)
     out.print(f"  price: ${p.prompt_per_mtok:g} / ${p.completion_per_mtok:g} per million "
-              f"prompt / completion tokens ({p.source})", soft_wrap=True)
+              f"prompt / completion tokens, ${p.cached_per_mtok:g} cached prompt ({p.source})",
+              soft_wrap=True)
     out.print(f"  cost: worst case ${est.worst_usd:.4f}, expected ${est.expected_usd:.4f}")
     if budget is not None:
         verdict = ("fits even at worst case" if est.worst_usd <= budget else
