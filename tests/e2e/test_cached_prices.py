@@ -64,4 +64,5 @@ def test_cost_equals_the_bill_with_cached_tokens_at_their_price(deploy, mock, da
     # The cached tokens on the rows and in status are the mock's.
     assert sum(c["cached_tokens"] for c in calls) == billed_cached
     assert report["usage"]["cached_tokens"] == billed_cached
+    assert f"({billed_cached} of them cached)" in dep.cli("status", "exam").stdout
     assert report["usage"]["prompt_tokens"] == sum(u["prompt_tokens"] for u in usage if u["billed"])
