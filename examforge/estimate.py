@@ -17,7 +17,7 @@ from examforge.prices import Price
 from examforge.prompt import build_messages
 from examforge.settings import Settings
 from examforge.syllabus import Syllabus, slice_ranges
-from examforge.tokens import count_messages, encoding_name
+from examforge.tokens import count_messages, encoding_name, reserve_prompt_tokens
 
 # Completion tokens of one multiple-choice question with its explanation, as JSON, when no
 # call has been seen yet (English; scripts the tokenizer splits finely take two or three times).
@@ -57,6 +57,9 @@ class Estimate:
     completion_source: str
     chapters: list[ChapterEstimate] = field(default_factory=list)
     worst_price: Price | None = None  # the dearer endpoint, when a fallback may serve calls
+    # The models that may serve calls: a prompt not counted exactly by all of them is reserved
+    # with the margin, as a call's own reservation is (examforge.tokens.reserve_prompt_tokens).
+    models: tuple[str, ...] = ()
 
     @property
     def calls(self) -> int:
@@ -80,8 +83,8 @@ class Estimate:
 
     @property
     def worst_usd(self) -> float:
-        return (self.worst_price or self.price).cost_usd(self.prompt_tokens,
-                                                          self.max_completion_tokens)
+        prompt = reserve_prompt_tokens(self.prompt_tokens, *(self.models or (self.model,)))
+        return (self.worst_price or self.price).cost_usd(prompt, self.max_completion_tokens)
 
     @property
     def expected_usd(self) -> float:
@@ -97,6 +100,7 @@ class Estimate:
                 "completion_source": self.completion_source,
                 "price": {"prompt_per_mtok": self.price.prompt_per_mtok,
                           "completion_per_mtok": self.price.completion_per_mtok,
+                          "cached_prompt_per_mtok": self.price.cached_per_mtok,
                           "source": self.price.source, "known": self.price.known},
                 "worst_usd": round(self.worst_usd, 6),
                 "expected_usd": round(self.expected_usd, 6),
@@ -123,7 +127,9 @@ def estimate(slug: str, syllabus: Syllabus, settings: Settings, *,
         completion_per_question=completion_per_question or DEFAULT_COMPLETION_PER_QUESTION,
         completion_source=("observed in this database" if completion_per_question
                            else "default"),
-        worst_price=worst)
+        worst_price=worst,
+        models=(model,) + ((settings.llm_fallback_model or model,)
+                           if settings.llm_fallback_base_url else ()))
     for chapter in syllabus.chapters:
         texts = list(stored.get(chapter.id, []))
         ch = ChapterEstimate(chapter.id, stored=len(texts), target=chapter.questions)

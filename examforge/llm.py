@@ -42,14 +42,14 @@ from examforge.errors import (
 from examforge.prices import Price
 from examforge.ratelimit import EndpointLimit, Limiter, Limits, LocalLimiter, acquire
 from examforge.settings import Settings
-from examforge.tokens import count_messages, count_text, is_exact
+from examforge.tokens import PROMPT_MARGIN  # noqa: F401  (re-exported: it was defined here)
+from examforge.tokens import count_messages, count_text, reserve_prompt_tokens
 
 log = logging.getLogger(__name__)
 # A 429 that names no Retry-After still holds every worker back this long.
 DEFAULT_RATE_HOLD_S = 1.0
-# Llama, Qwen and the like split text into up to ~20 % more tokens than cl100k_base, which
-# counts their prompts: a budget reserves that much more for them.
-PROMPT_MARGIN = 1.25
+# PROMPT_MARGIN (examforge.tokens) is what a budget reserves on top of a prompt counted with
+# the fallback encoding.
 
 
 @dataclass(frozen=True)
@@ -63,6 +63,7 @@ class Completion:
     usage_estimated: bool = False  # the reply had no usage: these are our own counts
     cost_usd: float = 0.0
     price_known: bool = True
+    cached_tokens: int = 0  # of prompt_tokens, read from the provider's prompt cache
 
     @property
     def endpoint(self) -> str:
@@ -145,8 +146,8 @@ class LLMClient:
                 fallback=True)
         self._primary_down_until = float("-inf")  # -inf: the primary is not known to be down
         self._lock = threading.Lock()
-        self._exact_counts = is_exact(self._primary.model) and (
-            self._fallback is None or is_exact(self._fallback.model))
+        self._models = (self._primary.model,) + ((self._fallback.model,) if self._fallback
+                                                   else ())
 
     def _endpoint(self, base_url: str, key: SecretStr, model: str,
                   transport: httpx.BaseTransport | None, limiters: LimiterFactory,
@@ -179,7 +180,7 @@ class LLMClient:
         A prompt counted with the fallback tokenizer (a model tiktoken does not know) is
         reserved with a margin, since the provider's own tokenizer may count more."""
         prices = [self._primary.price] + ([self._fallback.price] if self._fallback else [])
-        prompt = prompt_tokens if self._exact_counts else int(prompt_tokens * PROMPT_MARGIN) + 1
+        prompt = reserve_prompt_tokens(prompt_tokens, *self._models)
         return max(p.cost_usd(prompt, max_tokens) for p in prices)
 
     @property
@@ -479,7 +480,10 @@ def _error(response: httpx.Response, raw: bytes, ep: _Endpoint) -> ProviderError
     return err
 
 
-def _usage(data: dict[str, object]) -> tuple[int, int] | None:
+def _usage(data: dict[str, object]) -> tuple[int, int, int] | None:
+    """(prompt, completion, cached prompt) tokens of a reply's usage, or None without one.
+    Cached tokens are part of prompt_tokens: OpenAI's `prompt_tokens_details.cached_tokens`,
+    or `cache_read_input_tokens` as gateways pass Anthropic's cache reads through."""
     usage = data.get("usage")
     if not isinstance(usage, dict):
         return None
@@ -490,7 +494,11 @@ def _usage(data: dict[str, object]) -> tuple[int, int] | None:
     prompt, completion = _int(usage.get("prompt_tokens")), _int(usage.get("completion_tokens"))
     if prompt is None or completion is None:
         return None
-    return prompt, completion
+    details = usage.get("prompt_tokens_details")
+    cached = _int(details.get("cached_tokens")) if isinstance(details, dict) else None
+    if cached is None:
+        cached = _int(usage.get("cache_read_input_tokens"))
+    return prompt, completion, min(cached or 0, prompt)
 
 
 def _translate(response: httpx.Response, raw: bytes, ep: _Endpoint,
@@ -526,8 +534,8 @@ def _translate(response: httpx.Response, raw: bytes, ep: _Endpoint,
     if usage is None:
         # Some servers and gateways send no usage. That call is not free: count it ourselves
         # (the prompt as sent, the reply as received) and say the count is ours.
-        usage = (count_messages(messages, ep.model), count_text(content or "", ep.model))
-    prompt_tokens, completion_tokens = usage
+        usage = (count_messages(messages, ep.model), count_text(content or "", ep.model), 0)
+    prompt_tokens, completion_tokens, cached_tokens = usage
     return Completion(
         content=content,
         finish_reason=finish_reason,
@@ -536,8 +544,9 @@ def _translate(response: httpx.Response, raw: bytes, ep: _Endpoint,
         model=str(data.get("model") or ep.model),
         fallback=ep.fallback,
         usage_estimated=estimated,
-        cost_usd=ep.price.cost_usd(prompt_tokens, completion_tokens),
+        cost_usd=ep.price.cost_usd(prompt_tokens, completion_tokens, cached_tokens),
         price_known=ep.price.known,
+        cached_tokens=cached_tokens,
     )
 
 

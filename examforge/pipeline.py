@@ -433,7 +433,8 @@ def _generate(rt: Runtime, claim: Claimed, lost: threading.Event, run: _Run,
                 raise OutputInvalid(Rejection.reply_too_large, str(exc)) from None
             continue
         usage = Usage(completion.prompt_tokens, completion.completion_tokens,
-                      completion.cost_usd, completion.endpoint, completion.usage_estimated)
+                      completion.cost_usd, completion.endpoint, completion.usage_estimated,
+                      completion.cached_tokens)
         try:
             parsed = parse_questions(completion.content, completion.finish_reason, nxt.want,
                                      known)

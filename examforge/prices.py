@@ -1,117 +1,139 @@
-"""What a model's tokens cost: a built-in price table, overridden by `LLM_PRICE_*` settings.
+"""What a model's tokens cost: Pydantic's `genai-prices` data, overridden by `LLM_PRICE_*`.
 
-USD per million prompt and per million completion tokens, at the providers' standard
-(non-batch, uncached) list prices. Sources, checked on 2026-11-30 (prices change: set
-`LLM_PRICE_PROMPT_PER_MTOK` and `LLM_PRICE_COMPLETION_PER_MTOK` to override):
-- OpenAI: developers.openai.com/api/docs/pricing (the older models as last listed there);
-- Anthropic: docs.claude.com pricing, for the model ids its OpenAI-compatible endpoint and
-  the common gateways (OpenRouter `anthropic/...`) accept;
-- open models: the host's own price list (Groq, Together AI), for the model ids those hosts
-  use. The same open model elsewhere (a local Ollama, your own vLLM) has no built-in price.
+USD per million prompt, cached prompt and completion tokens, at the providers' standard
+(non-batch) list prices. The figures are the price data bundled in the installed
+`genai-prices` package, which is maintained upstream (its `data.py` is generated from the
+providers' pricing pages and carries cached, cache-write and batch prices). To update them,
+upgrade the package (`pip install -U genai-prices`), or set `LLM_PRICE_PROMPT_PER_MTOK`,
+`LLM_PRICE_COMPLETION_PER_MTOK` and `LLM_PRICE_CACHED_PROMPT_PER_MTOK`.
 
-A model with no price here and none configured is booked at $0, and every command that
-starts work says so on one line: a $0 bill must never be a surprise.
+Offline by design: `genai-prices` can fetch newer prices from the network, but only through
+its `UpdatePrices` class, which examforge never starts. A lookup here reads the data bundled in
+the package and nothing else (`genai_prices.calc_price` uses the bundled snapshot unless
+`UpdatePrices` installed another), so a worker never blocks on the network for a price.
+
+A model is looked up at the provider its base URL names (api.openai.com, api.groq.com,
+openrouter.ai, ...), then by its id alone, then under the provider of a gateway prefix
+(`openai/gpt-4o-mini`). A model with no price there and none configured is booked at $0,
+and every command that starts work says so on one line: a $0 bill must never be a surprise.
+The bundled mock server's model is free.
+
+Cached prompt tokens are part of `prompt_tokens` in OpenAI's usage: `Price.cost_usd` bills
+`prompt - cached` at the prompt price and `cached` at the cached price. A model whose data has
+no cached price (no cache discount) bills cached tokens at the prompt price.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
+from decimal import Decimal
+from functools import lru_cache
+from importlib.metadata import version
 
-AS_OF = "2026-11-30"
+log = logging.getLogger(__name__)
 
-# model id -> (prompt, completion) USD per million tokens, and where the figure comes from.
-_OPENAI = "OpenAI pricing page"
-_ANTHROPIC = "Anthropic pricing page"
-BUILTIN: dict[str, tuple[float, float, str]] = {
-    # OpenAI
-    "gpt-5.5": (5.00, 30.00, _OPENAI),
-    "gpt-5.4": (2.50, 15.00, _OPENAI),
-    "gpt-5.1": (1.25, 10.00, _OPENAI),
-    "gpt-5": (1.25, 10.00, _OPENAI),
-    "gpt-5-mini": (0.25, 2.00, _OPENAI),
-    "gpt-5-nano": (0.05, 0.40, _OPENAI),
-    "gpt-4.1": (2.00, 8.00, _OPENAI),
-    "gpt-4.1-mini": (0.40, 1.60, _OPENAI),
-    "gpt-4.1-nano": (0.10, 0.40, _OPENAI),
-    "gpt-4o": (2.50, 10.00, _OPENAI),
-    "gpt-4o-mini": (0.15, 0.60, _OPENAI),
-    "o3": (2.00, 8.00, _OPENAI),
-    "o3-mini": (1.10, 4.40, _OPENAI),
-    "o4-mini": (1.10, 4.40, _OPENAI),
-    "gpt-4-turbo": (10.00, 30.00, _OPENAI),
-    "gpt-3.5-turbo": (0.50, 1.50, _OPENAI),
-    # Anthropic (through an OpenAI-compatible endpoint or gateway)
-    "claude-sonnet-5-5": (2.00, 10.00, _ANTHROPIC),
-    "claude-sonnet-5": (2.00, 10.00, _ANTHROPIC),
-    "claude-opus-4-7": (5.00, 25.00, _ANTHROPIC),
-    "claude-opus-4-6": (5.00, 25.00, _ANTHROPIC),
-    "claude-opus-4-5": (5.00, 25.00, _ANTHROPIC),
-    "claude-opus-4-1": (15.00, 75.00, _ANTHROPIC),
-    "claude-opus-4": (15.00, 75.00, _ANTHROPIC),
-    "claude-sonnet-4-5": (3.00, 15.00, _ANTHROPIC),
-    "claude-sonnet-4": (3.00, 15.00, _ANTHROPIC),
-    "claude-3-7-sonnet": (3.00, 15.00, _ANTHROPIC),
-    "claude-3-5-sonnet": (3.00, 15.00, _ANTHROPIC),
-    "claude-haiku-4-5": (1.00, 5.00, _ANTHROPIC),
-    "claude-3-5-haiku": (0.80, 4.00, _ANTHROPIC),
-    "claude-3-haiku": (0.25, 1.25, _ANTHROPIC),
-    # Open models, at the host that names them this way
-    "llama-3.3-70b-versatile": (0.59, 0.79, "Groq pricing page"),
-    "llama-3.1-8b-instant": (0.05, 0.08, "Groq pricing page"),
-    "meta-llama/llama-3.3-70b-instruct-turbo": (0.88, 0.88, "Together AI pricing page"),
-    # The bundled mock server is free.
-    "mock-model": (0.0, 0.0, "examforge's mock server"),
-}
+SETTINGS_SOURCE = "LLM_PRICE_* settings"
+MOCK_MODEL = "mock-model"
 
 
 @dataclass(frozen=True)
 class Price:
     prompt_per_mtok: float
     completion_per_mtok: float
-    source: str  # "LLM_PRICE_* settings", "<table source>, <date>", or "unknown"
+    source: str  # "LLM_PRICE_* settings", "genai-prices <version> (<provider>/<model>)", ...
+    # USD per million cached prompt tokens (a prompt-cache read); None: the prompt price.
+    cached_prompt_per_mtok: float | None = None
 
     @property
     def known(self) -> bool:
         return self.source != "unknown"
 
-    def cost_usd(self, prompt_tokens: int, completion_tokens: int) -> float:
-        return (prompt_tokens * self.prompt_per_mtok
+    @property
+    def cached_per_mtok(self) -> float:
+        return self.prompt_per_mtok if self.cached_prompt_per_mtok is None \
+            else self.cached_prompt_per_mtok
+
+    def cost_usd(self, prompt_tokens: int, completion_tokens: int,
+                 cached_tokens: int = 0) -> float:
+        """The one place a cost is computed. `cached_tokens` are the part of `prompt_tokens`
+        the provider read from its prompt cache (OpenAI's `prompt_tokens_details.cached_tokens`):
+        they are billed at the cached price, the rest of the prompt at the prompt price."""
+        cached = min(max(cached_tokens, 0), prompt_tokens)
+        return ((prompt_tokens - cached) * self.prompt_per_mtok
+                + cached * self.cached_per_mtok
                 + completion_tokens * self.completion_per_mtok) / 1_000_000
 
 
 UNKNOWN = Price(0.0, 0.0, "unknown")
+FREE_MOCK = Price(0.0, 0.0, "examforge's mock server", 0.0)
 
 
-def _candidates(model: str) -> list[str]:
-    """`model` as written, without a gateway's provider prefix, and without a dated snapshot
-    suffix: `openai/gpt-4o-mini-2024-07-18` finds `gpt-4o-mini`, `claude-sonnet-4-5-20250929`
-    and `anthropic/claude-sonnet-4.5` find `claude-sonnet-4-5`."""
+def _base_rate(value: object) -> float | None:
+    """A price from the data as a float. Tiered prices (a higher rate past 200k or 272k prompt
+    tokens) give their base rate: examforge's prompts are a few thousand tokens."""
+    if value is None:
+        return None
+    base = getattr(value, "base", value)
+    return float(base) if isinstance(base, (Decimal, int, float)) else None
+
+
+def _lookups(model: str, base_url: str | None) -> list[dict[str, str]]:
+    """The genai-prices lookups to try, most specific first."""
     name = model.strip().lower()
-    out = [name]
-    if "/" in name and name not in BUILTIN:
-        out.append(name.split("/", 1)[1])
-    for base in list(out):
-        dotted = base.replace(".", "-") if base.startswith("claude") else base
-        out.append(dotted)
-        parts = dotted.split("-")
-        # Drop a trailing date (20250929, 2024-07-18) or "latest".
-        while parts and (parts[-1].isdigit() and len(parts[-1]) >= 2 or parts[-1] == "latest"):
-            parts.pop()
-            out.append("-".join(parts))
-    return out
+    tries: list[dict[str, str]] = []
+    if base_url:
+        tries.append({"model_ref": name, "provider_api_url": base_url})
+    tries.append({"model_ref": name})
+    if "/" in name:
+        provider, _, rest = name.partition("/")
+        tries.append({"model_ref": rest, "provider_id": provider})
+        tries.append({"model_ref": rest})
+    return tries
 
 
-def builtin_price(model: str) -> Price | None:
-    for name in _candidates(model):
-        if name in BUILTIN:
-            prompt, completion, source = BUILTIN[name]
-            return Price(prompt, completion, f"{source}, {AS_OF} ({name})")
+@lru_cache(maxsize=64)
+def library_price(model: str, base_url: str | None = None) -> Price | None:
+    """The price of `model` in genai-prices' bundled data, or None when it has none."""
+    if not model.strip():
+        return None
+    from genai_prices import Usage, calc_price
+
+    for kwargs in _lookups(model, base_url):
+        ref = kwargs.pop("model_ref")
+        try:
+            calc = calc_price(Usage(input_tokens=0, output_tokens=0), ref,
+                              **kwargs)  # type: ignore[call-overload]
+        except LookupError:
+            continue
+        mp = calc.model_price
+        prompt, completion = _base_rate(mp.input_mtok), _base_rate(mp.output_mtok)
+        if prompt is None or completion is None:
+            continue
+        return Price(prompt, completion,
+                     f"genai-prices {version('genai-prices')} "
+                     f"({calc.provider.id}/{calc.model.id})",
+                     _base_rate(mp.cache_read_mtok))
     return None
 
 
-def resolve(model: str, prompt_per_mtok: float | None,
-            completion_per_mtok: float | None) -> Price:
-    """The configured prices if given, else the table's, else UNKNOWN ($0, and a warning)."""
+def resolve(model: str, prompt_per_mtok: float | None, completion_per_mtok: float | None,
+            cached_prompt_per_mtok: float | None = None, *,
+            base_url: str | None = None) -> Price:
+    """The configured prices if given, else the price data's, else UNKNOWN ($0, a warning).
+
+    The cached price: `cached_prompt_per_mtok` when set; else, with the data's prices, the
+    data's cached price; with configured prompt and completion prices, the configured prompt
+    price (no discount assumed: a cost never below the bill)."""
     if prompt_per_mtok is not None and completion_per_mtok is not None:
-        return Price(prompt_per_mtok, completion_per_mtok, "LLM_PRICE_* settings")
-    return builtin_price(model) or UNKNOWN
+        return Price(prompt_per_mtok, completion_per_mtok, SETTINGS_SOURCE,
+                     cached_prompt_per_mtok)
+    if model.strip().lower() == MOCK_MODEL:
+        return FREE_MOCK
+    found = library_price(model, base_url)
+    if found is None:
+        return UNKNOWN
+    if cached_prompt_per_mtok is not None:
+        return Price(found.prompt_per_mtok, found.completion_per_mtok,
+                     f"{found.source}, cached: {SETTINGS_SOURCE}", cached_prompt_per_mtok)
+    return found

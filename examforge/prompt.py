@@ -3,6 +3,12 @@
 The user message is a list of `Label: value` lines. The labels are a closed vocabulary
 (`Label`), shared with the mock model server, which reads the same lines back with
 `read_fields` instead of keeping its own copy of them.
+
+The order is for providers' prompt caches, which bill a prefix seen recently at a discount
+(OpenAI: an identical prefix of 1024 tokens or more, in 128-token steps): what stays the same
+across a chapter's calls comes first (the system prompt, the exam and chapter fields, the
+Bloom levels, the guidance), and what changes from call to call last (the questions to avoid,
+then this call's numbers, difficulty counts and question count).
 """
 
 from __future__ import annotations
@@ -59,14 +65,22 @@ def _label_pattern(label: Label) -> str:
 
 _FIELD_RES = {label: re.compile(_label_pattern(label), re.MULTILINE | re.IGNORECASE)
               for label in Label}
+# This call's own lines, written last (after the guidance and the questions to avoid, whose
+# text is the syllabus's or the model's): read from the last match, so that text can never
+# stand in for them. The other labels are written first and read from the first match.
+CALL_LABELS = frozenset({Label.question_numbers, Label.difficulty, Label.question_count})
 
 
 def read_fields(text: str) -> dict[Label, str]:
-    """The first value of each label found in a user message (the inverse of the lines
+    """The value of each label found in a user message (the inverse of the lines
     `build_messages` writes)."""
     found: dict[Label, str] = {}
     for label, pattern in _FIELD_RES.items():
-        match = pattern.search(text)
+        if label in CALL_LABELS:
+            matches = list(pattern.finditer(text))
+            match = matches[-1] if matches else None
+        else:
+            match = pattern.search(text)
         if match:
             found[label] = match.group("value")
     return found
@@ -100,31 +114,33 @@ def build_messages(
     `count`) and which Bloom levels to target."""
     if levels is None:
         levels = levels_for(chapter, count)
+    # The same for every call of the chapter: a prompt cache's prefix.
     lines = [
         field_line(Label.exam, exam_slug),
         field_line(Label.exam_title, exam_title),
         field_line(Label.chapter_id, chapter.id),
         field_line(Label.chapter_title, chapter.title),
-        field_line(Label.question_count, count),
     ]
-    if numbers is not None:
-        first, last, total = numbers
-        lines.append(field_line(Label.question_numbers,
-                                f"{first}-{last} of {total} (cover a different part of the "
-                                "chapter's ground than the other numbers)"))
     # Before the guidance, which may span lines: a reader takes a label's first line.
-    if levels.difficulty:
-        lines.append(field_line(Label.difficulty, ", ".join(
-            f"{n} {level}" for level, n in levels.difficulty.items() if n > 0)))
     if levels.bloom:
         lines.append(field_line(Label.bloom, ", ".join(levels.bloom)))
     if chapter.prompt:
         lines.append(field_line(Label.guidance, chapter.prompt))
+    # What changes from call to call.
     if avoid:
         # The caller bounds the list (AVOID_QUESTIONS, chosen over the whole chapter by
         # storage.neardup.steering); this only caps a caller that does not.
         lines.append(AVOID_HEADER)
         lines.extend(f"- {q}" for q in avoid[-AVOID_MAX:])
+    if numbers is not None:
+        first, last, total = numbers
+        lines.append(field_line(Label.question_numbers,
+                                f"{first}-{last} of {total} (cover a different part of the "
+                                "chapter's ground than the other numbers)"))
+    if levels.difficulty:
+        lines.append(field_line(Label.difficulty, ", ".join(
+            f"{n} {level}" for level, n in levels.difficulty.items() if n > 0)))
+    lines.append(field_line(Label.question_count, count))
     return [
         {"role": "system", "content": SYSTEM_PROMPT},
         {"role": "user", "content": "\n".join(lines)},

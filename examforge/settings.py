@@ -102,11 +102,17 @@ class Settings(BaseSettings):
     llm_temperature: float = Field(0.7, ge=0, le=2)
     llm_price_prompt_per_mtok: float | None = Field(
         None, ge=0,
-        description="USD per million prompt tokens; unset: the built-in price of LLM_MODEL.",
+        description="USD per million prompt tokens; unset: the price data's for LLM_MODEL.",
     )
     llm_price_completion_per_mtok: float | None = Field(
         None, ge=0,
-        description="USD per million completion tokens; unset: the built-in price of LLM_MODEL.",
+        description="USD per million completion tokens; unset: the price data's for LLM_MODEL.",
+    )
+    llm_price_cached_prompt_per_mtok: float | None = Field(
+        None, ge=0,
+        description="USD per million cached prompt tokens (prompt_tokens_details.cached_tokens); "
+                    "unset: the price data's cached price of LLM_MODEL, or the prompt price "
+                    "when LLM_PRICE_PROMPT_PER_MTOK is set or the data has none.",
     )
     llm_max_tokens_per_question: int = Field(
         400, ge=50, le=20_000,
@@ -137,10 +143,16 @@ class Settings(BaseSettings):
     )
     llm_fallback_model: str | None = Field(None, description="Model at the fallback; default LLM_MODEL.")
     llm_fallback_price_prompt_per_mtok: float | None = Field(
-        None, ge=0, description="USD per million prompt tokens at the fallback; unset: built-in."
+        None, ge=0,
+        description="USD per million prompt tokens at the fallback; unset: the price data's.",
     )
     llm_fallback_price_completion_per_mtok: float | None = Field(
-        None, ge=0, description="USD per million completion tokens at the fallback; unset: built-in."
+        None, ge=0,
+        description="USD per million completion tokens at the fallback; unset: the price data's.",
+    )
+    llm_fallback_price_cached_prompt_per_mtok: float | None = Field(
+        None, ge=0,
+        description="USD per million cached prompt tokens at the fallback; unset: as for the primary.",
     )
     llm_fallback_rpm: int | None = Field(None, ge=1, description="The fallback's requests per minute.")
     llm_fallback_tpm: int | None = Field(None, ge=1, description="The fallback's tokens per minute.")
@@ -261,7 +273,8 @@ class Settings(BaseSettings):
 
     @field_validator("llm_price_prompt_per_mtok", "llm_price_completion_per_mtok",
                      "llm_fallback_price_prompt_per_mtok",
-                     "llm_fallback_price_completion_per_mtok", "llm_rpm", "llm_tpm",
+                     "llm_fallback_price_completion_per_mtok", "llm_price_cached_prompt_per_mtok",
+                     "llm_fallback_price_cached_prompt_per_mtok", "llm_rpm", "llm_tpm",
                      "llm_fallback_rpm", "llm_fallback_tpm", "budget_usd", "heartbeat_s",
                      mode="before")
     @classmethod
@@ -320,14 +333,18 @@ class Settings(BaseSettings):
         if fallback:
             return resolve(self.llm_fallback_model or self.llm_model,
                            self.llm_fallback_price_prompt_per_mtok,
-                           self.llm_fallback_price_completion_per_mtok)
+                           self.llm_fallback_price_completion_per_mtok,
+                           self.llm_fallback_price_cached_prompt_per_mtok,
+                           base_url=self.llm_fallback_base_url)
         return resolve(self.llm_model, self.llm_price_prompt_per_mtok,
-                       self.llm_price_completion_per_mtok)
+                       self.llm_price_completion_per_mtok, self.llm_price_cached_prompt_per_mtok,
+                       base_url=self.llm_base_url)
 
     def cost_usd(self, prompt_tokens: int, completion_tokens: int, *,
-                 fallback: bool = False) -> float:
+                 fallback: bool = False, cached_tokens: int = 0) -> float:
         """What a call cost at the primary endpoint, or at the fallback."""
-        return self.price(fallback=fallback).cost_usd(prompt_tokens, completion_tokens)
+        return self.price(fallback=fallback).cost_usd(prompt_tokens, completion_tokens,
+                                                      cached_tokens)
 
     def max_tokens(self, questions: int) -> int:
         """The cap sent with a call asking for `questions`: generous enough that a good reply

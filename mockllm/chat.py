@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from examforge.tokens import count_messages, encoding_for
+from mockllm.cache import prompt_token_ids
 from mockllm.faults import (
     ERROR_FAULTS,
     INSUFFICIENT_QUOTA,
@@ -64,6 +65,8 @@ class ChatCall:
     request_id: str
     batch_id: str | None = None
     custom_id: str | None = None
+    # The prompt's tokens, for the prompt cache (empty when it is off).
+    prompt_ids: tuple[int, ...] = ()
 
     @property
     def key(self) -> str:
@@ -90,6 +93,7 @@ class Completion:
     content: Content
     completion_tokens: int
     finish_reason: str
+    cached_tokens: int = 0
 
 
 def _max_tokens(body: dict[str, Any]) -> int | None:
@@ -152,6 +156,8 @@ class ChatEngine:
             request_id=self.next_request_id(),
             batch_id=batch_id,
             custom_id=custom_id,
+            prompt_ids=(tuple(prompt_token_ids(messages, prompt.model))
+                        if self.state.config.prompt_cache else ()),
         )
 
     def check_quota(self) -> None:
@@ -209,7 +215,20 @@ class ChatEngine:
         payload = completion_payload(
             completion_id, call.model, content.text, content.finish_reason, call.prompt_tokens, tokens,
             config.omit_usage)
-        return Completion(payload, content, tokens, content.finish_reason)
+        cached = self._cached_tokens(call, payload)
+        return Completion(payload, content, tokens, content.finish_reason, cached)
+
+    def _cached_tokens(self, call: ChatCall, payload: dict[str, Any]) -> int:
+        """Look the prompt up in the prompt cache (and store its prefixes); report the cached
+        part in the usage as OpenAI does. Billed either way, even without a usage object."""
+        if not call.prompt_ids:
+            return 0
+        cached = self.state.prompt_cache.lookup_and_store(call.model, list(call.prompt_ids),
+                                                          call.prompt_tokens)
+        usage = payload.get("usage")
+        if isinstance(usage, dict):
+            usage["prompt_tokens_details"] = {"cached_tokens": cached, "audio_tokens": 0}
+        return cached
 
     def log(
         self,
@@ -240,6 +259,7 @@ class ChatEngine:
             max_tokens=call.max_tokens if call else None,
             batch_id=batch_id if batch_id is not None else (call.batch_id if call else None),
             custom_id=custom_id if custom_id is not None else (call.custom_id if call else None),
+            cached_tokens=completion.cached_tokens if completion else 0,
         ))
 
 

@@ -47,7 +47,8 @@ def _option_kwargs(config_field: dataclasses.Field[Any], hint: Any, default: Any
         return {**kwargs, "default": None, "metavar": "KEY",
                 "help": f"{help_text} (default: {config_field.metadata['unset']})"}
     if hint is bool:
-        return {**kwargs, "action": "store_true", "default": default}
+        # --x and --no-x: a flag whose default is on (--prompt-cache) can be turned off.
+        return {**kwargs, "action": argparse.BooleanOptionalAction, "default": default}
     kinds = [arg for arg in typing.get_args(hint) if arg is not type(None)] or [hint]
     kind = kinds[0]
     shown = config_field.metadata.get("unset", "unset") if default is None else default

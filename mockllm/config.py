@@ -106,6 +106,10 @@ class MockConfig:
         default_factory=dict, metadata=_help("JSON object: chapter key -> outcomes of its next calls, in order"))
     # --- usage
     omit_usage: bool = field(default=False, metadata=_help("send replies without a usage object, as some gateways do"))
+    prompt_cache: bool = field(
+        default=True,
+        metadata=_help("cache prompt prefixes as OpenAI does (1024 tokens or more, 128-token steps, per "
+                       "model) and report usage.prompt_tokens_details.cached_tokens"))
     # --- rate limits and quota
     rpm: int | None = field(default=None, metadata=_help("requests per minute (a token bucket)", unset="unlimited"))
     tpm: int | None = field(
@@ -168,6 +172,7 @@ class MockConfig:
             for key, outcomes in self.script.items()
         }
         self.omit_usage = _bool(self.omit_usage, "omit_usage")
+        self.prompt_cache = _bool(self.prompt_cache, "prompt_cache")
         self.rpm = _optional_int(self.rpm, "rpm", 1)
         self.tpm = _optional_int(self.tpm, "tpm", 1)
         self.burst_fraction = _fraction(self.burst_fraction, "burst_fraction")

@@ -18,6 +18,7 @@ from mockllm.faults import OK
 from mockllm.limits import RateLimiter
 from mockllm.prompt import ChatPrompt
 from mockllm.replies import Content, Item
+from mockllm.cache import PromptCache
 from mockllm.usage import UsageLog, UsageRecord
 
 RETRY_AFTER_TOLERANCE_S = 0.05
@@ -67,6 +68,7 @@ class MockState:
         self.rewordings_avoided_by_chapter: Counter[str] = Counter()
         self.cut_at_max_tokens = 0
         self.usage = UsageLog()
+        self.prompt_cache = PromptCache()
         self.limiter = self._new_limiter()
 
     def _new_limiter(self) -> RateLimiter:

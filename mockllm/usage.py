@@ -3,7 +3,8 @@
 A reply is billed when the mock generated a completion for it (a 200), whether or not the
 client read it: real providers bill a non-streamed completion the client hung up on. Error
 replies, refusals by a limit and dropped connections are not billed. ``delivered`` says
-whether the whole reply reached the client's socket.
+whether the whole reply reached the client's socket. ``cached_tokens`` is the part of a
+prompt read from the prompt cache (``mockllm.cache``), billed at the cached price.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ class UsageRecord:
     max_tokens: int | None = None
     batch_id: str | None = None
     custom_id: str | None = None
+    # Of prompt_tokens, those read from the prompt cache (billed at the cached price).
+    cached_tokens: int = 0
 
     @property
     def batch(self) -> bool:
@@ -48,6 +51,7 @@ class UsageLog:
         self.billed_undelivered_calls = 0
         self.billed_prompt_tokens = 0
         self.billed_completion_tokens = 0
+        self.billed_cached_tokens = 0
         self.billed_batch_tokens = 0
         self.billed_tokens_by_chapter: Counter[str] = Counter()
 
@@ -64,6 +68,7 @@ class UsageLog:
         self.billed_undelivered_calls += not record.delivered
         self.billed_prompt_tokens += record.prompt_tokens
         self.billed_completion_tokens += record.completion_tokens
+        self.billed_cached_tokens += record.cached_tokens
         self.billed_tokens_by_chapter[record.chapter] += tokens
         if record.batch:
             self.billed_batch_tokens += tokens
@@ -75,6 +80,7 @@ class UsageLog:
             "billed_undelivered_calls": self.billed_undelivered_calls,
             "billed_prompt_tokens": self.billed_prompt_tokens,
             "billed_completion_tokens": self.billed_completion_tokens,
+            "billed_cached_tokens": self.billed_cached_tokens,
             "billed_tokens": self.billed_tokens,
             "billed_batch_tokens": self.billed_batch_tokens,
             "billed_tokens_by_chapter": dict(self.billed_tokens_by_chapter),
@@ -82,3 +88,16 @@ class UsageLog:
 
     def to_list(self) -> list[dict[str, Any]]:
         return [record.to_dict() for record in self.records]
+
+    def bill_usd(self, prompt_per_mtok: float, completion_per_mtok: float,
+                 cached_prompt_per_mtok: float) -> float:
+        """What the billed calls cost at these prices, as a provider bills them: a prompt's
+        uncached tokens at the prompt price, its cached tokens at the cached price. Computed
+        here on its own (not with examforge's Price), so a test can compare the two."""
+        total = 0.0
+        for r in self.records:
+            if r.billed:
+                total += ((r.prompt_tokens - r.cached_tokens) * prompt_per_mtok
+                          + r.cached_tokens * cached_prompt_per_mtok
+                          + r.completion_tokens * completion_per_mtok) / 1_000_000
+        return total

@@ -118,7 +118,8 @@ def _dry_run(settings: Settings, slug: str, syllabus: Syllabus, budget_usd: floa
               f"{est.expected_completion_tokens:,} ({est.completion_per_question:.0f} per "
               f"question, {est.completion_source})", soft_wrap=True)
     out.print(f"  price: ${p.prompt_per_mtok:g} / ${p.completion_per_mtok:g} per million "
-              f"prompt / completion tokens ({p.source})", soft_wrap=True)
+              f"prompt / completion tokens, ${p.cached_per_mtok:g} cached prompt ({p.source})",
+              soft_wrap=True)
     out.print(f"  cost: worst case ${est.worst_usd:.4f}, expected ${est.expected_usd:.4f}")
     if budget is not None:
         verdict = ("fits even at worst case" if est.worst_usd <= budget else
@@ -279,7 +280,8 @@ def _print_status(report: ExamReport) -> None:
                   + f", elapsed {duration(report.elapsed_s)}")
     out.print(f"calls: {u.calls} (used {u.calls_used}, wasted {u.calls_wasted}, "
               f"failed {u.calls_failed}, in flight {u.calls_in_flight}); "
-              f"tokens: {u.prompt_tokens} prompt + {u.completion_tokens} completion; "
+              f"tokens: {u.prompt_tokens} prompt ({u.cached_tokens} of them cached) + "
+              f"{u.completion_tokens} completion; "
               f"cost: ${report.cost_usd:.4f}")
     if report.budget_usd is not None:
         headroom = max(0.0, report.budget_usd - report.spent_usd - report.reserved_usd)

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 RECENT_QUESTIONS = 20
 # What ending a call sets (Ledger._finish).
 _FINISHED = ("outcome", "reason", "detail", "status_code", "questions_stored", "prompt_tokens",
-             "completion_tokens", "cost_usd", "endpoint", "usage_estimated")
+             "completion_tokens", "cost_usd", "endpoint", "usage_estimated", "cached_tokens")
 # A commit that loses a race with another slice storing the same question checks again.
 _DUPLICATE_RACE_RETRIES = 3
 
@@ -51,6 +51,7 @@ class Usage:
     cost_usd: float = 0.0
     endpoint: str | None = None  # "primary" or "fallback"
     estimated: bool = False  # our own count: the provider sent none, or never replied
+    cached_tokens: int = 0  # of prompt_tokens, read from the provider's prompt cache
 
 
 @dataclass(frozen=True)
@@ -284,7 +285,7 @@ class Ledger(StoreBase):
         (nothing changed) when it had already ended (the takeover settled it first)."""
         booked = {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
                   "cost_usd": usage.cost_usd, "endpoint": usage.endpoint,
-                  "usage_estimated": usage.estimated}
+                  "usage_estimated": usage.estimated, "cached_tokens": usage.cached_tokens}
         # Every column an ending sets, in one statement built once: a column `values` leaves
         # out keeps the default an in-flight row has (no status code, nothing stored).
         params = {"p_status_code": None, "p_questions_stored": 0, "p_detail": None,

@@ -166,6 +166,9 @@ class Call(SQLModel, table=True):
     status_code: Optional[int] = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    # Of prompt_tokens, those the provider read from its prompt cache (billed at its cached
+    # price): OpenAI's usage.prompt_tokens_details.cached_tokens.
+    cached_tokens: int = 0
     cost_usd: float = 0.0
     questions_stored: int = 0
     # "primary" or "fallback" (LLM_FALLBACK_BASE_URL); None while in flight or when unknown.

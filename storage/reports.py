@@ -47,6 +47,8 @@ class UsageTotals:
     calls: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    # Of prompt_tokens, those read from the provider's prompt cache (at its cached price).
+    cached_tokens: int = 0
     calls_in_flight: int = 0
     calls_used: int = 0
     calls_wasted: int = 0
@@ -59,7 +61,7 @@ class UsageTotals:
     reserved_usd: float = field(default=0.0, repr=False)
 
     def add(self, outcome: CallOutcome, n: int, prompt: int, completion: int, cost: float,
-            reserved: float, estimated: bool, stored: int = 0) -> None:
+            reserved: float, estimated: bool, stored: int = 0, cached: int = 0) -> None:
         if outcome is CallOutcome.imported:
             self.calls_imported += n
             self.questions_imported += stored
@@ -67,6 +69,7 @@ class UsageTotals:
         self.calls += n
         self.prompt_tokens += prompt
         self.completion_tokens += completion
+        self.cached_tokens += cached
         setattr(self, f"calls_{outcome.value}", getattr(self, f"calls_{outcome.value}") + n)
         self.cost_usd += cost
         if outcome is CallOutcome.in_flight:
@@ -85,12 +88,14 @@ class EndpointUsage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cost_usd: float = 0.0
+    cached_tokens: int = 0
 
-    def add(self, n: int, prompt: int, completion: int, cost: float) -> None:
+    def add(self, n: int, prompt: int, completion: int, cost: float, cached: int = 0) -> None:
         self.calls += n
         self.prompt_tokens += prompt
         self.completion_tokens += completion
         self.cost_usd += cost
+        self.cached_tokens += cached
 
     def rounded(self) -> "EndpointUsage":
         return dataclasses.replace(self, cost_usd=round(self.cost_usd, 6))
@@ -323,7 +328,8 @@ class Reports(StoreBase):
                        func.coalesce(func.sum(K.c.completion_tokens), 0),
                        func.coalesce(func.sum(K.c.cost_usd), 0.0),
                        func.coalesce(func.sum(K.c.reserved_usd), 0.0),
-                       func.coalesce(func.sum(K.c.questions_stored), 0))
+                       func.coalesce(func.sum(K.c.questions_stored), 0),
+                       func.coalesce(func.sum(K.c.cached_tokens), 0))
                 .where(K.c.exam == slug)
                 .group_by(K.c.chapter_id, K.c.outcome, K.c.endpoint, K.c.usage_estimated,
                           K.c.price_known, K.c.model)).all()
@@ -353,16 +359,16 @@ class Reports(StoreBase):
         by_endpoint: dict[str, EndpointUsage] = {}
         unpriced: dict[str, int] = {}
         for (chapter_id, outcome, endpoint, estimated, priced, model, n, p, c, cost,
-             reserved, stored) in usage_rows:
+             reserved, stored, cached) in usage_rows:
             usage.add(CallOutcome(outcome), n, int(p), int(c), float(cost), float(reserved),
-                      bool(estimated), int(stored))
+                      bool(estimated), int(stored), int(cached))
             if outcome == CallOutcome.imported.value:
                 continue  # no request: not a call of any chapter or endpoint
             if not priced:
                 unpriced[model or "unknown"] = unpriced.get(model or "unknown", 0) + n
             calls_by_chapter[chapter_id] = calls_by_chapter.get(chapter_id, 0) + n
             by_endpoint.setdefault(endpoint or "unknown", EndpointUsage()).add(
-                n, int(p), int(c), float(cost))
+                n, int(p), int(c), float(cost), int(cached))
         by_chapter: dict[str, list[Any]] = {}
         for sl in slices:
             by_chapter.setdefault(sl.chapter_id, []).append(sl)

@@ -40,7 +40,7 @@ def test_workers_fall_back_to_the_second_endpoint_while_the_first_is_unreachable
     assert report["usage_by_endpoint"] == {"fallback": {
         "calls": 5, "prompt_tokens": report["usage"]["prompt_tokens"],
         "completion_tokens": report["usage"]["completion_tokens"],
-        "cost_usd": report["cost_usd"]}}
+        "cost_usd": report["cost_usd"], "cached_tokens": report["usage"]["cached_tokens"]}}
     table = dep.cli("status", "demo").stdout
     assert "by endpoint: fallback 5 calls" in table
 

@@ -516,3 +516,30 @@ def test_a_redirect_is_a_permanent_configuration_error(
     err = complete_error(client)
     assert type(err) is PermanentProviderError and err.status_code == status
     assert "LLM_BASE_URL" in str(err) and len(rec.requests) == 1
+
+
+@pytest.mark.parametrize(("usage", "cached"), [
+    # OpenAI's shape: part of prompt_tokens came from the prompt cache.
+    ({"prompt_tokens": 2000, "completion_tokens": 100,
+      "prompt_tokens_details": {"cached_tokens": 1536, "audio_tokens": 0}}, 1536),
+    # Anthropic's cache reads as a gateway passes them through in an OpenAI-shaped usage.
+    ({"prompt_tokens": 2000, "completion_tokens": 100, "cache_read_input_tokens": 1024,
+      "cache_creation_input_tokens": 0}, 1024),
+    # No cache, a null or broken detail, more cached than the prompt (capped).
+    ({"prompt_tokens": 2000, "completion_tokens": 100}, 0),
+    ({"prompt_tokens": 2000, "completion_tokens": 100, "prompt_tokens_details": None}, 0),
+    ({"prompt_tokens": 2000, "completion_tokens": 100,
+      "prompt_tokens_details": {"cached_tokens": "lots"}}, 0),
+    ({"prompt_tokens": 2000, "completion_tokens": 100,
+      "prompt_tokens_details": {"cached_tokens": 5000}}, 2000),
+])
+def test_cached_tokens_are_read_and_priced(client_for: Callable[..., tuple[LLMClient, Recorder]],
+                                           usage: dict[str, Any], cached: int) -> None:
+    data = _envelope(usage=usage)
+    client, _ = client_for(lambda r: httpx.Response(200, json=data), llm_model="x",
+                           llm_price_prompt_per_mtok=2.0, llm_price_completion_per_mtok=8.0,
+                           llm_price_cached_prompt_per_mtok=0.5)
+    completion = client.complete(MESSAGES)
+    assert completion.cached_tokens == cached and not completion.usage_estimated
+    assert completion.cost_usd == pytest.approx(
+        ((2000 - cached) * 2.0 + cached * 0.5 + 100 * 8.0) / 1e6)

@@ -5,13 +5,16 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
+from typing import Any
 
+import httpx
 import openai
 import pytest
 
 from examforge.tokens import count_messages, count_text
 from helpers import wait_for
 from mockllm import MockConfig, MockServer
+from mockllm.usage import UsageLog, UsageRecord
 from mockllm_support import body, prompt
 
 MODEL = "gpt-test"
@@ -142,3 +145,69 @@ def test_cancelling_a_batch_with_the_client(server: MockServer, client: openai.O
     assert time.monotonic() - started < 1.5  # the cancel cut validation short
     with pytest.raises(openai.ConflictError):
         client.batches.cancel(batch.id)
+
+
+def mock_usage(server: MockServer) -> UsageLog:
+    """The mock's usage log, as its /_usage endpoint gives it."""
+    log = UsageLog()
+    for record in httpx.get(f"{server.base_url}/_usage").json()["data"]:
+        record.pop("batch")
+        log.add(UsageRecord(**record))
+    return log
+
+
+def _long_request(head: str, tail: str, model: str = "gpt-4o") -> dict[str, Any]:
+    """A chat request whose user message is `head` (the shared part) then `tail`."""
+    return {"model": model, "messages": [
+        {"role": "system", "content": "You write exam questions."},
+        {"role": "user", "content": f"{head}\nExam: aws-saa\nChapter id: ch-1\n{tail}\n"
+                                    "Number of questions: 2"}]}
+
+
+def test_a_repeated_long_prefix_comes_back_cached_like_openai(
+        server: MockServer, client: openai.OpenAI) -> None:
+    """Prompts of 1024 tokens or more that share a prefix seen recently: the shared part is
+    reported cached in 128-token steps, per model, read by the official client's types."""
+    from examforge.tokens import count_messages
+    from mockllm.cache import INCREMENT, MIN_TOKENS, prompt_token_ids
+
+    head = " ".join(f"fact{i}" for i in range(1500))  # well over 1024 tokens
+    first = _long_request(head, "Variant one.")
+    second = _long_request(head, "Variant two, a different ending.")
+    usage = client.chat.completions.create(**first).usage
+    assert usage is not None and usage.prompt_tokens > MIN_TOKENS
+    assert usage.prompt_tokens_details is not None
+    assert usage.prompt_tokens_details.cached_tokens == 0  # nothing seen yet
+    usage = client.chat.completions.create(**second).usage
+    assert usage is not None and usage.prompt_tokens_details is not None
+    cached = usage.prompt_tokens_details.cached_tokens
+    # The identical prefix, in whole 128-token steps past the first 1024.
+    a, b = (prompt_token_ids(r["messages"], "gpt-4o") for r in (first, second))
+    shared = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
+    assert cached == MIN_TOKENS + (shared - MIN_TOKENS) // INCREMENT * INCREMENT
+    assert 0 < cached < usage.prompt_tokens == count_messages(second["messages"], "gpt-4o")
+    # The same prompt again: all of it up to its last whole step.
+    again = client.chat.completions.create(**second).usage
+    assert again is not None and again.prompt_tokens_details is not None
+    assert again.prompt_tokens_details.cached_tokens >= cached
+    # Another model has a cache of its own.
+    other = client.chat.completions.create(**_long_request(head, "Variant two, a different ending.",
+                                                           model="gpt-4.1")).usage
+    assert other is not None and other.prompt_tokens_details is not None
+    assert other.prompt_tokens_details.cached_tokens == 0
+    # The mock's log and its bill price the cached tokens apart.
+    log = mock_usage(server)
+    records = [r for r in log.records if r.billed]
+    assert [r.cached_tokens for r in records] == [0, cached, again.prompt_tokens_details.cached_tokens,
+                                                  0]
+    assert log.totals()["billed_cached_tokens"] == sum(r.cached_tokens for r in records)
+    full, discounted = log.bill_usd(2.0, 8.0, 2.0), log.bill_usd(2.0, 8.0, 0.5)
+    assert full - discounted == pytest.approx(sum(r.cached_tokens for r in records) * 1.5 / 1e6)
+
+
+def test_the_prompt_cache_can_be_turned_off(server: MockServer, client: openai.OpenAI) -> None:
+    httpx.post(f"{server.base_url}/_config", json={"prompt_cache": False}).raise_for_status()
+    head = " ".join(f"fact{i}" for i in range(1500))
+    for _ in range(2):
+        usage = client.chat.completions.create(**_long_request(head, "Same.")).usage
+        assert usage is not None and usage.prompt_tokens_details is None

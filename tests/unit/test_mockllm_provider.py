@@ -45,6 +45,8 @@ def test_usage_is_counted_like_a_provider(server: MockServer, client: httpx.Clie
         "prompt_tokens": count_messages(request["messages"], "gpt-4"),
         "completion_tokens": count_text(text, "gpt-4"),
         "total_tokens": count_messages(request["messages"], "gpt-4") + count_text(text, "gpt-4"),
+        # OpenAI's shape: a short prompt is never cached, and says so.
+        "prompt_tokens_details": {"cached_tokens": 0, "audio_tokens": 0},
     }
 
 
