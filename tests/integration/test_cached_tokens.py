@@ -1,5 +1,5 @@
 """Cached prompt tokens on the ledger: the call row, `status` (and its --json form), and
-migration 0013 on a database that holds calls, on SQLite and PostgreSQL (db_url runs both)."""
+migration 0014 on a database that holds calls, on SQLite and PostgreSQL (db_url runs both)."""
 
 from __future__ import annotations
 
@@ -48,10 +48,10 @@ def test_cached_tokens_are_on_the_call_row_and_in_status(db_url: str, tmp_path: 
     engine.dispose()
 
 
-def test_migration_0013_adds_cached_tokens_keeping_the_calls(db_url: str) -> None:
+def test_migration_0014_adds_cached_tokens_keeping_the_calls(db_url: str) -> None:
     engine = connect(db_url)
     with engine.begin() as conn:
-        command.upgrade(alembic_config(conn), "0012")
+        command.upgrade(alembic_config(conn), "0013")
         conn.execute(text("INSERT INTO exam (slug, title, state, auth_failures, spent_usd, "
                           "reserved_usd, created_at, updated_at) VALUES "
                           "('ex', 'Ex', 'active', 0, 0.5, 0, 1, 1)"))
@@ -71,7 +71,7 @@ def test_migration_0013_adds_cached_tokens_keeping_the_calls(db_url: str) -> Non
     report = Store(engine).status("ex")
     assert report.usage.cached_tokens == 0 and report.usage.prompt_tokens == 2000
     with engine.begin() as conn:
-        command.downgrade(alembic_config(conn), "0012")
+        command.downgrade(alembic_config(conn), "0013")
     assert "cached_tokens" not in {c["name"] for c in inspect(engine).get_columns("call")}
     with engine.connect() as conn:
         assert conn.execute(text("SELECT count(*) FROM call")).scalar_one() == 2

@@ -1,7 +1,7 @@
 """cached prompt tokens on the call: `call.cached_tokens`
 
-Revision ID: 0013
-Revises: 0012
+Revision ID: 0014
+Revises: 0013
 OpenAI reports the part of a prompt read from its prompt cache as
 `usage.prompt_tokens_details.cached_tokens` and bills it at a discount. The call row now keeps
 that count, so a call's cost (prompt - cached at the prompt price, cached at the cached price)
@@ -13,8 +13,8 @@ from alembic import op
 import sqlalchemy as sa
 
 
-revision = '0013'
-down_revision = '0012'
+revision = '0014'
+down_revision = '0013'
 branch_labels = None
 depends_on = None
 
