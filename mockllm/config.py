@@ -106,6 +106,11 @@ class MockConfig:
         default_factory=dict, metadata=_help("JSON object: chapter key -> outcomes of its next calls, in order"))
     # --- usage
     omit_usage: bool = field(default=False, metadata=_help("send replies without a usage object, as some gateways do"))
+    # --- response_format
+    refuse_json_schema: bool = field(
+        default=False,
+        metadata=_help("answer a request whose response_format is json_schema with a 400 naming "
+                       "response_format, as servers without structured outputs do"))
     # --- rate limits and quota
     rpm: int | None = field(default=None, metadata=_help("requests per minute (a token bucket)", unset="unlimited"))
     tpm: int | None = field(
@@ -168,6 +173,7 @@ class MockConfig:
             for key, outcomes in self.script.items()
         }
         self.omit_usage = _bool(self.omit_usage, "omit_usage")
+        self.refuse_json_schema = _bool(self.refuse_json_schema, "refuse_json_schema")
         self.rpm = _optional_int(self.rpm, "rpm", 1)
         self.tpm = _optional_int(self.tpm, "tpm", 1)
         self.burst_fraction = _fraction(self.burst_fraction, "burst_fraction")
