@@ -357,8 +357,12 @@ def _conform(item: Item, schema: dict[str, Any]) -> Item:
     """A question as a decoder under ``schema`` writes it: each property the question items
     require and the question lacks (a level the prompt did not ask for) is written as null."""
     try:
-        required = schema["properties"]["questions"]["items"]["required"]
-    except (KeyError, TypeError):
+        items = schema["properties"]["questions"]["items"]
+        ref = items.get("$ref", "")
+        if ref.startswith("#/$defs/"):  # the official SDK's schemas refer to their models
+            items = schema["$defs"][ref.removeprefix("#/$defs/")]
+        required = items["required"]
+    except (KeyError, TypeError, AttributeError):
         return item
     question = dict(item.question)
     for name in required if isinstance(required, list) else ():
