@@ -129,8 +129,8 @@ def test_a_schema_strict_mode_refuses_is_a_400_naming_response_format(
 def test_refuse_json_schema_is_a_400_naming_response_format(server: MockServer, sdk: openai.OpenAI) -> None:
     server.configure(refuse_json_schema=True)
     with pytest.raises(openai.BadRequestError) as info:
-        sdk.chat.completions.create(model="gpt-test", messages=MESSAGES,  # type: ignore[arg-type]
-                                    response_format=SCHEMA)  # type: ignore[arg-type]
+        sdk.chat.completions.create(model="gpt-test", messages=MESSAGES,  # type: ignore[call-overload]
+                                    response_format=SCHEMA)
     assert info.value.param == "response_format" and "response_format" in info.value.message
     # json_object is still accepted, and nothing was billed for the refusal.
     sdk.chat.completions.create(model="gpt-test", messages=MESSAGES,  # type: ignore[arg-type]
