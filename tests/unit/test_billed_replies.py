@@ -3,7 +3,7 @@
 The client against httpx.MockTransport: list content, a 200 whose content cannot be used, a
 body cut after its headers, the rate limiter's refunds, and LLM_RESPONSE_FORMAT with its
 once-per-process fallback. (The ledger side, on both databases: tests/integration/
-test_billed_replies.py.)"""
+test_billed_ledger.py; whole runs: tests/e2e/test_billed_runs.py.)"""
 
 from __future__ import annotations
 
