@@ -111,6 +111,15 @@ def test_the_official_clients_own_strict_schema_is_accepted_and_parsed(sdk: open
     assert parsed is not None and len(parsed.questions) == 3
 
 
+def test_a_refusal_under_a_schema_comes_apart_as_openai_sends_it(server: MockServer,
+                                                                 sdk: openai.OpenAI) -> None:
+    server.configure(script={KEY: ["refusal"]})
+    completion = sdk.chat.completions.parse(model="gpt-test", messages=MESSAGES,  # type: ignore[arg-type]
+                                            response_format=QuestionList)
+    message = completion.choices[0].message
+    assert message.refusal and message.parsed is None and message.content is None
+
+
 @pytest.mark.parametrize(("schema", "problem"), [
     ({"type": "object", "properties": {"questions": {"type": "array"}}, "required": ["questions"]},
      "additionalProperties"),
