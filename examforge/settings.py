@@ -99,8 +99,8 @@ class Settings(BaseSettings):
     )
     llm_connect_timeout_s: float = Field(5.0, gt=0, description="Connect timeout of one model call.")
     llm_json_mode: bool = Field(
-        True, description="Deprecated: LLM_JSON_MODE=false is LLM_RESPONSE_FORMAT=none (when "
-                          "LLM_RESPONSE_FORMAT is not set); true changes nothing.")
+        True, description="Deprecated: LLM_JSON_MODE=false is LLM_RESPONSE_FORMAT=none (while "
+                          "LLM_RESPONSE_FORMAT is auto); true changes nothing.")
     llm_response_format: Literal["auto", "json_schema", "json_object", "none"] = Field(
         "auto",
         description="response_format sent with each call: json_schema (the question list's "
@@ -312,9 +312,9 @@ class Settings(BaseSettings):
 
     @property
     def response_format(self) -> str:
-        """LLM_RESPONSE_FORMAT, with the deprecated LLM_JSON_MODE=false read as `none` when
-        LLM_RESPONSE_FORMAT itself was not set."""
-        if "llm_response_format" not in self.model_fields_set and not self.llm_json_mode:
+        """LLM_RESPONSE_FORMAT, with the deprecated LLM_JSON_MODE=false read as `none` while
+        LLM_RESPONSE_FORMAT is `auto` (compose passes both, each with its default)."""
+        if self.llm_response_format == "auto" and not self.llm_json_mode:
             return "none"
         return self.llm_response_format
 
