@@ -13,8 +13,10 @@
     │   │                            decides which, from the status and the error body)
     │   ├── RetryableProviderError   timeout, connection reset, 5xx: retrying can fix it
     │   │   ├── RateLimited          429 from a rate limit: every worker holds back
-    │   │   └── DeadlineExceeded     no complete reply within LLM_TIMEOUT_S (may be billed)
+    │   │   └── ReplyLost            sent, and no whole reply came back (may be billed)
+    │   │       └── DeadlineExceeded no complete reply within LLM_TIMEOUT_S
     │   ├── ReplyTooLarge            a reply over LLM_MAX_REPLY_BYTES, cut off (may be billed)
+    │   ├── ReplyUnusable            a billed 200 whose envelope or content cannot be used
     │   └── PermanentProviderError   400, 422, ...: this request is wrong; fail the chapter
     │       └── ExamStopped          nothing can succeed until a person acts: pause the exam
     │           ├── AuthError        401, 403: the key was rejected
@@ -27,6 +29,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import Enum
 from typing import Mapping
 
@@ -45,9 +48,23 @@ class ErrorKind(str, Enum):
     deadline = "deadline"
     connection = "connection"
     unreadable = "unreadable"  # a 200 whose envelope is broken, a corrupt body
+    reply_cut = "reply_cut"  # a 200 whose body stopped mid-way (the connection closed)
     reply_too_large = "reply_too_large"
     redirect = "redirect"
     tls = "tls"
+
+
+@dataclass(frozen=True)
+class Billed:
+    """What the provider billed, or may have billed, for a call that raised: its usage as
+    the reply reported it, or (`estimated`) our own count, the worst case when the reply
+    never arrived whole. The pipeline books it as a wasted call; the rate limiter keeps it."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    cost_usd: float
+    estimated: bool
+    cached_tokens: int = 0  # of prompt_tokens, read from the provider's prompt cache
 
 
 class ExamforgeError(Exception):
@@ -110,9 +127,10 @@ class ProviderError(ExamforgeError):
         self.retry_after_s = retry_after_s
         self.kind: ErrorKind = self.default_kind
         self.endpoint: str | None = None  # "primary" or "fallback", set by the client
-        # Set when the provider may bill the call although no usage came back (the request
-        # was sent and the reply abandoned): our own count of the prompt.
-        self.prompt_tokens_estimate: int | None = None
+        # Set when the provider billed, or may have billed, the call (examforge.llm sets it):
+        # a reply read but unusable, or sent and never received whole. None: nothing was
+        # billed (refused before the provider did the work, or never delivered).
+        self.billed: Billed | None = None
         # The reply's headers, when there was a reply (rate-limit hints for the limiter).
         self.headers: Mapping[str, str] | None = None
 
@@ -128,7 +146,15 @@ class RateLimited(RetryableProviderError):
     default_kind = ErrorKind.rate_limited
 
 
-class DeadlineExceeded(RetryableProviderError):
+class ReplyLost(RetryableProviderError):
+    """Raised when the request was sent and its reply never arrived whole: a 200 whose body
+    stopped mid-way (the connection closed after the headers). The provider may well bill
+    it: it is booked at its worst case (`billed`), and retried, since the request may be fine."""
+
+    default_kind = ErrorKind.reply_cut
+
+
+class DeadlineExceeded(ReplyLost):
     """Raised when a reply did not arrive in full within LLM_TIMEOUT_S of sending the request
     (a silent server, or one that trickles its reply); the connection is closed."""
 
@@ -140,6 +166,14 @@ class ReplyTooLarge(ProviderError):
     broken or hostile endpoint cannot exhaust a worker's memory."""
 
     default_kind = ErrorKind.reply_too_large
+
+
+class ReplyUnusable(ProviderError):
+    """Raised for a 200 the provider billed whose envelope or content cannot be used (no
+    choices, content of a wrong type, a body that is not JSON): booked at its usage as wasted
+    invalid output and re-asked like one (MAX_REASKS), never retried as a transient fault."""
+
+    default_kind = ErrorKind.unreadable
 
 
 class PermanentProviderError(ProviderError):
@@ -193,6 +227,7 @@ class Rejection(str, Enum):
     duplicate = "duplicate"  # already stored in the chapter, or twice in the reply
     near_duplicate = "near_duplicate"  # a reworded repeat (examforge.neardup)
     too_few = "too_few"  # a valid reply with no question in it
+    unreadable = "unreadable"  # a billed 200 whose envelope or content could not be read
     reply_too_large = "reply_too_large"
 
 

@@ -29,6 +29,7 @@ from examforge.classify import Action, classify
 from examforge.deadline import DeadlineTransport, deadline
 from examforge.errors import (
     AuthError,
+    Billed,
     DeadlineExceeded,
     ErrorKind,
     ModelNotFound,
@@ -36,11 +37,14 @@ from examforge.errors import (
     ProviderError,
     QuotaExceeded,
     RateLimited,
+    ReplyLost,
     ReplyTooLarge,
+    ReplyUnusable,
     RetryableProviderError,
 )
 from examforge.prices import Price
 from examforge.ratelimit import EndpointLimit, Limiter, Limits, LocalLimiter, acquire
+from examforge.reply_schema import response_format, schema_text
 from examforge.settings import Settings
 from examforge.tokens import PROMPT_MARGIN  # noqa: F401  (re-exported: it was defined here)
 from examforge.tokens import count_messages, count_text, reserve_prompt_tokens
@@ -50,6 +54,16 @@ log = logging.getLogger(__name__)
 DEFAULT_RATE_HOLD_S = 1.0
 # PROMPT_MARGIN (examforge.tokens) is what a budget reserves on top of a prompt counted with
 # the fallback encoding.
+# LLM_RESPONSE_FORMAT=auto sends the reply's JSON schema (strict) only where it is known to be
+# accepted: OpenAI's API, and the bundled mock (its model id is the default LLM_MODEL). A
+# server that does not know json_schema may ignore it instead of refusing it, and its replies
+# would then have no JSON mode at all; json_object is the format nearly every
+# OpenAI-compatible server (Ollama, vLLM, llama.cpp, gateways) has long accepted. Elsewhere
+# set LLM_RESPONSE_FORMAT=json_schema: a refusal falls back by itself (below).
+SCHEMA_HOSTS = ("api.openai.com",)
+MOCK_MODEL = "mock-model"
+# What a server that refuses a response_format (a 400 naming it) is sent instead, from then on.
+FORMAT_FALLBACK = {"json_schema": "json_object", "json_object": "none"}
 
 
 @dataclass(frozen=True)
@@ -148,6 +162,10 @@ class LLMClient:
         self._lock = threading.Lock()
         self._models = (self._primary.model,) + ((self._fallback.model,) if self._fallback
                                                    else ())
+        # The response_format each endpoint is sent now: LLM_RESPONSE_FORMAT's, lowered once
+        # for the rest of the process when the endpoint refuses it (_post).
+        self._formats = {ep.name: self._default_format(ep)
+                         for ep in (self._primary, self._fallback) if ep is not None}
 
     def _endpoint(self, base_url: str, key: SecretStr, model: str,
                   transport: httpx.BaseTransport | None, limiters: LimiterFactory,
@@ -192,7 +210,39 @@ class LLMClient:
         return self._primary.model
 
     def count_prompt(self, messages: list[dict[str, str]]) -> int:
-        return count_messages(messages, self._primary.model)
+        return self._count_prompt(self._primary, messages)
+
+    def _count_prompt(self, ep: _Endpoint, messages: list[dict[str, Any]]) -> int:
+        """Our count of a request's prompt: its messages and, when the request carries the
+        reply's JSON schema, the schema's tokens too (providers put it into the prompt)."""
+        count = count_messages(messages, ep.model)
+        if self.response_format_of(ep.name) == "json_schema":
+            count += count_text(schema_text(), ep.model)
+        return count
+
+    # ------------------------------------------------------------------ response_format
+    def _default_format(self, ep: _Endpoint) -> str:
+        chosen = self._settings.response_format
+        if chosen != "auto":
+            return chosen
+        known = ep.http.base_url.host in SCHEMA_HOSTS or ep.model == MOCK_MODEL
+        return "json_schema" if known else "json_object"
+
+    def response_format_of(self, endpoint: str = "primary") -> str:
+        """The response_format ("json_schema", "json_object" or "none") an endpoint is sent."""
+        with self._lock:
+            return self._formats[endpoint]
+
+    def _lower_format(self, ep: _Endpoint, refused: str, why: str) -> None:
+        """The endpoint refused `refused`: send it the next format down from now on (once
+        per process; threads that saw the same refusal lower it only once)."""
+        with self._lock:
+            if self._formats[ep.name] != refused:
+                return  # another thread lowered it already
+            self._formats[ep.name] = FORMAT_FALLBACK[refused]
+        log.warning("the endpoint refused response_format %s; using %s from now on",
+                    refused, FORMAT_FALLBACK[refused],
+                    extra={"endpoint": ep.name, "error": why[:200]})
 
     # ------------------------------------------------------------------ admission
     def admit(self, messages: list[dict[str, str]], max_tokens: int | None, *,
@@ -238,7 +288,7 @@ class LLMClient:
         if not ep.limit.limits.tpm:
             return 0  # nothing to charge tokens to: skip counting them
         if prompt_tokens is None:
-            prompt_tokens = count_messages(messages, ep.model)
+            prompt_tokens = self._count_prompt(ep, messages)
         return prompt_tokens + (max_tokens or 0)
 
     # ------------------------------------------------------------------ the call
@@ -297,27 +347,41 @@ class LLMClient:
 
     def _post(self, ep: _Endpoint, messages: list[dict[str, str]], max_tokens: int | None,
               tokens: int) -> Completion:
-        try:
-            completion, headers = self._post_once(ep, messages, max_tokens)
-        except _Unreachable:
-            ep.limit.refund(tokens)  # never reached the provider: nothing was counted there
-            raise
-        except ProviderError as exc:
-            if exc.headers:
-                ep.limit.observe(exc.headers, tokens)
-            if isinstance(exc, RateLimited):
-                ep.limit.hold(exc.retry_after_s or DEFAULT_RATE_HOLD_S)
-            if not isinstance(exc, (DeadlineExceeded, ReplyTooLarge)):
-                # Refused or failed before the provider did the work: it did not count it.
-                ep.limit.refund(tokens)
-            raise _at(exc, ep)
+        while True:
+            fmt = self.response_format_of(ep.name)
+            try:
+                completion, headers = self._post_once(ep, messages, max_tokens, fmt)
+            except _FormatRefused as exc:
+                # Refused before any work (nothing billed, nothing counted twice): the same
+                # call goes again at once with the next format down, within this attempt.
+                self._lower_format(ep, fmt, str(exc))
+                continue
+            except _Unreachable:
+                ep.limit.refund(tokens)  # never reached the provider: nothing was counted there
+                raise
+            except ProviderError as exc:
+                if exc.headers:
+                    ep.limit.observe(exc.headers, tokens)
+                if isinstance(exc, RateLimited):
+                    ep.limit.hold(exc.retry_after_s or DEFAULT_RATE_HOLD_S)
+                if exc.billed is None:
+                    # Refused or failed before the provider did the work, or never delivered:
+                    # it did not count it.
+                    ep.limit.refund(tokens)
+                elif tokens and not exc.billed.estimated:
+                    # A reply read but unusable: its real usage, like any reply. A worst case
+                    # (the reply never came whole) keeps the whole reservation.
+                    ep.limit.settle(tokens, exc.billed.prompt_tokens
+                                    + exc.billed.completion_tokens)
+                raise _at(exc, ep)
+            break
         ep.limit.observe(headers, tokens)
         if tokens:
             ep.limit.settle(tokens, completion.prompt_tokens + completion.completion_tokens)
         return completion
 
     def _body(self, ep: _Endpoint, messages: list[dict[str, str]],
-              max_tokens: int | None) -> dict[str, object]:
+              max_tokens: int | None, fmt: str) -> dict[str, object]:
         body: dict[str, object] = {
             "model": ep.model,
             "messages": messages,
@@ -325,9 +389,20 @@ class LLMClient:
         }
         if max_tokens is not None:
             body[self._max_tokens_param(ep)] = max_tokens
-        if self._settings.llm_json_mode:
-            body["response_format"] = {"type": "json_object"}
+        shape = response_format(fmt)
+        if shape is not None:
+            body["response_format"] = shape
         return body
+
+    def _worst_case(self, ep: _Endpoint, messages: list[dict[str, Any]],
+                    max_tokens: int | None) -> Billed:
+        """What a call sent and never answered whole may be billed: our count of its prompt
+        and all of its max_tokens (with no max_tokens, our count of the prompt only)."""
+        # The same margin as the reservation's (examforge.tokens): a model whose own tokenizer
+        # we do not have may have counted more than we did.
+        prompt = reserve_prompt_tokens(self._count_prompt(ep, messages), ep.model)
+        completion = max_tokens or 0
+        return Billed(prompt, completion, ep.price.cost_usd(prompt, completion), estimated=True)
 
     def _max_tokens_param(self, ep: _Endpoint) -> str:
         chosen = self._settings.llm_max_tokens_param
@@ -339,9 +414,10 @@ class LLMClient:
         return "max_completion_tokens" if host.endswith("openai.com") else "max_tokens"
 
     def _post_once(self, ep: _Endpoint, messages: list[dict[str, str]],
-                   max_tokens: int | None) -> tuple[Completion, httpx.Headers]:
-        body = self._body(ep, messages, max_tokens)
+                   max_tokens: int | None, fmt: str) -> tuple[Completion, httpx.Headers]:
+        body = self._body(ep, messages, max_tokens, fmt)
         cap = self._settings.llm_max_reply_bytes
+        response: httpx.Response | None = None  # set once the reply's headers have arrived
         try:
             with deadline(self._settings.llm_timeout_s), \
                     ep.http.stream("POST", "chat/completions", json=body) as response:
@@ -366,15 +442,28 @@ class LLMClient:
                 err = DeadlineExceeded(
                     f"deadline: no complete reply within LLM_TIMEOUT_S="
                     f"{self._settings.llm_timeout_s:g}s ({type(exc).__name__})")
-                err.prompt_tokens_estimate = count_messages(messages, ep.model)
+                err.billed = self._worst_case(ep, messages, max_tokens)
                 raise err from exc
             err = RetryableProviderError(f"timeout: {type(exc).__name__}")
             err.kind = ErrorKind.timeout
             raise err from exc
         except _TooLarge as exc:
             err = ReplyTooLarge(f"reply_too_large: {exc} (LLM_MAX_REPLY_BYTES={cap})")
-            err.prompt_tokens_estimate = count_messages(messages, ep.model)
+            err.billed = self._worst_case(ep, messages, max_tokens)
             raise err from None
+        except (httpx.RemoteProtocolError, httpx.ReadError) as exc:
+            if response is None or not 200 <= response.status_code < 300:
+                # Before any reply (a reset), or an error reply cut short: nothing was billed.
+                err = RetryableProviderError(f"connection error: {type(exc).__name__}")
+                err.kind = ErrorKind.connection
+                raise err from exc
+            # A 200 whose body stopped mid-way: the completion was generated, and billed. The
+            # same as a deadline: booked at its worst case, and retried.
+            err = ReplyLost(f"reply_cut: the connection closed in the middle of a "
+                            f"{response.status_code} reply's body ({type(exc).__name__})")
+            err.billed = self._worst_case(ep, messages, max_tokens)
+            err.headers = response.headers
+            raise err from exc
         except httpx.TransportError as exc:
             err = RetryableProviderError(f"connection error: {type(exc).__name__}")
             err.kind = ErrorKind.connection
@@ -383,7 +472,35 @@ class LLMClient:
             err = RetryableProviderError(f"unreadable reply: {type(exc).__name__}")
             err.kind = ErrorKind.unreadable
             raise err from exc
-        return _translate(response, raw, ep, messages), response.headers
+        if fmt != "none" and _refuses_format(response, raw):
+            raise _FormatRefused(_redact(raw[:300].decode("utf-8", "replace"), ep.secret))
+        try:
+            return (_translate(response, raw, ep, lambda: self._count_prompt(ep, messages)),
+                    response.headers)
+        except ReplyUnusable as exc:
+            if exc.billed is None:
+                # The reply carried no usage: count it ourselves, the prompt as sent and the
+                # body as received (at most max_tokens of it: the most a model may bill).
+                prompt = self._count_prompt(ep, messages)
+                got = count_text(raw.decode("utf-8", "replace"), ep.model)
+                completion = got if max_tokens is None else min(got, max_tokens)
+                exc.billed = Billed(prompt, completion, ep.price.cost_usd(prompt, completion),
+                                    estimated=True)
+            exc.headers = response.headers
+            raise
+
+
+class _FormatRefused(Exception):
+    """The server refused the request's response_format (a 400 naming it): nothing was done."""
+
+
+def _refuses_format(response: httpx.Response, raw: bytes) -> bool:
+    """A 400 (or 422: FastAPI-based servers) that names response_format, and is no error the
+    classification table knows better (a quota, a key, a model)."""
+    if response.status_code not in (400, 422) or b"response_format" not in raw:
+        return False
+    message, code, type_ = _error_fields(raw)
+    return classify(response.status_code, code, type_, message or "").action is Action.fail_chapter
 
 
 class _TooLarge(Exception):
@@ -480,6 +597,27 @@ def _error(response: httpx.Response, raw: bytes, ep: _Endpoint) -> ProviderError
     return err
 
 
+def _content(content: object) -> str | None:
+    """A message's content: a string, None, or a list of parts (some OpenAI-compatible
+    servers, reasoning models among them, send `[{"type": "text", "text": ...}]`): its text
+    parts joined as they come (a JSON reply may be split anywhere), other parts (reasoning,
+    images) left out. Raises TypeError for any other shape."""
+    if content is None or isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise TypeError(f"message content is {type(content).__name__}, not a string")
+    texts = []
+    for part in content:
+        if not isinstance(part, dict):
+            raise TypeError(f"a content part is {type(part).__name__}, not an object")
+        if part.get("type") == "text":
+            text = part.get("text")
+            if not isinstance(text, str):
+                raise TypeError(f"a text part's text is {type(text).__name__}, not a string")
+            texts.append(text)
+    return "".join(texts) if texts else None
+
+
 def _usage(data: dict[str, object]) -> tuple[int, int, int] | None:
     """(prompt, completion, cached prompt) tokens of a reply's usage, or None without one.
     Cached tokens are part of prompt_tokens: OpenAI's `prompt_tokens_details.cached_tokens`,
@@ -502,7 +640,7 @@ def _usage(data: dict[str, object]) -> tuple[int, int, int] | None:
 
 
 def _translate(response: httpx.Response, raw: bytes, ep: _Endpoint,
-               messages: list[dict[str, Any]]) -> Completion:
+               count_prompt: Callable[[], int]) -> Completion:
     status, secret = response.status_code, ep.secret
     if status >= 400:
         raise _error(response, raw, ep)
@@ -514,27 +652,31 @@ def _translate(response: httpx.Response, raw: bytes, ep: _Endpoint,
             "check LLM_BASE_URL", status_code=status)
         err.kind = ErrorKind.redirect
         raise err
+    data: Any = None
     try:
         data = json.loads(raw)
         choice = data["choices"][0]
         message = choice.get("message") or {}
-        content, finish_reason = message.get("content"), choice.get("finish_reason")
-        if not isinstance(content, (str, type(None))):
-            raise TypeError(f"message content is {type(content).__name__}, not a string")
+        content, finish_reason = _content(message.get("content")), choice.get("finish_reason")
         if not isinstance(finish_reason, (str, type(None))):
             raise TypeError(f"finish_reason is {type(finish_reason).__name__}, not a string")
     except (ValueError, KeyError, IndexError, TypeError, AttributeError, RecursionError) as exc:
-        # A 200 whose envelope is broken is a provider fault (often a proxy), not model output.
-        err = RetryableProviderError(
-            _redact(f"unreadable reply envelope: {exc!r}", secret)[:200])
-        err.kind = ErrorKind.unreadable
+        # A 200 whose envelope is broken: often a proxy's fault, but the provider may have
+        # billed it, and says so when it carries usage. Booked at that (or at our count, see
+        # _post_once) as wasted invalid output, and re-asked like any (never a transient
+        # retry: the same call would be paid again with no cap).
+        err = ReplyUnusable(_redact(f"unreadable reply envelope: {exc!r}", secret)[:200])
+        usage = _usage(data) if isinstance(data, dict) else None
+        if usage is not None:
+            err.billed = Billed(usage[0], usage[1], ep.price.cost_usd(*usage), estimated=False,
+                                cached_tokens=usage[2])
         raise err from exc
     usage = _usage(data)
     estimated = usage is None
     if usage is None:
         # Some servers and gateways send no usage. That call is not free: count it ourselves
         # (the prompt as sent, the reply as received) and say the count is ours.
-        usage = (count_messages(messages, ep.model), count_text(content or "", ep.model), 0)
+        usage = (count_prompt(), count_text(content or "", ep.model), 0)
     prompt_tokens, completion_tokens, cached_tokens = usage
     return Completion(
         content=content,

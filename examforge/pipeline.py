@@ -21,12 +21,12 @@ from typing import Callable, Sequence
 
 from examforge.errors import (
     BudgetExceeded,
-    DeadlineExceeded,
     LeaseLost,
     OutputInvalid,
     ProviderError,
     Rejection,
     ReplyTooLarge,
+    ReplyUnusable,
 )
 from examforge.heartbeat import LeaseKeeper
 from examforge.levels import Levels, ask
@@ -424,13 +424,16 @@ def _generate(rt: Runtime, claim: Claimed, lost: threading.Event, run: _Run,
         run.calls += 1
         try:
             completion = _call(rt, call_id, nxt.messages, nxt.max_tokens, nxt.admission)
-        except ReplyTooLarge as exc:
-            # A broken endpoint's reply, not a transient fault: re-asked like invalid output.
+        except (ReplyTooLarge, ReplyUnusable) as exc:
+            # A broken endpoint's reply, billed and booked as wasted (_call), not a transient
+            # fault: re-asked like invalid output, up to MAX_REASKS.
             invalid_in_row += 1
-            log.warning("reply too large; refused", extra={"exam": claim.exam,
+            log.warning("reply refused", extra={"exam": claim.exam,
                         "chapter": claim.chapter_id, "error": str(exc)})
             if invalid_in_row > settings.max_reasks:
-                raise OutputInvalid(Rejection.reply_too_large, str(exc)) from None
+                kind = (Rejection.reply_too_large if isinstance(exc, ReplyTooLarge)
+                        else Rejection.unreadable)
+                raise OutputInvalid(kind, str(exc)) from None
             continue
         usage = Usage(completion.prompt_tokens, completion.completion_tokens,
                       completion.cost_usd, completion.endpoint, completion.usage_estimated,
@@ -531,20 +534,23 @@ def _call(rt: Runtime, call_id: int, messages: list[dict[str, str]], max_tokens:
           admission: Admission) -> Completion:
     try:
         return rt.client.complete(messages, max_tokens=max_tokens, admission=admission)
-    except (DeadlineExceeded, ReplyTooLarge) as exc:
-        # Sent, and the reply abandoned: the provider may bill all of it, so it is booked as
-        # wasted at its worst case (our count of its prompt, and all of max_tokens).
-        prompt = exc.prompt_tokens_estimate or 0
-        price = rt.settings.price(fallback=exc.endpoint == "fallback")
-        rt.store.finish_call(call_id, CallOutcome.wasted, exc.kind, str(exc),
-                             status_code=exc.status_code,
-                             usage=Usage(prompt, max_tokens, price.cost_usd(prompt, max_tokens),
-                                         exc.endpoint, estimated=True))
-        raise
     except ProviderError as exc:
-        rt.store.finish_call(call_id, CallOutcome.failed, exc.kind, str(exc),
-                             status_code=exc.status_code,
-                             usage=Usage(endpoint=exc.endpoint))
+        billed = exc.billed
+        if billed is not None:
+            # The provider billed it, or may have: a reply read but unusable, at its usage
+            # (invalid output); or one sent and never received whole (a deadline, a body cut
+            # off, a body too large), at its worst case, our count of its prompt and all of
+            # max_tokens, marked estimated. Never at $0; settled like any call (the budget).
+            reason = CallReason.invalid_output if isinstance(exc, ReplyUnusable) else exc.kind
+            rt.store.finish_call(call_id, CallOutcome.wasted, reason, str(exc),
+                                 status_code=exc.status_code,
+                                 usage=Usage(billed.prompt_tokens, billed.completion_tokens,
+                                             billed.cost_usd, exc.endpoint, billed.estimated,
+                                             billed.cached_tokens))
+        else:
+            rt.store.finish_call(call_id, CallOutcome.failed, exc.kind, str(exc),
+                                 status_code=exc.status_code,
+                                 usage=Usage(endpoint=exc.endpoint))
         raise
     except BaseException as exc:
         rt.store.finish_call(call_id, CallOutcome.failed, CallReason.unexpected,

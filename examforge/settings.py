@@ -98,7 +98,16 @@ class Settings(BaseSettings):
         description="A reply larger than this is cut off and refused (bytes, after decompression).",
     )
     llm_connect_timeout_s: float = Field(5.0, gt=0, description="Connect timeout of one model call.")
-    llm_json_mode: bool = Field(True, description="Send response_format json_object.")
+    llm_json_mode: bool = Field(
+        True, description="Deprecated: LLM_JSON_MODE=false is LLM_RESPONSE_FORMAT=none (while "
+                          "LLM_RESPONSE_FORMAT is auto); true changes nothing.")
+    llm_response_format: Literal["auto", "json_schema", "json_object", "none"] = Field(
+        "auto",
+        description="response_format sent with each call: json_schema (the question list's "
+                    "schema, strict), json_object, or none; auto is json_schema at "
+                    "api.openai.com and the bundled mock, json_object elsewhere. A server "
+                    "that refuses it (a 400 naming response_format) gets the next one down, "
+                    "once per process.")
     llm_temperature: float = Field(0.7, ge=0, le=2)
     llm_price_prompt_per_mtok: float | None = Field(
         None, ge=0,
@@ -313,6 +322,14 @@ class Settings(BaseSettings):
             raise ValueError(
                 "RETRY_MAX_S and RETRY_AFTER_MAX_S must stay below VISIBILITY_TIMEOUT_S / 4")
         return self
+
+    @property
+    def response_format(self) -> str:
+        """LLM_RESPONSE_FORMAT, with the deprecated LLM_JSON_MODE=false read as `none` while
+        LLM_RESPONSE_FORMAT is `auto` (compose passes both, each with its default)."""
+        if self.llm_response_format == "auto" and not self.llm_json_mode:
+            return "none"
+        return self.llm_response_format
 
     def api_token_list(self) -> list[bytes]:
         """The API's accepted tokens, as bytes for hmac.compare_digest (empty: none set)."""

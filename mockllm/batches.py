@@ -424,7 +424,8 @@ class BatchRunner:
             state.record_outcome(key, exc.outcome)
             engine.log(key, call.model, exc.status, exc.outcome, call=call, delivered=True)
             return line(exc.status, exc.payload, call.request_id), False
-        outcome = state.next_outcome(key)
+        # A cut body is a connection's fault: a batch's output file holds the whole reply.
+        outcome = engine.decode(call, state.next_outcome(key))
         state.record_outcome(key, outcome)
         await asyncio.sleep(state.config.batch_request_s)
         if outcome in ERROR_FAULTS or outcome in ("reset", "stall"):

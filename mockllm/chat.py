@@ -9,7 +9,9 @@ fault), then build the completion or the error of that outcome, and log its usag
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
+import re
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -20,15 +22,19 @@ from mockllm.faults import (
     ERROR_FAULTS,
     INSUFFICIENT_QUOTA,
     INVALID_REQUEST,
+    OK,
     RATE_LIMITED,
     REQUEST_TOO_LARGE,
+    SCHEMA_PREVENTED,
 )
 from mockllm.http import error_payload
 from mockllm.limits import INSUFFICIENT_QUOTA_MESSAGE, quota_exceeded, retry_headers
 from mockllm.prompt import ChatPrompt, parse_prompt
 from mockllm.questions import labelled
 from mockllm.replies import (
+    REFUSAL_CONTENT,
     Content,
+    Item,
     completion_payload,
     cut_at_max_tokens,
     oversized_payload,
@@ -67,6 +73,15 @@ class ChatCall:
     custom_id: str | None = None
     # The prompt's tokens, for the prompt cache (empty when it is off).
     prompt_ids: tuple[int, ...] = ()
+    # The request's response_format type ("text", "json_object", "json_schema") and, for
+    # json_schema, the schema the reply must fit (None when the request sent none).
+    response_format: str | None = None
+    schema: dict[str, Any] | None = None
+
+    @property
+    def constrained(self) -> bool:
+        """Whether the reply is decoded under a JSON schema (it parses and fits the schema)."""
+        return self.response_format == "json_schema"
 
     @property
     def key(self) -> str:
@@ -113,6 +128,75 @@ def _max_tokens(body: dict[str, Any]) -> int | None:
     return min(found) if found else None
 
 
+_SCHEMA_NAME_RE = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+
+
+def _strict_problem(schema: Any, where: tuple[str, ...] = ()) -> str | None:
+    """What OpenAI's strict mode refuses in ``schema``, or None: every object must close with
+    ``additionalProperties: false`` and list each of its properties in ``required``."""
+    if isinstance(schema, list):
+        for i, sub in enumerate(schema):
+            problem = _strict_problem(sub, where)
+            if problem:
+                return problem
+        return None
+    if not isinstance(schema, dict):
+        return None
+    if schema.get("type") == "object" or "properties" in schema:
+        context = f"In context={where!r}, "
+        if schema.get("additionalProperties") is not False:
+            return context + "'additionalProperties' is required to be supplied and to be false."
+        properties = schema.get("properties") or {}
+        required = schema.get("required")
+        missing = [name for name in properties if not isinstance(required, list) or name not in required]
+        if missing:
+            return (context + "'required' is required to be supplied and to be an array including every key "
+                    f"in properties. Missing '{missing[0]}'.")
+        for name, sub in properties.items():
+            problem = _strict_problem(sub, (*where, "properties", name))
+            if problem:
+                return problem
+    for keyword in ("items", "anyOf", "$defs", "definitions"):
+        if keyword in schema:
+            sub = schema[keyword]
+            subs = sub.values() if keyword in ("$defs", "definitions") and isinstance(sub, dict) else [sub]
+            for part in subs:
+                problem = _strict_problem(part, (*where, keyword))
+                if problem:
+                    return problem
+    return None
+
+
+def _response_format(body: dict[str, Any], refuse_json_schema: bool) -> tuple[str | None, dict[str, Any] | None]:
+    """The request's response_format type and schema, validated as OpenAI does (400 naming
+    ``response_format``); a server without structured outputs refuses json_schema."""
+    value = body.get("response_format")
+    if value is None:
+        return None, None
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind not in ("text", "json_object", "json_schema"):
+        raise _invalid("Invalid value for 'response_format.type': expected one of 'text', 'json_object' or "
+                       "'json_schema'.", "response_format", "invalid_value")
+    if kind != "json_schema":
+        return kind, None
+    if refuse_json_schema:
+        raise _invalid("Invalid parameter: 'response_format' of type 'json_schema' is not supported with this "
+                       "model.", "response_format")
+    spec = value.get("json_schema")
+    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str) or not _SCHEMA_NAME_RE.match(spec["name"]):
+        raise _invalid("Missing or invalid 'response_format.json_schema.name': a-z, A-Z, 0-9, underscores and "
+                       "dashes, at most 64.", "response_format.json_schema.name")
+    schema = spec.get("schema")
+    if not isinstance(schema, dict):
+        raise _invalid("Invalid 'response_format.json_schema.schema': expected an object.", "response_format")
+    if spec.get("strict") is True:
+        problem = _strict_problem(schema)
+        if problem:
+            raise _invalid(f"Invalid schema for response_format '{spec['name']}': {problem}", "response_format",
+                           "invalid_json_schema")
+    return kind, schema
+
+
 def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
@@ -147,6 +231,7 @@ class ChatEngine:
             raise _invalid("request body must be a JSON object")
         messages = _messages(body)
         max_tokens = _max_tokens(body)
+        response_format, schema = _response_format(body, self.state.config.refuse_json_schema)
         prompt = parse_prompt(body)
         await self.warm_up(prompt.model)
         return ChatCall(
@@ -158,7 +243,17 @@ class ChatEngine:
             custom_id=custom_id,
             prompt_ids=(tuple(prompt_token_ids(messages, prompt.model))
                         if self.state.config.prompt_cache else ()),
+            response_format=response_format,
+            schema=schema,
         )
+
+    def decode(self, call: ChatCall, outcome: str) -> str:
+        """The outcome as served: under a JSON schema, a constrained decoder cannot emit broken
+        JSON or output that does not fit the schema, so those faults are served as ``ok``."""
+        if call.constrained and outcome in SCHEMA_PREVENTED:
+            self.state.schema_prevented += 1
+            return OK
+        return outcome
 
     def check_quota(self) -> None:
         """Raise ChatError (429 insufficient_quota) when the quota is used up."""
@@ -204,6 +299,8 @@ class ChatEngine:
             return Completion(payload, Content("", "length"), tokens, "length")
         items = state.mint_items(call.prompt, question_count(outcome, call.prompt.count, config.questions_per_reply))
         items = labelled(items, call.prompt)
+        if call.schema is not None:
+            items = [_conform(item, call.schema) for item in items]
         variant = state.next_wrong_schema_variant() if outcome == "wrong_schema" else 0
         content = render_content(outcome, items, state.first_served.get(call.key), variant)
         content, tokens, cut = cut_at_max_tokens(content, call.model, call.max_tokens)
@@ -215,6 +312,12 @@ class ChatEngine:
         payload = completion_payload(
             completion_id, call.model, content.text, content.finish_reason, call.prompt_tokens, tokens,
             config.omit_usage)
+        message = payload["choices"][0]["message"]
+        if outcome == "refusal" and call.constrained:
+            # Under a schema OpenAI sends a refusal apart, with no content.
+            message["content"], message["refusal"] = None, REFUSAL_CONTENT
+        elif outcome == "list_content":
+            message["content"] = as_parts(content.text)
         cached = self._cached_tokens(call, payload)
         return Completion(payload, content, tokens, content.finish_reason, cached)
 
@@ -261,6 +364,30 @@ class ChatEngine:
             custom_id=custom_id if custom_id is not None else (call.custom_id if call else None),
             cached_tokens=completion.cached_tokens if completion else 0,
         ))
+
+
+def as_parts(text: str) -> list[dict[str, str]]:
+    """Content as a list of text parts (as some OpenAI-compatible servers send it), split in
+    the middle: a client must join the parts to read the reply."""
+    middle = len(text) // 2
+    return [{"type": "text", "text": text[:middle]}, {"type": "text", "text": text[middle:]}]
+
+
+def _conform(item: Item, schema: dict[str, Any]) -> Item:
+    """A question as a decoder under ``schema`` writes it: each property the question items
+    require and the question lacks (a level the prompt did not ask for) is written as null."""
+    try:
+        items = schema["properties"]["questions"]["items"]
+        ref = items.get("$ref", "")
+        if ref.startswith("#/$defs/"):  # the official SDK's schemas refer to their models
+            items = schema["$defs"][ref.removeprefix("#/$defs/")]
+        required = items["required"]
+    except (KeyError, TypeError, AttributeError):
+        return item
+    question = dict(item.question)
+    for name in required if isinstance(required, list) else ():
+        question.setdefault(str(name), None)
+    return dataclasses.replace(item, question=question)
 
 
 def question_count(outcome: str, asked: int, per_reply: int | None) -> int:

@@ -110,6 +110,11 @@ class MockConfig:
         default=True,
         metadata=_help("cache prompt prefixes as OpenAI does (1024 tokens or more, 128-token steps, per "
                        "model) and report usage.prompt_tokens_details.cached_tokens"))
+    # --- response_format
+    refuse_json_schema: bool = field(
+        default=False,
+        metadata=_help("answer a request whose response_format is json_schema with a 400 naming "
+                       "response_format, as servers without structured outputs do"))
     # --- rate limits and quota
     rpm: int | None = field(default=None, metadata=_help("requests per minute (a token bucket)", unset="unlimited"))
     tpm: int | None = field(
@@ -173,6 +178,7 @@ class MockConfig:
         }
         self.omit_usage = _bool(self.omit_usage, "omit_usage")
         self.prompt_cache = _bool(self.prompt_cache, "prompt_cache")
+        self.refuse_json_schema = _bool(self.refuse_json_schema, "refuse_json_schema")
         self.rpm = _optional_int(self.rpm, "rpm", 1)
         self.tpm = _optional_int(self.tpm, "tpm", 1)
         self.burst_fraction = _fraction(self.burst_fraction, "burst_fraction")

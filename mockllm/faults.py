@@ -11,7 +11,7 @@ client bug or a real limit never hides among planned faults.
 from __future__ import annotations
 
 OK = "ok"
-TRANSIENT_FAULTS: tuple[str, ...] = ("429", "500", "503", "reset", "stall", "trickle", "oversized")
+TRANSIENT_FAULTS: tuple[str, ...] = ("429", "500", "503", "reset", "stall", "trickle", "oversized", "cut")
 PERMANENT_FAULTS: tuple[str, ...] = ("400", "401")
 OUTPUT_FAULTS: tuple[str, ...] = (
     "malformed",
@@ -25,12 +25,22 @@ OUTPUT_FAULTS: tuple[str, ...] = (
     "empty",
     "duplicate",
 )
-ALL_FAULTS: tuple[str, ...] = TRANSIENT_FAULTS + PERMANENT_FAULTS + OUTPUT_FAULTS
+# Not a fault: a valid reply in another shape some servers send (a client must read it).
+SHAPE_OUTCOMES: tuple[str, ...] = ("list_content",)
+ALL_FAULTS: tuple[str, ...] = TRANSIENT_FAULTS + PERMANENT_FAULTS + OUTPUT_FAULTS + SHAPE_OUTCOMES
 # Never drawn unless named in `faults`: a trickle holds a request for a minute by default and
 # an oversized body is 16 MiB, which would dominate any run that draws faults at random (and
 # leaving them out keeps the seeded draws of existing runs unchanged).
-OPT_IN_FAULTS: tuple[str, ...] = ("trickle", "oversized")
+# The cut body and list content are opt-in for the same reason (issue 16 added them).
+OPT_IN_FAULTS: tuple[str, ...] = ("trickle", "oversized", "cut", "list_content")
 DEFAULT_FAULTS: tuple[str, ...] = tuple(f for f in TRANSIENT_FAULTS if f not in OPT_IN_FAULTS) + OUTPUT_FAULTS
+# What a constrained decoder makes impossible: a request whose response_format is a JSON schema
+# never gets these (they are served as "ok"), as OpenAI, vLLM or Ollama guarantee under a
+# schema. Everything a schema cannot prevent still happens: errors, stalls, cut bodies, a
+# reply cut at max_tokens ("truncated"), short replies, repeats, refusals (sent in
+# message.refusal, content null, as OpenAI does under a schema).
+SCHEMA_PREVENTED: frozenset[str] = frozenset(
+    {"malformed", "fenced", "wrong_schema", "bad_choices", "bad_index", "empty"})
 
 # What each fault does, for --help and the docs.
 FAULT_HELP: dict[str, str] = {
@@ -41,6 +51,7 @@ FAULT_HELP: dict[str, str] = {
     "stall": "no reply for stall_s seconds (notices the client hang up)",
     "trickle": "headers at once, then the body in trickle_pieces pieces trickle_interval_s apart",
     "oversized": "a valid 200 chat completion of oversized_bytes with huge content",
+    "cut": "a 200 whose body stops half way: headers, half the body, then the connection closes (billed)",
     "400": "400 invalid_request_error",
     "401": "401 invalid_api_key",
     "malformed": "content that is not JSON",
@@ -53,6 +64,7 @@ FAULT_HELP: dict[str, str] = {
     "refusal": "a refusal sentence instead of JSON",
     "empty": "empty content",
     "duplicate": "one question repeats an earlier one word for word",
+    "list_content": "a valid reply whose content is a list of text parts, as some servers send it",
 }
 assert set(FAULT_HELP) == set(ALL_FAULTS)
 
@@ -64,7 +76,8 @@ REQUEST_TOO_LARGE = "request_too_large"
 INSUFFICIENT_QUOTA = "insufficient_quota"
 
 # Faults whose reply is a 200 chat completion (billed, as real providers bill them).
-COMPLETION_OUTCOMES: frozenset[str] = frozenset({OK, "stall", "trickle", "oversized", *OUTPUT_FAULTS})
+COMPLETION_OUTCOMES: frozenset[str] = frozenset(
+    {OK, "stall", "trickle", "oversized", "cut", *OUTPUT_FAULTS, *SHAPE_OUTCOMES})
 
 MODEL_ID = "mock-model"
 

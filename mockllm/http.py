@@ -296,6 +296,14 @@ class Connection:
                 return False
         return True
 
+    async def cut(self, response: Response) -> None:
+        """Headers (with the full Content-Length) and the first half of the body, then the
+        connection closes: a reply cut off mid-stream, as a proxy or a crashed server leaves it."""
+        if self._eof or not await self._write(self._head(response, False)):
+            return
+        await self._write(response.body[: len(response.body) // 2])
+        self.close()
+
     def reset(self) -> None:
         """Drop the connection with a TCP RST instead of an orderly FIN."""
         sock = self._writer.get_extra_info("socket")

@@ -58,7 +58,7 @@ def _valid(text: str, items: list[Item]) -> Content:
 def render_content(outcome: str, items: list[Item], earlier: dict[str, Any] | None, variant: int) -> Content:
     """Turn the reply's questions into the reply content for ``outcome``."""
     questions = [item.question for item in items]
-    if outcome in (OK, "stall", "short", "trickle"):
+    if outcome in (OK, "stall", "short", "trickle", "cut", "list_content"):
         return _valid(_dumps({"questions": questions}), items)
     if outcome == "fenced":
         return _valid(f"```json\n{_dumps({'questions': questions})}\n```", items)

@@ -267,7 +267,7 @@ class MockService:
             engine.admit(call)
         except ChatError as exc:
             return await self._send_error(connection, request, key, model, exc, call, self._limit_headers(call))
-        outcome = state.next_outcome(key)
+        outcome = engine.decode(call, state.next_outcome(key))
         state.record_outcome(key, outcome)
         # Generated at admission, so a completion charged to TPM (when max_tokens is absent) is
         # charged before the next request is admitted, and billed even if the client leaves.
@@ -293,6 +293,10 @@ class MockService:
         if outcome == "trickle":
             delivered = await connection.trickle(
                 response, request.keep_alive, config.trickle_pieces, config.trickle_interval_s)
+        elif outcome == "cut":
+            # Generated and billed; the client gets the headers and half the body.
+            await connection.cut(response)
+            delivered = False
         else:
             delivered = await connection.send(response, request.keep_alive)
         self._delivered(call, outcome, completion, delivered)

@@ -67,6 +67,7 @@ class MockState:
         self.rewordings_by_chapter: Counter[str] = Counter()
         self.rewordings_avoided_by_chapter: Counter[str] = Counter()
         self.cut_at_max_tokens = 0
+        self.schema_prevented = 0
         self.usage = UsageLog()
         self.prompt_cache = PromptCache()
         self.limiter = self._new_limiter()
@@ -255,7 +256,9 @@ class MockState:
         ``rewordings_by_chapter`` and ``rewordings`` (each delivered paraphrase:
         ``{"chapter", "of_serial", "question", "original"}``), ``rewordings_avoided_by_chapter``
         (paraphrases drawn of a question the prompt listed, written as new ones instead),
-        ``cut_at_max_tokens``.
+        ``cut_at_max_tokens``, ``schema_prevented`` (faults drawn for a request under a JSON
+        schema that a constrained decoder cannot produce, served as ``ok``: see
+        ``mockllm.faults.SCHEMA_PREVENTED``).
         Rate limits: ``admitted_total``, ``admitted_at`` (seconds since the reset at which each
         request passed the limiter), ``max_admitted_in_1s`` (the busiest 1-second window),
         ``rate_limited_by_type`` (``requests``/``tokens``).
@@ -278,6 +281,7 @@ class MockState:
             "rewordings_avoided_by_chapter": dict(self.rewordings_avoided_by_chapter),
             "rewordings": [dict(r) for r in self.rewordings],
             "cut_at_max_tokens": self.cut_at_max_tokens,
+            "schema_prevented": self.schema_prevented,
             "admitted_total": len(self.admitted_at),
             "admitted_at": [round(t, 4) for t in self.admitted_at],
             "max_admitted_in_1s": self.max_admitted_in(1.0),

@@ -17,6 +17,7 @@ from examforge.errors import (
     PermanentProviderError,
     ProviderError,
     RateLimited,
+    ReplyUnusable,
     RetryableProviderError,
 )
 from examforge.llm import Completion, LLMClient
@@ -159,7 +160,8 @@ ESTIMATED = None  # the reply's usage is missing or unusable: our own count is b
 def test_usage_tokens(client_for: Callable[..., tuple[LLMClient, Recorder]], usage: Any,
                       expected: tuple[int, int] | None) -> None:
     data = _envelope(usage=usage)
-    client, _ = client_for(lambda r: httpx.Response(200, json=data))
+    # A model auto sends json_object for (json_schema would add the schema to our count).
+    client, _ = client_for(lambda r: httpx.Response(200, json=data), llm_model="test-model")
     completion = client.complete(MESSAGES)
     if expected is ESTIMATED:
         from examforge.tokens import count_messages, count_text
@@ -220,8 +222,10 @@ BROKEN_ENVELOPES: list[tuple[str, Callable[[], httpx.Response]]] = [
     ("message a string", lambda: httpx.Response(200, json=_envelope(choices=[{"message": "hi"}]))),
     ("content a number",
      lambda: httpx.Response(200, json=_envelope(choices=[{"message": {"content": 42}}]))),
-    ("content a list",
+    ("content a list of strings",
      lambda: httpx.Response(200, json=_envelope(choices=[{"message": {"content": ["a"]}}]))),
+    ("a text part without text", lambda: httpx.Response(200, json=_envelope(
+        choices=[{"message": {"content": [{"type": "text", "text": 5}]}}]))),
     ("finish_reason a number", lambda: httpx.Response(200, json=_envelope(
         choices=[{"message": {"content": "x"}, "finish_reason": 1}]))),
     ("top level a list", lambda: httpx.Response(200, json=[1, 2])),
@@ -237,16 +241,28 @@ BROKEN_ENVELOPES: list[tuple[str, Callable[[], httpx.Response]]] = [
 
 @pytest.mark.parametrize("make_response", [m for _, m in BROKEN_ENVELOPES],
                          ids=[n for n, _ in BROKEN_ENVELOPES])
-def test_200_with_broken_envelope_is_retryable(
+def test_200_with_broken_envelope_is_unusable_and_billed(
         client_for: Callable[..., tuple[LLMClient, Recorder]],
         make_response: Callable[[], httpx.Response]) -> None:
+    # Not a transient fault (the pipeline re-asks it under MAX_REASKS) and never free: booked
+    # at the usage it carries, or at our own count of the prompt and the body when it has none.
     client, rec = client_for(lambda r: make_response())
     err = complete_error(client)
-    assert type(err) is RetryableProviderError
+    assert type(err) is ReplyUnusable and not isinstance(err, RetryableProviderError)
     assert err.status_code is None and err.retry_after_s is None
     assert str(err).startswith("unreadable reply envelope: ")
     assert len(str(err)) <= 200
     assert len(rec.requests) == 1
+    assert err.billed is not None
+    try:
+        carried = isinstance(json.loads(make_response().content).get("usage"), dict)
+    except (ValueError, AttributeError, RecursionError):
+        carried = False
+    if carried:
+        assert (err.billed.prompt_tokens, err.billed.completion_tokens) == (10, 20)
+        assert not err.billed.estimated
+    else:
+        assert err.billed.estimated and err.billed.prompt_tokens > 0
 
 
 # --- HTTP status translation ----------------------------------------------------------------
@@ -442,7 +458,7 @@ def test_client_never_retries_by_itself(client_for: Callable[..., tuple[LLMClien
                                         handler: Handler) -> None:
     client, rec = client_for(handler)
     for calls in (1, 2):
-        with pytest.raises(RetryableProviderError):
+        with pytest.raises((RetryableProviderError, ReplyUnusable)):
             client.complete(MESSAGES)
         assert len(rec.requests) == calls
 

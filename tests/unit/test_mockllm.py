@@ -474,7 +474,8 @@ def test_default_faults_are_transient_and_output_faults() -> None:
     assert MockConfig().faults == list(DEFAULT_FAULTS)
     assert "400" not in DEFAULT_FAULTS and "401" not in DEFAULT_FAULTS
     assert "trickle" not in DEFAULT_FAULTS and "oversized" not in DEFAULT_FAULTS  # opt-in: slow or huge
-    assert set(DEFAULT_FAULTS) | {"400", "401", "trickle", "oversized"} == set(ALL_FAULTS)
+    assert set(DEFAULT_FAULTS) | {"400", "401", "trickle", "oversized", "cut",
+                                  "list_content"} == set(ALL_FAULTS)
 
 
 def test_300_concurrent_requests() -> None:

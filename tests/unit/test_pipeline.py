@@ -59,7 +59,8 @@ def test_the_user_message_names_chapter_and_count(env):
     user = fake.requests[-1]["messages"][-1]["content"]
     assert "Chapter id: a" in user and "Chapter title: Chapter a" in user
     assert "Number of questions: 2" in user  # the second call asks only for what is missing
-    assert fake.requests[0]["response_format"] == {"type": "json_object"}
+    # mock-model (the default LLM_MODEL: the bundled mock) is sent the reply's schema.
+    assert fake.requests[0]["response_format"]["type"] == "json_schema"
 
 
 def test_a_short_reply_is_kept_and_the_rest_asked_for(env):
