@@ -106,6 +106,10 @@ class MockConfig:
         default_factory=dict, metadata=_help("JSON object: chapter key -> outcomes of its next calls, in order"))
     # --- usage
     omit_usage: bool = field(default=False, metadata=_help("send replies without a usage object, as some gateways do"))
+    usage_factor: float = field(
+        default=1.0,
+        metadata=_help("multiply the tokens each reply reports and bills (prompt and completion), as a "
+                       "provider whose tokenizer counts higher, or that ignores max_tokens"))
     # --- rate limits and quota
     rpm: int | None = field(default=None, metadata=_help("requests per minute (a token bucket)", unset="unlimited"))
     tpm: int | None = field(
@@ -168,6 +172,7 @@ class MockConfig:
             for key, outcomes in self.script.items()
         }
         self.omit_usage = _bool(self.omit_usage, "omit_usage")
+        self.usage_factor = _non_negative_float(self.usage_factor, "usage_factor")
         self.rpm = _optional_int(self.rpm, "rpm", 1)
         self.tpm = _optional_int(self.tpm, "tpm", 1)
         self.burst_fraction = _fraction(self.burst_fraction, "burst_fraction")
