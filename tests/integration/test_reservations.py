@@ -42,14 +42,15 @@ def _in_flight(store, slug="ex"):
                 s=slug)[0]
 
 
-def _dead_call(store, chapter="a", first=1, reserve=RESERVE):
+def _dead_call(store, chapter="a", first=1, reserve=RESERVE, wait=True):
     """A holder records a call and dies: its lease lapses with the call in flight."""
     claim = store.claim("ex", chapter, f"dead-{chapter}", 1.0, 8)
     assert isinstance(claim, Claimed)
     call = store.start_call(claim, first, 5, lease_s=1.0, prompt_tokens=100, max_tokens=900,
                             reserve_usd=reserve)
     assert isinstance(call, int)
-    wait_lease_expired(store, "ex", chapter)
+    if wait:
+        wait_lease_expired(store, "ex", chapter)
     return call
 
 
@@ -61,43 +62,42 @@ def _assert_settled_at_worst_case(store, call, reserve=RESERVE):
     assert row.cost_usd == pytest.approx(reserve)
 
 
-def _lower_target(store, tmp_path):
-    _sync(store, tmp_path, [("a", 5)])  # the dead call was for numbers 6-10: the slice is done
+def _still_in_flight(store):
+    with store.engine.connect() as conn:
+        return set(conn.execute(text(
+            "SELECT chapter_id FROM call WHERE outcome = 'in_flight'")).scalars())
 
 
-def _cancel(store, tmp_path):
-    assert store.cancel("ex") == 1
-
-
-def _import(store, tmp_path):
-    result = store.import_questions("ex", {"a": _qs(5, 100, "imported")}, "checkpoint.json")
-    assert result.imported == 5
-
-
-def _regenerate(store, tmp_path):
-    plan = _sync(store, tmp_path, [("a", 10)], regenerate=["a"])
-    assert plan.to_enqueue == ["a"]
-
-
-@pytest.mark.parametrize("action", [_cancel, _import, _lower_target, _regenerate],
-                         ids=["cancel", "import", "lower_target", "regenerate"])
-def test_a_dead_holders_call_is_settled_by_the_users_action_in_its_transaction(
-        store, tmp_path, action):
-    """Dead calls: the user acts before anyone claims the slice again. Afterwards nothing is
-    in flight, nothing is reserved, and the call is booked at its worst case (what it
+def test_dead_holders_calls_are_settled_by_the_users_actions_in_their_transaction(
+        store, tmp_path):
+    """Dead calls: the user acts before anyone claims the slices again: cancels a, imports b
+    (which makes its slice done), lowers c's target (done: the dead call was for numbers
+    6-10) and regenerates d. Each settles its chapter's dead call itself; afterwards nothing
+    is in flight, nothing is reserved, and each call is booked at its worst case (what it
     reserved: no less than the provider can have billed for it)."""
-    _sync(store, tmp_path, [("a", 10)])
+    chapters = ["a", "b", "c", "d"]
+    _sync(store, tmp_path, [(c, 10) for c in chapters])
     store.set_budget("ex", 5.0)
-    live = store.claim("ex", "a", "live", 10.0, 8)
+    live = store.claim("ex", "c", "live", 10.0, 8)
     call = store.start_call(live, 1, 5, lease_s=10.0)
     store.commit_batch(live, 10.0, call, _qs(5), model="m", usage=Usage(10, 20, 0.01))
     store.release(live, retry_in_s=0, error="handed back")
-    dead = _dead_call(store, first=6)
-    action(store, tmp_path)
+    dead = {c: _dead_call(store, c, first=6 if c == "c" else 1, wait=False) for c in chapters}
+    for c in chapters:
+        wait_lease_expired(store, "ex", c)
+    assert store.cancel("ex", ["a"]) == 1
+    assert _still_in_flight(store) == {"b", "c", "d"}
+    result = store.import_questions("ex", {"b": _qs(10, 100, "imported")}, "checkpoint.json")
+    assert result.imported == 10
+    assert _still_in_flight(store) == {"c", "d"}
+    plan = _sync(store, tmp_path, [("a", 10), ("b", 10), ("c", 5), ("d", 10)],
+                 regenerate=["d"])
+    assert plan.to_enqueue == ["d"] and plan.skipped["c"] == "done"
     exam = _exam(store)
     assert exam.reserved_usd == 0 and _in_flight(store) == 0
-    assert exam.spent_usd == pytest.approx(0.01 + RESERVE)
-    _assert_settled_at_worst_case(store, dead)
+    assert exam.spent_usd == pytest.approx(0.01 + 4 * RESERVE)
+    for call in dead.values():
+        _assert_settled_at_worst_case(store, call)
 
 
 def test_a_call_under_a_live_lease_is_left_to_its_holder(store, tmp_path):
@@ -127,23 +127,30 @@ def test_the_budget_recount_keeps_no_dead_holders_reservation(store, tmp_path):
     _assert_settled_at_worst_case(store, dead)
 
 
-@pytest.mark.parametrize("state", ["done", "cancelled", "failed", "pending"])
-def test_the_reconciler_settles_dead_calls_whatever_their_slices_state(store, tmp_path, state):
-    """The slice moved on without settling its dead holder's call (as every path but the
-    claim did before): the reconciler's pass settles it. A live holder's call is left."""
-    _sync(store, tmp_path, [("a", 10), ("b", 10)])
+def test_the_reconciler_settles_dead_calls_whatever_their_slices_state(store, tmp_path):
+    """Each slice moved on without settling its dead holder's call (as every path but the
+    claim did before): done, cancelled, failed, or pending with nobody claiming it. The
+    reconciler's pass settles them all; a live holder's call is left to it."""
+    states = {"a": "done", "b": "cancelled", "c": "failed", "d": "pending"}
+    _sync(store, tmp_path, [(c, 10) for c in [*states, "e"]])
     store.set_budget("ex", 5.0)
-    dead = _dead_call(store, "a")
+    dead = {c: _dead_call(store, c, wait=False) for c in states}
+    for c in states:
+        wait_lease_expired(store, "ex", c)
     with store.engine.begin() as conn:
-        conn.execute(text("UPDATE slice SET state = :st, lease_owner = NULL, "
-                          "lease_expires_at = NULL WHERE chapter_id = 'a'"), {"st": state})
-    live = store.claim("ex", "b", "live", 10.0, 8)
+        for chapter, state in states.items():
+            conn.execute(text("UPDATE slice SET state = :st, lease_owner = NULL, "
+                              "lease_expires_at = NULL WHERE chapter_id = :c"),
+                         {"st": state, "c": chapter})
+    live = store.claim("ex", "e", "live", 10.0, 8)
     store.start_call(live, 1, 5, lease_s=10.0, reserve_usd=0.5)
-    assert store.settle_orphans() == 1
+    assert store.settle_orphans() == 4
     assert store.settle_orphans() == 0  # once
-    _assert_settled_at_worst_case(store, dead)
-    assert _in_flight(store) == 1  # the live holder's
+    for call in dead.values():
+        _assert_settled_at_worst_case(store, call)
+    assert _still_in_flight(store) == {"e"}
     assert _exam(store).reserved_usd == pytest.approx(0.5)
+    assert _exam(store).spent_usd == pytest.approx(4 * RESERVE)
 
 
 def test_a_settle_that_reaches_the_budget_pauses_the_exam_and_reserves_nothing_more(
