@@ -21,6 +21,7 @@ from examforge.output import Question as ParsedQuestion
 from examforge.output import text_hash
 from storage import neardup
 from storage.base import BUDGET_PAUSE_PREFIX, SLICE_KEY, E, K, Q, S, StoreBase
+from storage.db import READ_ONLY
 from storage.models import CallOutcome, CallReason, ChapterState, ExamState
 
 if TYPE_CHECKING:
@@ -417,7 +418,13 @@ class Ledger(StoreBase):
         its reply comes back, like any call in flight at a cancel. This costs one short read
         per paid call; folding it into the transaction that records the call (the commit)
         would not do, since a cancel can commit between that and the send."""
-        with self._read() as conn:
+        # One statement needs no snapshot: on PostgreSQL a plain READ COMMITTED connection (a
+        # REPEATABLE READ one costs a SET and a reset around it); on SQLite a deferred read
+        # that never waits for the writer's lock.
+        conn = self.engine.connect()
+        if self.engine.dialect.name != "postgresql":
+            conn = conn.execution_options(**{READ_ONLY: True})
+        with conn:
             state = conn.execute(self._stmt("may_send", lambda: (
                 select(S.c.state).where(*SLICE_KEY, S.c.lease_owner == bindparam("k_owner"),
                                         S.c.lease_expires_at > self._now))), {
