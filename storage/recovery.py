@@ -134,6 +134,9 @@ class Recovery(Leases):
                     S.c.state.in_(ACTIVE_STATES), S.c.attempts_since_progress >= max_attempts,
                     or_(S.c.lease_owner.is_(None), S.c.lease_expires_at <= self._now))).all()
             for exam, chapter_id, slice_no in capped:
+                # Lock order: the exam row before the slice's and its calls' (settling them
+                # updates the exam's totals), as every other writer takes them.
+                self._exam_first(conn, exam)
                 conn.execute(update(S).where(*slice_where(exam, chapter_id, slice_no))
                              .values(state=ChapterState.failed.value, lease_owner=None,
                                      lease_expires_at=None, updated_at=self._now,
