@@ -208,8 +208,9 @@ class ModelNotFound(ExamStopped):
 
 class BudgetExceeded(ExamforgeError):
     """Raised when the next call's worst case does not fit in what is left of the exam's
-    budget. With calls still in flight elsewhere, their real cost may free room: wait. With
-    none, nothing more fits: the exam is paused until its budget is raised."""
+    budget. With calls still in flight elsewhere under a live lease (`others_in_flight`; a dead
+    holder's call is settled first and never counts), their real cost may free room: wait.
+    With none, nothing more fits: the exam is paused until its budget is raised."""
 
     def __init__(self, message: str, *, others_in_flight: bool) -> None:
         super().__init__(message)

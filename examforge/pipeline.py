@@ -12,7 +12,6 @@ import os
 import random
 import socket
 import threading
-import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
@@ -46,6 +45,7 @@ from storage.store import (
     NoRoom,
     NotClaimed,
     NotClaimedReason,
+    SendCheck,
     Steer,
     Store,
     Usage,
@@ -131,7 +131,6 @@ def process_chapter(rt: Runtime, exam: str, chapter_id: str, slice_no: int = 0) 
             raise LeaseLost(f"lease on {exam}/{chapter_id} lost during the run")
 
     calls = _Calls(rt, check)
-    began = time.monotonic()
     try:
         claim = store.claim(exam, chapter_id, new_owner(), settings.lease_s,
                             settings.max_attempts, slice_no=slice_no, plan_first=calls.plan,
@@ -149,8 +148,6 @@ def process_chapter(rt: Runtime, exam: str, chapter_id: str, slice_no: int = 0) 
     lost = rt.keeper.hold(claim.owner)
     run = _Run()
     try:
-        if isinstance(claim.first_call, int):
-            _still_ours(rt, claim, claim.first_call, began)
         if not _generate(rt, claim, lost, run, calls):
             return ChapterResult(Outcome.skipped, "cancelled", calls=run.calls)
         return ChapterResult(Outcome.done, calls=run.calls)
@@ -394,7 +391,7 @@ class _Calls:
         raise BudgetExceeded(
             f"${room.spent_usd:.4f} spent and ${room.reserved_usd:.4f} reserved of "
             f"${room.budget_usd:.4f}; the next call needs up to ${room.needed_usd:.4f}",
-            others_in_flight=room.reserved_usd > 1e-12)
+            others_in_flight=room.in_flight > 0)
 
 
 def _generate(rt: Runtime, claim: Claimed, lost: threading.Event, run: _Run,
@@ -418,6 +415,16 @@ def _generate(rt: Runtime, claim: Claimed, lost: threading.Event, run: _Run,
             calls.check()
             call_id = calls.start(claim, view)
         planned = None
+        # The last step before the send: a cancel or a takeover that committed since the
+        # call was recorded wins, and the call is booked as never sent (Store.may_send).
+        sendable = store.may_send(claim, call_id)
+        if sendable is not SendCheck.send:
+            calls.discard()
+            if sendable is SendCheck.cancelled:
+                log.info("slice cancelled before its next call was sent; not sent", extra={
+                    "exam": claim.exam, "chapter": claim.chapter_id, "slice": claim.slice_no})
+                return False
+            raise LeaseLost(f"lease on {claim.exam}/{claim.chapter_id} lost before a call")
         nxt = calls.next
         assert nxt is not None and nxt.admission is not None
         calls.next = None
@@ -464,15 +471,12 @@ def _generate(rt: Runtime, claim: Claimed, lost: threading.Event, run: _Run,
             del calls.fresh[:len(calls.fresh) - settings.avoid_questions]
         if stored + len(parsed.questions) < target:
             calls.prepare(claim.view(stored + len(parsed.questions), target))
-        began = time.monotonic()
         try:
             committed = store.commit_batch(claim, settings.lease_s, call_id,
                                            batch, model=completion.model,
                                            note=note, usage=usage, plan_next=calls.plan,
                                            near_dup=near_dup_checker(settings),
                                            steer=steer_of(settings))
-            if isinstance(committed.next_call, int):
-                _still_ours(rt, claim, committed.next_call, began)
         except BaseException:
             calls.discard()
             raise
@@ -514,20 +518,6 @@ def _generate(rt: Runtime, claim: Claimed, lost: threading.Event, run: _Run,
                 "stored": stored, "target": target, "prompt_tokens": usage.prompt_tokens,
                 "completion_tokens": usage.completion_tokens, "cost_usd": usage.cost_usd})
     return True
-
-
-def _still_ours(rt: Runtime, claim: Claimed, call_id: int, began: float) -> None:
-    """A call recorded in a transaction that took longer than a quarter of the lease (the
-    process frozen in the middle of it, a stalled database) may belong to a lease that has
-    expired since: confirm the lease before sending it, and if it is gone, record the call
-    as never sent (it costs nothing) instead of paying for it."""
-    if time.monotonic() - began <= rt.settings.lease_s / 4:
-        return
-    if rt.store.confirm(claim, rt.settings.lease_s):
-        return
-    rt.store.finish_call(call_id, CallOutcome.failed, CallReason.lease_lost,
-                         "not sent: the lease was lost while the call was being recorded")
-    raise LeaseLost(f"lease on {claim.exam}/{claim.chapter_id} lost before a call")
 
 
 def _call(rt: Runtime, call_id: int, messages: list[dict[str, str]], max_tokens: int,

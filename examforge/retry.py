@@ -9,7 +9,7 @@ procrastinate's RetryStrategy does, so the policy reads as one table and is test
     HandBack (shutdown)         release    no               0
     RateLimited                 release    no               Retry-After (or the limiter's wait)
     BudgetExceeded, others in   release    no               BUDGET_WAIT_S
-      flight
+      flight (live leases)
     BudgetExceeded, none        pause      no               -  (raise the budget to resume)
     QuotaExceeded, ModelNotFound pause     no               -  (`resume` after the fix)
     AuthError                   fail+pause yes              -  (pauses after AUTH_FAILURE_LIMIT)
@@ -41,7 +41,10 @@ from examforge.errors import (
 from examforge.settings import Settings
 
 # How long a chapter waits when the budget has no room now but calls in flight elsewhere may
-# settle below their worst case and free some.
+# settle below their worst case and free some. Only calls under a live lease count as in
+# flight (the store settles dead holders' calls before it says there is no room), and each of
+# them ends within its deadline or loses its lease: the wait cannot go on forever, and once
+# none is left the exam is paused.
 BUDGET_WAIT_S = 2.0
 
 

@@ -237,7 +237,7 @@ class ChatEngine:
         return ChatCall(
             prompt=prompt,
             max_tokens=max_tokens,
-            prompt_tokens=count_messages(messages, prompt.model),
+            prompt_tokens=round(count_messages(messages, prompt.model) * self.state.config.usage_factor),
             request_id=self.next_request_id(),
             batch_id=batch_id,
             custom_id=custom_id,
@@ -306,6 +306,7 @@ class ChatEngine:
         content, tokens, cut = cut_at_max_tokens(content, call.model, call.max_tokens)
         if cut:
             state.cut_at_max_tokens += 1
+        tokens = round(tokens * config.usage_factor)  # reported and billed beyond max_tokens
         if call.max_tokens is None and call.batch_id is None:
             # Admission charged TPM the prompt only; the completion is charged as it is generated.
             state.limiter.debit_tokens(tokens)

@@ -115,6 +115,10 @@ class MockConfig:
         default=False,
         metadata=_help("answer a request whose response_format is json_schema with a 400 naming "
                        "response_format, as servers without structured outputs do"))
+    usage_factor: float = field(
+        default=1.0,
+        metadata=_help("multiply the tokens each reply reports and bills (prompt and completion), as a "
+                       "provider whose tokenizer counts higher, or that ignores max_tokens"))
     # --- rate limits and quota
     rpm: int | None = field(default=None, metadata=_help("requests per minute (a token bucket)", unset="unlimited"))
     tpm: int | None = field(
@@ -179,6 +183,7 @@ class MockConfig:
         self.omit_usage = _bool(self.omit_usage, "omit_usage")
         self.prompt_cache = _bool(self.prompt_cache, "prompt_cache")
         self.refuse_json_schema = _bool(self.refuse_json_schema, "refuse_json_schema")
+        self.usage_factor = _non_negative_float(self.usage_factor, "usage_factor")
         self.rpm = _optional_int(self.rpm, "rpm", 1)
         self.tpm = _optional_int(self.tpm, "tpm", 1)
         self.burst_fraction = _fraction(self.burst_fraction, "burst_fraction")

@@ -413,7 +413,9 @@ def reconcile() -> None:
     result = reconcile_once(settings, store, app)
     out.print(f"re-enqueued {result['requeued']} ({result['requeued_lost']} whose message the "
               f"broker lost), failed at attempt cap {result['failed_at_cap']}, calls settled "
-              f"on cancelled chapters {result['settled_cancelled']}")
+              f"on cancelled chapters {result['settled_cancelled']}, other calls of dead "
+              f"workers settled {result['settled_orphans']}, exams paused with no room in "
+              f"their budget {result['paused_budget']}")
 
 
 @cli.command()

@@ -25,8 +25,8 @@ from examforge.neardup import Checker
 from examforge.output import Question as ParsedQuestion
 from examforge.output import text_hash
 from storage import neardup
-from storage.base import E, K, Q, S, StoreBase
-from storage.ledger import question_row
+from storage.base import E, K, Q, S
+from storage.ledger import Ledger, question_row
 from storage.models import CallOutcome, ChapterState
 
 # What an imported question says of its origin (Question.model, Call.model, Call.worker).
@@ -99,7 +99,7 @@ class _Range:
     end: int  # the range's last number
 
 
-class Imports(StoreBase):
+class Imports(Ledger):
     """Store questions that were paid for elsewhere as an exam's own."""
 
     def chapter_ids(self, slug: str) -> list[str] | None:
@@ -129,6 +129,7 @@ class Imports(StoreBase):
             self._refuse_busy(conn, slug, wanted)
         with self._write() as conn:
             self._require_exam(conn, slug)
+            self._exam_first(conn, slug)  # lock order: settling dead calls updates the exam
             # Every slice of the exam, in the order enqueue locks them: a claim or a commit
             # of one of these chapters waits for this import and then sees its questions.
             conn.execute(select(S.c.slice_no).where(S.c.exam == slug)
@@ -139,6 +140,10 @@ class Imports(StoreBase):
             missing = [c for c in wanted if c not in ranges]
             if missing:
                 raise UnknownChapter(f"chapter {missing[0]!r} is not a chapter of exam {slug}")
+            # No live lease on these chapters (refused above): a call still in flight on one
+            # of them belongs to a dead holder. Settled now, before the slices it was for are
+            # filled and done (Ledger._settle_orphans).
+            self._settle_orphans(conn, slug, wanted)
             result = ImportResult(slug, [])
             for chapter_id in wanted:
                 result.chapters.append(self._import_chapter(

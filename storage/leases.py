@@ -180,17 +180,6 @@ class Leases(Ledger):
                     attempts_since_progress=S.c.attempts_since_progress + 1,
                     not_before_at=None, picked_at=self._now, updated_at=self._now))
 
-    def confirm(self, claim: Claimed, lease_s: float) -> bool:
-        """Whether the lease is still held, renewing it if so (for a call recorded in a
-        transaction that took suspiciously long: a freeze in the middle of it)."""
-        with self._write() as conn:
-            return conn.execute(
-                update(S).where(*claim.where(),
-                                S.c.lease_owner == claim.owner,
-                                S.c.lease_expires_at > self._now,
-                                S.c.state == ChapterState.running.value)
-                .values(lease_expires_at=self._now + lease_s)).rowcount == 1
-
     def _why_not(self, conn: Connection, slug: str, chapter_id: str, slice_no: int,
                  max_attempts: int) -> NotClaimed:
         key = slice_where(slug, chapter_id, slice_no)

@@ -7,9 +7,10 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass
+from enum import Enum
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from sqlalchemy import bindparam, func, insert, or_, select, update
+from sqlalchemy import and_, bindparam, case, func, insert, literal, or_, select, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
@@ -19,8 +20,9 @@ from examforge.neardup import Checker, Scope
 from examforge.output import Question as ParsedQuestion
 from examforge.output import text_hash
 from storage import neardup
-from storage.base import SLICE_KEY, E, K, Q, S, StoreBase
-from storage.models import CallOutcome, CallReason, ChapterState
+from storage.base import BUDGET_PAUSE_PREFIX, SLICE_KEY, E, K, Q, S, StoreBase
+from storage.db import READ_ONLY
+from storage.models import CallOutcome, CallReason, ChapterState, ExamState
 
 if TYPE_CHECKING:
     from storage.leases import Claimed
@@ -33,6 +35,9 @@ _FINISHED = ("outcome", "reason", "detail", "status_code", "questions_stored", "
              "completion_tokens", "cost_usd", "endpoint", "usage_estimated", "cached_tokens")
 # A commit that loses a race with another slice storing the same question checks again.
 _DUPLICATE_RACE_RETRIES = 3
+# Why a settled call paused its exam (Ledger._settle): a raised budget resumes it.
+BUDGET_SPENT_REASON = (f"{BUDGET_PAUSE_PREFIX} the calls settled so far reached the exam's budget; "
+                       "raise it (enqueue --budget-usd) to go on")
 
 
 def question_row(q: ParsedQuestion) -> dict[str, Any]:
@@ -62,10 +67,22 @@ class NoRoom:
     spent_usd: float
     reserved_usd: float  # by the calls in flight (their real cost may turn out lower)
     needed_usd: float
+    # Calls of the exam in flight under a live lease of their own holder (those of dead
+    # holders were settled first): only these can free room by settling below their worst
+    # case, so only these are worth waiting for.
+    in_flight: int = 0
 
     @property
     def headroom_usd(self) -> float:
         return max(0.0, self.budget_usd - self.spent_usd - self.reserved_usd)
+
+
+class SendCheck(str, Enum):
+    """What `Ledger.may_send` found right before a recorded call goes out."""
+
+    send = "send"
+    cancelled = "cancelled"  # the slice was cancelled: the call was booked as not sent
+    lost = "lost"  # the lease is gone: the call was booked as not sent
 
 
 @dataclass(frozen=True)
@@ -168,6 +185,47 @@ Planner = Callable[[ChapterView], "CallPlan | None"]
 class Ledger(StoreBase):
     """Calls: started, finished, committed with their batch; budgets reserved and settled."""
 
+    @staticmethod
+    def _crashed_values(now: Any) -> dict[str, Any]:
+        """What settling a call whose holder lost its lease sets: its worst case (its prompt
+        and its max_tokens, which is what it reserved), estimated."""
+        return dict(outcome=CallOutcome.wasted.value, finished_at=now,
+                    reason=CallReason.crash_before_commit.value,
+                    detail="its holder lost the lease mid-call (a crash, a freeze, a partition)",
+                    completion_tokens=func.coalesce(K.c.max_tokens, 0),
+                    cost_usd=K.c.reserved_usd, usage_estimated=True)
+
+    def _holder_live(self) -> Any:
+        """Whether a call's own holder still holds its slice's live lease (correlated with the
+        call row). A slice cancelled while its holder is in a call keeps that lease
+        (Planning.cancel); a regenerated chapter's slices are gone, so its calls have none."""
+        return select(S.c.exam).where(
+            S.c.exam == K.c.exam, S.c.chapter_id == K.c.chapter_id,
+            S.c.slice_no == K.c.slice_no, S.c.lease_owner == K.c.worker,
+            S.c.lease_expires_at > self._now).exists()
+
+    def _settle_orphans(self, conn: Connection, slug: str,
+                        chapter_ids: Sequence[str] | None = None) -> int:
+        """Settle every call of the exam (of `chapter_ids`, or all) still in flight whose own
+        holder has no live lease, whatever its slice's state now (pending, done, trimmed,
+        cancelled, failed, or deleted by --regenerate): nobody will ever commit its reply. It
+        is booked at its worst case, marked estimated, and its reservation moved to spent
+        (`_settle`), in the caller's transaction, which must hold the exam row first
+        (`_exam_first`; the planning commands hold it already). A call under a live lease is
+        left to its holder, which settles it when its reply comes back. A holder that was
+        only frozen and comes back later re-books its call at its real usage (`_finish`)."""
+        where = [K.c.exam == slug, K.c.outcome == CallOutcome.in_flight.value,
+                 ~self._holder_live()]
+        if chapter_ids is not None:
+            if not chapter_ids:
+                return 0
+            where.append(K.c.chapter_id.in_(list(chapter_ids)))
+        rows = conn.execute(update(K).where(*where).values(**self._crashed_values(self._now))
+                            .returning(K.c.reserved_usd)).scalars().all()
+        if rows:
+            self._settle(conn, slug, reserved_usd=sum(rows), cost_usd=sum(rows))
+        return len(rows)
+
     def _waste_orphaned_calls(self, conn: Connection, slug: str, chapter_id: str,
                               slice_no: int) -> int:
         """Calls still in flight when nobody holds the lease belong to a holder whose lease
@@ -180,11 +238,7 @@ class Ledger(StoreBase):
                             K.c.chapter_id == bindparam("k_chapter"),
                             K.c.slice_no == bindparam("k_slice"),
                             K.c.outcome == CallOutcome.in_flight.value)
-            .values(outcome=CallOutcome.wasted.value, finished_at=self._now,
-                    reason=CallReason.crash_before_commit.value,
-                    detail="its holder lost the lease mid-call (a crash, a freeze, a partition)",
-                    completion_tokens=func.coalesce(K.c.max_tokens, 0),
-                    cost_usd=K.c.reserved_usd, usage_estimated=True)
+            .values(**self._crashed_values(self._now))
             .returning(K.c.reserved_usd))),
             {"k_exam": slug, "k_chapter": chapter_id, "k_slice": slice_no}).scalars().all()
         if rows:
@@ -217,11 +271,26 @@ class Ledger(StoreBase):
 
     def _settle(self, conn: Connection, slug: str, *, reserved_usd: float,
                 cost_usd: float) -> None:
-        """Move calls from reserved to spent on a budgeted exam's running totals."""
+        """Move calls from reserved to spent on a budgeted exam's running totals. When that
+        takes spent to or past the budget (a reply that reported more than its reservation:
+        a provider whose tokenizer counts the prompt higher than ours, one that ignores
+        max_tokens), the same statement pauses the exam with a reason naming the budget, so
+        that no further call is reserved (the reservation's check fails too) and nothing is
+        sent until a person raises the budget."""
         if self._budgeted(conn, slug):
-            conn.execute(update(E).where(E.c.slug == slug).values(
-                reserved_usd=E.c.reserved_usd - reserved_usd,
-                spent_usd=E.c.spent_usd + cost_usd))
+            conn.execute(self._stmt("settle", self._settle_stmt),
+                         {"k_exam": slug, "p_reserved": reserved_usd, "p_cost": cost_usd})
+
+    @staticmethod
+    def _settle_stmt() -> Any:
+        # Every SET sees the row as it was: `over` reads the old state and spent.
+        over = and_(E.c.state == ExamState.active.value,
+                    E.c.spent_usd + bindparam("p_cost") >= E.c.budget_usd - 1e-12)
+        return update(E).where(E.c.slug == bindparam("k_exam")).values(
+            reserved_usd=E.c.reserved_usd - bindparam("p_reserved"),
+            spent_usd=E.c.spent_usd + bindparam("p_cost"),
+            state=case((over, ExamState.paused.value), else_=E.c.state),
+            pause_reason=case((over, literal(BUDGET_SPENT_REASON)), else_=E.c.pause_reason))
 
     def start_call(self, claim: Claimed, first_number: int, requested: int, *,
                    lease_s: float, prompt_tokens: int = 0,
@@ -256,15 +325,27 @@ class Ledger(StoreBase):
         case does not fit, or None when nothing was planned."""
         if plan is None:
             return None
-        fits = not self._budgeted(conn, claim.exam) or conn.execute(
-            update(E).where(
+
+        def reserve() -> bool:
+            return conn.execute(update(E).where(
                 E.c.slug == claim.exam,
                 E.c.spent_usd + E.c.reserved_usd + plan.reserve_usd <= E.c.budget_usd + 1e-12)
-            .values(reserved_usd=E.c.reserved_usd + plan.reserve_usd)).rowcount == 1
+                .values(reserved_usd=E.c.reserved_usd + plan.reserve_usd)).rowcount == 1
+
+        fits = not self._budgeted(conn, claim.exam) or reserve()
+        if not fits and self._settle_orphans(conn, claim.exam):
+            # Dead holders' calls held part of the room: settled at their worst case (which
+            # is what they held), so try once more; usually still no room, but now no
+            # reservation without a live holder is left to wait for.
+            fits = reserve()
         if not fits:
             exam = conn.execute(select(E.c.budget_usd, E.c.spent_usd, E.c.reserved_usd)
                                 .where(E.c.slug == claim.exam)).one()
-            return NoRoom(exam.budget_usd, exam.spent_usd, exam.reserved_usd, plan.reserve_usd)
+            in_flight = conn.execute(select(func.count()).select_from(K).where(
+                K.c.exam == claim.exam,
+                K.c.outcome == CallOutcome.in_flight.value)).scalar_one()
+            return NoRoom(exam.budget_usd, exam.spent_usd, exam.reserved_usd, plan.reserve_usd,
+                          in_flight)
         names = ("exam", "chapter_id", "slice_no", "attempt", "first_number", "requested",
                  "worker", "prompt_tokens", "max_tokens", "reserved_usd", "model",
                  "price_known")
@@ -319,9 +400,58 @@ class Ledger(StoreBase):
         """Record how a call that stored nothing ended: failed or wasted, with its reason (a
         CallReason or an ErrorKind) and the text that explains it."""
         with self._write() as conn:
+            # The exam row before the call's (lock order, `_exam_first`): a sweep of dead
+            # calls (`_settle_orphans`) holds it and then updates call rows.
+            exam = conn.execute(select(K.c.exam).where(K.c.id == call_id)).scalar_one_or_none()
+            if exam is not None:
+                self._exam_first(conn, exam)
             self._finish(conn, call_id, {"outcome": outcome.value, "reason": getattr(reason, "value", reason),
                                          "detail": detail[:1000] or None,
                                          "status_code": status_code}, usage)
+
+    def may_send(self, claim: Claimed, call_id: int) -> SendCheck:
+        """The last step before a recorded call is sent: whether its slice is still `running`
+        under this lease, in one read of the slice row (no write, no lock: the cheapest check
+        that orders every send against a cancel). A cancel or a takeover that committed
+        before this read wins: the call is booked as never sent ($0, reservation released,
+        `not_sent`) and nothing goes to the provider. One that commits after it finds the
+        call already on its way, as if it had been sent a moment earlier; it settles when
+        its reply comes back, like any call in flight at a cancel. This costs one short read
+        per paid call; folding it into the transaction that records the call (the commit)
+        would not do, since a cancel can commit between that and the send."""
+        # One statement needs no snapshot: on PostgreSQL a plain READ COMMITTED connection (a
+        # REPEATABLE READ one costs a SET and a reset around it); on SQLite a deferred read
+        # that never waits for the writer's lock.
+        conn = self.engine.connect()
+        if self.engine.dialect.name != "postgresql":
+            conn = conn.execution_options(**{READ_ONLY: True})
+        with conn:
+            state = conn.execute(self._stmt("may_send", lambda: (
+                select(S.c.state).where(*SLICE_KEY, S.c.lease_owner == bindparam("k_owner"),
+                                        S.c.lease_expires_at > self._now))), {
+                "k_exam": claim.exam, "k_chapter": claim.chapter_id,
+                "k_slice": claim.slice_no, "k_owner": claim.owner}).scalar_one_or_none()
+        if state == ChapterState.running.value:
+            return SendCheck.send
+        return self.not_sent(claim, call_id)
+
+    def not_sent(self, claim: Claimed, call_id: int) -> SendCheck:
+        """Book a recorded call that will not be sent (its slice was cancelled, or the lease
+        lost, before it left): failed, $0, its reservation released. A cancelled slice whose
+        lease this holder kept for the call is let go. Returns why."""
+        with self._write() as conn:
+            self._exam_first(conn, claim.exam)
+            cancelled = conn.execute(update(S).where(
+                *claim.where(), S.c.lease_owner == claim.owner,
+                S.c.state == ChapterState.cancelled.value)
+                .values(lease_owner=None, lease_expires_at=None, updated_at=self._now)
+            ).rowcount == 1
+            why = ("the slice was cancelled" if cancelled
+                   else "the lease was lost (expired or taken)")
+            self._finish(conn, call_id, {
+                "outcome": CallOutcome.failed.value, "reason": CallReason.lease_lost.value,
+                "detail": f"not sent: {why} after the call was recorded"}, Usage())
+        return SendCheck.cancelled if cancelled else SendCheck.lost
 
     def commit_batch(self, claim: Claimed, lease_s: float, call_id: int,
                      questions: Sequence[ParsedQuestion], *, model: str, usage: Usage,

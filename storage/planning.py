@@ -14,7 +14,8 @@ from sqlalchemy.engine import Connection
 from examforge.syllabus import Chapter as SyllabusChapter
 from examforge.syllabus import Syllabus, slice_ranges
 from storage import neardup
-from storage.base import ACTIVE_STATES, BUDGET_PAUSE_PREFIX, E, K, Q, S, StoreBase
+from storage.base import ACTIVE_STATES, BUDGET_PAUSE_PREFIX, E, K, Q, S
+from storage.ledger import Ledger
 from storage.models import CallOutcome, ChapterState, ExamState
 
 
@@ -32,7 +33,7 @@ class EnqueuePlan:
     exam_paused: str | None = None
 
 
-class Planning(StoreBase):
+class Planning(Ledger):
     """Exams, chapters and their slices as the producer sees them."""
 
     def _ensure_exam(self, conn: Connection, slug: str, title: str, now: float,
@@ -87,6 +88,10 @@ class Planning(StoreBase):
                          .values(title=syllabus.title, updated_at=now))
             if budget_usd is not None:
                 self._set_budget(conn, slug, budget_usd)
+            else:
+                # Calls of dead holders (a trimmed, regenerated or any other slice with no
+                # live lease) are settled here, not left reserved (`_settle_orphans`).
+                self._settle_orphans(conn, slug)
             exam = conn.execute(select(E.c.state, E.c.pause_reason).where(E.c.slug == slug)).one()
             if exam.state == ExamState.paused.value:
                 plan.exam_paused = exam.pause_reason or "paused"
@@ -187,6 +192,8 @@ class Planning(StoreBase):
         # FOR UPDATE waits for every call starting or settling (they hold the row in KEY
         # SHARE mode), so the totals computed here from the ledger include all of them.
         conn.execute(select(E.c.slug).where(E.c.slug == slug).with_for_update())
+        # No reservation of a dead holder survives the recount: its call is settled first.
+        self._settle_orphans(conn, slug)
         spent, reserved = conn.execute(
             select(func.coalesce(func.sum(K.c.cost_usd), 0.0),
                    func.coalesce(func.sum(case((K.c.outcome == CallOutcome.in_flight.value,
@@ -254,13 +261,17 @@ class Planning(StoreBase):
 
         A slice whose holder is in a call keeps the holder's lease: that call is paid for
         whatever we do, so its reply is committed when it comes (the commit sees the cancel,
-        plans no next call and gives the lease up). Nothing more is sent for the slice. A
-        holder that dies meanwhile loses nothing more than a crash would: its lease lapses.
+        plans no next call and gives the lease up). Nothing more is sent for the slice: a
+        call recorded but not sent yet is checked right before its send (Ledger.may_send). A
+        holder that dies meanwhile loses nothing more than a crash would: its lease lapses,
+        and the reconciler settles its call. Calls in flight whose holder is already dead
+        are settled here, in the same transaction (Ledger._settle_orphans).
 
         Raises UnknownChapter, cancelling nothing, if a chapter id is not one of the exam's: a typo
         must not read as "nothing left to cancel"."""
         with self._write() as conn:
             self._require_exam(conn, slug)
+            self._exam_first(conn, slug)
             where = [S.c.exam == slug, S.c.state.in_(ACTIVE_STATES + (ChapterState.failed.value,))]
             if chapter_ids:
                 known = set(conn.execute(select(S.c.chapter_id).where(
@@ -271,7 +282,11 @@ class Planning(StoreBase):
 
                     raise UnknownChapter(f"chapter {unknown[0]!r} is not in exam {slug}")
                 where.append(S.c.chapter_id.in_(chapter_ids))
-            return len(set(self._cancel_slices(conn, where)))
+            cancelled = len(set(self._cancel_slices(conn, where)))
+            # The calls of dead holders are settled now (a live holder's call settles when
+            # its reply comes back), so no reservation outlives them.
+            self._settle_orphans(conn, slug, chapter_ids or None)
+            return cancelled
 
     def pause_exam(self, slug: str, reason: str) -> bool:
         """Stop sending anything for the exam until a person acts (`resume`, a raised budget).

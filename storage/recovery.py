@@ -9,9 +9,9 @@ from typing import Iterable
 
 from sqlalchemy import and_, func, or_, select, tuple_, update
 
-from storage.base import ACTIVE_STATES, E, S
+from storage.base import ACTIVE_STATES, BUDGET_PAUSE_PREFIX, E, K, S
 from storage.leases import Leases, slice_where
-from storage.models import ChapterState, ExamState
+from storage.models import CallOutcome, ChapterState, ExamState
 
 
 class RequeueReason(str, Enum):
@@ -134,6 +134,9 @@ class Recovery(Leases):
                     S.c.state.in_(ACTIVE_STATES), S.c.attempts_since_progress >= max_attempts,
                     or_(S.c.lease_owner.is_(None), S.c.lease_expires_at <= self._now))).all()
             for exam, chapter_id, slice_no in capped:
+                # Lock order: the exam row before the slice's and its calls' (settling them
+                # updates the exam's totals), as every other writer takes them.
+                self._exam_first(conn, exam)
                 conn.execute(update(S).where(*slice_where(exam, chapter_id, slice_no))
                              .values(state=ChapterState.failed.value, lease_owner=None,
                                      lease_expires_at=None, updated_at=self._now,
@@ -167,3 +170,42 @@ class Recovery(Leases):
                 if cleared.rowcount:
                     settled += self._waste_orphaned_calls(conn, exam, chapter_id, slice_no)
             return settled
+
+    def settle_orphans(self) -> int:
+        """Settle every call in flight whose own holder has no live lease, whatever its
+        slice's state now (pending, done, trimmed, cancelled, failed, or deleted by
+        --regenerate): booked at its worst case, marked estimated, its reservation released
+        (Ledger._settle_orphans), one exam per transaction. Returns how many."""
+        with self._read() as conn:
+            exams = conn.execute(
+                select(K.c.exam).where(K.c.outcome == CallOutcome.in_flight.value,
+                                       ~self._holder_live())
+                .distinct().order_by(K.c.exam)).scalars().all()
+        settled = 0
+        for exam in exams:
+            with self._write() as conn:
+                self._exam_first(conn, exam)
+                settled += self._settle_orphans(conn, exam)
+        return settled
+
+    def pause_spent(self) -> list[str]:
+        """Pause every active exam whose budget has no room left (spent and reserved reach
+        it) while it still has work and no call in flight: nothing it could send fits, and
+        nothing in flight can free room, so waiting would be forever. Run after
+        `settle_orphans`, so that a dead holder's reservation counts as spent, not as a
+        call in flight. (A worker that finds no room pauses its exam itself; this catches
+        exams no worker is trying, such as one whose budget was lowered below its spend.)
+        Returns the exams paused."""
+        in_flight = select(K.c.id).where(
+            K.c.exam == E.c.slug, K.c.outcome == CallOutcome.in_flight.value).exists()
+        work_left = select(S.c.exam).where(
+            S.c.exam == E.c.slug, S.c.state.in_(ACTIVE_STATES)).exists()
+        spent = and_(E.c.state == ExamState.active.value, E.c.budget_usd.is_not(None),
+                     E.c.spent_usd + E.c.reserved_usd >= E.c.budget_usd - 1e-12,
+                     ~in_flight, work_left)
+        with self._write() as conn:
+            return list(conn.execute(update(E).where(spent).values(
+                state=ExamState.paused.value, updated_at=self._now,
+                pause_reason=f"{BUDGET_PAUSE_PREFIX} nothing more fits in the exam's budget "
+                             "and no call is in flight; raise it (enqueue --budget-usd) to go on")
+                .returning(E.c.slug)).scalars())

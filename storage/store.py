@@ -28,7 +28,8 @@ from storage.base import ACTIVE_STATES, BUDGET_PAUSE_PREFIX, E, K, Q, S
 from storage.housekeeping import Housekeeping
 from storage.imports import Imports
 from storage.leases import Claimed, NotClaimed, NotClaimedReason, slice_where
-from storage.ledger import CallPlan, ChapterView, Committed, NoRoom, Planner, Steer, Usage
+from storage.ledger import (CallPlan, ChapterView, Committed, NoRoom, Planner, SendCheck, Steer,
+                            Usage)
 from storage.planning import DEFAULT_SLICE_QUESTIONS, EnqueuePlan, Planning, SliceRef
 from storage.recovery import LostAudit, Orphan, Recovery, RequeueReason, SliceKey
 from storage.reports import Reports
@@ -42,5 +43,5 @@ class Store(Planning, Recovery, Reports, Imports, Housekeeping, Runs):
 __all__ = ["ACTIVE_STATES", "BUDGET_PAUSE_PREFIX", "DEFAULT_SLICE_QUESTIONS", "CallPlan",
            "ChapterView", "Claimed", "Committed", "E", "EnqueuePlan", "IdempotencyKeyReused", "K", "LostAudit",
            "NoRoom", "NotClaimed", "NotClaimedReason", "Orphan", "Planner", "Q",
-           "RequeueReason", "RunActivity", "RunEvent", "RunRow", "S", "SliceKey", "SliceRef",
+           "RequeueReason", "RunActivity", "RunEvent", "RunRow", "S", "SendCheck", "SliceKey", "SliceRef",
            "Steer", "Store", "Usage", "slice_where"]

@@ -11,6 +11,11 @@
 - Chapters past their attempt cap: failed.
 - Calls in flight on cancelled chapters whose holder died (it kept its lease through the
   cancel to commit the reply): booked as crashed calls, their budget reservation settled.
+- Every other call in flight whose holder has no live lease, whatever its slice's state now
+  (done by an import, trimmed, regenerated, failed, or pending for a claim that may never
+  come): booked the same way, so no reservation outlives its call.
+- Active exams with a budget that has no room left, work left and no call in flight: paused
+  with a reason naming the budget, instead of waiting for room that cannot come.
 
 Safe to run anywhere, any number of times: a duplicate message is a no-op at the worker.
 """
@@ -38,6 +43,10 @@ _SECOND_READ_AFTER_S = 0.05
 def reconcile_once(settings: Settings, store: Store, app: Celery) -> dict[str, int]:
     failed = store.fail_capped(settings.max_attempts)
     settled = store.settle_cancelled()
+    orphaned = store.settle_orphans()
+    paused = store.pause_spent()
+    for exam in paused:
+        log.warning("exam paused: its budget has no room left", extra={"exam": exam})
     epoch = broker_epoch(app, settings)
     holdings = _read_twice(app, settings)
     # Grace: one heartbeat, so a message that was just picked up gets the chance to claim.
@@ -58,7 +67,8 @@ def reconcile_once(settings: Settings, store: Store, app: Celery) -> dict[str, i
             _requeue(settings, store, app, epoch, audit.lost, RequeueReason.message_lost, why)
             lost = len(audit.lost)
     return {"requeued": len(orphans) + lost, "requeued_lost": lost, "failed_at_cap": failed,
-            "settled_cancelled": settled}
+            "settled_cancelled": settled, "settled_orphans": orphaned,
+            "paused_budget": len(paused)}
 
 
 _WHY = {

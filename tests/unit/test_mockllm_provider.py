@@ -99,6 +99,19 @@ def test_omit_usage_sends_replies_without_usage_but_still_bills(server: MockServ
         reply["choices"][0]["message"]["content"], "gpt-test")
 
 
+def test_usage_factor_reports_and_bills_more_than_the_prompt_and_max_tokens(
+    server: MockServer, client: httpx.Client
+) -> None:
+    request = body(n=4, model="gpt-4", max_tokens=30)
+    server.configure(usage_factor=3)
+    reply = client.post("/chat/completions", json=request).json()
+    prompt = count_messages(request["messages"], "gpt-4")
+    assert reply["usage"]["prompt_tokens"] == 3 * prompt
+    assert reply["usage"]["completion_tokens"] == 90  # cut at 30, reported as 3x: past max_tokens
+    record = server.usage()[-1]
+    assert record["billed"] and (record["prompt_tokens"], record["completion_tokens"]) == (3 * prompt, 90)
+
+
 # --------------------------------------------------------------------------- the usage log
 
 

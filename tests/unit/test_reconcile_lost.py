@@ -168,7 +168,7 @@ def test_a_broker_that_lost_its_epoch_is_handled_once_not_twice(env, fake_server
     _redis(fake_server).flushall()
     result = reconcile_once(settings, store, celery)
     assert result == {"requeued": 2, "requeued_lost": 0, "failed_at_cap": 0,
-                      "settled_cancelled": 0}
+                      "settled_cancelled": 0, "settled_orphans": 0, "paused_budget": 0}
     assert _ids(fake_server) == ["a", "b"]
     reasons = {c["requeue_reason"].split(":")[0] for c in store.status("exam").as_dict()["chapter_list"]}
     assert reasons == {RequeueReason.broker_epoch_changed.value}
