@@ -528,6 +528,10 @@ def _generate(rt: Runtime, claim: Claimed, lost: threading.Event, run: _Run,
             calls.fresh.append(q.question)
         if len(calls.fresh) > settings.avoid_questions:  # no prompt lists more of them
             del calls.fresh[:len(calls.fresh) - settings.avoid_questions]
+        # What the reply repeated of what this slice knew; the commit's own rejections are
+        # added after it (the next call is prepared before it).
+        repeats = parsed.rejected.get(Rejection.duplicate, 0)
+        calls.seen(len(parsed.questions) + repeats, repeats)
         expect = min(target, stored + len(parsed.questions))  # the commit stores no more
         if expect < target:
             calls.prepare(claim.view(expect, target))
@@ -561,8 +565,7 @@ def _generate(rt: Runtime, claim: Claimed, lost: threading.Event, run: _Run,
                 "near_duplicates": committed.near_duplicates})
         for text in committed.kept:
             known.add(normalise(text))
-        calls.seen(len(parsed.questions) + parsed.rejected.get(Rejection.duplicate, 0),
-                   parsed.rejected.get(Rejection.duplicate, 0) + committed.duplicates)
+        calls.seen(0, committed.duplicates)
         calls.not_kept(batch, committed.kept)
         if not committed.kept:
             # Every question was one another slice had just stored: re-asked like any
