@@ -117,7 +117,7 @@ class Settings(BaseSettings):
         "history",
         description="history: size max_tokens from the completion tokens per question this "
                     "database's calls used (p95 of the exam's last 200 used calls, or the "
-                    "model's while the exam has fewer than 20), times LLM_MAX_TOKENS_MARGIN, at "
+                    "model's while the exam has fewer than 10), times LLM_MAX_TOKENS_MARGIN, at "
                     "least LLM_MAX_TOKENS_FLOOR and at most LLM_MAX_TOKENS_PER_QUESTION; fixed: "
                     "always LLM_MAX_TOKENS_PER_QUESTION.",
     )

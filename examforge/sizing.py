@@ -25,7 +25,7 @@ from examforge.settings import Settings
 
 # Used calls that count as history: the exam's own once it has this many, else the model's
 # (every exam of this database), else none (the fixed allowance).
-HISTORY_MIN_CALLS = 20
+HISTORY_MIN_CALLS = 10
 # The newest calls read (the percentile follows the model and the prompts as they change).
 HISTORY_CALLS = 200
 PERCENTILE = 0.95
