@@ -142,6 +142,7 @@ def process_chapter(rt: Runtime, exam: str, chapter_id: str, slice_no: int = 0) 
     calls = _Calls(rt, check)
     began = time.monotonic()
     try:
+        calls.size(exam)
         claim = store.claim(exam, chapter_id, new_owner(), settings.lease_s,
                             settings.max_attempts, slice_no=slice_no, plan_first=calls.plan,
                             steer=steer_of(settings))
@@ -270,11 +271,16 @@ class _Calls:
 
     def per_question(self, view: ChapterView) -> int:
         """max_tokens per question asked: the room a cut reply asked for, else the allowance
-        sized from history (examforge.sizing, cached per process)."""
+        sized from history (examforge.sizing: as last read, since this may run inside a
+        transaction; `size` reads it again when due, outside)."""
         if self.room is not None:
             return self.room
-        return self.rt.sizer.per_question(self.rt.store, self.rt.settings, view.exam,
-                                          self.rt.client.model).per_question
+        return self.rt.sizer.cached(self.rt.settings, view.exam,
+                                    self.rt.client.model).per_question
+
+    def size(self, exam: str) -> None:
+        """Read the allowance from the database's history when due (outside transactions)."""
+        self.rt.sizer.refresh(self.rt.store, self.rt.settings, exam, self.rt.client.model)
 
     def want(self, view: ChapterView) -> int:
         """How many questions the next call asks for: what the slice lacks, up to
@@ -476,6 +482,7 @@ def _generate(rt: Runtime, claim: Claimed, lost: threading.Event, run: _Run,
             # budget for the planned call: the slow path waits, shrinks or pauses.
             calls.discard()
             calls.check()
+            calls.size(claim.exam)
             call_id = calls.start(claim, view)
         planned = None
         nxt = calls.next
@@ -534,6 +541,7 @@ def _generate(rt: Runtime, claim: Claimed, lost: threading.Event, run: _Run,
         calls.seen(len(parsed.questions) + repeats, repeats)
         expect = min(target, stored + len(parsed.questions))  # the commit stores no more
         if expect < target:
+            calls.size(claim.exam)
             calls.prepare(claim.view(expect, target))
         began = time.monotonic()
         try:

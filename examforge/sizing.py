@@ -66,21 +66,26 @@ def allowance(settings: Settings, history: list[float], source: str) -> Allowanc
 
 
 class Sizer:
-    """Per process: the allowance of each (exam, model), refreshed every so often."""
+    """Per process: the allowance of each (exam, model), read again every so often.
+
+    `refresh` may read the database and is called outside any transaction (before a claim,
+    before each call is prepared); `cached` never does, since it runs inside the store's
+    transactions (a second connection there could wait on a pool its own transaction holds).
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         # (exam, model) -> (allowance, read at, calls sized since)
         self._cache: dict[tuple[str, str | None], tuple[Allowance, float, int]] = {}
 
-    def per_question(self, store: History, settings: Settings, exam: str,
-                     model: str | None) -> Allowance:
+    def refresh(self, store: History, settings: Settings, exam: str,
+                model: str | None) -> Allowance:
+        """The allowance, read from the database when not read yet or due again."""
         key = (exam, model)
         now = time.monotonic()
         with self._lock:
             cached = self._cache.get(key)
             if cached is not None and cached[2] < REFRESH_CALLS and now - cached[1] < REFRESH_S:
-                self._cache[key] = (cached[0], cached[1], cached[2] + 1)
                 return cached[0]
         if settings.llm_max_tokens_sizing == "fixed":
             found = allowance(settings, [], "")
@@ -89,5 +94,14 @@ class Sizer:
                                                        HISTORY_MIN_CALLS)
             found = allowance(settings, history, source)
         with self._lock:
-            self._cache[key] = (found, now, 1)
+            self._cache[key] = (found, now, 0)
         return found
+
+    def cached(self, settings: Settings, exam: str, model: str | None) -> Allowance:
+        """The allowance last read (the fixed one before any), counting one call sized."""
+        with self._lock:
+            cached = self._cache.get((exam, model))
+            if cached is None:
+                return allowance(settings, [], "")
+            self._cache[(exam, model)] = (cached[0], cached[1], cached[2] + 1)
+            return cached[0]
