@@ -262,7 +262,7 @@ class _Calls:
         # what the claim read (view.levels.stored).
         self.stored_levels: Counter[str] | None = None
         # After a reply cut at max_tokens (`after_cut`): the room per question, or the most
-        # questions a call asks, for the rest of this run. Never the same size again.
+        # questions a call asks; each reply that is not cut eases them back (`not_cut`).
         self.room: int | None = None
         self.most: int | None = None
         # The model's valid questions this run has seen, and how many were repeats.
@@ -303,10 +303,11 @@ class _Calls:
 
     def after_cut(self, nxt: _Next, recovered: int) -> str:
         """Size the next calls after a reply cut at max_tokens, never as the cut one was: more
-        room per question while the allowance is below LLM_MAX_TOKENS_PER_QUESTION (or when
-        the call asked for one question), else fewer questions a call. The budget check of
-        the next call still applies (`fitting` asks for fewer when more room does not fit).
-        Returns what was done, for the call's detail in the ledger."""
+        room per question while the allowance is below LLM_MAX_TOKENS_PER_QUESTION (the
+        allowance sized from history was too tight), or when the call asked for one
+        question; else fewer questions a call (as many as the reply held whole, or half).
+        The budget check of the next call still applies (`fitting` asks for fewer when more
+        room does not fit). Returns what was done, for the call's detail in the ledger."""
         per_question = max(1, (nxt.max_tokens - MAX_TOKENS_OVERHEAD) // max(1, nxt.want))
         fixed = self.rt.settings.llm_max_tokens_per_question
         if per_question < fixed or nxt.want <= 1:
@@ -316,6 +317,19 @@ class _Calls:
         self.most = max(1, min(recovered, nxt.want - 1)) if recovered else max(1, nxt.want // 2)
         return (f"cut at max_tokens {nxt.max_tokens}: next calls ask for fewer "
                 f"(at most {self.most} questions a call, was {nxt.want})")
+
+    def not_cut(self, exam: str) -> None:
+        """A reply arrived whole: ease the sizes a cut set back towards the usual ones (half
+        the extra room, twice the count), so that a cut that had nothing to do with the size
+        (a provider's hiccup) does not shrink the rest of the run, while a model that
+        really needs the room meets the cut again and is sized again."""
+        if self.most is not None:
+            self.most = None if 2 * self.most >= self.rt.settings.questions_per_call \
+                else 2 * self.most
+        if self.room is not None:
+            usual = self.rt.sizer.cached(self.rt.settings, exam,
+                                         self.rt.client.model).per_question
+            self.room = None if self.room // 2 <= usual else self.room // 2
 
     def levels(self, view: ChapterView, want: int) -> Levels:
         """What the next call asks of the chapter's difficulty mix and Bloom levels: the
@@ -526,9 +540,12 @@ def _generate(rt: Runtime, claim: Claimed, lost: threading.Event, run: _Run,
             raise LeaseLost(f"lease on {claim.exam}/{claim.chapter_id} lost during the call")
         note = ", ".join(f"{n} {k.value} rejected" for k, n in parsed.rejected.items())
         if parsed.truncated:
+            kept = len(parsed.questions)
             note = ", ".join(filter(None, [
-                note, f"{len(parsed.questions)} complete questions kept from a reply "
-                      f"{calls.after_cut(nxt, len(parsed.questions))}"]))
+                note, f"{kept} complete question{'s' if kept != 1 else ''} kept from a reply "
+                      f"{calls.after_cut(nxt, kept)}"]))
+        else:
+            calls.not_cut(claim.exam)
         batch = nxt.levels.resolve(parsed.questions)  # the levels each is stored with
         calls.count_levels(claim.view(), batch)
         for q in parsed.questions:  # the next call's prompt already avoids this batch

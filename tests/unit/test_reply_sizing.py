@@ -83,7 +83,9 @@ def test_truncation_a_cut_reply_is_re_asked_smaller(env):
     assert "next calls ask for fewer (at most 3 questions a call, was 5)" in rows[0].detail
     stored = [q["question"] for q in rt.store.questions("ex")]
     assert stored[:3] == [f"[c] Question number {900 + i}?" for i in range(3)]
-    assert len(stored) == 10 and all(asked(r)[0] <= 3 for r in fake.requests[1:])
+    assert len(stored) == 10
+    # A reply that arrives whole eases the count back: a one-off cut does not shrink the run.
+    assert [asked(r)[0] for r in fake.requests] == [5, 3, 4]
 
 
 def test_truncation_below_the_allowance_is_re_asked_with_more_room(env):
@@ -102,6 +104,17 @@ def test_truncation_below_the_allowance_is_re_asked_with_more_room(env):
     assert rows[0].outcome == "wasted" and rows[0].reason == "invalid_output"
     assert rows[0].detail.startswith("truncated: ")
     assert "next calls ask with more room (104 tokens a question, was 52)" in rows[0].detail
+
+
+def test_after_a_cut_whole_replies_ease_the_room_back(env):
+    rt, fake = env([("a", 20)])
+    _history(rt, [40.0] * sizing.HISTORY_MIN_CALLS)  # 52 a question
+    fake.script = [lambda req, n: reply('{"questions": [', finish_reason="length")]
+    assert process_chapter(rt, "ex", "a").outcome == "done"
+    assert [asked(r) for r in fake.requests] == [
+        (5, MAX_TOKENS_OVERHEAD + 5 * 52), (5, MAX_TOKENS_OVERHEAD + 5 * 104),
+        (5, MAX_TOKENS_OVERHEAD + 5 * 52), (5, MAX_TOKENS_OVERHEAD + 5 * 52),
+        (5, MAX_TOKENS_OVERHEAD + 5 * 52)]
 
 
 def test_truncation_never_repeats_a_size_until_the_re_ask_cap(env):
