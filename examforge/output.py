@@ -8,9 +8,13 @@ import re
 import unicodedata
 from dataclasses import dataclass
 
+from pydantic_core import from_json
+
 from examforge.errors import OutputInvalid, Rejection
 
 _FENCE_RE = re.compile(r"^\s*```[a-zA-Z0-9_-]*\s*\n?(.*?)\n?```\s*$", re.DOTALL)
+# The opening fence of a reply cut before its closing one.
+_OPEN_FENCE_RE = re.compile(r"^\s*```[a-zA-Z0-9_-]*\s*\n?")
 _REFUSAL_RE = re.compile(r"^\s*(i'?m sorry|i am sorry|i can(no|')t|sorry,|as an ai)", re.IGNORECASE)
 # NUL (PostgreSQL text refuses it), lone surrogates (not encodable as UTF-8: every driver
 # refuses them) and the other C0/C1 controls but tab, newline and carriage return (terminal
@@ -141,37 +145,69 @@ def _parse_item(item: object) -> Question | None:
 
 @dataclass(frozen=True)
 class Parsed:
-    """Valid questions (at most `wanted`, none already known) and what was rejected, by kind."""
+    """Valid questions (at most `wanted` when given, none already known) and what was
+    rejected, by kind."""
 
     questions: list[Question]
     rejected: dict[Rejection, int]
+    # The reply was cut at max_tokens (finish_reason "length"): `questions` are the complete
+    # ones it held before the cut.
+    truncated: bool = False
+
+
+def _recovered(content: str) -> list[object] | None:
+    """The complete question objects of a reply cut at max_tokens, or None when none can be
+    told apart. pydantic_core's partial mode (maintained with pydantic, already installed)
+    parses the JSON up to the cut and drops an incomplete trailing string; what it cannot say
+    is whether the last object of the array was complete, so that one counts only when its
+    closing brace arrived, and every object of a cut reply must carry its explanation (a cut
+    explanation would otherwise read as none)."""
+    body = _OPEN_FENCE_RE.sub("", content, count=1)
+    body = body.rstrip().removesuffix("```").rstrip()
+    try:
+        data = from_json(body, allow_partial=True)
+    except ValueError:
+        return None
+    items = data.get("questions") if isinstance(data, dict) else None
+    if not isinstance(items, list):
+        return None
+    if items and not body.rstrip(", \t\r\n").endswith("}"):
+        items = items[:-1]
+    return [item for item in items if isinstance(item, dict) and "explanation" in item]
 
 
 def parse_questions(
-    content: str | None, finish_reason: str | None, wanted: int, known: set[str]
+    content: str | None, finish_reason: str | None, wanted: int | None, known: set[str]
 ) -> Parsed:
     """Validate one reply. Raises OutputInvalid when it holds nothing usable at all.
 
-    A reply with some invalid items keeps the valid ones; extras beyond `wanted` are dropped;
-    questions whose normalised text is in `known` (already stored, or earlier in this reply)
-    are rejected as duplicates.
+    A reply with some invalid items keeps the valid ones; with `wanted`, extras beyond it are
+    dropped (None: every valid question is returned, and the commit takes what the slice
+    lacks); questions whose normalised text is in `known` (already stored, or earlier in this
+    reply) are rejected as duplicates. A reply cut at max_tokens keeps the complete questions
+    it holds (`Parsed.truncated`), and is truncated output when it holds none.
     """
-    if finish_reason == "length":
-        raise OutputInvalid(Rejection.truncated, "finish_reason is length")
+    truncated = finish_reason == "length"
     if content is None or not content.strip():
-        raise OutputInvalid(Rejection.empty, "no content")
-    body = _strip_fences(content)
-    try:
-        data = json.loads(body)
-    except (ValueError, RecursionError):  # JSONDecodeError, and e.g. a 5000-digit number
-        # The detail is stored with the call: it must not carry what the database refuses.
-        if _REFUSAL_RE.match(content):
-            raise OutputInvalid(Rejection.refusal, _BAD_CHAR_RE.sub("?", content.strip()[:80])) from None
-        raise OutputInvalid(Rejection.malformed_json,
-                            _BAD_CHAR_RE.sub("?", body.strip()[:80])) from None
-    items = data.get("questions") if isinstance(data, dict) else None
-    if not isinstance(items, list):
-        raise OutputInvalid(Rejection.wrong_schema, "no questions list")
+        raise OutputInvalid(Rejection.truncated if truncated else Rejection.empty, "no content")
+    if truncated:
+        items = _recovered(content)
+        if not items:
+            raise OutputInvalid(Rejection.truncated,
+                                "finish_reason is length; no complete question before the cut")
+    else:
+        body = _strip_fences(content)
+        try:
+            data = json.loads(body)
+        except (ValueError, RecursionError):  # JSONDecodeError, and e.g. a 5000-digit number
+            # The detail is stored with the call: it must not carry what the database refuses.
+            if _REFUSAL_RE.match(content):
+                raise OutputInvalid(Rejection.refusal, _BAD_CHAR_RE.sub("?", content.strip()[:80])) from None
+            raise OutputInvalid(Rejection.malformed_json,
+                                _BAD_CHAR_RE.sub("?", body.strip()[:80])) from None
+        items = data.get("questions") if isinstance(data, dict) else None
+        if not isinstance(items, list):
+            raise OutputInvalid(Rejection.wrong_schema, "no questions list")
     rejected: dict[Rejection, int] = {}
     out: list[Question] = []
     seen = set(known)
@@ -185,9 +221,12 @@ def parse_questions(
             rejected[Rejection.duplicate] = rejected.get(Rejection.duplicate, 0) + 1
             continue
         seen.add(key)
-        if len(out) < wanted:
+        if wanted is None or len(out) < wanted:
             out.append(q)
     if not out:
+        if truncated and not rejected:
+            raise OutputInvalid(Rejection.truncated,
+                                "finish_reason is length; no complete question before the cut")
         kind = max(rejected, key=lambda k: rejected[k]) if rejected else Rejection.too_few
         raise OutputInvalid(kind, "no valid question in reply")
-    return Parsed(out, rejected)
+    return Parsed(out, rejected, truncated)

@@ -8,6 +8,7 @@ the outcomes of the work itself, it returns a `ChapterResult` saying what happen
 from __future__ import annotations
 
 import logging
+import math
 import os
 import random
 import socket
@@ -34,7 +35,8 @@ from examforge.neardup import Checker, Scope
 from examforge.output import Question, normalise, parse_questions
 from examforge.prompt import build_messages
 from examforge.retry import Action, Decision, HandBack, decide
-from examforge.settings import Settings
+from examforge.settings import MAX_TOKENS_OVERHEAD, Settings
+from examforge.sizing import Sizer
 from examforge.syllabus import Chapter as ChapterSpec
 from storage.models import CallOutcome, CallReason
 from storage.neardup import Steering
@@ -56,6 +58,11 @@ log = logging.getLogger("examforge.pipeline")
 # The longest a chapter waits in its thread for the shared rate limiter; past that it is handed
 # back to the queue for the wait (uncounted), and the thread takes other work.
 RATE_WAIT_MAX_S = 60.0
+# A slice asks for more questions than it lacks (up to QUESTIONS_PER_CALL) once this run has
+# seen at least REPEATS_SEEN of the model's questions and at least REPEATS_OVER_ASK of them
+# came back as repeats (exact or near-duplicates of what the chapter has).
+REPEATS_SEEN = 5
+REPEATS_OVER_ASK = 0.2
 
 __all__ = ["ChapterResult", "HandBack", "Runtime", "new_owner", "process_chapter"]
 
@@ -91,6 +98,8 @@ class Runtime:
     # Set on SIGTERM: running chapters finish the call they are in, commit it, and hand the
     # chapter back instead of starting another call.
     stopping: threading.Event = field(default_factory=threading.Event)
+    # max_tokens per question, sized from the database's history (examforge.sizing).
+    sizer: Sizer = field(default_factory=Sizer)
 
     @classmethod
     def build(cls, settings: Settings, store: Store, client: LLMClient | None = None) -> "Runtime":
@@ -132,6 +141,7 @@ def process_chapter(rt: Runtime, exam: str, chapter_id: str, slice_no: int = 0) 
 
     calls = _Calls(rt, check)
     try:
+        calls.size(exam)
         claim = store.claim(exam, chapter_id, new_owner(), settings.lease_s,
                             settings.max_attempts, slice_no=slice_no, plan_first=calls.plan,
                             steer=steer_of(settings))
@@ -248,6 +258,75 @@ class _Calls:
         # The slice's stored questions per difficulty, once a commit has changed them from
         # what the claim read (view.levels.stored).
         self.stored_levels: Counter[str] | None = None
+        # After a reply cut at max_tokens (`after_cut`): the room per question, or the most
+        # questions a call asks; each reply that is not cut eases them back (`not_cut`).
+        self.room: int | None = None
+        self.most: int | None = None
+        # The model's valid questions this run has seen, and how many were repeats.
+        self.delivered = 0
+        self.repeats = 0
+
+    def per_question(self, view: ChapterView) -> int:
+        """max_tokens per question asked: the room a cut reply asked for, else the allowance
+        sized from history (examforge.sizing: as last read, since this may run inside a
+        transaction; `size` reads it again when due, outside)."""
+        if self.room is not None:
+            return self.room
+        return self.rt.sizer.cached(self.rt.settings, view.exam,
+                                    self.rt.client.model).per_question
+
+    def size(self, exam: str) -> None:
+        """Read the allowance from the database's history when due (outside transactions)."""
+        self.rt.sizer.refresh(self.rt.store, self.rt.settings, exam, self.rt.client.model)
+
+    def want(self, view: ChapterView) -> int:
+        """How many questions the next call asks for: what the slice lacks, up to
+        QUESTIONS_PER_CALL (or fewer after a cut reply). When this run saw the model repeat
+        itself often, a few more, bounded the same way: the commit stores the first new
+        ones the slice needs (storage.ledger), so a repeat costs a few completion tokens
+        instead of a whole re-ask."""
+        cap = min(self.rt.settings.questions_per_call, self.most or 10**9)
+        need = view.target - view.stored
+        want = min(cap, need)
+        if 0 < need < cap and self.delivered >= REPEATS_SEEN:
+            rate = min(0.8, self.repeats / self.delivered)
+            if rate >= REPEATS_OVER_ASK:
+                want = min(cap, max(need + 1, math.ceil(need / (1 - rate))))
+        return want
+
+    def seen(self, delivered: int, repeats: int) -> None:
+        self.delivered += delivered
+        self.repeats += repeats
+
+    def after_cut(self, nxt: _Next, recovered: int) -> str:
+        """Size the next calls after a reply cut at max_tokens, never as the cut one was: more
+        room per question while the allowance is below LLM_MAX_TOKENS_PER_QUESTION (the
+        allowance sized from history was too tight), or when the call asked for one
+        question; else fewer questions a call (as many as the reply held whole, or half).
+        The budget check of the next call still applies (`fitting` asks for fewer when more
+        room does not fit). Returns what was done, for the call's detail in the ledger."""
+        per_question = max(1, (nxt.max_tokens - MAX_TOKENS_OVERHEAD) // max(1, nxt.want))
+        fixed = self.rt.settings.llm_max_tokens_per_question
+        if per_question < fixed or nxt.want <= 1:
+            self.room = min(fixed, 2 * per_question) if per_question < fixed else 2 * per_question
+            return (f"cut at max_tokens {nxt.max_tokens}: next calls ask with more room "
+                    f"({self.room} tokens a question, was {per_question})")
+        self.most = max(1, min(recovered, nxt.want - 1)) if recovered else max(1, nxt.want // 2)
+        return (f"cut at max_tokens {nxt.max_tokens}: next calls ask for fewer "
+                f"(at most {self.most} questions a call, was {nxt.want})")
+
+    def not_cut(self, exam: str) -> None:
+        """A reply arrived whole: ease the sizes a cut set back towards the usual ones (half
+        the extra room, twice the count), so that a cut that had nothing to do with the size
+        (a provider's hiccup) does not shrink the rest of the run, while a model that
+        really needs the room meets the cut again and is sized again."""
+        if self.most is not None:
+            self.most = None if 2 * self.most >= self.rt.settings.questions_per_call \
+                else 2 * self.most
+        if self.room is not None:
+            usual = self.rt.sizer.cached(self.rt.settings, exam,
+                                         self.rt.client.model).per_question
+            self.room = None if self.room // 2 <= usual else self.room // 2
 
     def levels(self, view: ChapterView, want: int) -> Levels:
         """What the next call asks of the chapter's difficulty mix and Bloom levels: the
@@ -300,7 +379,7 @@ class _Calls:
         messages = build_messages(view.exam, view.exam_title, spec, want, avoid,
                                   numbers=numbers, levels=levels)
         prompt_tokens = rt.client.count_prompt(messages)
-        max_tokens = rt.settings.max_tokens(want)
+        max_tokens = rt.settings.max_tokens(want, self.per_question(view))
         return _Next(want, messages, prompt_tokens, max_tokens,
                      rt.client.worst_case_usd(prompt_tokens, max_tokens), levels=levels)
 
@@ -309,7 +388,7 @@ class _Calls:
                         nxt.reserve_usd, self.rt.client.model, self.rt.client.prices_known)
 
     def _admitted(self, view: ChapterView) -> _Next | None:
-        want = min(self.rt.settings.questions_per_call, view.target - view.stored)
+        want = self.want(view)
         if want <= 0 or self.rt.stopping.is_set():
             return None
         nxt = self._build(view, want)
@@ -358,7 +437,7 @@ class _Calls:
         """The slow path: wait for the rate limiter, then record the call in a transaction of
         its own. When the budget has room for fewer questions, ask for fewer."""
         rt = self.rt
-        want = min(rt.settings.questions_per_call, view.target - view.stored)
+        want = self.want(view)
         while True:
             nxt = self._build(view, want)
             nxt.admission = rt.client.admit(nxt.messages, nxt.max_tokens,
@@ -378,13 +457,14 @@ class _Calls:
             if not isinstance(booked, NoRoom):
                 return booked
             self.discard()
-            want = self.fitting(booked, nxt.prompt_tokens, want)
+            want = self.fitting(booked, nxt.prompt_tokens, want, self.per_question(view))
 
-    def fitting(self, room: NoRoom, prompt_tokens: int, want: int) -> int:
+    def fitting(self, room: NoRoom, prompt_tokens: int, want: int,
+                per_question: int | None = None) -> int:
         """The most questions below `want` whose call still fits the budget's headroom."""
         client, settings = self.rt.client, self.rt.settings
         fits = max((n for n in range(want - 1, 0, -1)
-                    if client.worst_case_usd(prompt_tokens, settings.max_tokens(n))
+                    if client.worst_case_usd(prompt_tokens, settings.max_tokens(n, per_question))
                     <= room.headroom_usd), default=0)
         if fits:
             return fits
@@ -413,6 +493,7 @@ def _generate(rt: Runtime, claim: Claimed, lost: threading.Event, run: _Run,
             # budget for the planned call: the slow path waits, shrinks or pauses.
             calls.discard()
             calls.check()
+            calls.size(claim.exam)
             call_id = calls.start(claim, view)
         planned = None
         # The last step before the send: a cancel or a takeover that committed since the
@@ -446,10 +527,16 @@ def _generate(rt: Runtime, claim: Claimed, lost: threading.Event, run: _Run,
                       completion.cost_usd, completion.endpoint, completion.usage_estimated,
                       completion.cached_tokens)
         try:
-            parsed = parse_questions(completion.content, completion.finish_reason, nxt.want,
-                                     known)
+            # Every valid question passes: the commit stores the first new ones the slice
+            # lacks, whatever count the call asked for.
+            parsed = parse_questions(completion.content, completion.finish_reason, None, known)
         except OutputInvalid as exc:
-            store.finish_call(call_id, CallOutcome.wasted, CallReason.invalid_output, str(exc),
+            detail = str(exc)
+            if exc.kind is Rejection.truncated:
+                detail = f"{detail}; {calls.after_cut(nxt, 0)}"
+            elif exc.kind is Rejection.duplicate:
+                calls.seen(nxt.want, nxt.want)  # every question was one the chapter had
+            store.finish_call(call_id, CallOutcome.wasted, CallReason.invalid_output, detail,
                               usage=usage)
             invalid_in_row += 1
             log.warning("invalid model output", extra={"exam": claim.exam,
@@ -463,14 +550,27 @@ def _generate(rt: Runtime, claim: Claimed, lost: threading.Event, run: _Run,
                               "the lease expired while the call ran", usage=usage)
             raise LeaseLost(f"lease on {claim.exam}/{claim.chapter_id} lost during the call")
         note = ", ".join(f"{n} {k.value} rejected" for k, n in parsed.rejected.items())
+        if parsed.truncated:
+            kept = len(parsed.questions)
+            note = ", ".join(filter(None, [
+                note, f"{kept} complete question{'s' if kept != 1 else ''} kept from a reply "
+                      f"{calls.after_cut(nxt, kept)}"]))
+        else:
+            calls.not_cut(claim.exam)
         batch = nxt.levels.resolve(parsed.questions)  # the levels each is stored with
         calls.count_levels(claim.view(), batch)
         for q in parsed.questions:  # the next call's prompt already avoids this batch
             calls.fresh.append(q.question)
         if len(calls.fresh) > settings.avoid_questions:  # no prompt lists more of them
             del calls.fresh[:len(calls.fresh) - settings.avoid_questions]
-        if stored + len(parsed.questions) < target:
-            calls.prepare(claim.view(stored + len(parsed.questions), target))
+        # What the reply repeated of what this slice knew; the commit's own rejections are
+        # added after it (the next call is prepared before it).
+        repeats = parsed.rejected.get(Rejection.duplicate, 0)
+        calls.seen(len(parsed.questions) + repeats, repeats)
+        expect = min(target, stored + len(parsed.questions))  # the commit stores no more
+        if expect < target:
+            calls.size(claim.exam)
+            calls.prepare(claim.view(expect, target))
         try:
             committed = store.commit_batch(claim, settings.lease_s, call_id,
                                            batch, model=completion.model,
@@ -498,6 +598,7 @@ def _generate(rt: Runtime, claim: Claimed, lost: threading.Event, run: _Run,
                 "near_duplicates": committed.near_duplicates})
         for text in committed.kept:
             known.add(normalise(text))
+        calls.seen(0, committed.duplicates)
         calls.not_kept(batch, committed.kept)
         if not committed.kept:
             # Every question was one another slice had just stored: re-asked like any

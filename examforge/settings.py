@@ -125,7 +125,24 @@ class Settings(BaseSettings):
     )
     llm_max_tokens_per_question: int = Field(
         400, ge=50, le=20_000,
-        description="max_tokens allowance per question asked (the call's worst case for budgets).",
+        description="max_tokens allowance per question asked (the call's worst case for budgets) "
+                    "when LLM_MAX_TOKENS_SIZING is fixed, or before the database has history.",
+    )
+    llm_max_tokens_sizing: Literal["history", "fixed"] = Field(
+        "history",
+        description="history: size max_tokens from the completion tokens per question this "
+                    "database's calls used (p95 of the exam's last 200 used calls, or the "
+                    "model's while the exam has fewer than 10), times LLM_MAX_TOKENS_MARGIN, at "
+                    "least LLM_MAX_TOKENS_FLOOR and at most LLM_MAX_TOKENS_PER_QUESTION; fixed: "
+                    "always LLM_MAX_TOKENS_PER_QUESTION.",
+    )
+    llm_max_tokens_margin: float = Field(
+        1.3, ge=1.0, le=10.0,
+        description="Multiplier on the observed p95 completion tokens per question.",
+    )
+    llm_max_tokens_floor: int = Field(
+        50, ge=1, le=20_000,
+        description="The least max_tokens allowance per question that history can size.",
     )
     llm_max_tokens_param: Literal["auto", "max_tokens", "max_completion_tokens"] = Field(
         "auto",
@@ -363,11 +380,12 @@ class Settings(BaseSettings):
         return self.price(fallback=fallback).cost_usd(prompt_tokens, completion_tokens,
                                                       cached_tokens)
 
-    def max_tokens(self, questions: int) -> int:
+    def max_tokens(self, questions: int, per_question: int | None = None) -> int:
         """The cap sent with a call asking for `questions`: generous enough that a good reply
         is never cut off (a question is 100-200 tokens in English, two or three times that in
-        scripts the tokenizer splits finely), and the call's worst case for budgets."""
-        return MAX_TOKENS_OVERHEAD + questions * self.llm_max_tokens_per_question
+        scripts the tokenizer splits finely), and the call's worst case for budgets.
+        `per_question`: the allowance sized from history (examforge.sizing), if any."""
+        return MAX_TOKENS_OVERHEAD + questions * (per_question or self.llm_max_tokens_per_question)
 
     def unpriced_models(self) -> list[str]:
         """Models that would be booked at $0 because no price is known for them."""

@@ -97,6 +97,7 @@ class Committed:
     recent: tuple[str, ...] = ()
     kept: tuple[str, ...] = ()  # the texts of the questions this commit stored
     near_duplicates: int = 0  # of `duplicates`, those dropped as near-duplicates
+    surplus: int = 0  # new questions beyond what the slice lacked (not stored, not repeats)
     # The slice was cancelled while the call ran: its questions are stored, nothing more is
     # planned, and the lease is given up.
     cancelled: bool = False
@@ -572,6 +573,11 @@ class Ledger(StoreBase):
                 Q.c.number >= bindparam("k_first"),
                 Q.c.number < bindparam("k_first") + bindparam("k_target")))),
             {**key, "k_first": first, "k_target": target}).scalar_one()
+        # A reply may hold more new questions than the slice lacks: the first ones it needs.
+        surplus = max(0, len(kept) - max(0, target - stored))
+        if surplus:
+            kept, keep = kept[:len(kept) - surplus], keep[:len(keep) - surplus]
+            note = ", ".join(filter(None, [note, f"{surplus} beyond the target not stored"]))
         if kept:
             rows = [
                 {"exam": claim.exam, "chapter_id": claim.chapter_id,
@@ -591,6 +597,9 @@ class Ledger(StoreBase):
                 attempts_since_progress=0, last_error=None)), key)
             values: dict[str, Any] = {"outcome": CallOutcome.used.value, "reason": None,
                                       "detail": note or None, "questions_stored": len(kept)}
+        elif surplus:  # the slice needed none of them (its target was lowered meanwhile)
+            values = {"outcome": CallOutcome.wasted.value,
+                      "reason": CallReason.invalid_output.value, "detail": note}
         else:
             values = {"outcome": CallOutcome.wasted.value,
                       "reason": CallReason.invalid_output.value,
@@ -614,9 +623,10 @@ class Ledger(StoreBase):
                 select(Q.c.question).where(Q.c.exam == claim.exam,
                                            Q.c.chapter_id == claim.chapter_id)
                 .order_by(Q.c.id.desc()).limit(RECENT_QUESTIONS)).scalars().all()))
-        result = Committed(stored=stored, target=target, duplicates=len(questions) - len(kept),
+        result = Committed(stored=stored, target=target,
+                           duplicates=len(questions) - len(kept) - surplus,
                            recent=recent, kept=tuple(q.question for q, _ in kept),
-                           near_duplicates=near)
+                           near_duplicates=near, surplus=surplus)
         if stored >= target:  # done, even if it was cancelled meanwhile: nothing is missing
             conn.execute(self._stmt("slice_done", lambda: update(S).where(*SLICE_KEY).values(
                 state=ChapterState.done.value, lease_owner=None, lease_expires_at=None)), key)

@@ -271,6 +271,28 @@ class Reports(StoreBase):
                        K.c.usage_estimated.is_(False))).one()
         return tokens / questions if questions else None
 
+    def completion_history(self, slug: str, model: str | None, limit: int,
+                           enough: int) -> tuple[list[float], str]:
+        """Completion tokens per question asked of the exam's last `limit` used calls with
+        real usage, newest first, or of the model's (any exam) while the exam has fewer than
+        `enough`; and which it is ("exam" or "model"). For sizing max_tokens
+        (examforge.sizing): two short indexed reads, run once per process and exam every so
+        many calls, never per call."""
+        def per_question(where: Any) -> list[float]:
+            rows = conn.execute(
+                select(K.c.completion_tokens, K.c.requested)
+                .where(where, K.c.outcome == CallOutcome.used.value,
+                       K.c.usage_estimated.is_(False), K.c.requested > 0)
+                .order_by(K.c.id.desc()).limit(limit)).all()
+            return [tokens / requested for tokens, requested in rows]
+
+        with self._read() as conn:
+            mine = per_question(K.c.exam == slug)
+            if len(mine) >= enough or model is None:
+                return mine, "exam"
+            theirs = per_question(K.c.model == model)
+        return (theirs, "model") if len(theirs) > len(mine) else (mine, "exam")
+
     def exams(self) -> list[ExamSummary]:
         """Every exam in the database, newest change first, in a few grouped queries."""
         with self._read() as conn:

@@ -22,7 +22,7 @@ def reply(*items: Any) -> str:
     return json.dumps({"questions": list(items)})
 
 
-def parse(content: str | None, *, wanted: int = 5, known: set[str] | None = None,
+def parse(content: str | None, *, wanted: int | None = 5, known: set[str] | None = None,
           finish_reason: str | None = "stop") -> Parsed:
     return parse_questions(content, finish_reason, wanted, known if known is not None else set())
 
@@ -95,8 +95,10 @@ def test_fenced_json(template: str) -> None:
 @pytest.mark.parametrize(
     ("content", "finish_reason", "kind"),
     [
-        (reply(q(1)), "length", "truncated"),            # even if it happens to parse
         ('{"questions": [{"question": "Wh', "length", "truncated"),
+        ('{"questions": [' + json.dumps(q(1))[:-1], "length", "truncated"),  # no closing brace
+        ('{"questions": [', "length", "truncated"),
+        ("```json\n{\"questions\": [{", "length", "truncated"),
         (None, "length", "truncated"),
         (None, "stop", "empty"),
         ("", "stop", "empty"),
@@ -153,7 +155,53 @@ def test_refusal_detail_is_the_text() -> None:
 
 
 def test_truncated_message() -> None:
-    assert str(invalid(reply(q(1)), finish_reason="length")) == "truncated: finish_reason is length"
+    assert str(invalid('{"questions": [{"question": "Wh', finish_reason="length")) == (
+        "truncated: finish_reason is length; no complete question before the cut")
+
+
+def _cut(items: list[dict[str, Any]], at: int) -> str:
+    """The reply of `items`, pretty-printed as models write it, cut after `at` characters."""
+    return json.dumps({"questions": items}, indent=2)[:at]
+
+
+def test_a_cut_reply_keeps_every_complete_question_before_the_cut() -> None:
+    items = [q(i) for i in range(1, 6)]
+    full = json.dumps({"questions": items}, indent=2)
+    # Cut anywhere: exactly the objects whose closing brace arrived are kept, whole.
+    for at in range(len('{"questions": [') + 1, len(full) - 3):
+        head = full[:at]
+        closed = head.count("\n    }")
+        try:
+            parsed = parse(head, wanted=None, finish_reason="length")
+        except OutputInvalid as err:
+            assert closed == 0 and err.kind == "truncated", at
+            continue
+        assert parsed.truncated and parsed.questions == [
+            parse(reply(q(i))).questions[0] for i in range(1, closed + 1)], at
+
+
+def test_a_cut_reply_whose_json_happens_to_be_whole_keeps_it_all() -> None:
+    parsed = parse(reply(q(1), q(2)), finish_reason="length")
+    assert len(parsed.questions) == 2 and parsed.truncated
+
+
+def test_a_cut_fenced_reply_is_recovered_too() -> None:
+    parsed = parse("```json\n" + _cut([q(1), q(2)], 260), wanted=None, finish_reason="length")
+    assert [x.question for x in parsed.questions] == ["[c] Question number 1?"]
+
+
+def test_a_cut_object_missing_its_explanation_is_not_taken_for_one_without() -> None:
+    # The explanation's string was cut: partial parsing drops it, and the object would pass
+    # as a question with no explanation. A cut reply's objects must carry it.
+    head = '{"questions": [' + json.dumps(q(1)) + ', {"question": "Q2?", "choices": ' \
+           '["a", "b", "c", "d"], "answer_index": 1, "explanation": "because }'
+    parsed = parse(head, wanted=None, finish_reason="length")
+    assert [x.question for x in parsed.questions] == ["[c] Question number 1?"]
+
+
+def test_without_wanted_every_valid_question_passes() -> None:
+    parsed = parse(reply(*[q(i) for i in range(1, 13)], q(3)), wanted=None)
+    assert len(parsed.questions) == 12 and parsed.rejected == {"duplicate": 1}
 
 
 @pytest.mark.parametrize("finish_reason", ["stop", None, "content_filter", "tool_calls", "eos"])
