@@ -55,6 +55,12 @@ def check_database_url(url: str) -> str:
     if scheme not in SUPPORTED_DATABASE_SCHEMES:
         what = f"{scheme}:// is not supported" if scheme else "not a database URL"
         raise ValueError(f"{what}: use {SUPPORTED_DATABASE_URLS}")
+    if scheme.startswith("sqlite") and not url.split("://", 1)[1].startswith(("/", "?")) \
+            and url.split("://", 1)[1]:
+        # sqlite://examforge.db reads as a host named examforge.db: SQLAlchemy accepts it
+        # here and raises "Invalid SQLite URL" on first use, in every task of a worker.
+        raise ValueError(f"{scheme}://{url.split('://', 1)[1]} has two slashes: a SQLite "
+                         f"path takes three (sqlite:///relative.db, sqlite:////absolute.db)")
     return url
 
 

@@ -120,6 +120,17 @@ def test_an_unsupported_database_driver_is_one_line(deploy):
         _assert_refused(dep, result, "DATABASE_URL", "sqlite:///PATH", code=2)
 
 
+def test_a_sqlite_url_with_two_slashes_is_one_line(deploy):
+    # SQLAlchemy reads sqlite://examforge.db as a host and raises "Invalid SQLite URL" with a
+    # traceback on first use.
+    dep = deploy()
+    _write(dep, "exam", GOOD)
+    for command in (["status", "exam"], ["enqueue", "exam"]):
+        result = dep.cli(*command, DATABASE_URL="sqlite://examforge.db")
+        _assert_refused(dep, result, "DATABASE_URL", "sqlite://examforge.db",
+                        "sqlite:///relative.db", code=2)
+
+
 def test_invalid_setting_is_one_line(deploy):
     dep = deploy()
     _write(dep, "exam", GOOD)
@@ -152,7 +163,8 @@ def test_a_worker_or_beat_with_an_invalid_setting_exits_with_one_line(deploy, co
     {"DATABASE_URL": "postgresql://postgres@127.0.0.1:5432/nope"},
     {"DATABASE_URL": "mysql://x@localhost/db"},
     {"BROKER_URL": "http://localhost"},
-], ids=["no-such-database", "mysql", "http-broker"])
+    {"DATABASE_URL": "sqlite://examforge.db"},
+], ids=["no-such-database", "mysql", "http-broker", "sqlite-two-slashes"])
 def test_a_worker_with_a_configuration_mistake_exits_with_one_line(deploy, setting):
     dep = deploy()
     result = subprocess.run(
