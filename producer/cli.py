@@ -47,6 +47,14 @@ def _store(settings: Settings) -> Store:
     return open_store(settings.database_url, pool_size=settings.db_pool_size)
 
 
+def _read_store(settings: Settings) -> Store:
+    """For the commands that only read: never creates or upgrades a schema (exit 2 if the
+    database has none, or an older one)."""
+    from storage import open_existing_store
+
+    return open_existing_store(settings.database_url, pool_size=settings.db_pool_size)
+
+
 def _syllabus(settings: Settings, slug: str) -> Syllabus:
     """The exam's file in EXAMS_DIR, else the syllabus PUT /exams/SLUG stored in the
     database (producer/syllabi.py); the database is opened only when there is no file, and
@@ -57,13 +65,14 @@ def _syllabus(settings: Settings, slug: str) -> Syllabus:
 
 
 def _existing_store(settings: Settings) -> Store | None:
-    from sqlalchemy.engine import make_url
+    """The database, if it has the schema; never creates or migrates it (dry runs read
+    through here too)."""
+    from storage import NoSchema
 
-    url = make_url(settings.database_url)
-    if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:") \
-            and not Path(url.database).exists():
+    try:
+        return _read_store(settings)
+    except NoSchema:
         return None
-    return _store(settings)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -213,7 +222,7 @@ def _when(epoch: float | None) -> str | None:
 def status(slug: str, as_json: bool, watch: bool, interval_s: float) -> None:
     """Progress, usage and errors of an exam, from the database alone."""
     settings = _settings()
-    store = _store(settings)
+    store = _read_store(settings)
     if watch:
         if as_json:
             raise UserError("--watch and --json: choose one")
@@ -237,7 +246,7 @@ def status(slug: str, as_json: bool, watch: bool, interval_s: float) -> None:
 @click.option("--json", "as_json", is_flag=True, help="A JSON list on stdout.")
 def exams(as_json: bool) -> None:
     """Every exam in the database: state, chapters, questions, cost, last change."""
-    summaries = _store(_settings()).exams()
+    summaries = _read_store(_settings()).exams()
     if as_json:
         from producer.views import summary_dict
 
@@ -333,7 +342,7 @@ def export(slug: str, fmt: str, target: str | None) -> None:
     if target is not None:
         check_target(fmt, target)
     settings = _settings()
-    store = _store(settings)
+    store = _read_store(settings)
     if not store.exam_exists(slug):
         store.questions(slug)  # raises UnknownExam with the usual message
     target = target or str(settings.exams_dir / slug / default_name(fmt))
@@ -491,13 +500,15 @@ def doctor() -> None:
     for f in findings:
         style = {"ok": "green", "warn": "yellow", "fail": "bold red"}[f.level.value]
         out.print(f"[{style}]{f.level.value:<4}[/] {f.check}: {f.message}", soft_wrap=True)
-    if any(f.level.value == "fail" for f in findings):
-        sys.exit(1)
+    failed = [f for f in findings if f.level.value == "fail"]
+    if failed:
+        sys.exit(max(f.exit_code for f in failed))
 
 
 @cli.command()
 def migrate() -> None:
-    """Create or upgrade the database schema (every command also does this on start)."""
+    """Create or upgrade the database schema (the commands that write, the workers and
+    serve also do this on start; the commands that only read never do)."""
     _store(_settings())
     out.print("schema is up to date")
 
@@ -542,7 +553,7 @@ def prune(older_than: Duration, dry_run: bool, slug: str | None) -> None:
     from producer.prune import report_lines
 
     settings = _settings()
-    store = _store(settings)
+    store = _read_store(settings) if dry_run else _store(settings)
     result = store.prune(older_than.seconds, dry_run=dry_run, exam=slug)
     for line in report_lines(result, dry_run=dry_run, older_than=older_than.text):
         out.print(line, markup=False)

@@ -99,8 +99,10 @@ def test_the_supported_database_urls_are_accepted(url, scheme):
 
 def test_a_sqlite_file_in_a_missing_directory_is_a_configuration_error(env, capsys, tmp_path):
     url = f"sqlite:///{tmp_path / 'no' / 'such' / 'dir' / 'x.db'}"
-    code, _, stderr = cli(capsys, "status", "ex", DATABASE_URL=url)
+    code, _, stderr = cli(capsys, "migrate", DATABASE_URL=url)
     assert_one_line(code, stderr, "DATABASE_URL", "unable to open database file")
+    code, _, stderr = cli(capsys, "status", "ex", DATABASE_URL=url)  # reads: never creates
+    assert_one_line(code, stderr, "DATABASE_URL", "no such database file")
     assert not (tmp_path / "no").exists()
 
 
