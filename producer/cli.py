@@ -17,6 +17,7 @@ from examforge.errors import ExamforgeError, UserError
 from examforge.settings import Settings, load_settings
 from examforge.syllabus import Syllabus
 from producer.prune import DurationType
+from producer.words import plural
 
 if TYPE_CHECKING:
     from storage import Store
@@ -106,7 +107,7 @@ def _dry_run(settings: Settings, slug: str, syllabus: Syllabus, budget_usd: floa
              as_json: bool = False) -> None:
     from examforge.estimate import estimate
 
-    stored, per_question, budget = _read_only_state(settings, slug)
+    stored, per_question, budget, cancelled = _read_only_state(settings, slug)
     est = estimate(slug, syllabus, settings, stored=stored,
                    completion_per_question=per_question)
     budget = budget_usd if budget_usd is not None else budget
@@ -129,6 +130,10 @@ def _dry_run(settings: Settings, slug: str, syllabus: Syllabus, budget_usd: floa
     out.print(f"  price: ${p.prompt_per_mtok:g} / ${p.completion_per_mtok:g} per million "
               f"prompt / completion tokens ({p.source})", soft_wrap=True)
     out.print(f"  cost: worst case ${est.worst_usd:.4f}, expected ${est.expected_usd:.4f}")
+    if cancelled:
+        out.print(f"  cancelled chapters: {len(cancelled)} ({', '.join(cancelled)}), restarted "
+                  "by this command (it undoes `cancel`); counted above", soft_wrap=True,
+                  markup=False)
     if budget is not None:
         verdict = ("fits even at worst case" if est.worst_usd <= budget else
                    "the expected cost fits, the worst case does not" if
@@ -137,9 +142,10 @@ def _dry_run(settings: Settings, slug: str, syllabus: Syllabus, budget_usd: floa
     _warn_unpriced(settings)
 
 
-def _read_only_state(settings: Settings,
-                     slug: str) -> tuple[dict[str, list[str]], float | None, float | None]:
-    """What the database already holds for a dry run, without creating or migrating it."""
+def _read_only_state(settings: Settings, slug: str) -> tuple[
+        dict[str, list[str]], float | None, float | None, list[str]]:
+    """What the database already holds for a dry run, without creating or migrating it:
+    stored texts, completion tokens per question, budget, cancelled chapters."""
     from sqlalchemy.engine import make_url
 
     from storage import Store, connect
@@ -148,14 +154,19 @@ def _read_only_state(settings: Settings,
     url = make_url(settings.database_url)
     if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:") \
             and not Path(url.database).exists():
-        return {}, None, None
+        return {}, None, None, []
     engine = connect(settings.database_url, pool_size=1)
     try:
         if current_revision(engine) != SCHEMA_REVISION:
-            return {}, None, None
+            return {}, None, None, []
         store = Store(engine)
-        budget = store.status(slug).budget_usd if store.exam_exists(slug) else None
-        return store.stored_texts(slug), store.completion_tokens_per_question(), budget
+        budget, cancelled = None, []
+        if store.exam_exists(slug):
+            report = store.status(slug)
+            budget = report.budget_usd
+            cancelled = [c.id for c in report.chapter_list if c.state == "cancelled"]
+        return store.stored_texts(slug), store.completion_tokens_per_question(), budget, \
+            cancelled
     finally:
         engine.dispose()
 
@@ -180,8 +191,19 @@ def enqueue(slug: str, regenerate: tuple[str, ...], budget_usd: float | None, dr
         return
     from producer.enqueueing import enqueue_exam
 
-    plan = enqueue_exam(settings, _store(settings), slug, syllabus, regenerate=regenerate,
-                        budget_usd=budget_usd, before_write=lambda: _warn_unpriced(settings))
+    store = _store(settings)
+    restarted: list[str] = []
+
+    def before_write() -> None:  # once the broker answered, before the exam is synced
+        _warn_unpriced(settings)
+        # As the API's new run: start means "generate what is missing", so enqueue undoes
+        # `cancel` (resume and retry leave cancelled chapters alone).
+        restarted.extend(store.restart_cancelled(slug))
+
+    plan = enqueue_exam(settings, store, slug, syllabus, regenerate=regenerate,
+                        budget_usd=budget_usd, before_write=before_write)
+    for chapter_id in restarted:
+        out.print(f"restarted {slug}/{chapter_id} (was cancelled)")
     per_chapter: dict[str, int] = {}
     for chapter_id, _ in plan.slices:
         per_chapter[chapter_id] = per_chapter.get(chapter_id, 0) + 1
@@ -252,7 +274,7 @@ def exams(as_json: bool) -> None:
 
         click.echo(json.dumps([summary_dict(e) for e in summaries], ensure_ascii=False))
         return
-    table = Table(title=f"{len(summaries)} exams")
+    table = Table(title=plural(len(summaries), "exam"))
     for col in ("exam", "title", "state", "chapters", "questions", "cost", "last change"):
         table.add_column(col)
     for e in summaries:
@@ -312,7 +334,7 @@ def _print_status(report: ExamReport) -> None:
     requeued = [c for c in report.chapter_list if c.requeues]
     if requeued:
         last = max(requeued, key=lambda c: c.requeued_at or 0)
-        out.print(f"reconciler: re-published {len(requeued)} chapters "
+        out.print(f"reconciler: re-published {plural(len(requeued), 'chapter')} "
                   f"({sum(c.requeues for c in requeued)} times); last at "
                   f"{_when(last.requeued_at)}: {_short(last.requeue_reason or '')}")
     if report.state == "paused":
@@ -374,6 +396,8 @@ def run(slug: str, concurrency: int, budget_usd: float | None, dry_run: bool) ->
         return
     store = _store(settings)
     _warn_unpriced(settings)
+    for chapter_id in store.restart_cancelled(slug):  # as enqueue: run undoes `cancel`
+        err.print(f"restarted {slug}/{chapter_id} (was cancelled)")
     plan = store.sync_exam(slug, syllabus, budget_usd=budget_usd,
                            default_budget_usd=settings.budget_usd,
                            slice_questions=settings.slice_questions)
@@ -439,7 +463,17 @@ def resume(slug: str) -> None:
         store.mark_enqueued(slug, slices, broker_epoch(app, settings))
         publish_slices(app, slug, slices)
     chapters = len({chapter_id for chapter_id, _ in slices})
-    out.print(f"resumed {slug}: {chapters} chapters enqueued ({len(slices)} slices)")
+    out.print(f"resumed {slug}: {plural(chapters, 'chapter')} enqueued "
+              f"({plural(len(slices), 'slice')})")
+    _hint_cancelled(store, slug)
+
+
+def _hint_cancelled(store: Store, slug: str) -> None:
+    """resume and retry leave cancelled chapters alone: say which command restarts them."""
+    n = store.status(slug).chapters.cancelled
+    if n:
+        out.print(f"{plural(n, 'chapter')} of {slug} cancelled, left as they are; restart "
+                  f"them with: python -m producer enqueue {slug}")
 
 
 @cli.command()
@@ -466,7 +500,9 @@ def retry(slug: str, chapters: tuple[str, ...]) -> None:
         store.mark_enqueued(slug, slices, broker_epoch(app, settings))
         publish_slices(app, slug, slices)
     n = len({chapter_id for chapter_id, _ in slices})
-    out.print(f"retrying {n} failed chapters of {slug} ({len(slices)} slices)")
+    out.print(f"retrying {n} failed {'chapter' if n == 1 else 'chapters'} of {slug} "
+              f"({plural(len(slices), 'slice')})")
+    _hint_cancelled(store, slug)
     report = store.status(slug)
     if report.state == "paused" and slices:
         out.print(f"exam {slug} is paused ({report.pause_reason}): they run once you "
@@ -486,7 +522,7 @@ def cancel(slug: str, chapters: tuple[str, ...]) -> None:
         n = _store(settings).cancel(slug, list(chapters) or None)
     except UnknownChapter as exc:  # refused as a whole, like enqueue --regenerate
         raise UserError(f"--chapter: {exc}") from None
-    out.print(f"cancelled {n} chapters of {slug}")
+    out.print(f"cancelled {plural(n, 'chapter')} of {slug}")
 
 
 @cli.command()

@@ -145,7 +145,7 @@ def test_cancel_of_an_unknown_chapter_is_refused_and_cancels_nothing(env, capsys
     assert {c.id: c.state for c in store.status("ex").chapter_list} == {
         "a": "pending", "b": "pending"}
     code, stdout, _ = cli(capsys, "cancel", "ex", "--chapter", "a")
-    assert code == 0 and stdout.strip() == "cancelled 1 chapters of ex"
+    assert code == 0 and stdout.strip() == "cancelled 1 chapter of ex"
     assert {c.id: c.state for c in store.status("ex").chapter_list} == {
         "a": "cancelled", "b": "pending"}
 
@@ -184,3 +184,16 @@ def test_version_is_the_installed_packages(capsys):
 
     code, stdout, _ = cli(capsys, "--version")
     assert code == 0 and stdout.strip() == f"examforge, version {version('examforge')}"
+
+
+def test_counts_of_one_are_singular(env, capsys):
+    # "1 exams", "would prune 1 exams" read as a mistake to a newcomer.
+    _exam(env, [("a", 5)])
+    code, stdout, _ = cli(capsys, "exams")
+    assert code == 0 and stdout.splitlines()[0].strip() == "1 exam", stdout
+    code, stdout, _ = cli(capsys, "cancel", "ex")
+    assert code == 0 and stdout.strip() == "cancelled 1 chapter of ex"
+    code, stdout, _ = cli(capsys, "prune", "--older-than", "0s", "--dry-run")
+    assert code == 0, stdout
+    assert "would prune ex: 1 chapter (1 slice), 0 questions, 0 calls" in stdout, stdout
+    assert "would prune 1 exam (0 questions, 0 calls)" in stdout, stdout
