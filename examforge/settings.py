@@ -155,7 +155,8 @@ class Settings(BaseSettings):
         description="After the primary was unreachable, send calls straight to the fallback this long.",
     )
     budget_usd: float | None = Field(
-        None, gt=0, description="Default budget of a new exam (enqueue/run --budget-usd sets one)."
+        None, gt=0, allow_inf_nan=False,  # inf would print as Infinity in status --json
+        description="Default budget of a new exam (enqueue/run --budget-usd sets one)."
     )
     questions_per_call: int = Field(10, ge=1, le=100, description="Questions asked per model call.")
     slice_questions: int = Field(

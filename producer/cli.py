@@ -94,8 +94,32 @@ def _warn_unpriced(settings: Settings) -> None:
                   markup=False, soft_wrap=True)
 
 
+class BudgetType(click.ParamType):
+    """An amount of dollars above 0. Not click.FloatRange: it lets `nan` and `inf` through
+    (no comparison refuses nan; inf is in range), stored as "no budget" and printed by
+    `status --json` as Infinity, which is not JSON; and its refusal reads "is not a valid
+    float range". The API refuses both too (422)."""
+
+    name = "usd"
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> float:
+        import math
+
+        if isinstance(value, float):
+            return value
+        try:
+            amount = float(str(value).strip())
+        except ValueError:
+            amount = math.nan
+        if not math.isfinite(amount) or amount <= 0:
+            self.fail(f"{value!r} is not an amount of dollars: give a number above 0, such as "
+                      "5 or 0.50", param, ctx)
+        return amount
+
+
 _budget_option = click.option(
-    "--budget-usd", type=click.FloatRange(min=0, min_open=True), default=None,
+    "--budget-usd", type=BudgetType(), default=None,
     help="The exam's budget in USD, never exceeded; a raised one resumes an exam it paused "
          "(default for a new exam: BUDGET_USD).")
 _dry_run_option = click.option(

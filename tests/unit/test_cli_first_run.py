@@ -197,3 +197,16 @@ def test_counts_of_one_are_singular(env, capsys):
     assert code == 0, stdout
     assert "would prune ex: 1 chapter (1 slice), 0 questions, 0 calls" in stdout, stdout
     assert "would prune 1 exam (0 questions, 0 calls)" in stdout, stdout
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "0", "-1", "five"])
+def test_a_budget_that_is_no_amount_of_dollars_is_one_plain_line(env, capsys, value):
+    # click's FloatRange let nan and inf through (nan was stored as "no budget" after a dry
+    # run saying "$nan: does not fit") and refused "five" as "not a valid float range".
+    write_syllabus(Path(env["EXAMS_DIR"]), "ex", [("a", 5)])
+    for command in (["enqueue", "ex", "--dry-run"], ["run", "ex"], ["enqueue", "ex"]):
+        code, stdout, stderr = cli(capsys, *command, "--budget-usd", value)
+        line = assert_one_line(code, stderr, "--budget-usd", f"{value!r} is not an amount of "
+                               "dollars: give a number above 0")
+        assert "float range" not in line and stdout == ""
+    assert not (Path(env["DATABASE_URL"].removeprefix("sqlite:///"))).exists()
