@@ -418,6 +418,13 @@ def _generate(rt: Runtime, claim: Claimed, lost: threading.Event, run: _Run,
             calls.check()
             call_id = calls.start(claim, view)
         planned = None
+        if rt.stopping.is_set():
+            # Stopped after the call was recorded (in the claim's or the last commit's
+            # transaction) and before its request: sending it would make Ctrl-C wait a whole
+            # call more than those in flight, and pay for it.
+            rt.store.finish_call(call_id, CallOutcome.failed, CallReason.unexpected,
+                                 "not sent: stopping (Ctrl-C or a shutdown)")
+            raise HandBack()
         nxt = calls.next
         assert nxt is not None and nxt.admission is not None
         calls.next = None
