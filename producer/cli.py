@@ -476,7 +476,7 @@ def reconcile() -> None:
 def resume(slug: str) -> None:
     """Un-pause an exam (after fixing the API key) and re-enqueue its failed chapters."""
     from tasks import app
-    from tasks.broker import broker_epoch, check_broker, publish_slices
+    from tasks.broker import broker_epoch, check_broker, origin_headers, publish_slices
 
     settings = _settings()
     store = _store(settings)
@@ -485,7 +485,7 @@ def resume(slug: str) -> None:
     slices = store.resume(slug)
     if slices:
         store.mark_enqueued(slug, slices, broker_epoch(app, settings))
-        publish_slices(app, slug, slices)
+        publish_slices(app, slug, slices, origin_headers(store))
     chapters = len({chapter_id for chapter_id, _ in slices})
     out.print(f"resumed {slug}: {plural(chapters, 'chapter')} enqueued "
               f"({plural(len(slices), 'slice')})")
@@ -508,7 +508,7 @@ def retry(slug: str, chapters: tuple[str, ...]) -> None:
     """Re-enqueue failed chapters with fresh attempt budgets, leaving a pause as it is (a
     paused exam's chapters run once it is resumed; `resume` does both)."""
     from tasks import app
-    from tasks.broker import broker_epoch, check_broker, publish_slices
+    from tasks.broker import broker_epoch, check_broker, origin_headers, publish_slices
 
     settings = _settings()
     store = _store(settings)
@@ -522,7 +522,7 @@ def retry(slug: str, chapters: tuple[str, ...]) -> None:
     slices = store.retry_failed(slug, list(chapters) or None)
     if slices:
         store.mark_enqueued(slug, slices, broker_epoch(app, settings))
-        publish_slices(app, slug, slices)
+        publish_slices(app, slug, slices, origin_headers(store))
     n = len({chapter_id for chapter_id, _ in slices})
     out.print(f"retrying {n} failed {'chapter' if n == 1 else 'chapters'} of {slug} "
               f"({plural(len(slices), 'slice')})")
