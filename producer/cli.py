@@ -106,10 +106,8 @@ class BudgetType(click.ParamType):
                 ctx: click.Context | None) -> float:
         import math
 
-        if isinstance(value, float):
-            return value
         try:
-            amount = float(str(value).strip())
+            amount = float(value if isinstance(value, float) else str(value).strip())
         except ValueError:
             amount = math.nan
         if not math.isfinite(amount) or amount <= 0:
