@@ -57,7 +57,8 @@ def test_reads_of_a_database_without_schema_write_none(deploy, database, tmp_pat
     else:
         url = request.getfixturevalue("pg_url")  # as the shared `postgres` database would be
     dep = deploy(database_url=url)
-    for command in READS:
+    # Every read on SQLite; two on PostgreSQL (the same code path, a second per command).
+    for command in READS if database == "sqlite" else [READS[0], READS[-1]]:
         _assert_one_line(dep.cli(*command), "has no examforge schema", "migrate")
     doctor = dep.cli("doctor")
     assert doctor.returncode == 2 and "has no examforge schema" in doctor.stdout, doctor.stdout
