@@ -78,3 +78,6 @@ fi
 head -n 1 "exams/$SLUG/generated.jsonl"
 # The same bank for Moodle (XML and GIFT), Anki and Canvas: see README, "Question banks".
 for format in moodle-xml gift anki qti; do "$PY" -m producer export "$SLUG" --format "$format"; done
+# The exact line to look again: examforge is installed in .venv only (a plain `python` outside
+# it lacks its packages), and the demo's database is not the CLI's default ./examforge.db.
+echo "demo.sh: done; to look at it again: DATABASE_URL=$DATABASE_URL .venv/bin/python -m producer status $SLUG"

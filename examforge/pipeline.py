@@ -496,6 +496,13 @@ def _generate(rt: Runtime, claim: Claimed, lost: threading.Event, run: _Run,
             calls.size(claim.exam)
             call_id = calls.start(claim, view)
         planned = None
+        if rt.stopping.is_set():
+            # Stopped after the call was recorded (in the claim's or the last commit's
+            # transaction) and before its request: sending it would make Ctrl-C wait a whole
+            # call more than those in flight, and pay for it.
+            rt.store.finish_call(call_id, CallOutcome.failed, CallReason.unexpected,
+                                 "not sent: stopping (Ctrl-C or a shutdown)")
+            raise HandBack()
         # The last step before the send: a cancel or a takeover that committed since the
         # call was recorded wins, and the call is booked as never sent (Store.may_send).
         sendable = store.may_send(claim, call_id)

@@ -55,6 +55,12 @@ def check_database_url(url: str) -> str:
     if scheme not in SUPPORTED_DATABASE_SCHEMES:
         what = f"{scheme}:// is not supported" if scheme else "not a database URL"
         raise ValueError(f"{what}: use {SUPPORTED_DATABASE_URLS}")
+    if scheme.startswith("sqlite") and not url.split("://", 1)[1].startswith(("/", "?")) \
+            and url.split("://", 1)[1]:
+        # sqlite://examforge.db reads as a host named examforge.db: SQLAlchemy accepts it
+        # here and raises "Invalid SQLite URL" on first use, in every task of a worker.
+        raise ValueError(f"{scheme}://{url.split('://', 1)[1]} has two slashes: a SQLite "
+                         f"path takes three (sqlite:///relative.db, sqlite:////absolute.db)")
     return url
 
 
@@ -187,7 +193,8 @@ class Settings(BaseSettings):
         description="After the primary was unreachable, send calls straight to the fallback this long.",
     )
     budget_usd: float | None = Field(
-        None, gt=0, description="Default budget of a new exam (enqueue/run --budget-usd sets one)."
+        None, gt=0, allow_inf_nan=False,  # inf would print as Infinity in status --json
+        description="Default budget of a new exam (enqueue/run --budget-usd sets one)."
     )
     questions_per_call: int = Field(10, ge=1, le=100, description="Questions asked per model call.")
     slice_questions: int = Field(

@@ -6,6 +6,7 @@ and every failure is one line naming the file and the field.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import math
@@ -302,6 +303,24 @@ def _field(loc: tuple[Any, ...]) -> str:
     return out or "(top level)"
 
 
+def _validation_message(exc: ValidationError) -> str:
+    """The first error, but an unknown key first of all, with the field it may be a typo of:
+    `"questons"` otherwise reads as `questions: Field required`, which hides the cause."""
+    errors = exc.errors()
+    unknown = next((e for e in errors if e["type"] == "extra_forbidden"), None)
+    if unknown is None:
+        return f"{_field(errors[0]['loc'])}: {errors[0]['msg']}"
+    *parent, key = unknown["loc"]
+    model = Syllabus if not parent else Chapter if len(parent) == 2 else None
+    shown = f'"{key}"' if isinstance(key, str) and key.isprintable() else repr(key)
+    message = (f"{_field(tuple(parent))}: " if parent else "") + f"unknown field {shown}"
+    if model is not None and isinstance(key, str):
+        close = difflib.get_close_matches(key, list(model.model_fields), n=1)
+        if close:
+            message += f' (did you mean "{close[0]}"?)'
+    return message
+
+
 def load_syllabus(path: Path, *, max_questions: int) -> Syllabus:
     """Read, parse and validate one syllabus file; every failure is a SyllabusError."""
     try:
@@ -333,8 +352,7 @@ def parse_syllabus(raw: bytes, source: Path | str, *, max_questions: int,
     try:
         syllabus = Syllabus.model_validate(data)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        raise SyllabusError(f"{source}: {_field(err['loc'])}: {err['msg']}") from None
+        raise SyllabusError(f"{source}: {_validation_message(exc)}") from None
     for i, chapter in enumerate(syllabus.chapters):
         if not 1 <= chapter.questions <= max_questions:
             raise SyllabusError(

@@ -59,7 +59,8 @@ class MockService:
         # reach everything, control endpoints included, from the base URL.
         routes: list[tuple[str, str, Handler]] = [
             ("POST", "/chat/completions", self._chat_completions),
-            ("GET", "/models", simple(self._models)),
+            # The key is checked here too, as OpenAI does: `producer doctor` relies on it.
+            ("GET", "/models", simple(self._api(self._models))),
             ("GET", "/_stats", simple(self._stats)),
             ("GET", "/_usage", simple(self._usage)),
             ("POST", "/_reset", simple(self._reset)),

@@ -17,6 +17,7 @@ from examforge.errors import ExamforgeError, UserError
 from examforge.settings import Settings, load_settings
 from examforge.syllabus import Syllabus
 from producer.prune import DurationType
+from producer.words import plural
 
 if TYPE_CHECKING:
     from storage import Store
@@ -47,6 +48,14 @@ def _store(settings: Settings) -> Store:
     return open_store(settings.database_url, pool_size=settings.db_pool_size)
 
 
+def _read_store(settings: Settings) -> Store:
+    """For the commands that only read: never creates or upgrades a schema (exit 2 if the
+    database has none, or an older one)."""
+    from storage import open_existing_store
+
+    return open_existing_store(settings.database_url, pool_size=settings.db_pool_size)
+
+
 def _syllabus(settings: Settings, slug: str) -> Syllabus:
     """The exam's file in EXAMS_DIR, else the syllabus PUT /exams/SLUG stored in the
     database (producer/syllabi.py); the database is opened only when there is no file, and
@@ -57,13 +66,14 @@ def _syllabus(settings: Settings, slug: str) -> Syllabus:
 
 
 def _existing_store(settings: Settings) -> Store | None:
-    from sqlalchemy.engine import make_url
+    """The database, if it has the schema; never creates or migrates it (dry runs read
+    through here too)."""
+    from storage import NoSchema
 
-    url = make_url(settings.database_url)
-    if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:") \
-            and not Path(url.database).exists():
+    try:
+        return _read_store(settings)
+    except NoSchema:
         return None
-    return _store(settings)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -84,8 +94,30 @@ def _warn_unpriced(settings: Settings) -> None:
                   markup=False, soft_wrap=True)
 
 
+class BudgetType(click.ParamType):
+    """An amount of dollars above 0. Not click.FloatRange: it lets `nan` and `inf` through
+    (no comparison refuses nan; inf is in range), stored as "no budget" and printed by
+    `status --json` as Infinity, which is not JSON; and its refusal reads "is not a valid
+    float range". The API refuses both too (422)."""
+
+    name = "usd"
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> float:
+        import math
+
+        try:
+            amount = float(value if isinstance(value, float) else str(value).strip())
+        except ValueError:
+            amount = math.nan
+        if not math.isfinite(amount) or amount <= 0:
+            self.fail(f"{value!r} is not an amount of dollars: give a number above 0, such as "
+                      "5 or 0.50", param, ctx)
+        return amount
+
+
 _budget_option = click.option(
-    "--budget-usd", type=click.FloatRange(min=0, min_open=True), default=None,
+    "--budget-usd", type=BudgetType(), default=None,
     help="The exam's budget in USD, never exceeded; a raised one resumes an exam it paused "
          "(default for a new exam: BUDGET_USD).")
 _dry_run_option = click.option(
@@ -97,7 +129,7 @@ def _dry_run(settings: Settings, slug: str, syllabus: Syllabus, budget_usd: floa
              as_json: bool = False) -> None:
     from examforge.estimate import estimate
 
-    stored, per_question, budget = _read_only_state(settings, slug)
+    stored, per_question, budget, cancelled = _read_only_state(settings, slug)
     est = estimate(slug, syllabus, settings, stored=stored,
                    completion_per_question=per_question)
     budget = budget_usd if budget_usd is not None else budget
@@ -121,6 +153,10 @@ def _dry_run(settings: Settings, slug: str, syllabus: Syllabus, budget_usd: floa
               f"prompt / completion tokens, ${p.cached_per_mtok:g} cached prompt ({p.source})",
               soft_wrap=True)
     out.print(f"  cost: worst case ${est.worst_usd:.4f}, expected ${est.expected_usd:.4f}")
+    if cancelled:
+        out.print(f"  cancelled chapters: {len(cancelled)} ({', '.join(cancelled)}), restarted "
+                  "by this command (it undoes `cancel`); counted above", soft_wrap=True,
+                  markup=False)
     if budget is not None:
         verdict = ("fits even at worst case" if est.worst_usd <= budget else
                    "the expected cost fits, the worst case does not" if
@@ -129,9 +165,10 @@ def _dry_run(settings: Settings, slug: str, syllabus: Syllabus, budget_usd: floa
     _warn_unpriced(settings)
 
 
-def _read_only_state(settings: Settings,
-                     slug: str) -> tuple[dict[str, list[str]], float | None, float | None]:
-    """What the database already holds for a dry run, without creating or migrating it."""
+def _read_only_state(settings: Settings, slug: str) -> tuple[
+        dict[str, list[str]], float | None, float | None, list[str]]:
+    """What the database already holds for a dry run, without creating or migrating it:
+    stored texts, completion tokens per question, budget, cancelled chapters."""
     from sqlalchemy.engine import make_url
 
     from storage import Store, connect
@@ -140,14 +177,19 @@ def _read_only_state(settings: Settings,
     url = make_url(settings.database_url)
     if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:") \
             and not Path(url.database).exists():
-        return {}, None, None
+        return {}, None, None, []
     engine = connect(settings.database_url, pool_size=1)
     try:
         if current_revision(engine) != SCHEMA_REVISION:
-            return {}, None, None
+            return {}, None, None, []
         store = Store(engine)
-        budget = store.status(slug).budget_usd if store.exam_exists(slug) else None
-        return store.stored_texts(slug), store.completion_tokens_per_question(), budget
+        budget, cancelled = None, []
+        if store.exam_exists(slug):
+            report = store.status(slug)
+            budget = report.budget_usd
+            cancelled = [c.id for c in report.chapter_list if c.state == "cancelled"]
+        return store.stored_texts(slug), store.completion_tokens_per_question(), budget, \
+            cancelled
     finally:
         engine.dispose()
 
@@ -172,8 +214,19 @@ def enqueue(slug: str, regenerate: tuple[str, ...], budget_usd: float | None, dr
         return
     from producer.enqueueing import enqueue_exam
 
-    plan = enqueue_exam(settings, _store(settings), slug, syllabus, regenerate=regenerate,
-                        budget_usd=budget_usd, before_write=lambda: _warn_unpriced(settings))
+    store = _store(settings)
+    restarted: list[str] = []
+
+    def before_write() -> None:  # once the broker answered, before the exam is synced
+        _warn_unpriced(settings)
+        # As the API's new run: start means "generate what is missing", so enqueue undoes
+        # `cancel` (resume and retry leave cancelled chapters alone).
+        restarted.extend(store.restart_cancelled(slug))
+
+    plan = enqueue_exam(settings, store, slug, syllabus, regenerate=regenerate,
+                        budget_usd=budget_usd, before_write=before_write)
+    for chapter_id in restarted:
+        out.print(f"restarted {slug}/{chapter_id} (was cancelled)")
     per_chapter: dict[str, int] = {}
     for chapter_id, _ in plan.slices:
         per_chapter[chapter_id] = per_chapter.get(chapter_id, 0) + 1
@@ -214,7 +267,7 @@ def _when(epoch: float | None) -> str | None:
 def status(slug: str, as_json: bool, watch: bool, interval_s: float) -> None:
     """Progress, usage and errors of an exam, from the database alone."""
     settings = _settings()
-    store = _store(settings)
+    store = _read_store(settings)
     if watch:
         if as_json:
             raise UserError("--watch and --json: choose one")
@@ -238,13 +291,13 @@ def status(slug: str, as_json: bool, watch: bool, interval_s: float) -> None:
 @click.option("--json", "as_json", is_flag=True, help="A JSON list on stdout.")
 def exams(as_json: bool) -> None:
     """Every exam in the database: state, chapters, questions, cost, last change."""
-    summaries = _store(_settings()).exams()
+    summaries = _read_store(_settings()).exams()
     if as_json:
         from producer.views import summary_dict
 
         click.echo(json.dumps([summary_dict(e) for e in summaries], ensure_ascii=False))
         return
-    table = Table(title=f"{len(summaries)} exams")
+    table = Table(title=plural(len(summaries), "exam"))
     for col in ("exam", "title", "state", "chapters", "questions", "cost", "last change"):
         table.add_column(col)
     for e in summaries:
@@ -305,7 +358,7 @@ def _print_status(report: ExamReport) -> None:
     requeued = [c for c in report.chapter_list if c.requeues]
     if requeued:
         last = max(requeued, key=lambda c: c.requeued_at or 0)
-        out.print(f"reconciler: re-published {len(requeued)} chapters "
+        out.print(f"reconciler: re-published {plural(len(requeued), 'chapter')} "
                   f"({sum(c.requeues for c in requeued)} times); last at "
                   f"{_when(last.requeued_at)}: {_short(last.requeue_reason or '')}")
     if report.state == "paused":
@@ -335,7 +388,7 @@ def export(slug: str, fmt: str, target: str | None) -> None:
     if target is not None:
         check_target(fmt, target)
     settings = _settings()
-    store = _store(settings)
+    store = _read_store(settings)
     if not store.exam_exists(slug):
         store.questions(slug)  # raises UnknownExam with the usual message
     target = target or str(settings.exams_dir / slug / default_name(fmt))
@@ -367,6 +420,8 @@ def run(slug: str, concurrency: int, budget_usd: float | None, dry_run: bool) ->
         return
     store = _store(settings)
     _warn_unpriced(settings)
+    for chapter_id in store.restart_cancelled(slug):  # as enqueue: run undoes `cancel`
+        err.print(f"restarted {slug}/{chapter_id} (was cancelled)")
     plan = store.sync_exam(slug, syllabus, budget_usd=budget_usd,
                            default_budget_usd=settings.budget_usd,
                            slice_questions=settings.slice_questions)
@@ -423,7 +478,7 @@ def reconcile() -> None:
 def resume(slug: str) -> None:
     """Un-pause an exam (after fixing the API key) and re-enqueue its failed chapters."""
     from tasks import app
-    from tasks.broker import broker_epoch, check_broker, publish_slices
+    from tasks.broker import broker_epoch, check_broker, origin_headers, publish_slices
 
     settings = _settings()
     store = _store(settings)
@@ -432,9 +487,19 @@ def resume(slug: str) -> None:
     slices = store.resume(slug)
     if slices:
         store.mark_enqueued(slug, slices, broker_epoch(app, settings))
-        publish_slices(app, slug, slices)
+        publish_slices(app, slug, slices, origin_headers(store))
     chapters = len({chapter_id for chapter_id, _ in slices})
-    out.print(f"resumed {slug}: {chapters} chapters enqueued ({len(slices)} slices)")
+    out.print(f"resumed {slug}: {plural(chapters, 'chapter')} enqueued "
+              f"({plural(len(slices), 'slice')})")
+    _hint_cancelled(store, slug)
+
+
+def _hint_cancelled(store: Store, slug: str) -> None:
+    """resume and retry leave cancelled chapters alone: say which command restarts them."""
+    n = store.status(slug).chapters.cancelled
+    if n:
+        out.print(f"{plural(n, 'chapter')} of {slug} cancelled, left as they are; restart "
+                  f"them with: python -m producer enqueue {slug}")
 
 
 @cli.command()
@@ -445,7 +510,7 @@ def retry(slug: str, chapters: tuple[str, ...]) -> None:
     """Re-enqueue failed chapters with fresh attempt budgets, leaving a pause as it is (a
     paused exam's chapters run once it is resumed; `resume` does both)."""
     from tasks import app
-    from tasks.broker import broker_epoch, check_broker, publish_slices
+    from tasks.broker import broker_epoch, check_broker, origin_headers, publish_slices
 
     settings = _settings()
     store = _store(settings)
@@ -459,9 +524,11 @@ def retry(slug: str, chapters: tuple[str, ...]) -> None:
     slices = store.retry_failed(slug, list(chapters) or None)
     if slices:
         store.mark_enqueued(slug, slices, broker_epoch(app, settings))
-        publish_slices(app, slug, slices)
+        publish_slices(app, slug, slices, origin_headers(store))
     n = len({chapter_id for chapter_id, _ in slices})
-    out.print(f"retrying {n} failed chapters of {slug} ({len(slices)} slices)")
+    out.print(f"retrying {n} failed {'chapter' if n == 1 else 'chapters'} of {slug} "
+              f"({plural(len(slices), 'slice')})")
+    _hint_cancelled(store, slug)
     report = store.status(slug)
     if report.state == "paused" and slices:
         out.print(f"exam {slug} is paused ({report.pause_reason}): they run once you "
@@ -481,7 +548,7 @@ def cancel(slug: str, chapters: tuple[str, ...]) -> None:
         n = _store(settings).cancel(slug, list(chapters) or None)
     except UnknownChapter as exc:  # refused as a whole, like enqueue --regenerate
         raise UserError(f"--chapter: {exc}") from None
-    out.print(f"cancelled {n} chapters of {slug}")
+    out.print(f"cancelled {plural(n, 'chapter')} of {slug}")
 
 
 @cli.command()
@@ -495,13 +562,15 @@ def doctor() -> None:
     for f in findings:
         style = {"ok": "green", "warn": "yellow", "fail": "bold red"}[f.level.value]
         out.print(f"[{style}]{f.level.value:<4}[/] {f.check}: {f.message}", soft_wrap=True)
-    if any(f.level.value == "fail" for f in findings):
-        sys.exit(1)
+    failed = [f for f in findings if f.level.value == "fail"]
+    if failed:
+        sys.exit(max(f.exit_code for f in failed))
 
 
 @cli.command()
 def migrate() -> None:
-    """Create or upgrade the database schema (every command also does this on start)."""
+    """Create or upgrade the database schema (the commands that write, the workers and
+    serve also do this on start; the commands that only read never do)."""
     _store(_settings())
     out.print("schema is up to date")
 
@@ -546,7 +615,7 @@ def prune(older_than: Duration, dry_run: bool, slug: str | None) -> None:
     from producer.prune import report_lines
 
     settings = _settings()
-    store = _store(settings)
+    store = _read_store(settings) if dry_run else _store(settings)
     result = store.prune(older_than.seconds, dry_run=dry_run, exam=slug)
     for line in report_lines(result, dry_run=dry_run, older_than=older_than.text):
         out.print(line, markup=False)

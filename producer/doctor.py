@@ -17,17 +17,20 @@ def run_checks(settings: Settings) -> list[Finding]:
 
 
 def _database(settings: Settings) -> Finding:
-    from sqlalchemy.engine import make_url
+    from storage import NoSchema, open_existing_store
 
-    from storage import open_store
-
-    url = make_url(settings.database_url).render_as_string(hide_password=True)
-    try:
-        store = open_store(settings.database_url, pool_size=1)
+    try:  # only reads: a doctor pointed at the wrong database must not create a schema there
+        store = open_existing_store(settings.database_url, pool_size=1)
+    except NoSchema as exc:
+        return Finding(Level.fail, "database", str(exc), exit_code=exc.exit_code)
     except ExamforgeError as exc:
         return Finding(Level.fail, "database", str(exc))
+    # The id every task message carries: a worker whose database has another one leaves
+    # the message alone and says so (compare it with a worker's `doctor`).
+    found = Finding(Level.ok, "database", f"{store.database_label()} reachable, schema up to "
+                    f"date, database id {store.database_id()}")
     store.engine.dispose()
-    return Finding(Level.ok, "database", f"{url} reachable, schema up to date")
+    return found
 
 
 def _broker(settings: Settings) -> list[Finding]:

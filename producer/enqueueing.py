@@ -19,7 +19,7 @@ def enqueue_exam(settings: Settings, store: Store, slug: str, syllabus: Syllabus
     then publish one message per unfinished slice. The broker is checked before anything is
     written; `before_write` runs between the two (the CLI's warnings)."""
     from tasks import app
-    from tasks.broker import broker_epoch, check_broker, publish_slices
+    from tasks.broker import broker_epoch, check_broker, origin_headers, publish_slices
 
     check_broker(app, settings)  # before writing anything
     if before_write is not None:
@@ -31,5 +31,5 @@ def enqueue_exam(settings: Settings, store: Store, slug: str, syllabus: Syllabus
         epoch = broker_epoch(app, settings)
         # Marked before publishing: a worker's pick-up always reads as after its enqueue.
         store.mark_enqueued(slug, plan.slices, epoch)
-        publish_slices(app, slug, plan.slices)
+        publish_slices(app, slug, plan.slices, origin_headers(store))
     return plan

@@ -37,14 +37,24 @@ def duration(seconds: float | None) -> str:
     return f"{s}s"
 
 
+# No ETA before the exam has run this long: its first batches land together, and a rate read
+# from one or two of them would swing the ETA from hours to seconds and back.
+ETA_AFTER_S = 15.0
+
+
 def eta_s(report: ExamReport) -> float | None:
-    """Time left at the rate of the last minute; None when nothing was stored in it."""
+    """Time left at the rate of the last minute (of the time since the first call, in the
+    first minute: a count over 20 s is not a rate per 60 s); None while too young to tell
+    (ETA_AFTER_S), when nothing was stored in that window, and when nothing more will come
+    (the exam is cancelled, failed or paused: no work is pending or running, or none is sent)."""
     left = report.questions.target - report.questions.done
     if left <= 0:
         return 0.0
-    if report.questions_last_minute <= 0:
+    if report.finished or report.state == "paused" or report.questions_last_minute <= 0:
         return None
-    return left / (report.questions_last_minute / 60.0)
+    if report.elapsed_s is None or report.elapsed_s < ETA_AFTER_S:
+        return None
+    return left / (report.questions_last_minute / min(60.0, report.elapsed_s))
 
 
 def _money(report: ExamReport) -> str:
@@ -126,7 +136,7 @@ class LiveView:
         self._live: Live | None = None
         self._printed_at = 0.0
         self._last: ExamReport | None = None
-        self._last_printed: ExamReport | None = None
+        self._last_printed: str | None = None  # the last line printed, without its clock
 
     def __enter__(self) -> "LiveView":
         if self.console.is_terminal:
@@ -149,14 +159,18 @@ class LiveView:
             self._print(report)
 
     def _print(self, report: ExamReport) -> None:
-        self.console.print(plain_line(report), markup=False, highlight=False, soft_wrap=True)
+        line = plain_line(report)
+        self.console.print(line, markup=False, highlight=False, soft_wrap=True)
         self._printed_at = time.monotonic()
-        self._last_printed = report
+        self._last_printed = line.split(" ", 1)[1]
 
     def __exit__(self, *exc: object) -> None:
         if self._live is not None:
             self._live.__exit__(None, None, None)
-        elif self._last is not None and self._last is not self._last_printed:
+        elif self._last is not None and \
+                plain_line(self._last).split(" ", 1)[1] != self._last_printed:
+            # The last state, unless the last line said it already (`run` reads the report
+            # again once its work is over: a fresh object, the same words).
             self._print(self._last)
 
 

@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import click
 
+from producer.words import plural
+
 if TYPE_CHECKING:  # the CLI imports this module on every start: keep it light
     from storage.housekeeping import Footprint, PruneResult
 
@@ -54,22 +56,24 @@ def _age(seconds: float) -> str:
 
 def _describe(fp: Footprint) -> str:
     when = datetime.fromtimestamp(fp.last_change_at, timezone.utc).isoformat(timespec="seconds")
-    return (f"{fp.chapters} chapters ({fp.slices} slices), {fp.questions} questions, "
-            f"{fp.calls} calls (${fp.cost_usd:.4f}); last change {when} ({_age(fp.age_s)} ago)")
+    return (f"{plural(fp.chapters, 'chapter')} ({plural(fp.slices, 'slice')}), "
+            f"{plural(fp.questions, 'question')}, {plural(fp.calls, 'call')} "
+            f"(${fp.cost_usd:.4f}); last change {when} ({_age(fp.age_s)} ago)")
 
 
 def report_lines(result: PruneResult, *, dry_run: bool, older_than: str) -> list[str]:
     verb = "would prune" if dry_run else "pruned"
     lines = [f"{verb:<12}{fp.exam}: {_describe(fp)}" for fp in result.pruned]
-    lines += [f"{'kept':<12}{fp.exam}: {fp.active_slices} slices pending or running"
+    lines += [f"{'kept':<12}{fp.exam}: {plural(fp.active_slices, 'slice')} pending or running"
               for fp in result.running]
     lines += [f"{'kept':<12}{fp.exam}: last change {_age(fp.age_s)} ago, within {older_than}"
               for fp in result.recent]
     lines += [f"{'busy':<12}{slug}: another transaction holds its rows; not pruned, try again"
               for slug in result.busy]
     lines.append(
-        f"{verb} {len(result.pruned)} exams ({sum(f.questions for f in result.pruned)} "
-        f"questions, {sum(f.calls for f in result.pruned)} calls); kept "
+        f"{verb} {plural(len(result.pruned), 'exam')} "
+        f"({plural(sum(f.questions for f in result.pruned), 'question')}, "
+        f"{plural(sum(f.calls for f in result.pruned), 'call')}); kept "
         f"{len(result.running)} pending or running, {len(result.recent)} changed within "
         f"{older_than}" + (f", {len(result.busy)} busy" if result.busy else "")
         + ("; dry run: nothing was deleted" if dry_run else ""))

@@ -284,3 +284,14 @@ class DedupLock(SQLModel, table=True):
     exam: str = Field(primary_key=True, max_length=64)
     scope: str = Field(primary_key=True, max_length=64)
     commits: int = 0
+
+
+class DatabaseIdentity(SQLModel, table=True):
+    """The database's id: one row (id 1), written with the schema (migration 0013). Task
+    messages carry it, so that a worker on another database leaves them alone."""
+
+    __tablename__ = "database_identity"
+
+    id: int = Field(primary_key=True)
+    database_id: str = Field(max_length=32)
+    created_at: float

@@ -276,15 +276,27 @@ class Runs(StoreBase):
                 ~func.coalesce(E.c.pause_reason, "").like(f"{BUDGET_PAUSE_PREFIX}%"))
                 .values(state=ExamState.active.value, pause_reason=None, auth_failures=0,
                         updated_at=self._now))
-            # A slice cancelled while its holder was in a call, and that holder still in it
-            # (its lease is live), goes on running: its commit then finds it running again.
-            conn.execute(update(S).where(S.c.exam == slug,
-                                         S.c.state == ChapterState.cancelled.value)
-                         .values(state=case((and_(S.c.lease_owner.is_not(None),
-                                                  S.c.lease_expires_at > self._now),
-                                             ChapterState.running.value),
-                                            else_=ChapterState.pending.value),
-                                 attempts_since_progress=0, updated_at=self._now))
+            self._restart_cancelled(conn, slug)
+
+    def restart_cancelled(self, slug: str) -> list[str]:
+        """Put the exam's cancelled slices back to work, as a new run does: what `producer
+        enqueue` and `producer run` do first, so they undo `producer cancel`. Returns the
+        chapter ids restarted (sorted, once each)."""
+        with self._write() as conn:
+            return self._restart_cancelled(conn, slug)
+
+    def _restart_cancelled(self, conn: Connection, slug: str) -> list[str]:
+        # A slice cancelled while its holder was in a call, and that holder still in it
+        # (its lease is live), goes on running: its commit then finds it running again.
+        rows = conn.execute(update(S).where(S.c.exam == slug,
+                                            S.c.state == ChapterState.cancelled.value)
+                            .values(state=case((and_(S.c.lease_owner.is_not(None),
+                                                     S.c.lease_expires_at > self._now),
+                                                ChapterState.running.value),
+                                               else_=ChapterState.pending.value),
+                                    attempts_since_progress=0, updated_at=self._now)
+                            .returning(S.c.chapter_id)).scalars().all()
+        return sorted(set(rows))
 
     def cancel_run(self, run: RunRow) -> None:
         """Cancel the exam's unfinished slices and mark the run cancelled, in one

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from storage.base import ACTIVE_STATES, BUDGET_PAUSE_PREFIX, E, K, Q, S
 from storage.housekeeping import Housekeeping
+from storage.identity import Identity
 from storage.imports import Imports
 from storage.leases import Claimed, NotClaimed, NotClaimedReason, slice_where
 from storage.ledger import (CallPlan, ChapterView, Committed, NoRoom, Planner, SendCheck, Steer,
@@ -36,7 +37,7 @@ from storage.reports import Reports
 from storage.runs import IdempotencyKeyReused, RunActivity, RunEvent, RunRow, Runs
 
 
-class Store(Planning, Recovery, Reports, Imports, Housekeeping, Runs):
+class Store(Planning, Recovery, Reports, Imports, Housekeeping, Runs, Identity):
     """All database access for exams, chapters, questions and calls."""
 
 

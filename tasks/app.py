@@ -87,12 +87,51 @@ def build_runtime(settings: Settings) -> Runtime:
 )
 def generate_chapter(self, exam: str, chapter_id: str, slice_no: int = 0) -> dict[str, object]:  # type: ignore[no-untyped-def]
     # slice_no defaults to 0: a message published before chapters had slices names none.
-    result = process_chapter(runtime(), exam, chapter_id, slice_no)
+    rt = runtime()
+    _check_origin(self.request, rt)
+    result = process_chapter(rt, exam, chapter_id, slice_no)
     if result.outcome == "retry":
         # Not autoretry_for: the countdown must honour Retry-After and the lease expiry, which
         # the plain function computed. Same task id, a new message; ours is acked on return.
         raise self.retry(countdown=result.retry_in_s, exc=None)
     return {"outcome": result.outcome, "detail": result.detail, "calls": result.calls}
+
+
+# A worker on another database than the message's puts the message back after this long: not
+# at once, or it would take it again at once, in a loop, while the right worker starves.
+OTHER_DATABASE_REQUEUE_S = 5.0
+# Its warning once a minute per database, not once per message.
+OTHER_DATABASE_WARN_EVERY_S = 60.0
+_warned_at: dict[str, float] = {}
+
+
+def _check_origin(request: object, rt: Runtime) -> None:
+    """Leave a message published from another database for a worker on that one (a
+    producer and a worker on different databases would otherwise wait forever, silently:
+    this worker finds no work in its own and acks). A message without the header (a
+    producer older than database ids) is taken, as before."""
+    import time
+
+    from celery.exceptions import Reject
+
+    from tasks.broker import DATABASE_HEADER, DATABASE_ID_HEADER
+
+    headers = getattr(request, "headers", None) or {}
+    sent_from = getattr(request, DATABASE_ID_HEADER, None) or headers.get(DATABASE_ID_HEADER)
+    if not sent_from or sent_from == rt.store.database_id():
+        return
+    where = getattr(request, DATABASE_HEADER, None) or headers.get(DATABASE_HEADER) or "?"
+    now = time.monotonic()
+    if now - _warned_at.get(sent_from, -OTHER_DATABASE_WARN_EVERY_S) >= \
+            OTHER_DATABASE_WARN_EVERY_S:
+        _warned_at[sent_from] = now
+        log.warning(
+            "task from another database, left for a worker on that one: the message's is %s "
+            "(id %s), this worker's is %s (id %s); set the same DATABASE_URL (an absolute "
+            "path for SQLite) for the producer and the workers", where, sent_from,
+            rt.store.database_label(), rt.store.database_id())
+    time.sleep(OTHER_DATABASE_REQUEUE_S)
+    raise Reject(f"published from database {sent_from}, not this worker's", requeue=True)
 
 
 @app.task(name="examforge.reconcile", ignore_result=True)

@@ -5,13 +5,16 @@ from __future__ import annotations
 import re
 import uuid
 from dataclasses import dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from celery import Celery
 from kombu.exceptions import OperationalError as KombuOperationalError
 
 from examforge.errors import BrokerUnavailable, ConfigError
 from examforge.settings import Settings
+
+if TYPE_CHECKING:
+    from storage import Store
 
 EPOCH_KEY = "examforge:broker-epoch"
 PUBLISH_BATCH = 1000  # messages per Redis pipeline when publishing many chapters
@@ -135,8 +138,21 @@ def broker_epoch(app: Celery, settings: Settings) -> str | None:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def publish_slices(app: Celery, exam: str, slices: Sequence[tuple[str, int]]) -> None:
-    """One message per slice, with its deterministic task id, pipelined: kombu's
+# Message headers naming the database the message was published from (storage.identity).
+DATABASE_ID_HEADER = "examforge_database_id"
+DATABASE_HEADER = "examforge_database"
+
+
+def origin_headers(store: Store) -> dict[str, str]:
+    """What every slice message carries: its database's id, and where that database is (for
+    the warning of a worker that reads another one)."""
+    return {DATABASE_ID_HEADER: store.database_id(), DATABASE_HEADER: store.database_label()}
+
+
+def publish_slices(app: Celery, exam: str, slices: Sequence[tuple[str, int]],
+                   origin: dict[str, str] | None = None) -> None:
+    """One message per slice, with its deterministic task id and `origin` (origin_headers)
+    in its headers, pipelined: kombu's
     `Producer.batch()` buffers the publishes of one connection in a Redis pipeline, a round
     trip per thousand messages instead of one per message. A batch that fails part-way leaves
     some slices marked enqueued without a message: the reconciler finds and re-publishes
@@ -145,6 +161,7 @@ def publish_slices(app: Celery, exam: str, slices: Sequence[tuple[str, int]]) ->
         with app.producer_or_acquire() as producer, producer.batch(max_size=PUBLISH_BATCH):
             for chapter_id, slice_no in slices:
                 app.send_task(CHAPTER_TASK, (exam, chapter_id, slice_no),
-                              task_id=task_id(exam, chapter_id, slice_no), producer=producer)
+                              task_id=task_id(exam, chapter_id, slice_no), producer=producer,
+                              headers=origin)
     except (KombuOperationalError, OSError) as exc:
         raise BrokerUnavailable(f"publishing to the broker failed: {exc}".splitlines()[0]) from None

@@ -23,6 +23,7 @@ class Finding:
     level: Level
     check: str
     message: str
+    exit_code: int = 1  # of `producer doctor` when this check fails (2: a database without schema)
 
 
 def broker_findings(app: Celery, settings: Settings) -> list[Finding]:

@@ -31,7 +31,8 @@ from celery import Celery
 
 from examforge.settings import Settings
 from storage.store import RequeueReason, SliceKey, Store
-from tasks.broker import QueueHoldings, broker_epoch, publish_slices, queue_holdings
+from tasks.broker import (QueueHoldings, broker_epoch, origin_headers, publish_slices,
+                          queue_holdings)
 
 log = logging.getLogger("examforge.reconcile")
 
@@ -100,7 +101,7 @@ def _requeue(settings: Settings, store: Store, app: Celery, epoch: str | None,
         # Marked before publishing, so a worker's pick-up always reads as after the enqueue:
         # if that worker dies too, the slice is an orphan again.
         store.mark_enqueued(exam, refs, epoch, requeue_reason=f"{reason.value}: {why}")
-        publish_slices(app, exam, refs)
+        publish_slices(app, exam, refs, origin_headers(store))
         names = [f"{c}:{n}" for c, n in refs[:20]]
         log.warning("re-enqueued slices", extra={
             "exam": exam, "reason": reason.value, "why": why, "count": len(refs),

@@ -120,6 +120,17 @@ def test_an_unsupported_database_driver_is_one_line(deploy):
         _assert_refused(dep, result, "DATABASE_URL", "sqlite:///PATH", code=2)
 
 
+def test_a_sqlite_url_with_two_slashes_is_one_line(deploy):
+    # SQLAlchemy reads sqlite://examforge.db as a host and raises "Invalid SQLite URL" with a
+    # traceback on first use.
+    dep = deploy()
+    _write(dep, "exam", GOOD)
+    for command in (["status", "exam"], ["enqueue", "exam"]):
+        result = dep.cli(*command, DATABASE_URL="sqlite://examforge.db")
+        _assert_refused(dep, result, "DATABASE_URL", "sqlite://examforge.db",
+                        "sqlite:///relative.db", code=2)
+
+
 def test_invalid_setting_is_one_line(deploy):
     dep = deploy()
     _write(dep, "exam", GOOD)
@@ -152,7 +163,8 @@ def test_a_worker_or_beat_with_an_invalid_setting_exits_with_one_line(deploy, co
     {"DATABASE_URL": "postgresql://postgres@127.0.0.1:5432/nope"},
     {"DATABASE_URL": "mysql://x@localhost/db"},
     {"BROKER_URL": "http://localhost"},
-], ids=["no-such-database", "mysql", "http-broker"])
+    {"DATABASE_URL": "sqlite://examforge.db"},
+], ids=["no-such-database", "mysql", "http-broker", "sqlite-two-slashes"])
 def test_a_worker_with_a_configuration_mistake_exits_with_one_line(deploy, setting):
     dep = deploy()
     result = subprocess.run(
@@ -182,6 +194,7 @@ def test_a_worker_started_while_its_database_is_down_keeps_running(deploy):
 
 def test_status_and_export_of_an_unknown_exam(deploy):
     dep = deploy()
+    dep.store  # the schema (status and export never create one)
     _assert_refused(dep, dep.cli("status", "ghost", "--json"), "ghost")
     _assert_refused(dep, dep.cli("export", "ghost"), "ghost")
 
@@ -196,3 +209,17 @@ def test_enqueue_of_a_paused_exam_points_to_resume(deploy, mock):
     assert result.stderr.strip().splitlines() == [
         line for line in result.stderr.strip().splitlines() if "resume demo" in line]
     assert "0 enqueued" in result.stdout
+
+
+def test_doctor_fails_on_a_key_the_model_endpoint_rejects(deploy, mock):
+    # /v1/models checks the key, as OpenAI's does: a doctor that said "reachable" would send
+    # a newcomer to enqueue an exam whose every call then fails with 401.
+    mock.configure(api_key="sk-right")
+    dep = deploy()
+    assert dep.cli("migrate").returncode == 0
+    doctor = dep.cli("doctor")
+    assert doctor.returncode == 1, doctor.stdout + doctor.stderr
+    assert "fail model endpoint:" in doctor.stdout and "rejected LLM_API_KEY (HTTP 401)" in \
+        doctor.stdout, doctor.stdout
+    right = dep.cli("doctor", LLM_API_KEY="sk-right")
+    assert "ok   model endpoint:" in right.stdout, right.stdout

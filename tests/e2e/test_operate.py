@@ -99,7 +99,7 @@ def test_retry_re_enqueues_failed_chapters_and_leaves_a_pause_alone(deploy, mock
     assert unknown.returncode != 0 and "'nope'" in unknown.stderr
     assert "Traceback" not in unknown.stderr
     retried = dep.cli("retry", "demo", "--chapter", "b")
-    assert retried.returncode == 0 and "retrying 1 failed chapters" in retried.stdout
+    assert retried.returncode == 0 and "retrying 1 failed chapter of demo" in retried.stdout
     report = dep.wait_done("demo", 60)
     assert report["state"] == "done", dump(report)
     dep.kill(worker)

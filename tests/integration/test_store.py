@@ -704,3 +704,16 @@ def test_a_new_run_right_after_a_cancel_lets_the_holder_in_its_call_go_on(store,
     assert not committed.cancelled and committed.stored == 5
     _commit(store, claim, 5, 6, tag="more")
     assert store.status("ex").as_dict()["chapters"]["done"] == 1
+
+
+def test_restart_cancelled_puts_cancelled_slices_back_and_names_their_chapters(store, tmp_path):
+    # What `producer enqueue` and `producer run` do first, so they undo `producer cancel`;
+    # a slice whose holder is still in a call goes on running, the others are pending again.
+    _sync(store, tmp_path, [("a", 5), ("b", 5), ("c", 5)])
+    claim = store.claim("ex", "b", "w", 10.0, 8)
+    store.start_call(claim, 1, 5, lease_s=10.0)
+    assert store.cancel("ex", ["a", "b"]) == 2
+    assert store.restart_cancelled("ex") == ["a", "b"]
+    assert {c.id: c.state for c in store.status("ex").chapter_list} == {
+        "a": "pending", "b": "running", "c": "pending"}
+    assert store.restart_cancelled("ex") == []

@@ -125,8 +125,8 @@ def test_a_re_enqueued_chapter_whose_fast_worker_dies_is_an_orphan_again(
 
     real_publish = reconcile_module.publish_slices
 
-    def publish_and_get_picked_at_once(app, exam, slices):  # type: ignore[no-untyped-def]
-        real_publish(app, exam, slices)
+    def publish_and_get_picked_at_once(app, exam, slices, origin=None):  # type: ignore[no-untyped-def]
+        real_publish(app, exam, slices, origin)
         for chapter_id, slice_no in slices:  # a worker takes the message before we return...
             store.mark_picked(exam, chapter_id, slice_no)  # ...and then dies without claiming
 

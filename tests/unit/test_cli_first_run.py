@@ -99,8 +99,10 @@ def test_the_supported_database_urls_are_accepted(url, scheme):
 
 def test_a_sqlite_file_in_a_missing_directory_is_a_configuration_error(env, capsys, tmp_path):
     url = f"sqlite:///{tmp_path / 'no' / 'such' / 'dir' / 'x.db'}"
-    code, _, stderr = cli(capsys, "status", "ex", DATABASE_URL=url)
+    code, _, stderr = cli(capsys, "migrate", DATABASE_URL=url)
     assert_one_line(code, stderr, "DATABASE_URL", "unable to open database file")
+    code, _, stderr = cli(capsys, "status", "ex", DATABASE_URL=url)  # reads: never creates
+    assert_one_line(code, stderr, "DATABASE_URL", "no such database file")
     assert not (tmp_path / "no").exists()
 
 
@@ -143,7 +145,7 @@ def test_cancel_of_an_unknown_chapter_is_refused_and_cancels_nothing(env, capsys
     assert {c.id: c.state for c in store.status("ex").chapter_list} == {
         "a": "pending", "b": "pending"}
     code, stdout, _ = cli(capsys, "cancel", "ex", "--chapter", "a")
-    assert code == 0 and stdout.strip() == "cancelled 1 chapters of ex"
+    assert code == 0 and stdout.strip() == "cancelled 1 chapter of ex"
     assert {c.id: c.state for c in store.status("ex").chapter_list} == {
         "a": "cancelled", "b": "pending"}
 
@@ -182,3 +184,29 @@ def test_version_is_the_installed_packages(capsys):
 
     code, stdout, _ = cli(capsys, "--version")
     assert code == 0 and stdout.strip() == f"examforge, version {version('examforge')}"
+
+
+def test_counts_of_one_are_singular(env, capsys):
+    # "1 exams", "would prune 1 exams" read as a mistake to a newcomer.
+    _exam(env, [("a", 5)])
+    code, stdout, _ = cli(capsys, "exams")
+    assert code == 0 and stdout.splitlines()[0].strip() == "1 exam", stdout
+    code, stdout, _ = cli(capsys, "cancel", "ex")
+    assert code == 0 and stdout.strip() == "cancelled 1 chapter of ex"
+    code, stdout, _ = cli(capsys, "prune", "--older-than", "0s", "--dry-run")
+    assert code == 0, stdout
+    assert "would prune ex: 1 chapter (1 slice), 0 questions, 0 calls" in stdout, stdout
+    assert "would prune 1 exam (0 questions, 0 calls)" in stdout, stdout
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "0", "-1", "five"])
+def test_a_budget_that_is_no_amount_of_dollars_is_one_plain_line(env, capsys, value):
+    # click's FloatRange let nan and inf through (nan was stored as "no budget" after a dry
+    # run saying "$nan: does not fit") and refused "five" as "not a valid float range".
+    write_syllabus(Path(env["EXAMS_DIR"]), "ex", [("a", 5)])
+    for command in (["enqueue", "ex", "--dry-run"], ["run", "ex"], ["enqueue", "ex"]):
+        code, stdout, stderr = cli(capsys, *command, "--budget-usd", value)
+        line = assert_one_line(code, stderr, "--budget-usd", f"{value!r} is not an amount of "
+                               "dollars: give a number above 0")
+        assert "float range" not in line and stdout == ""
+    assert not (Path(env["DATABASE_URL"].removeprefix("sqlite:///"))).exists()

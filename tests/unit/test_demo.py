@@ -70,6 +70,11 @@ def test_a_rerun_says_it_reuses_demo_run_and_fresh_starts_over(demo):
     first = run(demo, "--local")
     assert first.returncode == 0, first.stderr
     assert "reusing" not in first.stdout + first.stderr
+    # The last line is the exact command to look again, with the venv's python (a plain
+    # `python` outside .venv fails with "No module named 'rich'").
+    assert first.stdout.strip().splitlines()[-1] == (
+        f"demo.sh: done; to look at it again: DATABASE_URL=sqlite:///{demo}/demo-run/"
+        "examforge.db .venv/bin/python -m producer status cloud-practitioner")
     assert "producer run cloud-practitioner" in calls(demo)
 
     second = run(demo)  # the workers' mode, on what --local left

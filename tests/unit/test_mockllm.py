@@ -389,6 +389,16 @@ def test_api_key_is_enforced(server: MockServer, client: httpx.Client) -> None:
     assert stats["outcomes"] == {"auth_failed": 2, "ok": 1}
 
 
+def test_models_needs_the_api_key_as_openai_does(server: MockServer, client: httpx.Client) -> None:
+    # `producer doctor` asks /models whether the key works; a mock that lists its models to
+    # anyone would let it say "reachable" for a key every call then fails with.
+    server.configure(api_key="sk-test")
+    wrong = client.get("/models", headers={"Authorization": "Bearer nope"})
+    assert client.get("/models").status_code == wrong.status_code == 401
+    assert wrong.json()["error"]["code"] == "invalid_api_key"
+    assert client.get("/models", headers={"Authorization": "Bearer sk-test"}).status_code == 200
+
+
 def test_invalid_json_body_is_a_400_call(server: MockServer, client: httpx.Client) -> None:
     response = client.post("/chat/completions", content=b"{not json", headers={"Content-Type": "application/json"})
     assert response.status_code == 400

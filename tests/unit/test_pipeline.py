@@ -482,3 +482,36 @@ def test_the_lease_keeper_thread_stops(env):
     assert thread is not None and thread.is_alive()
     rt.keeper.stop()
     assert not thread.is_alive()
+
+
+def test_a_stop_after_the_next_call_was_recorded_sends_it_not(env):
+    # Ctrl-C (or SIGTERM) between the commit that recorded the next call and its request:
+    # the stop waited for that call too (a whole call more than those in flight, on top of
+    # paying for it). It is recorded as not sent ($0) and the slice is handed back.
+    rt, fake = env([("a", 15)])
+    commit = rt.store.commit_batch
+
+    planned = []
+
+    def commit_then_stop(*args, **kwargs):
+        committed = commit(*args, **kwargs)
+        if not rt.stopping.is_set():
+            planned.append(committed.next_call)  # the next call is recorded, not sent
+            rt.stopping.set()  # the signal lands here
+        return committed
+
+    rt.store.commit_batch = commit_then_stop
+    result = process_chapter(rt, "ex", "a")
+    assert len(planned) == 1 and isinstance(planned[0], int)
+    assert result.outcome == "retry" and "handed back" in (result.detail or "")
+    assert fake.calls == 1
+    from sqlalchemy import select
+
+    from storage.store import K
+
+    with rt.store.engine.connect() as conn:
+        rows = [(r.outcome, r.reason, r.cost_usd, r.detail) for r in conn.execute(
+            select(K.c.outcome, K.c.reason, K.c.cost_usd, K.c.detail).order_by(K.c.id))]
+    assert [r[:3] for r in rows] == [("used", None, rows[0][2]), ("failed", "unexpected", 0.0)]
+    assert (rows[1][3] or "").startswith("not sent:"), rows
+    assert rt.store.status("ex").usage.calls_in_flight == 0

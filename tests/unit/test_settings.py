@@ -73,3 +73,11 @@ def test_load_settings_names_the_bad_variable_in_one_line(clean_env, monkeypatch
         load_settings.cache_clear()
     assert str(info.value) == ("environment/.env: LLM_FALLBACK_BASE_URL: Value error, "
                                "must be an http:// or https:// URL with a host")
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "0"])
+def test_budget_usd_is_a_finite_amount_above_zero(clean_env, monkeypatch, value):
+    # inf would be stored and printed by `status --json` as Infinity, which is not JSON.
+    monkeypatch.setenv("BUDGET_USD", value)
+    with pytest.raises(ValidationError, match="budget_usd"):
+        Settings(_env_file=None)
