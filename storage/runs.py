@@ -35,6 +35,7 @@ from storage.models import (
     RunState,
     StoredSyllabus,
 )
+from storage.ledger import Ledger
 from storage.planning import SliceRef
 from storage.reports import ExamReport, ExamStatus
 
@@ -108,7 +109,7 @@ def _row(r: Any) -> RunRow:
     return RunRow(**{k: r._mapping[k] for k in RunRow.__dataclass_fields__})
 
 
-class Runs(StoreBase):
+class Runs(Ledger):
     """Stored syllabi, runs and their idempotency keys, the events of a run."""
 
     # --- syllabi -----------------------------------------------------------------------
@@ -302,9 +303,12 @@ class Runs(StoreBase):
         """Cancel the exam's unfinished slices and mark the run cancelled, in one
         transaction; stored questions are kept."""
         with self._write() as conn:
+            self._exam_first(conn, run.exam)  # the lock order of every writer of its totals
             self._cancel_slices(conn, [  # as `producer cancel`: a call in flight is kept
                 S.c.exam == run.exam,
                 S.c.state.in_(ACTIVE_STATES + (ChapterState.failed.value,))])
+            # and, as there, the calls of dead holders are settled in the same transaction.
+            self._settle_orphans(conn, run.exam)
             conn.execute(update(R).where(R.c.id == run.id, R.c.state.is_(None)).values(
                 cancelled_at=self._now, state=RunState.cancelled.value, updated_at=self._now))
 

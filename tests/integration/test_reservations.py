@@ -100,6 +100,22 @@ def test_dead_holders_calls_are_settled_by_the_users_actions_in_their_transactio
         _assert_settled_at_worst_case(store, call)
 
 
+def test_the_apis_cancel_settles_dead_holders_calls_in_its_transaction(store, tmp_path):
+    """POST /runs/ID/cancel is a cancel too: a dead holder's call is settled by it, not left
+    reserved until the reconciler's next pass; a live holder's call is left to its reply."""
+    _sync(store, tmp_path, [("a", 10), ("b", 10)])
+    store.set_budget("ex", 5.0)
+    run, made = store.create_run("ex", "key-1", "fingerprint", None)
+    assert made
+    dead = _dead_call(store, "a")
+    live = store.claim("ex", "b", "live", 10.0, 8)
+    store.start_call(live, 1, 5, lease_s=10.0, reserve_usd=RESERVE)
+    store.cancel_run(run)
+    _assert_settled_at_worst_case(store, dead)
+    assert _still_in_flight(store) == {"b"}
+    assert _exam(store).reserved_usd == pytest.approx(RESERVE)  # the live call's only
+
+
 def test_a_call_under_a_live_lease_is_left_to_its_holder(store, tmp_path):
     """Cancel keeps a live holder's call in flight: its reply settles it, at its real cost."""
     _sync(store, tmp_path, [("a", 10), ("b", 10)])
