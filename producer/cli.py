@@ -482,15 +482,23 @@ def cancel(slug: str, chapters: tuple[str, ...]) -> None:
 
 @cli.command()
 def doctor() -> None:
-    """Check the database, the broker's eviction policy and persistence, and the model
-    endpoint; exit 1 if anything would lose or stall work."""
-    from producer.doctor import run_checks
+    """Check the database (SQLite: PRAGMA quick_check), the broker's eviction policy and
+    persistence, and the model endpoint; exit 1 if anything would lose or stall work, 4 if
+    the database is damaged."""
+    from examforge.errors import DatabaseCorrupt
+    from rich.markup import escape
+
+    from producer.doctor import DAMAGED, run_checks
 
     settings = _settings()
     findings = run_checks(settings)
     for f in findings:
         style = {"ok": "green", "warn": "yellow", "fail": "bold red"}[f.level.value]
-        out.print(f"[{style}]{f.level.value:<4}[/] {f.check}: {f.message}", soft_wrap=True)
+        # Escaped: quick_check's lines are the database's words, not markup.
+        out.print(f"[{style}]{f.level.value:<4}[/] {f.check}: {escape(f.message)}",
+                  soft_wrap=True)
+    if any(f.level.value == "fail" and f.check == DAMAGED for f in findings):
+        sys.exit(DatabaseCorrupt.exit_code)
     if any(f.level.value == "fail" for f in findings):
         sys.exit(1)
 
@@ -500,6 +508,26 @@ def migrate() -> None:
     """Create or upgrade the database schema (every command also does this on start)."""
     _store(_settings())
     out.print("schema is up to date")
+
+
+@cli.command()
+@click.argument("path", type=click.Path(dir_okay=False, path_type=Path))
+def backup(path: Path) -> None:
+    """Copy a live SQLite database to PATH, consistent while workers write (SQLite's online
+    backup API), checked with quick_check, written atomically. PostgreSQL: use pg_dump."""
+    from storage.db import backup_sqlite
+
+    settings = _settings()
+    size = backup_sqlite(settings.database_url, path)
+    out.print(f"backed up {_shown_url(settings)} to {path} ({size:,} bytes, quick_check ok); "
+              "to restore it, see README, Operations: Backup and restore", markup=False,
+              soft_wrap=True)
+
+
+def _shown_url(settings: Settings) -> str:
+    from sqlalchemy.engine import make_url
+
+    return make_url(settings.database_url).render_as_string(hide_password=True)
 
 
 @cli.command("import")
