@@ -137,10 +137,14 @@ def corruption(exc: BaseException, url: URL | None = None) -> DatabaseCorrupt | 
         reason = first  # a driver without sqlite_errorcode (Python < 3.11)
     else:
         return None
-    shown = url.render_as_string(hide_password=True) if url is not None else "DATABASE_URL"
-    return DatabaseCorrupt(f"database {shown} is damaged ({reason}): stop the workers and "
-                           f"restore the last backup (README, Operations: Backup and "
-                           f"restore); python -m producer doctor checks it")
+    return _damaged(url.render_as_string(hide_password=True) if url is not None
+                    else "DATABASE_URL", reason)
+
+
+def _damaged(shown: str, reason: str, done: str = "") -> DatabaseCorrupt:
+    return DatabaseCorrupt(f"database {shown} is damaged ({reason}): {done}stop the workers "
+                           "and restore the last backup (README, Operations: Backup and "
+                           "restore); python -m producer doctor checks it")
 
 
 def check_reachable(engine: Engine) -> None:
@@ -201,10 +205,7 @@ def backup_sqlite(url: str, target: Path) -> int:
         if problems != ["ok"]:
             found = " ".join(line.strip() for row in problems for line in str(row).splitlines()
                              if line.strip() and not line.startswith("***"))
-            raise DatabaseCorrupt(
-                f"database {shown} is damaged (quick_check: {found[:300]}): no backup "
-                "written; restore the last good backup (README, Operations: Backup and "
-                "restore)")
+            raise _damaged(shown, f"quick_check: {found[:300]}", "no backup written; ")
         os.chmod(tmp, source_path.stat().st_mode & 0o777)  # mkstemp's file is 0600
         os.replace(tmp, target)
     except sqlite3.DatabaseError as exc:
