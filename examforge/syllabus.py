@@ -31,9 +31,7 @@ MAX_SYLLABUS_BYTES = 1_000_000
 MAX_DEPTH = 8
 # Measured at 20,000 and 50,000 chapters on both databases (bench/syllabus_size.py, README's
 # "Hostile or odd input"): enqueue, status, the reconciler and the API's page data all work
-# at 50,000. The 1 MB cap binds first for all but the shortest chapters (about 26,000 of
-# `{"id":"c1","title":"T","questions":1}` fit in it), so this one guards only the models
-# built in code, and YAML's denser lists.
+# at 50,000, so the cap is there. The 1 MB cap binds first (20,000 short chapters are 938 KB).
 MAX_CHAPTERS = 50_000
 # The longest texts a syllabus may hold (characters), so that one field cannot fill a prompt.
 MAX_TITLE_CHARS = 300

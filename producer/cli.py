@@ -500,9 +500,9 @@ def doctor() -> None:
     """Check the database (SQLite: PRAGMA quick_check), the broker's eviction policy and
     persistence, and the model endpoint; exit 1 if anything would lose or stall work, 4 if
     the database is damaged."""
-    from examforge.errors import DatabaseCorrupt
     from rich.markup import escape
 
+    from examforge.errors import DatabaseCorrupt
     from producer.doctor import DAMAGED, run_checks
 
     settings = _settings()

@@ -50,8 +50,8 @@ def _database(settings: Settings) -> list[Finding]:
 
 def _integrity(engine: Engine) -> Finding:
     """SQLite's `PRAGMA quick_check`: every page and b-tree readable and well-formed, in time
-    linear in the file's size (a second or so a gigabyte; `integrity_check` also matches each
-    index against its table, and is much slower). PostgreSQL checks its own pages as it reads
+    linear in the file's size (0.3 to 0.8 s for 200 MB in the page cache; `integrity_check`
+    also matches each index against its table, and is slower). PostgreSQL checks its own pages as it reads
     them (and with data checksums, when the cluster has them); pg_amcheck checks them all."""
     from storage.db import READ_ONLY
 

@@ -122,9 +122,9 @@ _SQLITE_DAMAGE = ("database disk image is malformed", "file is not a database")
 def corruption(exc: BaseException, url: URL | None = None) -> DatabaseCorrupt | None:
     """DatabaseCorrupt when the driver's error says the database's own data is damaged:
     SQLite's SQLITE_CORRUPT ("database disk image is malformed") and SQLITE_NOTADB ("file is
-    not a database"), PostgreSQL's SQLSTATE class XX (XX001 data_corrupted, XX002
-    index_corrupted, XX000 internal_error: "could not read block", "cache lookup failed");
-    None for any other error. The line names the database (no password) and the way back."""
+    not a database"), PostgreSQL's SQLSTATE class XX (XX001 data_corrupted: "invalid page in
+    block", XX002 index_corrupted, XX000 internal_error, which a damaged tuple also raises:
+    "invalid memory alloc request size"); None for any other error. The line names the database (no password) and the way back."""
     orig = getattr(exc, "orig", None) or exc
     sqlstate = getattr(orig, "sqlstate", None)
     code = getattr(orig, "sqlite_errorcode", None)
@@ -192,7 +192,7 @@ def backup_sqlite(url: str, target: Path) -> int:
     os.close(fd)
     tmp = Path(tmp_name)
     try:
-        source = sqlite3.connect(f"file:{source_path}?mode=ro", uri=True, timeout=60)
+        source = sqlite3.connect(f"{source_path.as_uri()}?mode=ro", uri=True, timeout=60)
         copy = sqlite3.connect(tmp)
         try:
             source.backup(copy)
