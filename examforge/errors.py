@@ -9,6 +9,7 @@
     ├── InfrastructureError          a service we depend on is down: one line, exit 3
     │   ├── BrokerUnavailable
     │   └── DatabaseUnavailable
+    ├── DatabaseCorrupt              the database's file or pages are damaged: one line, exit 4
     ├── ProviderError                the model provider failed a call (examforge.classify
     │   │                            decides which, from the status and the error body)
     │   ├── RetryableProviderError   timeout, connection reset, 5xx: retrying can fix it
@@ -108,6 +109,15 @@ class BrokerUnavailable(InfrastructureError):
 
 class DatabaseUnavailable(InfrastructureError):
     """Raised when the database cannot be reached."""
+
+
+class DatabaseCorrupt(ExamforgeError):
+    """Raised when the database answers that its own data is damaged (SQLite's "database
+    disk image is malformed" or "file is not a database", PostgreSQL's SQLSTATE class XX).
+    Not an outage: waiting or retrying never fixes it, so every command stops with exit 4,
+    and a worker shuts down instead of retrying its tasks (storage.db.corruption)."""
+
+    exit_code = 4
 
 
 class ProviderError(ExamforgeError):

@@ -12,6 +12,7 @@ import threading
 
 from sqlalchemy.exc import SQLAlchemyError
 
+from examforge.errors import DatabaseCorrupt
 from storage.store import Store
 
 log = logging.getLogger(__name__)
@@ -52,9 +53,10 @@ class LeaseKeeper:
             return
         try:
             alive = self._store.renew(owners, self._lease_s)
-        except SQLAlchemyError as exc:
+        except (SQLAlchemyError, DatabaseCorrupt) as exc:
             # A slow or restarting database: keep trying; the TTL is four beats long so one or
             # two missed beats do not expire anything, and the commit is fenced regardless.
+            # (A damaged database: the task that holds the lease stops the worker.)
             log.warning("lease renewal failed: %s", str(exc).splitlines()[0])
             return
         with self._lock:

@@ -30,6 +30,14 @@ _CONTROL_RE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 _LINE_BREAK_RE = re.compile(r"[\n\r\x85\u2028\u2029]")
 MAX_SYLLABUS_BYTES = 1_000_000
 MAX_DEPTH = 8
+# Measured at 20,000 and 50,000 chapters on both databases (bench/syllabus_size.py, README's
+# "Hostile or odd input"): enqueue, status, the reconciler and the API's page data all work
+# at 50,000, so the cap is there. The 1 MB cap binds first (20,000 short chapters are 938 KB).
+MAX_CHAPTERS = 50_000
+# The longest texts a syllabus may hold (characters), so that one field cannot fill a prompt.
+MAX_TITLE_CHARS = 300
+MAX_CHAPTER_TITLE_CHARS = 500
+MAX_PROMPT_CHARS = 4000
 SYLLABUS_NAMES = ("syllabus.json", "syllabus.yaml", "syllabus.yml")
 
 
@@ -121,9 +129,9 @@ class Chapter(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     id: str
-    title: str = Field(max_length=500)
+    title: str = Field(max_length=MAX_CHAPTER_TITLE_CHARS)
     questions: int
-    prompt: str | None = Field(None, max_length=4000)
+    prompt: str | None = Field(None, max_length=MAX_PROMPT_CHARS)
     # Optional: how hard (one of DIFFICULTIES, or {level: share}) and which Bloom levels the
     # questions target. They go into the prompt and are stored with each question.
     difficulty: Union[str, dict[str, float], None] = None
@@ -173,8 +181,8 @@ class Chapter(BaseModel):
 class Syllabus(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
-    title: str = Field(max_length=300)
-    chapters: list[Chapter] = Field(min_length=1, max_length=10_000)
+    title: str = Field(max_length=MAX_TITLE_CHARS)
+    chapters: list[Chapter] = Field(min_length=1, max_length=MAX_CHAPTERS)
 
     @field_validator("title")
     @classmethod

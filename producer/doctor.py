@@ -2,35 +2,78 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import httpx
 
-from examforge.errors import ExamforgeError
+from examforge.errors import DatabaseCorrupt, ExamforgeError
 from examforge.settings import Settings
 from tasks.health import Finding, Level, broker_findings
 
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Engine
+
+
+# The first lines of a failed quick_check shown; it stops after this many problems.
+_QUICK_CHECK_LINES = 3
+_QUICK_CHECK_MAX = 20
+DAMAGED = "database integrity"  # the check whose failure is exit 4, as a damaged database
+
 
 def run_checks(settings: Settings) -> list[Finding]:
-    findings = [_database(settings)]
+    findings = _database(settings)
     findings += _broker(settings)
     findings.append(_model_endpoint(settings))
     return findings
 
 
-def _database(settings: Settings) -> Finding:
+def _database(settings: Settings) -> list[Finding]:
     from storage import NoSchema, open_existing_store
 
     try:  # only reads: a doctor pointed at the wrong database must not create a schema there
         store = open_existing_store(settings.database_url, pool_size=1)
+    except DatabaseCorrupt as exc:
+        return [Finding(Level.fail, DAMAGED, str(exc))]
     except NoSchema as exc:
-        return Finding(Level.fail, "database", str(exc), exit_code=exc.exit_code)
+        return [Finding(Level.fail, "database", str(exc), exit_code=exc.exit_code)]
     except ExamforgeError as exc:
-        return Finding(Level.fail, "database", str(exc))
-    # The id every task message carries: a worker whose database has another one leaves
-    # the message alone and says so (compare it with a worker's `doctor`).
-    found = Finding(Level.ok, "database", f"{store.database_label()} reachable, schema up to "
-                    f"date, database id {store.database_id()}")
-    store.engine.dispose()
-    return found
+        return [Finding(Level.fail, "database", str(exc))]
+    try:
+        # The id every task message carries: a worker whose database has another one leaves
+        # the message alone and says so (compare it with a worker's `doctor`).
+        found = Finding(Level.ok, "database", f"{store.database_label()} reachable, schema up "
+                        f"to date, database id {store.database_id()}")
+        integrity = _integrity(store.engine)
+    except DatabaseCorrupt as exc:
+        return [Finding(Level.fail, DAMAGED, str(exc))]
+    finally:
+        store.engine.dispose()
+    return [found, integrity]
+
+
+def _integrity(engine: Engine) -> Finding:
+    """SQLite's `PRAGMA quick_check`: every page and b-tree readable and well-formed, in time
+    linear in the file's size (0.3 to 0.8 s for 200 MB in the page cache; `integrity_check`
+    also matches each index against its table, and is slower). PostgreSQL checks its own pages as it reads
+    them (and with data checksums, when the cluster has them); pg_amcheck checks them all."""
+    from storage.db import READ_ONLY
+
+    if engine.dialect.name != "sqlite":
+        return Finding(Level.ok, DAMAGED, "PostgreSQL: not checked here; pg_amcheck checks "
+                                          "every table and index")
+    with engine.connect().execution_options(**{READ_ONLY: True}) as conn:
+        rows = [str(row[0]) for row in conn.exec_driver_sql(
+            f"PRAGMA quick_check({_QUICK_CHECK_MAX})")]
+    # A row may hold several lines, the first naming the schema ("*** in database main ***").
+    lines = [line.strip() for row in rows for line in row.splitlines()
+             if line.strip() and not line.startswith("***")]
+    if rows == ["ok"]:
+        return Finding(Level.ok, DAMAGED, "quick_check ok")
+    shown = "; ".join(lines[:_QUICK_CHECK_LINES])
+    more = f" (+{len(lines) - _QUICK_CHECK_LINES} more)" if len(lines) > _QUICK_CHECK_LINES \
+        else ""
+    return Finding(Level.fail, DAMAGED, f"quick_check failed: {shown}{more}; stop the workers "
+                   "and restore the last backup (README, Operations: Backup and restore)")
 
 
 def _broker(settings: Settings) -> list[Finding]:

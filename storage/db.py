@@ -11,7 +11,7 @@ from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError
 from sqlalchemy.sql.elements import ColumnElement
 from sqlmodel import create_engine
 
-from examforge.errors import ConfigError, DatabaseUnavailable
+from examforge.errors import ConfigError, DatabaseCorrupt, DatabaseUnavailable
 from examforge.settings import check_database_url
 
 MIGRATIONS_DIR = Path(__file__).with_name("migrations")
@@ -37,15 +37,29 @@ def connect(url: str, *, pool_size: int = 10) -> Engine:
             url, connect_args={"timeout": 60, "check_same_thread": False}, pool_size=pool_size
         )
         _make_sqlite_transactions_immediate(engine)
-        return engine
-    return create_engine(
-        url,
-        pool_size=pool_size,
-        max_overflow=pool_size,
-        pool_pre_ping=True,
-        pool_timeout=60,
-        connect_args={"connect_timeout": 5} if parsed.get_backend_name() == "postgresql" else {},
-    )
+    else:
+        engine = create_engine(
+            url,
+            pool_size=pool_size,
+            max_overflow=pool_size,
+            pool_pre_ping=True,
+            pool_timeout=60,
+            connect_args={"connect_timeout": 5} if parsed.get_backend_name() == "postgresql"
+            else {},
+        )
+    _refuse_damage(engine)
+    return engine
+
+
+def _refuse_damage(engine: Engine) -> None:
+    """Every statement, on every engine, turns a damaged database into DatabaseCorrupt (one
+    line, exit 4) at the one place SQLAlchemy hands out its errors (its documented
+    `handle_error` hook): the commands, the API and the workers then need no list of the
+    statements that may read a damaged page, and no caller can mistake it for an outage."""
+
+    @event.listens_for(engine, "handle_error")
+    def _on_error(context):  # type: ignore[no-untyped-def]
+        return corruption(context.original_exception, engine.url)
 
 
 def _make_sqlite_transactions_immediate(engine: Engine) -> None:
@@ -99,6 +113,40 @@ def database_error(exc: DBAPIError, url: URL | None = None) -> ConfigError | Dat
                                f"database error: {reason}")
 
 
+# SQLite's primary result codes for a damaged file (the extended codes, e.g. 779
+# SQLITE_CORRUPT_INDEX, keep them in their low byte).
+_SQLITE_CORRUPT, _SQLITE_NOTADB = 11, 26
+_SQLITE_DAMAGE = ("database disk image is malformed", "file is not a database")
+
+
+def corruption(exc: BaseException, url: URL | None = None) -> DatabaseCorrupt | None:
+    """DatabaseCorrupt when the driver's error says the database's own data is damaged:
+    SQLite's SQLITE_CORRUPT ("database disk image is malformed") and SQLITE_NOTADB ("file is
+    not a database"), PostgreSQL's SQLSTATE class XX (XX001 data_corrupted: "invalid page in
+    block", XX002 index_corrupted, XX000 internal_error, which a damaged tuple also raises:
+    "invalid memory alloc request size"); None for any other error. The line names the database (no password) and the way back."""
+    orig = getattr(exc, "orig", None) or exc
+    sqlstate = getattr(orig, "sqlstate", None)
+    code = getattr(orig, "sqlite_errorcode", None)
+    first = (str(orig).strip().splitlines() or [type(orig).__name__])[0]
+    if isinstance(sqlstate, str) and sqlstate.startswith("XX"):
+        reason = f"SQLSTATE {sqlstate}: {first}"
+    elif isinstance(code, int) and code & 0xFF in (_SQLITE_CORRUPT, _SQLITE_NOTADB):
+        reason = first
+    elif type(orig).__module__ == "sqlite3" and first in _SQLITE_DAMAGE:
+        reason = first  # a driver without sqlite_errorcode (Python < 3.11)
+    else:
+        return None
+    return _damaged(url.render_as_string(hide_password=True) if url is not None
+                    else "DATABASE_URL", reason)
+
+
+def _damaged(shown: str, reason: str, done: str = "") -> DatabaseCorrupt:
+    return DatabaseCorrupt(f"database {shown} is damaged ({reason}): {done}stop the workers "
+                           "and restore the last backup (README, Operations: Backup and "
+                           "restore); python -m producer doctor checks it")
+
+
 def check_reachable(engine: Engine) -> None:
     """Fail fast with one line when the database cannot be reached, or does not exist."""
     try:
@@ -106,6 +154,66 @@ def check_reachable(engine: Engine) -> None:
             conn.execute(text("SELECT 1"))
     except (OperationalError, DBAPIError) as exc:
         raise database_error(exc, engine.url) from None
+
+
+def backup_sqlite(url: str, target: Path) -> int:
+    """A consistent copy of a live SQLite database at `target` (its size in bytes), with
+    SQLite's online backup API (`sqlite3.Connection.backup`).
+
+    The copy is taken in one step, inside one read transaction: in WAL mode (every examforge
+    engine sets it) a reader never blocks the writers and sees one committed state, so
+    workers keep committing while it runs and the copy holds exactly the transactions
+    committed before it began. (A copy in several steps would restart each time another
+    connection writes, and might never finish beside busy workers.) It is written to a
+    temporary file beside `target`, checked with `PRAGMA quick_check` (the API copies pages
+    as they are, damage included), and renamed over `target` only then.
+
+    ConfigError for a URL that is not a SQLite file, a missing database or a target in a
+    directory that does not exist; DatabaseCorrupt when the database (so the copy) is
+    damaged."""
+    import os
+    import sqlite3
+    import tempfile
+
+    parsed = make_url(check_database_url(url))
+    shown = parsed.render_as_string(hide_password=True)
+    if parsed.get_backend_name() != "sqlite":
+        raise ConfigError(f"backup copies a SQLite database; {shown} is PostgreSQL: use "
+                          "pg_dump -Fc (README, Operations: Backup and restore)")
+    if parsed.database in (None, "", ":memory:") or not Path(parsed.database).is_file():
+        raise ConfigError(f"DATABASE_URL: {shown}: no database file to back up")
+    source_path = Path(parsed.database).resolve()
+    target = target.expanduser()
+    if not target.parent.is_dir():
+        raise ConfigError(f"{target}: directory {target.parent} does not exist")
+    if target.resolve() == source_path:
+        raise ConfigError(f"{target}: is the database itself; choose another path")
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        source = sqlite3.connect(f"{source_path.as_uri()}?mode=ro", uri=True, timeout=60)
+        copy = sqlite3.connect(tmp)
+        try:
+            source.backup(copy)
+            problems = [row[0] for row in copy.execute("PRAGMA quick_check(3)")]
+            # The copy as one file: no -wal beside it to lose on the way to its storage.
+            copy.execute("PRAGMA journal_mode=DELETE")
+        finally:
+            copy.close()
+            source.close()
+        if problems != ["ok"]:
+            found = " ".join(line.strip() for row in problems for line in str(row).splitlines()
+                             if line.strip() and not line.startswith("***"))
+            raise _damaged(shown, f"quick_check: {found[:300]}", "no backup written; ")
+        os.chmod(tmp, source_path.stat().st_mode & 0o777)  # mkstemp's file is 0600
+        os.replace(tmp, target)
+    except sqlite3.DatabaseError as exc:
+        raise corruption(exc, parsed) or DatabaseUnavailable(
+            f"database {shown}: backup failed: {exc}") from None
+    finally:
+        tmp.unlink(missing_ok=True)
+    return target.stat().st_size
 
 
 def alembic_config(connection: Connection | None = None):  # type: ignore[no-untyped-def]

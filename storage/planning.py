@@ -8,7 +8,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Sequence
 
-from sqlalchemy import bindparam, case, delete, func, select, tuple_, update
+from sqlalchemy import bindparam, case, delete, func, select, update
 from sqlalchemy.engine import Connection
 
 from examforge.syllabus import Chapter as SyllabusChapter
@@ -216,11 +216,16 @@ class Planning(Ledger):
         if requeue_reason is not None:
             values.update(requeues=S.c.requeues + 1, requeued_at=self._now,
                           requeue_reason=requeue_reason[:500])
+        if not slices:
+            return
         with self._write() as conn:
-            for chunk in _chunks(slices, 1000):
-                conn.execute(update(S).where(
-                    S.c.exam == slug, tuple_(S.c.chapter_id, S.c.slice_no).in_(list(chunk)))
-                    .values(**values))
+            # One statement run for every slice (executemany: pipelined by psycopg), each a
+            # lookup by primary key. A `(chapter_id, slice_no) IN (...)` list of 1,000 was
+            # checked against every slice of the exam on PostgreSQL: 14 s at 20,000 slices,
+            # growing with their square (issue 16, bench/syllabus_size.py).
+            conn.execute(update(S).where(S.c.exam == slug, S.c.chapter_id == bindparam("_cid"),
+                                         S.c.slice_no == bindparam("_sno")).values(**values),
+                         [{"_cid": c, "_sno": n} for c, n in slices])
 
     def resume(self, slug: str) -> list[SliceRef]:
         """Clear a pause and reset failed slices to pending; returns the slices to enqueue

@@ -14,7 +14,7 @@ from celery import Celery
 from celery.signals import setup_logging, worker_init, worker_ready, worker_shutting_down
 from sqlalchemy.exc import InterfaceError, OperationalError
 
-from examforge.errors import ConfigError, DatabaseUnavailable
+from examforge.errors import ConfigError, DatabaseCorrupt, DatabaseUnavailable
 from examforge.pipeline import Runtime, process_chapter
 from examforge.settings import Settings, load_settings
 
@@ -27,8 +27,9 @@ patch_kombu_redis_close_race()
 log = logging.getLogger("examforge.tasks")
 
 
-def _exit_on_config_error(exc: ConfigError) -> NoReturn:
-    """A configuration mistake is a user error, as in the CLI: one line, exit 2."""
+def _exit_on_config_error(exc: ConfigError | DatabaseCorrupt) -> NoReturn:
+    """A configuration mistake is a user error, as in the CLI: one line, exit 2 (a damaged
+    database: exit 4)."""
     sys.stderr.write(f"error: {exc}\n")
     sys.stderr.flush()
     raise SystemExit(exc.exit_code)
@@ -46,6 +47,10 @@ app.conf.update(celery_config(_settings_at_start))
 
 _runtime: Runtime | None = None
 _runtime_lock = threading.Lock()
+# The worker's main process (prefork children run tasks in processes of their own), and
+# whether this process has already said its database is damaged.
+_main_pid = os.getpid()
+_damage_reported = False
 
 
 def runtime() -> Runtime:
@@ -87,9 +92,13 @@ def build_runtime(settings: Settings) -> Runtime:
 )
 def generate_chapter(self, exam: str, chapter_id: str, slice_no: int = 0) -> dict[str, object]:  # type: ignore[no-untyped-def]
     # slice_no defaults to 0: a message published before chapters had slices names none.
-    rt = runtime()
-    _check_origin(self.request, rt)
-    result = process_chapter(rt, exam, chapter_id, slice_no)
+    try:
+        rt = runtime()
+        _check_origin(self.request, rt)
+        result = process_chapter(rt, exam, chapter_id, slice_no)
+    except DatabaseCorrupt as exc:
+        _stop_on_damage(exc)
+        return {"outcome": "stopped", "detail": "database damaged", "calls": 0}
     if result.outcome == "retry":
         # Not autoretry_for: the countdown must honour Retry-After and the lease expiry, which
         # the plain function computed. Same task id, a new message; ours is acked on return.
@@ -138,7 +147,38 @@ def _check_origin(request: object, rt: Runtime) -> None:
 def reconcile() -> dict[str, int]:
     from tasks.reconcile import reconcile_once
 
-    return reconcile_once(runtime().settings, runtime().store, app)
+    try:
+        return reconcile_once(runtime().settings, runtime().store, app)
+    except DatabaseCorrupt as exc:
+        _stop_on_damage(exc)
+        return {}
+
+
+def _stop_on_damage(exc: DatabaseCorrupt) -> None:
+    """A damaged database fails every task the same way, and retrying only loops: say so in
+    one log line (no traceback), stop taking tasks and shut the worker down with exit code 4
+    (DatabaseCorrupt.exit_code). The task then returns (any exception would put a traceback
+    in Celery's log), so its message is acked and no worker loops on it: after a restore,
+    `enqueue` publishes every unfinished slice again, and the reconciler re-publishes those
+    whose message is gone."""
+    global _damage_reported
+    with _runtime_lock:
+        first, _damage_reported = not _damage_reported, True
+    if first:
+        log.critical("%s; this worker shuts down (exit %d)", exc, exc.exit_code)
+        if _runtime is not None:
+            _runtime.stopping.set()  # the other running chapters hand back after their call
+        # The main process's SIGUSR2 handler (installed at worker_init) asks Celery's loop to
+        # stop with our exit code; a prefork child reaches its parent the same way.
+        os.kill(_main_pid, signal.SIGUSR2)
+
+
+def _request_stop(signum: int, frame: object) -> None:
+    from celery.worker import state
+
+    # Read by Celery's consumer loop at each turn (state.maybe_shutdown): a warm shutdown
+    # whose exit code is this value.
+    state.should_stop = DatabaseCorrupt.exit_code
 
 
 @worker_init.connect
@@ -148,13 +188,16 @@ def _check_database_on_start(sender=None, **_):  # type: ignore[no-untyped-def]
     # mistake: the worker starts, and its tasks retry until it is back.
     from storage.db import check_reachable, connect
 
+    global _main_pid
+    _main_pid = os.getpid()
+    signal.signal(signal.SIGUSR2, _request_stop)
     try:
         engine = connect(_settings_at_start.database_url, pool_size=1)
         try:
             check_reachable(engine)
         finally:
             engine.dispose()
-    except ConfigError as exc:
+    except (ConfigError, DatabaseCorrupt) as exc:
         _exit_on_config_error(exc)
     except DatabaseUnavailable as exc:
         log.warning("%s; tasks retry until it is back", exc)

@@ -14,6 +14,7 @@ from fastapi.staticfiles import StaticFiles
 from prometheus_client import CollectorRegistry
 from starlette.concurrency import run_in_threadpool
 
+from examforge.errors import DatabaseCorrupt
 from examforge.settings import Settings
 from producer.api import problems, routes
 from producer.api.metrics import StoreCollector
@@ -151,6 +152,8 @@ async def _sweep_forever(ctx: Context) -> None:
     while True:
         try:
             await run_in_threadpool(sweep, ctx)
+        except DatabaseCorrupt as exc:  # one line each time, no traceback
+            log.error("sweep failed: %s", exc)
         except Exception:  # a database that is down now may answer at the next sweep
             log.exception("sweep failed")
         await asyncio.sleep(ctx.settings.api_sweep_interval_s)

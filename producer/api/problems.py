@@ -17,6 +17,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse
 
 from examforge.errors import (
+    DatabaseCorrupt,
     ExamforgeError,
     InfrastructureError,
     SyllabusError,
@@ -111,6 +112,11 @@ def install(app: FastAPI) -> None:
             return problem(422, str(exc))
         if isinstance(exc, Conflict):
             return problem(409, str(exc))
+        if isinstance(exc, DatabaseCorrupt):
+            # Not a bug of ours: one log line per request, no traceback; 503 so that a load
+            # balancer takes this replica out, with a title that says why at a glance.
+            log.error("%s %s: %s", request.method, request.url.path, exc)
+            return problem(503, str(exc), title="Database damaged")
         if isinstance(exc, RunNotLaunched):
             return problem(503, str(exc), run_id=exc.run_id)
         if isinstance(exc, InfrastructureError):

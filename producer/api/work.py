@@ -7,6 +7,7 @@ import logging
 import threading
 from typing import TYPE_CHECKING, Protocol
 
+from examforge.errors import DatabaseCorrupt
 from examforge.settings import Settings
 from examforge.syllabus import Syllabus
 
@@ -126,8 +127,11 @@ class LocalWork:
                         self._fed.pop(slug, None)
                         del self._threads[slug]
                         return
-        except Exception:  # the run's state is in the database; say why it stopped
-            log.exception("local run stopped", extra={"exam": slug})
+        except Exception as exc:  # the run's state is in the database; say why it stopped
+            if isinstance(exc, DatabaseCorrupt):  # one line: the trace says nothing more
+                log.error("local run stopped: %s", exc, extra={"exam": slug})
+            else:
+                log.exception("local run stopped", extra={"exam": slug})
             with self._lock:
                 self._threads.pop(slug, None)
 

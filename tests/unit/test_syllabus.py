@@ -550,3 +550,34 @@ def test_spec_hash_distinguishes_prompt_values() -> None:
     assert len(hashes) == 4
     # title and prompt are hashed as a pair: moving text between them changes the hash.
     assert _spec(title="ab", prompt="c").spec_hash != _spec(title="a", prompt="bc").spec_hash
+
+
+# ---- stated limits (issue 16, item 14; README: Hostile or odd input) -----------------------
+
+def _many(n: int) -> bytes:
+    """n chapters as short as a real one's: 938 KB for 20,000, the issue's syllabus."""
+    return json.dumps({"title": "Big", "chapters": [
+        {"id": f"c{i}", "title": f"T {i}", "questions": 1} for i in range(n)]},
+        separators=(",", ":")).encode()
+
+
+def test_a_20000_chapter_syllabus_under_the_byte_cap_is_accepted() -> None:
+    from examforge.syllabus import parse_syllabus
+
+    raw = _many(20_000)
+    assert len(raw) < MAX_SYLLABUS_BYTES  # 937,819 bytes
+    assert len(parse_syllabus(raw, "big.json", max_questions=CAP).chapters) == 20_000
+
+
+def test_more_chapters_than_the_cap_are_refused_naming_the_field_and_the_cap() -> None:
+    from examforge.syllabus import MAX_CHAPTERS, parse_syllabus
+
+    assert MAX_CHAPTERS == 50_000
+    data = json.loads(_many(MAX_CHAPTERS + 1))
+    assert len(Syllabus.model_validate(dict(data, chapters=data["chapters"][:-1])).chapters) \
+        == MAX_CHAPTERS
+    with pytest.raises(ValueError, match="at most 50000 items"):
+        Syllabus.model_validate(data)
+    # Through the file's path the byte cap binds first: 50,001 chapters need over 1 MB.
+    with pytest.raises(SyllabusError, match=r"^big\.json: \d+ bytes, larger than 1000000$"):
+        parse_syllabus(_many(MAX_CHAPTERS + 1), "big.json", max_questions=CAP)
