@@ -22,6 +22,7 @@ from examforge.output import Question
 from examforge.pipeline import near_dup_checker
 from examforge.settings import Settings
 from examforge.syllabus import find_syllabus, load_syllabus
+from producer.words import plural
 from storage import Store
 from storage.imports import ImportResult
 
@@ -135,9 +136,10 @@ def report_lines(result: ImportResult) -> list[str]:
         for s in c.slices:
             numbers = f"{s.first}" if s.count == 1 else f"{s.first}-{s.first + s.count - 1}"
             parts.append(f"slice {s.slice_no} numbers {numbers}" + (" (now done)" if s.done else ""))
-        lines.append(f"imported  {result.exam}/{c.chapter_id}: {c.imported} questions, "
+        lines.append(f"imported  {result.exam}/{c.chapter_id}: {plural(c.imported, 'question')}, "
                      + ", ".join(parts))
     lines.append(f"imported {result.imported}, skipped {result.already_stored} already stored, "
-                 f"{result.repeated} repeated in the file, {result.near_duplicates} "
-                 f"near-duplicates, {result.past_target} past the target")
+                 f"{result.repeated} repeated in the file, "
+                 f"{plural(result.near_duplicates, 'near-duplicate')}, "
+                 f"{result.past_target} past the target")
     return lines

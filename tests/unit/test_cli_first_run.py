@@ -210,3 +210,14 @@ def test_a_budget_that_is_no_amount_of_dollars_is_one_plain_line(env, capsys, va
                                "dollars: give a number above 0")
         assert "float range" not in line and stdout == ""
     assert not (Path(env["DATABASE_URL"].removeprefix("sqlite:///"))).exists()
+
+
+def test_an_import_report_of_one_question_is_singular():
+    from producer.importer import report_lines
+    from storage.imports import ChapterImport, FilledSlice, ImportResult
+
+    one = ChapterImport("a", imported=1, near_duplicates=1,
+                        slices=[FilledSlice(0, 1, 1, done=False, call_id=1)])
+    lines = report_lines(ImportResult("ex", [one]))
+    assert lines[0] == "imported  ex/a: 1 question, slice 0 numbers 1", lines
+    assert "1 near-duplicate," in lines[1] and "1 near-duplicates" not in lines[1], lines
