@@ -357,18 +357,19 @@ def _print_status(report: ExamReport) -> None:
                   f"${report.reserved_usd:.4f} (calls in flight, at their worst case), "
                   f"headroom ${headroom:.4f}")
     if u.calls_estimated:
-        out.print(f"estimated usage: {u.calls_estimated} calls booked at our own token count "
+        out.print(f"estimated usage: {plural(u.calls_estimated, 'call')} booked at our own token count "
                   f"(no usage from the provider, or no reply), ${u.estimated_cost_usd:.4f} of "
                   "the cost")
     if u.calls_imported:
-        out.print(f"imported: {u.questions_imported} questions in {u.calls_imported} batches by "
+        out.print(f"imported: {plural(u.questions_imported, 'question')} in "
+                  f"{plural(u.calls_imported, 'batch', 'batches')} by "
                   "producer import (no request sent, $0; not counted in calls)")
     for model, n in report.unpriced_calls.items():
-        out.print(f"[yellow]warning:[/] {n} calls of model {model!r} booked at $0: no price "
+        out.print(f"[yellow]warning:[/] {plural(n, 'call')} of model {model!r} booked at $0: no price "
                   "was known (set LLM_PRICE_PROMPT_PER_MTOK and LLM_PRICE_COMPLETION_PER_MTOK)")
     if "fallback" in report.usage_by_endpoint:
         out.print("by endpoint: " + "; ".join(
-            f"{name} {e.calls} calls, ${e.cost_usd:.4f}"
+            f"{name} {plural(e.calls, 'call')}, ${e.cost_usd:.4f}"
             for name, e in sorted(report.usage_by_endpoint.items())))
     requeued = [c for c in report.chapter_list if c.requeues]
     if requeued:
@@ -414,7 +415,7 @@ def export(slug: str, fmt: str, target: str | None) -> None:
 
     n = write(store.iter_questions(slug), fmt, target, outline)
     if target != "-":
-        err.print(f"wrote {n} questions to {target}")
+        err.print(f"wrote {plural(n, 'question')} to {target}")
 
 
 @cli.command()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 
-def plural(n: int, noun: str) -> str:
-    """"1 exam", "2 exams". By hand: every noun the CLI counts (exam, chapter, slice,
-    question, call) takes a plain s, and no installed library pluralises nouns."""
-    return f"{n} {noun}" + ("" if n == 1 else "s")
+def plural(n: int, noun: str, many: str | None = None) -> str:
+    """"1 exam", "2 exams"; `many` for a noun whose plural is not a plain s ("batches"). By
+    hand: no installed library pluralises nouns, and the CLI counts a handful."""
+    return f"{n} {noun}" if n == 1 else f"{n} {many or noun + 's'}"

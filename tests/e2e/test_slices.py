@@ -114,7 +114,7 @@ def test_cancel_with_slices_in_flight_stops_every_slice_and_keeps_what_is_stored
     assert dep.cli("enqueue", "stop").returncode == 0
     wait_for(lambda: dep.status("stop")["usage"]["calls_in_flight"] >= 4, 60, "slices running")
     cancel = dep.cli("cancel", "stop")
-    assert cancel.returncode == 0 and "cancelled 1 chapters" in cancel.stdout, cancel.stdout
+    assert cancel.returncode == 0 and "cancelled 1 chapter of stop" in cancel.stdout, cancel.stdout
     calls_at_cancel = dep.status("stop")["usage"]["calls"]
 
     def settled():
