@@ -117,7 +117,11 @@ def test_chaos(deploy, mock, tmp_path, database):
                        stall_s=6.0)
         dep = deploy(database, broker_url=broker.url, lease_s=LEASE_S, reconcile_interval_s=1,
                      llm_timeout_s=2, retry_base_s=0.2, retry_max_s=2, max_reasks=6,
-                     max_attempts=10, slice_questions=SLICE_QUESTIONS)
+                     max_attempts=10, slice_questions=SLICE_QUESTIONS,
+                     # A server without structured outputs: under json_schema the mock's
+                     # constrained decoding would turn the invalid-output faults into good
+                     # replies, and the chaos would not exercise the re-ask path.
+                     llm_response_format="json_object")
         chapters = [(f"ch-{i:03d}", QUESTIONS) for i in range(CHAPTERS)]
         dep.syllabus("exam", chapters)
         assert dep.cli("enqueue", "exam").returncode == 0
