@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import pytest
 
@@ -90,3 +91,37 @@ def seed_at_0006(conn: Any, *, title: str, target: int, state: str = "pending",
         "VALUES ('ex', 'a', 0, 1, 0, :title, :h, :target, :state, :attempts, :since, 0, 1)"),
         {"title": title, "h": spec_hash, "target": target, "state": state,
          "attempts": attempts, "since": since_progress})
+
+
+@contextmanager
+def fake_runtimes(make_settings: Callable[..., Any], **defaults: Any) -> Iterator[Any]:
+    """`build(chapters, exam="ex", **settings)`: an exam synced into a fresh store and a
+    worker Runtime whose client talks to a FakeLLM (tests/unit/fakellm.py); returns
+    (runtime, fake). Every runtime built is closed on the way out, so no heartbeat thread
+    outlives its test."""
+    from fakellm import FakeLLM
+
+    from examforge.llm import LLMClient
+    from examforge.pipeline import Runtime
+    from examforge.syllabus import load_syllabus
+    from storage import open_store
+
+    built: list[Any] = []
+
+    def build(chapters: Any = (("a", 12),), exam: str = "ex", **overrides: Any) -> Any:
+        settings = make_settings(**{**defaults, **overrides})
+        path = write_syllabus(settings.exams_dir, exam, list(chapters))
+        store = open_store(settings.database_url)
+        store.sync_exam(exam, load_syllabus(path, max_questions=1000),
+                        slice_questions=settings.slice_questions)
+        fake = FakeLLM()
+        rt = Runtime.build(settings, store, LLMClient(settings, transport=fake.transport()))
+        built.append(rt)
+        return rt, fake
+
+    try:
+        yield build
+    finally:
+        for rt in built:
+            rt.close()
+            rt.store.engine.dispose()

@@ -12,15 +12,12 @@ from typing import Any, Iterator
 
 import httpx
 import pytest
-from fakellm import FakeLLM, question, reply
+from fakellm import question, reply
 from sqlalchemy import select
 
-from examforge.llm import LLMClient
 from examforge.pipeline import Runtime, process_chapter
-from examforge.syllabus import load_syllabus
 from examforge.tokens import count_messages, reserve_prompt_tokens
-from helpers import wait_for, write_syllabus
-from storage import open_store
+from helpers import fake_runtimes, wait_for
 from storage.store import K
 
 PRICES = {"llm_price_prompt_per_mtok": 1.0, "llm_price_completion_per_mtok": 2.0}
@@ -28,23 +25,8 @@ PRICES = {"llm_price_prompt_per_mtok": 1.0, "llm_price_completion_per_mtok": 2.0
 
 @pytest.fixture
 def env(db_url: str, make_settings: Any) -> Iterator[Any]:
-    built: list[Runtime] = []
-
-    def build(chapters: list[tuple[str, int]], **overrides: Any) -> tuple[Runtime, FakeLLM]:
-        settings = make_settings(database_url=db_url, **PRICES, **overrides)
-        path = write_syllabus(settings.exams_dir, "ex", chapters)
-        store = open_store(settings.database_url)
-        store.sync_exam("ex", load_syllabus(path, max_questions=1000),
-                        slice_questions=settings.slice_questions)
-        fake = FakeLLM()
-        rt = Runtime.build(settings, store, LLMClient(settings, transport=fake.transport()))
-        built.append(rt)
-        return rt, fake
-
-    yield build
-    for rt in built:
-        rt.close()
-        rt.store.engine.dispose()
+    with fake_runtimes(make_settings, database_url=db_url, **PRICES) as build:
+        yield build
 
 
 def _calls(rt: Runtime) -> list[dict[str, Any]]:

@@ -8,34 +8,16 @@ import time
 
 import httpx
 import pytest
-from fakellm import FakeLLM, question, reply
+from fakellm import question, reply
 
-from examforge.llm import LLMClient
-from examforge.pipeline import Runtime, process_chapter
-from examforge.syllabus import load_syllabus
-from helpers import write_syllabus
-from storage import open_store
+from examforge.pipeline import process_chapter
+from helpers import fake_runtimes, write_syllabus
 
 
 @pytest.fixture
 def env(make_settings, tmp_path):
-    built = []
-
-    def build(chapters=(("a", 12),), **overrides):
-        settings = make_settings(**overrides)
-        path = write_syllabus(settings.exams_dir, "ex", list(chapters))
-        store = open_store(settings.database_url)
-        store.sync_exam("ex", load_syllabus(path, max_questions=1000),
-                        slice_questions=settings.slice_questions)
-        fake = FakeLLM()
-        rt = Runtime.build(settings, store, LLMClient(settings, transport=fake.transport()))
-        built.append(rt)
-        return rt, fake
-
-    yield build
-    for rt in built:  # no heartbeat thread outlives its test
-        rt.close()
-        rt.store.engine.dispose()
+    with fake_runtimes(make_settings) as build:
+        yield build
 
 
 def _status(rt):

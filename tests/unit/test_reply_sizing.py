@@ -9,17 +9,14 @@ import json
 import re
 
 import pytest
-from fakellm import FakeLLM, question, reply
+from fakellm import question, reply
 from sqlalchemy import insert, select
 
 from examforge import sizing
-from examforge.llm import LLMClient
 from examforge.neardup import is_near, signature
-from examforge.pipeline import Runtime, process_chapter
+from examforge.pipeline import process_chapter
 from examforge.settings import MAX_TOKENS_OVERHEAD
-from examforge.syllabus import load_syllabus
-from helpers import write_syllabus
-from storage import open_store
+from helpers import fake_runtimes
 from storage.store import K
 
 _ASKED = re.compile(r"Number of questions: (\d+)")
@@ -27,23 +24,8 @@ _ASKED = re.compile(r"Number of questions: (\d+)")
 
 @pytest.fixture
 def env(make_settings):
-    built = []
-
-    def build(chapters=(("a", 12),), exam="ex", **overrides):
-        settings = make_settings(**overrides)
-        path = write_syllabus(settings.exams_dir, exam, list(chapters))
-        store = open_store(settings.database_url)
-        store.sync_exam(exam, load_syllabus(path, max_questions=1000),
-                        slice_questions=settings.slice_questions)
-        fake = FakeLLM()
-        rt = Runtime.build(settings, store, LLMClient(settings, transport=fake.transport()))
-        built.append(rt)
-        return rt, fake
-
-    yield build
-    for rt in built:
-        rt.close()
-        rt.store.engine.dispose()
+    with fake_runtimes(make_settings) as build:
+        yield build
 
 
 def asked(request: dict) -> tuple[int, int]:

@@ -4,35 +4,16 @@ wait cannot go on for ever (issue 16, items 3 and 10)."""
 from __future__ import annotations
 
 import pytest
-from fakellm import FakeLLM
 
-from examforge.llm import LLMClient
-from examforge.pipeline import Runtime, process_chapter
-from examforge.syllabus import load_syllabus
-from helpers import wait_lease_expired, write_syllabus
-from storage import open_store
+from examforge.pipeline import process_chapter
+from helpers import fake_runtimes, wait_lease_expired
 from storage.store import Claimed
 
 
 @pytest.fixture
 def env(make_settings):
-    built = []
-
-    def build(chapters, **overrides):
-        settings = make_settings(**overrides)
-        path = write_syllabus(settings.exams_dir, "ex", list(chapters))
-        store = open_store(settings.database_url)
-        store.sync_exam("ex", load_syllabus(path, max_questions=1000),
-                        slice_questions=settings.slice_questions)
-        fake = FakeLLM()
-        rt = Runtime.build(settings, store, LLMClient(settings, transport=fake.transport()))
-        built.append(rt)
-        return rt, fake
-
-    yield build
-    for rt in built:
-        rt.close()
-        rt.store.engine.dispose()
+    with fake_runtimes(make_settings) as build:
+        yield build
 
 
 def test_a_cancel_that_commits_after_the_commit_recorded_the_next_call_stops_its_send(env):
