@@ -1,9 +1,17 @@
 """Persistence: the SQLModel tables, the engine, Alembic migrations and the chapter store."""
 
+import sqlite3
 from pathlib import Path
 
 from examforge.errors import ConfigError
-from storage.db import SCHEMA_REVISION, check_reachable, connect, current_revision, migrate
+from storage.db import (
+    SCHEMA_REVISION,
+    check_reachable,
+    connect,
+    corruption,
+    current_revision,
+    migrate,
+)
 from storage.store import Store
 
 
@@ -28,10 +36,28 @@ def open_existing_store(database_url: str, *, pool_size: int = 10) -> Store:
     shown = engine.url.render_as_string(hide_password=True)
     fix = "(python -m producer migrate creates it, as enqueue, run and the workers do)"
     database = engine.url.database
-    if engine.dialect.name == "sqlite" and database not in (None, "", ":memory:") \
-            and not Path(database).exists():
-        engine.dispose()  # connecting would create the file
-        raise NoSchema(f"DATABASE_URL: {shown}: no such database file {fix}")
+    if engine.dialect.name == "sqlite" and database not in (None, "", ":memory:"):
+        path = Path(database)
+        if not path.parent.is_dir():
+            engine.dispose()
+            raise NoSchema(f"DATABASE_URL: {shown}: no such directory {path.parent.resolve()}")
+        if not path.exists():
+            engine.dispose()  # connecting would create the file
+            raise NoSchema(
+                f"DATABASE_URL: {shown}: no such database file {path.resolve()} (a relative "
+                "path is read from the directory the command runs in: point DATABASE_URL at "
+                "the file enqueue and the workers use; python -m producer migrate creates an "
+                "empty one)")
+        try:
+            # Read-only first: the engine's connections switch a file to WAL, which must not
+            # happen to a file that is not an examforge database at all.
+            revision = _sqlite_revision(path)
+        except sqlite3.DatabaseError as exc:
+            engine.dispose()
+            raise corruption(exc, engine.url) or exc
+        if revision != SCHEMA_REVISION:
+            engine.dispose()
+            raise _no_schema(shown, revision, fix)
     try:
         check_reachable(engine)
         revision = current_revision(engine)
@@ -40,12 +66,30 @@ def open_existing_store(database_url: str, *, pool_size: int = 10) -> Store:
         raise
     if revision != SCHEMA_REVISION:
         engine.dispose()
-        if revision is None:
-            raise NoSchema(f"DATABASE_URL: {shown} has no examforge schema {fix}")
-        raise NoSchema(f"DATABASE_URL: {shown} has the examforge schema of revision "
-                       f"{revision}, this version reads {SCHEMA_REVISION} (python -m producer "
-                       "migrate upgrades an older one)")
+        raise _no_schema(shown, revision, fix)
     return Store(engine)
+
+
+def _no_schema(shown: str, revision: str | None, fix: str) -> NoSchema:
+    if revision is None:
+        return NoSchema(f"DATABASE_URL: {shown} has no examforge schema {fix}")
+    return NoSchema(f"DATABASE_URL: {shown} has the examforge schema of revision {revision}, "
+                    f"this version reads {SCHEMA_REVISION} (python -m producer migrate "
+                    "upgrades an older one)")
+
+
+def _sqlite_revision(path: Path) -> str | None:
+    """The examforge schema revision of a SQLite file, read without writing to it (mode=ro:
+    no journal mode switched, nothing created)."""
+    conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+    try:
+        if conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND "
+                        "name = 'alembic_version'").fetchone() is None:
+            return None
+        row = conn.execute("SELECT version_num FROM alembic_version").fetchone()
+        return None if row is None else str(row[0])
+    finally:
+        conn.close()
 
 
 __all__ = ["NoSchema", "Store", "connect", "migrate", "open_existing_store", "open_store"]

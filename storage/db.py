@@ -142,6 +142,14 @@ def corruption(exc: BaseException, url: URL | None = None) -> DatabaseCorrupt | 
 
 
 def _damaged(shown: str, reason: str, done: str = "") -> DatabaseCorrupt:
+    if reason == "file is not a database":
+        # SQLite cannot tell a damaged header from a file that never was a database: a
+        # DATABASE_URL that names the wrong file is the likelier mistake, so say it first.
+        return DatabaseCorrupt(
+            f"database {shown} is damaged or is no SQLite database at all ({reason}): check "
+            f"that DATABASE_URL names the right file; if it does, {done}stop the workers and "
+            "restore the last backup (README, Operations: Backup and restore); python -m "
+            "producer doctor checks it")
     return DatabaseCorrupt(f"database {shown} is damaged ({reason}): {done}stop the workers "
                            "and restore the last backup (README, Operations: Backup and "
                            "restore); python -m producer doctor checks it")
@@ -149,6 +157,13 @@ def _damaged(shown: str, reason: str, done: str = "") -> DatabaseCorrupt:
 
 def check_reachable(engine: Engine) -> None:
     """Fail fast with one line when the database cannot be reached, or does not exist."""
+    database = engine.url.database
+    if engine.dialect.name == "sqlite" and database not in (None, "", ":memory:") \
+            and not Path(database).parent.is_dir():
+        # SQLite says only "unable to open database file": name what is missing.
+        raise ConfigError(f"DATABASE_URL: {engine.url.render_as_string(hide_password=True)}: "
+                          f"no such directory {Path(database).parent.resolve()} (create it, or "
+                          "point DATABASE_URL elsewhere)")
     try:
         with engine.connect() as conn:
             conn.execute(text("SELECT 1"))

@@ -100,9 +100,9 @@ def test_the_supported_database_urls_are_accepted(url, scheme):
 def test_a_sqlite_file_in_a_missing_directory_is_a_configuration_error(env, capsys, tmp_path):
     url = f"sqlite:///{tmp_path / 'no' / 'such' / 'dir' / 'x.db'}"
     code, _, stderr = cli(capsys, "migrate", DATABASE_URL=url)
-    assert_one_line(code, stderr, "DATABASE_URL", "unable to open database file")
+    assert_one_line(code, stderr, "DATABASE_URL", f"no such directory {tmp_path / 'no' / 'such' / 'dir'}")
     code, _, stderr = cli(capsys, "status", "ex", DATABASE_URL=url)  # reads: never creates
-    assert_one_line(code, stderr, "DATABASE_URL", "no such database file")
+    assert_one_line(code, stderr, "DATABASE_URL", "no such directory")
     assert not (tmp_path / "no").exists()
 
 
@@ -221,3 +221,36 @@ def test_an_import_report_of_one_question_is_singular():
     lines = report_lines(ImportResult("ex", [one]))
     assert lines[0] == "imported  ex/a: 1 question, slice 0 numbers 1", lines
     assert "1 near-duplicate," in lines[1] and "1 near-duplicates" not in lines[1], lines
+
+
+def test_a_read_of_another_programs_sqlite_file_changes_nothing_in_it(env, capsys, tmp_path):
+    # The engine's connections switch a file to WAL: a read-only command pointed at a file
+    # that is not examforge's (another program's database, an empty file) must not.
+    import sqlite3
+
+    other = tmp_path / "other.db"
+    with sqlite3.connect(other) as conn:
+        conn.execute("CREATE TABLE notes (id INTEGER PRIMARY KEY, text TEXT)")
+        conn.execute("INSERT INTO notes (text) VALUES ('mine')")
+    conn.close()
+    empty = tmp_path / "empty.db"
+    empty.touch()
+    for path in (other, empty):
+        before = path.read_bytes()
+        for command in (["status", "ex"], ["exams"], ["export", "ex"], ["doctor"]):
+            code, stdout, stderr = cli(capsys, *command, DATABASE_URL=f"sqlite:///{path}")
+            assert code == 2 and "has no examforge schema" in stdout + stderr, (command, stderr)
+        assert path.read_bytes() == before, path
+        assert not path.with_name(path.name + "-wal").exists()
+    with sqlite3.connect(other) as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
+    conn.close()
+
+
+def test_a_database_in_a_directory_that_does_not_exist_says_which(env, capsys, tmp_path):
+    code, _, stderr = cli(capsys, "status", "ex",
+                          DATABASE_URL=f"sqlite:///{tmp_path / 'nosuch' / 'x.db'}")
+    assert_one_line(code, stderr, f"no such directory {tmp_path / 'nosuch'}")
+    code, _, stderr = cli(capsys, "status", "ex")  # the default, relative to where it runs
+    assert_one_line(code, stderr, "no such database file", "a relative path is read from",
+                    "point DATABASE_URL at the file")
