@@ -93,8 +93,13 @@ def _model_endpoint(settings: Settings) -> Finding:
         response = httpx.get(settings.llm_base_url.rstrip("/") + "/models", timeout=5,
                              headers={"Authorization": f"Bearer {key}"} if key else {})
     except httpx.HTTPError as exc:
+        hint = ""
+        if httpx.URL(settings.llm_base_url).host in ("127.0.0.1", "localhost", "::1"):
+            # The usual case on a laptop: the bundled mock (or Ollama) is not running.
+            hint = (" (is the model server running? the bundled mock: python -m producer "
+                    "mock-llm --port PORT)")
         return Finding(Level.fail, "model endpoint",
-                       f"{settings.llm_base_url} unreachable: {type(exc).__name__}")
+                       f"{settings.llm_base_url} unreachable: {type(exc).__name__}{hint}")
     if response.status_code in (401, 403):
         return Finding(Level.fail, "model endpoint",
                        f"{settings.llm_base_url} rejected LLM_API_KEY (HTTP {response.status_code})")

@@ -254,3 +254,15 @@ def test_a_database_in_a_directory_that_does_not_exist_says_which(env, capsys, t
     code, _, stderr = cli(capsys, "status", "ex")  # the default, relative to where it runs
     assert_one_line(code, stderr, "no such database file", "a relative path is read from",
                     "point DATABASE_URL at the file")
+
+
+def test_doctor_says_how_to_start_a_local_model_server_that_is_not_running(env, capsys):
+    from examforge.settings import Settings
+    from producer.doctor import _model_endpoint
+
+    local = Settings(_env_file=None, llm_base_url="http://127.0.0.1:1/v1")
+    finding = _model_endpoint(local)
+    assert finding.level.value == "fail" and "unreachable" in finding.message
+    assert "python -m producer mock-llm" in finding.message, finding.message
+    remote = Settings(_env_file=None, llm_base_url="http://nosuch.invalid/v1")
+    assert "mock-llm" not in _model_endpoint(remote).message
