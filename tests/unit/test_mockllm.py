@@ -10,7 +10,6 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -67,18 +66,6 @@ def _wait_for(predicate: Any, timeout: float = 2.0) -> bool:
             return True
         time.sleep(0.02)
     return predicate()
-
-
-@pytest.fixture
-def server() -> Iterator[MockServer]:
-    with MockServer(MockConfig(latency_s=0)) as mock:
-        yield mock
-
-
-@pytest.fixture
-def client(server: MockServer) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server.base_url, timeout=5) as http:
-        yield http
 
 
 def _chat(client: httpx.Client, **kwargs: Any) -> httpx.Response:

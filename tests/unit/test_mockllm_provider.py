@@ -7,7 +7,6 @@ import asyncio
 import json
 import socket
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -19,18 +18,6 @@ from mockllm import MockConfig, MockServer
 from mockllm_support import body, chat, content, jaccard, questions, shingles
 
 KEY = "aws-saa/ch-1"
-
-
-@pytest.fixture
-def server() -> Iterator[MockServer]:
-    with MockServer(MockConfig(latency_s=0)) as mock:
-        yield mock
-
-
-@pytest.fixture
-def client(server: MockServer) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server.base_url or "", timeout=10) as http:
-        yield http
 
 
 # --------------------------------------------------------------------------- usage and max_tokens

@@ -13,25 +13,13 @@ import openai
 import pytest
 
 from examforge.reply_schema import QuestionList, response_format
-from mockllm import MockConfig, MockServer
+from mockllm import MockServer
 from mockllm.faults import SCHEMA_PREVENTED
 from mockllm_support import body
 
 KEY = "aws-saa/ch-1"
 MESSAGES = body()["messages"]
 SCHEMA = response_format("json_schema")
-
-
-@pytest.fixture
-def server() -> Iterator[MockServer]:
-    with MockServer(MockConfig(latency_s=0)) as mock:
-        yield mock
-
-
-@pytest.fixture
-def client(server: MockServer) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server.base_url or "", timeout=10) as http:
-        yield http
 
 
 @pytest.fixture
