@@ -25,7 +25,7 @@ from sqlalchemy import and_, case, func, select, update
 from sqlalchemy.engine import Connection
 
 from examforge.errors import UserError
-from storage.base import ACTIVE_STATES, BUDGET_PAUSE_PREFIX, E, K, Q, S, StoreBase
+from storage.base import ACTIVE_STATES, BUDGET_PAUSE_PREFIX, E, K, Q, S
 from storage.models import (
     FINAL_RUN_STATES,
     CallOutcome,
