@@ -50,6 +50,12 @@ def _s(lo: int, hi: int | None = None) -> tuple[int, int]:
 
 
 RULES: tuple[Rule, ...] = (
+    # Flex capacity (OpenAI's service_tier=flex): a 429 with code resource_unavailable and a
+    # message starting "Resource unavailable". Waiting fixes it; it is no quota and no rate
+    # limit (examforge.retry backs off this chapter only, uncounted). First, so that no
+    # billing phrase its message may carry ever reads as a quota that pauses the exam.
+    Rule(_s(429), Kind.resource_unavailable, Action.retry, code="resource_unavailable"),
+    Rule(_s(429), Kind.resource_unavailable, Action.retry, phrase=r"^\s*resource unavailable"),
     # Billing. OpenAI says 429 for both a rate limit and an exhausted quota: the body tells.
     Rule(_s(429), Kind.quota, Action.pause_exam, code="insufficient_quota"),
     Rule(_s(403), Kind.quota, Action.pause_exam, code="insufficient_quota"),

@@ -14,6 +14,7 @@
     │   │                            decides which, from the status and the error body)
     │   ├── RetryableProviderError   timeout, connection reset, 5xx: retrying can fix it
     │   │   ├── RateLimited          429 from a rate limit: every worker holds back
+    │   │   ├── CapacityUnavailable  flex's 429 "Resource unavailable": this call backs off
     │   │   └── ReplyLost            sent, and no whole reply came back (may be billed)
     │   │       └── DeadlineExceeded no complete reply within LLM_TIMEOUT_S
     │   ├── ReplyTooLarge            a reply over LLM_MAX_REPLY_BYTES, cut off (may be billed)
@@ -53,6 +54,8 @@ class ErrorKind(str, Enum):
     reply_too_large = "reply_too_large"
     redirect = "redirect"
     tls = "tls"
+    # A 429 for a service_tier=flex request the provider has no flex capacity for right now.
+    resource_unavailable = "resource_unavailable"
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,7 @@ class Billed:
     cost_usd: float
     estimated: bool
     cached_tokens: int = 0  # of prompt_tokens, read from the provider's prompt cache
+    service_tier: str | None = None  # the tier the reply says served it (priced at it)
 
 
 class ExamforgeError(Exception):
@@ -154,6 +158,17 @@ class RateLimited(RetryableProviderError):
     that endpoint holds back until its Retry-After, and no attempt of the chapter is counted."""
 
     default_kind = ErrorKind.rate_limited
+
+
+class CapacityUnavailable(RetryableProviderError):
+    """Raised for flex's 429 "Resource unavailable" (code `resource_unavailable`): the
+    provider has no flex capacity now. Unlike a rate limit it says nothing about the
+    account's limits, so it holds back no other worker and no other tier: only this chapter
+    backs off, exponentially by `in_row` (this process's refusals in a row), and the attempt
+    is not counted (a long shortage must neither fail the chapter nor pause the exam)."""
+
+    default_kind = ErrorKind.resource_unavailable
+    in_row: int = 1
 
 
 class ReplyLost(RetryableProviderError):

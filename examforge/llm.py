@@ -30,6 +30,7 @@ from examforge.deadline import DeadlineTransport, deadline
 from examforge.errors import (
     AuthError,
     Billed,
+    CapacityUnavailable,
     DeadlineExceeded,
     ErrorKind,
     ModelNotFound,
@@ -78,6 +79,9 @@ class Completion:
     cost_usd: float = 0.0
     price_known: bool = True
     cached_tokens: int = 0  # of prompt_tokens, read from the provider's prompt cache
+    # The processing tier the reply says served it (OpenAI's `service_tier`: "default",
+    # "flex", "priority", ...); None when the reply names none. Priced and booked by it.
+    service_tier: str | None = None
 
     @property
     def endpoint(self) -> str:
@@ -93,6 +97,13 @@ class _Endpoint:
     limit: EndpointLimit
     secret: str = field(repr=False)  # never in a repr, a traceback's locals or a log
     fallback: bool = False
+    # The service_tier sent (None: none sent) and what it costs as a multiple of the
+    # standard price (the worst case reserved); the call's deadline at that tier.
+    tier: str | None = None
+    tier_factor: float = 1.0
+    timeout_s: float = 60.0
+    # A tier's price factor (Settings.tier_factor): what a reply reporting it is booked at.
+    factor_of: Callable[[str | None], float] = field(default=lambda tier: 1.0, repr=False)
 
     @property
     def name(self) -> str:
@@ -160,6 +171,7 @@ class LLMClient:
                 fallback=True)
         self._primary_down_until = float("-inf")  # -inf: the primary is not known to be down
         self._lock = threading.Lock()
+        self._refusals_in_row = 0  # flex's "resource unavailable" 429s since the last reply
         self._models = (self._primary.model,) + ((self._fallback.model,) if self._fallback
                                                    else ())
         # The response_format each endpoint is sent now: LLM_RESPONSE_FORMAT's, lowered once
@@ -171,20 +183,26 @@ class LLMClient:
                   transport: httpx.BaseTransport | None, limiters: LimiterFactory,
                   limits: Limits, *, fallback: bool) -> _Endpoint:
         secret = key.get_secret_value()
+        # LLM_SERVICE_TIER goes to the primary only: the fallback is another server (often a
+        # local one), which may know no tiers and refuse the field.
+        tier = None if fallback else self._settings.service_tier
+        timeout_s = self._settings.llm_flex_timeout_s if tier == "flex" \
+            else self._settings.llm_timeout_s
         http = httpx.Client(
             base_url=base_url.rstrip("/") + "/",
             # Every socket operation is also bounded by the call's total deadline (_post_once).
             transport=transport or DeadlineTransport(limits=httpx.Limits(
                 max_connections=512, max_keepalive_connections=128)),
-            timeout=httpx.Timeout(
-                self._settings.llm_timeout_s, connect=self._settings.llm_connect_timeout_s
-            ),
+            # A flex call may wait minutes before its first byte: each read may take that long
+            # (the whole call is bounded by the same deadline, _post_once).
+            timeout=httpx.Timeout(timeout_s, connect=self._settings.llm_connect_timeout_s),
             headers={"Authorization": f"Bearer {secret}"} if secret else {},
         )
         limit = EndpointLimit(limiters(base_url, model), limits,
                               refund_unused=self._settings.llm_tpm_counts == "usage")
         return _Endpoint(http, model, base_url, self._settings.price(fallback=fallback), limit,
-                         secret, fallback)
+                         secret, fallback, tier, self._settings.tier_factor(tier), timeout_s,
+                         self._settings.tier_factor)
 
     def close(self) -> None:
         self._primary.http.close()
@@ -194,12 +212,13 @@ class LLMClient:
     # ------------------------------------------------------------------ pricing
     def worst_case_usd(self, prompt_tokens: int, max_tokens: int) -> float:
         """The most a call can cost: its prompt and all of its max_tokens, at the dearer of the
-        endpoints that may serve it (a call admitted for the primary may end at the fallback).
-        A prompt counted with the fallback tokenizer (a model tiktoken does not know) is
-        reserved with a margin, since the provider's own tokenizer may count more."""
-        prices = [self._primary.price] + ([self._fallback.price] if self._fallback else [])
+        endpoints that may serve it (a call admitted for the primary may end at the fallback),
+        at the tier each is sent (LLM_SERVICE_TIER: flex reserves half). A prompt counted with
+        the fallback tokenizer (a model tiktoken does not know) is reserved with a margin,
+        since the provider's own tokenizer may count more."""
+        eps = [self._primary] + ([self._fallback] if self._fallback else [])
         prompt = reserve_prompt_tokens(prompt_tokens, *self._models)
-        return max(p.cost_usd(prompt, max_tokens) for p in prices)
+        return max(_sent_price(ep).cost_usd(prompt, max_tokens) for ep in eps)
 
     @property
     def prices_known(self) -> bool:
@@ -364,6 +383,14 @@ class LLMClient:
                     ep.limit.observe(exc.headers, tokens)
                 if isinstance(exc, RateLimited):
                     ep.limit.hold(exc.retry_after_s or DEFAULT_RATE_HOLD_S)
+                if isinstance(exc, CapacityUnavailable):
+                    # No hold of the shared limiter: flex capacity is not the account's
+                    # rate limit, and holding it would stall every worker and every tier
+                    # sharing the endpoint. This chapter alone backs off (examforge.retry),
+                    # the longer the more refusals in a row this process has seen.
+                    with self._lock:
+                        self._refusals_in_row += 1
+                        exc.in_row = self._refusals_in_row
                 if exc.billed is None:
                     # Refused or failed before the provider did the work, or never delivered:
                     # it did not count it.
@@ -375,6 +402,9 @@ class LLMClient:
                                     + exc.billed.completion_tokens)
                 raise _at(exc, ep)
             break
+        if self._refusals_in_row and ep.tier == "flex":
+            with self._lock:
+                self._refusals_in_row = 0  # flex served a reply: capacity is back
         ep.limit.observe(headers, tokens)
         if tokens:
             ep.limit.settle(tokens, completion.prompt_tokens + completion.completion_tokens)
@@ -389,6 +419,8 @@ class LLMClient:
         }
         if max_tokens is not None:
             body[self._max_tokens_param(ep)] = max_tokens
+        if ep.tier is not None:
+            body["service_tier"] = ep.tier
         shape = response_format(fmt)
         if shape is not None:
             body["response_format"] = shape
@@ -402,7 +434,8 @@ class LLMClient:
         # we do not have may have counted more than we did.
         prompt = reserve_prompt_tokens(self._count_prompt(ep, messages), ep.model)
         completion = max_tokens or 0
-        return Billed(prompt, completion, ep.price.cost_usd(prompt, completion), estimated=True)
+        return Billed(prompt, completion, _sent_price(ep).cost_usd(prompt, completion),
+                      estimated=True)
 
     def _max_tokens_param(self, ep: _Endpoint) -> str:
         chosen = self._settings.llm_max_tokens_param
@@ -419,7 +452,7 @@ class LLMClient:
         cap = self._settings.llm_max_reply_bytes
         response: httpx.Response | None = None  # set once the reply's headers have arrived
         try:
-            with deadline(self._settings.llm_timeout_s), \
+            with deadline(ep.timeout_s), \
                     ep.http.stream("POST", "chat/completions", json=body) as response:
                 raw = _read_capped(response, cap)
         except httpx.ConnectTimeout as exc:
@@ -439,9 +472,10 @@ class LLMClient:
             if isinstance(exc, httpx.ReadTimeout):
                 # Sent and not answered in full within the deadline (a read is never given
                 # more than what is left of it): the provider may well bill it.
+                name = "LLM_FLEX_TIMEOUT_S" if ep.tier == "flex" else "LLM_TIMEOUT_S"
                 err = DeadlineExceeded(
-                    f"deadline: no complete reply within LLM_TIMEOUT_S="
-                    f"{self._settings.llm_timeout_s:g}s ({type(exc).__name__})")
+                    f"deadline: no complete reply within {name}="
+                    f"{ep.timeout_s:g}s ({type(exc).__name__})")
                 err.billed = self._worst_case(ep, messages, max_tokens)
                 raise err from exc
             err = RetryableProviderError(f"timeout: {type(exc).__name__}")
@@ -484,7 +518,8 @@ class LLMClient:
                 prompt = self._count_prompt(ep, messages)
                 got = count_text(raw.decode("utf-8", "replace"), ep.model)
                 completion = got if max_tokens is None else min(got, max_tokens)
-                exc.billed = Billed(prompt, completion, ep.price.cost_usd(prompt, completion),
+                exc.billed = Billed(prompt, completion,
+                                    _sent_price(ep).cost_usd(prompt, completion),
                                     estimated=True)
             exc.headers = response.headers
             raise
@@ -576,6 +611,7 @@ def _retry_after_s(headers: Mapping[str, str]) -> float | None:
 
 _ERROR_CLASS: dict[tuple[Action, ErrorKind | None], type[ProviderError]] = {
     (Action.retry, ErrorKind.rate_limited): RateLimited,
+    (Action.retry, ErrorKind.resource_unavailable): CapacityUnavailable,
     (Action.retry, None): RetryableProviderError,
     (Action.pause_exam, ErrorKind.auth): AuthError,
     (Action.pause_exam, ErrorKind.quota): QuotaExceeded,
@@ -616,6 +652,32 @@ def _content(content: object) -> str | None:
                 raise TypeError(f"a text part's text is {type(text).__name__}, not a string")
             texts.append(text)
     return "".join(texts) if texts else None
+
+
+def _tier(data: Any) -> str | None:
+    """The tier a reply says served it (`service_tier`), or None when it names none."""
+    tier = data.get("service_tier") if isinstance(data, dict) else None
+    if not isinstance(tier, str):
+        return None
+    return tier.strip().lower()[:32] or None
+
+
+def _sent_price(ep: _Endpoint) -> Price:
+    """The price at the tier a call was sent at: its worst case, reserved before it is sent,
+    and what a call never answered whole (so no tier reported) is booked at."""
+    return ep.price.scaled(ep.tier_factor, ep.tier)
+
+
+def _booked_price(ep: _Endpoint, reported: str | None) -> Price:
+    """The price a call is booked at: the standard price times the factor of the tier its
+    reply reports (OpenAI's replies always name one). A reply that names none came from a
+    server without tiers, which bills its one price: booked at the tier sent when that is
+    dearer than standard (priority), else at standard, so that a cost is never booked below
+    the bill (flex unreported: standard, twice what flex would be)."""
+    if reported is not None:
+        return ep.price.scaled(ep.factor_of(reported), reported)
+    factor = max(1.0, ep.tier_factor)
+    return ep.price.scaled(factor, ep.tier if factor != 1.0 else None)
 
 
 def _usage(data: dict[str, object]) -> tuple[int, int, int] | None:
@@ -668,8 +730,9 @@ def _translate(response: httpx.Response, raw: bytes, ep: _Endpoint,
         err = ReplyUnusable(_redact(f"unreadable reply envelope: {exc!r}", secret)[:200])
         usage = _usage(data) if isinstance(data, dict) else None
         if usage is not None:
-            err.billed = Billed(usage[0], usage[1], ep.price.cost_usd(*usage), estimated=False,
-                                cached_tokens=usage[2])
+            tier = _tier(data)
+            err.billed = Billed(usage[0], usage[1], _booked_price(ep, tier).cost_usd(*usage),
+                                estimated=False, cached_tokens=usage[2], service_tier=tier)
         raise err from exc
     usage = _usage(data)
     estimated = usage is None
@@ -678,6 +741,7 @@ def _translate(response: httpx.Response, raw: bytes, ep: _Endpoint,
         # (the prompt as sent, the reply as received) and say the count is ours.
         usage = (count_prompt(), count_text(content or "", ep.model), 0)
     prompt_tokens, completion_tokens, cached_tokens = usage
+    tier = _tier(data)
     return Completion(
         content=content,
         finish_reason=finish_reason,
@@ -686,9 +750,11 @@ def _translate(response: httpx.Response, raw: bytes, ep: _Endpoint,
         model=str(data.get("model") or ep.model),
         fallback=ep.fallback,
         usage_estimated=estimated,
-        cost_usd=ep.price.cost_usd(prompt_tokens, completion_tokens, cached_tokens),
+        cost_usd=_booked_price(ep, tier).cost_usd(prompt_tokens, completion_tokens,
+                                                  cached_tokens),
         price_known=ep.price.known,
         cached_tokens=cached_tokens,
+        service_tier=tier,
     )
 
 

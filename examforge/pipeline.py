@@ -532,7 +532,7 @@ def _generate(rt: Runtime, claim: Claimed, lost: threading.Event, run: _Run,
             continue
         usage = Usage(completion.prompt_tokens, completion.completion_tokens,
                       completion.cost_usd, completion.endpoint, completion.usage_estimated,
-                      completion.cached_tokens)
+                      completion.cached_tokens, completion.service_tier)
         try:
             # Every valid question passes: the commit stores the first new ones the slice
             # lacks, whatever count the call asked for.
@@ -644,7 +644,7 @@ def _call(rt: Runtime, call_id: int, messages: list[dict[str, str]], max_tokens:
                                  status_code=exc.status_code,
                                  usage=Usage(billed.prompt_tokens, billed.completion_tokens,
                                              billed.cost_usd, exc.endpoint, billed.estimated,
-                                             billed.cached_tokens))
+                                             billed.cached_tokens, billed.service_tier))
         else:
             rt.store.finish_call(call_id, CallOutcome.failed, exc.kind, str(exc),
                                  status_code=exc.status_code,

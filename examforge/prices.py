@@ -18,6 +18,13 @@ openrouter.ai, ...), then by its id alone, then under the provider of a gateway 
 and every command that starts work says so on one line: a $0 bill must never be a surprise.
 The bundled mock server's model is free.
 
+Processing tiers (OpenAI's `service_tier`): these are standard-tier prices. A call served at
+another tier is priced at a multiple of them (`Price.scaled`, factors in
+`Settings.tier_factor`): flex at LLM_FLEX_PRICE_FACTOR (0.5: OpenAI bills flex at its Batch
+rates, half the standard ones), priority at LLM_PRIORITY_PRICE_FACTOR (2.0: OpenAI's priority
+prices for the GPT-5 family are twice the standard ones; 1.75 for GPT-4.1). genai-prices has
+no per-tier prices.
+
 Cached prompt tokens are part of `prompt_tokens` in OpenAI's usage: `Price.cost_usd` bills
 `prompt - cached` at the prompt price and `cached` at the cached price. A model whose data has
 no cached price (no cache discount) bills cached tokens at the prompt price.
@@ -53,6 +60,17 @@ class Price:
     def cached_per_mtok(self) -> float:
         return self.prompt_per_mtok if self.cached_prompt_per_mtok is None \
             else self.cached_prompt_per_mtok
+
+    def scaled(self, factor: float, tier: str | None = None) -> "Price":
+        """This price times `factor`: a processing tier's (LLM_SERVICE_TIER) price, every rate
+        alike (OpenAI's flex prices are its Batch prices, half of each standard rate)."""
+        if factor == 1.0 or not self.known:
+            return self  # an unknown price stays unknown ($0, and said so)
+        cached = None if self.cached_prompt_per_mtok is None \
+            else self.cached_prompt_per_mtok * factor
+        return Price(self.prompt_per_mtok * factor, self.completion_per_mtok * factor,
+                     f"{self.source} x {factor:g}" + (f" ({tier} tier)" if tier else ""),
+                     cached)
 
     def cost_usd(self, prompt_tokens: int, completion_tokens: int,
                  cached_tokens: int = 0) -> float:

@@ -8,6 +8,8 @@ procrastinate's RetryStrategy does, so the policy reads as one table and is test
     LeaseLost                   lost       -                -  (someone else holds it now)
     HandBack (shutdown)         release    no               0
     RateLimited                 release    no               Retry-After (or the limiter's wait)
+    CapacityUnavailable (flex)  release    no               backoff(refusals in a row),
+                                                            >= Retry-After
     BudgetExceeded, others in   release    no               BUDGET_WAIT_S
       flight (live leases)
     BudgetExceeded, none        pause      no               -  (raise the budget to resume)
@@ -31,6 +33,7 @@ from examforge.backoff import backoff_s
 from examforge.errors import (
     AuthError,
     BudgetExceeded,
+    CapacityUnavailable,
     ExamStopped,
     LeaseLost,
     OutputInvalid,
@@ -76,6 +79,16 @@ def decide(error: BaseException, *, streak: int, settings: Settings,
         return Decision(Action.lost, str(error))
     if isinstance(error, HandBack):
         return Decision(Action.release, "handed back: worker shutting down", 0.0,
+                        count_attempt=False)
+    if isinstance(error, CapacityUnavailable):
+        # Flex had no capacity: retried with backoff, never counted (a long shortage would
+        # otherwise fail the chapter at MAX_ATTEMPTS), never a pause. The backoff grows with
+        # the process's refusals in a row, not with the chapter's streak, which an uncounted
+        # attempt does not advance.
+        delay = backoff_s(max(streak, error.in_row), retry_after_s=error.retry_after_s,
+                          rand=rand, base_s=settings.retry_base_s, max_s=settings.retry_max_s,
+                          retry_after_max_s=settings.retry_after_max_s)
+        return Decision(Action.release, f"flex_unavailable: {error}", delay,
                         count_attempt=False)
     if isinstance(error, RateLimited):
         wait = error.retry_after_s or settings.retry_base_s

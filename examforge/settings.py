@@ -104,6 +104,28 @@ class Settings(BaseSettings):
         description="A reply larger than this is cut off and refused (bytes, after decompression).",
     )
     llm_connect_timeout_s: float = Field(5.0, gt=0, description="Connect timeout of one model call.")
+    llm_service_tier: Literal["auto", "default", "flex", "priority"] = Field(
+        "auto",
+        description="service_tier sent with each call to LLM_BASE_URL (OpenAI's processing "
+                    "tiers): flex is slower, sometimes refused with a 429, and billed at half "
+                    "price; priority is faster and dearer; default is standard processing. "
+                    "auto sends no service_tier (OpenAI then applies the project's default "
+                    "tier), so a server that knows no tiers is never sent a field it may "
+                    "refuse. The fallback endpoint is never sent one. Each call is booked at "
+                    "the tier its reply reports.")
+    llm_flex_timeout_s: float = Field(
+        900.0, gt=0,
+        description="Deadline of one call sent with service_tier flex, instead of "
+                    "LLM_TIMEOUT_S: flex requests queue, and OpenAI advises 15 minutes.")
+    llm_flex_price_factor: float = Field(
+        0.5, ge=0, le=10,
+        description="A call served at the flex tier costs this times its standard price "
+                    "(OpenAI bills flex at its Batch API rates: half the standard price).")
+    llm_priority_price_factor: float = Field(
+        2.0, ge=0, le=10,
+        description="A call served at the priority tier costs this times its standard price "
+                    "(OpenAI's priority prices are twice the standard ones for the GPT-5 "
+                    "family, 1.75x for GPT-4.1; set the model's own ratio).")
     llm_json_mode: bool = Field(
         True, description="Deprecated: LLM_JSON_MODE=false is LLM_RESPONSE_FORMAT=none (while "
                           "LLM_RESPONSE_FORMAT is auto); true changes nothing.")
@@ -380,6 +402,31 @@ class Settings(BaseSettings):
         return resolve(self.llm_model, self.llm_price_prompt_per_mtok,
                        self.llm_price_completion_per_mtok, self.llm_price_cached_prompt_per_mtok,
                        base_url=self.llm_base_url)
+
+    def tier_factor(self, tier: str | None) -> float:
+        """What a call served at `tier` costs, as a multiple of its standard price (the price
+        data and LLM_PRICE_* are standard prices). `default`, `scale`, a tier this does not
+        know and None are 1."""
+        if tier == "flex":
+            return self.llm_flex_price_factor
+        if tier == "priority":
+            return self.llm_priority_price_factor
+        return 1.0
+
+    @property
+    def service_tier(self) -> str | None:
+        """The service_tier sent to the primary endpoint: None for auto (the field is left
+        out: OpenAI then applies the project's default tier, and a server that knows no tiers
+        is never sent a field it may refuse)."""
+        return None if self.llm_service_tier == "auto" else self.llm_service_tier
+
+    @property
+    def call_timeout_s(self) -> float:
+        """The longest one model call may take with the tier asked for (LLM_FLEX_TIMEOUT_S for
+        flex, LLM_TIMEOUT_S otherwise): what waits for calls in flight must wait this long."""
+        if self.llm_service_tier == "flex":
+            return max(self.llm_flex_timeout_s, self.llm_timeout_s)
+        return self.llm_timeout_s
 
     def cost_usd(self, prompt_tokens: int, completion_tokens: int, *,
                  fallback: bool = False, cached_tokens: int = 0) -> float:

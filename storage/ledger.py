@@ -32,7 +32,8 @@ if TYPE_CHECKING:
 RECENT_QUESTIONS = 20
 # What ending a call sets (Ledger._finish).
 _FINISHED = ("outcome", "reason", "detail", "status_code", "questions_stored", "prompt_tokens",
-             "completion_tokens", "cost_usd", "endpoint", "usage_estimated", "cached_tokens")
+             "completion_tokens", "cost_usd", "endpoint", "usage_estimated", "cached_tokens",
+             "service_tier")
 # A commit that loses a race with another slice storing the same question checks again.
 _DUPLICATE_RACE_RETRIES = 3
 # Why a settled call paused its exam (Ledger._settle): a raised budget resumes it.
@@ -57,6 +58,9 @@ class Usage:
     endpoint: str | None = None  # "primary" or "fallback"
     estimated: bool = False  # our own count: the provider sent none, or never replied
     cached_tokens: int = 0  # of prompt_tokens, read from the provider's prompt cache
+    # The processing tier the reply says served the call (its cost is priced at it); None
+    # when the reply named none, or there was no reply.
+    service_tier: str | None = None
 
 
 @dataclass(frozen=True)
@@ -367,7 +371,8 @@ class Ledger(StoreBase):
         (nothing changed) when it had already ended (the takeover settled it first)."""
         booked = {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
                   "cost_usd": usage.cost_usd, "endpoint": usage.endpoint,
-                  "usage_estimated": usage.estimated, "cached_tokens": usage.cached_tokens}
+                  "usage_estimated": usage.estimated, "cached_tokens": usage.cached_tokens,
+                  "service_tier": usage.service_tier}
         # Every column an ending sets, in one statement built once: a column `values` leaves
         # out keeps the default an in-flight row has (no status code, nothing stored).
         params = {"p_status_code": None, "p_questions_stored": 0, "p_detail": None,

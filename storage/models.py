@@ -170,6 +170,9 @@ class Call(SQLModel, table=True):
     # price): OpenAI's usage.prompt_tokens_details.cached_tokens.
     cached_tokens: int = 0
     cost_usd: float = 0.0
+    # The processing tier the provider's reply says served the call (OpenAI's service_tier:
+    # default, flex, priority), which its cost is priced at; None without one.
+    service_tier: Optional[str] = Field(default=None, max_length=32)
     questions_stored: int = 0
     # "primary" or "fallback" (LLM_FALLBACK_BASE_URL); None while in flight or when unknown.
     endpoint: Optional[str] = Field(default=None, max_length=16)

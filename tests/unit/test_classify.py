@@ -10,6 +10,7 @@ import pytest
 from examforge.classify import RULES, Action, classify
 from examforge.errors import (
     AuthError,
+    CapacityUnavailable,
     ErrorKind,
     ModelNotFound,
     PermanentProviderError,
@@ -90,10 +91,21 @@ CASES = [
     ("a gateway's 502 page", 502, "<html>Bad Gateway</html>", ErrorKind.server_error,
      Action.retry),
     ("a teapot", 418, {}, ErrorKind.bad_request, Action.fail_chapter),
+    # OpenAI's flex tier out of capacity (developers.openai.com/api/docs/guides/flex-processing:
+    # "429 Resource Unavailable"); the code row first, the message row for a gateway that
+    # passes the message on without the code.
+    ("OpenAI flex capacity", 429, _openai(
+        "Resource unavailable: flex capacity is exhausted right now; retry later, or use the "
+        "default service tier.", "rate_limit_error", "resource_unavailable"),
+     ErrorKind.resource_unavailable, Action.retry),
+    ("flex capacity, message only", 429, {"error": {
+        "message": "Resource Unavailable", "type": "invalid_request_error"}},
+     ErrorKind.resource_unavailable, Action.retry),
 ]
 
 ERROR_CLASS = {
     (Action.retry, ErrorKind.rate_limited): RateLimited,
+    (Action.retry, ErrorKind.resource_unavailable): CapacityUnavailable,
     (Action.pause_exam, ErrorKind.quota): QuotaExceeded,
     (Action.pause_exam, ErrorKind.auth): AuthError,
     (Action.pause_exam, ErrorKind.model_not_found): ModelNotFound,
@@ -131,3 +143,16 @@ def test_the_first_matching_row_wins_quota_before_rate_limit():
     assert classify(429, "insufficient_quota").kind is ErrorKind.quota
     assert classify(429, "rate_limit_exceeded").kind is ErrorKind.rate_limited
     assert classify(429).kind is ErrorKind.rate_limited
+
+
+def test_flex_capacity_is_never_a_quota_or_a_rate_limit():
+    """Flex's 429 must never pause the exam (a quota) nor hold every worker (a rate limit),
+    even when its message carries a billing phrase."""
+    rule = classify(429, "resource_unavailable", "rate_limit_error",
+                    "Resource unavailable; you exceeded your current quota of flex")
+    assert (rule.kind, rule.action) == (ErrorKind.resource_unavailable, Action.retry)
+    assert classify(429, None, None, "resource unavailable right now").kind \
+        is ErrorKind.resource_unavailable
+    # Elsewhere in a message the phrase is no flex refusal.
+    assert classify(429, "rate_limit_exceeded", None, "a resource unavailable").kind \
+        is ErrorKind.rate_limited
