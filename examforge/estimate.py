@@ -115,7 +115,10 @@ def estimate(slug: str, syllabus: Syllabus, settings: Settings, *,
     stored = stored or {}
     placeholder = _placeholder([q for texts in stored.values() for q in texts])
     model = settings.llm_model
-    price = settings.price()
+    # At the tier calls are sent at (LLM_SERVICE_TIER: flex costs half); the fallback is sent
+    # no tier.
+    price = settings.price().scaled(settings.tier_factor(settings.service_tier),
+                                    settings.service_tier)
     worst = price
     if settings.llm_fallback_base_url:
         fallback = settings.price(fallback=True)

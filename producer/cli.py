@@ -367,6 +367,11 @@ def _print_status(report: ExamReport) -> None:
     for model, n in report.unpriced_calls.items():
         out.print(f"[yellow]warning:[/] {plural(n, 'call')} of model {model!r} booked at $0: no price "
                   "was known (set LLM_PRICE_PROMPT_PER_MTOK and LLM_PRICE_COMPLETION_PER_MTOK)")
+    if set(report.usage_by_tier) - {"default"}:
+        # Calls served at a tier other than standard (LLM_SERVICE_TIER), each at its price.
+        out.print("by service tier: " + "; ".join(
+            f"{name} {plural(e.calls, 'call')}, ${e.cost_usd:.4f}"
+            for name, e in sorted(report.usage_by_tier.items())))
     if "fallback" in report.usage_by_endpoint:
         out.print("by endpoint: " + "; ".join(
             f"{name} {plural(e.calls, 'call')}, ${e.cost_usd:.4f}"

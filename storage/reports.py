@@ -228,6 +228,9 @@ class ExamReport:
     updated_at: float | None = None
     questions_last_minute: int = 0  # stored in the last 60 s (the rate of a live view)
     recent_errors: list[RecentError] = field(default_factory=list)  # newest first
+    # The calls whose replies named the tier that served them (LLM_SERVICE_TIER), by tier:
+    # what each tier cost. Calls with no tier reported are not in it.
+    usage_by_tier: dict[str, EndpointUsage] = field(default_factory=dict)
 
     @property
     def finished(self) -> bool:
@@ -345,7 +348,7 @@ class Reports(StoreBase):
             exam = conn.execute(select(E, self._now.label("now")).where(E.c.slug == slug)).one()
             usage_rows = conn.execute(
                 select(K.c.chapter_id, K.c.outcome, K.c.endpoint, K.c.usage_estimated,
-                       K.c.price_known, K.c.model, func.count(),
+                       K.c.price_known, K.c.model, K.c.service_tier, func.count(),
                        func.coalesce(func.sum(K.c.prompt_tokens), 0),
                        func.coalesce(func.sum(K.c.completion_tokens), 0),
                        func.coalesce(func.sum(K.c.cost_usd), 0.0),
@@ -354,7 +357,7 @@ class Reports(StoreBase):
                        func.coalesce(func.sum(K.c.cached_tokens), 0))
                 .where(K.c.exam == slug)
                 .group_by(K.c.chapter_id, K.c.outcome, K.c.endpoint, K.c.usage_estimated,
-                          K.c.price_known, K.c.model)).all()
+                          K.c.price_known, K.c.model, K.c.service_tier)).all()
             slices = self._slice_rows(conn, slug, *(
                 S.c[name] for name in ("title", "first_number", "target", "state", "attempts",
                                        "attempts_since_progress", "lease_owner",
@@ -379,8 +382,9 @@ class Reports(StoreBase):
         usage = UsageTotals()
         calls_by_chapter: dict[str, int] = {}
         by_endpoint: dict[str, EndpointUsage] = {}
+        by_tier: dict[str, EndpointUsage] = {}
         unpriced: dict[str, int] = {}
-        for (chapter_id, outcome, endpoint, estimated, priced, model, n, p, c, cost,
+        for (chapter_id, outcome, endpoint, estimated, priced, model, tier, n, p, c, cost,
              reserved, stored, cached) in usage_rows:
             usage.add(CallOutcome(outcome), n, int(p), int(c), float(cost), float(reserved),
                       bool(estimated), int(stored), int(cached))
@@ -391,6 +395,9 @@ class Reports(StoreBase):
             calls_by_chapter[chapter_id] = calls_by_chapter.get(chapter_id, 0) + n
             by_endpoint.setdefault(endpoint or "unknown", EndpointUsage()).add(
                 n, int(p), int(c), float(cost), int(cached))
+            if tier is not None:
+                by_tier.setdefault(tier, EndpointUsage()).add(
+                    n, int(p), int(c), float(cost), int(cached))
         by_chapter: dict[str, list[Any]] = {}
         for sl in slices:
             by_chapter.setdefault(sl.chapter_id, []).append(sl)
@@ -409,6 +416,7 @@ class Reports(StoreBase):
                                sum(c.questions.done for c in listed)),
             usage=usage.rounded(), cost_usd=round(usage.cost_usd, 6),
             usage_by_endpoint={k: v.rounded() for k, v in by_endpoint.items()},
+            usage_by_tier={k: v.rounded() for k, v in by_tier.items()},
             unpriced_calls=unpriced, budget_usd=exam.budget_usd,
             spent_usd=round(usage.cost_usd, 6), reserved_usd=round(usage.reserved_usd, 6),
             chapter_list=listed, started_at=started_at, finished_at=finished_at,

@@ -53,7 +53,7 @@ async def _events(ctx: Context, run: RunRow, cursor: int) -> AsyncIterator[Serve
     from producer.api.runs import run_view
 
     store = ctx.store
-    settle_by = time.monotonic() + ctx.settings.llm_timeout_s + ctx.settings.lease_s
+    settle_by = time.monotonic() + ctx.settings.call_timeout_s + ctx.settings.lease_s
     paused = None  # the pause last announced
     while True:
         # The state first, then the events: a final state read before them means every

@@ -142,5 +142,5 @@ class LocalWork:
         with self._lock:
             threads = list(self._threads.values())
         for thread in threads:
-            thread.join(timeout=self.settings.llm_timeout_s + 5)
+            thread.join(timeout=self.settings.call_timeout_s + 5)
         self.rt.close()
