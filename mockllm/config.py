@@ -162,6 +162,19 @@ class MockConfig:
         default=None,
         metadata=_help("a batch whose requests add up to more tokens (prompt + max_tokens) fails "
                        "validation with token_limit_exceeded", unset="unlimited"))
+    # --- batch faults: what recovery after a crash must survive
+    batch_create_delay_s: float = field(
+        default=0.0,
+        metadata=_help("seconds POST /v1/batches holds its reply after the batch exists (listed and "
+                       "running): a client killed meanwhile never hears of it"))
+    batch_create_lost: int = field(
+        default=0,
+        metadata=_help("the next N successful POST /v1/batches create the batch, then close the connection "
+                       "without any reply (each consumes one; /_config shows how many are left)"))
+    batch_upload_fail: int = field(
+        default=0,
+        metadata=_help("the next N POST /v1/files with purpose batch fail with a 500 server_error and store "
+                       "nothing (each consumes one)"))
 
     def __post_init__(self) -> None:
         # Normalising here means both the constructor and dataclasses.replace
@@ -205,6 +218,9 @@ class MockConfig:
         self.batch_expire_after_s = _optional_float(self.batch_expire_after_s, "batch_expire_after_s")
         self.batch_enqueued_token_limit = _optional_int(
             self.batch_enqueued_token_limit, "batch_enqueued_token_limit", 0)
+        self.batch_create_delay_s = _non_negative_float(self.batch_create_delay_s, "batch_create_delay_s")
+        self.batch_create_lost = _int_at_least(self.batch_create_lost, "batch_create_lost", 0)
+        self.batch_upload_fail = _int_at_least(self.batch_upload_fail, "batch_upload_fail", 0)
 
     def updated(self, updates: dict[str, Any]) -> MockConfig:
         """Return a validated copy with ``updates`` applied; raise ValueError on bad input."""
