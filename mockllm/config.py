@@ -150,6 +150,13 @@ class MockConfig:
                        "prompt's 'do not repeat' list shows becomes a new question instead"))
     answer_position: int | None = field(
         default=None, metadata=_help("put the correct choice always at this index 0..3", unset="spread"))
+    # --- service tiers (service_tier on chat requests)
+    flex_latency_factor: float = field(
+        default=3.0, metadata=_help("service_tier flex requests take this many times latency_s"))
+    flex_unavailable_rate: float = field(
+        default=0.0,
+        metadata=_help("share (0..1) of service_tier flex chat requests refused with OpenAI's 429 "
+                       "resource_unavailable (not billed, no rate limit charged)"))
     # --- batches
     batch_validation_s: float = field(default=0.1, metadata=_help("seconds a batch spends in 'validating'"))
     batch_request_s: float = field(default=0.01, metadata=_help("seconds each request of a batch takes"))
@@ -212,6 +219,8 @@ class MockConfig:
         self.answer_position = _optional_int(self.answer_position, "answer_position", 0)
         if self.answer_position is not None and self.answer_position > 3:
             raise ValueError("answer_position must be 0..3 or null")
+        self.flex_latency_factor = _non_negative_float(self.flex_latency_factor, "flex_latency_factor")
+        self.flex_unavailable_rate = _fraction(self.flex_unavailable_rate, "flex_unavailable_rate")
         self.batch_validation_s = _non_negative_float(self.batch_validation_s, "batch_validation_s")
         self.batch_request_s = _non_negative_float(self.batch_request_s, "batch_request_s")
         self.batch_finalizing_s = _non_negative_float(self.batch_finalizing_s, "batch_finalizing_s")

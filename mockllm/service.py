@@ -309,6 +309,7 @@ class MockService:
             return await self._send_error(connection, request, key, model, exc)
         try:
             engine.check_quota()
+            engine.check_flex_capacity(call)
             engine.admit(call)
         except ChatError as exc:
             return await self._send_error(connection, request, key, model, exc, call, self._limit_headers(call))
@@ -318,7 +319,8 @@ class MockService:
         # charged before the next request is admitted, and billed even if the client leaves.
         completion = engine.complete(call, outcome) if outcome in COMPLETION_OUTCOMES else None
         config = state.config
-        delay = config.stall_s if outcome == "stall" else config.latency_s
+        latency = config.latency_s * (config.flex_latency_factor if call.service_tier == "flex" else 1)
+        delay = config.stall_s if outcome == "stall" else latency
         if not await connection.wait_unless_closed(delay):
             # The client hung up while the reply was being "generated": a provider bills it anyway.
             status = 200 if completion else ERROR_FAULTS[outcome][0] if outcome in ERROR_FAULTS else None

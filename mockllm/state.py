@@ -48,6 +48,8 @@ class MockState:
         self.rng = random.Random(self.config.seed)
         # A separate stream, so turning rewording on leaves the seeded fault draws unchanged.
         self.reword_rng = random.Random(f"reword:{self.config.seed}")
+        # Flex refusals draw from their own stream too: the fault draws stay as they were.
+        self.flex_rng = random.Random(f"flex:{self.config.seed}")
 
     def _zero_stats(self) -> None:
         self.started = time.monotonic()
@@ -265,7 +267,7 @@ class MockState:
         request passed the limiter), ``max_admitted_in_1s`` (the busiest 1-second window),
         ``rate_limited_by_type`` (``requests``/``tokens``).
         Spend: ``billed_calls``, ``billed_undelivered_calls``, ``billed_prompt_tokens``,
-        ``billed_completion_tokens``, ``billed_tokens``, ``billed_batch_tokens``,
+        ``billed_completion_tokens``, ``billed_tokens``, ``billed_batch_tokens``, ``billed_flex_tokens``,
         ``billed_tokens_by_chapter``.
         Batch faults: ``batch_creates_lost`` (creates whose reply was dropped, the batch made),
         ``batch_uploads_failed`` (batch uploads refused with a 500, nothing stored).
