@@ -271,3 +271,24 @@ def test_a_reply_served_at_another_tier_is_booked_at_that_tier(env):
     (row,) = _calls(rt)
     assert row.service_tier == "default"
     assert row.cost_usd == pytest.approx((row.prompt_tokens + 2.0 * row.completion_tokens) / 1e6)
+
+
+def test_a_slow_flex_reply_past_llm_timeout_s_arrives_within_the_flex_timeout(make_settings,
+                                                                              mock_llm):
+    """Against the real mock (flex three times slower) and the real transport, whose deadline
+    bounds the whole call: a flex call outlives LLM_TIMEOUT_S and is answered, while the same
+    wait at the default tier is cut at LLM_TIMEOUT_S."""
+    settings = {"llm_base_url": mock_llm.base_url, "llm_model": "mock-model",
+                "llm_timeout_s": 0.6, "llm_flex_timeout_s": 10}
+    messages = [{"role": "user", "content": "Chapter id: c\nNumber of questions: 1"}]
+    mock_llm.configure(latency_s=0.4, flex_latency_factor=3.0)
+    flex = LLMClient(make_settings(llm_service_tier="flex", **settings))
+    started = time.monotonic()
+    completion = flex.complete(messages, max_tokens=300)
+    assert completion.service_tier == "flex" and time.monotonic() - started >= 1.0
+    flex.close()
+    mock_llm.configure(latency_s=1.2)  # the same wait at the default tier
+    default = LLMClient(make_settings(llm_service_tier="auto", **settings))
+    with pytest.raises(Exception, match=r"LLM_TIMEOUT_S=0.6s"):
+        default.complete(messages, max_tokens=300)
+    default.close()
