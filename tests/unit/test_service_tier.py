@@ -292,3 +292,30 @@ def test_a_slow_flex_reply_past_llm_timeout_s_arrives_within_the_flex_timeout(ma
     with pytest.raises(Exception, match=r"LLM_TIMEOUT_S=0.6s"):
         default.complete(messages, max_tokens=300)
     default.close()
+
+
+def test_a_scaled_price_scales_every_rate_and_an_unknown_one_stays_unknown():
+    from examforge.prices import UNKNOWN, Price
+
+    price = Price(1.0, 2.0, "LLM_PRICE_* settings", 0.25)
+    flex = price.scaled(0.5, "flex")
+    assert (flex.prompt_per_mtok, flex.completion_per_mtok, flex.cached_per_mtok) == \
+        (0.5, 1.0, 0.125)
+    assert flex.source == "LLM_PRICE_* settings x 0.5 (flex tier)" and flex.known
+    assert flex.cost_usd(1000, 500, 400) == pytest.approx(price.cost_usd(1000, 500, 400) / 2)
+    assert Price(1.0, 2.0, "s").scaled(2.0).cached_per_mtok == 2.0  # no cached price: prompt's
+    assert price.scaled(1.0) is price
+    assert UNKNOWN.scaled(0.5) is UNKNOWN and not UNKNOWN.scaled(0.5).known
+
+
+def test_the_estimate_is_at_the_tier_sent(make_settings, tmp_path):
+    from examforge.estimate import estimate
+    from examforge.syllabus import load_syllabus
+    from helpers import write_syllabus
+
+    syllabus = load_syllabus(write_syllabus(tmp_path / "exams", "ex", [("a", 20)]),
+                             max_questions=100)
+    auto = estimate("ex", syllabus, make_settings(**PRICES))
+    flex = estimate("ex", syllabus, make_settings(llm_service_tier="flex", **PRICES))
+    assert flex.worst_usd == pytest.approx(auto.worst_usd / 2)
+    assert flex.expected_usd == pytest.approx(auto.expected_usd / 2)
