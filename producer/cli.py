@@ -3,7 +3,7 @@
 This module only declares: each command's body is the function of the same name in
 producer/commands.py, imported by `_dispatch` when a command runs. So `--help`, `--version`
 and a mistyped option answer without loading SQLAlchemy, Celery, httpx, rich or the settings
-(0.5 s of imports against 0.05 s; tests/unit/test_startup.py keeps it so). User errors are
+(0.5 s of imports against 0.04 s; tests/unit/test_startup.py keeps it so). User errors are
 one line on stderr and a non-zero exit.
 """
 
