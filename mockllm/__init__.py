@@ -47,6 +47,11 @@ and history), ``chat`` (one completion, end to end), ``http`` (the HTTP/1.1 laye
 Run it standalone with ``python -m mockllm --port 8089`` (or ``python -m producer mock-llm``).
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from mockllm.cli import main
 from mockllm.config import MockConfig
 from mockllm.faults import (
@@ -60,8 +65,22 @@ from mockllm.faults import (
     PERMANENT_FAULTS,
     TRANSIENT_FAULTS,
 )
-from mockllm.replies import MALFORMED_CONTENT, REFUSAL_CONTENT
-from mockllm.server import MockServer
+
+if TYPE_CHECKING:
+    from mockllm.replies import MALFORMED_CONTENT, REFUSAL_CONTENT
+    from mockllm.server import MockServer
+
+# Loaded on first use (PEP 562): `python -m mockllm --help` imports this package, and the
+# server pulls in asyncio, tiktoken and the syllabus models, which the parser never needs.
+_LAZY = {"MockServer": "mockllm.server", "MALFORMED_CONTENT": "mockllm.replies",
+         "REFUSAL_CONTENT": "mockllm.replies"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'mockllm' has no attribute {name!r}")
+
 
 __all__ = [
     "ALL_FAULTS",

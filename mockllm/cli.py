@@ -1,24 +1,21 @@
 """The ``mock-llm`` command: serve until SIGTERM or SIGINT.
 
 Its options are built from ``MockConfig``'s fields and their help lines, so every field
-(and so every ``/_config`` setting) has an option.
+(and so every ``/_config`` setting) has an option. This module only builds the parser: the
+server (asyncio, tiktoken, the syllabus models) is imported by ``main`` once the arguments
+are read, so ``--help`` and a bad option answer at once (tests/unit/test_startup.py).
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
 import dataclasses
 import json
-import signal
-import sys
 import typing
 from typing import Any
 
 from mockllm.config import RATELIMIT_HEADER_MODES, MockConfig
 from mockllm.faults import ALL_FAULTS, DEFAULT_FAULTS, FAULT_HELP, OPT_IN_FAULTS
-from mockllm.service import MockService
 
 DEFAULT_PORT = 8089
 
@@ -75,19 +72,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-async def _serve_until_signalled(service: MockService, host: str, port: int) -> None:
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(signum, stop.set)
-    await service.warm_up()
-    bound_port = await service.listen(host, port)
-    print(f"mock-llm listening on http://{host}:{bound_port}/v1", flush=True)
-    await stop.wait()
-    await service.close()
-
-
 def parse_args(argv: list[str] | None = None) -> tuple[str, int, MockConfig]:
     """(host, port, config) from the command line; exits with status 2 on a bad option."""
     parser = build_parser()
@@ -102,11 +86,6 @@ def parse_args(argv: list[str] | None = None) -> tuple[str, int, MockConfig]:
 def main(argv: list[str] | None = None) -> int:
     """CLI entry point: serve until SIGTERM/SIGINT, then exit 0."""
     host, port, config = parse_args(argv)
-    try:
-        asyncio.run(_serve_until_signalled(MockService(config), host, port))
-    except KeyboardInterrupt:  # a signal that beat the handler installation
-        pass
-    except OSError as exc:
-        sys.stderr.write(f"mock-llm: cannot listen on {host}:{port}: {exc}\n")
-        return 1
-    return 0
+    from mockllm.server import serve  # the one import of the server: after the parsing
+
+    return serve(host, port, config)

@@ -1,4 +1,5 @@
-"""``MockServer``: the mock in this process, its event loop in a daemon thread."""
+"""The mock served: ``MockServer`` in this process, its event loop in a daemon thread, and
+``serve``, the ``mock-llm`` command's foreground server."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import asyncio
 import concurrent.futures
 import contextlib
 import copy
+import signal
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -134,3 +137,29 @@ class MockServer:
 
     def __exit__(self, *_exc: object) -> None:
         self.stop()
+
+
+def serve(host: str, port: int, config: MockConfig) -> int:
+    """The ``mock-llm`` command: serve in the foreground until SIGTERM/SIGINT, then exit 0;
+    1 (one line) if the address cannot be bound."""
+    try:
+        asyncio.run(_serve_until_signalled(MockService(config), host, port))
+    except KeyboardInterrupt:  # a signal that beat the handler installation
+        pass
+    except OSError as exc:
+        sys.stderr.write(f"mock-llm: cannot listen on {host}:{port}: {exc}\n")
+        return 1
+    return 0
+
+
+async def _serve_until_signalled(service: MockService, host: str, port: int) -> None:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(signum, stop.set)
+    await service.warm_up()
+    bound_port = await service.listen(host, port)
+    print(f"mock-llm listening on http://{host}:{bound_port}/v1", flush=True)
+    await stop.wait()
+    await service.close()

@@ -1,79 +1,43 @@
-"""The examforge command line. User errors are one line on stderr and a non-zero exit."""
+"""The examforge command line: its commands, their options and help, and `main`.
+
+This module only declares: each command's body is the function of the same name in
+producer/commands.py, imported by `_dispatch` when a command runs. So `--help`, `--version`
+and a mistyped option answer without loading SQLAlchemy, Celery, httpx, rich or the settings
+(0.5 s of imports against 0.04 s; tests/unit/test_startup.py keeps it so). User errors are
+one line on stderr and a non-zero exit.
+"""
 
 from __future__ import annotations
 
-import json
-import signal
+import functools
+import math
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, TypeVar, cast
 
 import click
-from rich.console import Console
-from rich.table import Table
-from sqlalchemy.exc import OperationalError
 
-from examforge.errors import ExamforgeError, UserError
-from examforge.settings import Settings, load_settings
-from examforge.syllabus import Syllabus
+import mockllm.cli
+from examforge.errors import ExamforgeError
 from producer.prune import DurationType
-from producer.words import plural
 
 if TYPE_CHECKING:
-    from storage import Store
     from producer.prune import Duration
-    from storage.reports import ExamReport
 
 F = TypeVar("F", bound=Callable[..., Any])
-def _console(stderr: bool = False) -> Console:
-    """Lines never wrap (they are read by scripts, logs and `| tee` as often as by people);
-    off a terminal, tables are as wide as their cells (a width that never binds), so no cell
-    is cut mid-phrase, where rich would wrap at 80 columns."""
-    stream = sys.stderr if stderr else sys.stdout
-    return Console(stderr=stderr, highlight=False, soft_wrap=True,
-                   width=None if stream.isatty() else 100_000)
 
 
-err = _console(stderr=True)
-out = _console()
+def _dispatch(declared: F) -> F:
+    """The command `declared` (its parameters and docstring, the help) runs the function of
+    the same name in producer.commands, with the same arguments."""
 
+    @functools.wraps(declared)
+    def run(*args: Any, **params: Any) -> Any:
+        from producer import commands  # the one import of the implementations
 
-def _settings() -> Settings:
-    return load_settings()  # a ConfigError names the bad variable in one line
+        return commands.invoke(declared.__name__, *args, **params)
 
-
-def _store(settings: Settings) -> Store:
-    from storage import open_store
-
-    return open_store(settings.database_url, pool_size=settings.db_pool_size)
-
-
-def _read_store(settings: Settings) -> Store:
-    """For the commands that only read: never creates or upgrades a schema (exit 2 if the
-    database has none, or an older one)."""
-    from storage import open_existing_store
-
-    return open_existing_store(settings.database_url, pool_size=settings.db_pool_size)
-
-
-def _syllabus(settings: Settings, slug: str) -> Syllabus:
-    """The exam's file in EXAMS_DIR, else the syllabus PUT /exams/SLUG stored in the
-    database (producer/syllabi.py); the database is opened only when there is no file, and
-    only if it already exists (a typo must not create one)."""
-    from producer.syllabi import resolve
-
-    return resolve(settings, slug, open_store=lambda: _existing_store(settings))
-
-
-def _existing_store(settings: Settings) -> Store | None:
-    """The database, if it has the schema; never creates or migrates it (dry runs read
-    through here too)."""
-    from storage import NoSchema
-
-    try:
-        return _read_store(settings)
-    except NoSchema:
-        return None
+    return cast(F, run)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -86,14 +50,6 @@ def cli() -> None:
     """
 
 
-def _warn_unpriced(settings: Settings) -> None:
-    """A $0 bill must never be a surprise: say so on every command that starts work."""
-    for model in settings.unpriced_models():
-        err.print(f"warning: no price is known for model {model!r}: its calls are booked at "
-                  "$0 (set LLM_PRICE_PROMPT_PER_MTOK and LLM_PRICE_COMPLETION_PER_MTOK)",
-                  markup=False, soft_wrap=True)
-
-
 class BudgetType(click.ParamType):
     """An amount of dollars above 0. Not click.FloatRange: it lets `nan` and `inf` through
     (no comparison refuses nan; inf is in range), stored as "no budget" and printed by
@@ -104,8 +60,6 @@ class BudgetType(click.ParamType):
 
     def convert(self, value: Any, param: click.Parameter | None,
                 ctx: click.Context | None) -> float:
-        import math
-
         try:
             amount = float(value if isinstance(value, float) else str(value).strip())
         except ValueError:
@@ -125,73 +79,7 @@ _dry_run_option = click.option(
     help="Print the calls, tokens and cost it would take; send and write nothing.")
 
 
-def _dry_run(settings: Settings, slug: str, syllabus: Syllabus, budget_usd: float | None,
-             as_json: bool = False) -> None:
-    from examforge.estimate import estimate
-
-    stored, per_question, budget, cancelled = _read_only_state(settings, slug)
-    est = estimate(slug, syllabus, settings, stored=stored,
-                   completion_per_question=per_question)
-    budget = budget_usd if budget_usd is not None else budget
-    if as_json:
-        click.echo(json.dumps({**est.as_dict(), "budget_usd": budget}))
-        return
-    p = est.price
-    already = sum(c.stored for c in est.chapters)
-    out.print(f"dry run of {slug}: nothing was sent or written", soft_wrap=True)
-    out.print(f"  questions to generate: {est.questions} in "
-              f"{sum(1 for c in est.chapters if c.calls)} of {len(est.chapters)} chapters "
-              f"({already} already stored)", soft_wrap=True)
-    out.print(f"  calls: {est.calls} (up to {settings.questions_per_call} questions each)")
-    out.print(f"  prompt tokens: {est.prompt_tokens:,} (counted with {est.tokenizer} for "
-              f"{est.model})", soft_wrap=True)
-    out.print(f"  completion tokens: up to {est.max_completion_tokens:,} (max_tokens: "
-              f"{settings.llm_max_tokens_per_question} per question), expected "
-              f"{est.expected_completion_tokens:,} ({est.completion_per_question:.0f} per "
-              f"question, {est.completion_source})", soft_wrap=True)
-    out.print(f"  price: ${p.prompt_per_mtok:g} / ${p.completion_per_mtok:g} per million "
-              f"prompt / completion tokens, ${p.cached_per_mtok:g} cached prompt ({p.source})",
-              soft_wrap=True)
-    out.print(f"  cost: worst case ${est.worst_usd:.4f}, expected ${est.expected_usd:.4f}")
-    if cancelled:
-        out.print(f"  cancelled chapters: {len(cancelled)} ({', '.join(cancelled)}), restarted "
-                  "by this command (it undoes `cancel`); counted above", soft_wrap=True,
-                  markup=False)
-    if budget is not None:
-        verdict = ("fits even at worst case" if est.worst_usd <= budget else
-                   "the expected cost fits, the worst case does not" if
-                   est.expected_usd <= budget else "does not fit: the exam will pause")
-        out.print(f"  budget: ${budget:.4f}: {verdict}", soft_wrap=True)
-    _warn_unpriced(settings)
-
-
-def _read_only_state(settings: Settings, slug: str) -> tuple[
-        dict[str, list[str]], float | None, float | None, list[str]]:
-    """What the database already holds for a dry run, without creating or migrating it:
-    stored texts, completion tokens per question, budget, cancelled chapters."""
-    from sqlalchemy.engine import make_url
-
-    from storage import Store, connect
-    from storage.db import SCHEMA_REVISION, current_revision
-
-    url = make_url(settings.database_url)
-    if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:") \
-            and not Path(url.database).exists():
-        return {}, None, None, []
-    engine = connect(settings.database_url, pool_size=1)
-    try:
-        if current_revision(engine) != SCHEMA_REVISION:
-            return {}, None, None, []
-        store = Store(engine)
-        budget, cancelled = None, []
-        if store.exam_exists(slug):
-            report = store.status(slug)
-            budget = report.budget_usd
-            cancelled = [c.id for c in report.chapter_list if c.state == "cancelled"]
-        return store.stored_texts(slug), store.completion_tokens_per_question(), budget, \
-            cancelled
-    finally:
-        engine.dispose()
+_EXPORT_FORMATS = ("jsonl", "json", "csv", "moodle-xml", "gift", "anki", "qti")
 
 
 @cli.command()
@@ -201,61 +89,10 @@ def _read_only_state(settings: Settings, slug: str) -> tuple[
 @_budget_option
 @_dry_run_option
 @click.option("--json", "as_json", is_flag=True, help="With --dry-run: one JSON object.")
+@_dispatch
 def enqueue(slug: str, regenerate: tuple[str, ...], budget_usd: float | None, dry_run: bool,
             as_json: bool) -> None:
     """Record the exam, cut its chapters into slices, enqueue one task per unfinished slice."""
-    settings = _settings()
-    syllabus = _syllabus(settings, slug)
-    unknown = [c for c in regenerate if c not in {ch.id for ch in syllabus.chapters}]
-    if unknown:
-        raise UserError(f"--regenerate: chapter {unknown[0]!r} is not in the syllabus of {slug}")
-    if dry_run:
-        _dry_run(settings, slug, syllabus, budget_usd, as_json)
-        return
-    from producer.enqueueing import enqueue_exam
-
-    store = _store(settings)
-    restarted: list[str] = []
-
-    def before_write() -> None:  # once the broker answered, before the exam is synced
-        _warn_unpriced(settings)
-        # As the API's new run: start means "generate what is missing", so enqueue undoes
-        # `cancel` (resume and retry leave cancelled chapters alone).
-        restarted.extend(store.restart_cancelled(slug))
-
-    plan = enqueue_exam(settings, store, slug, syllabus, regenerate=regenerate,
-                        budget_usd=budget_usd, before_write=before_write)
-    for chapter_id in restarted:
-        out.print(f"restarted {slug}/{chapter_id} (was cancelled)")
-    per_chapter: dict[str, int] = {}
-    for chapter_id, _ in plan.slices:
-        per_chapter[chapter_id] = per_chapter.get(chapter_id, 0) + 1
-    # One write of plain lines (ids and reasons need no markup): rich's print of each line
-    # took 5 s of a 20,000-chapter enqueue.
-    lines = [f"enqueued  {slug}/{chapter_id}"
-             + (f" ({per_chapter[chapter_id]} slices)" if per_chapter[chapter_id] > 1 else "")
-             for chapter_id in plan.to_enqueue]
-    lines += [f"skipped   {slug}/{chapter_id}: {why}" for chapter_id, why in plan.skipped.items()]
-    lines.append(f"{len(plan.to_enqueue)} enqueued, {len(plan.skipped)} skipped")
-    click.echo("\n".join(lines))
-    if plan.exam_paused:
-        raise UserError(f"exam {slug} is paused ({plan.exam_paused}); "
-                        f"fix the cause, then run: python -m producer resume {slug}")
-
-
-def _short(text: str, limit: int = 120) -> str:
-    """One table cell: the whole error is in `status --json`."""
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
-
-
-def _when(epoch: float | None) -> str | None:
-    from producer.views import when
-
-    return when(epoch)
 
 
 @cli.command()
@@ -266,128 +103,16 @@ def _when(epoch: float | None) -> str | None:
                    "failed. Off a terminal: one plain line per refresh.")
 @click.option("--interval", "interval_s", type=click.FloatRange(min=0.1), default=2.0,
               show_default=True, help="Seconds between two refreshes of --watch.")
+@_dispatch
 def status(slug: str, as_json: bool, watch: bool, interval_s: float) -> None:
     """Progress, usage and errors of an exam, from the database alone."""
-    settings = _settings()
-    store = _read_store(settings)
-    if watch:
-        if as_json:
-            raise UserError("--watch and --json: choose one")
-        from producer.live import watch as live_watch
-
-        report = live_watch(lambda: store.status(slug), out, interval_s)
-        if report.chapters.failed:
-            sys.exit(1)
-        return
-    report = store.status(slug)
-    if as_json:
-        from producer.views import status_dict
-
-        data = status_dict(report)
-        click.echo(json.dumps(data, ensure_ascii=False))
-        return
-    _print_status(report)
 
 
 @cli.command()
 @click.option("--json", "as_json", is_flag=True, help="A JSON list on stdout.")
+@_dispatch
 def exams(as_json: bool) -> None:
     """Every exam in the database: state, chapters, questions, cost, last change."""
-    summaries = _read_store(_settings()).exams()
-    if as_json:
-        from producer.views import summary_dict
-
-        click.echo(json.dumps([summary_dict(e) for e in summaries], ensure_ascii=False))
-        return
-    table = Table(title=plural(len(summaries), "exam"))
-    for col in ("exam", "title", "state", "chapters", "questions", "cost", "last change"):
-        table.add_column(col)
-    for e in summaries:
-        table.add_row(e.exam, e.title, e.state, f"{e.chapters.done}/{e.chapters.target}",
-                      f"{e.questions.done}/{e.questions.target}", f"${e.cost_usd:.4f}",
-                      _when(e.updated_at) or "-")
-    out.print(table)
-
-
-# The chapters `status` draws in its table: rich lays a table out in time linear in its
-# cells (20,000 chapters took 22 s), and no one reads that many rows; past this, the
-# unfinished chapters come first and `--json` lists every one (README: Hostile or odd input).
-STATUS_TABLE_ROWS = 1000
-
-
-def _print_status(report: ExamReport) -> None:
-    ch, q, u = report.chapters, report.questions, report.usage
-    table = Table(title=f"{report.title} ({report.exam}) — {report.state}")
-    for col in ("chapter", "state", "questions", "slices done", "attempts", "calls",
-                "last error"):
-        table.add_column(col)
-    shown = report.chapter_list
-    if len(shown) > STATUS_TABLE_ROWS:
-        shown = sorted(shown, key=lambda c: c.state == "done")[:STATUS_TABLE_ROWS]
-    for c in shown:
-        error = _short(f"{_when(c.last_error_at)} {c.last_error}") if c.last_error else ""
-        slices = f"{c.slices_done}/{len(c.slices)}"
-        running = sum(1 for s in c.slices if s.state == "running")
-        if running and len(c.slices) > 1:
-            slices += f" ({running} running)"
-        table.add_row(c.id, c.state, f"{c.questions.done}/{c.questions.target}", slices,
-                      str(c.attempts), str(c.calls), error)
-    out.print(table)
-    if len(shown) < len(report.chapter_list):
-        out.print(f"({len(report.chapter_list) - len(shown):,} more chapters not shown: the "
-                  f"table has {STATUS_TABLE_ROWS:,} rows, unfinished chapters first; python -m "
-                  f"producer status {report.exam} --json lists every one)", markup=False)
-    out.print(f"chapters: {ch.done}/{ch.total} done, {ch.running} running, "
-              f"{ch.pending} pending, {ch.failed} failed, {ch.cancelled} cancelled")
-    out.print(f"questions: {q.done}/{q.target}")
-    if report.started_at is not None:
-        from producer.live import duration
-
-        out.print(f"time: started {_when(report.started_at)}"
-                  + (f", finished {_when(report.finished_at)}" if report.finished_at else "")
-                  + f", elapsed {duration(report.elapsed_s)}")
-    out.print(f"calls: {u.calls} (used {u.calls_used}, wasted {u.calls_wasted}, "
-              f"failed {u.calls_failed}, in flight {u.calls_in_flight}); "
-              f"tokens: {u.prompt_tokens} prompt ({u.cached_tokens} of them cached) + "
-              f"{u.completion_tokens} completion; "
-              f"cost: ${report.cost_usd:.4f}")
-    if report.budget_usd is not None:
-        headroom = max(0.0, report.budget_usd - report.spent_usd - report.reserved_usd)
-        out.print(f"budget: ${report.budget_usd:.4f}; spent ${report.spent_usd:.4f}, reserved "
-                  f"${report.reserved_usd:.4f} (calls in flight, at their worst case), "
-                  f"headroom ${headroom:.4f}")
-    if u.calls_estimated:
-        out.print(f"estimated usage: {plural(u.calls_estimated, 'call')} booked at our own token count "
-                  f"(no usage from the provider, or no reply), ${u.estimated_cost_usd:.4f} of "
-                  "the cost")
-    if u.calls_imported:
-        out.print(f"imported: {plural(u.questions_imported, 'question')} in "
-                  f"{plural(u.calls_imported, 'batch', 'batches')} by "
-                  "producer import (no request sent, $0; not counted in calls)")
-    for model, n in report.unpriced_calls.items():
-        out.print(f"[yellow]warning:[/] {plural(n, 'call')} of model {model!r} booked at $0: no price "
-                  "was known (set LLM_PRICE_PROMPT_PER_MTOK and LLM_PRICE_COMPLETION_PER_MTOK)")
-    if set(report.usage_by_tier) - {"default"}:
-        # Calls served at a tier other than standard (LLM_SERVICE_TIER), each at its price.
-        out.print("by service tier: " + "; ".join(
-            f"{name} {plural(e.calls, 'call')}, ${e.cost_usd:.4f}"
-            for name, e in sorted(report.usage_by_tier.items())))
-    if "fallback" in report.usage_by_endpoint:
-        out.print("by endpoint: " + "; ".join(
-            f"{name} {plural(e.calls, 'call')}, ${e.cost_usd:.4f}"
-            for name, e in sorted(report.usage_by_endpoint.items())))
-    requeued = [c for c in report.chapter_list if c.requeues]
-    if requeued:
-        last = max(requeued, key=lambda c: c.requeued_at or 0)
-        out.print(f"reconciler: re-published {plural(len(requeued), 'chapter')} "
-                  f"({sum(c.requeues for c in requeued)} times); last at "
-                  f"{_when(last.requeued_at)}: {_short(last.requeue_reason or '')}")
-    if report.state == "paused":
-        out.print(f"[bold red]paused:[/] {report.pause_reason} — "
-                  f"resume with: python -m producer resume {report.exam}")
-
-
-_EXPORT_FORMATS = ("jsonl", "json", "csv", "moodle-xml", "gift", "anki", "qti")
 
 
 @cli.command()
@@ -400,27 +125,9 @@ _EXPORT_FORMATS = ("jsonl", "json", "csv", "moodle-xml", "gift", "anki", "qti")
               help="Output path, or - for stdout (not for anki and qti). Default: "
                    "EXAMS_DIR/SLUG/generated.jsonl, .json, .csv, .xml, .gift.txt, .apkg, "
                    ".qti.zip")
+@_dispatch
 def export(slug: str, fmt: str, target: str | None) -> None:
     """Write every stored question of an exam (atomically)."""
-    from examforge.banks import BankChapter, BankExam
-    from producer.export import check_target, default_name
-    from producer.export import export as write
-
-    if target is not None:
-        check_target(fmt, target)
-    settings = _settings()
-    store = _read_store(settings)
-    if not store.exam_exists(slug):
-        store.questions(slug)  # raises UnknownExam with the usual message
-    target = target or str(settings.exams_dir / slug / default_name(fmt))
-
-    def outline() -> BankExam:
-        title, chapters = store.outline(slug)
-        return BankExam(slug, title, tuple(BankChapter(c, t, p) for c, t, p in chapters))
-
-    n = write(store.iter_questions(slug), fmt, target, outline)
-    if target != "-":
-        err.print(f"wrote {plural(n, 'question')} to {target}")
 
 
 @cli.command()
@@ -429,204 +136,70 @@ def export(slug: str, fmt: str, target: str | None) -> None:
               help="Threads calling the model at once.")
 @_budget_option
 @_dry_run_option
+@_dispatch
 def run(slug: str, concurrency: int, budget_usd: float | None, dry_run: bool) -> None:
     """Generate an exam in this process, with no broker (resumable)."""
-    from examforge.pipeline import Runtime
-    from producer.local import run_local
-
-    settings = _settings()
-    syllabus = _syllabus(settings, slug)
-    if dry_run:
-        _dry_run(settings, slug, syllabus, budget_usd)
-        return
-    store = _store(settings)
-    _warn_unpriced(settings)
-    for chapter_id in store.restart_cancelled(slug):  # as enqueue: run undoes `cancel`
-        err.print(f"restarted {slug}/{chapter_id} (was cancelled)")
-    plan = store.sync_exam(slug, syllabus, budget_usd=budget_usd,
-                           default_budget_usd=settings.budget_usd,
-                           slice_questions=settings.slice_questions)
-    if plan.exam_paused:
-        raise UserError(f"exam {slug} is paused ({plan.exam_paused}); "
-                        f"fix the cause, then run: python -m producer resume {slug}")
-    rt = Runtime.build(settings, store)
-    # SIGTERM stops like Ctrl-C: running calls finish and commit, nothing new is paid for.
-    signal.signal(signal.SIGTERM, _interrupt)
-    from producer.live import LiveView
-
-    # The same view as `status --watch`, on stderr (stdout gets the summary).
-    with LiveView(err, interval_s=5.0) as view:
-        def tick() -> None:
-            if view.due():
-                view.show(store.status(slug))
-
-        view.show(store.status(slug))
-        try:
-            results = run_local(rt, slug, plan.slices, concurrency, on_progress=tick)
-        finally:
-            view.show(store.status(slug))
-    rt.close()
-    failed = {ref: r for ref, r in results.items() if r.outcome == "failed"}
-    for (chapter_id, slice_no), result in failed.items():
-        err.print(f"failed {slug}/{chapter_id} slice {slice_no}: {result.detail}")
-    report = store.status(slug)
-    out.print(f"{report.questions.done}/{report.questions.target} questions; "
-              f"{report.chapters.done}/{report.chapters.total} chapters done")
-    if failed:
-        sys.exit(1)
 
 
 @cli.command()
+@_dispatch
 def reconcile() -> None:
     """One reconcile pass: re-enqueue orphaned chapters, fail those past their attempt cap."""
-    from tasks import app
-    from tasks.broker import check_broker
-    from tasks.reconcile import reconcile_once
-
-    settings = _settings()
-    store = _store(settings)
-    check_broker(app, settings)
-    result = reconcile_once(settings, store, app)
-    out.print(f"re-enqueued {result['requeued']} ({result['requeued_lost']} whose message the "
-              f"broker lost), failed at attempt cap {result['failed_at_cap']}, calls settled "
-              f"on cancelled chapters {result['settled_cancelled']}, other calls of dead "
-              f"workers settled {result['settled_orphans']}, exams paused with no room in "
-              f"their budget {result['paused_budget']}")
 
 
 @cli.command()
 @click.argument("slug")
+@_dispatch
 def resume(slug: str) -> None:
     """Un-pause an exam (after fixing the API key) and re-enqueue its failed chapters."""
-    from tasks import app
-    from tasks.broker import broker_epoch, check_broker, origin_headers, publish_slices
-
-    settings = _settings()
-    store = _store(settings)
-    check_broker(app, settings)
-    _warn_unpriced(settings)
-    slices = store.resume(slug)
-    if slices:
-        store.mark_enqueued(slug, slices, broker_epoch(app, settings))
-        publish_slices(app, slug, slices, origin_headers(store))
-    chapters = len({chapter_id for chapter_id, _ in slices})
-    out.print(f"resumed {slug}: {plural(chapters, 'chapter')} enqueued "
-              f"({plural(len(slices), 'slice')})")
-    _hint_cancelled(store, slug)
-
-
-def _hint_cancelled(store: Store, slug: str) -> None:
-    """resume and retry leave cancelled chapters alone: say which command restarts them."""
-    n = store.status(slug).chapters.cancelled
-    if n:
-        out.print(f"{plural(n, 'chapter')} of {slug} cancelled, left as they are; restart "
-                  f"them with: python -m producer enqueue {slug}")
 
 
 @cli.command()
 @click.argument("slug")
 @click.option("--chapter", "chapters", multiple=True,
               help="Only these chapters (repeatable); default: every failed one.")
+@_dispatch
 def retry(slug: str, chapters: tuple[str, ...]) -> None:
     """Re-enqueue failed chapters with fresh attempt budgets, leaving a pause as it is (a
     paused exam's chapters run once it is resumed; `resume` does both)."""
-    from tasks import app
-    from tasks.broker import broker_epoch, check_broker, origin_headers, publish_slices
-
-    settings = _settings()
-    store = _store(settings)
-    known = store.chapter_ids(slug)
-    if known is None:
-        store.status(slug)  # raises UnknownExam with the usual message
-    unknown = [c for c in chapters if c not in (known or [])]
-    if unknown:
-        raise UserError(f"--chapter: chapter {unknown[0]!r} is not in exam {slug}")
-    check_broker(app, settings)  # before changing anything
-    slices = store.retry_failed(slug, list(chapters) or None)
-    if slices:
-        store.mark_enqueued(slug, slices, broker_epoch(app, settings))
-        publish_slices(app, slug, slices, origin_headers(store))
-    n = len({chapter_id for chapter_id, _ in slices})
-    out.print(f"retrying {n} failed {'chapter' if n == 1 else 'chapters'} of {slug} "
-              f"({plural(len(slices), 'slice')})")
-    _hint_cancelled(store, slug)
-    report = store.status(slug)
-    if report.state == "paused" and slices:
-        out.print(f"exam {slug} is paused ({report.pause_reason}): they run once you "
-                  f"resume it: python -m producer resume {slug}")
 
 
 @cli.command()
 @click.argument("slug")
 @click.option("--chapter", "chapters", multiple=True, help="Only these chapters (repeatable).")
+@_dispatch
 def cancel(slug: str, chapters: tuple[str, ...]) -> None:
     """Cancel an exam's unfinished chapters; stored questions are kept. No new call starts;
     a call in flight, paid for either way, has its reply stored when it comes."""
-    from examforge.errors import UnknownChapter
-
-    settings = _settings()
-    try:
-        n = _store(settings).cancel(slug, list(chapters) or None)
-    except UnknownChapter as exc:  # refused as a whole, like enqueue --regenerate
-        raise UserError(f"--chapter: {exc}") from None
-    out.print(f"cancelled {plural(n, 'chapter')} of {slug}")
 
 
 @cli.command()
+@_dispatch
 def doctor() -> None:
     """Check the database (SQLite: PRAGMA quick_check), the broker's eviction policy and
     persistence, and the model endpoint; exit 1 if anything would lose or stall work, 4 if
     the database is damaged."""
-    from rich.markup import escape
-
-    from examforge.errors import DatabaseCorrupt
-    from producer.doctor import DAMAGED, run_checks
-
-    settings = _settings()
-    findings = run_checks(settings)
-    for f in findings:
-        style = {"ok": "green", "warn": "yellow", "fail": "bold red"}[f.level.value]
-        # Escaped: quick_check's lines are the database's words, not markup.
-        out.print(f"[{style}]{f.level.value:<4}[/] {f.check}: {escape(f.message)}",
-                  soft_wrap=True)
-    failed = [f for f in findings if f.level.value == "fail"]
-    if any(f.check == DAMAGED for f in failed):
-        sys.exit(DatabaseCorrupt.exit_code)
-    if failed:
-        sys.exit(max(f.exit_code for f in failed))
 
 
 @cli.command()
+@_dispatch
 def migrate() -> None:
     """Create or upgrade the database schema (the commands that write, the workers and
     serve also do this on start; the commands that only read never do)."""
-    _store(_settings())
-    out.print("schema is up to date")
 
 
 @cli.command()
 @click.argument("path", type=click.Path(dir_okay=False, path_type=Path))
+@_dispatch
 def backup(path: Path) -> None:
     """Copy a live SQLite database to PATH, consistent while workers write (SQLite's online
     backup API), checked with quick_check, written atomically. PostgreSQL: use pg_dump."""
-    from storage.db import backup_sqlite
-
-    settings = _settings()
-    size = backup_sqlite(settings.database_url, path)
-    out.print(f"backed up {_shown_url(settings)} to {path} ({size:,} bytes, quick_check ok); "
-              "to restore it, see README, Operations: Backup and restore", markup=False,
-              soft_wrap=True)
-
-
-def _shown_url(settings: Settings) -> str:
-    from sqlalchemy.engine import make_url
-
-    return make_url(settings.database_url).render_as_string(hide_password=True)
 
 
 @cli.command("import")
 @click.argument("slug")
 @click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
+@_dispatch
 def import_(slug: str, file: Path) -> None:
     """Store questions already paid for as the exam's own, so enqueue pays only for the rest.
 
@@ -638,12 +211,6 @@ def import_(slug: str, file: Path) -> None:
     second import stores nothing. The exam must be in the database or its syllabus in
     EXAMS_DIR. Refused while a worker is generating a chapter of the file.
     """
-    from producer.importer import import_file, report_lines
-
-    settings = _settings()
-    result = import_file(settings, _store(settings), slug, file)
-    for line in report_lines(result):
-        out.print(line, markup=False)
 
 
 @cli.command()
@@ -653,6 +220,7 @@ def import_(slug: str, file: Path) -> None:
 @click.option("--dry-run", is_flag=True, help="Print what would be deleted; delete nothing.")
 @click.option("--exam", "slug", default=None, metavar="SLUG",
               help="Only this exam; refused while it has pending or running chapters.")
+@_dispatch
 def prune(older_than: Duration, dry_run: bool, slug: str | None) -> None:
     """Delete finished exams with all they own (chapters, questions, ledger rows).
 
@@ -661,22 +229,6 @@ def prune(older_than: Duration, dry_run: bool, slug: str | None) -> None:
     Idempotency-Keys older than API_IDEMPOTENCY_TTL_S are forgotten too. An exam with a pending or
     running chapter is never touched (cancel it first). Export what you want to keep first.
     """
-    from producer.prune import report_lines
-
-    settings = _settings()
-    store = _read_store(settings) if dry_run else _store(settings)
-    result = store.prune(older_than.seconds, dry_run=dry_run, exam=slug)
-    for line in report_lines(result, dry_run=dry_run, older_than=older_than.text):
-        out.print(line, markup=False)
-    if not dry_run:
-        # The API's Idempotency-Keys past API_IDEMPOTENCY_TTL_S (its runs stay readable).
-        forgotten = store.forget_idempotency_keys(settings.api_idempotency_ttl_s)
-        if forgotten:
-            out.print(f"forgot {forgotten} idempotency keys older than "
-                      f"{settings.api_idempotency_ttl_s:g} s", markup=False)
-    if slug is not None and result.busy:
-        raise UserError(f"exam {slug} is busy (another transaction holds its rows); "
-                        "not pruned, try again")
 
 
 @cli.command()
@@ -687,14 +239,9 @@ def prune(older_than: Duration, dry_run: bool, slug: str | None) -> None:
                    "to Celery, as `enqueue` does.")
 @click.option("--no-auth", "no_auth", is_flag=True,
               help="Accept requests without a token; only on a loopback address.")
+@_dispatch
 def serve(host: str, port: int, local: bool, no_auth: bool) -> None:
     """The HTTP API and its page (FastAPI under uvicorn): API_TOKENS are the bearer tokens."""
-    from producer.api.serve import check_binding, serve as run_server
-
-    settings = _settings()
-    check_binding(settings, host, no_auth)
-    _warn_unpriced(settings)
-    run_server(settings, host, port, local=local, no_auth=no_auth)
 
 
 @cli.command("mock-llm", add_help_option=False,  # --help is the mock's own, listing every option
@@ -702,33 +249,24 @@ def serve(host: str, port: int, local: bool, no_auth: bool) -> None:
 @click.pass_context
 def mock_llm(ctx: click.Context) -> None:
     """Run the OpenAI-compatible mock server (see python -m mockllm --help)."""
-    from mockllm import main as mock_main
-
-    sys.exit(mock_main(list(ctx.args)))
+    sys.exit(mockllm.cli.main(list(ctx.args)))
 
 
 def main(argv: list[str] | None = None) -> int:
-    from examforge.logs import setup_logging
-
-    setup_logging("WARNING")
+    """Errors are one line on stderr (the commands' own are raised as ExamforgeError)."""
     try:
         cli.main(args=argv, prog_name="python -m producer", standalone_mode=False)
     except click.exceptions.Abort:
-        err.print("interrupted: every committed batch is kept; run the same command to resume")
+        click.echo("interrupted: every committed batch is kept; run the same command to resume",
+                   err=True)
         return 130
     except click.ClickException as exc:
         # One line, like every other user error (click's default adds a usage block).
-        err.print(f"error: {exc.format_message()}", markup=False, soft_wrap=True)
+        click.echo(f"error: {exc.format_message()}", err=True)
         return exc.exit_code
     except ExamforgeError as exc:
-        err.print(f"error: {exc}", markup=False, soft_wrap=True)
+        click.echo(f"error: {exc}", err=True)
         return getattr(exc, "exit_code", 1)
-    except OperationalError as exc:
-        from storage.db import database_error
-
-        error = database_error(exc)  # a database that does not exist is a ConfigError (2)
-        err.print(f"error: {error}", markup=False, soft_wrap=True)
-        return error.exit_code
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else 0
     return 0

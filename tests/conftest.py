@@ -38,19 +38,32 @@ def _port_open(host: str, port: int) -> bool:
         return False
 
 
+def _large_selected(config: pytest.Config) -> bool:
+    # EXAMFORGE_SLOW is the variable's old name, from when `slow` meant what `large` means.
+    return bool(os.environ.get("EXAMFORGE_LARGE") or os.environ.get("EXAMFORGE_SLOW")
+                or "large" in (config.getoption("-m") or ""))
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked `slow` are the large versions of others that run by default (a 20,000-chapter
-    exam, a hold past a minute): they run only when asked for, with `-m slow` or
-    EXAMFORGE_SLOW=1, so neither CI nor a developer's loop waits on them."""
+    """The tiers a run can choose with -m (pyproject.toml registers the marks):
+
+    - `slow`: a test that starts processes (the CLI, workers, mypy, a browser, py-spy, a chaos
+      run) or takes more than about 5 s. It runs by default, so CI runs it; `-m "not slow"`
+      leaves it out, the developer's loop of a few minutes. Every test of tests/e2e is one.
+    - `e2e`: every test of tests/e2e, marked here whether its file says so or not.
+    - `large`: the large version of a test that runs by default (a 20,000-chapter exam, a
+      hold past a minute): skipped unless asked for, with `-m large` or EXAMFORGE_LARGE=1,
+      so neither CI nor a developer's loop waits on it."""
     e2e = ROOT / "tests" / "e2e"
-    for item in items:  # every test of tests/e2e is of that tier, marked or not
+    for item in items:
         if e2e in Path(str(item.fspath)).resolve().parents:
             item.add_marker(pytest.mark.e2e)
-    if os.environ.get("EXAMFORGE_SLOW") or "slow" in (config.getoption("-m") or ""):
+            item.add_marker(pytest.mark.slow)
+    if _large_selected(config):
         return
-    skip = pytest.mark.skip(reason="large version: run with -m slow or EXAMFORGE_SLOW=1")
+    skip = pytest.mark.skip(reason="large version: run with -m large or EXAMFORGE_LARGE=1")
     for item in items:
-        if "slow" in item.keywords:
+        if "large" in item.keywords:
             item.add_marker(skip)
 
 

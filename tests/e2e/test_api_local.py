@@ -13,6 +13,8 @@ from harness import assert_stored_exactly_once
 from helpers import wait_for
 from services import free_port
 
+pytestmark = pytest.mark.e2e
+
 
 @pytest.fixture
 def local_dep(deploy):

@@ -17,6 +17,8 @@ from sqlalchemy import func, select
 from storage.models import Run
 from storage.store import K
 
+pytestmark = pytest.mark.e2e
+
 R = Run.__table__  # type: ignore[attr-defined]
 
 

@@ -14,11 +14,15 @@ import zipfile
 from collections import Counter
 from pathlib import Path
 
+import pytest
+
 # The strict readers live with the writers' unit tests.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
 from bank_samples import strict_unhtml  # noqa: E402
 from test_banks_gift import read_bank as read_gift  # noqa: E402
 from test_banks_qti import read_bank as read_qti  # noqa: E402
+
+pytestmark = pytest.mark.e2e
 
 MIX = {"easy": 0.3, "medium": 0.5, "hard": 0.2}
 

@@ -129,7 +129,7 @@ def test_a_reply_reporting_twice_its_reservation_pauses_the_exam_at_once(deploy,
 
 
 @pytest.mark.parametrize("database", [  # both databases' checks: test_reservations.py
-    "sqlite", pytest.param("postgres", marks=pytest.mark.slow)])
+    "sqlite", pytest.param("postgres", marks=pytest.mark.large)])
 def test_no_call_is_sent_after_cancel_returns(deploy, mock, database):
     """Cancel. A real worker generates; `producer cancel` returns; from then on the mock sees
     no new request for the exam. The calls in flight at the cancel are settled by their

@@ -1,5 +1,5 @@
 """Limits that are stated (issue 16, item 14): a 20,000-chapter syllabus of 938 KB, under the
-1 MB cap, is accepted and runs. The full run is slow (20,000 calls): `-m slow`; the default
+1 MB cap, is accepted and runs. The full run is slow (20,000 calls): `-m large`; the default
 run enqueues it and reads its status."""
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def test_a_20000_chapter_syllabus_under_1_mb_is_enqueued_and_reported(deploy):
             S.c.exam == "big", S.c.state == "pending")).scalar_one() == CHAPTERS
 
 
-@pytest.mark.slow
+@pytest.mark.large
 @pytest.mark.parametrize("database", ["sqlite", "postgres"])
 def test_a_20000_chapter_syllabus_runs_end_to_end(deploy, mock, database):
     mock.configure(latency_s=0.0)

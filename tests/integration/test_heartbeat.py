@@ -26,6 +26,7 @@ def _stall(engine, seconds: float, started: threading.Event) -> None:
         time.sleep(seconds)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("lease_s, heartbeat_s, survives", [(4.0, 1.0, True), (1.2, 1.0, False)])
 def test_a_two_second_database_stall_does_not_expire_a_live_lease(
         db_url, make_settings, lease_s, heartbeat_s, survives):

@@ -79,6 +79,7 @@ def _unlimited(make_settings, base_url: str, redis_url: str) -> LLMClient:  # ty
     return client
 
 
+@pytest.mark.slow
 def test_a_hold_outlives_60_s_for_every_worker(redis_url, make_settings, mock_429, tmp_path):
     server = mock_429(120)
     assert server.base_url is not None
@@ -107,7 +108,7 @@ def test_a_hold_outlives_60_s_for_every_worker(redis_url, make_settings, mock_42
     r.delete(*r.keys(key + "*"))
 
 
-@pytest.mark.slow
+@pytest.mark.large
 def test_a_hold_outlives_60_s_for_every_worker_waited_out(redis_url, make_settings, mock_429,
                                                           tmp_path):
     """The same with a real wait: 65 s of Retry-After, checked at its 61st second and at its

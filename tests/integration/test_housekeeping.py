@@ -89,6 +89,7 @@ def test_prune_of_one_exam_refuses_it_while_a_chapter_is_pending_or_running(stor
         store.prune(0, exam="ex")
 
 
+@pytest.mark.slow
 def test_a_worker_frozen_mid_call_on_a_pruned_exam_stores_nothing_when_it_comes_back(
         store, tmp_path):
     _sync(store, tmp_path, "ex", [("a", 10)])

@@ -273,6 +273,7 @@ def test_cancel_clears_a_lease_that_has_lapsed(store, tmp_path):
             "cancelled", None)
 
 
+@pytest.mark.slow
 def test_a_call_in_flight_on_a_cancelled_slice_whose_holder_died_is_settled(store, tmp_path):
     """The holder kept its lease through the cancel to commit the reply of its call, then
     died: the reconciler's pass books that call as a crash (worst case, reservation
@@ -508,6 +509,7 @@ def test_a_settled_call_frees_what_it_did_not_spend(store, tmp_path):
     assert _totals_match_the_ledger(store) == (pytest.approx(0.1), 0)
 
 
+@pytest.mark.slow
 def test_a_crashed_calls_reservation_is_settled_at_its_worst_case_by_the_takeover(store, tmp_path):
     _sync(store, tmp_path, [("a", 10)])
     store.set_budget("ex", 5.0)

@@ -93,6 +93,7 @@ def _serve(tmp_path, *args, **env):
         capture_output=True, text=True, timeout=60)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args,env,message", [
     ((), {}, "error: API_TOKENS is not set: set it (comma-separated bearer tokens), or bind "
              "to a loopback address with --no-auth"),

@@ -59,6 +59,7 @@ def test_same_key_same_body_is_the_same_run_and_the_work_is_paid_once(make_setti
         assert len(c.get("/exams/demo/runs").json()["items"]) == 1
 
 
+@pytest.mark.slow
 def test_no_body_and_an_empty_object_are_the_same_request(make_settings, mock_llm):
     with api(make_settings, mock_llm) as c:
         c.put("/exams/demo", json=SYLLABUS)

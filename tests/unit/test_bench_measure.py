@@ -25,6 +25,7 @@ def _sleeper() -> subprocess.Popen:
                              "import time\ndef stuck_here():\n time.sleep(60)\nstuck_here()"])
 
 
+@pytest.mark.slow
 def test_a_stall_is_reported_long_before_the_deadline_with_the_stacks():
     proc = _sleeper()
     try:
@@ -40,6 +41,7 @@ def test_a_stall_is_reported_long_before_the_deadline_with_the_stacks():
         proc.wait()
 
 
+@pytest.mark.slow
 def test_progress_keeps_the_wait_going_and_the_end_returns():
     counts = [0] * 5 + [1] * 5 + [2] * 5 + [3]
     assert wait_done(_Probe(counts), "demo", 3, timeout_s=30, procs=[], poll_s=0.01,

@@ -155,6 +155,7 @@ def test_cancel_of_an_unknown_exam_is_refused(env, capsys):
     assert_one_line(code, stderr, "ghost")
 
 
+@pytest.mark.slow
 def test_piped_status_never_wraps_a_line(env, tmp_path):
     """Off a terminal (`| tee`, CI logs) rich wrapped at 80 columns, then at 200: a table row
     and the usage line each stay one line, however long."""

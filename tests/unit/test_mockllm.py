@@ -491,6 +491,7 @@ def test_300_concurrent_requests() -> None:
 # --------------------------------------------------------------------------- CLI
 
 
+@pytest.mark.slow
 def test_cli_serves_until_sigterm() -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
     command = [sys.executable, "-m", "mockllm", "--port", "0", "--latency-s", "0"]

@@ -35,6 +35,7 @@ def test_every_option_has_a_help_line() -> None:
     assert all(action.help for action in parser._actions)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", [("mockllm",), ("producer", "mock-llm")])
 def test_help_lists_every_option_and_every_fault(command: tuple[str, ...]) -> None:
     text = _help_text(*command)

@@ -313,6 +313,7 @@ def test_yaml_billion_laughs_is_refused_quickly(tmp_path: Path) -> None:
     assert "alias *a0 is not allowed" in message
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_yaml_many_keys_is_linear(tmp_path: Path) -> None:
     # Duplicate detection used list.count per key: 60k keys took minutes.
@@ -569,6 +570,7 @@ def test_a_20000_chapter_syllabus_under_the_byte_cap_is_accepted() -> None:
     assert len(parse_syllabus(raw, "big.json", max_questions=CAP).chapters) == 20_000
 
 
+@pytest.mark.slow
 def test_more_chapters_than_the_cap_are_refused_naming_the_field_and_the_cap() -> None:
     from examforge.syllabus import MAX_CHAPTERS, parse_syllabus
 

@@ -7,9 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_mypy_finds_no_errors():
     result = subprocess.run([sys.executable, "-m", "mypy"], cwd=ROOT, capture_output=True,
                             text=True, timeout=280)
