@@ -290,14 +290,23 @@ def status(slug: str, as_json: bool, watch: bool, interval_s: float) -> None:
 
 
 @cli.command()
-@click.option("--json", "as_json", is_flag=True, help="A JSON list on stdout.")
-def exams(as_json: bool) -> None:
-    """Every exam in the database: state, chapters, questions, cost, last change."""
-    summaries = _read_store(_settings()).exams()
+@click.option("--json", "as_json", is_flag=True,
+              help='JSON on stdout: {"items": [...], "next": CURSOR or null}.')
+@click.option("--limit", type=click.IntRange(1, 100_000), default=100, show_default=True,
+              help="Exams on the page.")
+@click.option("--after", metavar="CURSOR",
+              help="The page after this cursor: the `next` of the page before.")
+@click.option("--all", "every", is_flag=True, help="Every exam on one page (no limit).")
+def exams(as_json: bool, limit: int, after: str | None, every: bool) -> None:
+    """The exams in the database, newest first, a page at a time: state, chapters,
+    questions, cost, last change."""
+    page = _read_store(_settings()).exam_page(limit=None if every else limit, after=after)
+    summaries = page.items
     if as_json:
         from producer.views import summary_dict
 
-        click.echo(json.dumps([summary_dict(e) for e in summaries], ensure_ascii=False))
+        click.echo(json.dumps({"items": [summary_dict(e) for e in summaries],
+                               "next": page.next}, ensure_ascii=False))
         return
     table = Table(title=plural(len(summaries), "exam"))
     for col in ("exam", "title", "state", "chapters", "questions", "cost", "last change"):
@@ -307,6 +316,8 @@ def exams(as_json: bool) -> None:
                       f"{e.questions.done}/{e.questions.target}", f"${e.cost_usd:.4f}",
                       _when(e.updated_at) or "-")
     out.print(table)
+    if page.next:
+        out.print(f"more: python -m producer exams --after {page.next} (or --all)")
 
 
 # The chapters `status` draws in its table: rich lays a table out in time linear in its

@@ -119,11 +119,14 @@ class Runs(Ledger):
         with self._read() as conn:
             return conn.execute(select(Y.c.body).where(Y.c.exam == slug)).scalar()
 
-    def stored_syllabi(self) -> dict[str, tuple[str, float]]:
-        """Every stored syllabus: slug -> (JSON text, last change)."""
+    def stored_syllabi(self, *, unrun: bool = False) -> dict[str, tuple[str, float]]:
+        """Every stored syllabus (`unrun`: only those of exams not in the database yet):
+        slug -> (JSON text, last change)."""
+        query = select(Y.c.exam, Y.c.body, Y.c.updated_at)
+        if unrun:
+            query = query.where(~select(E.c.slug).where(E.c.slug == Y.c.exam).exists())
         with self._read() as conn:
-            return {r.exam: (r.body, r.updated_at)
-                    for r in conn.execute(select(Y.c.exam, Y.c.body, Y.c.updated_at))}
+            return {r.exam: (r.body, r.updated_at) for r in conn.execute(query)}
 
     def put_syllabus(self, slug: str, body: str) -> bool:
         """Store the exam's syllabus, replacing any; True if there was none (created)."""
