@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import secrets
 from enum import Enum
-from typing import Optional
+from typing import Any, Optional
 
 from sqlalchemy import BigInteger, Column, Index, LargeBinary, Text, UniqueConstraint, text
 from sqlmodel import Field, SQLModel
@@ -59,7 +59,7 @@ def new_epoch() -> int:
     return secrets.randbits(62)
 
 
-def partial(sql: str) -> dict[str, object]:
+def partial(sql: str) -> dict[str, Any]:
     """A partial index's condition on both databases: it holds only the rows that match, so
     reading by it costs what is active, not what is stored (migration 0016)."""
     return {"postgresql_where": text(sql), "sqlite_where": text(sql)}

@@ -8,7 +8,7 @@ import dataclasses
 import json
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 from sqlalchemy import and_, case, func, select, tuple_
 from sqlalchemy.engine import Connection
@@ -359,7 +359,7 @@ class Reports(StoreBase):
                                  .order_by(E.c.created_at.desc(), E.c.slug.desc())).all()
             return self._summaries(conn, exams, whole=True, costs=False)
 
-    def _summaries(self, conn: Connection, exams: list[Any], *, whole: bool,
+    def _summaries(self, conn: Connection, exams: Sequence[Any], *, whole: bool,
                    costs: bool = True) -> list[ExamSummary]:
         """The summaries of `exams` (rows of the exam table with `now`), in their order, in
         two grouped queries: the slices by chapter then by exam, and the ledger by exam
