@@ -14,7 +14,7 @@ from sqlalchemy import and_, case, func, select, tuple_
 from sqlalchemy.engine import Connection
 
 from examforge.errors import BadCursor
-from storage.base import ACTIVE_STATES, E, K, Q, S, StoreBase
+from storage.base import ACTIVE_SLICE, ACTIVE_STATES, IN_FLIGHT_CALL, E, K, Q, S, StoreBase
 from storage.models import CallOutcome, ChapterState
 
 
@@ -351,13 +351,37 @@ class Reports(StoreBase):
         return ExamPage(items, encode_cursor(exams[-1].created_at, exams[-1].slug)
                         if more else None)
 
-    def exam_figures(self) -> list[ExamSummary]:
-        """Every exam's summary without its cost (GET /metrics sums the ledger by outcome
-        itself): one pass over the slices, none over the ledger."""
+    def exam_figures(self, slugs: Sequence[str] | None = None
+                     ) -> tuple[list[ExamSummary], list[Any]]:
+        """What GET /metrics shows of the exams `slugs` (None: every exam): their summaries
+        without cost, and their ledger by outcome (exam, outcome, calls, prompt, completion,
+        cost), aggregated in SQL. With `slugs`, each read is an index range per exam."""
         with self._read() as conn:
-            exams = conn.execute(select(E, self._now.label("now"))
-                                 .order_by(E.c.created_at.desc(), E.c.slug.desc())).all()
-            return self._summaries(conn, exams, whole=True, costs=False)
+            query = select(E, self._now.label("now")).order_by(E.c.created_at.desc(),
+                                                               E.c.slug.desc())
+            totals = select(K.c.exam, K.c.outcome, func.count().label("calls"),
+                            func.coalesce(func.sum(K.c.prompt_tokens), 0).label("prompt"),
+                            func.coalesce(func.sum(K.c.completion_tokens), 0)
+                            .label("completion"),
+                            func.coalesce(func.sum(K.c.cost_usd), 0.0).label("cost"))
+            if slugs is not None:
+                if not slugs:
+                    return [], []
+                query = query.where(E.c.slug.in_(list(slugs)))
+                totals = totals.where(K.c.exam.in_(list(slugs)))
+            exams = conn.execute(query).all()
+            return (self._summaries(conn, exams, whole=slugs is None, costs=False),
+                    list(conn.execute(totals.group_by(K.c.exam, K.c.outcome))))
+
+    def exam_marks(self) -> tuple[dict[str, float], set[str]]:
+        """Every exam's last change of its own row (slug -> updated_at), and the exams with
+        work left or a call in flight (read through the partial indexes): what GET /metrics
+        reads at each scrape to know which exams' figures may have moved."""
+        with self._read() as conn:
+            marks = {r.slug: r.updated_at for r in conn.execute(select(E.c.slug, E.c.updated_at))}
+            live = set(conn.execute(select(S.c.exam).where(ACTIVE_SLICE).distinct()).scalars())
+            live.update(conn.execute(select(K.c.exam).where(IN_FLIGHT_CALL).distinct()).scalars())
+        return marks, live
 
     def _summaries(self, conn: Connection, exams: Sequence[Any], *, whole: bool,
                    costs: bool = True) -> list[ExamSummary]:

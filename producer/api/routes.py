@@ -84,10 +84,12 @@ def healthz(c: Ctx) -> Any:
             openapi_extra={"responses": {"200": {"content": {"text/plain": {
                 "schema": {"type": "string"}}}}}})
 def metrics(c: Ctx) -> Response:
-    """Prometheus metrics, read from the database at each scrape."""
-    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+    """Prometheus metrics, read from the database at each scrape (what may have moved since
+    the last one: producer.api.metrics)."""
+    from prometheus_client import CONTENT_TYPE_LATEST
 
-    return Response(generate_latest(c.registry), media_type=CONTENT_TYPE_LATEST)
+    assert c.metrics is not None
+    return Response(c.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
 
 @router.get("/exams", response_model=schemas.ExamList, tags=["exams"],
