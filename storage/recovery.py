@@ -197,13 +197,18 @@ class Recovery(Leases):
         exams no worker is trying, such as one whose budget was lowered below its spend.)
         Returns the exams paused."""
         in_flight = select(K.c.id).where(K.c.exam == E.c.slug, IN_FLIGHT_CALL).exists()
-        # The exams with work left, from the active slices' index: the exams themselves are
-        # all of history (a finished exam's row stays `active`), so they are not the start.
-        work_left = E.c.slug.in_(select(S.c.exam).where(ACTIVE_SLICE))
-        spent = and_(E.c.state == ExamState.active.value, E.c.budget_usd.is_not(None),
-                     E.c.spent_usd + E.c.reserved_usd >= E.c.budget_usd - 1e-12,
-                     ~in_flight, work_left)
         with self._write() as conn:
+            # The exams with work left first, from the active slices' index, then those rows
+            # by key: the exam table is all of history (a finished exam's row stays
+            # `active`), and the planner would rather scan it than start from the slices.
+            work_left = conn.execute(select(S.c.exam).where(ACTIVE_SLICE)
+                                     .distinct()).scalars().all()
+            if not work_left:
+                return []
+            spent = and_(E.c.slug.in_(work_left), E.c.state == ExamState.active.value,
+                         E.c.budget_usd.is_not(None),
+                         E.c.spent_usd + E.c.reserved_usd >= E.c.budget_usd - 1e-12,
+                         ~in_flight)
             return list(conn.execute(update(E).where(spent).values(
                 state=ExamState.paused.value, updated_at=self._now,
                 pause_reason=f"{BUDGET_PAUSE_PREFIX} nothing more fits in the exam's budget "
