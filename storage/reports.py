@@ -378,7 +378,8 @@ class Reports(StoreBase):
         work left or a call in flight (read through the partial indexes): what GET /metrics
         reads at each scrape to know which exams' figures may have moved."""
         with self._read() as conn:
-            marks = {r.slug: r.updated_at for r in conn.execute(select(E.c.slug, E.c.updated_at))}
+            marks: dict[str, float] = dict(conn.execute(  # type: ignore[arg-type]
+                select(E.c.slug, E.c.updated_at)).all())
             live = set(conn.execute(select(S.c.exam).where(ACTIVE_SLICE).distinct()).scalars())
             live.update(conn.execute(select(K.c.exam).where(IN_FLIGHT_CALL).distinct()).scalars())
         return marks, live

@@ -12,7 +12,7 @@ last scrape (they may have finished since), those whose own row changed or that 
 deleted exam is dropped. Whatever else could change a finished exam (a late reply re-booking
 a call settled as crashed, a lowered target) shows at the next full read, which runs in the
 background every `refresh_s`, while scrapes go on being served. The text is written here,
-in the exposition format prometheus_client writes, one f-string a sample.
+in the exposition format prometheus_client writes, each exam's samples once when it is read.
 """
 
 from __future__ import annotations
@@ -35,6 +35,18 @@ FULL_REFRESH_S = 300.0
 CHUNK = 500  # exams per read of the ones that moved
 
 
+# The per-exam families, in the order they are written: (name, type, help).
+FAMILIES = (
+    ("examforge_exam_state", "gauge", "1 for the exam's current state."),
+    ("examforge_exam_questions_stored", "gauge",
+     "Questions stored, up to each chapter's target."),
+    ("examforge_exam_questions_target", "gauge", "Questions the syllabus asks for."),
+    ("examforge_exam_calls_total", "counter", "Model calls by outcome."),
+    ("examforge_exam_tokens_total", "counter", "Tokens of the model calls."),
+    ("examforge_exam_cost_usd_total", "counter", "What the model calls cost, USD."),
+)
+
+
 @dataclass
 class ExamFigures:
     summary: ExamSummary
@@ -44,6 +56,25 @@ class ExamFigures:
     completion: int = 0
     cost: float = 0.0
     read_at: float = 0.0  # time.monotonic() when read
+    # Its samples, one string per family of FAMILIES ("" for none), written when read: a
+    # scrape only joins them.
+    lines: tuple[str, ...] = ()
+
+    def write(self) -> None:
+        e, g, s = _label(self.summary.exam), floatToGoString, self.summary
+        billed = bool(self.calls)
+        self.lines = (
+            f'examforge_exam_state{{exam="{e}",state="{s.state}"}} 1.0',
+            f'examforge_exam_questions_stored{{exam="{e}"}} {g(s.questions.done)}',
+            f'examforge_exam_questions_target{{exam="{e}"}} {g(s.questions.target)}',
+            "\n".join(f'examforge_exam_calls_total{{exam="{e}",outcome="{_label(o)}"}} {g(n)}'
+                      for o, n in sorted(self.calls.items())),
+            (f'examforge_exam_tokens_total{{exam="{e}",kind="prompt"}} {g(self.prompt)}\n'
+             f'examforge_exam_tokens_total{{exam="{e}",kind="completion"}} '
+             f'{g(self.completion)}') if billed else "",
+            f'examforge_exam_cost_usd_total{{exam="{e}"}} {g(round(self.cost, 6))}'
+            if billed else "",
+        )
 
 
 def _figures(summaries: list[ExamSummary], totals: Iterable[Any], now: float
@@ -57,6 +88,8 @@ def _figures(summaries: list[ExamSummary], totals: Iterable[Any], now: float
         f.prompt += int(r.prompt)
         f.completion += int(r.completion)
         f.cost += float(r.cost)
+    for f in out.values():
+        f.write()
     return out
 
 
@@ -129,41 +162,15 @@ class StoreMetrics:
 
     def render(self) -> bytes:
         """The exposition text (format 0.0.4), as prometheus_client would write it."""
-        exams = sorted(self.update().values(),
-                       key=lambda f: (-(f.summary.updated_at or 0.0), f.summary.exam))
-        g = floatToGoString
+        exams = list(self.update().values())
         by_state = {state: 0 for state in EXAM_STATES}
         for f in exams:
             by_state[f.summary.state] = by_state.get(f.summary.state, 0) + 1
-        lines = ["# HELP examforge_exams Exams in the database by state.",
+        parts = ["# HELP examforge_exams Exams in the database by state.",
                  "# TYPE examforge_exams gauge"]
-        lines += [f'examforge_exams{{state="{s}"}} {g(n)}' for s, n in by_state.items()]
-        named = [(_label(f.summary.exam), f) for f in exams]
-
-        def family(name: str, kind: str, help_text: str, samples: Iterable[str]) -> None:
-            lines.extend((f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"))
-            lines.extend(samples)
-
-        family("examforge_exam_state", "gauge", "1 for the exam's current state.",
-               (f'examforge_exam_state{{exam="{e}",state="{f.summary.state}"}} 1.0'
-                for e, f in named))
-        family("examforge_exam_questions_stored", "gauge",
-               "Questions stored, up to each chapter's target.",
-               (f'examforge_exam_questions_stored{{exam="{e}"}} '
-                f'{g(f.summary.questions.done)}' for e, f in named))
-        family("examforge_exam_questions_target", "gauge", "Questions the syllabus asks for.",
-               (f'examforge_exam_questions_target{{exam="{e}"}} '
-                f'{g(f.summary.questions.target)}' for e, f in named))
-        family("examforge_exam_calls_total", "counter", "Model calls by outcome.",
-               (f'examforge_exam_calls_total{{exam="{e}",outcome="{_label(o)}"}} {g(n)}'
-                for e, f in named for o, n in sorted(f.calls.items())))
-        billed = [(e, f) for e, f in named if f.calls]
-        family("examforge_exam_tokens_total", "counter", "Tokens of the model calls.",
-               (line for e, f in billed for line in (
-                   f'examforge_exam_tokens_total{{exam="{e}",kind="prompt"}} {g(f.prompt)}',
-                   f'examforge_exam_tokens_total{{exam="{e}",kind="completion"}} '
-                   f'{g(f.completion)}')))
-        family("examforge_exam_cost_usd_total", "counter", "What the model calls cost, USD.",
-               (f'examforge_exam_cost_usd_total{{exam="{e}"}} {g(round(f.cost, 6))}'
-                for e, f in billed))
-        return ("\n".join(lines) + "\n").encode()
+        parts += [f'examforge_exams{{state="{s}"}} {floatToGoString(n)}'
+                  for s, n in by_state.items()]
+        for i, (name, kind, help_text) in enumerate(FAMILIES):
+            parts += (f"# HELP {name} {help_text}", f"# TYPE {name} {kind}")
+            parts.extend(line for f in exams if (line := f.lines[i]))
+        return ("\n".join(parts) + "\n").encode()
