@@ -396,14 +396,3 @@ class Runs(Ledger):
                 .where(Q.c.exam == slug, Q.c.id > after).order_by(Q.c.id).limit(limit)).all()
         return [{**r._mapping, "choices": json.loads(r.choices)} for r in rows]
 
-    # --- metrics -----------------------------------------------------------------------
-
-    def call_totals(self) -> list[Any]:
-        """Per exam and outcome: calls, prompt and completion tokens, cost (for /metrics)."""
-        with self._read() as conn:
-            return list(conn.execute(
-                select(K.c.exam, K.c.outcome, func.count().label("calls"),
-                       func.coalesce(func.sum(K.c.prompt_tokens), 0).label("prompt"),
-                       func.coalesce(func.sum(K.c.completion_tokens), 0).label("completion"),
-                       func.coalesce(func.sum(K.c.cost_usd), 0.0).label("cost"))
-                .group_by(K.c.exam, K.c.outcome)))
