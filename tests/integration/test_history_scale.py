@@ -68,6 +68,28 @@ def test_the_partial_indexes_exist_with_their_conditions(store):
     assert "ix_exam_created" in defs
 
 
+def test_0016_indexes_a_database_that_already_holds_history(db_url):
+    from alembic import command
+
+    from storage import Store, connect, migrate
+    from storage.db import alembic_config
+
+    engine = connect(db_url)
+    with engine.begin() as conn:
+        command.upgrade(alembic_config(conn), "0015")
+    build(engine, 20)
+    migrate(engine)
+    store = Store(engine)
+    assert reconcile_store_work(store)["waiting"] == 5 * 10 * 5  # the active exams' pending
+    assert len(store.exams()) == 25
+    with engine.connect() as conn:
+        sql = ("SELECT indexname FROM pg_indexes" if engine.dialect.name == "postgresql"
+               else "SELECT name FROM sqlite_master WHERE type = 'index'")
+        names = set(conn.execute(text(sql)).scalars())
+    assert set(PARTIAL) | {"ix_exam_created"} <= names
+    engine.dispose()
+
+
 def test_a_reconcile_pass_reads_only_active_rows_on_postgresql(pg_url):
     """At 20,000 done slices, no statement of a reconcile pass scans the slice, call or exam
     table whole: each reads them through a partial index, or by primary key from a row such an
