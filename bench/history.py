@@ -258,7 +258,7 @@ LABELS = {
     "exams_cli": "`python -m producer exams --json`, launch to exit",
     "api_exams": "GET /exams (first page, 100)",
     "metrics": "GET /metrics (a scrape)",
-    "metrics_first": "GET /metrics, a process's first scrape",
+    "metrics_first": "GET /metrics right after the server starts (its first full read)",
     "exams_all": "`exams --all`, in process",
 }
 

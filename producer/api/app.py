@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, AsyncIterator
@@ -45,11 +46,13 @@ def create_app(settings: Settings, local: bool = False, *, no_auth: bool = False
     store = open_store(settings.database_url, pool_size=settings.db_pool_size)
     work: Work = LocalWork(settings, store) if local else CeleryWork(settings, store)
     ctx = Context(settings, store, work, auth=bool(settings.api_token_list()) and not no_auth)
-    ctx.metrics = StoreMetrics(store)
+    ctx.metrics = metrics = StoreMetrics(store)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         sweeper = asyncio.create_task(_sweep_forever(ctx), name="sweep")
+        # Every exam's figures read once now, so that the first scrape finds them read.
+        threading.Thread(target=metrics.warm, daemon=True, name="metrics-warm").start()
         try:
             yield
         finally:

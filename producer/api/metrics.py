@@ -9,14 +9,16 @@ prometheus_client took 32 s, past Prometheus's 10 s timeout). Each replica keeps
 exam's figures, aggregated in SQL, and at each scrape re-reads only the exams that may have
 moved: those with work left or a call in flight (the partial indexes), those that had at the
 last scrape (they may have finished since), those whose own row changed or that are new; a
-deleted exam is dropped. Whatever else could change a finished exam (a late reply re-booking
-a call settled as crashed, a lowered target) shows at the next full read, which runs in the
-background every `refresh_s`, while scrapes go on being served. The text is written here,
-in the exposition format prometheus_client writes, each exam's samples once when it is read.
+deleted exam is dropped. The first full read starts with the server (a thread of its own).
+Whatever else could change a finished exam (a late reply re-booking a call settled as
+crashed, a lowered target) shows at the next full read, which runs in the background every
+`refresh_s`, while scrapes go on being served. The text is written here, in the exposition
+format prometheus_client writes, each exam's samples once when it is read.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from dataclasses import dataclass, field
@@ -29,6 +31,7 @@ from storage.reports import ExamStatus, ExamSummary
 if TYPE_CHECKING:
     from storage import Store
 
+log = logging.getLogger("examforge.api")
 EXAM_STATES = [s.value for s in ExamStatus]
 # How often every exam's figures are read again in full, seconds (the background read).
 FULL_REFRESH_S = 300.0
@@ -130,6 +133,14 @@ class StoreMetrics:
                 if slug in self._marks and (old is None or old.read_at < started):
                     self._exams[slug] = f
             self._full_at, self._refreshing = started, False
+
+    def warm(self) -> None:
+        """The first full read, at the server's start (in a thread of its own): a scrape
+        that comes meanwhile waits for it rather than reading everything a second time."""
+        try:
+            self.update()
+        except Exception:  # noqa: BLE001 - the first scrape reads again, and says why
+            log.debug("metrics: the first read failed", exc_info=True)
 
     def update(self) -> dict[str, ExamFigures]:
         """Bring the figures up to date as a scrape needs them; returns them."""
