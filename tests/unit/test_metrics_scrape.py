@@ -65,6 +65,17 @@ def test_each_scrape_shows_the_rows_while_reading_only_what_moved(tmp_path):
     assert third['examforge_exam_questions_stored{exam="new-active-000000"}'] == 400
     cost = f'examforge_exam_cost_usd_total{{exam="{done}"}}'
     assert third[cost] == first[cost]
+    # A finished exam whose own row moved (enqueue bumps it when it changes the slices:
+    # reopened and finished again between two scrapes) is read again at the next scrape.
+    with store.engine.begin() as conn:
+        conn.execute(text("UPDATE slice SET target = 5 WHERE exam = 'hist-done-000000' "
+                          "AND chapter_id = 'ch0' AND slice_no = 9"))
+        conn.execute(text("UPDATE exam SET updated_at = updated_at + 1 "
+                          "WHERE slug = 'hist-done-000000'"))
+    read.clear()
+    fourth = _samples(metrics.render())
+    assert read == [["hist-done-000000", "new-active-000000"]]  # and the one at work
+    assert fourth['examforge_exam_questions_target{exam="hist-done-000000"}'] == 995
     metrics.refresh_s = 0.0
     metrics.render()  # starts the full read in the background
 
