@@ -37,7 +37,7 @@ from bench.measure import (
 # In the order they run. `ratelimit` (bench/ratelimit.py, about 5 minutes) runs only when named.
 PARTS = ("overhead", "slots32", "enqueue", "export", "status", "scaling", "threads", "prefetch",
          "chapters")
-OPTIONAL_PARTS = ("ratelimit", "neardup")
+OPTIONAL_PARTS = ("ratelimit", "neardup", "history")
 
 
 @dataclass

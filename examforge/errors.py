@@ -97,6 +97,10 @@ class UnknownChapter(UserError):
     """Raised when a chapter id names no chapter of the exam."""
 
 
+class BadCursor(UserError):
+    """Raised when a page cursor (`exams --after`, GET /exams?after=) is not one a page gave."""
+
+
 class ConfigError(UserError):
     """Raised when the settings (environment or .env) are invalid."""
 

@@ -109,10 +109,17 @@ def status(slug: str, as_json: bool, watch: bool, interval_s: float) -> None:
 
 
 @cli.command()
-@click.option("--json", "as_json", is_flag=True, help="A JSON list on stdout.")
+@click.option("--json", "as_json", is_flag=True,
+              help='JSON on stdout: {"items": [...], "next": CURSOR or null}.')
+@click.option("--limit", type=click.IntRange(1, 100_000), default=100, show_default=True,
+              help="Exams on the page.")
+@click.option("--after", metavar="CURSOR",
+              help="The page after this cursor: the `next` of the page before.")
+@click.option("--all", "every", is_flag=True, help="Every exam on one page (no limit).")
 @_dispatch
-def exams(as_json: bool) -> None:
-    """Every exam in the database: state, chapters, questions, cost, last change."""
+def exams(as_json: bool, limit: int, after: str | None, every: bool) -> None:
+    """The exams in the database, newest first, a page at a time: state, chapters,
+    questions, cost, last change."""
 
 
 @cli.command()

@@ -232,10 +232,12 @@ def status(slug: str, as_json: bool, watch: bool, interval_s: float) -> None:
     _print_status(report)
 
 
-def exams(as_json: bool) -> None:
-    summaries = _read_store(_settings()).exams()
+def exams(as_json: bool, limit: int, after: str | None, every: bool) -> None:
+    page = _read_store(_settings()).exam_page(limit=None if every else limit, after=after)
+    summaries = page.items
     if as_json:
-        click.echo(json.dumps([summary_dict(e) for e in summaries], ensure_ascii=False))
+        click.echo(json.dumps({"items": [summary_dict(e) for e in summaries],
+                               "next": page.next}, ensure_ascii=False))
         return
     table = Table(title=plural(len(summaries), "exam"))
     for col in ("exam", "title", "state", "chapters", "questions", "cost", "last change"):
@@ -245,6 +247,8 @@ def exams(as_json: bool) -> None:
                       f"{e.questions.done}/{e.questions.target}", f"${e.cost_usd:.4f}",
                       when(e.updated_at) or "-")
     out.print(table)
+    if page.next:
+        out.print(f"more: python -m producer exams --after {page.next} (or --all)")
 
 
 # The chapters `status` draws in its table: rich lays a table out in time linear in its

@@ -7,12 +7,12 @@ import hashlib
 import threading
 from typing import Any, Callable, Iterator, Sequence
 
-from sqlalchemy import and_, bindparam, case, func, select, text, update
+from sqlalchemy import and_, bindparam, case, func, literal_column, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 
 from storage.db import READ_ONLY, db_now
-from storage.models import Call, ChapterState, Slice, Exam, Question
+from storage.models import Call, CallOutcome, ChapterState, Slice, Exam, Question
 
 E = Exam.__table__  # type: ignore[attr-defined]
 S = Slice.__table__  # type: ignore[attr-defined]
@@ -20,6 +20,21 @@ Q = Question.__table__  # type: ignore[attr-defined]
 K = Call.__table__  # type: ignore[attr-defined]
 
 ACTIVE_STATES = (ChapterState.pending.value, ChapterState.running.value)
+
+
+def _literal(value: str) -> Any:
+    return literal_column(f"'{value}'")
+
+
+# The conditions of the partial indexes (storage.models, migration 0016), written with their
+# values inline: SQLite uses a partial index only for a query whose WHERE has the index's
+# own terms, literally (a bound parameter never matches), and PostgreSQL proves from them
+# too. Every query of a reconcile pass selects through one of these, so it reads the work in
+# progress, not all of history.
+ACTIVE_SLICE = S.c.state.in_([_literal(s) for s in ACTIVE_STATES])
+HELD_CANCELLED = and_(S.c.state == _literal(ChapterState.cancelled.value),
+                      S.c.lease_owner.is_not(None))
+IN_FLIGHT_CALL = K.c.outcome == _literal(CallOutcome.in_flight.value)
 # A slice's row by bind parameters, for the statements built once (StoreBase._stmt).
 SLICE_KEY = (S.c.exam == bindparam("k_exam"), S.c.chapter_id == bindparam("k_chapter"),
              S.c.slice_no == bindparam("k_slice"))

@@ -20,7 +20,7 @@ from examforge.neardup import Checker, Scope
 from examforge.output import Question as ParsedQuestion
 from examforge.output import text_hash
 from storage import neardup
-from storage.base import BUDGET_PAUSE_PREFIX, SLICE_KEY, E, K, Q, S, StoreBase
+from storage.base import BUDGET_PAUSE_PREFIX, IN_FLIGHT_CALL, SLICE_KEY, E, K, Q, S, StoreBase
 from storage.db import READ_ONLY
 from storage.models import CallOutcome, CallReason, ChapterState, ExamState
 
@@ -219,8 +219,7 @@ class Ledger(StoreBase):
         (`_exam_first`; the planning commands hold it already). A call under a live lease is
         left to its holder, which settles it when its reply comes back. A holder that was
         only frozen and comes back later re-books its call at its real usage (`_finish`)."""
-        where = [K.c.exam == slug, K.c.outcome == CallOutcome.in_flight.value,
-                 ~self._holder_live()]
+        where = [K.c.exam == slug, IN_FLIGHT_CALL, ~self._holder_live()]
         if chapter_ids is not None:
             if not chapter_ids:
                 return 0

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import secrets
 from enum import Enum
-from typing import Optional
+from typing import Any, Optional
 
-from sqlalchemy import BigInteger, Column, Index, LargeBinary, Text, UniqueConstraint
+from sqlalchemy import BigInteger, Column, Index, LargeBinary, Text, UniqueConstraint, text
 from sqlmodel import Field, SQLModel
 
 
@@ -59,7 +59,25 @@ def new_epoch() -> int:
     return secrets.randbits(62)
 
 
+def partial(sql: str) -> dict[str, Any]:
+    """A partial index's condition on both databases: it holds only the rows that match, so
+    reading by it costs what is active, not what is stored (migration 0016)."""
+    return {"postgresql_where": text(sql), "sqlite_where": text(sql)}
+
+
+# The rows that can still change, as the partial indexes of migration 0016 select them. A
+# query uses such an index when its own condition implies this one (PostgreSQL proves it;
+# SQLite needs the same terms, with literal values: storage.base.ACTIVE_SLICE).
+ACTIVE_SLICE_SQL = "state IN ('pending', 'running')"
+HELD_CANCELLED_SQL = "state = 'cancelled' AND lease_owner IS NOT NULL"
+IN_FLIGHT_SQL = "outcome = 'in_flight'"
+
+
 class Exam(SQLModel, table=True):
+    # `exams` and GET /exams page newest first by (created_at, slug): a keyset that new
+    # exams never shift (storage.reports.Reports.exam_page).
+    __table_args__ = (Index("ix_exam_created", "created_at", "slug"),)
+
     slug: str = Field(primary_key=True, max_length=64)
     title: str = Field(sa_column=Column(Text, nullable=False))
     state: str = Field(default=ExamState.active.value, max_length=16)
@@ -87,6 +105,14 @@ class Slice(SQLModel, table=True):
     double commit impossible while its slices run at once; the chapter is done when all of
     them are. The chapter's own fields (position, title, prompt, spec_hash) are repeated on
     each of its slices so that a claim reads one row; they always change together."""
+
+    __table_args__ = (
+        # The work in progress, in the order the reconciler reads it (storage.recovery).
+        Index("ix_slice_active", "exam", "position", "slice_no", **partial(ACTIVE_SLICE_SQL)),
+        # Cancelled under a holder's lease: what settle_cancelled looks for.
+        Index("ix_slice_cancelled_held", "exam", "chapter_id", "slice_no",
+              **partial(HELD_CANCELLED_SQL)),
+    )
 
     exam: str = Field(primary_key=True, foreign_key="exam.slug", max_length=64)
     chapter_id: str = Field(primary_key=True, max_length=64)
@@ -149,7 +175,10 @@ class Question(SQLModel, table=True):
 class Call(SQLModel, table=True):
     """One paid request to the provider, recorded before it is sent and updated after."""
 
-    __table_args__ = (Index("ix_call_chapter_outcome", "exam", "chapter_id", "outcome"),)
+    __table_args__ = (Index("ix_call_chapter_outcome", "exam", "chapter_id", "outcome"),
+                      # The calls in flight: what settling orphans and pausing spent exams read.
+                      Index("ix_call_in_flight", "exam", "chapter_id", "slice_no",
+                            **partial(IN_FLIGHT_SQL)))
 
     id: Optional[int] = Field(default=None, primary_key=True)
     exam: str = Field(max_length=64)

@@ -180,6 +180,11 @@ class Planning(Ledger):
                                              S.c.slice_no == bindparam("_sno"))
                              .values({c: bindparam(c) for c in columns + ("updated_at",)}),
                              batch)
+            if wiped or changes or fresh or states:
+                # The exam's own row says it changed: GET /metrics re-reads an exam whose row
+                # moved (producer.api.metrics), even one reopened and finished between two
+                # scrapes.
+                conn.execute(update(E).where(E.c.slug == slug).values(updated_at=now))
         return plan
 
     def set_budget(self, slug: str, budget_usd: float) -> None:

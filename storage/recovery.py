@@ -9,9 +9,10 @@ from typing import Iterable
 
 from sqlalchemy import and_, func, or_, select, tuple_, update
 
-from storage.base import ACTIVE_STATES, BUDGET_PAUSE_PREFIX, E, K, S
+from storage.base import (ACTIVE_SLICE, BUDGET_PAUSE_PREFIX, HELD_CANCELLED, IN_FLIGHT_CALL,
+                          E, K, S)
 from storage.leases import Leases, slice_where
-from storage.models import CallOutcome, ChapterState, ExamState
+from storage.models import ChapterState, ExamState
 
 
 class RequeueReason(str, Enum):
@@ -68,7 +69,7 @@ class Recovery(Leases):
                 .join(E, E.c.slug == S.c.exam)
                 .where(
                     E.c.state == ExamState.active.value,
-                    S.c.state.in_(ACTIVE_STATES),
+                    ACTIVE_SLICE,
                     S.c.enqueued_at.is_not(None),  # never enqueued: left out on purpose
                     or_(S.c.lease_owner.is_(None), S.c.lease_expires_at <= now - grace_s),
                     or_(S.c.not_before_at.is_(None), S.c.not_before_at <= now - grace_s),
@@ -97,6 +98,7 @@ class Recovery(Leases):
         """
         where = [
             E.c.state == ExamState.active.value,
+            ACTIVE_SLICE,  # implied by the next: says to SQLite which index holds them
             S.c.state == ChapterState.pending.value,
             S.c.enqueued_at.is_not(None),
             S.c.enqueued_at <= self._now - min_age_s,
@@ -131,7 +133,7 @@ class Recovery(Leases):
         with self._write() as conn:
             capped = conn.execute(
                 select(S.c.exam, S.c.chapter_id, S.c.slice_no).where(
-                    S.c.state.in_(ACTIVE_STATES), S.c.attempts_since_progress >= max_attempts,
+                    ACTIVE_SLICE, S.c.attempts_since_progress >= max_attempts,
                     or_(S.c.lease_owner.is_(None), S.c.lease_expires_at <= self._now))).all()
             for exam, chapter_id, slice_no in capped:
                 # Lock order: the exam row before the slice's and its calls' (settling them
@@ -155,8 +157,7 @@ class Recovery(Leases):
         with self._write() as conn:
             lapsed = conn.execute(
                 select(S.c.exam, S.c.chapter_id, S.c.slice_no).where(
-                    S.c.state == ChapterState.cancelled.value, S.c.lease_owner.is_not(None),
-                    S.c.lease_expires_at <= self._now)
+                    HELD_CANCELLED, S.c.lease_expires_at <= self._now)
                 .order_by(S.c.exam, S.c.chapter_id, S.c.slice_no)).all()
             settled = 0
             for exam, chapter_id, slice_no in lapsed:
@@ -178,8 +179,7 @@ class Recovery(Leases):
         (Ledger._settle_orphans), one exam per transaction. Returns how many."""
         with self._read() as conn:
             exams = conn.execute(
-                select(K.c.exam).where(K.c.outcome == CallOutcome.in_flight.value,
-                                       ~self._holder_live())
+                select(K.c.exam).where(IN_FLIGHT_CALL, ~self._holder_live())
                 .distinct().order_by(K.c.exam)).scalars().all()
         settled = 0
         for exam in exams:
@@ -196,14 +196,19 @@ class Recovery(Leases):
         call in flight. (A worker that finds no room pauses its exam itself; this catches
         exams no worker is trying, such as one whose budget was lowered below its spend.)
         Returns the exams paused."""
-        in_flight = select(K.c.id).where(
-            K.c.exam == E.c.slug, K.c.outcome == CallOutcome.in_flight.value).exists()
-        work_left = select(S.c.exam).where(
-            S.c.exam == E.c.slug, S.c.state.in_(ACTIVE_STATES)).exists()
-        spent = and_(E.c.state == ExamState.active.value, E.c.budget_usd.is_not(None),
-                     E.c.spent_usd + E.c.reserved_usd >= E.c.budget_usd - 1e-12,
-                     ~in_flight, work_left)
+        in_flight = select(K.c.id).where(K.c.exam == E.c.slug, IN_FLIGHT_CALL).exists()
         with self._write() as conn:
+            # The exams with work left first, from the active slices' index, then those rows
+            # by key: the exam table is all of history (a finished exam's row stays
+            # `active`), and the planner would rather scan it than start from the slices.
+            work_left = conn.execute(select(S.c.exam).where(ACTIVE_SLICE)
+                                     .distinct()).scalars().all()
+            if not work_left:
+                return []
+            spent = and_(E.c.slug.in_(work_left), E.c.state == ExamState.active.value,
+                         E.c.budget_usd.is_not(None),
+                         E.c.spent_usd + E.c.reserved_usd >= E.c.budget_usd - 1e-12,
+                         ~in_flight)
             return list(conn.execute(update(E).where(spent).values(
                 state=ExamState.paused.value, updated_at=self._now,
                 pause_reason=f"{BUDGET_PAUSE_PREFIX} nothing more fits in the exam's budget "

@@ -2,19 +2,42 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
 import dataclasses
 import json
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
-from sqlalchemy import and_, func, select
+from sqlalchemy import and_, case, func, select, tuple_
+from sqlalchemy.engine import Connection
 
-from storage.base import E, K, Q, S, StoreBase
+from examforge.errors import BadCursor
+from storage.base import ACTIVE_SLICE, ACTIVE_STATES, IN_FLIGHT_CALL, E, K, Q, S, StoreBase
 from storage.models import CallOutcome, ChapterState
 
 
 RECENT_ERRORS = 5  # the failed and wasted calls a report lists
+EXAM_PAGE = 100  # exams on a page of `exams` and GET /exams, unless asked otherwise
+
+
+def encode_cursor(created_at: float, slug: str) -> str:
+    """An exam's place in the keyset order, opaque to clients: URL-safe, no padding."""
+    raw = json.dumps([created_at, slug], separators=(",", ":")).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[float, str]:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        created_at, slug = json.loads(raw)
+        if not isinstance(slug, str) or isinstance(created_at, bool):
+            raise ValueError
+        return float(created_at), slug
+    except (ValueError, TypeError, binascii.Error):
+        raise BadCursor(f"after: {cursor[:80]!r} is not a cursor a page of exams gave "
+                        "(use its `next`)") from None
 
 
 @dataclass
@@ -202,6 +225,14 @@ class ExamSummary:
 
 
 @dataclass
+class ExamPage:
+    """A page of `exams`: its summaries and the cursor of the next page (None: the last)."""
+
+    items: list[ExamSummary]
+    next: str | None
+
+
+@dataclass
 class ExamReport:
     """`status`: what the database says of one exam. `as_dict()` is the `status --json`
     contract."""
@@ -297,45 +328,140 @@ class Reports(StoreBase):
         return (theirs, "model") if len(theirs) > len(mine) else (mine, "exam")
 
     def exams(self) -> list[ExamSummary]:
-        """Every exam in the database, newest change first, in a few grouped queries."""
+        """Every exam in the database, newest first (`exam_page` without a limit)."""
+        return self.exam_page(limit=None).items
+
+    def exam_page(self, limit: int | None = EXAM_PAGE, after: str | None = None) -> ExamPage:
+        """The exams after the cursor `after` (None: from the newest), at most `limit` (None:
+        all), newest first, with the cursor of the next page (None on the last).
+
+        Keyset pages by (created_at, slug), from `ix_exam_created`: an exam recorded while a
+        client pages comes before its first page, so no exam is skipped or listed twice. The
+        figures of a page are aggregated in SQL over that page's exams alone, so a page costs
+        the same at 100 exams and at 10,000 (issue 19)."""
         with self._read() as conn:
-            exams = conn.execute(select(E, self._now.label("now"))).all()
-            slices = conn.execute(
-                select(S.c.exam, S.c.chapter_id, S.c.state, S.c.lease_owner,
-                       S.c.lease_expires_at, S.c.target, S.c.updated_at)).all()
-            stored: dict[str, int] = dict(conn.execute(  # type: ignore[arg-type]
-                select(Q.c.exam, func.count()).select_from(Q).join(S, self._in_range())
-                .group_by(Q.c.exam)).all())
-            costs = {r.exam: r for r in conn.execute(
-                select(K.c.exam, func.coalesce(func.sum(K.c.cost_usd), 0.0).label("cost"),
-                       func.max(K.c.finished_at).label("last")).group_by(K.c.exam))}
-        now = exams[0].now if exams else 0.0
-        states: dict[str, dict[str, list[ChapterState]]] = {}
-        targets: dict[str, int] = {}
-        changed: dict[str, float] = {}
-        for sl in slices:
-            state = ChapterState(sl.state)
-            if state is ChapterState.running and not (
-                    sl.lease_owner and (sl.lease_expires_at or 0) > now):
-                state = ChapterState.pending
-            states.setdefault(sl.exam, {}).setdefault(sl.chapter_id, []).append(state)
-            targets[sl.exam] = targets.get(sl.exam, 0) + sl.target
-            changed[sl.exam] = max(changed.get(sl.exam, 0.0), sl.updated_at or 0.0)
+            query = (select(E, self._now.label("now"))
+                     .order_by(E.c.created_at.desc(), E.c.slug.desc()))
+            if after is not None:
+                created, slug = decode_cursor(after)
+                query = query.where(tuple_(E.c.created_at, E.c.slug) < (created, slug))
+            if limit is not None:
+                query = query.limit(limit + 1)
+            exams = conn.execute(query).all()
+            more = limit is not None and len(exams) > limit
+            exams = exams[:limit] if limit is not None else exams
+            items = self._summaries(conn, exams, whole=limit is None and after is None)
+        return ExamPage(items, encode_cursor(exams[-1].created_at, exams[-1].slug)
+                        if more else None)
+
+    def exam_figures(self, slugs: Sequence[str] | None = None
+                     ) -> tuple[list[ExamSummary], list[Any]]:
+        """What GET /metrics shows of the exams `slugs` (None: every exam): their summaries
+        without cost, and their ledger by outcome (exam, outcome, calls, prompt, completion,
+        cost), aggregated in SQL. With `slugs`, each read is an index range per exam."""
+        with self._read() as conn:
+            query = select(E, self._now.label("now")).order_by(E.c.created_at.desc(),
+                                                               E.c.slug.desc())
+            totals = select(K.c.exam, K.c.outcome, func.count().label("calls"),
+                            func.coalesce(func.sum(K.c.prompt_tokens), 0).label("prompt"),
+                            func.coalesce(func.sum(K.c.completion_tokens), 0)
+                            .label("completion"),
+                            func.coalesce(func.sum(K.c.cost_usd), 0.0).label("cost"))
+            if slugs is not None:
+                if not slugs:
+                    return [], []
+                query = query.where(E.c.slug.in_(list(slugs)))
+                totals = totals.where(K.c.exam.in_(list(slugs)))
+            exams = conn.execute(query).all()
+            return (self._summaries(conn, exams, whole=slugs is None, costs=False),
+                    list(conn.execute(totals.group_by(K.c.exam, K.c.outcome))))
+
+    def exam_marks(self) -> tuple[dict[str, float], set[str]]:
+        """Every exam's last change of its own row (slug -> updated_at), and the exams with
+        work left or a call in flight (read through the partial indexes): what GET /metrics
+        reads at each scrape to know which exams' figures may have moved."""
+        with self._read() as conn:
+            marks: dict[str, float] = dict(conn.execute(  # type: ignore[arg-type]
+                select(E.c.slug, E.c.updated_at)).all())
+            live = set(conn.execute(select(S.c.exam).where(ACTIVE_SLICE).distinct()).scalars())
+            live.update(conn.execute(select(K.c.exam).where(IN_FLIGHT_CALL).distinct()).scalars())
+        return marks, live
+
+    def _summaries(self, conn: Connection, exams: Sequence[Any], *, whole: bool,
+                   costs: bool = True) -> list[ExamSummary]:
+        """The summaries of `exams` (rows of the exam table with `now`), in their order, in
+        two grouped queries: the slices by chapter then by exam, and the ledger by exam
+        (`whole`: every exam of the database, read without a list of slugs).
+
+        A done slice counts its target as stored: its range is full by construction (a slice
+        is set done only when its range holds its target, and nothing deletes a question
+        without deleting its slice too: --regenerate, prune), so only the questions of the
+        slices still open are counted, each from the unique index on its range. That keeps
+        a finished exam's questions out of every read here."""
+        if not exams:
+            return []
+        slugs = [e.slug for e in exams]
+        done = S.c.state == ChapterState.done.value
+        in_range = and_(Q.c.exam == S.c.exam, Q.c.chapter_id == S.c.chapter_id,
+                        Q.c.number >= S.c.first_number,
+                        Q.c.number < S.c.first_number + S.c.target)
+        open_stored = (select(func.count()).select_from(Q).where(in_range)
+                       .correlate(S).scalar_subquery())
+        # A slice running under a lapsed lease reads as pending: both are work left.
+        active = S.c.state.in_(ACTIVE_STATES)
+        flag = (lambda cond: func.max(case((cond, 1), else_=0)))
+        chapters = select(
+            S.c.exam, S.c.chapter_id,
+            func.min(case((done, 1), else_=0)).label("done"),
+            flag(active).label("active"),
+            flag(S.c.state == ChapterState.failed.value).label("failed"),
+            func.sum(S.c.target).label("target"),
+            func.sum(case((done, S.c.target), else_=open_stored)).label("stored"),
+            func.max(S.c.updated_at).label("changed"))
+        if not whole:
+            chapters = chapters.where(S.c.exam.in_(slugs))
+        ch = chapters.group_by(S.c.exam, S.c.chapter_id).subquery()
+        per_exam = {r.exam: r for r in conn.execute(select(
+            ch.c.exam, func.count().label("chapters"), func.sum(ch.c.done).label("done"),
+            func.max(ch.c.active).label("active"), func.max(ch.c.failed).label("failed"),
+            func.sum(ch.c.target).label("target"), func.sum(ch.c.stored).label("stored"),
+            func.max(ch.c.changed).label("changed")).group_by(ch.c.exam))}
+        ledger: dict[str, Any] = {}
+        if costs:
+            spent = select(K.c.exam, func.coalesce(func.sum(K.c.cost_usd), 0.0).label("cost"),
+                           func.max(K.c.finished_at).label("last"))
+            if not whole:
+                spent = spent.where(K.c.exam.in_(slugs))
+            ledger = {r.exam: r for r in conn.execute(spent.group_by(K.c.exam))}
         out = []
         for exam in exams:
-            counts = ChapterCounts()
-            for chapter_states in states.get(exam.slug, {}).values():
-                counts.total += 1
-                counts.count(chapter_state(chapter_states))
-            cost = costs.get(exam.slug)
+            agg = per_exam.get(exam.slug)
+            total = int(agg.chapters) if agg else 0
+            finished = int(agg.done) if agg else 0
+            counts = ChapterCounts(total=total, done=finished)
+            if agg is not None and agg.active:
+                counts.pending = 1  # work left: exam_state needs no more than that
+            elif agg is not None and agg.failed:
+                counts.failed = 1
+            else:
+                counts.cancelled = total - finished
+            cost = ledger.get(exam.slug)
             out.append(ExamSummary(
                 exam=exam.slug, title=exam.title, state=exam_state(exam.state, counts),
-                chapters=Progress(counts.total, counts.done),
-                questions=Progress(targets.get(exam.slug, 0), stored.get(exam.slug, 0)),
+                chapters=Progress(total, finished),
+                questions=Progress(int(agg.target) if agg else 0,
+                                   int(agg.stored) if agg else 0),
                 cost_usd=round(float(cost.cost) if cost else 0.0, 6),
-                updated_at=max(filter(None, (exam.updated_at, changed.get(exam.slug),
+                updated_at=max(filter(None, (exam.updated_at, agg.changed if agg else None,
                                              cost.last if cost else None)), default=None)))
-        return sorted(out, key=lambda e: e.updated_at or 0.0, reverse=True)
+        return out
+
+    def recorded(self, slugs: list[str]) -> set[str]:
+        """Which of `slugs` are exams in the database."""
+        with self._read() as conn:
+            return {slug for chunk in range(0, len(slugs), 500)
+                    for slug in conn.execute(select(E.c.slug).where(
+                        E.c.slug.in_(slugs[chunk:chunk + 500]))).scalars()}
 
     def exam_exists(self, slug: str) -> bool:
         with self._read() as conn:

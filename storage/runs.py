@@ -119,11 +119,14 @@ class Runs(Ledger):
         with self._read() as conn:
             return conn.execute(select(Y.c.body).where(Y.c.exam == slug)).scalar()
 
-    def stored_syllabi(self) -> dict[str, tuple[str, float]]:
-        """Every stored syllabus: slug -> (JSON text, last change)."""
+    def stored_syllabi(self, *, unrun: bool = False) -> dict[str, tuple[str, float]]:
+        """Every stored syllabus (`unrun`: only those of exams not in the database yet):
+        slug -> (JSON text, last change)."""
+        query = select(Y.c.exam, Y.c.body, Y.c.updated_at)
+        if unrun:
+            query = query.where(~select(E.c.slug).where(E.c.slug == Y.c.exam).exists())
         with self._read() as conn:
-            return {r.exam: (r.body, r.updated_at)
-                    for r in conn.execute(select(Y.c.exam, Y.c.body, Y.c.updated_at))}
+            return {r.exam: (r.body, r.updated_at) for r in conn.execute(query)}
 
     def put_syllabus(self, slug: str, body: str) -> bool:
         """Store the exam's syllabus, replacing any; True if there was none (created)."""
@@ -393,14 +396,3 @@ class Runs(Ledger):
                 .where(Q.c.exam == slug, Q.c.id > after).order_by(Q.c.id).limit(limit)).all()
         return [{**r._mapping, "choices": json.loads(r.choices)} for r in rows]
 
-    # --- metrics -----------------------------------------------------------------------
-
-    def call_totals(self) -> list[Any]:
-        """Per exam and outcome: calls, prompt and completion tokens, cost (for /metrics)."""
-        with self._read() as conn:
-            return list(conn.execute(
-                select(K.c.exam, K.c.outcome, func.count().label("calls"),
-                       func.coalesce(func.sum(K.c.prompt_tokens), 0).label("prompt"),
-                       func.coalesce(func.sum(K.c.completion_tokens), 0).label("completion"),
-                       func.coalesce(func.sum(K.c.cost_usd), 0.0).label("cost"))
-                .group_by(K.c.exam, K.c.outcome)))

@@ -5,19 +5,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from dataclasses import dataclass, field
+import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, AsyncIterator
 
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
-from prometheus_client import CollectorRegistry
 from starlette.concurrency import run_in_threadpool
 
 from examforge.errors import DatabaseCorrupt
 from examforge.settings import Settings
 from producer.api import problems, routes
-from producer.api.metrics import StoreCollector
+from producer.api.metrics import StoreMetrics
 from producer.api.middleware import PUBLIC_PATHS, BearerAuth, BodyLimit
 from producer.api.schemas import Problem
 from producer.api.work import CeleryWork, LocalWork, Work
@@ -34,8 +34,7 @@ class Context:
     store: Any
     work: Work
     auth: bool = True  # bearer tokens checked (each client's Idempotency-Keys its own)
-    registry: CollectorRegistry = field(default_factory=lambda: CollectorRegistry(
-        auto_describe=False))
+    metrics: StoreMetrics | None = None  # GET /metrics's figures, kept across scrapes
 
 
 def create_app(settings: Settings, local: bool = False, *, no_auth: bool = False) -> FastAPI:
@@ -47,11 +46,13 @@ def create_app(settings: Settings, local: bool = False, *, no_auth: bool = False
     store = open_store(settings.database_url, pool_size=settings.db_pool_size)
     work: Work = LocalWork(settings, store) if local else CeleryWork(settings, store)
     ctx = Context(settings, store, work, auth=bool(settings.api_token_list()) and not no_auth)
-    ctx.registry.register(StoreCollector(store))
+    ctx.metrics = metrics = StoreMetrics(store)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         sweeper = asyncio.create_task(_sweep_forever(ctx), name="sweep")
+        # Every exam's figures read once now, so that the first scrape finds them read.
+        threading.Thread(target=metrics.warm, daemon=True, name="metrics-warm").start()
         try:
             yield
         finally:

@@ -17,6 +17,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse
 
 from examforge.errors import (
+    BadCursor,
     DatabaseCorrupt,
     ExamforgeError,
     InfrastructureError,
@@ -108,7 +109,7 @@ def install(app: FastAPI) -> None:
     async def _ours(request: Request, exc: ExamforgeError) -> JSONResponse:
         if isinstance(exc, (UnknownExam, UnknownChapter)):
             return problem(404, str(exc))
-        if isinstance(exc, (SyllabusError, IdempotencyKeyReused)):
+        if isinstance(exc, (SyllabusError, IdempotencyKeyReused, BadCursor)):
             return problem(422, str(exc))
         if isinstance(exc, Conflict):
             return problem(409, str(exc))

@@ -28,6 +28,7 @@ from producer.export import (
 )
 from producer.syllabi import file_syllabus
 from producer.views import status_dict, summary_dict, when
+from storage.reports import EXAM_PAGE
 
 router = APIRouter()
 log = logging.getLogger("examforge.api")
@@ -83,37 +84,53 @@ def healthz(c: Ctx) -> Any:
             openapi_extra={"responses": {"200": {"content": {"text/plain": {
                 "schema": {"type": "string"}}}}}})
 def metrics(c: Ctx) -> Response:
-    """Prometheus metrics, read from the database at each scrape."""
-    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+    """Prometheus metrics, read from the database at each scrape (what may have moved since
+    the last one: producer.api.metrics)."""
+    from prometheus_client import CONTENT_TYPE_LATEST
 
-    return Response(generate_latest(c.registry), media_type=CONTENT_TYPE_LATEST)
+    assert c.metrics is not None
+    return Response(c.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
 
 @router.get("/exams", response_model=schemas.ExamList, tags=["exams"],
-            responses=responses(401))
-def list_exams(c: Ctx) -> Any:
-    """Every exam: those in the database, then syllabi never run (state new): stored ones,
-    and the files of EXAMS_DIR (a file that does not load is left out here; GET
+            responses=responses(401, 422))
+def list_exams(c: Ctx,
+               limit: Annotated[int, Query(ge=1, le=1000,
+                                           description="Exams on the page.")] = EXAM_PAGE,
+               after: Annotated[str | None, Query(
+                   max_length=600, description="The `next` of the page before.")] = None
+               ) -> Any:
+    """The exams in the database, newest first, a page at a time (`next`: the cursor of the
+    next page, null on the last); then, on the last page, the syllabi never run (state new):
+    stored ones, and the files of EXAMS_DIR (a file that does not load is left out here; GET
     /exams/SLUG says why)."""
-    items = []
-    seen = set()
-    for e in c.store.exams():
-        seen.add(e.exam)
-        items.append({**summary_dict(e), "source": _source(c, e.exam)})
+    page = c.store.exam_page(limit=limit, after=after)
+    items = [{**summary_dict(e), "source": _source(c, e.exam)} for e in page.items]
+    if page.next is None:
+        items += _never_run(c)
+    return {"items": items, "next": page.next}
+
+
+def _never_run(c: Any) -> list[dict[str, Any]]:
+    """The syllabi stored or in EXAMS_DIR whose exam is not in the database, by slug."""
     new: dict[str, tuple[str, list[int], float, str]] = {}
-    for slug, (body, changed) in c.store.stored_syllabi().items():
+    for slug, (body, changed) in c.store.stored_syllabi(unrun=True).items():
         data = json.loads(body)
         new[slug] = (data["title"], [ch["questions"] for ch in data["chapters"]], changed,
                      "api")
-    for slug, (title, targets, changed) in _file_syllabi(c.settings).items():
-        new[slug] = (title, targets, changed, "file")  # a file wins, as everywhere
-    for slug in sorted(set(new) - seen):
+    files = _file_syllabi(c.settings)
+    recorded = c.store.recorded(sorted(files))
+    for slug, (title, targets, changed) in files.items():
+        if slug not in recorded:
+            new[slug] = (title, targets, changed, "file")  # a file wins, as everywhere
+    items = []
+    for slug in sorted(new):
         title, targets, changed, source = new[slug]
         items.append({"exam": slug, "title": title, "state": "new",
                       "chapters": {"done": 0, "total": len(targets)},
                       "questions": {"done": 0, "target": sum(targets)},
                       "cost_usd": 0.0, "updated_at": when(changed), "source": source})
-    return {"items": items}
+    return items
 
 
 def _file_syllabi(settings: Any) -> dict[str, tuple[str, list[int], float]]:

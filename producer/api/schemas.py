@@ -83,6 +83,8 @@ class ExamSummary(BaseModel):
 
 class ExamList(BaseModel):
     items: list[ExamSummary]
+    next: str | None = Field(None, description="The cursor of the next page (`after=`); "
+                                               "null on the last page.")
 
 
 class ExamStored(BaseModel):

@@ -339,3 +339,27 @@ def test_a_start_whose_reply_is_lost_is_retried_with_its_key_and_makes_one_run(
     assert _runs(dep) == [(int(run_id), keys[0])]  # one run in the table, not two
     assert_stored_exactly_once(dep, SLUG, dict(CHAPTERS))
     assert mock.stats()["calls_total"] == needed
+
+
+def test_the_exam_list_pages_with_more(deploy, browser):
+    """25 exams: the page shows the newest 20 and a "more exams" control, which reads the next
+    keyset page (GET /exams?after=) and is gone once every exam is shown (issue 19)."""
+    from bench.history import build
+
+    dep = deploy("sqlite")
+    build(dep.store.engine, 25, 0)
+    api = serve(dep, "--local")
+    browser.get(api.url + "/")
+    wait_for(lambda: _el(browser, "#login").is_displayed(), 20, "the page to ask for a token")
+    _el(browser, "#token").send_keys(api.token)
+    _el(browser, "#login-go").click()
+    wait_for(lambda: len(_els(browser, "[data-exam]")) == 20, 30, "the first 20 exams")
+    shown = [c.get_attribute("data-exam") for c in _els(browser, "[data-exam]")]
+    assert shown == [f"hist-done-{i:06d}" for i in range(24, 4, -1)]
+    more = _el(browser, "#exams-more")
+    wait_for(more.is_displayed, 10, "the more control")
+    more.click()
+    wait_for(lambda: len(_els(browser, "[data-exam]")) == 25, 30, "the last 5 exams")
+    assert [c.get_attribute("data-exam") for c in _els(browser, "[data-exam]")][20:] == [
+        f"hist-done-{i:06d}" for i in range(4, -1, -1)]
+    wait_for(lambda: not more.is_displayed(), 10, "the more control to go")

@@ -75,7 +75,9 @@ def test_exams_lists_every_exam_with_its_state(deploy, mock):
     assert dep.cli("enqueue", "second").returncode == 0  # no worker: it waits
     listed = dep.cli("exams", "--json")
     assert listed.returncode == 0, listed.stderr
-    rows = {r["exam"]: r for r in json.loads(listed.stdout)}
+    page = json.loads(listed.stdout)
+    assert page["next"] is None  # one page: two exams
+    rows = {r["exam"]: r for r in page["items"]}
     assert set(rows) == {"first", "second"}
     first, second = rows["first"], rows["second"]
     assert (first["state"], first["chapters"], first["questions"]) == (

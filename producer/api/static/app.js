@@ -16,11 +16,14 @@ const RUNS_KEY = "examforge.runs"; // {exam slug: run id}
 const FINAL = new Set(["done", "failed", "cancelled"]);
 const LIVE = new Set(["queued", "running"]);
 const PAGE_SIZE = 50;
+// Exams per page of the list: each card then reads its exam's status and runs.
+const EXAM_PAGE_SIZE = 20;
 
 const $ = (sel, root = document) => root.querySelector(sel);
 const state = {
   exams: new Map(), // slug -> {card, exam, run, stream, starting}
   questions: { exam: null, after: null, count: 0 },
+  examsNext: null, // the cursor of the next page of exams (GET /exams `next`), or null
 };
 
 // ---- token ----------------------------------------------------------------------------
@@ -173,12 +176,18 @@ function render(entry) {
 
 // ---- exams ----------------------------------------------------------------------------
 
-async function loadExams() {
+// The first page of exams (refresh), or with `more` the page after the last one shown:
+// keyset pages, newest first, so an exam recorded meanwhile never shifts the later pages.
+async function loadExams(more = false) {
   notice(null);
   try {
-    const { data } = await api("/exams");
+    const params = new URLSearchParams({ limit: String(EXAM_PAGE_SIZE) });
+    if (more === true && state.examsNext) params.set("after", state.examsNext);
+    const { data } = await api(`/exams?${params}`);
     const list = Array.isArray(data) ? data : data.exams ?? data.items ?? [];
-    $("#empty").hidden = list.length > 0;
+    state.examsNext = Array.isArray(data) ? null : data.next ?? null;
+    $("#exams-more").hidden = !state.examsNext;
+    if (more !== true) $("#empty").hidden = list.length > 0;
     const saved = savedRuns();
     const fromUrl = urlRun();
     await Promise.all(list.map(async (summary) => {
@@ -518,7 +527,8 @@ document.addEventListener("DOMContentLoaded", () => {
     enter();
   });
   $("#forget").addEventListener("click", () => askToken());
-  $("#refresh").addEventListener("click", loadExams);
+  $("#refresh").addEventListener("click", () => loadExams());
+  $("#exams-more").addEventListener("click", () => loadExams(true));
   $("#q-more").addEventListener("click", moreQuestions);
   if (token()) enter();
   else askToken();
