@@ -26,7 +26,7 @@ def _literal(value: str) -> Any:
     return literal_column(f"'{value}'")
 
 
-# The conditions of the partial indexes (storage.models, migration 0016), written with their
+# The conditions of the partial indexes (storage.models, migration 0017), written with their
 # values inline: SQLite uses a partial index only for a query whose WHERE has the index's
 # own terms, literally (a bound parameter never matches), and PostgreSQL proves from them
 # too. Every query of a reconcile pass selects through one of these, so it reads the work in

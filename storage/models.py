@@ -61,11 +61,11 @@ def new_epoch() -> int:
 
 def partial(sql: str) -> dict[str, Any]:
     """A partial index's condition on both databases: it holds only the rows that match, so
-    reading by it costs what is active, not what is stored (migration 0016)."""
+    reading by it costs what is active, not what is stored (migration 0017)."""
     return {"postgresql_where": text(sql), "sqlite_where": text(sql)}
 
 
-# The rows that can still change, as the partial indexes of migration 0016 select them. A
+# The rows that can still change, as the partial indexes of migration 0017 select them. A
 # query uses such an index when its own condition implies this one (PostgreSQL proves it;
 # SQLite needs the same terms, with literal values: storage.base.ACTIVE_SLICE).
 ACTIVE_SLICE_SQL = "state IN ('pending', 'running')"
