@@ -53,6 +53,11 @@ class ErrorKind(str, Enum):
     reply_too_large = "reply_too_large"
     redirect = "redirect"
     tls = "tls"
+    # A provider batch's line that never ran: the batch expired or was cancelled first; and a
+    # batch refused at validation for the model's enqueued-token limit (issue 18). Retryable.
+    batch_expired = "batch_expired"
+    batch_cancelled = "batch_cancelled"
+    batch_token_limit = "batch_token_limit"
 
 
 @dataclass(frozen=True)

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
-from sqlalchemy import select, update
+from sqlalchemy import and_, case, func, insert, or_, select, update
 
-from storage.base import E, StoreBase
-from storage.models import LIVE_BATCH_STATES, Batch, ExamMode
+from storage.base import ACTIVE_STATES, E, K, S
+from storage.leases import Leases, slice_where
+from storage.ledger import Usage
+from storage.models import (LIVE_BATCH_STATES, Batch, BatchState, CallOutcome, CallReason,
+                            ChapterState, ExamMode, ExamState)
 
 B = Batch.__table__  # type: ignore[attr-defined]
 
@@ -84,7 +87,7 @@ class BatchRow:
         return cls(**{name: values[name] for name in cls.__dataclass_fields__})
 
 
-class Batches(StoreBase):
+class Batches(Leases):
     """The exam's mode and its submissions."""
 
     def set_exam_mode(self, slug: str, mode: ExamMode | str) -> bool:
@@ -139,3 +142,174 @@ class Batches(StoreBase):
             return conn.execute(update(B).where(
                 B.c.exam == slug, B.c.state.in_(LIVE_BATCH_STATES),
                 B.c.cancel_requested.is_(False)).values(cancel_requested=True)).rowcount
+
+    # ------------------------------------------------------------------ the runner's side
+    def new_submission(self, submission: str, exam: str, submitter: str, lease_s: float,
+                       model: str | None) -> None:
+        """Step 1 of the protocol: the submission's row, before anything else, with the
+        submitter's lease on it."""
+        with self._write() as conn:
+            conn.execute(insert(B).values(
+                id=submission, exam=exam, state=BatchState.preparing.value, model=model,
+                created_at=self._now, lease_owner=submitter,
+                lease_expires_at=self._now + lease_s, create_attempts=0,
+                cancel_requested=False))
+
+    def submission_step(self, submission: str, submitter: str, lease_s: float,
+                        **values: Any) -> bool:
+        """Record a step of a submission (and renew the submitter's lease), only while the
+        submitter's lease is live: False when it lapsed (someone may be recovering it)."""
+        if "create_attempts" in values and values["create_attempts"] == "+1":
+            values["create_attempts"] = B.c.create_attempts + 1
+        with self._write() as conn:
+            return conn.execute(update(B).where(
+                B.c.id == submission, B.c.lease_owner == submitter,
+                B.c.lease_expires_at > self._now).values(
+                lease_expires_at=self._now + lease_s, **values)).rowcount == 1
+
+    def release_submission(self, submission: str, submitter: str) -> None:
+        """The submitter is done with the submission for now (a poll, a step): anyone may
+        take it next."""
+        with self._write() as conn:
+            conn.execute(update(B).where(B.c.id == submission, B.c.lease_owner == submitter)
+                         .values(lease_owner=None, lease_expires_at=None))
+
+    def take_submission(self, submission: str, submitter: str, lease_s: float
+                        ) -> BatchRow | None:
+        """Take a live submission's lease when nobody holds a live one (its submitter died,
+        or it waits for its next poll); None when someone does or it has ended."""
+        with self._write() as conn:
+            taken = conn.execute(update(B).where(
+                B.c.id == submission, B.c.state.in_(LIVE_BATCH_STATES),
+                or_(B.c.lease_owner.is_(None), B.c.lease_expires_at <= self._now)).values(
+                lease_owner=submitter, lease_expires_at=self._now + lease_s)).rowcount
+            if taken != 1:
+                return None
+            row = conn.execute(select(B).where(B.c.id == submission)).one()
+        return BatchRow.from_row(row)
+
+    def batch_candidates(self, slug: str, max_attempts: int, limit: int
+                         ) -> list[tuple[str, int]]:
+        """Slices of an active batch-mode exam that a round may claim now: pending or
+        running with no live lease, out of backoff, below their attempt cap; syllabus
+        order. (The claim checks all of it again.)"""
+        with self._read() as conn:
+            rows = conn.execute(
+                select(S.c.chapter_id, S.c.slice_no).join(E, E.c.slug == S.c.exam).where(
+                    S.c.exam == slug, E.c.state == ExamState.active.value,
+                    E.c.mode == ExamMode.batch.value, S.c.state.in_(ACTIVE_STATES),
+                    or_(S.c.lease_owner.is_(None), S.c.lease_expires_at <= self._now),
+                    or_(S.c.not_before_at.is_(None), S.c.not_before_at <= self._now),
+                    S.c.attempts_since_progress < max_attempts)
+                .order_by(S.c.position, S.c.chapter_id, S.c.slice_no).limit(limit)).all()
+        return [(r.chapter_id, r.slice_no) for r in rows]
+
+    def next_batch_wait(self, slug: str) -> float | None:
+        """Seconds until the earliest backoff of the exam's pending slices ends (None: no
+        slice waits on one)."""
+        with self._read() as conn:
+            return conn.execute(select(func.min(S.c.not_before_at - self._now)).where(
+                S.c.exam == slug, S.c.state.in_(ACTIVE_STATES),
+                S.c.not_before_at > self._now)).scalar_one_or_none()
+
+    def renew_batch_slices(self, owner: str, lease_s: float) -> int:
+        """A poll renews a submitted batch's leases on its slices, lapsed or not: a slice
+        whose owner is still this submission was taken by nobody (a claim replaces the
+        owner), so the provider's answers can still be committed."""
+        with self._write() as conn:
+            return conn.execute(update(S).where(
+                S.c.lease_owner == owner,
+                S.c.state.in_((ChapterState.running.value, ChapterState.cancelled.value)))
+                .values(lease_expires_at=self._now + lease_s)).rowcount
+
+    def submission_calls(self, owner: str) -> list[Any]:
+        """The calls a submission recorded (call.worker == owner), by id."""
+        with self._read() as conn:
+            return list(conn.execute(select(
+                K.c.id, K.c.exam, K.c.chapter_id, K.c.slice_no, K.c.outcome, K.c.requested,
+                K.c.first_number, K.c.prompt_tokens, K.c.max_tokens, K.c.cost_usd,
+                K.c.prompt_tokens, K.c.completion_tokens, K.c.cached_tokens)
+                .where(K.c.worker == owner).order_by(K.c.id)).all())
+
+    def held_slices(self, owner: str) -> list[tuple[str, str, int]]:
+        """The slices `owner` holds the lease of (exam, chapter_id, slice_no)."""
+        with self._read() as conn:
+            return [(r.exam, r.chapter_id, r.slice_no) for r in conn.execute(
+                select(S.c.exam, S.c.chapter_id, S.c.slice_no).where(S.c.lease_owner == owner)
+                .order_by(S.c.exam, S.c.position, S.c.chapter_id, S.c.slice_no))]
+
+    def release_held(self, owner: str, slices: Sequence[tuple[str, str, int]], *,
+                     retry_in_s: float = 0.0, error: str | None = None,
+                     count_attempt: bool = True) -> int:
+        """Give back the slices a submission holds, for a later round: a running one to
+        pending (not before `retry_in_s`; its attempt taken back unless `count_attempt`), a
+        cancelled one let go. Slices it no longer holds are left alone."""
+        released = 0
+        with self._write() as conn:
+            for exam, chapter_id, slice_no in slices:
+                values: dict[str, Any] = {
+                    "state": case((S.c.state == ChapterState.running.value,
+                                   ChapterState.pending.value), else_=S.c.state),
+                    "lease_owner": None, "lease_expires_at": None,
+                    "not_before_at": self._now + retry_in_s if retry_in_s > 0 else None,
+                    "updated_at": self._now}
+                if error:
+                    values.update(last_error=error[:1000], last_error_at=self._now)
+                if not count_attempt:
+                    values["attempts_since_progress"] = case(
+                        (S.c.attempts_since_progress > 0, S.c.attempts_since_progress - 1),
+                        else_=0)
+                released += conn.execute(update(S).where(
+                    *slice_where(exam, chapter_id, slice_no), S.c.lease_owner == owner)
+                    .values(**values)).rowcount
+        return released
+
+    def abandon_submission(self, submission: str, why: str, *, retry_in_s: float = 0.0
+                           ) -> int:
+        """A submission that never reached the provider (its file was never uploaded, or a
+        create was refused): its calls booked failed and not sent ($0, reservations
+        released), its slices given back for the next round (the attempt not counted), and
+        the row marked abandoned. Returns the calls booked."""
+        owner = owner_of(submission)
+        slices = self.held_slices(owner)
+        booked = 0
+        for call in self.submission_calls(owner):
+            if call.outcome == CallOutcome.in_flight.value:
+                self.finish_call(call.id, CallOutcome.failed, CallReason.unexpected,
+                                 f"not sent: {why}", usage=Usage())
+                booked += 1
+        self.release_held(owner, slices, retry_in_s=retry_in_s, error=why, count_attempt=False)
+        with self._write() as conn:
+            conn.execute(update(B).where(B.c.id == submission).values(
+                state=BatchState.abandoned.value, finished_at=self._now, detail=why[:1000],
+                lease_owner=None, lease_expires_at=None))
+        return booked
+
+    def finish_submission(self, submission: str, *, provider_status: str | None,
+                          detail: str | None, usage: dict[str, Any] | None,
+                          counts: dict[str, int] | None = None) -> None:
+        """Every line of the provider's batch is booked: the submission is done."""
+        values: dict[str, Any] = {"state": BatchState.done.value, "finished_at": self._now,
+                                  "provider_status": provider_status,
+                                  "detail": detail[:1000] if detail else None,
+                                  "usage": json.dumps(usage) if usage else None,
+                                  "lease_owner": None, "lease_expires_at": None}
+        if counts:
+            values.update(request_total=counts.get("total", 0),
+                          request_completed=counts.get("completed", 0),
+                          request_failed=counts.get("failed", 0))
+        with self._write() as conn:
+            conn.execute(update(B).where(B.c.id == submission).values(**values))
+
+    def drop_submission(self, submission: str) -> None:
+        """A submission that recorded no call at all (nothing fitted): no trace is needed."""
+        with self._write() as conn:
+            held = conn.execute(select(func.count()).select_from(K).where(
+                K.c.worker == owner_of(submission))).scalar_one()
+            if held == 0:
+                conn.execute(B.delete().where(B.c.id == submission))
+
+    def now(self) -> float:
+        """The database's clock."""
+        with self._read() as conn:
+            return float(conn.execute(select(self._now)).scalar_one())
