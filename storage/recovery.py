@@ -11,7 +11,7 @@ from sqlalchemy import and_, func, or_, select, tuple_, update
 
 from storage.base import ACTIVE_STATES, BUDGET_PAUSE_PREFIX, E, K, S
 from storage.leases import Leases, slice_where
-from storage.models import CallOutcome, ChapterState, ExamState
+from storage.models import CallOutcome, ChapterState, ExamMode, ExamState
 
 
 class RequeueReason(str, Enum):
@@ -68,6 +68,8 @@ class Recovery(Leases):
                 .join(E, E.c.slug == S.c.exam)
                 .where(
                     E.c.state == ExamState.active.value,
+                    # A batch-mode exam's slices are the batch runner's: no chapter task.
+                    E.c.mode == ExamMode.sync.value,
                     S.c.state.in_(ACTIVE_STATES),
                     S.c.enqueued_at.is_not(None),  # never enqueued: left out on purpose
                     or_(S.c.lease_owner.is_(None), S.c.lease_expires_at <= now - grace_s),
@@ -97,6 +99,7 @@ class Recovery(Leases):
         """
         where = [
             E.c.state == ExamState.active.value,
+            E.c.mode == ExamMode.sync.value,  # a batch-mode exam waits for no message
             S.c.state == ChapterState.pending.value,
             S.c.enqueued_at.is_not(None),
             S.c.enqueued_at <= self._now - min_age_s,
