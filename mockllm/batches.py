@@ -46,6 +46,10 @@ MAX_METADATA_VALUE = 512
 MAX_REPORTED_ERRORS = 100
 DEFAULT_LIST_LIMIT = 20
 MAX_LIST_LIMIT = 100
+# The one request each seeded batch (another client's) ran.
+SEED_MODEL = "gpt-4o-mini"
+SEED_PROMPT_TOKENS = 11
+SEED_COMPLETION_TOKENS = 3
 _EXPIRED = ("batch_expired", "This request could not be executed before the completion window expired.")
 _CANCELLED = ("batch_cancelled", "This request was not executed because the batch was cancelled.")
 
@@ -286,6 +290,43 @@ class BatchRunner:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return batch
+
+    def seed(self, count: int) -> list[Batch]:
+        """``count`` finished batches of another client of the same organisation, created now.
+
+        Real accounts hold other programs' batches, and ``GET /v1/batches`` cannot filter by
+        metadata: these push a client's own batches past the first page, so its recovery has to
+        page. Each ran one request, with real input and output files; none is in the usage log
+        (it is not this client's call).
+        """
+        now = int(time.time())
+        seeded = []
+        for _ in range(count):
+            batch_id = f"batch_{uuid.uuid4().hex[:24]}"
+            request = {"model": SEED_MODEL, "messages": [{"role": "user", "content": "Say hello."}]}
+            line = {"custom_id": "request-1", "method": "POST", "url": CHAT_ENDPOINT, "body": request}
+            stored = self.files.upload("batchinput.jsonl", "batch", (json.dumps(line) + "\n").encode())
+            reply = {"id": f"chatcmpl-seed{uuid.uuid4().hex[:20]}", "object": "chat.completion", "created": now,
+                     "model": SEED_MODEL, "service_tier": "default",
+                     "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hello!"},
+                                  "finish_reason": "stop"}],
+                     "usage": {"prompt_tokens": SEED_PROMPT_TOKENS, "completion_tokens": SEED_COMPLETION_TOKENS,
+                               "total_tokens": SEED_PROMPT_TOKENS + SEED_COMPLETION_TOKENS,
+                               "prompt_tokens_details": {"cached_tokens": 0}}}
+            output = {"id": f"batch_req_{uuid.uuid4().hex[:24]}", "custom_id": "request-1",
+                      "response": {"status_code": 200, "request_id": f"req_seed{uuid.uuid4().hex[:20]}",
+                                   "body": reply}, "error": None}
+            batch = Batch(id=batch_id, input_file_id=stored.id, endpoint=CHAT_ENDPOINT,
+                          metadata={"owner": "someone-else"}, created_at=now, created_mono=time.monotonic(),
+                          total=1, completed=1, model=SEED_MODEL, input_tokens=SEED_PROMPT_TOKENS,
+                          output_tokens=SEED_COMPLETION_TOKENS)
+            batch.output_file_id = self.files.write_output(
+                f"{batch_id}_output.jsonl", (json.dumps(output) + "\n").encode()).id
+            for status in (BatchStatus.in_progress, BatchStatus.finalizing, BatchStatus.completed):
+                batch.stamp(status)
+            self._batches[batch_id] = batch
+            seeded.append(batch)
+        return seeded
 
     def get(self, batch_id: str) -> Batch:
         batch = self._batches.get(batch_id)

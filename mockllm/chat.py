@@ -1,7 +1,8 @@
 """One chat completion, from request body to reply, shared by the HTTP endpoint and batches.
 
 The steps, in the order a provider takes them: read and validate the body (400), check the
-quota (429 ``insufficient_quota``), admit under the rate limits (429 ``rate_limit_exceeded``;
+quota (429 ``insufficient_quota``), check flex capacity for a ``service_tier`` flex request (429
+``resource_unavailable``; the HTTP endpoint only), admit under the rate limits (429 ``rate_limit_exceeded``;
 the HTTP endpoint only, batches have their own queue), draw the outcome (script or seeded
 fault), then build the completion or the error of that outcome, and log its usage.
 """
@@ -20,6 +21,8 @@ from examforge.tokens import count_messages, encoding_for
 from mockllm.cache import prompt_token_ids
 from mockllm.faults import (
     ERROR_FAULTS,
+    FLEX_UNAVAILABLE,
+    FLEX_UNAVAILABLE_MESSAGE,
     INSUFFICIENT_QUOTA,
     INVALID_REQUEST,
     OK,
@@ -77,6 +80,8 @@ class ChatCall:
     # json_schema, the schema the reply must fit (None when the request sent none).
     response_format: str | None = None
     schema: dict[str, Any] | None = None
+    # The tier that serves the request, as the reply reports it: default, flex or priority.
+    service_tier: str = "default"
 
     @property
     def constrained(self) -> bool:
@@ -197,6 +202,27 @@ def _response_format(body: dict[str, Any], refuse_json_schema: bool) -> tuple[st
     return kind, schema
 
 
+# The values OpenAI accepts for ``service_tier``. "scale" is the Scale Tier of projects that bought
+# its units; the mock's project has none, so it is served at default, as "auto" is.
+SERVICE_TIERS: tuple[str, ...] = ("auto", "default", "flex", "scale", "priority")
+
+
+def _service_tier(body: dict[str, Any]) -> str:
+    """The tier that serves the request, from its ``service_tier`` (absent or null: auto),
+    validated as OpenAI validates it (400 naming ``service_tier``)."""
+    value = body.get("service_tier")
+    if value is None:
+        return "default"
+    listed = ", ".join(f"'{tier}'" for tier in SERVICE_TIERS[:-1]) + f", and '{SERVICE_TIERS[-1]}'"
+    if not isinstance(value, str):
+        raise _invalid(f"Invalid type for 'service_tier': expected one of {listed}, but got "
+                       f"{type(value).__name__} instead.", "service_tier", "invalid_type")
+    if value not in SERVICE_TIERS:
+        raise _invalid(f"Invalid value: '{value}'. Supported values are: {listed}.", "service_tier",
+                       "invalid_value")
+    return value if value in ("flex", "priority") else "default"
+
+
 def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
@@ -232,6 +258,7 @@ class ChatEngine:
         messages = _messages(body)
         max_tokens = _max_tokens(body)
         response_format, schema = _response_format(body, self.state.config.refuse_json_schema)
+        service_tier = _service_tier(body)
         prompt = parse_prompt(body)
         await self.warm_up(prompt.model)
         return ChatCall(
@@ -245,6 +272,7 @@ class ChatEngine:
                         if self.state.config.prompt_cache else ()),
             response_format=response_format,
             schema=schema,
+            service_tier=service_tier,
         )
 
     def decode(self, call: ChatCall, outcome: str) -> str:
@@ -261,6 +289,14 @@ class ChatEngine:
         if quota_exceeded(config.quota_exhausted, config.quota_tokens, self.state.usage.billed_tokens):
             payload = error_payload(INSUFFICIENT_QUOTA_MESSAGE, "insufficient_quota", "insufficient_quota")
             raise ChatError(429, INSUFFICIENT_QUOTA, payload)
+
+    def check_flex_capacity(self, call: ChatCall) -> None:
+        """Refuse a flex request for lack of capacity (``flex_unavailable_rate`` of them) with
+        the 429 OpenAI's flex guide describes: not billed, and no rate limit is charged."""
+        rate = self.state.config.flex_unavailable_rate
+        if call.service_tier == "flex" and rate > 0 and self.state.flex_rng.random() < rate:
+            payload = error_payload(FLEX_UNAVAILABLE_MESSAGE, "rate_limit_error", FLEX_UNAVAILABLE)
+            raise ChatError(429, FLEX_UNAVAILABLE, payload)
 
     def admit(self, call: ChatCall) -> None:
         """Charge the rate limits, or raise ChatError (429 rate_limit_exceeded) charging nothing."""
@@ -295,7 +331,8 @@ class ChatEngine:
         if outcome == "oversized":
             # A broken upstream or gateway, not a model: max_tokens does not hold it back.
             payload, tokens = oversized_payload(
-                completion_id, call.model, call.prompt_tokens, config.oversized_bytes, config.omit_usage)
+                completion_id, call.model, call.prompt_tokens, config.oversized_bytes, config.omit_usage,
+                call.service_tier)
             return Completion(payload, Content("", "length"), tokens, "length")
         items = state.mint_items(call.prompt, question_count(outcome, call.prompt.count, config.questions_per_reply))
         items = labelled(items, call.prompt)
@@ -312,7 +349,7 @@ class ChatEngine:
             state.limiter.debit_tokens(tokens)
         payload = completion_payload(
             completion_id, call.model, content.text, content.finish_reason, call.prompt_tokens, tokens,
-            config.omit_usage)
+            config.omit_usage, call.service_tier)
         message = payload["choices"][0]["message"]
         if outcome == "refusal" and call.constrained:
             # Under a schema OpenAI sends a refusal apart, with no content.
@@ -364,6 +401,7 @@ class ChatEngine:
             batch_id=batch_id if batch_id is not None else (call.batch_id if call else None),
             custom_id=custom_id if custom_id is not None else (call.custom_id if call else None),
             cached_tokens=completion.cached_tokens if completion else 0,
+            service_tier=call.service_tier if call else None,
         ))
 
 

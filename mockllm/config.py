@@ -150,6 +150,13 @@ class MockConfig:
                        "prompt's 'do not repeat' list shows becomes a new question instead"))
     answer_position: int | None = field(
         default=None, metadata=_help("put the correct choice always at this index 0..3", unset="spread"))
+    # --- service tiers (service_tier on chat requests)
+    flex_latency_factor: float = field(
+        default=3.0, metadata=_help("service_tier flex requests take this many times latency_s"))
+    flex_unavailable_rate: float = field(
+        default=0.0,
+        metadata=_help("share (0..1) of service_tier flex chat requests refused with OpenAI's 429 "
+                       "resource_unavailable (not billed, no rate limit charged)"))
     # --- batches
     batch_validation_s: float = field(default=0.1, metadata=_help("seconds a batch spends in 'validating'"))
     batch_request_s: float = field(default=0.01, metadata=_help("seconds each request of a batch takes"))
@@ -162,6 +169,19 @@ class MockConfig:
         default=None,
         metadata=_help("a batch whose requests add up to more tokens (prompt + max_tokens) fails "
                        "validation with token_limit_exceeded", unset="unlimited"))
+    # --- batch faults: what recovery after a crash must survive
+    batch_create_delay_s: float = field(
+        default=0.0,
+        metadata=_help("seconds POST /v1/batches holds its reply after the batch exists (listed and "
+                       "running): a client killed meanwhile never hears of it"))
+    batch_create_lost: int = field(
+        default=0,
+        metadata=_help("the next N successful POST /v1/batches create the batch, then close the connection "
+                       "without any reply (each consumes one; /_config shows how many are left)"))
+    batch_upload_fail: int = field(
+        default=0,
+        metadata=_help("the next N POST /v1/files with purpose batch fail with a 500 server_error and store "
+                       "nothing (each consumes one)"))
 
     def __post_init__(self) -> None:
         # Normalising here means both the constructor and dataclasses.replace
@@ -199,12 +219,17 @@ class MockConfig:
         self.answer_position = _optional_int(self.answer_position, "answer_position", 0)
         if self.answer_position is not None and self.answer_position > 3:
             raise ValueError("answer_position must be 0..3 or null")
+        self.flex_latency_factor = _non_negative_float(self.flex_latency_factor, "flex_latency_factor")
+        self.flex_unavailable_rate = _fraction(self.flex_unavailable_rate, "flex_unavailable_rate")
         self.batch_validation_s = _non_negative_float(self.batch_validation_s, "batch_validation_s")
         self.batch_request_s = _non_negative_float(self.batch_request_s, "batch_request_s")
         self.batch_finalizing_s = _non_negative_float(self.batch_finalizing_s, "batch_finalizing_s")
         self.batch_expire_after_s = _optional_float(self.batch_expire_after_s, "batch_expire_after_s")
         self.batch_enqueued_token_limit = _optional_int(
             self.batch_enqueued_token_limit, "batch_enqueued_token_limit", 0)
+        self.batch_create_delay_s = _non_negative_float(self.batch_create_delay_s, "batch_create_delay_s")
+        self.batch_create_lost = _int_at_least(self.batch_create_lost, "batch_create_lost", 0)
+        self.batch_upload_fail = _int_at_least(self.batch_upload_fail, "batch_upload_fail", 0)
 
     def updated(self, updates: dict[str, Any]) -> MockConfig:
         """Return a validated copy with ``updates`` applied; raise ValueError on bad input."""

@@ -74,6 +74,11 @@ INVALID_REQUEST = "invalid_request"
 RATE_LIMITED = "rate_limited"
 REQUEST_TOO_LARGE = "request_too_large"
 INSUFFICIENT_QUOTA = "insufficient_quota"
+# A flex request refused for lack of capacity (``flex_unavailable_rate``): OpenAI's flex guide
+# calls it "429 Resource Unavailable" and does not charge for it.
+FLEX_UNAVAILABLE = "resource_unavailable"
+FLEX_UNAVAILABLE_MESSAGE = ("Resource unavailable: flex capacity is exhausted right now; retry later, or use "
+                            "the default service tier.")
 
 # Faults whose reply is a 200 chat completion (billed, as real providers bill them).
 COMPLETION_OUTCOMES: frozenset[str] = frozenset(

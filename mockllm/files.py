@@ -17,10 +17,11 @@ MAX_LIST_LIMIT = 10_000
 class ApiError(Exception):
     """Raised for a Files or Batch API request that OpenAI would refuse; carries the reply."""
 
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 error_type: str = "invalid_request_error") -> None:
         super().__init__(message)
         self.status = status
-        self.payload = error_payload(message, "invalid_request_error", code, param)
+        self.payload = error_payload(message, error_type, code, param)
 
 
 @dataclass
@@ -85,6 +86,11 @@ class FileStore:
 
     def upload(self, filename: str | None, purpose: str | None, content: bytes | None) -> StoredFile:
         """``POST /v1/files``; raises ApiError like OpenAI for a missing part or a bad purpose."""
+        return self._add(self.check_upload(filename, purpose, content), purpose or "", content or b"")
+
+    @staticmethod
+    def check_upload(filename: str | None, purpose: str | None, content: bytes | None) -> str:
+        """The stored name of an upload OpenAI would accept; raises ApiError (400) otherwise."""
         if content is None:
             raise ApiError(400, "Missing required parameter: 'file'.", "file", "missing_required_parameter")
         if not purpose:
@@ -95,7 +101,7 @@ class FileStore:
         name = filename or "upload"
         if purpose == "batch" and not name.endswith(".jsonl"):
             raise ApiError(400, "Invalid file format for Batch API. Must be .jsonl", "file")
-        return self._add(name, purpose, content)
+        return name
 
     def write_output(self, filename: str, content: bytes) -> StoredFile:
         """A file the mock writes itself (a batch's output or errors)."""

@@ -136,8 +136,10 @@ def completion_payload(
     prompt_tokens: int,
     completion_tokens: int,
     omit_usage: bool = False,
+    service_tier: str = "default",
 ) -> dict[str, Any]:
-    """Standard ``chat.completion`` object."""
+    """Standard ``chat.completion`` object, with the ``service_tier`` that served it (OpenAI
+    sends it on every reply: the tier used, not the one asked for)."""
     payload: dict[str, Any] = {
         "id": completion_id,
         "object": "chat.completion",
@@ -151,6 +153,7 @@ def completion_payload(
                 "finish_reason": finish_reason,
             }
         ],
+        "service_tier": service_tier,
     }
     if not omit_usage:
         payload["usage"] = usage_payload(prompt_tokens, completion_tokens)
@@ -158,7 +161,8 @@ def completion_payload(
 
 
 def oversized_payload(
-    completion_id: str, model: str, prompt_tokens: int, body_bytes: int, omit_usage: bool
+    completion_id: str, model: str, prompt_tokens: int, body_bytes: int, omit_usage: bool,
+    service_tier: str = "default",
 ) -> tuple[dict[str, Any], int]:
     """A valid chat completion of exactly ``body_bytes`` bytes (as JSON) whose content is a loop.
 
@@ -168,8 +172,10 @@ def oversized_payload(
     unit_tokens = count_text(OVERSIZED_UNIT, model)
     # Size the usage figures first: their digits are part of the body.
     estimate = body_bytes // len(OVERSIZED_UNIT) * unit_tokens
-    skeleton = completion_payload(completion_id, model, "", "length", prompt_tokens, estimate, omit_usage)
+    skeleton = completion_payload(completion_id, model, "", "length", prompt_tokens, estimate, omit_usage,
+                                  service_tier)
     overhead = len(json.dumps(skeleton, ensure_ascii=False).encode())
     chars = max(0, body_bytes - overhead)
     text = (OVERSIZED_UNIT * (chars // len(OVERSIZED_UNIT) + 1))[:chars]
-    return completion_payload(completion_id, model, text, "length", prompt_tokens, estimate, omit_usage), estimate
+    return completion_payload(completion_id, model, text, "length", prompt_tokens, estimate, omit_usage,
+                              service_tier), estimate

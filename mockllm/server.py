@@ -108,6 +108,13 @@ class MockServer:
         """Same as ``POST /_reset``: zero stats, usage log and buckets, clear scripts, re-seed."""
         self._on_loop(self._service.state.reset)
 
+    def seed_batches(self, count: int) -> list[dict[str, Any]]:
+        """Same as ``POST /_batches/seed``: ``count`` finished batches of another client
+        (metadata ``{"owner": "someone-else"}``), created now, so they list first."""
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise ValueError("count must be an integer >= 0")
+        return self._on_loop(lambda: [batch.to_dict() for batch in self._service.batches.seed(count)])
+
     def configure(self, **fields: Any) -> MockConfig:
         """Same as ``POST /_config``; raises ValueError on unknown fields or bad values.
 

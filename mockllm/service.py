@@ -71,7 +71,8 @@ class MockService:
             ("GET", "/files/{id}", api(lambda _, params: self.files.get(params["id"]).to_dict())),
             ("GET", "/files/{id}/content", simple(self._api(self._file_content))),
             ("DELETE", "/files/{id}", api(lambda _, params: self.files.delete(params["id"]))),
-            ("POST", "/batches", api(self._create_batch)),
+            ("POST", "/_batches/seed", simple(self._seed_batches)),
+            ("POST", "/batches", self._create_batch),
             ("GET", "/batches", api(lambda request, _: self.batches.listing(request.query))),
             ("GET", "/batches/{id}", api(lambda _, params: self.batches.get(params["id"]).to_dict())),
             ("POST", "/batches/{id}/cancel", api(lambda _, params: self.batches.cancel(params["id"]).to_dict())),
@@ -203,17 +204,60 @@ class MockService:
             raise ApiError(400, str(exc)) from exc
         filename, content = fields.get("file", (None, None))
         purpose = fields.get("purpose", (None, b""))[1].decode("utf-8", "replace").strip()
+        self.files.check_upload(filename, purpose, content)  # a refused upload stays a 400
+        config = self.state.config
+        if purpose == "batch" and config.batch_upload_fail > 0:
+            # A failure at the provider's storage: the client cannot know whether the file exists
+            # (it does not), so recovery must not assume either.
+            config.batch_upload_fail -= 1
+            self.state.batch_uploads_failed += 1
+            raise ApiError(500, ERROR_FAULTS["500"][1], error_type="server_error")
         return self.files.upload(filename, purpose, content).to_dict()
 
     def _file_content(self, _request: Request, params: Params) -> Response:
         return Response(200, self.files.get(params["id"]).content, content_type="application/octet-stream")
 
-    def _create_batch(self, request: Request, _params: Params) -> dict[str, Any]:
+    async def _create_batch(self, connection: Connection, request: Request, _params: Params) -> bool:
+        """``POST /v1/batches``. The batch exists (listed, running) before its reply is sent, so
+        ``batch_create_delay_s`` and ``batch_create_lost`` leave a client that created a batch
+        without knowing its id: its recovery must find the batch by listing."""
+        config = self.state.config
+        lost = False
+        created: dict[str, Any] | None = None
+
+        def create(request: Request, _params: Params) -> Response:
+            nonlocal lost, created
+            try:
+                body = request.json()
+            except ValueError:
+                raise ApiError(400, "request body is not valid JSON") from None
+            created = self.batches.create(body).to_dict()  # the object as created: 'validating'
+            if config.batch_create_lost > 0:
+                config.batch_create_lost -= 1
+                lost = True
+            return json_response(200, created)
+
+        response = self._api(create)(request, _params)
+        if created is not None and config.batch_create_delay_s > 0:
+            if not await connection.wait_unless_closed(config.batch_create_delay_s):
+                return False  # the client hung up: the batch runs on, unknown to it
+        if lost:
+            self.state.batch_creates_lost += 1
+            connection.close()
+            return False
+        return await connection.send(response, request.keep_alive) and request.keep_alive
+
+    def _seed_batches(self, request: Request, _params: Params) -> Response:
+        """``POST /_batches/seed`` {"count": N}: N finished batches of another client, newest."""
         try:
             body = request.json()
-        except ValueError:
-            raise ApiError(400, "request body is not valid JSON") from None
-        return self.batches.create(body).to_dict()
+            count = body.get("count") if isinstance(body, dict) else None
+            if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+                raise ValueError("count must be an integer >= 0")
+        except ValueError as exc:
+            return error_response(400, f"/_batches/seed: {exc}", "invalid_request_error")
+        seeded = self.batches.seed(count)
+        return json_response(200, {"object": "list", "data": [batch.to_dict() for batch in seeded]})
 
     # ---- chat completions
 
@@ -265,6 +309,7 @@ class MockService:
             return await self._send_error(connection, request, key, model, exc)
         try:
             engine.check_quota()
+            engine.check_flex_capacity(call)
             engine.admit(call)
         except ChatError as exc:
             return await self._send_error(connection, request, key, model, exc, call, self._limit_headers(call))
@@ -274,7 +319,8 @@ class MockService:
         # charged before the next request is admitted, and billed even if the client leaves.
         completion = engine.complete(call, outcome) if outcome in COMPLETION_OUTCOMES else None
         config = state.config
-        delay = config.stall_s if outcome == "stall" else config.latency_s
+        latency = config.latency_s * (config.flex_latency_factor if call.service_tier == "flex" else 1)
+        delay = config.stall_s if outcome == "stall" else latency
         if not await connection.wait_unless_closed(delay):
             # The client hung up while the reply was being "generated": a provider bills it anyway.
             status = 200 if completion else ERROR_FAULTS[outcome][0] if outcome in ERROR_FAULTS else None

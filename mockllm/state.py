@@ -48,6 +48,8 @@ class MockState:
         self.rng = random.Random(self.config.seed)
         # A separate stream, so turning rewording on leaves the seeded fault draws unchanged.
         self.reword_rng = random.Random(f"reword:{self.config.seed}")
+        # Flex refusals draw from their own stream too: the fault draws stay as they were.
+        self.flex_rng = random.Random(f"flex:{self.config.seed}")
 
     def _zero_stats(self) -> None:
         self.started = time.monotonic()
@@ -68,6 +70,8 @@ class MockState:
         self.rewordings_avoided_by_chapter: Counter[str] = Counter()
         self.cut_at_max_tokens = 0
         self.schema_prevented = 0
+        self.batch_creates_lost = 0
+        self.batch_uploads_failed = 0
         self.usage = UsageLog()
         self.prompt_cache = PromptCache()
         self.limiter = self._new_limiter()
@@ -263,8 +267,10 @@ class MockState:
         request passed the limiter), ``max_admitted_in_1s`` (the busiest 1-second window),
         ``rate_limited_by_type`` (``requests``/``tokens``).
         Spend: ``billed_calls``, ``billed_undelivered_calls``, ``billed_prompt_tokens``,
-        ``billed_completion_tokens``, ``billed_tokens``, ``billed_batch_tokens``,
+        ``billed_completion_tokens``, ``billed_tokens``, ``billed_batch_tokens``, ``billed_flex_tokens``,
         ``billed_tokens_by_chapter``.
+        Batch faults: ``batch_creates_lost`` (creates whose reply was dropped, the batch made),
+        ``batch_uploads_failed`` (batch uploads refused with a 500, nothing stored).
         """
         return {
             "calls_total": self.calls_total,
@@ -282,6 +288,8 @@ class MockState:
             "rewordings": [dict(r) for r in self.rewordings],
             "cut_at_max_tokens": self.cut_at_max_tokens,
             "schema_prevented": self.schema_prevented,
+            "batch_creates_lost": self.batch_creates_lost,
+            "batch_uploads_failed": self.batch_uploads_failed,
             "admitted_total": len(self.admitted_at),
             "admitted_at": [round(t, 4) for t in self.admitted_at],
             "max_admitted_in_1s": self.max_admitted_in(1.0),

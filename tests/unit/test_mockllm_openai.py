@@ -91,6 +91,21 @@ def test_an_exhausted_quota_raises_rate_limit_error_with_insufficient_quota(
     assert "retry-after" not in excinfo.value.response.headers
 
 
+def test_flex_through_the_client_reports_its_tier_and_its_unbilled_429(server: MockServer,
+                                                                       client: openai.OpenAI) -> None:
+    completion = client.chat.completions.create(model=MODEL, messages=MESSAGES, service_tier="flex")  # type: ignore[arg-type]
+    assert completion.service_tier == "flex"
+    assert client.chat.completions.create(model=MODEL, messages=MESSAGES).service_tier == "default"  # type: ignore[arg-type]
+    server.configure(flex_unavailable_rate=1.0)
+    with pytest.raises(openai.RateLimitError) as excinfo:
+        client.chat.completions.create(model=MODEL, messages=MESSAGES, service_tier="flex")  # type: ignore[arg-type]
+    assert excinfo.value.code == "resource_unavailable" and "429 - Resource unavailable" in excinfo.value.message
+    with pytest.raises(openai.BadRequestError) as bad:
+        client.chat.completions.create(model=MODEL, messages=MESSAGES, service_tier="fast")  # type: ignore[arg-type]
+    assert bad.value.param == "service_tier"
+    assert [r["billed"] for r in server.usage()] == [True, True, False, False]
+
+
 def test_a_wrong_key_raises_authentication_error(server: MockServer) -> None:
     with openai.OpenAI(base_url=server.base_url, api_key="sk-wrong", max_retries=0) as sdk:
         with pytest.raises(openai.AuthenticationError):
@@ -151,8 +166,7 @@ def mock_usage(server: MockServer) -> UsageLog:
     """The mock's usage log, as its /_usage endpoint gives it."""
     log = UsageLog()
     for record in httpx.get(f"{server.base_url}/_usage").json()["data"]:
-        record.pop("batch")
-        log.add(UsageRecord(**record))
+        log.add(UsageRecord.from_dict(record))
     return log
 
 
