@@ -311,7 +311,7 @@ class Settings(BaseSettings):
                     "than the provider's 24 h window, so no other holder takes them while the "
                     "provider may still answer.")
     batch_submit_lease_s: float = Field(
-        300.0, ge=10,
+        300.0, ge=1,
         description="A submitter's lease on a submission while it uploads and creates; a "
                     "submission whose submitter lease lapsed is recovered (listing the "
                     "provider's batches first). Must exceed BATCH_HTTP_TIMEOUT_S.")

@@ -22,9 +22,9 @@ from storage.models import BatchState, ExamMode
 
 
 def _setup(make_settings, db_url: str, mock: Any, tmp_path: Path, chapters, **overrides):
-    settings = make_settings(database_url=db_url, llm_base_url=mock.base_url,
-                             batch_poll_s=0.2, batch_submit_lease_s=10.0,
-                             batch_http_timeout_s=5.0, **overrides)
+    settings = make_settings(**{"database_url": db_url, "llm_base_url": mock.base_url,
+                                "batch_poll_s": 0.2, "batch_submit_lease_s": 10.0,
+                                "batch_http_timeout_s": 5.0, **overrides})
     store = open_store(settings.database_url)
     path = write_syllabus(settings.exams_dir, "bx", chapters)
     syllabus = load_syllabus(path, max_questions=settings.max_questions_per_chapter)
@@ -116,3 +116,120 @@ def test_a_batch_round_end_to_end_costs_the_discount(make_settings, db_url, mock
     # Every custom_id names a call of the ledger, in exactly one provider batch.
     ids = [cid for b in _provider_batches(mock_llm) for cid in _custom_ids(mock_llm, b)]
     assert sorted(ids) == sorted(f"call-{c.id}" for c in calls)
+
+
+def _paid_batch_lines(mock) -> list[dict[str, Any]]:
+    return [u for u in mock.usage() if u.get("batch") and u.get("paid")]
+
+
+def _each_custom_id_once(mock) -> list[str]:
+    ids = [cid for b in _provider_batches(mock) for cid in _custom_ids(mock, b)]
+    assert len(ids) == len(set(ids)), "a custom_id was submitted in two batches"
+    return ids
+
+
+def test_an_error_line_is_retried_in_a_later_batch_and_the_finished_kept(
+        make_settings, db_url, mock_llm, tmp_path, rt_of):
+    # Chapter a's first line is a 500 error line; b's succeeds in the same batch.
+    mock_llm.configure(script={"bx/a": ["500"]})
+    settings, store = _setup(make_settings, db_url, mock_llm, tmp_path, [("a", 5), ("b", 5)],
+                             retry_base_s=0.05, retry_max_s=0.2)
+    rt = rt_of(settings, store)
+    total = _until_done(rt)
+    calls, questions, slices = _rows(store)
+    assert len(questions) == 10 and {s.state for s in slices} == {"done"}
+    failed = [c for c in calls if c.outcome == "failed"]
+    assert [(c.chapter_id, c.reason, c.status_code, c.cost_usd) for c in failed] == [
+        ("a", "server_error", 500, 0.0)]
+    used = [c for c in calls if c.outcome == "used"]
+    assert sorted(c.chapter_id for c in used) == ["a", "b"]
+    assert total.submitted == 2  # b finished in the first batch, never resubmitted
+    ids = _each_custom_id_once(mock_llm)
+    assert sorted(ids) == sorted(f"call-{c.id}" for c in calls)
+    assert len(_paid_batch_lines(mock_llm)) == len(used) == 2
+
+
+def test_an_expired_batch_keeps_its_finished_lines_and_retries_the_rest(
+        make_settings, db_url, mock_llm, tmp_path, rt_of):
+    # Each line takes 0.3 s and the batch expires 0.55 s after its creation (0.1 s of it
+    # validating): one or two of the four lines finish, the others come back batch_expired.
+    mock_llm.configure(batch_request_s=0.3, batch_expire_after_s=0.55)
+    settings, store = _setup(make_settings, db_url, mock_llm, tmp_path,
+                             [("a", 5), ("b", 5), ("c", 5), ("d", 5)],
+                             retry_base_s=0.05, retry_max_s=0.2)
+    rt = rt_of(settings, store)
+    wait_for(lambda: (run_pass(rt, ["bx"]), store.exam_batches("bx")[-1].state == "done")[1],
+             20, "the first batch to expire and be booked")
+    batch = store.exam_batches("bx")[-1]  # the oldest (a next round may have started)
+    assert batch.provider_status == "expired"
+    calls, questions, _ = _rows(store)
+    first = [c for c in calls if c.worker == batch.owner]
+    finished = [c for c in first if c.outcome == "used"]
+    expired = [c for c in first if c.outcome == "failed"]
+    assert finished and expired and len(finished) + len(expired) == 4
+    assert {c.reason for c in expired} == {"batch_expired"}
+    assert all(c.cost_usd == 0 for c in expired)
+    mock_llm.configure(batch_request_s=0.01, batch_expire_after_s=None)
+    _until_done(rt)
+    calls, questions, slices = _rows(store)
+    assert len(questions) == 20 and {s.state for s in slices} == {"done"}
+    # The finished chapters were never asked again: one used call each, in the first batch.
+    used = [c for c in calls if c.outcome == "used"]
+    assert len(used) == 4
+    assert {c.id for c in finished} <= {c.id for c in used}
+    ids = _each_custom_id_once(mock_llm)
+    assert sorted(ids) == sorted(f"call-{c.id}" for c in calls)
+    assert len(_paid_batch_lines(mock_llm)) == 4
+
+
+def test_a_permanent_error_line_fails_its_chapter_with_the_reason(
+        make_settings, db_url, mock_llm, tmp_path, rt_of):
+    mock_llm.configure(script={"bx/b": ["400"]})
+    settings, store = _setup(make_settings, db_url, mock_llm, tmp_path, [("a", 5), ("b", 5)])
+    rt = rt_of(settings, store)
+    _until_done(rt)
+    report = store.status("bx")
+    states = {c.id: (c.state, c.last_error) for c in report.chapter_list}
+    assert states["a"][0] == "done"
+    assert states["b"][0] == "failed"
+    assert "400" in states["b"][1] and "Invalid request" in states["b"][1]
+    assert len(store.exam_batches("bx")) == 1  # not resubmitted
+
+
+def test_recovery_pages_past_100_newer_batches_to_adopt_its_own(
+        make_settings, db_url, mock_llm, tmp_path, rt_of):
+    # The create makes the batch and its reply is lost: the submission stays `creating`.
+    mock_llm.configure(batch_create_lost=1)
+    settings, store = _setup(make_settings, db_url, mock_llm, tmp_path, [("a", 5)],
+                             batch_submit_lease_s=2.0, batch_http_timeout_s=1.0)
+    rt = rt_of(settings, store)
+    run_pass(rt, ["bx"])
+    (row,) = store.exam_batches("bx")
+    assert row.state == BatchState.creating.value and row.provider_batch_id is None
+    assert row.create_attempts == 1
+    mock_llm.seed_batches(150)  # another client's, newer: ours is on the second page
+    wait_for(lambda: (run_pass(rt, ["bx"]), store.exam_batches("bx")[0].provider_batch_id)[1],
+             20, "the recovery to adopt the batch")
+    (row,) = store.exam_batches("bx")
+    assert row.create_attempts == 1  # adopted, never created again
+    ours = [b for b in _provider_batches(mock_llm)
+            if (b.get("metadata") or {}).get("examforge_submission") == row.id]
+    assert [b["id"] for b in ours] == [row.provider_batch_id]
+    _until_done(rt)
+    calls, questions, _ = _rows(store)
+    assert len(questions) == 5 and [c.outcome for c in calls] == ["used"]
+    assert len(_paid_batch_lines(mock_llm)) == 1
+
+
+def test_an_upload_that_fails_sends_nothing_and_a_later_round_does(
+        make_settings, db_url, mock_llm, tmp_path, rt_of):
+    mock_llm.configure(batch_upload_fail=1)
+    settings, store = _setup(make_settings, db_url, mock_llm, tmp_path, [("a", 5)],
+                             retry_base_s=0.05)
+    rt = rt_of(settings, store)
+    _until_done(rt)
+    calls, questions, _ = _rows(store)
+    assert [(c.outcome, c.cost_usd) for c in calls] == [("failed", 0.0), ("used", calls[1].cost_usd)]
+    assert "upload failed" in calls[0].detail
+    assert [b.state for b in store.exam_batches("bx")] == ["done", "abandoned"]
+    assert len(questions) == 5 and len(_paid_batch_lines(mock_llm)) == 1
