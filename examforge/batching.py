@@ -330,6 +330,7 @@ def _upload_and_create(rt: BatchRuntime, sub: str, exam: str, round_: _Round,
         log.warning("submitter lease lapsed after the upload; recovery takes it", extra=fields)
         return False
     log.info("batch file uploaded", extra={**fields, "file": file_id})
+    _test_hook("after_upload", sub)
     return _create(rt, sub, exam, file_id, result)
 
 
