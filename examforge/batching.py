@@ -77,6 +77,8 @@ log = logging.getLogger("examforge.batching")
 MAX_CREATE_ATTEMPTS = 5
 # Rounds one pass submits for one exam at most (each up to BATCH_MAX_REQUESTS lines).
 MAX_ROUNDS_PER_PASS = 20
+# The submitter renews its lease on a submission every this many slices it claims.
+RENEW_EVERY = 50
 # The line's URL (OpenAI's batch endpoint for chat completions).
 LINE_URL = "/v1/chat/completions"
 
@@ -94,6 +96,9 @@ class BatchRuntime:
     ident: str = field(default_factory=lambda: (
         f"{socket.gethostname()[:40]}/{os.getpid()}/{uuid.uuid4().hex[:12]}"))
     stopping: threading.Event = field(default_factory=threading.Event)
+    # Submissions whose create went unanswered in this process: their submitter lease is
+    # left to lapse (not released), so no listing decides before that create has ended.
+    unanswered: set[str] = field(default_factory=set)
 
     @classmethod
     def build(cls, settings: Settings, store: Store, client: LLMClient | None = None,
@@ -245,9 +250,15 @@ def submit_round(rt: BatchRuntime, exam: str, result: PassResult) -> bool:
     owner = owner_of(sub)
     store.new_submission(sub, exam, rt.ident, settings.batch_submit_lease_s, rt.client.model)
     round_ = _Round(settings)
-    for chapter_id, slice_no in candidates:
-        if round_.full or round_.no_room is not None:
+    for n, (chapter_id, slice_no) in enumerate(candidates):
+        if round_.full or round_.no_room is not None or rt.stopping.is_set():
             break
+        if n and n % RENEW_EVERY == 0 and not store.submission_step(
+                sub, rt.ident, settings.batch_submit_lease_s):
+            # Too slow to keep its lease: a recovery may be abandoning it already.
+            log.warning("submitter lease lapsed while claiming; the submission is left to "
+                        "recovery", extra={"exam": exam, "submission": sub})
+            return False
         _add_slice(rt, exam, chapter_id, slice_no, owner, round_)
     if not round_.lines:
         store.drop_submission(sub)
@@ -350,6 +361,7 @@ def _create(rt: BatchRuntime, sub: str, exam: str, file_id: str, result: PassRes
         if sent_maybe(exc):
             # It may exist at the provider: keep the submitter's lease until it lapses, so
             # that only a listing (after any create in flight has ended) decides.
+            rt.unanswered.add(sub)
             log.warning("batch create unanswered; recovery lists the provider's batches "
                         "once the submitter lease lapses",
                         extra={**fields, "error": str(exc)[:300]})
@@ -411,13 +423,17 @@ def _advance(rt: BatchRuntime, row: BatchRow, result: PassResult) -> None:
     taken = store.take_submission(row.id, rt.ident, settings.batch_submit_lease_s)
     if taken is None:
         return
+    rt.unanswered.discard(taken.id)  # an older unanswered create of ours has ended by now
     try:
         if taken.state == BatchState.submitted.value:
             _poll(rt, taken, result)
         else:
             _recover(rt, taken, result)
     finally:
-        store.release_submission(taken.id, rt.ident)
+        if taken.id in rt.unanswered:
+            rt.unanswered.discard(taken.id)  # its lease lapses by itself
+        else:
+            store.release_submission(taken.id, rt.ident)
 
 
 def _recover(rt: BatchRuntime, row: BatchRow, result: PassResult) -> None:
