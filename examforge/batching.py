@@ -209,10 +209,10 @@ class _SliceCalls:
                 numbers = (first, first + span - 1, view.chapter_target or view.target)
             levels = Levels(None, view.levels.bloom)
             if view.levels.difficulty is not None:
-                asked = ask(view.levels.difficulty, view.first_number, view.target,
-                            stored_levels, want)
-                levels = Levels(asked, view.levels.bloom)
-                for level, n in asked.items():  # the next call asks for what this one does not
+                mix = ask(view.levels.difficulty, view.first_number, view.target,
+                          stored_levels, want)
+                levels = Levels(mix, view.levels.bloom)
+                for level, n in mix.items():  # the next call asks for what this one does not
                     stored_levels[level] = stored_levels.get(level, 0) + n
             messages = build_messages(view.exam, view.exam_title, spec, want, avoid,
                                       numbers=numbers, levels=levels)
@@ -536,8 +536,8 @@ def process_results(rt: BatchRuntime, row: BatchRow, batch: dict[str, Any],
     lines: dict[str, dict[str, Any]] = {}
     for file_id in (batch.get("error_file_id"), batch.get("output_file_id")):
         if file_id:
-            for line in parse_jsonl(api.content(str(file_id))):
-                lines[str(line.get("custom_id"))] = line
+            for entry in parse_jsonl(api.content(str(file_id))):
+                lines[str(entry.get("custom_id"))] = entry
     status = str(batch.get("status"))
     batch_error = _batch_error(rt, batch) if status == "failed" else None
     claims: dict[tuple[str, str, int], Claimed | None] = {}
@@ -553,7 +553,7 @@ def process_results(rt: BatchRuntime, row: BatchRow, batch: dict[str, Any],
                 booked_completion += call.completion_tokens
             continue
         line = lines.get(f"call-{call.id}")
-        response = (line or {}).get("response") or None
+        response: dict[str, Any] | None = (line or {}).get("response") or None
         if response is not None and response.get("status_code") == 200:
             if key not in claims:
                 claims[key] = store.held_claim(*key, owner)
@@ -583,15 +583,15 @@ def process_results(rt: BatchRuntime, row: BatchRow, batch: dict[str, Any],
         _note_error(rt, outcomes[key], exc)
     for key in store.held_slices(owner):
         _settle_slice(rt, owner, key, outcomes.get(key, _SliceOutcome()))
-    usage = batch.get("usage") if isinstance(batch.get("usage"), dict) else None
-    if usage is not None:
-        theirs = (usage.get("input_tokens"), usage.get("output_tokens"))
+    theirs_usage = batch.get("usage") if isinstance(batch.get("usage"), dict) else None
+    if theirs_usage is not None:
+        theirs = (theirs_usage.get("input_tokens"), theirs_usage.get("output_tokens"))
         if theirs != (booked_prompt, booked_completion):
             log.warning("the batch's usage differs from the ledger's", extra={
                 "exam": row.exam, "submission": row.id, "batch": batch.get("id"),
                 "provider_input": theirs[0], "provider_output": theirs[1],
                 "ledger_prompt": booked_prompt, "ledger_completion": booked_completion})
-    store.finish_submission(row.id, provider_status=status, usage=usage,
+    store.finish_submission(row.id, provider_status=status, usage=theirs_usage,
                             counts=batch.get("request_counts") or None,
                             detail=None if batch_error is None else str(batch_error))
     result.processed += 1
