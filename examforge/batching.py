@@ -522,6 +522,7 @@ class _SliceOutcome:
     count_attempt: bool = False
     error: str | None = None
     fail: str | None = None
+    pause_after: int | None = None  # with fail: an auth failure, counted against the exam
     pause: str | None = None
 
 
@@ -672,6 +673,7 @@ def _note_error(rt: BatchRuntime, outcome: _SliceOutcome, exc: ProviderError) ->
     decision = decide(exc, streak=1, settings=rt.settings, rand=random.random())
     if decision.action is Action.fail:
         outcome.fail = outcome.fail or decision.reason
+        outcome.pause_after = outcome.pause_after or decision.pause_exam_after
     elif decision.action is Action.pause:
         outcome.pause = outcome.pause or decision.reason
     else:
@@ -691,7 +693,7 @@ def _settle_slice(rt: BatchRuntime, owner: str, key: tuple[str, str, int],
     if outcome.fail is not None:
         claim = store.held_claim(*key, owner)
         if claim is not None:
-            store.fail(claim, outcome.fail)
+            store.fail(claim, outcome.fail, pause_exam_after=outcome.pause_after)
             log.error("chapter failed by a batch line", extra={
                 "exam": exam, "chapter": key[1], "slice": key[2], "reason": outcome.fail})
             return
