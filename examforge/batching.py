@@ -518,6 +518,7 @@ class _SliceOutcome:
     """What a batch's lines did to one slice, decided after all of them are booked."""
 
     progressed: bool = False
+    done: bool = False  # a line completed it: later lines of the slice store nothing
     delay_s: float = 0.0
     count_attempt: bool = False
     error: str | None = None
@@ -635,11 +636,12 @@ def _commit_line(rt: BatchRuntime, call: Any, body: Any, claim: Claimed | None,
     usage = Usage(completion.prompt_tokens, completion.completion_tokens, completion.cost_usd,
                   completion.endpoint, completion.usage_estimated, completion.cached_tokens)
     if claim is None:
-        # The slice is not this submission's any more (a 26 h outage let the lease lapse and
-        # someone else took it): paid for, and it cannot be committed.
+        # The slice is not this submission's any more: completed by its earlier lines (a
+        # pass that stopped mid-way), or (after a day without a poll) taken by another
+        # holder. Paid for, and nothing of it can be committed.
         store.finish_call(call.id, CallOutcome.wasted, CallReason.lease_lost,
-                          "the batch's lease on its slice was gone when its results came",
-                          usage=usage)
+                          "the batch no longer held its slice (complete, or taken) when this "
+                          "line was read", usage=usage)
         return 0, usage
     try:
         parsed = parse_questions(completion.content, completion.finish_reason, None, known)
@@ -650,6 +652,13 @@ def _commit_line(rt: BatchRuntime, call: Any, body: Any, claim: Claimed | None,
         outcome.error = f"invalid output: {exc}"
         return 0, usage
     note = ", ".join(f"{n} {k.value} rejected" for k, n in parsed.rejected.items())
+    if outcome.done:
+        # The round asked this slice for more than it lacked (a top-up's over-ask), and the
+        # lines read before this one completed it: billed, nothing more to store.
+        store.finish_call(call.id, CallOutcome.wasted, CallReason.invalid_output,
+                          f"its slice was complete: {len(parsed.questions)} beyond the target "
+                          "not stored", usage=usage)
+        return 0, usage
     shares = claim.levels.difficulty
     levels = Levels(apportion(call.requested, shares) if shares else None, claim.levels.bloom)
     questions = levels.resolve(parsed.questions)
@@ -661,6 +670,7 @@ def _commit_line(rt: BatchRuntime, call: Any, body: Any, claim: Claimed | None,
         return 0, usage  # booked wasted by the commit
     for text in committed.kept:
         known.add(normalise(text))
+    outcome.done = committed.done
     if committed.kept:
         outcome.progressed = True
     elif not committed.done:

@@ -392,3 +392,20 @@ def test_the_budget_reserves_the_discounted_worst_case_and_pauses_when_nothing_f
     calls = _rows(store, "by")[0]
     assert calls and all(c.outcome == "used" for c in calls)
     assert len(_paid_batch_lines(mock_llm)) == 1 + len(calls)
+
+
+def test_booking_a_batch_twice_changes_nothing(make_settings, db_url, mock_llm, tmp_path,
+                                               rt_of):
+    from examforge.batching import process_results
+
+    settings, store = _setup(make_settings, db_url, mock_llm, tmp_path, [("a", 12)])
+    rt = rt_of(settings, store)
+    _until_done(rt)
+    before = _rows(store)
+    (row,) = store.exam_batches("bx")
+    again = PassResult()
+    process_results(rt, row, rt.api.retrieve(row.provider_batch_id), again)  # a second poller
+    assert again.committed == 0
+    after = _rows(store)
+    assert [tuple(r) for r in after[0]] == [tuple(r) for r in before[0]]
+    assert len(after[1]) == 12
