@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from sqlalchemy import and_, case, func, insert, or_, select, update
+from sqlalchemy import case, func, insert, or_, select, update
 
 from storage.base import ACTIVE_STATES, E, K, S
 from storage.leases import Leases, slice_where

@@ -5,7 +5,6 @@ chapter, recovery paging past 100 foreign batches, and a chapter larger than one
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any
 
