@@ -56,6 +56,13 @@ RULES: tuple[Rule, ...] = (
     # billing phrase its message may carry ever reads as a quota that pauses the exam.
     Rule(_s(429), Kind.resource_unavailable, Action.retry, code="resource_unavailable"),
     Rule(_s(429), Kind.resource_unavailable, Action.retry, phrase=r"^\s*resource unavailable"),
+    # A provider batch's lines and batches (examforge.batching): a line the batch never ran
+    # (it expired, or was cancelled) and a batch over the model's enqueued-token limit are
+    # retried in a later batch; neither was billed. Their errors carry no HTTP status of
+    # their own (0) and are matched by code first, whatever the status.
+    Rule(_s(0, 599), Kind.batch_expired, Action.retry, code="batch_expired"),
+    Rule(_s(0, 599), Kind.batch_cancelled, Action.retry, code="batch_cancelled"),
+    Rule(_s(0, 599), Kind.batch_token_limit, Action.retry, code="token_limit_exceeded"),
     # Billing. OpenAI says 429 for both a rate limit and an exhausted quota: the body tells.
     Rule(_s(429), Kind.quota, Action.pause_exam, code="insufficient_quota"),
     Rule(_s(403), Kind.quota, Action.pause_exam, code="insufficient_quota"),

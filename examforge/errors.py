@@ -56,6 +56,11 @@ class ErrorKind(str, Enum):
     tls = "tls"
     # A 429 for a service_tier=flex request the provider has no flex capacity for right now.
     resource_unavailable = "resource_unavailable"
+    # A provider batch's line that never ran: the batch expired or was cancelled first; and a
+    # batch refused at validation for the model's enqueued-token limit (issue 18). Retryable.
+    batch_expired = "batch_expired"
+    batch_cancelled = "batch_cancelled"
+    batch_token_limit = "batch_token_limit"
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ sent, and a call sent is always booked first.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import ssl
@@ -238,6 +239,47 @@ class LLMClient:
         if self.response_format_of(ep.name) == "json_schema":
             count += count_text(schema_text(), ep.model)
         return count
+
+    # ------------------------------------------------------------------ batch lines
+    # A provider batch (examforge.batching) carries exactly the synchronous request, and its
+    # lines' replies are read, priced and classified exactly as synchronous replies are; the
+    # price is the synchronous one times LLM_BATCH_DISCOUNT. Batches go to the primary only.
+    def batch_body(self, messages: list[dict[str, str]], max_tokens: int | None) -> dict[str, object]:
+        """The body a batch line sends: the synchronous request's."""
+        return self._body(self._primary, messages, max_tokens, self.response_format_of("primary"))
+
+    def batch_worst_case_usd(self, prompt_tokens: int, max_tokens: int) -> float:
+        """A batch call's reservation: the primary's worst case at the batch price."""
+        prompt = reserve_prompt_tokens(prompt_tokens, self._primary.model)
+        return self._primary.price.cost_usd(prompt, max_tokens) * self._settings.llm_batch_discount
+
+    def batch_completion(self, status_code: int, body: object,
+                         count_prompt: Callable[[], int] = lambda: 0) -> Completion:
+        """An output line's response as a Completion at the batch price; raises the
+        ProviderError a synchronous reply of that status and body would (ReplyUnusable for a
+        broken envelope, with its billed usage at the batch price)."""
+        ep, discount = self._primary, self._settings.llm_batch_discount
+        raw = json.dumps(body).encode() if not isinstance(body, (bytes, str)) else (
+            body.encode() if isinstance(body, str) else body)
+        response = httpx.Response(status_code, content=raw)
+        try:
+            completion = _translate(response, raw, ep, count_prompt)
+        except ProviderError as exc:
+            if exc.billed is not None:
+                exc.billed = dataclasses.replace(exc.billed,
+                                                 cost_usd=exc.billed.cost_usd * discount)
+            raise _at(exc, ep)
+        return dataclasses.replace(completion, cost_usd=completion.cost_usd * discount)
+
+    def batch_error(self, status_code: int, body: object) -> ProviderError:
+        """The error of a batch line (or a whole batch) as the synchronous table names it:
+        `status_code` 0 for an error with no HTTP reply (batch_expired, batch_cancelled,
+        token_limit_exceeded), with `body` OpenAI's {"error": {...}} or the bare error."""
+        if isinstance(body, dict) and "error" not in body and ("code" in body or "message" in body):
+            body = {"error": body}
+        raw = json.dumps(body).encode()
+        return _at(_error(httpx.Response(status_code, content=raw), raw, self._primary),
+                   self._primary)
 
     # ------------------------------------------------------------------ response_format
     def _default_format(self, ep: _Endpoint) -> str:

@@ -310,6 +310,41 @@ class Settings(BaseSettings):
         description="How long a run's hand-off may take: a sweep launches a run stored this "
                     "long ago and never launched, and a hand-off's claim lapses after it.")
 
+    # --- batch mode (issue 18; examforge.batching, README "Batch mode")
+    llm_batch: bool = Field(
+        False, description="Generate exams through the provider's Batch API by default "
+                           "(enqueue and run; --batch asks for it per exam).")
+    llm_batch_discount: float = Field(
+        0.5, gt=0, le=1,
+        description="What a batch call costs as a share of the synchronous price (OpenAI's "
+                    "Batch API: 0.5). Reservations and the ledger use it.")
+    batch_poll_s: float = Field(
+        60.0, gt=0, le=3600,
+        description="Seconds between two batch passes (beat's examforge.batches, and "
+                    "`producer run --batch`): submit rounds, poll batches, commit results.")
+    batch_max_requests: int = Field(
+        50_000, ge=1, le=50_000, description="Requests per batch file (OpenAI's limit: 50,000).")
+    batch_max_bytes: int = Field(
+        200 * 1024 * 1024, ge=1024, le=200 * 1024 * 1024,
+        description="Bytes per batch input file (OpenAI's limit: 200 MB).")
+    batch_lease_s: float = Field(
+        26 * 3600.0, ge=60,
+        description="Lease of a submitted batch on its slices, renewed at each poll: longer "
+                    "than the provider's 24 h window, so no other holder takes them while the "
+                    "provider may still answer.")
+    batch_submit_lease_s: float = Field(
+        300.0, ge=1,
+        description="A submitter's lease on a submission while it uploads and creates; a "
+                    "submission whose submitter lease lapsed is recovered (listing the "
+                    "provider's batches first). Must exceed BATCH_HTTP_TIMEOUT_S.")
+    batch_http_timeout_s: float = Field(
+        120.0, gt=0, description="Timeout of one Files or Batch API request (upload, create, "
+                                 "retrieve, list, download).")
+    batch_clock_skew_s: float = Field(
+        600.0, ge=0,
+        description="How far back of a submission's own time recovery pages the provider's "
+                    "batch list (the provider's clock may differ from the database's).")
+
     @field_validator("llm_base_url", "llm_fallback_base_url")
     @classmethod
     def _http_url(cls, v: str | None, info: ValidationInfo) -> str | None:
@@ -367,6 +402,10 @@ class Settings(BaseSettings):
             # A countdown that long would outlive the unacked message: Redis would redeliver it.
             raise ValueError(
                 "RETRY_MAX_S and RETRY_AFTER_MAX_S must stay below VISIBILITY_TIMEOUT_S / 4")
+        if self.batch_http_timeout_s * 2 > self.batch_submit_lease_s:
+            # A create still waiting for its reply when the submitter's lease lapses would let
+            # a recovery list the batches before the create is listed, and create again.
+            raise ValueError("BATCH_HTTP_TIMEOUT_S must be at most BATCH_SUBMIT_LEASE_S / 2")
         return self
 
     @property

@@ -82,6 +82,12 @@ _dry_run_option = click.option(
 _EXPORT_FORMATS = ("jsonl", "json", "csv", "moodle-xml", "gift", "anki", "qti")
 
 
+_batch_option = click.option(
+    "--batch/--no-batch", "batch", default=None,
+    help="Generate through the provider's Batch API (about half the price, results within "
+         "24 h); default: LLM_BATCH.")
+
+
 @cli.command()
 @click.argument("slug")
 @click.option("--regenerate", "regenerate", multiple=True, metavar="CHAPTER",
@@ -89,10 +95,12 @@ _EXPORT_FORMATS = ("jsonl", "json", "csv", "moodle-xml", "gift", "anki", "qti")
 @_budget_option
 @_dry_run_option
 @click.option("--json", "as_json", is_flag=True, help="With --dry-run: one JSON object.")
+@_batch_option
 @_dispatch
 def enqueue(slug: str, regenerate: tuple[str, ...], budget_usd: float | None, dry_run: bool,
-            as_json: bool) -> None:
-    """Record the exam, cut its chapters into slices, enqueue one task per unfinished slice."""
+            as_json: bool, batch: bool | None) -> None:
+    """Record the exam, cut its chapters into slices, enqueue one task per unfinished slice
+    (with --batch: one batch pass, which submits them to the provider's Batch API)."""
 
 
 @cli.command()
@@ -143,8 +151,10 @@ def export(slug: str, fmt: str, target: str | None) -> None:
               help="Threads calling the model at once.")
 @_budget_option
 @_dry_run_option
+@_batch_option
 @_dispatch
-def run(slug: str, concurrency: int, budget_usd: float | None, dry_run: bool) -> None:
+def run(slug: str, concurrency: int, budget_usd: float | None, dry_run: bool,
+        batch: bool | None) -> None:
     """Generate an exam in this process, with no broker (resumable)."""
 
 

@@ -167,7 +167,7 @@ def _read_only_state(settings: Settings, slug: str) -> tuple[
 
 
 def enqueue(slug: str, regenerate: tuple[str, ...], budget_usd: float | None, dry_run: bool,
-            as_json: bool) -> None:
+            as_json: bool, batch: bool | None) -> None:
     settings = _settings()
     syllabus = _syllabus(settings, slug)
     unknown = [c for c in regenerate if c not in {ch.id for ch in syllabus.chapters}]
@@ -185,8 +185,9 @@ def enqueue(slug: str, regenerate: tuple[str, ...], budget_usd: float | None, dr
         # `cancel` (resume and retry leave cancelled chapters alone).
         restarted.extend(store.restart_cancelled(slug))
 
+    batch = settings.llm_batch if batch is None else batch
     plan = enqueue_exam(settings, store, slug, syllabus, regenerate=regenerate,
-                        budget_usd=budget_usd, before_write=before_write)
+                        budget_usd=budget_usd, before_write=before_write, batch=batch)
     for chapter_id in restarted:
         out.print(f"restarted {slug}/{chapter_id} (was cancelled)")
     per_chapter: dict[str, int] = {}
@@ -199,6 +200,9 @@ def enqueue(slug: str, regenerate: tuple[str, ...], budget_usd: float | None, dr
              for chapter_id in plan.to_enqueue]
     lines += [f"skipped   {slug}/{chapter_id}: {why}" for chapter_id, why in plan.skipped.items()]
     lines.append(f"{len(plan.to_enqueue)} enqueued, {len(plan.skipped)} skipped")
+    if batch and plan.slices:
+        lines.append(f"batch mode: the workers submit them to the provider's Batch API "
+                     f"(polled every {settings.batch_poll_s:g}s; see status)")
     click.echo("\n".join(lines))
     if plan.exam_paused:
         raise UserError(f"exam {slug} is paused ({plan.exam_paused}); "
@@ -349,9 +353,11 @@ def export(slug: str, fmt: str, target: str | None) -> None:
         err.print(f"wrote {plural(n, 'question')} to {target}")
 
 
-def run(slug: str, concurrency: int, budget_usd: float | None, dry_run: bool) -> None:
+def run(slug: str, concurrency: int, budget_usd: float | None, dry_run: bool,
+        batch: bool | None) -> None:
     from examforge.pipeline import Runtime
     from producer.local import run_local
+    from storage.models import ExamMode
 
     settings = _settings()
     syllabus = _syllabus(settings, slug)
@@ -368,6 +374,11 @@ def run(slug: str, concurrency: int, budget_usd: float | None, dry_run: bool) ->
     if plan.exam_paused:
         raise UserError(f"exam {slug} is paused ({plan.exam_paused}); "
                         f"fix the cause, then run: python -m producer resume {slug}")
+    batch = settings.llm_batch if batch is None else batch
+    store.set_exam_mode(slug, ExamMode.batch if batch else ExamMode.sync)
+    if batch:
+        _run_batch(settings, store, slug)
+        return
     rt = Runtime.build(settings, store)
     # SIGTERM stops like Ctrl-C: running calls finish and commit, nothing new is paid for.
     signal.signal(signal.SIGTERM, _interrupt)
@@ -393,6 +404,53 @@ def run(slug: str, concurrency: int, budget_usd: float | None, dry_run: bool) ->
         sys.exit(1)
 
 
+def _run_batch(settings: Settings, store: Store, slug: str) -> None:
+    """`run --batch`: batch passes (examforge.batching) in this process every BATCH_POLL_S
+    until the exam has nothing pending, running or in a live batch. Killed and started
+    again, it resumes from the database: its submissions are recovered or polled."""
+    import threading
+
+    from examforge.batching import BatchRuntime, run_pass
+
+    rt = BatchRuntime.build(settings, store)
+    stop = threading.Event()
+
+    def stop_now(signum: int, frame: object) -> None:
+        rt.stopping.set()
+        stop.set()
+
+    signal.signal(signal.SIGTERM, stop_now)
+    signal.signal(signal.SIGINT, stop_now)
+    try:
+        with LiveView(err, interval_s=5.0) as view:
+            while not stop.is_set():
+                run_pass(rt, [slug])
+                report = store.status(slug)
+                view.show(report)
+                if report.state == "paused":
+                    raise UserError(f"exam {slug} is paused ({report.pause_reason}); fix the "
+                                    f"cause, then run: python -m producer resume {slug}")
+                if report.finished and not store.live_batches(slug):
+                    break
+                wait = store.next_batch_wait(slug)
+                stop.wait(settings.batch_poll_s if wait is None
+                          else min(settings.batch_poll_s, max(0.1, wait)))
+    finally:
+        rt.close()
+    if stop.is_set():
+        err.print(f"stopped; the exam's batches go on at the provider: run it again to "
+                  f"collect them (python -m producer run {slug} --batch)")
+        sys.exit(130)
+    report = store.status(slug)
+    out.print(f"{report.questions.done}/{report.questions.target} questions; "
+              f"{report.chapters.done}/{report.chapters.total} chapters done")
+    if report.chapters.failed:
+        for chapter in report.chapter_list:
+            if chapter.state == "failed":
+                err.print(f"failed {slug}/{chapter.id}: {chapter.last_error}")
+        sys.exit(1)
+
+
 def reconcile() -> None:
     from tasks import app
     from tasks.broker import check_broker
@@ -411,16 +469,14 @@ def reconcile() -> None:
 
 def resume(slug: str) -> None:
     from tasks import app
-    from tasks.broker import broker_epoch, check_broker, origin_headers, publish_slices
+    from tasks.broker import broker_epoch, check_broker, publish_work
 
     settings = _settings()
     store = _store(settings)
     check_broker(app, settings)
     _warn_unpriced(settings)
     slices = store.resume(slug)
-    if slices:
-        store.mark_enqueued(slug, slices, broker_epoch(app, settings))
-        publish_slices(app, slug, slices, origin_headers(store))
+    publish_work(app, store, slug, slices, broker_epoch(app, settings) if slices else None)
     chapters = len({chapter_id for chapter_id, _ in slices})
     out.print(f"resumed {slug}: {plural(chapters, 'chapter')} enqueued "
               f"({plural(len(slices), 'slice')})")
@@ -437,7 +493,7 @@ def _hint_cancelled(store: Store, slug: str) -> None:
 
 def retry(slug: str, chapters: tuple[str, ...]) -> None:
     from tasks import app
-    from tasks.broker import broker_epoch, check_broker, origin_headers, publish_slices
+    from tasks.broker import broker_epoch, check_broker, publish_work
 
     settings = _settings()
     store = _store(settings)
@@ -449,9 +505,7 @@ def retry(slug: str, chapters: tuple[str, ...]) -> None:
         raise UserError(f"--chapter: chapter {unknown[0]!r} is not in exam {slug}")
     check_broker(app, settings)  # before changing anything
     slices = store.retry_failed(slug, list(chapters) or None)
-    if slices:
-        store.mark_enqueued(slug, slices, broker_epoch(app, settings))
-        publish_slices(app, slug, slices, origin_headers(store))
+    publish_work(app, store, slug, slices, broker_epoch(app, settings) if slices else None)
     n = len({chapter_id for chapter_id, _ in slices})
     out.print(f"retrying {n} failed {'chapter' if n == 1 else 'chapters'} of {slug} "
               f"({plural(len(slices), 'slice')})")

@@ -14,12 +14,16 @@ if TYPE_CHECKING:
 
 def enqueue_exam(settings: Settings, store: Store, slug: str, syllabus: Syllabus, *,
                  regenerate: Sequence[str] = (), budget_usd: float | None = None,
-                 before_write: Callable[[], None] | None = None) -> EnqueuePlan:
+                 before_write: Callable[[], None] | None = None,
+                 batch: bool | None = None) -> EnqueuePlan:
     """Check the broker, record the exam and cut its chapters into slices (`sync_exam`),
     then publish one message per unfinished slice. The broker is checked before anything is
-    written; `before_write` runs between the two (the CLI's warnings)."""
+    written; `before_write` runs between the two (the CLI's warnings). With `batch` (default
+    LLM_BATCH) the exam is generated through the provider's Batch API: no chapter task is
+    published, one batch pass is (examforge.batching); without, it goes back to sync mode."""
+    from storage.models import ExamMode
     from tasks import app
-    from tasks.broker import broker_epoch, check_broker, origin_headers, publish_slices
+    from tasks.broker import broker_epoch, check_broker, publish_work
 
     check_broker(app, settings)  # before writing anything
     if before_write is not None:
@@ -27,9 +31,9 @@ def enqueue_exam(settings: Settings, store: Store, slug: str, syllabus: Syllabus
     plan = store.sync_exam(slug, syllabus, regenerate, budget_usd=budget_usd,
                            default_budget_usd=settings.budget_usd,
                            slice_questions=settings.slice_questions)
+    batch = settings.llm_batch if batch is None else batch
+    store.set_exam_mode(slug, ExamMode.batch if batch else ExamMode.sync)
     if plan.slices:
-        epoch = broker_epoch(app, settings)
         # Marked before publishing: a worker's pick-up always reads as after its enqueue.
-        store.mark_enqueued(slug, plan.slices, epoch)
-        publish_slices(app, slug, plan.slices, origin_headers(store))
+        publish_work(app, store, slug, plan.slices, broker_epoch(app, settings))
     return plan

@@ -18,9 +18,10 @@ from sqlalchemy.exc import OperationalError
 from examforge.errors import UserError
 from storage import neardup
 from storage.base import ACTIVE_STATES, E, K, Q, S, StoreBase
-from storage.models import Run
+from storage.models import Batch, Run
 
 RUN = Run.__table__  # type: ignore[attr-defined]
+BATCH = Batch.__table__  # type: ignore[attr-defined]
 
 # PostgreSQL's lock_not_available: a NOWAIT lock found the row held by another transaction.
 _LOCK_NOT_AVAILABLE = "55P03"
@@ -109,7 +110,7 @@ class Housekeeping(StoreBase):
                     result.recent.append(fp)
                     return
                 neardup.forget(conn, slug)
-                for table in (Q, K, S, RUN):
+                for table in (Q, K, S, RUN, BATCH):
                     conn.execute(delete(table).where(table.c.exam == slug))
                 conn.execute(delete(E).where(E.c.slug == slug))
                 result.pruned.append(fp)

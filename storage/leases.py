@@ -113,36 +113,56 @@ class Leases(Ledger):
                              .values(picked_at=self._now))
                 return self._why_not(conn, slug, chapter_id, slice_no, max_attempts)
             took_over = self._waste_orphaned_calls(conn, slug, chapter_id, slice_no)
-            row = conn.execute(self._stmt("claimed_row", lambda: (
-                select(S, E.c.title.label("exam_title"),
-                       select(func.max(S2.c.first_number + S2.c.target - 1))
-                       .where(S2.c.exam == S.c.exam, S2.c.chapter_id == S.c.chapter_id)
-                       .scalar_subquery().label("chapter_target"))
-                .join(E, E.c.slug == S.c.exam).where(*SLICE_KEY))), key).one()
-            numbers_texts = conn.execute(self._stmt("chapter_texts", lambda: (
-                select(Q.c.number, Q.c.question)
-                .where(Q.c.exam == bindparam("k_exam"), Q.c.chapter_id == bindparam("k_chapter"))
-                .order_by(Q.c.id))), key).all()
-            last = row.first_number + row.target
-            chapter_target = row.chapter_target
-            claimed = Claimed(
-                exam=slug, chapter_id=chapter_id, owner=owner, attempt=row.attempts,
-                target=row.target,
-                stored=sum(1 for n, _ in numbers_texts if row.first_number <= n < last),
-                known=frozenset(normalise(t) for _, t in numbers_texts),
-                exam_title=row.exam_title, title=row.title, prompt=row.prompt,
-                attempts_since_progress=row.attempts_since_progress, took_over_calls=took_over,
-                slice_no=slice_no, first_number=row.first_number,
-                chapter_target=chapter_target or row.target,
-                recent=(steer.select(conn, slug, chapter_id, chapter_target or row.target,
-                                     seed=row.attempts) if steer is not None and numbers_texts
-                        else tuple(t for _, t in numbers_texts[-RECENT_QUESTIONS:])),
-                levels=self._levels(conn, row),
-            )
+            claimed = self._read_claimed(conn, slug, chapter_id, slice_no, owner, steer,
+                                         took_over)
             if plan_first is None:
                 return claimed
             first = self._start_planned(conn, claimed, plan_first(claimed.view()))
             return dataclasses.replace(claimed, first_call=first)
+
+    def held_claim(self, slug: str, chapter_id: str, slice_no: int, owner: str, *,
+                   steer: Steer | None = None) -> Claimed | None:
+        """The slice as a Claimed for `owner`, which already holds its lease (a provider
+        batch's submission, examforge.batching), read without changing the lease; None when
+        `owner` does not hold it (any more). Commits through it are fenced as usual."""
+        key = {"k_exam": slug, "k_chapter": chapter_id, "k_slice": slice_no}
+        with self._read() as conn:
+            held = conn.execute(select(S.c.lease_owner).where(*SLICE_KEY), key
+                                ).scalar_one_or_none()
+            if held != owner:
+                return None
+            return self._read_claimed(conn, slug, chapter_id, slice_no, owner, steer, 0)
+
+    def _read_claimed(self, conn: Connection, slug: str, chapter_id: str, slice_no: int,
+                      owner: str, steer: Steer | None, took_over: int) -> Claimed:
+        key = {"k_exam": slug, "k_chapter": chapter_id, "k_slice": slice_no}
+        row = conn.execute(self._stmt("claimed_row", lambda: (
+            select(S, E.c.title.label("exam_title"),
+                   select(func.max(S2.c.first_number + S2.c.target - 1))
+                   .where(S2.c.exam == S.c.exam, S2.c.chapter_id == S.c.chapter_id)
+                   .scalar_subquery().label("chapter_target"))
+            .join(E, E.c.slug == S.c.exam).where(*SLICE_KEY))), key).one()
+        numbers_texts = conn.execute(self._stmt("chapter_texts", lambda: (
+            select(Q.c.number, Q.c.question)
+            .where(Q.c.exam == bindparam("k_exam"), Q.c.chapter_id == bindparam("k_chapter"))
+            .order_by(Q.c.id))), key).all()
+        last = row.first_number + row.target
+        chapter_target = row.chapter_target
+        claimed = Claimed(
+            exam=slug, chapter_id=chapter_id, owner=owner, attempt=row.attempts,
+            target=row.target,
+            stored=sum(1 for n, _ in numbers_texts if row.first_number <= n < last),
+            known=frozenset(normalise(t) for _, t in numbers_texts),
+            exam_title=row.exam_title, title=row.title, prompt=row.prompt,
+            attempts_since_progress=row.attempts_since_progress, took_over_calls=took_over,
+            slice_no=slice_no, first_number=row.first_number,
+            chapter_target=chapter_target or row.target,
+            recent=(steer.select(conn, slug, chapter_id, chapter_target or row.target,
+                                 seed=row.attempts) if steer is not None and numbers_texts
+                    else tuple(t for _, t in numbers_texts[-RECENT_QUESTIONS:])),
+            levels=self._levels(conn, row),
+        )
+        return claimed
 
     def _levels(self, conn: Connection, row: Any) -> ChapterLevels:
         """The chapter's difficulty and Bloom levels from its slice row, with the slice's

@@ -7,7 +7,8 @@ import secrets
 from enum import Enum
 from typing import Any, Optional
 
-from sqlalchemy import BigInteger, Column, Index, LargeBinary, Text, UniqueConstraint, text
+from sqlalchemy import (BigInteger, Boolean, Column, Index, LargeBinary, Text, UniqueConstraint,
+                        false, text)
 from sqlmodel import Field, SQLModel
 
 
@@ -16,6 +17,30 @@ class ExamState(str, Enum):
     # Nothing more is sent until a person acts: a rejected key, an exhausted quota, the budget
     # spent (pause_reason says which); `producer resume` (or a raised budget) clears it.
     paused = "paused"
+
+
+class ExamMode(str, Enum):
+    """How an exam's calls are sent (migration 0018)."""
+
+    sync = "sync"  # one request at a time, by the chapter tasks (Celery or `producer run`)
+    batch = "batch"  # in provider batches (examforge.batching); no chapter task is published
+
+
+class BatchState(str, Enum):
+    """A submission's life (examforge.batching). The first three are the submission protocol's
+    steps: a submitter whose lease lapses in one of them is recovered by listing the
+    provider's batches first (see README, "Batch mode")."""
+
+    preparing = "preparing"  # recorded; slices claimed, calls recorded; nothing uploaded yet
+    uploaded = "uploaded"  # the input file is at the provider (input_file_id)
+    creating = "creating"  # the create call may have reached the provider
+    submitted = "submitted"  # the provider's batch id is known: polled until it ends
+    done = "done"  # the provider's batch ended and every line of it was booked
+    abandoned = "abandoned"  # never created: its calls booked as not sent, $0
+
+
+LIVE_BATCH_STATES = (BatchState.preparing.value, BatchState.uploaded.value,
+                     BatchState.creating.value, BatchState.submitted.value)
 
 
 class ChapterState(str, Enum):
@@ -96,6 +121,9 @@ class Exam(SQLModel, table=True):
     # index of the exam (storage.neardup) is rebuilt when it sees a new one.
     index_epoch: Optional[int] = Field(
         default=None, sa_column=Column(BigInteger, nullable=True, default=new_epoch))
+    # ExamMode: `sync` or `batch` (migration 0018).
+    mode: str = Field(default=ExamMode.sync.value, max_length=16,
+                      sa_column_kwargs={"server_default": ExamMode.sync.value})
 
 
 class Slice(SQLModel, table=True):
@@ -327,3 +355,46 @@ class DatabaseIdentity(SQLModel, table=True):
     id: int = Field(primary_key=True)
     database_id: str = Field(max_length=32)
     created_at: float
+
+
+class Batch(SQLModel, table=True):
+    """One submission to a provider's Batch API (examforge.batching, migration 0018).
+
+    `id` is the submission id, written before anything is sent: the submission holds its
+    slices' leases and its calls as the owner `batch/<id>`, and the provider's batch carries it
+    in its metadata (`examforge_submission`), so a batch created by a submitter that died
+    before recording the reply is found again by listing the provider's batches. `lease_owner`
+    and `lease_expires_at` are the submitter's short lease on the submission while it works
+    through the protocol's steps (BatchState); `create_attempts` counts the create calls that
+    may have reached the provider. `usage` is the provider batch's own usage object (JSON),
+    kept to cross-check the ledger."""
+
+    __table_args__ = (Index("ix_batch_exam_created", "exam", "created_at"),
+                      Index("ix_batch_state", "state"))
+
+    id: str = Field(primary_key=True, max_length=32)
+    exam: str = Field(max_length=64)
+    state: str = Field(default=BatchState.preparing.value, max_length=16)
+    provider_batch_id: Optional[str] = Field(default=None, max_length=128)
+    input_file_id: Optional[str] = Field(default=None, max_length=128)
+    output_file_id: Optional[str] = Field(default=None, max_length=128)
+    error_file_id: Optional[str] = Field(default=None, max_length=128)
+    provider_status: Optional[str] = Field(default=None, max_length=32)
+    model: Optional[str] = Field(default=None, max_length=128)
+    requests: int = 0  # lines in the input file
+    bytes: int = 0  # its size
+    request_total: int = 0  # the provider's request_counts
+    request_completed: int = 0
+    request_failed: int = 0
+    created_at: float
+    submitted_at: Optional[float] = None
+    expires_at: Optional[float] = None
+    finished_at: Optional[float] = None
+    polled_at: Optional[float] = None
+    lease_owner: Optional[str] = Field(default=None, max_length=128)
+    lease_expires_at: Optional[float] = None
+    create_attempts: int = 0
+    cancel_requested: bool = Field(default=False, sa_column=Column(
+        Boolean, nullable=False, default=False, server_default=false()))
+    detail: Optional[str] = Field(default=None, sa_column=Column(Text))
+    usage: Optional[str] = Field(default=None, sa_column=Column(Text))

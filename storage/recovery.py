@@ -12,7 +12,7 @@ from sqlalchemy import and_, func, or_, select, tuple_, update
 from storage.base import (ACTIVE_SLICE, BUDGET_PAUSE_PREFIX, HELD_CANCELLED, IN_FLIGHT_CALL,
                           E, K, S)
 from storage.leases import Leases, slice_where
-from storage.models import ChapterState, ExamState
+from storage.models import CallOutcome, ChapterState, ExamMode, ExamState
 
 
 class RequeueReason(str, Enum):
@@ -70,6 +70,8 @@ class Recovery(Leases):
                 .where(
                     E.c.state == ExamState.active.value,
                     ACTIVE_SLICE,
+                    # A batch-mode exam's slices are the batch runner's: no chapter task.
+                    E.c.mode == ExamMode.sync.value,
                     S.c.enqueued_at.is_not(None),  # never enqueued: left out on purpose
                     or_(S.c.lease_owner.is_(None), S.c.lease_expires_at <= now - grace_s),
                     or_(S.c.not_before_at.is_(None), S.c.not_before_at <= now - grace_s),
@@ -99,6 +101,7 @@ class Recovery(Leases):
         where = [
             E.c.state == ExamState.active.value,
             ACTIVE_SLICE,  # implied by the next: says to SQLite which index holds them
+            E.c.mode == ExamMode.sync.value,  # a batch-mode exam waits for no message
             S.c.state == ChapterState.pending.value,
             S.c.enqueued_at.is_not(None),
             S.c.enqueued_at <= self._now - min_age_s,

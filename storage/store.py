@@ -25,6 +25,7 @@ batches), `recovery` (what the reconciler finds), `reports` (status and exports)
 from __future__ import annotations
 
 from storage.base import ACTIVE_STATES, BUDGET_PAUSE_PREFIX, E, K, Q, S
+from storage.batches import Batches, BatchRow, owner_of, submission_of
 from storage.housekeeping import Housekeeping
 from storage.identity import Identity
 from storage.imports import Imports
@@ -37,12 +38,12 @@ from storage.reports import Reports
 from storage.runs import IdempotencyKeyReused, RunActivity, RunEvent, RunRow, Runs
 
 
-class Store(Planning, Recovery, Reports, Imports, Housekeeping, Runs, Identity):
+class Store(Planning, Recovery, Reports, Imports, Housekeeping, Runs, Identity, Batches):
     """All database access for exams, chapters, questions and calls."""
 
 
-__all__ = ["ACTIVE_STATES", "BUDGET_PAUSE_PREFIX", "DEFAULT_SLICE_QUESTIONS", "CallPlan",
+__all__ = ["ACTIVE_STATES", "BUDGET_PAUSE_PREFIX", "BatchRow", "Batches", "DEFAULT_SLICE_QUESTIONS", "CallPlan",
            "ChapterView", "Claimed", "Committed", "E", "EnqueuePlan", "IdempotencyKeyReused", "K", "LostAudit",
            "NoRoom", "NotClaimed", "NotClaimedReason", "Orphan", "Planner", "Q",
            "RequeueReason", "RunActivity", "RunEvent", "RunRow", "S", "SendCheck", "SliceKey", "SliceRef",
-           "Steer", "Store", "Usage", "slice_where"]
+           "Steer", "Store", "Usage", "owner_of", "slice_where", "submission_of"]

@@ -18,7 +18,7 @@ from examforge.errors import ConfigError, DatabaseCorrupt, DatabaseUnavailable
 from examforge.pipeline import Runtime, process_chapter
 from examforge.settings import Settings, load_settings
 
-from tasks.broker import CHAPTER_TASK
+from tasks.broker import BATCH_TASK, CHAPTER_TASK
 from tasks.config import celery_config
 from tasks.patches import patch_kombu_redis_close_race
 
@@ -154,6 +154,37 @@ def reconcile() -> dict[str, int]:
         return {}
 
 
+_batch_runtime = None
+
+
+def batch_runtime():  # type: ignore[no-untyped-def]
+    """The worker's batch runtime (examforge.batching), built once per process."""
+    global _batch_runtime
+    from examforge.batching import BatchRuntime
+
+    rt = runtime()  # outside the lock: runtime() takes it too (it is not reentrant)
+    with _runtime_lock:
+        if _batch_runtime is None:
+            _batch_runtime = BatchRuntime.build(rt.settings, rt.store)
+        return _batch_runtime
+
+
+@app.task(bind=True, name=BATCH_TASK, ignore_result=True, acks_late=True)
+def batches(self) -> dict[str, int]:  # type: ignore[no-untyped-def]
+    """One batch pass (examforge.batching.run_pass): recover, poll, process, submit. Beat
+    sends it every BATCH_POLL_S and `enqueue --batch` once; passes in several workers at
+    once are safe (each submission is taken under a lease, each call settled once)."""
+    from examforge.batching import run_pass
+
+    try:
+        rt = batch_runtime()
+        _check_origin(self.request, runtime())
+        return run_pass(rt).as_dict()
+    except DatabaseCorrupt as exc:
+        _stop_on_damage(exc)
+        return {}
+
+
 def _stop_on_damage(exc: DatabaseCorrupt) -> None:
     """A damaged database fails every task the same way, and retrying only loops: say so in
     one log line (no traceback), stop taking tasks and shut the worker down with exit code 4
@@ -233,6 +264,8 @@ def _hand_back_on_shutdown(sig=None, how=None, **_):  # type: ignore[no-untyped-
     rt = _runtime
     if rt is not None:
         rt.stopping.set()
+    if _batch_runtime is not None:
+        _batch_runtime.stopping.set()
     if how != "Warm":
         return
     window_s = load_settings().worker_soft_shutdown_s

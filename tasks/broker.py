@@ -149,6 +149,33 @@ def origin_headers(store: Store) -> dict[str, str]:
     return {DATABASE_ID_HEADER: store.database_id(), DATABASE_HEADER: store.database_label()}
 
 
+BATCH_TASK = "examforge.batches"
+
+
+def publish_batch_pass(app: Celery, origin: dict[str, str] | None = None) -> None:
+    """One batch pass (examforge.batching) now, instead of waiting for beat's next one: what
+    `enqueue --batch` (and resume, retry) publish for a batch-mode exam."""
+    try:
+        app.send_task(BATCH_TASK, (), headers=origin)
+    except (KombuOperationalError, OSError) as exc:
+        raise BrokerUnavailable(f"publishing to the broker failed: {exc}".splitlines()[0]) from None
+
+
+def publish_work(app: Celery, store: Store, exam: str, slices: Sequence[tuple[str, int]],
+                 epoch: str | None) -> None:
+    """Hand an exam's slices on: one chapter task each (marked enqueued first), or for a
+    batch-mode exam one batch pass, which submits them in a provider batch."""
+    from storage.models import ExamMode
+
+    if not slices:
+        return
+    if store.exam_mode(exam) is ExamMode.batch:
+        publish_batch_pass(app, origin_headers(store))
+        return
+    store.mark_enqueued(exam, slices, epoch)
+    publish_slices(app, exam, slices, origin_headers(store))
+
+
 def publish_slices(app: Celery, exam: str, slices: Sequence[tuple[str, int]],
                    origin: dict[str, str] | None = None) -> None:
     """One message per slice, with its deterministic task id and `origin` (origin_headers)

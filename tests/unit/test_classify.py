@@ -101,6 +101,17 @@ CASES = [
     ("flex capacity, message only", 429, {"error": {
         "message": "Resource Unavailable", "type": "invalid_request_error"}},
      ErrorKind.resource_unavailable, Action.retry),
+    # Batch API codes (examforge.batching passes status 0 for a line with no response).
+    ("a batch line that expired", 400, _openai(
+        "This request could not be executed before the completion window expired.", None,
+        "batch_expired"), ErrorKind.batch_expired, Action.retry),
+    ("a batch line that was cancelled", 400, _openai(
+        "This request was not executed because the batch was cancelled.", None,
+        "batch_cancelled"), ErrorKind.batch_cancelled, Action.retry),
+    ("a batch over the enqueued-token limit", 400, _openai(
+        "Enqueued token limit reached for gpt-4o-mini in organization org-x. Limit: 90,000 "
+        "enqueued tokens. Please try again once some in_progress batches have been completed.",
+        None, "token_limit_exceeded"), ErrorKind.batch_token_limit, Action.retry),
 ]
 
 ERROR_CLASS = {

@@ -1,0 +1,714 @@
+"""Batch mode (issue 18): an exam's calls go through the provider's Batch API, at its discount.
+
+One pass (`run_pass`, the Celery task `examforge.batches` every BATCH_POLL_S, and the loop of
+`producer run --batch`) does four things, each safe to run in several processes at once:
+
+1. recover submissions whose submitter died in the middle of the protocol (below);
+2. poll submitted batches, renewing their slices' leases;
+3. process the ones that ended: every line booked and committed like a synchronous reply;
+4. submit a round for each batch-mode exam with slices to do.
+
+A submission holds the slices it submits with the ordinary leases (owner `batch/<id>`) and
+records every request line as an ordinary call row, reserved against the budget at the
+discounted worst case, before anything is uploaded. So the sync path's rules hold unchanged:
+no other holder can claim those slices while the batch may still answer, the dead-call sweep
+leaves its calls alone (their holder's lease is live), and a result is committed through the
+same fence, parser, numbering, near-duplicate check and ledger.
+
+The submission protocol, exactly once across any crash:
+
+1. the `batch` row is written (state `preparing`) with the submitter's short lease;
+2. slices are claimed and their calls recorded; the lines are built (custom_id `call-<id>`);
+3. the file is uploaded and its id recorded (`uploaded`);
+4. `creating` and `create_attempts + 1` are recorded, THEN the batch is created with the
+   submission's id in its metadata; its id is recorded (`submitted`).
+
+A submission whose submitter lease lapsed is recovered by another pass: in `creating` it lists
+the provider's batches newest first back to the submission's time and adopts the one whose
+metadata names it; only when there is none does it create again with the same file. In
+`uploaded` no create was ever sent (`creating` is written first): it creates. In `preparing`
+nothing was uploaded: it is abandoned (calls booked not sent, $0; slices back to the next
+round). A create is therefore never sent twice for one submission without a listing in
+between that found nothing, and the listing comes only after the submitter's lease, longer
+than twice a request's timeout, has lapsed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import os
+import random
+import socket
+import threading
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from examforge.batch_api import TERMINAL, BatchAPI, jsonl, parse_jsonl, sent_maybe
+from examforge.errors import (
+    ErrorKind,
+    ExamStopped,
+    LeaseLost,
+    OutputInvalid,
+    ProviderError,
+    RetryableProviderError,
+)
+from examforge.levels import Levels, apportion, ask
+from examforge.llm import LLMClient
+from examforge.output import normalise, parse_questions
+from examforge.pipeline import near_dup_checker, steer_of
+from examforge.prompt import build_messages
+from examforge.retry import Action, decide
+from examforge.settings import Settings
+from examforge.sizing import Sizer
+from examforge.syllabus import Chapter as ChapterSpec
+from storage.models import BatchState, CallOutcome, CallReason, ExamMode
+from storage.neardup import Steering
+from storage.store import (BatchRow, CallPlan, ChapterView, Claimed, NoRoom, NotClaimed, Store,
+                           Usage, owner_of)
+
+log = logging.getLogger("examforge.batching")
+
+# How many creates one submission may send, each after a listing that found nothing, before
+# it is abandoned (its file is refused again and again, or the provider never lists it).
+MAX_CREATE_ATTEMPTS = 5
+# Rounds one pass submits for one exam at most (each up to BATCH_MAX_REQUESTS lines).
+MAX_ROUNDS_PER_PASS = 20
+# The most a top-up round over-asks: for a slice whose calls brought back this share of
+# repeats or more, it asks lacking / (1 - OVER_ASK_MAX).
+OVER_ASK_MAX = 0.6
+# The submitter renews its lease on a submission every this many slices it claims.
+RENEW_EVERY = 50
+# The line's URL (OpenAI's batch endpoint for chat completions).
+LINE_URL = "/v1/chat/completions"
+
+
+@dataclass
+class BatchRuntime:
+    """What a batch pass needs, built once per process."""
+
+    settings: Settings
+    store: Store
+    client: LLMClient
+    api: BatchAPI
+    sizer: Sizer = field(default_factory=Sizer)
+    # This process's token as a submitter (the `batch` row's lease_owner).
+    ident: str = field(default_factory=lambda: (
+        f"{socket.gethostname()[:40]}/{os.getpid()}/{uuid.uuid4().hex[:12]}"))
+    stopping: threading.Event = field(default_factory=threading.Event)
+    # Submissions whose create went unanswered in this process: their submitter lease is
+    # left to lapse (not released), so no listing decides before that create has ended.
+    unanswered: set[str] = field(default_factory=set)
+
+    @classmethod
+    def build(cls, settings: Settings, store: Store, client: LLMClient | None = None,
+              api: BatchAPI | None = None) -> "BatchRuntime":
+        return cls(settings, store, client or LLMClient(settings), api or BatchAPI(settings))
+
+    def close(self) -> None:
+        self.client.close()
+        self.api.close()
+
+
+@dataclass
+class PassResult:
+    """What one pass did (logged, returned by the Celery task)."""
+
+    submitted: int = 0  # provider batches created (or adopted)
+    lines: int = 0  # request lines in them
+    polled: int = 0
+    processed: int = 0  # batches whose results were booked
+    committed: int = 0  # questions stored
+    recovered: int = 0
+    abandoned: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return dataclasses.asdict(self)
+
+
+def run_pass(rt: BatchRuntime, exams: Sequence[str] | None = None) -> PassResult:
+    """One pass over the batch-mode exams (or `exams` only)."""
+    result = PassResult()
+    wanted = set(exams) if exams is not None else None
+    for row in rt.store.live_batches():
+        if wanted is not None and row.exam not in wanted:
+            continue
+        if rt.stopping.is_set():
+            return result
+        try:
+            _advance(rt, row, result)
+        except ProviderError as exc:
+            log.warning("batch step failed; next pass tries again",
+                        extra={"exam": row.exam, "submission": row.id, "error": str(exc)[:300]})
+    for exam in rt.store.batch_exams():
+        if wanted is not None and exam not in wanted:
+            continue
+        if rt.store.exam_mode(exam) is not ExamMode.batch:
+            continue
+        for _ in range(MAX_ROUNDS_PER_PASS):
+            if rt.stopping.is_set() or not submit_round(rt, exam, result):
+                break
+    return result
+
+
+# ---------------------------------------------------------------------- submitting a round
+@dataclass
+class _Line:
+    call_id: int
+    body: dict[str, Any]
+    size: int
+
+
+@dataclass
+class _SliceCalls:
+    """The calls a round asks of one slice: what it lacks, QUESTIONS_PER_CALL a call, each
+    steered to its own question numbers and listing what the chapter stored before the
+    round (a batch cannot list what its own other lines will write)."""
+
+    rt: BatchRuntime
+    view: ChapterView | None = None
+    planned: list[tuple[CallPlan, dict[str, Any], int]] = field(default_factory=list)
+    # The share of what the slice's earlier batch calls asked that did not come back as new
+    # questions (repeats of the chapter, invalid ones): a top-up asks that much more, as the
+    # sync path's over-ask does, so that one top-up round usually finishes the slice.
+    shortfall: float = 0.0
+
+    def build(self, view: ChapterView) -> None:
+        rt, settings = self.rt, self.rt.settings
+        self.view = view
+        lacking = view.target - view.stored
+        if lacking <= 0:
+            self.planned = []
+            return
+        per_call = settings.questions_per_call
+        asked = lacking
+        if self.shortfall > 0:
+            asked = max(lacking + 1, math.ceil(lacking / (1 - min(OVER_ASK_MAX,
+                                                                    self.shortfall))))
+        calls = math.ceil(asked / per_call)
+        # The calls share the lacking numbers in order; each asks for its share of `asked`.
+        wants = [asked // calls + (1 if k < asked % calls else 0) for k in range(calls)]
+        ranges = [lacking // calls + (1 if k < lacking % calls else 0) for k in range(calls)]
+        spec = ChapterSpec.model_construct(id=view.chapter_id, title=view.title,
+                                           questions=view.chapter_target or view.target,
+                                           prompt=view.prompt)
+        base = view.recent if isinstance(view.recent, Steering) else Steering(
+            newest=view.recent)
+        avoid = base.with_fresh([], settings.avoid_questions)
+        per_question = rt.sizer.cached(settings, view.exam, rt.client.model).per_question
+        stored_levels = dict(view.levels.stored)
+        planned = []
+        first = view.first_number + view.stored
+        for k in range(calls):
+            want, span = wants[k], max(1, ranges[k])
+            numbers = None
+            if calls > 1 or view.chapter_target > view.target:
+                numbers = (first, first + span - 1, view.chapter_target or view.target)
+            levels = Levels(None, view.levels.bloom)
+            if view.levels.difficulty is not None:
+                mix = ask(view.levels.difficulty, view.first_number, view.target,
+                          stored_levels, want)
+                levels = Levels(mix, view.levels.bloom)
+                for level, n in mix.items():  # the next call asks for what this one does not
+                    stored_levels[level] = stored_levels.get(level, 0) + n
+            messages = build_messages(view.exam, view.exam_title, spec, want, avoid,
+                                      numbers=numbers, levels=levels)
+            prompt_tokens = rt.client.count_prompt(messages)
+            max_tokens = settings.max_tokens(want, per_question)
+            body = rt.client.batch_body(messages, max_tokens)
+            plan = CallPlan(first, want, prompt_tokens, max_tokens,
+                            rt.client.batch_worst_case_usd(prompt_tokens, max_tokens),
+                            rt.client.model, rt.client.prices_known)
+            size = len(jsonl([{"custom_id": "call-000000000000", "method": "POST",
+                               "url": LINE_URL, "body": body}]))
+            planned.append((plan, body, size))
+            first += span
+        self.planned = planned
+
+
+class _Round:
+    """The lines of one submission as they are recorded, within the size limits."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.max_requests = settings.batch_max_requests
+        self.max_bytes = settings.batch_max_bytes
+        self.lines: list[_Line] = []
+        self.size = 0
+        self.full = False
+        self.no_room: NoRoom | None = None
+
+    def fits(self, size: int) -> bool:
+        if len(self.lines) + 1 > self.max_requests or self.size + size > self.max_bytes:
+            self.full = True
+            return False
+        return True
+
+    def add(self, call_id: int, body: dict[str, Any], size: int) -> None:
+        self.lines.append(_Line(call_id, body, size))
+        self.size += size
+
+
+def submit_round(rt: BatchRuntime, exam: str, result: PassResult) -> bool:
+    """Build and submit one batch of the exam's claimable slices. True when a batch was
+    submitted and more slices may be left for another."""
+    store, settings = rt.store, rt.settings
+    candidates = store.batch_candidates(exam, settings.max_attempts,
+                                        limit=settings.batch_max_requests)
+    if not candidates:
+        return False
+    rt.sizer.refresh(store, settings, exam, rt.client.model)
+    sub = uuid.uuid4().hex
+    owner = owner_of(sub)
+    store.new_submission(sub, exam, rt.ident, settings.batch_submit_lease_s, rt.client.model)
+    round_ = _Round(settings)
+    for n, (chapter_id, slice_no) in enumerate(candidates):
+        if round_.full or round_.no_room is not None or rt.stopping.is_set():
+            break
+        if n and n % RENEW_EVERY == 0 and not store.submission_step(
+                sub, rt.ident, settings.batch_submit_lease_s):
+            # Too slow to keep its lease: a recovery may be abandoning it already.
+            log.warning("submitter lease lapsed while claiming; the submission is left to "
+                        "recovery", extra={"exam": exam, "submission": sub})
+            return False
+        _add_slice(rt, exam, chapter_id, slice_no, owner, round_)
+    if not round_.lines:
+        store.drop_submission(sub)
+        room = round_.no_room
+        if room is not None and room.in_flight == 0:
+            reason = (f"budget: ${room.spent_usd:.4f} spent and ${room.reserved_usd:.4f} "
+                      f"reserved of ${room.budget_usd:.4f}; the next batch call needs up to "
+                      f"${room.needed_usd:.4f}")
+            if store.pause_exam(exam, reason):
+                log.error("exam paused: no batch call fits its budget", extra={"exam": exam})
+        return False
+    return _upload_and_create(rt, sub, exam, round_, result) and round_.full
+
+
+def _add_slice(rt: BatchRuntime, exam: str, chapter_id: str, slice_no: int, owner: str,
+               round_: _Round) -> None:
+    store, settings = rt.store, rt.settings
+    asked, stored = store.batch_yield(exam, chapter_id, slice_no)
+    calls = _SliceCalls(rt, shortfall=1 - stored / asked if asked else 0.0)
+    first_line: list[tuple[dict[str, Any], int]] = []
+
+    def plan_first(view: ChapterView) -> CallPlan | None:
+        calls.build(view)
+        if not calls.planned:
+            return None
+        plan, body, size = calls.planned[0]
+        if not round_.fits(size):
+            return None
+        first_line[:] = [(body, size)]
+        return plan
+
+    claim = store.claim(exam, chapter_id, owner, settings.batch_lease_s, settings.max_attempts,
+                        slice_no=slice_no, plan_first=plan_first, steer=steer_of(settings))
+    if isinstance(claim, NotClaimed):
+        return
+    if isinstance(claim.first_call, NoRoom):
+        round_.no_room = claim.first_call
+    if not isinstance(claim.first_call, int):
+        store.release_held(owner, [(exam, chapter_id, slice_no)], count_attempt=False)
+        return
+    round_.add(claim.first_call, *first_line[0])
+    for plan, body, size in calls.planned[1:]:
+        if not round_.fits(size):
+            return
+        try:
+            booked = store.start_call(
+                claim, plan.first_number, plan.requested, lease_s=settings.batch_lease_s,
+                prompt_tokens=plan.prompt_tokens, max_tokens=plan.max_tokens,
+                reserve_usd=plan.reserve_usd, model=plan.model, price_known=plan.price_known)
+        except LeaseLost:
+            return
+        if isinstance(booked, NoRoom):
+            round_.no_room = booked
+            return
+        round_.add(booked, body, size)
+
+
+def _upload_and_create(rt: BatchRuntime, sub: str, exam: str, round_: _Round,
+                       result: PassResult) -> bool:
+    store, settings, api = rt.store, rt.settings, rt.api
+    content = jsonl([{"custom_id": f"call-{line.call_id}", "method": "POST", "url": LINE_URL,
+                      "body": line.body} for line in round_.lines])
+    fields = {"exam": exam, "submission": sub, "lines": len(round_.lines),
+              "bytes": len(content)}
+    try:
+        file_id = api.upload(f"examforge-{sub}.jsonl", content)
+    except ProviderError as exc:
+        # Nothing refers to a file that failed to upload (at worst a stray file): the
+        # calls were never sent. The slices go to a later round.
+        why = f"not sent: the batch file's upload failed ({exc})"
+        store.abandon_submission(sub, why, retry_in_s=settings.retry_base_s)
+        result.abandoned += 1
+        log.warning("batch upload failed; its slices go to a later round",
+                    extra={**fields, "error": str(exc)[:300]})
+        if isinstance(exc, ExamStopped):
+            store.pause_exam(exam, f"{exc.kind.value}: {exc}")
+        return False
+    if not store.submission_step(sub, rt.ident, settings.batch_submit_lease_s,
+                                 state=BatchState.uploaded.value, input_file_id=file_id,
+                                 requests=len(round_.lines), bytes=len(content)):
+        log.warning("submitter lease lapsed after the upload; recovery takes it", extra=fields)
+        return False
+    log.info("batch file uploaded", extra={**fields, "file": file_id})
+    _test_hook("after_upload", sub)
+    return _create(rt, sub, exam, file_id, result)
+
+
+def _create(rt: BatchRuntime, sub: str, exam: str, file_id: str, result: PassResult) -> bool:
+    """Step 4: record the attempt, then create. True when the batch's id is recorded."""
+    store, settings, api = rt.store, rt.settings, rt.api
+    fields = {"exam": exam, "submission": sub, "file": file_id}
+    if not store.submission_step(sub, rt.ident, settings.batch_submit_lease_s,
+                                 state=BatchState.creating.value, create_attempts="+1"):
+        return False
+    _test_hook("before_create", sub)
+    try:
+        batch = api.create(file_id, {"examforge_submission": sub,
+                                     "examforge_database": store.database_id(),
+                                     "examforge_exam": exam[:512]})
+    except ProviderError as exc:
+        if sent_maybe(exc):
+            # It may exist at the provider: keep the submitter's lease until it lapses, so
+            # that only a listing (after any create in flight has ended) decides.
+            rt.unanswered.add(sub)
+            log.warning("batch create unanswered; recovery lists the provider's batches "
+                        "once the submitter lease lapses",
+                        extra={**fields, "error": str(exc)[:300]})
+            return False
+        why = f"not sent: the batch create was refused ({exc})"
+        decision = decide(exc, streak=1, settings=settings, rand=random.random())
+        store.abandon_submission(sub, why, retry_in_s=decision.delay_s or settings.retry_base_s)
+        result.abandoned += 1
+        if decision.action is Action.pause:
+            store.pause_exam(exam, decision.reason)
+        log.error("batch create refused", extra={**fields, "error": str(exc)[:300]})
+        return False
+    _test_hook("after_create", sub)
+    return _submitted(rt, sub, exam, batch, result)
+
+
+def _submitted(rt: BatchRuntime, sub: str, exam: str, batch: dict[str, Any],
+               result: PassResult) -> bool:
+    store, settings = rt.store, rt.settings
+    counts = batch.get("request_counts") or {}
+    recorded = store.submission_step(
+        sub, rt.ident, settings.batch_submit_lease_s, state=BatchState.submitted.value,
+        provider_batch_id=str(batch["id"]), provider_status=str(batch.get("status") or ""),
+        expires_at=_float(batch.get("expires_at")), submitted_at=_float(batch.get("created_at")),
+        request_total=int(counts.get("total") or 0),
+        request_completed=int(counts.get("completed") or 0),
+        request_failed=int(counts.get("failed") or 0))
+    if not recorded:
+        # Our lease lapsed during the create (a frozen process): someone may be recovering
+        # this submission. If it adopted another batch, ours would pay each line twice.
+        row = store.batch(sub)
+        if row is not None and row.provider_batch_id not in (None, batch["id"]):
+            log.error("a second batch was created for one submission; cancelling ours",
+                      extra={"exam": exam, "submission": sub, "batch": batch["id"]})
+            rt.api.cancel(str(batch["id"]))
+        return False
+    store.release_submission(sub, rt.ident)
+    result.submitted += 1
+    result.lines += int(counts.get("total") or 0)
+    log.info("batch submitted", extra={"exam": exam, "submission": sub, "batch": batch["id"]})
+    return True
+
+
+def _float(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) else None
+
+
+def _test_hook(step: str, sub: str) -> None:
+    """EXAMFORGE_TEST_BATCH_CRASH=<step>: a test's SIGKILL at that step of the protocol,
+    once per process (tests/e2e/test_batch_crash.py). Unset in production: a no-op."""
+    if os.environ.get("EXAMFORGE_TEST_BATCH_CRASH") == step:
+        os.kill(os.getpid(), 9)
+
+
+# ---------------------------------------------------------------------- advancing a submission
+def _advance(rt: BatchRuntime, row: BatchRow, result: PassResult) -> None:
+    """Recover, poll or process one live submission, if nobody else holds it now."""
+    store, settings = rt.store, rt.settings
+    taken = store.take_submission(row.id, rt.ident, settings.batch_submit_lease_s)
+    if taken is None:
+        return
+    rt.unanswered.discard(taken.id)  # an older unanswered create of ours has ended by now
+    try:
+        if taken.state == BatchState.submitted.value:
+            _poll(rt, taken, result)
+        else:
+            _recover(rt, taken, result)
+    finally:
+        if taken.id in rt.unanswered:
+            rt.unanswered.discard(taken.id)  # its lease lapses by itself
+        else:
+            store.release_submission(taken.id, rt.ident)
+
+
+def _recover(rt: BatchRuntime, row: BatchRow, result: PassResult) -> None:
+    fields = {"exam": row.exam, "submission": row.id, "state": row.state}
+    result.recovered += 1
+    if row.state == BatchState.preparing.value or not row.input_file_id:
+        why = "not sent: its submitter stopped before the batch file was uploaded"
+        rt.store.abandon_submission(row.id, why)
+        result.abandoned += 1
+        log.warning("submission abandoned before upload; its slices go to a later round",
+                    extra=fields)
+        return
+    if row.state == BatchState.creating.value:
+        found = _find(rt, row)
+        if found is not None:
+            log.warning("submission's batch found at the provider; adopted",
+                        extra={**fields, "batch": found["id"]})
+            _submitted(rt, row.id, row.exam, found, result)
+            return
+        if row.create_attempts >= MAX_CREATE_ATTEMPTS:
+            rt.store.abandon_submission(
+                row.id, f"not sent: {row.create_attempts} creates, none listed by the provider")
+            result.abandoned += 1
+            return
+        log.warning("submission's batch not at the provider; creating it again", extra=fields)
+    _create(rt, row.id, row.exam, row.input_file_id, result)
+
+
+def _find(rt: BatchRuntime, row: BatchRow) -> dict[str, Any] | None:
+    """The provider's batch whose metadata names this submission, paging the list newest
+    first back to the submission's own time (less the clock skew margin)."""
+    since = row.created_at - rt.settings.batch_clock_skew_s
+    for batch in rt.api.batches_since(since):
+        if (batch.get("metadata") or {}).get("examforge_submission") == row.id:
+            return batch
+    return None
+
+
+def _poll(rt: BatchRuntime, row: BatchRow, result: PassResult) -> None:
+    store, settings, api = rt.store, rt.settings, rt.api
+    assert row.provider_batch_id is not None
+    batch = api.retrieve(row.provider_batch_id)
+    result.polled += 1
+    store.renew_batch_slices(row.owner, settings.batch_lease_s)
+    status = str(batch.get("status") or "")
+    if row.cancel_requested and status not in TERMINAL and status != "cancelling":
+        try:
+            batch = api.cancel(row.provider_batch_id)
+            status = str(batch.get("status") or status)
+        except ProviderError as exc:
+            log.warning("batch cancel failed", extra={"submission": row.id, "error": str(exc)})
+    counts = batch.get("request_counts") or {}
+    store.submission_step(row.id, rt.ident, settings.batch_submit_lease_s,
+                          provider_status=status, polled_at=store.now(),
+                          request_total=int(counts.get("total") or 0),
+                          request_completed=int(counts.get("completed") or 0),
+                          request_failed=int(counts.get("failed") or 0),
+                          output_file_id=batch.get("output_file_id"),
+                          error_file_id=batch.get("error_file_id"))
+    if status in TERMINAL:
+        process_results(rt, row, batch, result)
+
+
+# ---------------------------------------------------------------------- results
+@dataclass
+class _SliceOutcome:
+    """What a batch's lines did to one slice, decided after all of them are booked."""
+
+    progressed: bool = False
+    done: bool = False  # a line completed it: later lines of the slice store nothing
+    delay_s: float = 0.0
+    count_attempt: bool = False
+    error: str | None = None
+    fail: str | None = None
+    pause_after: int | None = None  # with fail: an auth failure, counted against the exam
+    pause: str | None = None
+
+
+def process_results(rt: BatchRuntime, row: BatchRow, batch: dict[str, Any],
+                    result: PassResult) -> None:
+    """Book every call of an ended batch: output lines committed like synchronous replies,
+    error lines and missing lines failed ($0) and classified; then give the slices not done
+    back for a later round. Calls already settled are skipped, so a second run over the same
+    batch (a crash mid-way, two pollers) does nothing twice."""
+    store, settings, api, client = rt.store, rt.settings, rt.api, rt.client
+    owner = row.owner
+    lines: dict[str, dict[str, Any]] = {}
+    for file_id in (batch.get("error_file_id"), batch.get("output_file_id")):
+        if file_id:
+            for entry in parse_jsonl(api.content(str(file_id))):
+                lines[str(entry.get("custom_id"))] = entry
+    status = str(batch.get("status"))
+    batch_error = _batch_error(rt, batch) if status == "failed" else None
+    claims: dict[tuple[str, str, int], Claimed | None] = {}
+    known: dict[tuple[str, str, int], set[str]] = {}
+    outcomes: dict[tuple[str, str, int], _SliceOutcome] = defaultdict(_SliceOutcome)
+    near_dup = near_dup_checker(settings)
+    booked_prompt = booked_completion = 0
+    for call in store.submission_calls(owner):
+        key = (call.exam, call.chapter_id, call.slice_no)
+        if call.outcome != CallOutcome.in_flight.value:
+            if call.outcome in (CallOutcome.used.value, CallOutcome.wasted.value):
+                booked_prompt += call.prompt_tokens
+                booked_completion += call.completion_tokens
+            continue
+        line = lines.get(f"call-{call.id}")
+        response: dict[str, Any] | None = (line or {}).get("response") or None
+        if response is not None and response.get("status_code") == 200:
+            if key not in claims:
+                claims[key] = store.held_claim(*key, owner)
+                if claims[key] is not None:
+                    known[key] = set(claims[key].known)  # type: ignore[union-attr]
+            stored, usage = _commit_line(rt, call, response.get("body"), claims[key],
+                                         known.get(key, set()), near_dup, outcomes[key])
+            result.committed += stored
+            booked_prompt += usage.prompt_tokens
+            booked_completion += usage.completion_tokens
+            continue
+        if response is not None:
+            exc: ProviderError = client.batch_error(int(response.get("status_code") or 0),
+                                                    response.get("body") or {})
+        elif line is not None and line.get("error"):
+            exc = client.batch_error(0, line["error"])
+        elif batch_error is not None:
+            exc = batch_error
+        else:
+            exc = RetryableProviderError(
+                f"missing from the batch's files (batch {status})")
+            exc.kind = ErrorKind.batch_expired if status == "expired" else (
+                ErrorKind.batch_cancelled if status == "cancelled" else ErrorKind.server_error)
+        # Not billed: an error line, an expired or cancelled line, a batch that failed.
+        store.finish_call(call.id, CallOutcome.failed, exc.kind, str(exc),
+                          status_code=exc.status_code or None, usage=Usage(endpoint="primary"))
+        _note_error(rt, outcomes[key], exc)
+    for key in store.held_slices(owner):
+        _settle_slice(rt, owner, key, outcomes.get(key, _SliceOutcome()))
+    theirs_usage = batch.get("usage") if isinstance(batch.get("usage"), dict) else None
+    if theirs_usage is not None:
+        theirs = (theirs_usage.get("input_tokens"), theirs_usage.get("output_tokens"))
+        if theirs != (booked_prompt, booked_completion):
+            log.warning("the batch's usage differs from the ledger's", extra={
+                "exam": row.exam, "submission": row.id, "batch": batch.get("id"),
+                "provider_input": theirs[0], "provider_output": theirs[1],
+                "ledger_prompt": booked_prompt, "ledger_completion": booked_completion})
+    store.finish_submission(row.id, provider_status=status, usage=theirs_usage,
+                            counts=batch.get("request_counts") or None,
+                            detail=None if batch_error is None else str(batch_error))
+    result.processed += 1
+    log.info("batch results booked", extra={"exam": row.exam, "submission": row.id,
+                                            "batch": batch.get("id"), "status": status})
+
+
+def _batch_error(rt: BatchRuntime, batch: dict[str, Any]) -> ProviderError:
+    """A failed batch's own error (validation, the enqueued-token limit) as the table names
+    it; every line of it failed with it."""
+    errors = ((batch.get("errors") or {}).get("data") or [])
+    first = errors[0] if errors and isinstance(errors[0], dict) else {
+        "code": "batch_failed", "message": "the batch failed with no error listed"}
+    exc = rt.client.batch_error(0, {"error": first})
+    if exc.kind is ErrorKind.bad_request:
+        # A batch refused whole (a line the provider would not validate) says nothing
+        # permanent about any one chapter: retried, its attempts counted towards the cap.
+        retry = RetryableProviderError(f"batch failed: {exc}")
+        retry.kind = ErrorKind.bad_request
+        return retry
+    return exc
+
+
+def _commit_line(rt: BatchRuntime, call: Any, body: Any, claim: Claimed | None,
+                 known: set[str], near_dup: Any, outcome: _SliceOutcome) -> tuple[int, Usage]:
+    """One output line, committed like a synchronous reply. Returns (questions stored, the
+    usage booked)."""
+    store, client = rt.store, rt.client
+    try:
+        completion = client.batch_completion(200, body)
+    except ProviderError as exc:
+        billed = exc.billed
+        usage = Usage(billed.prompt_tokens, billed.completion_tokens, billed.cost_usd,
+                      "primary", billed.estimated, billed.cached_tokens) if billed else Usage()
+        store.finish_call(call.id, CallOutcome.wasted, CallReason.invalid_output, str(exc),
+                          usage=usage)
+        outcome.count_attempt = True
+        outcome.error = str(exc)
+        return 0, usage
+    usage = Usage(completion.prompt_tokens, completion.completion_tokens, completion.cost_usd,
+                  completion.endpoint, completion.usage_estimated, completion.cached_tokens)
+    if claim is None:
+        # The slice is not this submission's any more: completed by its earlier lines (a
+        # pass that stopped mid-way), or (after a day without a poll) taken by another
+        # holder. Paid for, and nothing of it can be committed.
+        store.finish_call(call.id, CallOutcome.wasted, CallReason.lease_lost,
+                          "the batch no longer held its slice (complete, or taken) when this "
+                          "line was read", usage=usage)
+        return 0, usage
+    try:
+        parsed = parse_questions(completion.content, completion.finish_reason, None, known)
+    except OutputInvalid as exc:
+        store.finish_call(call.id, CallOutcome.wasted, CallReason.invalid_output, str(exc),
+                          usage=usage)
+        outcome.count_attempt = True
+        outcome.error = f"invalid output: {exc}"
+        return 0, usage
+    note = ", ".join(f"{n} {k.value} rejected" for k, n in parsed.rejected.items())
+    if outcome.done:
+        # The round asked this slice for more than it lacked (a top-up's over-ask), and the
+        # lines read before this one completed it: billed, nothing more to store.
+        store.finish_call(call.id, CallOutcome.wasted, CallReason.invalid_output,
+                          f"its slice was complete: {len(parsed.questions)} beyond the target "
+                          "not stored", usage=usage)
+        return 0, usage
+    shares = claim.levels.difficulty
+    levels = Levels(apportion(call.requested, shares) if shares else None, claim.levels.bloom)
+    questions = levels.resolve(parsed.questions)
+    try:
+        committed = store.commit_batch(claim, rt.settings.batch_lease_s, call.id, questions,
+                                       model=completion.model, note=note, usage=usage,
+                                       near_dup=near_dup)
+    except LeaseLost:
+        return 0, usage  # booked wasted by the commit
+    for text in committed.kept:
+        known.add(normalise(text))
+    outcome.done = committed.done
+    if committed.kept:
+        outcome.progressed = True
+    elif not committed.done:
+        outcome.count_attempt = True
+        outcome.error = "every question was one the chapter already had"
+    return len(committed.kept), usage
+
+
+def _note_error(rt: BatchRuntime, outcome: _SliceOutcome, exc: ProviderError) -> None:
+    decision = decide(exc, streak=1, settings=rt.settings, rand=random.random())
+    if decision.action is Action.fail:
+        outcome.fail = outcome.fail or decision.reason
+        outcome.pause_after = outcome.pause_after or decision.pause_exam_after
+    elif decision.action is Action.pause:
+        outcome.pause = outcome.pause or decision.reason
+    else:
+        outcome.delay_s = max(outcome.delay_s, decision.delay_s)
+        outcome.count_attempt = outcome.count_attempt or decision.count_attempt
+        outcome.error = decision.reason
+
+
+def _settle_slice(rt: BatchRuntime, owner: str, key: tuple[str, str, int],
+                  outcome: _SliceOutcome) -> None:
+    """After all of a batch's lines: a slice still held (not done) fails on a permanent
+    error, else goes back to the next round (after the backoff its errors ask for)."""
+    store = rt.store
+    exam = key[0]
+    if outcome.pause is not None and store.pause_exam(exam, outcome.pause):
+        log.error("exam paused by a batch line", extra={"exam": exam, "reason": outcome.pause})
+    if outcome.fail is not None:
+        claim = store.held_claim(*key, owner)
+        if claim is not None:
+            store.fail(claim, outcome.fail, pause_exam_after=outcome.pause_after)
+            log.error("chapter failed by a batch line", extra={
+                "exam": exam, "chapter": key[1], "slice": key[2], "reason": outcome.fail})
+            return
+    store.release_held(owner, [key], retry_in_s=outcome.delay_s, error=outcome.error,
+                       count_attempt=outcome.count_attempt and not outcome.progressed)
+
+
+__all__ = ["BatchRuntime", "PassResult", "process_results", "run_pass", "submit_round"]
