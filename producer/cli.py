@@ -401,8 +401,10 @@ def _print_status(report: ExamReport) -> None:
         out.print(f"({len(report.chapter_list) - len(shown):,} more chapters not shown: the "
                   f"table has {STATUS_TABLE_ROWS:,} rows, unfinished chapters first; python -m "
                   f"producer status {report.exam} --json lists every one)", markup=False)
-    out.print(f"chapters: {ch.done}/{ch.total} done, {ch.running} running, "
-              f"{ch.pending} pending, {ch.failed} failed, {ch.cancelled} cancelled")
+    waiting = sum(1 for c in report.chapter_list if c.waiting_on)
+    out.print(f"chapters: {ch.done}/{ch.total} done, {ch.running} running"
+              + (f" ({waiting} of them waiting on a provider batch)" if waiting else "")
+              + f", {ch.pending} pending, {ch.failed} failed, {ch.cancelled} cancelled")
     out.print(f"questions: {q.done}/{q.target}")
     if report.started_at is not None:
         from producer.live import duration
