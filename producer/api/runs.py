@@ -135,11 +135,13 @@ def run_view(ctx: Context, run: RunRow) -> dict[str, Any]:
             "batches": [batch_dict(b) for b in batches]}
     if report is not None and state in FINAL_RUN_STATES and (
             run.launched_at is not None or run.cancelled_at is not None) and (
-            state != RunState.cancelled.value or not store.calls_in_flight(run)):
+            state != RunState.cancelled.value or not store.calls_in_flight(run)) and \
+            not any(b.live for b in batches):
         # Kept as it is now, the first time it is seen final (a cancelled run's once its
         # calls in flight have settled: its cost is final then), stamped with the time the
         # run last changed: every later read, on any replica and any stream, is the same,
-        # whatever later runs of the exam do.
+        # whatever later runs of the exam do. Not while a batch of the run is live: its
+        # last lines are being booked (the view then lists it as ended).
         store.record_run_state(run.id, state, at=changed, view=json.dumps(view))
         kept = store.run(run.id)
         if kept is not None and kept.final_view is not None:
