@@ -77,6 +77,11 @@ log = logging.getLogger("examforge.batching")
 MAX_CREATE_ATTEMPTS = 5
 # Rounds one pass submits for one exam at most (each up to BATCH_MAX_REQUESTS lines).
 MAX_ROUNDS_PER_PASS = 20
+# The most a top-up round over-asks: for a slice whose calls brought back this share of
+# repeats or more, it asks lacking / (1 - OVER_ASK_MAX).
+OVER_ASK_MAX = 0.6
+# The submitter renews its lease on a submission every this many slices it claims.
+RENEW_EVERY = 50
 # The line's URL (OpenAI's batch endpoint for chat completions).
 LINE_URL = "/v1/chat/completions"
 
@@ -94,6 +99,9 @@ class BatchRuntime:
     ident: str = field(default_factory=lambda: (
         f"{socket.gethostname()[:40]}/{os.getpid()}/{uuid.uuid4().hex[:12]}"))
     stopping: threading.Event = field(default_factory=threading.Event)
+    # Submissions whose create went unanswered in this process: their submitter lease is
+    # left to lapse (not released), so no listing decides before that create has ended.
+    unanswered: set[str] = field(default_factory=set)
 
     @classmethod
     def build(cls, settings: Settings, store: Store, client: LLMClient | None = None,
@@ -163,6 +171,10 @@ class _SliceCalls:
     rt: BatchRuntime
     view: ChapterView | None = None
     planned: list[tuple[CallPlan, dict[str, Any], int]] = field(default_factory=list)
+    # The share of what the slice's earlier batch calls asked that did not come back as new
+    # questions (repeats of the chapter, invalid ones): a top-up asks that much more, as the
+    # sync path's over-ask does, so that one top-up round usually finishes the slice.
+    shortfall: float = 0.0
 
     def build(self, view: ChapterView) -> None:
         rt, settings = self.rt, self.rt.settings
@@ -172,7 +184,14 @@ class _SliceCalls:
             self.planned = []
             return
         per_call = settings.questions_per_call
-        calls = math.ceil(lacking / per_call)
+        asked = lacking
+        if self.shortfall > 0:
+            asked = max(lacking + 1, math.ceil(lacking / (1 - min(OVER_ASK_MAX,
+                                                                    self.shortfall))))
+        calls = math.ceil(asked / per_call)
+        # The calls share the lacking numbers in order; each asks for its share of `asked`.
+        wants = [asked // calls + (1 if k < asked % calls else 0) for k in range(calls)]
+        ranges = [lacking // calls + (1 if k < lacking % calls else 0) for k in range(calls)]
         spec = ChapterSpec.model_construct(id=view.chapter_id, title=view.title,
                                            questions=view.chapter_target or view.target,
                                            prompt=view.prompt)
@@ -184,10 +203,10 @@ class _SliceCalls:
         planned = []
         first = view.first_number + view.stored
         for k in range(calls):
-            want = min(per_call, lacking - k * per_call)
+            want, span = wants[k], max(1, ranges[k])
             numbers = None
             if calls > 1 or view.chapter_target > view.target:
-                numbers = (first, first + want - 1, view.chapter_target or view.target)
+                numbers = (first, first + span - 1, view.chapter_target or view.target)
             levels = Levels(None, view.levels.bloom)
             if view.levels.difficulty is not None:
                 asked = ask(view.levels.difficulty, view.first_number, view.target,
@@ -200,13 +219,13 @@ class _SliceCalls:
             prompt_tokens = rt.client.count_prompt(messages)
             max_tokens = settings.max_tokens(want, per_question)
             body = rt.client.batch_body(messages, max_tokens)
-            plan = CallPlan(view.next_number + k * per_call, want, prompt_tokens, max_tokens,
+            plan = CallPlan(first, want, prompt_tokens, max_tokens,
                             rt.client.batch_worst_case_usd(prompt_tokens, max_tokens),
                             rt.client.model, rt.client.prices_known)
             size = len(jsonl([{"custom_id": "call-000000000000", "method": "POST",
                                "url": LINE_URL, "body": body}]))
             planned.append((plan, body, size))
-            first += want
+            first += span
         self.planned = planned
 
 
@@ -245,9 +264,15 @@ def submit_round(rt: BatchRuntime, exam: str, result: PassResult) -> bool:
     owner = owner_of(sub)
     store.new_submission(sub, exam, rt.ident, settings.batch_submit_lease_s, rt.client.model)
     round_ = _Round(settings)
-    for chapter_id, slice_no in candidates:
-        if round_.full or round_.no_room is not None:
+    for n, (chapter_id, slice_no) in enumerate(candidates):
+        if round_.full or round_.no_room is not None or rt.stopping.is_set():
             break
+        if n and n % RENEW_EVERY == 0 and not store.submission_step(
+                sub, rt.ident, settings.batch_submit_lease_s):
+            # Too slow to keep its lease: a recovery may be abandoning it already.
+            log.warning("submitter lease lapsed while claiming; the submission is left to "
+                        "recovery", extra={"exam": exam, "submission": sub})
+            return False
         _add_slice(rt, exam, chapter_id, slice_no, owner, round_)
     if not round_.lines:
         store.drop_submission(sub)
@@ -265,7 +290,8 @@ def submit_round(rt: BatchRuntime, exam: str, result: PassResult) -> bool:
 def _add_slice(rt: BatchRuntime, exam: str, chapter_id: str, slice_no: int, owner: str,
                round_: _Round) -> None:
     store, settings = rt.store, rt.settings
-    calls = _SliceCalls(rt)
+    asked, stored = store.batch_yield(exam, chapter_id, slice_no)
+    calls = _SliceCalls(rt, shortfall=1 - stored / asked if asked else 0.0)
     first_line: list[tuple[dict[str, Any], int]] = []
 
     def plan_first(view: ChapterView) -> CallPlan | None:
@@ -330,6 +356,7 @@ def _upload_and_create(rt: BatchRuntime, sub: str, exam: str, round_: _Round,
         log.warning("submitter lease lapsed after the upload; recovery takes it", extra=fields)
         return False
     log.info("batch file uploaded", extra={**fields, "file": file_id})
+    _test_hook("after_upload", sub)
     return _create(rt, sub, exam, file_id, result)
 
 
@@ -349,6 +376,7 @@ def _create(rt: BatchRuntime, sub: str, exam: str, file_id: str, result: PassRes
         if sent_maybe(exc):
             # It may exist at the provider: keep the submitter's lease until it lapses, so
             # that only a listing (after any create in flight has ended) decides.
+            rt.unanswered.add(sub)
             log.warning("batch create unanswered; recovery lists the provider's batches "
                         "once the submitter lease lapses",
                         extra={**fields, "error": str(exc)[:300]})
@@ -410,13 +438,17 @@ def _advance(rt: BatchRuntime, row: BatchRow, result: PassResult) -> None:
     taken = store.take_submission(row.id, rt.ident, settings.batch_submit_lease_s)
     if taken is None:
         return
+    rt.unanswered.discard(taken.id)  # an older unanswered create of ours has ended by now
     try:
         if taken.state == BatchState.submitted.value:
             _poll(rt, taken, result)
         else:
             _recover(rt, taken, result)
     finally:
-        store.release_submission(taken.id, rt.ident)
+        if taken.id in rt.unanswered:
+            rt.unanswered.discard(taken.id)  # its lease lapses by itself
+        else:
+            store.release_submission(taken.id, rt.ident)
 
 
 def _recover(rt: BatchRuntime, row: BatchRow, result: PassResult) -> None:

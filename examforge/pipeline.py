@@ -203,6 +203,14 @@ def _carry_out(rt: Runtime, claim: Claimed, decision: Decision, exc: BaseExcepti
 
 
 def _not_claimed(claim: NotClaimed, exam: str, chapter_id: str, slice_no: int) -> ChapterResult:
+    if claim.reason is NotClaimedReason.busy and claim.detail.startswith("held by batch/"):
+        # A provider batch holds it (examforge.batching) for up to a day: the batch runner
+        # commits its results; a countdown that long would outlive the broker's visibility
+        # timeout. If the exam went back to sync mode, the reconciler re-publishes the slice
+        # once the batch gives it back.
+        log.info("slice held by a provider batch; left to it",
+                 extra={"exam": exam, "chapter": chapter_id, "slice": slice_no})
+        return ChapterResult(Outcome.skipped, f"{claim.reason.value}: {claim.detail}")
     if claim.retry_in_s is not None:
         # Busy (a live lease elsewhere) or in backoff: make no call, check back when it ends.
         log.info("slice not claimable now; checking back",

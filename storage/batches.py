@@ -220,6 +220,17 @@ class Batches(Leases):
                 S.c.exam == slug, S.c.state.in_(ACTIVE_STATES),
                 S.c.not_before_at > self._now)).scalar_one_or_none()
 
+    def batch_yield(self, slug: str, chapter_id: str, slice_no: int) -> tuple[int, int]:
+        """(questions asked, questions stored) over the slice's batch calls the provider
+        answered: how many of what a round asks come back as repeats of this chapter."""
+        with self._read() as conn:
+            row = conn.execute(select(func.coalesce(func.sum(K.c.requested), 0),
+                                      func.coalesce(func.sum(K.c.questions_stored), 0)).where(
+                K.c.exam == slug, K.c.chapter_id == chapter_id, K.c.slice_no == slice_no,
+                K.c.worker.like(OWNER_PREFIX + "%"),
+                K.c.outcome.in_((CallOutcome.used.value, CallOutcome.wasted.value)))).one()
+        return int(row[0]), int(row[1])
+
     def renew_batch_slices(self, owner: str, lease_s: float) -> int:
         """A poll renews a submitted batch's leases on its slices, lapsed or not: a slice
         whose owner is still this submission was taken by nobody (a claim replaces the
