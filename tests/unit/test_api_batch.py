@@ -165,3 +165,25 @@ def test_with_celery_a_batch_run_sets_the_mode_and_publishes_one_batch_pass(
         assert r.status_code == 202
         assert [kind for kind, _ in published] == ["chapters"]
         assert c.get("/exams/demo").json()["mode"] == "sync"
+
+
+def test_the_page_has_the_batch_box_and_shows_a_runs_batches(make_settings):
+    """The page's batch parts as served (the browser test, tests/e2e/test_api_browser.py,
+    drives them): a box that sends {"batch": true}, the run's `state_detail`, and a table
+    of its batches refreshed while the run is live."""
+    from html.parser import HTMLParser
+
+    with api(make_settings) as c:
+        page, script = c.get("/").text, c.get("/app.js").text
+
+    classes: set[str] = set()
+
+    class Collect(HTMLParser):
+        def handle_starttag(self, tag, attrs):
+            classes.update((dict(attrs).get("class") or "").split())
+
+    Collect().feed(page)
+    assert {"batch-input", "detail", "batches"} <= classes
+    assert "body.batch = true" in script
+    assert "run?.state_detail" in script and "renderBatches(node, run ? run.batches" in script
+    assert "setInterval(refreshBatchRuns" in script
