@@ -209,10 +209,10 @@ class _SliceCalls:
                 numbers = (first, first + span - 1, view.chapter_target or view.target)
             levels = Levels(None, view.levels.bloom)
             if view.levels.difficulty is not None:
-                asked = ask(view.levels.difficulty, view.first_number, view.target,
-                            stored_levels, want)
-                levels = Levels(asked, view.levels.bloom)
-                for level, n in asked.items():  # the next call asks for what this one does not
+                mix = ask(view.levels.difficulty, view.first_number, view.target,
+                          stored_levels, want)
+                levels = Levels(mix, view.levels.bloom)
+                for level, n in mix.items():  # the next call asks for what this one does not
                     stored_levels[level] = stored_levels.get(level, 0) + n
             messages = build_messages(view.exam, view.exam_title, spec, want, avoid,
                                       numbers=numbers, levels=levels)
@@ -518,10 +518,12 @@ class _SliceOutcome:
     """What a batch's lines did to one slice, decided after all of them are booked."""
 
     progressed: bool = False
+    done: bool = False  # a line completed it: later lines of the slice store nothing
     delay_s: float = 0.0
     count_attempt: bool = False
     error: str | None = None
     fail: str | None = None
+    pause_after: int | None = None  # with fail: an auth failure, counted against the exam
     pause: str | None = None
 
 
@@ -536,8 +538,8 @@ def process_results(rt: BatchRuntime, row: BatchRow, batch: dict[str, Any],
     lines: dict[str, dict[str, Any]] = {}
     for file_id in (batch.get("error_file_id"), batch.get("output_file_id")):
         if file_id:
-            for line in parse_jsonl(api.content(str(file_id))):
-                lines[str(line.get("custom_id"))] = line
+            for entry in parse_jsonl(api.content(str(file_id))):
+                lines[str(entry.get("custom_id"))] = entry
     status = str(batch.get("status"))
     batch_error = _batch_error(rt, batch) if status == "failed" else None
     claims: dict[tuple[str, str, int], Claimed | None] = {}
@@ -553,7 +555,7 @@ def process_results(rt: BatchRuntime, row: BatchRow, batch: dict[str, Any],
                 booked_completion += call.completion_tokens
             continue
         line = lines.get(f"call-{call.id}")
-        response = (line or {}).get("response") or None
+        response: dict[str, Any] | None = (line or {}).get("response") or None
         if response is not None and response.get("status_code") == 200:
             if key not in claims:
                 claims[key] = store.held_claim(*key, owner)
@@ -583,15 +585,15 @@ def process_results(rt: BatchRuntime, row: BatchRow, batch: dict[str, Any],
         _note_error(rt, outcomes[key], exc)
     for key in store.held_slices(owner):
         _settle_slice(rt, owner, key, outcomes.get(key, _SliceOutcome()))
-    usage = batch.get("usage") if isinstance(batch.get("usage"), dict) else None
-    if usage is not None:
-        theirs = (usage.get("input_tokens"), usage.get("output_tokens"))
+    theirs_usage = batch.get("usage") if isinstance(batch.get("usage"), dict) else None
+    if theirs_usage is not None:
+        theirs = (theirs_usage.get("input_tokens"), theirs_usage.get("output_tokens"))
         if theirs != (booked_prompt, booked_completion):
             log.warning("the batch's usage differs from the ledger's", extra={
                 "exam": row.exam, "submission": row.id, "batch": batch.get("id"),
                 "provider_input": theirs[0], "provider_output": theirs[1],
                 "ledger_prompt": booked_prompt, "ledger_completion": booked_completion})
-    store.finish_submission(row.id, provider_status=status, usage=usage,
+    store.finish_submission(row.id, provider_status=status, usage=theirs_usage,
                             counts=batch.get("request_counts") or None,
                             detail=None if batch_error is None else str(batch_error))
     result.processed += 1
@@ -634,11 +636,12 @@ def _commit_line(rt: BatchRuntime, call: Any, body: Any, claim: Claimed | None,
     usage = Usage(completion.prompt_tokens, completion.completion_tokens, completion.cost_usd,
                   completion.endpoint, completion.usage_estimated, completion.cached_tokens)
     if claim is None:
-        # The slice is not this submission's any more (a 26 h outage let the lease lapse and
-        # someone else took it): paid for, and it cannot be committed.
+        # The slice is not this submission's any more: completed by its earlier lines (a
+        # pass that stopped mid-way), or (after a day without a poll) taken by another
+        # holder. Paid for, and nothing of it can be committed.
         store.finish_call(call.id, CallOutcome.wasted, CallReason.lease_lost,
-                          "the batch's lease on its slice was gone when its results came",
-                          usage=usage)
+                          "the batch no longer held its slice (complete, or taken) when this "
+                          "line was read", usage=usage)
         return 0, usage
     try:
         parsed = parse_questions(completion.content, completion.finish_reason, None, known)
@@ -649,6 +652,13 @@ def _commit_line(rt: BatchRuntime, call: Any, body: Any, claim: Claimed | None,
         outcome.error = f"invalid output: {exc}"
         return 0, usage
     note = ", ".join(f"{n} {k.value} rejected" for k, n in parsed.rejected.items())
+    if outcome.done:
+        # The round asked this slice for more than it lacked (a top-up's over-ask), and the
+        # lines read before this one completed it: billed, nothing more to store.
+        store.finish_call(call.id, CallOutcome.wasted, CallReason.invalid_output,
+                          f"its slice was complete: {len(parsed.questions)} beyond the target "
+                          "not stored", usage=usage)
+        return 0, usage
     shares = claim.levels.difficulty
     levels = Levels(apportion(call.requested, shares) if shares else None, claim.levels.bloom)
     questions = levels.resolve(parsed.questions)
@@ -660,6 +670,7 @@ def _commit_line(rt: BatchRuntime, call: Any, body: Any, claim: Claimed | None,
         return 0, usage  # booked wasted by the commit
     for text in committed.kept:
         known.add(normalise(text))
+    outcome.done = committed.done
     if committed.kept:
         outcome.progressed = True
     elif not committed.done:
@@ -672,6 +683,7 @@ def _note_error(rt: BatchRuntime, outcome: _SliceOutcome, exc: ProviderError) ->
     decision = decide(exc, streak=1, settings=rt.settings, rand=random.random())
     if decision.action is Action.fail:
         outcome.fail = outcome.fail or decision.reason
+        outcome.pause_after = outcome.pause_after or decision.pause_exam_after
     elif decision.action is Action.pause:
         outcome.pause = outcome.pause or decision.reason
     else:
@@ -691,7 +703,7 @@ def _settle_slice(rt: BatchRuntime, owner: str, key: tuple[str, str, int],
     if outcome.fail is not None:
         claim = store.held_claim(*key, owner)
         if claim is not None:
-            store.fail(claim, outcome.fail)
+            store.fail(claim, outcome.fail, pause_exam_after=outcome.pause_after)
             log.error("chapter failed by a batch line", extra={
                 "exam": exam, "chapter": key[1], "slice": key[2], "reason": outcome.fail})
             return

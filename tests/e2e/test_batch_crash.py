@@ -109,3 +109,21 @@ def test_enqueue_batch_with_a_worker_and_beat(deploy, mock, database):
     # No chapter task ever ran: every call is a batch line.
     assert all(c["worker"].startswith("batch/") for c in dep.calls("bx"))
     _check(dep, mock)
+
+
+def test_a_worker_killed_before_the_create_is_recovered_by_another(deploy, mock):
+    dep = deploy("postgres", **BATCH_ENV)
+    dep.syllabus("bx", CHAPTERS)
+    doomed = dep.worker(2, EXAMFORGE_TEST_BATCH_CRASH="before_create")
+    enq = dep.cli("enqueue", "bx", "--batch")
+    assert enq.returncode == 0, enq.stdout + enq.stderr
+    assert doomed.wait(timeout=60) == -9, dep.worker_logs()
+    (row,) = dep.store.exam_batches("bx")
+    assert row.state == "creating" and not _batches(mock)
+    dep.worker(2)
+    dep.beat()
+    report = dep.wait_done("bx", timeout_s=90)
+    assert report["chapters"]["done"] == 2, dump(report)
+    (row,) = dep.store.exam_batches("bx")
+    assert row.create_attempts == 2 and len(_batches(mock)) == 1
+    _check(dep, mock)

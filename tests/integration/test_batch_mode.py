@@ -327,3 +327,85 @@ def test_a_chapter_larger_than_one_call_reaches_its_target_in_rounds(
     # Batch lines cannot list what the other lines of their round write: more repeats than
     # sync, bounded by the numbered steering and the top-up rounds.
     assert batch_rate[2] < 0.6
+
+
+def test_a_batch_over_the_enqueued_token_limit_is_retried_never_paused(
+        make_settings, db_url, mock_llm, tmp_path, rt_of):
+    mock_llm.configure(batch_enqueued_token_limit=100)
+    settings, store = _setup(make_settings, db_url, mock_llm, tmp_path, [("a", 5), ("b", 5)],
+                             retry_base_s=0.05, retry_max_s=0.2)
+    rt = rt_of(settings, store)
+    wait_for(lambda: (run_pass(rt, ["bx"]), store.exam_batches("bx")[-1].state == "done")[1],
+             20, "the first batch to fail")
+    first = store.exam_batches("bx")[-1]
+    assert first.provider_status == "failed" and "Enqueued token limit" in (first.detail or "")
+    calls, _, slices = _rows(store)
+    mine = [c for c in calls if c.worker == first.owner]
+    assert {(c.outcome, c.reason, c.cost_usd) for c in mine} == {
+        ("failed", "batch_token_limit", 0.0)}
+    assert store.status("bx").state != "paused"
+    mock_llm.configure(batch_enqueued_token_limit=None)
+    _until_done(rt)
+    calls, questions, _ = _rows(store)
+    assert len(questions) == 10 and len(_paid_batch_lines(mock_llm)) == 2
+
+
+def test_the_budget_reserves_the_discounted_worst_case_and_pauses_when_nothing_fits(
+        make_settings, db_url, mock_llm, tmp_path, rt_of):
+    from sqlalchemy import select as sel
+
+    from storage.base import E
+
+    prices = {"llm_price_prompt_per_mtok": 10.0, "llm_price_completion_per_mtok": 40.0}
+    # Exam bx measures one line's reservation; exam by (the same shape) gets a budget of one
+    # and a half of it.
+    settings, store = _setup(make_settings, db_url, mock_llm, tmp_path, [("a", 5)], **prices)
+    rt = rt_of(settings, store)
+    mock_llm.configure(batch_validation_s=3)
+    run_pass(rt, ["bx"])
+    (call,) = _rows(store)[0]  # in flight: its prompt is our count, as reserved
+    worst = call.reserved_usd
+    assert worst == pytest.approx(
+        rt.client.worst_case_usd(call.prompt_tokens, call.max_tokens) * 0.5)
+    mock_llm.configure(batch_validation_s=0.1)
+    _until_done(rt)
+    (call,) = _rows(store)[0]
+    assert 0 < call.cost_usd < worst
+    path = write_syllabus(settings.exams_dir, "by", [("a", 5), ("b", 5), ("c", 5), ("d", 5)])
+    store.sync_exam("by", load_syllabus(path, max_questions=5000), (), budget_usd=1.5 * worst)
+    store.set_exam_mode("by", ExamMode.batch)
+    lines: list[int] = []
+
+    def stopped() -> bool:
+        run_pass(rt, ["by"])
+        with store.engine.connect() as conn:
+            exam = conn.execute(sel(E).where(E.c.slug == "by")).one()
+        assert exam.spent_usd + exam.reserved_usd <= exam.budget_usd + 1e-9
+        for b in store.exam_batches("by"):
+            lines.append(b.requests)
+        return exam.state == "paused" or store.status("by").finished
+
+    wait_for(stopped, 60, "the exam to pause or finish within its budget", interval_s=0.2)
+    report = store.status("by")
+    assert report.state == "paused" and report.pause_reason.startswith("budget:")
+    assert set(lines) == {1}  # NoRoom: one line a round, never more than fits
+    calls = _rows(store, "by")[0]
+    assert calls and all(c.outcome == "used" for c in calls)
+    assert len(_paid_batch_lines(mock_llm)) == 1 + len(calls)
+
+
+def test_booking_a_batch_twice_changes_nothing(make_settings, db_url, mock_llm, tmp_path,
+                                               rt_of):
+    from examforge.batching import process_results
+
+    settings, store = _setup(make_settings, db_url, mock_llm, tmp_path, [("a", 12)])
+    rt = rt_of(settings, store)
+    _until_done(rt)
+    before = _rows(store)
+    (row,) = store.exam_batches("bx")
+    again = PassResult()
+    process_results(rt, row, rt.api.retrieve(row.provider_batch_id), again)  # a second poller
+    assert again.committed == 0
+    after = _rows(store)
+    assert [tuple(r) for r in after[0]] == [tuple(r) for r in before[0]]
+    assert len(after[1]) == 12
