@@ -25,6 +25,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("examforge.batching")
 
+# Seconds a cancel waits for the provider, per batch, at most.
+CANCEL_TIMEOUT_S = 15.0
 # The provider's statuses in which a batch can still be cancelled.
 _CANCELLABLE = frozenset({"validating", "in_progress"})
 
@@ -60,7 +62,10 @@ def cancel_batches(settings: Settings, store: Store, slug: str,
     if api is None:
         from examforge.batch_api import BatchAPI
 
-        api = BatchAPI(settings)
+        # A short timeout: the caller (a command, an API request) waits on it, and the mark
+        # already makes the cancel happen if this one does not get through.
+        api = BatchAPI(settings.model_copy(update={"batch_http_timeout_s": min(
+            settings.batch_http_timeout_s, CANCEL_TIMEOUT_S)}))
     try:
         for row in live:
             if row.provider_batch_id is None:
