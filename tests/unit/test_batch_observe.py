@@ -24,10 +24,11 @@ CHAPTERS = [(c, 5) for c in "abcdef"]  # 6 calls of 5 questions: one batch of 6 
 
 
 @pytest.fixture
-def batch_exam(make_settings, mock_llm, tmp_path, monkeypatch):
-    """A batch-mode exam `bx` on SQLite, the CLI's environment pointing at it and the mock,
-    and a batch runtime to drive passes by hand."""
-    settings = make_settings(llm_base_url=mock_llm.base_url, batch_poll_s=0.2,
+def batch_exam(make_settings, mock_llm, tmp_path, monkeypatch, db_url):
+    """A batch-mode exam `bx` on SQLite and on PostgreSQL, the CLI's environment pointing at
+    it and the mock, and a batch runtime to drive passes by hand."""
+    settings = make_settings(database_url=db_url, llm_base_url=mock_llm.base_url,
+                             batch_poll_s=0.2,
                              batch_submit_lease_s=10.0, batch_http_timeout_s=5.0,
                              llm_price_prompt_per_mtok=1.0, llm_price_completion_per_mtok=4.0)
     store = open_store(settings.database_url)
