@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from examforge.errors import ProviderError
 from examforge.settings import Settings
@@ -36,8 +36,9 @@ class BatchCancel:
     """What a cancel did to the exam's provider batches."""
 
     marked: int = 0  # live submissions marked cancel_requested
-    cancelled: list[str] = field(default_factory=list)  # provider batch ids asked to cancel
-    later: list[str] = field(default_factory=list)  # left to the runner: (id, why) as text
+    cancelled: list[str] = field(default_factory=list)  # provider batch ids cancelling
+    ended: list[str] = field(default_factory=list)  # ended before the cancel: "id (status)"
+    later: list[str] = field(default_factory=list)  # left to the runner: "id: why"
 
     def lines(self, slug: str) -> list[str]:
         out = []
@@ -45,6 +46,9 @@ class BatchCancel:
             out.append(f"cancelling {len(self.cancelled)} provider "
                        f"{'batch' if len(self.cancelled) == 1 else 'batches'} of {slug}: "
                        f"{', '.join(self.cancelled)} (what they finished is still committed)")
+        if self.ended:
+            out.append(f"ended before the cancel (their results are committed): "
+                       f"{', '.join(self.ended)}")
         for why in self.later:
             out.append(f"batch {why}: the batch runner cancels it at its next pass")
         return out
@@ -74,18 +78,41 @@ def cancel_batches(settings: Settings, store: Store, slug: str,
                 result.later.append(f"submission {row.id} ({row.state}): not at the "
                                     "provider yet")
                 continue
+            if row.provider_status == "cancelling":  # asked already (a runner's poll)
+                result.cancelled.append(row.provider_batch_id)
+                continue
             if row.provider_status not in (None, *_CANCELLABLE):
-                continue  # cancelling already, finalizing, or ended: nothing to ask
+                # Finalizing or ended: every line is in; the runner books them.
+                result.ended.append(f"{row.provider_batch_id} ({row.provider_status})")
+                continue
             try:
                 reply = api.cancel(row.provider_batch_id)
             except ProviderError as exc:
-                log.warning("batch cancel failed; the runner tries again", extra={
-                    "exam": slug, "submission": row.id, "error": str(exc)[:300]})
-                result.later.append(f"{row.provider_batch_id}: {exc}")
-                continue
-            store.note_batch_status(row.id, str(reply.get("status") or "cancelling"))
-            result.cancelled.append(row.provider_batch_id)
+                reply = _refused(api, row.provider_batch_id, exc)
+                if reply is None:
+                    log.warning("batch cancel failed; the runner tries again", extra={
+                        "exam": slug, "submission": row.id, "error": str(exc)[:300]})
+                    result.later.append(f"{row.provider_batch_id}: {exc}")
+                    continue
+            status = str(reply.get("status") or "cancelling")
+            store.note_batch_status(row.id, status)
+            if status in ("cancelling", "cancelled"):
+                result.cancelled.append(row.provider_batch_id)
+            else:  # it ended (or is finalizing) before the cancel: all its lines are in
+                result.ended.append(f"{row.provider_batch_id} ({status})")
     finally:
         if own:
             api.close()
     return result
+
+
+def _refused(api: BatchAPI, batch_id: str, exc: ProviderError) -> dict[str, Any] | None:
+    """A cancel the provider refused with 409: the batch is already cancelling or has ended
+    (a batch runner's poll may have cancelled it a moment ago). Its state then, or None when
+    the refusal was something else or the batch cannot be read now."""
+    if exc.status_code != 409:
+        return None
+    try:
+        return api.retrieve(batch_id)
+    except ProviderError:
+        return None

@@ -67,6 +67,7 @@ def test_a_run_waiting_on_a_batch_says_so_and_its_cancel_reaches_the_provider(
             return view if "(in_progress, 1/" in detail else None
 
         view = wait_for(waiting, 30, "the run to wait on an in-progress batch", interval_s=0.1)
+        mock_llm.configure(batch_request_s=2.0)  # the batch surely still runs at the cancel
         assert view["state"] == "running"
         [batch] = [b for b in view["batches"] if b["live"]]
         assert view["state_detail"].startswith(

@@ -70,7 +70,9 @@ def _in_flight(store, rt, mock, done_at_least: int) -> Any:
         now = store.batch(row.id)
         return now if now.request_completed >= done_at_least else None
 
-    return wait_for(some_done, 20, f"{done_at_least} lines of the batch done", interval_s=0.1)
+    row = wait_for(some_done, 20, f"{done_at_least} lines of the batch done", interval_s=0.1)
+    mock.configure(batch_request_s=2.0)  # the batch surely still runs when the test acts
+    return row
 
 
 def _provider(mock, batch_id: str) -> dict[str, Any]:
@@ -156,4 +158,22 @@ def test_a_cancel_that_cannot_reach_the_provider_is_done_by_the_next_poll(
     assert _provider(mock_llm, row.provider_batch_id)["status"] == "in_progress"
     _until_no_live_batch(store, rt)  # the runner's poll sends the cancel
     assert _provider(mock_llm, row.provider_batch_id)["status"] == "cancelled"
+    assert store.batch(row.id).provider_status == "cancelled"
+
+
+def test_a_batch_cancelled_a_moment_before_is_reported_cancelled_not_left_for_later(
+        batch_exam, mock_llm, capsys):
+    """The provider refuses (409) a cancel of a batch already cancelled: another process
+    (a batch runner's poll) sent one first, and this process's row has not seen it yet. The
+    cancel reads the batch and says it is cancelled, instead of leaving it for later."""
+    settings, store, rt = batch_exam
+    row = _in_flight(store, rt, mock_llm, done_at_least=1)
+    httpx.post(f"{mock_llm.base_url}/batches/{row.provider_batch_id}/cancel").raise_for_status()
+    assert store.batch(row.id).provider_status == "in_progress"
+    wait_for(lambda: _provider(mock_llm, row.provider_batch_id)["status"] == "cancelled", 20,
+             "the batch cancelled at the provider")
+    code, text = _cli(capsys, "cancel", "bx")
+    assert code == 0 and f"cancelling 1 provider batch of bx: {row.provider_batch_id}" in text
+    assert "next pass" not in text
+    _until_no_live_batch(store, rt)
     assert store.batch(row.id).provider_status == "cancelled"
