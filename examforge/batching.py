@@ -38,9 +38,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import os
 import random
 import socket
-import os
 import threading
 import uuid
 from collections import defaultdict

@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from sqlalchemy import and_, case, func, insert, or_, select, update
+from sqlalchemy import case, func, insert, or_, select, update
 
 from storage.base import ACTIVE_STATES, E, K, S
 from storage.leases import Leases, slice_where
@@ -199,16 +199,16 @@ class Batches(Leases):
     def batch_candidates(self, slug: str, max_attempts: int, limit: int
                          ) -> list[tuple[str, int]]:
         """Slices of an active batch-mode exam that a round may claim now: pending or
-        running with no live lease, out of backoff, below their attempt cap; syllabus
-        order. (The claim checks all of it again.)"""
+        running with no live lease, out of backoff; syllabus order. (The claim checks all of
+        it again, and fails a slice at its attempt cap: no reconciler may be running, as in
+        `run --batch`.) `max_attempts` is kept for the callers; the cap is the claim's."""
         with self._read() as conn:
             rows = conn.execute(
                 select(S.c.chapter_id, S.c.slice_no).join(E, E.c.slug == S.c.exam).where(
                     S.c.exam == slug, E.c.state == ExamState.active.value,
                     E.c.mode == ExamMode.batch.value, S.c.state.in_(ACTIVE_STATES),
                     or_(S.c.lease_owner.is_(None), S.c.lease_expires_at <= self._now),
-                    or_(S.c.not_before_at.is_(None), S.c.not_before_at <= self._now),
-                    S.c.attempts_since_progress < max_attempts)
+                    or_(S.c.not_before_at.is_(None), S.c.not_before_at <= self._now))
                 .order_by(S.c.position, S.c.chapter_id, S.c.slice_no).limit(limit)).all()
         return [(r.chapter_id, r.slice_no) for r in rows]
 

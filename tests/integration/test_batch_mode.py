@@ -5,7 +5,6 @@ chapter, recovery paging past 100 foreign batches, and a chapter larger than one
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any
 
@@ -409,3 +408,17 @@ def test_booking_a_batch_twice_changes_nothing(make_settings, db_url, mock_llm, 
     after = _rows(store)
     assert [tuple(r) for r in after[0]] == [tuple(r) for r in before[0]]
     assert len(after[1]) == 12
+
+
+def test_a_chapter_whose_lines_keep_failing_stops_at_its_attempt_cap(
+        make_settings, db_url, mock_llm, tmp_path, rt_of):
+    mock_llm.configure(script={"bx/a": ["500"] * 10})
+    settings, store = _setup(make_settings, db_url, mock_llm, tmp_path, [("a", 5), ("b", 5)],
+                             max_attempts=2, retry_base_s=0.05, retry_max_s=0.1)
+    rt = rt_of(settings, store)
+    _until_done(rt)  # ends without a reconciler, as `run --batch` does
+    states = {c.id: (c.state, c.last_error or "") for c in store.status("bx").chapter_list}
+    assert states["b"][0] == "done"
+    assert states["a"][0] == "failed" and "attempt cap" in states["a"][1]
+    calls = [c for c in _rows(store)[0] if c.chapter_id == "a"]
+    assert [(c.outcome, c.reason) for c in calls] == [("failed", "server_error")] * 2

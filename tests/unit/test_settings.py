@@ -81,3 +81,15 @@ def test_budget_usd_is_a_finite_amount_above_zero(clean_env, monkeypatch, value)
     monkeypatch.setenv("BUDGET_USD", value)
     with pytest.raises(ValidationError, match="budget_usd"):
         Settings(_env_file=None)
+
+
+def test_batch_settings_and_the_create_timeout_below_the_submitter_lease(clean_env):
+    s = Settings(_env_file=None, llm_batch="true", batch_poll_s="5")
+    assert s.llm_batch is True and s.batch_poll_s == 5 and s.llm_batch_discount == 0.5
+    assert s.batch_max_requests == 50_000 and s.batch_max_bytes == 200 * 1024 * 1024
+    with pytest.raises(ValidationError, match="BATCH_HTTP_TIMEOUT_S"):
+        # A create still waiting for its reply when its submitter's lease lapses would let a
+        # recovery list the batches too early and create a second one.
+        Settings(_env_file=None, batch_http_timeout_s=200, batch_submit_lease_s=300)
+    with pytest.raises(ValidationError):
+        Settings(_env_file=None, batch_max_requests=50_001)
