@@ -85,6 +85,7 @@ def cancel_batches(settings: Settings, store: Store, slug: str,
                 # Finalizing or ended: every line is in; the runner books them.
                 result.ended.append(f"{row.provider_batch_id} ({row.provider_status})")
                 continue
+            reply: dict[str, Any] | None
             try:
                 reply = api.cancel(row.provider_batch_id)
             except ProviderError as exc:
