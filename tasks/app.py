@@ -162,9 +162,9 @@ def batch_runtime():  # type: ignore[no-untyped-def]
     global _batch_runtime
     from examforge.batching import BatchRuntime
 
+    rt = runtime()  # outside the lock: runtime() takes it too (it is not reentrant)
     with _runtime_lock:
         if _batch_runtime is None:
-            rt = runtime() if _runtime is None else _runtime
             _batch_runtime = BatchRuntime.build(rt.settings, rt.store)
         return _batch_runtime
 
