@@ -177,3 +177,31 @@ def test_a_batch_cancelled_a_moment_before_is_reported_cancelled_not_left_for_la
     assert "next pass" not in text
     _until_no_live_batch(store, rt)
     assert store.batch(row.id).provider_status == "cancelled"
+
+
+def test_a_cancel_before_the_create_means_no_batch_is_created(batch_exam, mock_llm, capsys):
+    """`cancel` while a submission is between its upload and its create (no provider batch
+    id yet): the mark stops the create; the submission is abandoned, its calls booked not
+    sent at $0, and nothing reaches the provider's batch list."""
+    settings, store, rt = batch_exam
+    upload = rt.api.upload
+
+    def upload_then_cancel(filename: str, content: bytes) -> str:
+        file_id = upload(filename, content)
+        code, text = _cli(capsys, "cancel", "bx")  # another process's cancel, right now
+        assert code == 0 and "not at the provider yet" in text
+        return file_id
+
+    rt.api.upload = upload_then_cancel  # type: ignore[method-assign]
+    run_pass(rt, ["bx"])
+    assert httpx.get(f"{mock_llm.base_url}/batches").json()["data"] == []
+    [row] = store.exam_batches("bx")
+    assert row.state == BatchState.abandoned.value and "cancelled" in (row.detail or "")
+    with store.engine.connect() as conn:
+        calls = conn.execute(select(K).where(K.c.exam == "bx")).all()
+        slices = conn.execute(select(S).where(S.c.exam == "bx")).all()
+    assert len(calls) == 6 and all(c.outcome == "failed" and c.cost_usd == 0 for c in calls)
+    assert {s.state for s in slices} == {"cancelled"} and all(
+        s.lease_owner is None for s in slices)
+    run_pass(rt, ["bx"])  # nothing to submit: the chapters are cancelled
+    assert len(store.exam_batches("bx")) == 1
