@@ -364,6 +364,14 @@ def _create(rt: BatchRuntime, sub: str, exam: str, file_id: str, result: PassRes
     """Step 4: record the attempt, then create. True when the batch's id is recorded."""
     store, settings, api = rt.store, rt.settings, rt.api
     fields = {"exam": exam, "submission": sub, "file": file_id}
+    row = store.batch(sub)
+    if row is not None and row.cancel_requested:
+        # Cancelled (producer cancel, the API) before its batch existed: never created. No
+        # create is in flight here (a recovery creates only after a listing found nothing).
+        store.abandon_submission(sub, "not sent: cancelled before its batch was created")
+        result.abandoned += 1
+        log.warning("submission cancelled before its create; not sent", extra=fields)
+        return False
     if not store.submission_step(sub, rt.ident, settings.batch_submit_lease_s,
                                  state=BatchState.creating.value, create_attempts="+1"):
         return False

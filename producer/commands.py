@@ -276,15 +276,21 @@ def _print_status(report: ExamReport) -> None:
         running = sum(1 for s in c.slices if s.state == "running")
         if running and len(c.slices) > 1:
             slices += f" ({running} running)"
-        table.add_row(c.id, c.state, f"{c.questions.done}/{c.questions.target}", slices,
+        # A slice held by a live provider batch is not stuck: say what it waits on.
+        state = "waiting on batch" if c.waiting_on else c.state
+        table.add_row(c.id, state, f"{c.questions.done}/{c.questions.target}", slices,
                       str(c.attempts), str(c.calls), error)
     out.print(table)
+    if report.batches:
+        _print_batches(report)
     if len(shown) < len(report.chapter_list):
         out.print(f"({len(report.chapter_list) - len(shown):,} more chapters not shown: the "
                   f"table has {STATUS_TABLE_ROWS:,} rows, unfinished chapters first; python -m "
                   f"producer status {report.exam} --json lists every one)", markup=False)
-    out.print(f"chapters: {ch.done}/{ch.total} done, {ch.running} running, "
-              f"{ch.pending} pending, {ch.failed} failed, {ch.cancelled} cancelled")
+    waiting = sum(1 for c in report.chapter_list if c.waiting_on)
+    out.print(f"chapters: {ch.done}/{ch.total} done, {ch.running} running"
+              + (f" ({waiting} of them waiting on a provider batch)" if waiting else "")
+              + f", {ch.pending} pending, {ch.failed} failed, {ch.cancelled} cancelled")
     out.print(f"questions: {q.done}/{q.target}")
     if report.started_at is not None:
         out.print(f"time: started {when(report.started_at)}"
@@ -516,13 +522,56 @@ def retry(slug: str, chapters: tuple[str, ...]) -> None:
                   f"resume it: python -m producer resume {slug}")
 
 
+# The batches `status` lists (newest first); --json lists every one.
+STATUS_BATCH_ROWS = 20
+
+
+def _print_batches(report: ExamReport) -> None:
+    """The exam's submissions to the provider's Batch API (batch mode)."""
+    from storage.reports import batch_counts, batch_status
+
+    shown = report.batches[:STATUS_BATCH_ROWS]
+    live = sum(1 for b in report.batches if b.live)
+    table = Table(title=f"batches of {report.exam} ({report.mode} mode): "
+                        f"{len(report.batches)}, {live} live")
+    for col in ("batch", "submission", "state", "requests", "completed", "failed", "created",
+                "expires", "note"):
+        table.add_column(col)
+    for b in shown:
+        total, completed, failed = batch_counts(b)
+        note = "cancel requested" if b.cancel_requested and b.live else (
+            _short(b.detail or "", 60))
+        table.add_row(b.provider_batch_id or "-", b.id, batch_status(b), str(total),
+                      str(completed), str(failed), when(b.created_at) or "-",
+                      when(b.expires_at) or "-", note)
+    out.print(table)
+    if len(shown) < len(report.batches):
+        out.print(f"({len(report.batches) - len(shown)} older batches not shown; python -m "
+                  f"producer status {report.exam} --json lists every one)", markup=False)
+    waiting = [c for c in report.chapter_list if c.waiting_on]
+    if waiting:
+        by_text: dict[str, int] = {}
+        for c in waiting:
+            by_text[c.waiting_on or ""] = by_text.get(c.waiting_on or "", 0) + 1
+        for text, n in by_text.items():
+            out.print(f"{plural(n, 'chapter')} {text}", markup=False, soft_wrap=True)
+
+
 def cancel(slug: str, chapters: tuple[str, ...]) -> None:
     settings = _settings()
+    store = _store(settings)
     try:
-        n = _store(settings).cancel(slug, list(chapters) or None)
+        n = store.cancel(slug, list(chapters) or None)
     except UnknownChapter as exc:  # refused as a whole, like enqueue --regenerate
         raise UserError(f"--chapter: {exc}") from None
     out.print(f"cancelled {plural(n, 'chapter')} of {slug}")
+    if not chapters:
+        # The exam's provider batches too (batch mode): a batch holds the slices of many
+        # chapters, so only a cancel of the whole exam cancels them.
+        from producer.batches import cancel_batches
+
+        for line in cancel_batches(settings, store, slug).lines(slug):
+            out.print(line, markup=False, soft_wrap=True)
 
 
 def doctor() -> None:

@@ -81,7 +81,16 @@ def plain_line(report: ExamReport) -> str:
             f"{report.questions_last_minute}/min, ETA {duration(eta) if eta is not None else '-'}"
             f"; calls {u.calls_used} used, {u.calls_wasted} wasted, {u.calls_failed} failed, "
             f"{u.calls_in_flight} in flight; tokens {u.prompt_tokens}+{u.completion_tokens}; "
-            f"{_money(report)}; elapsed {duration(report.elapsed_s)}")
+            f"{_money(report)}; elapsed {duration(report.elapsed_s)}"
+            + "".join(f"; {text}" for text in _waiting(report)))
+
+
+def _waiting(report: ExamReport) -> list[str]:
+    """What the exam's live provider batches are doing (batch mode): a run that waits on one
+    for hours says so instead of looking stuck."""
+    from storage.reports import waiting_text
+
+    return [waiting_text(b) for b in reversed(report.batches) if b.live]
 
 
 def render(report: ExamReport) -> RenderableType:
@@ -108,6 +117,8 @@ def render(report: ExamReport) -> RenderableType:
     facts.add_row("tokens", f"{u.prompt_tokens} prompt + {u.completion_tokens} completion")
     facts.add_row("cost", _money(report))
     facts.add_row("endpoints", _endpoints(report))
+    for text in _waiting(report):
+        facts.add_row("batch", text)
     facts.add_row("time", f"started {_clock(report.started_at)}, "
                           f"elapsed {duration(report.elapsed_s)}"
                   + (f", finished {_clock(report.finished_at)}" if report.finished_at else ""))

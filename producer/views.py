@@ -5,7 +5,8 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
-from storage.reports import ExamReport, ExamSummary
+from storage.batches import BatchRow
+from storage.reports import ExamReport, ExamSummary, batch_counts, batch_status, waiting_text
 
 
 def when(epoch: float | None) -> str | None:
@@ -24,7 +25,23 @@ def status_dict(report: ExamReport) -> dict[str, Any]:
         data[key] = when(data[key])
     for e in data["recent_errors"]:
         e["at"] = when(e["at"])
+    data["batches"] = [batch_dict(b) for b in report.batches]
     return data
+
+
+def batch_dict(row: BatchRow) -> dict[str, Any]:
+    """A submission to the provider's Batch API, as `status --json`, GET /exams/SLUG and
+    GET /runs/ID show it: `id` is the provider's batch id (null until it is created),
+    `submission` ours (the `batch/<id>` lease owner of its slices and calls)."""
+    total, completed, failed = batch_counts(row)
+    return {"id": row.provider_batch_id, "submission": row.id, "state": row.state,
+            "status": batch_status(row), "provider_status": row.provider_status,
+            "live": row.live,
+            "requests": {"total": total, "completed": completed, "failed": failed},
+            "created_at": when(row.created_at), "submitted_at": when(row.submitted_at),
+            "expires_at": when(row.expires_at), "finished_at": when(row.finished_at),
+            "polled_at": when(row.polled_at), "cancel_requested": row.cancel_requested,
+            "detail": row.detail, "waiting": waiting_text(row) if row.live else None}
 
 
 def summary_dict(e: ExamSummary) -> dict[str, Any]:

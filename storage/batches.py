@@ -143,6 +143,14 @@ class Batches(Leases):
                 B.c.exam == slug, B.c.state.in_(LIVE_BATCH_STATES),
                 B.c.cancel_requested.is_(False)).values(cancel_requested=True)).rowcount
 
+    def note_batch_status(self, submission: str, provider_status: str) -> bool:
+        """The provider's status of a submitted batch, as a cancel's reply gave it (the
+        runner's next poll records the rest); no lease needed: a status only."""
+        with self._write() as conn:
+            return conn.execute(update(B).where(
+                B.c.id == submission, B.c.state == BatchState.submitted.value).values(
+                provider_status=provider_status[:32])).rowcount == 1
+
     # ------------------------------------------------------------------ the runner's side
     def new_submission(self, submission: str, exam: str, submitter: str, lease_s: float,
                        model: str | None) -> None:

@@ -636,8 +636,18 @@ class Ledger(StoreBase):
                 state=ChapterState.done.value, lease_owner=None, lease_expires_at=None)), key)
             return result
         if cancelled:
-            conn.execute(self._stmt("slice_let_go", lambda: update(S).where(*SLICE_KEY).values(
-                lease_owner=None, lease_expires_at=None)), key)
+            # Let go, unless the holder has more calls of this slice in flight: a provider
+            # batch (examforge.batching) may hold several lines of one slice, each paid for,
+            # whose replies must still be committed through this lease (the batch runner
+            # lets the slice go once all its lines are booked). A synchronous holder has
+            # one call in flight at a time: this one.
+            others = conn.execute(select(func.count()).select_from(K).where(
+                K.c.exam == claim.exam, K.c.chapter_id == claim.chapter_id,
+                K.c.slice_no == claim.slice_no, K.c.worker == claim.owner,
+                K.c.outcome == CallOutcome.in_flight.value, K.c.id != call_id)).scalar_one()
+            if not others:
+                conn.execute(self._stmt("slice_let_go", lambda: update(S).where(
+                    *SLICE_KEY).values(lease_owner=None, lease_expires_at=None)), key)
             return dataclasses.replace(result, cancelled=True)
         if not kept:
             return result  # re-asked through the slow path, like any invalid output

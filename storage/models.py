@@ -303,6 +303,10 @@ class Run(SQLModel, table=True):
     launched_at: Optional[float] = None  # its work was enqueued (or started, in --local)
     # A hand-off in progress holds the run until then (database clock); see storage.runs.
     launching_until: Optional[float] = None
+    # The run asked for batch mode ({"batch": true}; migration 0019): the mode its exam is
+    # set to when the run is launched, by its request or later by the sweep.
+    batch: bool = Field(default=False, sa_column=Column(
+        Boolean, nullable=False, default=False, server_default=false()))
     # GET /runs/ID as it was when the run was first seen final, JSON (migration 0012): a
     # later run of the exam never changes what a finished one says of itself.
     final_view: Optional[str] = Field(default=None, sa_column=Column(Text))

@@ -15,6 +15,7 @@ from sqlalchemy.engine import Connection
 
 from examforge.errors import BadCursor
 from storage.base import ACTIVE_SLICE, ACTIVE_STATES, IN_FLIGHT_CALL, E, K, Q, S, StoreBase
+from storage.batches import B, BatchRow, submission_of
 from storage.models import CallOutcome, ChapterState
 
 
@@ -159,6 +160,11 @@ class ChapterReport:
     requeued_at: float | None
     requeue_reason: str | None
     slices: list[SliceReport] = field(default_factory=list)
+    # Set while a slice of it is held by a live provider batch (batch mode): what it waits
+    # on, e.g. "waiting on the provider's batch batch_abc (in_progress, 40/120 done)". Its
+    # state stays `running` (the batch holds its lease), but it is not stuck.
+    waiting_on: str | None = None
+    batch: str | None = None  # that batch's submission id
 
     @property
     def slices_done(self) -> int:
@@ -197,6 +203,34 @@ class ExamStatus(str, Enum):
     done = "done"  # every chapter done
     failed = "failed"  # finished with failures: no work left, some chapter failed
     cancelled = "cancelled"  # no work left, some chapter cancelled, none failed
+
+
+def batch_counts(row: BatchRow) -> tuple[int, int, int]:
+    """(total, completed, failed) requests of a submission: the provider's counts once it
+    gave any, else the lines of its file."""
+    total = row.request_total or row.requests
+    return total, row.request_completed, row.request_failed
+
+
+def batch_status(row: BatchRow) -> str:
+    """What a submission is doing, in one word: the provider's status while it has the batch
+    (validating, in_progress, finalizing, cancelling, ...), else our step (preparing,
+    uploaded, creating, done, abandoned)."""
+    if row.state == "submitted" and row.provider_status:
+        return row.provider_status
+    if row.state == "done" and row.provider_status:
+        return row.provider_status  # completed, expired, cancelled, failed
+    return row.state
+
+
+def waiting_text(row: BatchRow) -> str:
+    """A live submission as the slices it holds wait on it."""
+    total, completed, failed = batch_counts(row)
+    if row.provider_batch_id:
+        counts = f"{completed}/{total} done" + (f", {failed} failed" if failed else "")
+        return (f"waiting on the provider's batch {row.provider_batch_id} "
+                f"({batch_status(row)}, {counts})")
+    return f"waiting on batch submission {row.id} ({row.state}, {total} requests)"
 
 
 def exam_state(stored: str, counts: "ChapterCounts") -> str:
@@ -262,6 +296,9 @@ class ExamReport:
     # The calls whose replies named the tier that served them (LLM_SERVICE_TIER), by tier:
     # what each tier cost. Calls with no tier reported are not in it.
     usage_by_tier: dict[str, EndpointUsage] = field(default_factory=dict)
+    mode: str = "sync"  # how the exam is generated: sync, or batch (the provider's Batch API)
+    # Its submissions to the provider's Batch API, newest first (storage.batches).
+    batches: list[BatchRow] = field(default_factory=list)
 
     @property
     def finished(self) -> bool:
@@ -505,6 +542,8 @@ class Reports(StoreBase):
                 .where(K.c.exam == slug, K.c.outcome.in_((CallOutcome.failed.value,
                                                           CallOutcome.wasted.value)))
                 .order_by(K.c.finished_at.desc()).limit(RECENT_ERRORS)).all()
+            batches = [BatchRow.from_row(r) for r in conn.execute(
+                select(B).where(B.c.exam == slug).order_by(B.c.created_at.desc(), B.c.id))]
         usage = UsageTotals()
         calls_by_chapter: dict[str, int] = {}
         by_endpoint: dict[str, EndpointUsage] = {}
@@ -531,8 +570,12 @@ class Reports(StoreBase):
         listed = [self._chapter_report(chapter_id, rows, exam.now,
                                        calls_by_chapter.get(chapter_id, 0))
                   for chapter_id, rows in by_chapter.items()]
+        by_submission = {b.id: b for b in batches}
         for chapter in listed:
             counts.count(ChapterState(chapter.state))
+            held = by_submission.get(submission_of(chapter.lease_owner) or "")
+            if held is not None and held.live:
+                chapter.batch, chapter.waiting_on = held.id, waiting_text(held)
         finished = counts.pending + counts.running == 0
         started_at, finished_at = times.first, times.last if finished else None
         return ExamReport(
@@ -552,7 +595,8 @@ class Reports(StoreBase):
                            default=None),
             questions_last_minute=times.last_minute,
             recent_errors=[RecentError(r.finished_at, r.chapter_id, r.slice_no, r.outcome,
-                                       r.reason, r.detail) for r in errors])
+                                       r.reason, r.detail) for r in errors],
+            mode=getattr(exam, "mode", None) or "sync", batches=batches)
 
     @staticmethod
     def _chapter_report(chapter_id: str, rows: list[Any], now: float,

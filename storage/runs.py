@@ -61,6 +61,7 @@ class RunRow:
     launched_at: float | None
     launching_until: float | None
     final_view: str | None
+    batch: bool
     created_at: float
     updated_at: float
 
@@ -106,7 +107,9 @@ def run_state(run: RunRow, report: ExamReport, activity: RunActivity) -> tuple[s
 
 
 def _row(r: Any) -> RunRow:
-    return RunRow(**{k: r._mapping[k] for k in RunRow.__dataclass_fields__})
+    values = {k: r._mapping[k] for k in RunRow.__dataclass_fields__}
+    values["batch"] = bool(values["batch"])
+    return RunRow(**values)
 
 
 class Runs(Ledger):
@@ -143,7 +146,8 @@ class Runs(Ledger):
     # --- runs --------------------------------------------------------------------------
 
     def create_run(self, slug: str, key: str, fingerprint: str,
-                   budget_usd: float | None, client: str = "") -> tuple[RunRow, bool]:
+                   budget_usd: float | None, client: str = "", batch: bool = False
+                   ) -> tuple[RunRow, bool]:
         """The run of `client`'s `key`: a new one (True) or the one an identical earlier
         request made (False). The UNIQUE key decides between concurrent requests: INSERT ..
         ON CONFLICT DO NOTHING inserts for one of them, and the others read its row once it
@@ -155,7 +159,7 @@ class Runs(Ledger):
             new_id = conn.execute(
                 self._insert(R).values(exam=slug, client=client, idempotency_key=key,
                                        fingerprint=fingerprint, budget_usd=budget_usd,
-                                       call_floor=floor, created_at=now, updated_at=now)
+                                       batch=batch, call_floor=floor, created_at=now, updated_at=now)
                 .on_conflict_do_nothing().returning(R.c.id)).scalar()
             row = _row(conn.execute(select(R).where(R.c.client == client,
                                                     R.c.idempotency_key == key)).one())

@@ -214,7 +214,9 @@ def post_run(slug: Slug, c: Ctx, request: Request,
                  alias="Idempotency-Key",
                  description="Required; the same key and body return the same run")] = None,
              body: Annotated[schemas.RunRequest | None, Body()] = None) -> Any:
-    """Start generating what the exam is missing; answers at once with the run (202)."""
+    """Start generating what the exam is missing; answers at once with the run (202).
+    `{"batch": true}` generates it through the provider's Batch API (the run then reports
+    its batches, and what it waits on in `state_detail`)."""
     from producer.api.runs import client_of, parse_key, run_view, start_run
 
     key = parse_key(idempotency_key)
@@ -222,8 +224,9 @@ def post_run(slug: Slug, c: Ctx, request: Request,
         return problem(400, "the Idempotency-Key header is required (a string of up to 255 "
                             "printable ASCII characters, one per distinct request)")
     budget = body.budget_usd if body is not None else None
+    batch = body.batch if body is not None else None
     run, _ = start_run(c, slug, key, budget,
-                       client_of(request.headers.get("authorization"), c.auth))
+                       client_of(request.headers.get("authorization"), c.auth), batch=batch)
     return JSONResponse(run_view(c, run), status_code=202,
                         headers={"Location": f"/runs/{run.id}"})
 
@@ -279,6 +282,11 @@ def cancel_run(run_id: RunId, c: Ctx) -> Any:
     if view["state"] in ("done", "failed"):
         raise Conflict(f"run {run_id} has ended ({view['state']}): nothing to cancel")
     c.store.cancel_run(run)
+    # Its exam's provider batches too (batch mode): marked first, so that a provider that
+    # cannot be reached now is asked by the batch runner's next poll.
+    from producer.batches import cancel_batches
+
+    cancel_batches(c.settings, c.store, run.exam)
     return run_view(c, run)
 
 

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from examforge.errors import InfrastructureError, UnknownExam
 from examforge.syllabus import Syllabus
-from producer.views import when
+from producer.views import batch_dict, when
 from storage.models import FINAL_RUN_STATES, RunState
 from storage.runs import RunRow, run_state
 
@@ -61,10 +61,39 @@ def parse_key(value: str | None) -> str | None:
     return key
 
 
-def fingerprint(slug: str, budget_usd: float | None) -> str:
-    """What a request asked, as a hash: the key's request must match it."""
-    blob = json.dumps({"exam": slug, "budget_usd": budget_usd}, sort_keys=True)
+def fingerprint(slug: str, budget_usd: float | None, batch: bool = False) -> str:
+    """What a request asked, as a hash: the key's request must match it. `batch` is the
+    mode the request resolves to (its `batch`, else LLM_BATCH), in the hash only when true,
+    so that the runs stored before batch mode keep their fingerprints."""
+    asked: dict[str, Any] = {"exam": slug, "budget_usd": budget_usd}
+    if batch:
+        asked["batch"] = True
+    blob = json.dumps(asked, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def run_batches(ctx: Context, run: RunRow, report: Any) -> list[Any]:
+    """The exam's provider batches that are the run's: created since the run was, and before
+    a later launched run of the exam was (its batches are that run's), newest first."""
+    later = [r.created_at for r in ctx.store.exam_runs(run.exam, limit=50)
+             if r.id > run.id and r.launched_at is not None]
+    until = min(later) if later else None
+    return [b for b in report.batches
+            if b.created_at >= run.created_at and (until is None or b.created_at < until)]
+
+
+def waiting_detail(batches: list[Any]) -> str | None:
+    """What a run waits on while its exam's slices are held by live provider batches."""
+    from storage.reports import waiting_text
+
+    live = [b for b in batches if b.live]
+    if not live:
+        return None
+    if len(live) == 1:
+        return waiting_text(live[0])
+    return (f"waiting on {len(live)} provider batches: "
+            + "; ".join(waiting_text(b).removeprefix("waiting on the provider's batch ")
+                        for b in reversed(live)))
 
 
 def run_view(ctx: Context, run: RunRow) -> dict[str, Any]:
@@ -93,17 +122,26 @@ def run_view(ctx: Context, run: RunRow) -> dict[str, Any]:
         chapters = {"total": c.total, "pending": c.pending, "running": c.running,
                     "done": c.done, "failed": c.failed, "cancelled": c.cancelled}
         budget, spent = report.budget_usd, report.spent_usd
+    batches = [] if report is None else run_batches(ctx, run, report)
+    detail = waiting_detail(batches) if state in ("queued", "running", "paused") else None
+    if detail is None and state == "running" and run.batch and report is not None and \
+            not report.chapters.running:
+        detail = "batch mode: between two provider batches (the next round is submitted " \
+                 "at the next batch pass)"
     view = {"id": run.id, "exam": run.exam, "state": state, "pause_reason": reason,
             "questions": questions, "chapters": chapters, "cost_usd": activity.cost_usd,
             "budget_usd": budget, "spent_usd": spent, "created_at": when(run.created_at),
-            "updated_at": when(changed)}
+            "updated_at": when(changed), "batch": run.batch, "state_detail": detail,
+            "batches": [batch_dict(b) for b in batches]}
     if report is not None and state in FINAL_RUN_STATES and (
             run.launched_at is not None or run.cancelled_at is not None) and (
-            state != RunState.cancelled.value or not store.calls_in_flight(run)):
+            state != RunState.cancelled.value or not store.calls_in_flight(run)) and \
+            not any(b.live for b in batches):
         # Kept as it is now, the first time it is seen final (a cancelled run's once its
         # calls in flight have settled: its cost is final then), stamped with the time the
         # run last changed: every later read, on any replica and any stream, is the same,
-        # whatever later runs of the exam do.
+        # whatever later runs of the exam do. Not while a batch of the run is live: its
+        # last lines are being booked (the view then lists it as ended).
         store.record_run_state(run.id, state, at=changed, view=json.dumps(view))
         kept = store.run(run.id)
         if kept is not None and kept.final_view is not None:
@@ -122,7 +160,7 @@ def client_of(authorization: str | None, auth: bool) -> str:
 
 
 def start_run(ctx: Context, slug: str, key: str, budget_usd: float | None,
-              client: str = "") -> tuple[RunRow, bool]:
+              client: str = "", batch: bool | None = None) -> tuple[RunRow, bool]:
     """The run of `client`'s `key` for this request (True if this request made it), its work
     handed on if it has not been yet: by this request, or by a repeat of the key when the
     first one died or the broker refused it. BrokerUnavailable (503) leaves the run queued."""
@@ -131,8 +169,9 @@ def start_run(ctx: Context, slug: str, key: str, budget_usd: float | None,
     store = ctx.store
     syllabus = resolve(ctx.settings, slug, store)  # UnknownExam: 404, before any write
     store.forget_idempotency_keys(ctx.settings.api_idempotency_ttl_s)
-    run, created = store.create_run(slug, key, fingerprint(slug, budget_usd), budget_usd,
-                                    client)
+    batch = ctx.settings.llm_batch if batch is None else batch
+    run, created = store.create_run(slug, key, fingerprint(slug, budget_usd, batch),
+                                    budget_usd, client, batch=batch)
     if run.launched_at is None:
         try:
             launch(ctx, run, syllabus)
@@ -165,7 +204,7 @@ def launch(ctx: Context, run: RunRow, syllabus: Syllabus | None = None) -> bool:
             if older.id < run.id and older.state is None:
                 run_view(ctx, older)
         store.prepare_run(run.exam)
-        ctx.work.start(run.exam, syllabus, run.budget_usd)
+        ctx.work.start(run.exam, syllabus, run.budget_usd, batch=run.batch)
     except BaseException:
         store.release_launch(run.id)
         raise

@@ -36,10 +36,47 @@ class ChapterCounts(BaseModel):
     cancelled: int
 
 
+class BatchRequests(BaseModel):
+    total: int
+    completed: int
+    failed: int
+
+
+class BatchOut(BaseModel):
+    """A submission to the provider's Batch API (batch mode), as `status --json` lists it."""
+
+    id: str | None = Field(description="The provider's batch id (null until it is created).")
+    submission: str = Field(description="Our submission id: recorded before anything is "
+                                        "sent, and in the provider batch's metadata.")
+    state: str = Field(description="Our step: preparing, uploaded, creating, submitted (the "
+                                   "provider has it), done, abandoned (never sent, $0).")
+    status: str = Field(description="The provider's status while it has the batch "
+                                    "(validating, in_progress, finalizing, cancelling, "
+                                    "completed, expired, cancelled, failed), else `state`.")
+    provider_status: str | None
+    live: bool = Field(description="Not ended yet: its slices wait on it.")
+    requests: BatchRequests
+    created_at: str | None
+    submitted_at: str | None
+    expires_at: str | None = Field(description="When the provider's 24 h window ends.")
+    finished_at: str | None
+    polled_at: str | None
+    cancel_requested: bool
+    detail: str | None
+    waiting: str | None = Field(description="What its slices wait on, while it is live.")
+
+
 class RunRequest(BaseModel):
     """POST /exams/SLUG/runs: optional; `{}` is the default."""
 
     model_config = ConfigDict(extra="forbid")
+
+    batch: bool | None = Field(
+        None, strict=True,
+        description="Generate through the provider's Batch API (as enqueue --batch): about "
+                    "half the price, results within the provider's 24 h window. Default: "
+                    "LLM_BATCH. Part of the request: the same Idempotency-Key with another "
+                    "value is refused (422).")
 
     budget_usd: float | None = Field(
         None, gt=0, allow_inf_nan=False, strict=True,
@@ -62,6 +99,13 @@ class RunOut(BaseModel):
     spent_usd: float = Field(description="What every call of the exam cost.")
     created_at: str
     updated_at: str
+    batch: bool = Field(False, description="The run asked for batch mode.")
+    state_detail: str | None = Field(
+        None, description="What a running run waits on, e.g. \"waiting on the provider's "
+                          "batch batch_abc (in_progress, 40/120 done)\"; else null.")
+    batches: list[BatchOut] = Field(
+        default_factory=list, description="The provider batches of its exam submitted since "
+                                          "the run began, newest first.")
 
 
 class RunList(BaseModel):
@@ -110,6 +154,9 @@ class ExamStatus(BaseModel):
     cost_usd: float
     budget_usd: float | None
     chapter_list: list[dict[str, Any]]
+    mode: str = Field("sync", description="sync, or batch (the provider's Batch API)")
+    batches: list[BatchOut] = Field(default_factory=list,
+                                    description="Its provider batches, newest first.")
 
 
 class Question(BaseModel):

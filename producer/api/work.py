@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from examforge.errors import DatabaseCorrupt
 from examforge.settings import Settings
@@ -24,8 +24,10 @@ class Work(Protocol):
     def check(self) -> None:
         """Raise BrokerUnavailable if the work could not be handed on now."""
 
-    def start(self, slug: str, syllabus: Syllabus, budget_usd: float | None) -> EnqueuePlan:
-        """Record the exam's slices and hand the unfinished ones to whoever does them."""
+    def start(self, slug: str, syllabus: Syllabus, budget_usd: float | None,
+              batch: bool = False) -> EnqueuePlan:
+        """Record the exam's slices, set its mode (batch: the provider's Batch API) and hand
+        the unfinished ones to whoever does them."""
 
     def resume(self, slug: str, slices: list[tuple[str, int]]) -> None:
         """Work on an open run's unfinished slices again (--local only: Celery's reconciler
@@ -48,10 +50,13 @@ class CeleryWork:
 
         check_broker(app, self.settings)
 
-    def start(self, slug: str, syllabus: Syllabus, budget_usd: float | None) -> EnqueuePlan:
+    def start(self, slug: str, syllabus: Syllabus, budget_usd: float | None,
+              batch: bool = False) -> EnqueuePlan:
         from producer.enqueueing import enqueue_exam
 
-        return enqueue_exam(self.settings, self.store, slug, syllabus, budget_usd=budget_usd)
+        # batch: one batch pass is published (the workers' examforge.batches), no chapter task.
+        return enqueue_exam(self.settings, self.store, slug, syllabus, budget_usd=budget_usd,
+                            batch=batch)
 
     def resume(self, slug: str, slices: list[tuple[str, int]]) -> None:
         pass
@@ -80,22 +85,39 @@ class LocalWork:
         self._lock = threading.Lock()
         self._threads: dict[str, threading.Thread] = {}
         self._fed: dict[str, list[tuple[str, int]]] = {}  # slices for the exam's thread
+        # Batch mode: one thread per exam running batch passes (`producer run --batch`'s
+        # loop), with one BatchRuntime for the process, built at the first batch run.
+        self._batch_rt: Any = None
+        self._batch_threads: dict[str, threading.Thread] = {}
 
     def check(self) -> None:
         pass
 
-    def start(self, slug: str, syllabus: Syllabus, budget_usd: float | None) -> EnqueuePlan:
+    def start(self, slug: str, syllabus: Syllabus, budget_usd: float | None,
+              batch: bool = False) -> EnqueuePlan:
+        from storage.models import ExamMode
+
         plan = self.store.sync_exam(slug, syllabus, budget_usd=budget_usd,
                                     default_budget_usd=self.settings.budget_usd,
                                     slice_questions=self.settings.slice_questions)
+        self.store.set_exam_mode(slug, ExamMode.batch if batch else ExamMode.sync)
         if plan.exam_paused is None:
             self.resume(slug, plan.slices)
         return plan
 
     def resume(self, slug: str, slices: list[tuple[str, int]]) -> None:
         """Have this process work on the exam's `slices`: given to the exam's thread if it
-        has one, else to a new one."""
-        if not slices or self.rt.stopping.is_set():
+        has one, else to a new one. A batch-mode exam gets a batch thread instead, which
+        submits its slices to the provider's Batch API and polls its batches."""
+        from storage.models import ExamMode
+
+        if self.rt.stopping.is_set():
+            return
+        if self.store.exam_mode(slug) is ExamMode.batch:
+            if slices or self.store.live_batches(slug):
+                self._resume_batches(slug)
+            return
+        if not slices:
             return
         with self._lock:
             self._fed.setdefault(slug, []).extend(slices)
@@ -109,7 +131,7 @@ class LocalWork:
     def working_on(self) -> list[str]:
         """The exams this process's threads work on now."""
         with self._lock:
-            return sorted(self._threads)
+            return sorted(set(self._threads) | set(self._batch_threads))
 
     def _take(self, slug: str) -> list[tuple[str, int]]:
         with self._lock:
@@ -135,12 +157,56 @@ class LocalWork:
             with self._lock:
                 self._threads.pop(slug, None)
 
+    def _resume_batches(self, slug: str) -> None:
+        from examforge.batching import BatchRuntime
+
+        with self._lock:
+            if slug in self._batch_threads:
+                return
+            if self._batch_rt is None:
+                self._batch_rt = BatchRuntime.build(self.settings, self.store)
+            thread = threading.Thread(target=self._run_batches, args=(slug,),
+                                      name=f"batches-{slug}", daemon=True)
+            self._batch_threads[slug] = thread
+            thread.start()
+
+    def _run_batches(self, slug: str) -> None:
+        """Batch passes for the exam every BATCH_POLL_S (sooner when a backoff ends) until
+        nothing is left to submit and no batch of it is live; a paused exam's live batches
+        are still collected (they are paid for)."""
+        from examforge.batching import run_pass
+
+        rt = self._batch_rt
+        try:
+            while not rt.stopping.is_set():
+                run_pass(rt, [slug])
+                report = self.store.status(slug)
+                live = self.store.live_batches(slug)
+                if not live and (report.finished or report.state == "paused"):
+                    break
+                wait = self.store.next_batch_wait(slug)
+                rt.stopping.wait(self.settings.batch_poll_s if wait is None
+                                 else min(self.settings.batch_poll_s, max(0.1, wait)))
+        except Exception as exc:
+            if isinstance(exc, DatabaseCorrupt):
+                log.error("batch run stopped: %s", exc, extra={"exam": slug})
+            else:
+                log.exception("batch run stopped", extra={"exam": slug})
+        finally:
+            with self._lock:
+                self._batch_threads.pop(slug, None)
+
     def close(self) -> None:
         """Like Ctrl-C in `producer run`: running calls finish and commit, nothing new is
-        paid for; what is left resumes at the next start."""
+        paid for; what is left resumes at the next start (a provider batch goes on at the
+        provider and is collected then)."""
         self.rt.stopping.set()
+        if self._batch_rt is not None:
+            self._batch_rt.stopping.set()
         with self._lock:
-            threads = list(self._threads.values())
+            threads = list(self._threads.values()) + list(self._batch_threads.values())
         for thread in threads:
             thread.join(timeout=self.settings.call_timeout_s + 5)
         self.rt.close()
+        if self._batch_rt is not None:
+            self._batch_rt.close()

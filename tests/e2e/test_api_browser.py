@@ -363,3 +363,47 @@ def test_the_exam_list_pages_with_more(deploy, browser):
     assert [c.get_attribute("data-exam") for c in _els(browser, "[data-exam]")][20:] == [
         f"hist-done-{i:06d}" for i in range(4, -1, -1)]
     wait_for(lambda: not more.is_displayed(), 10, "the more control to go")
+
+
+def test_a_batch_run_from_the_page_shows_its_batch_and_what_it_waits_on(deploy, mock, browser):
+    """Batch mode from the page (issue 18): the batch box sends {"batch": true}; while the
+    provider's batch runs, the card says what the run waits on and lists the batch with its
+    state and counts, instead of a run that looks stuck; then it finishes, paid once."""
+    mock.configure(batch_request_s=0.4)
+    dep = deploy("sqlite", questions_per_call=QUESTIONS_PER_CALL)
+    api = serve(dep, "--local", BATCH_POLL_S="0.3", BATCH_SUBMIT_LEASE_S="20",
+                BATCH_HTTP_TIMEOUT_S="5")
+    api.put_exam(SLUG, CHAPTERS, title="Browser test")
+    total = sum(n for _, n in CHAPTERS)
+    needed = sum(math.ceil(n / QUESTIONS_PER_CALL) for _, n in CHAPTERS)
+    card = _open_page(browser, api)
+    _el(card, ".batch-input").click()
+    browser.get_log("performance")
+    _el(card, ".start").click()
+
+    def waiting() -> bool:
+        detail = _el(card, ".detail")
+        rows = _els(card, ".batches tbody tr")
+        return (detail.is_displayed() and "waiting on the provider's batch" in detail.text
+                and "in_progress" in detail.text and bool(rows)
+                and rows[0].get_attribute("data-status") == "in_progress")
+
+    wait_for(waiting, 60, "the card to show the run waiting on an in-progress batch")
+    assert _progress(card)[2] == "running"
+    [post] = _posts(browser, f"/exams/{SLUG}/runs")
+    assert json.loads(post["postData"]) == {"batch": True}
+    row = _els(card, ".batches tbody tr")[0]
+    assert row.get_attribute("data-batch").startswith("batch_")
+    assert f"/{needed} done" in row.text
+    mock.configure(batch_request_s=0.01)
+    wait_for(lambda: _progress(card) == (total, total, "done"), 120,
+             "the page to show the batch run done")
+    # Its questions are stored by the poll that saw the batch completed: the card's last
+    # read of the run shows it so.
+    wait_for(lambda: _els(card, ".batches tbody tr")[0].get_attribute("data-status")
+             == "completed", 30, "the batch shown completed")
+    assert not _el(card, ".detail").is_displayed()
+    assert_stored_exactly_once(dep, SLUG, dict(CHAPTERS))
+    paid = [u for u in mock.usage() if u.get("batch") and u["billed"]]
+    assert len(paid) == needed and not [u for u in mock.usage() if not u.get("batch")]
+    assert not [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]

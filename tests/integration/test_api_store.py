@@ -118,7 +118,7 @@ class _CountingWork:
         if self.refuse.is_set():
             raise BrokerUnavailable("broker down")
 
-    def start(self, *args: object) -> None:
+    def start(self, *args: object, **kwargs: object) -> None:
         with self.lock:
             self.starts += 1
         threading.Event().wait(0.2)  # a slow hand-off: the others arrive while it runs

@@ -72,9 +72,9 @@ class FlakyBroker:
         if self.down.is_set():
             raise BrokerUnavailable("broker unreachable at redis://127.0.0.1:1/0")
 
-    def start(self, *args):
+    def start(self, *args, **kwargs):
         self.check()
-        return self.real.start(*args)
+        return self.real.start(*args, **kwargs)
 
     def resume(self, *args):
         return self.real.resume(*args)

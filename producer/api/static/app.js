@@ -168,10 +168,58 @@ function render(entry) {
   $(".run", node).dataset.run = run ? run.id : "";
   const reason = run?.pause_reason ?? (runState === "paused" ? exam.pause_reason : null);
   $(".reason", node).textContent = reason ? `paused: ${reason}` : "";
+  // Batch mode: what the run waits on (a provider batch can take hours: not stuck), and
+  // its batches.
+  const detail = LIVE.has(runState) || runState === "paused" ? run?.state_detail : null;
+  $(".detail", node).textContent = detail || "";
+  $(".detail", node).hidden = !detail;
+  renderBatches(node, run ? run.batches : exam.batches);
   const live = LIVE.has(runState);
   $(".start", node).disabled = entry.starting || live;
   $(".cancel", node).disabled = entry.starting || !run || !(live || runState === "paused");
   $(".resume", node).disabled = entry.starting || !(runState === "paused" || runState === "cancelled" || runState === "failed");
+}
+
+function renderBatches(node, batches) {
+  const table = $(".batches", node);
+  const list = Array.isArray(batches) ? batches : [];
+  table.hidden = list.length === 0;
+  const rows = list.map((b) => {
+    const tr = document.createElement("tr");
+    tr.dataset.batch = b.id ?? b.submission ?? "";
+    tr.dataset.status = b.status ?? "";
+    const r = b.requests || {};
+    const counts = `${r.completed ?? 0}/${r.total ?? 0} done` + (r.failed ? `, ${r.failed} failed` : "");
+    const status = (b.status ?? b.state ?? "") + (b.cancel_requested && b.live ? " (cancel requested)" : "");
+    for (const text of [b.id ?? `(submission ${b.submission})`, status, counts,
+                        b.created_at ?? "", b.expires_at ?? ""]) {
+      const td = document.createElement("td");
+      td.textContent = String(text);
+      tr.append(td);
+    }
+    return tr;
+  });
+  $("tbody", table).replaceChildren(...rows);
+}
+
+// A run that waits on a provider batch gets no progress event for a long time: its batches
+// are read again every BATCH_REFRESH_MS while it is live.
+const BATCH_REFRESH_MS = 5000;
+
+async function refreshBatchRuns() {
+  for (const entry of state.exams.values()) {
+    const run = entry.run;
+    if (!run || !LIVE.has(run.state) || !(run.batch || (run.batches || []).length)) continue;
+    try {
+      const { data } = await api(`/runs/${encodeURIComponent(run.id)}`);
+      // Unless another run took the card meanwhile, or the stream moved it on.
+      if (!entry.run || entry.run.id !== run.id || FINAL.has(entry.run.state)) continue;
+      entry.run = { ...entry.run, ...data };
+      render(entry);
+    } catch (err) {
+      if (err instanceof AuthError) return notice(err);
+    }
+  }
 }
 
 // ---- exams ----------------------------------------------------------------------------
@@ -256,6 +304,7 @@ async function start(entry) {
   const slug = entry.card.dataset.exam;
   const raw = $(".budget-input", entry.card).value.trim();
   const body = raw === "" ? {} : { budget_usd: Number(raw) };
+  if ($(".batch-input", entry.card).checked) body.batch = true;
   // One key per click: a retry of this click (a network error, a 5xx) sends the same key and
   // gets the same run back, never a second one.
   const key = crypto.randomUUID();
@@ -530,6 +579,7 @@ document.addEventListener("DOMContentLoaded", () => {
   $("#refresh").addEventListener("click", () => loadExams());
   $("#exams-more").addEventListener("click", () => loadExams(true));
   $("#q-more").addEventListener("click", moreQuestions);
+  setInterval(refreshBatchRuns, BATCH_REFRESH_MS);
   if (token()) enter();
   else askToken();
 });
