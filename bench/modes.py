@@ -199,7 +199,7 @@ def run_mode(mode: str, spec: Spec, workdir: Path, db_url: str, db_name: str,
     write_syllabus(exams_dir, slug, spec.targets)
     config = MockConfig(latency_s=spec.latency_s, seed=spec.seed, reword_rate=spec.reword_rate)
     with MockServer(config) as mock:
-        env = mode_env(mode, db_url, mock.base_url, exams_dir, spec)
+        env = mode_env(mode, db_url, str(mock.base_url), exams_dir, spec)
         cmd = [sys.executable, "-m", "producer", "run", slug, "--concurrency",
                str(spec.concurrency), *(["--batch"] if mode == "batch" else [])]
         log = workdir / f"{mode}-{db_name}.log"
