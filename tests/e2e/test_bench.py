@@ -47,7 +47,7 @@ def test_the_benchmark_suite_runs_every_part_and_every_system_pays_exactly_what_
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-5000:]
     data = json.loads(results.with_suffix(".json").read_text())
     assert list(data["parts"]) == ["overhead", "slots32", "enqueue", "export", "status",
-                                   "scaling", "threads", "prefetch", "chapters"]
+                                   "scaling", "threads", "prefetch", "chapters", "modes"]
     for name, part in data["parts"].items():
         assert part["error"] is None, (name, part["error"])
         assert part["figures"], name
@@ -65,6 +65,12 @@ def test_the_benchmark_suite_runs_every_part_and_every_system_pays_exactly_what_
     assert kills[1]["stranded"] == 0 and kills[4]["stranded"] > 0, kills
     assert {"over-minimal", "over-examforge"} <= {r["system"] for r in
                                                   data["parts"]["overhead"]["runs"]}
+    modes = data["parts"]["modes"]["runs"]
+    assert sorted((r["db"], r["mode"]) for r in modes) == sorted(
+        (db, m) for db in ("sqlite", "postgresql") for m in ("sync", "flex", "batch"))
+    for r in modes:  # every mode books what the mock bills, and stores the whole exam
+        assert abs(r["booked_usd"] - r["bill_usd"]) < 1e-6 and r["bill_usd"] > 0, r
+        assert r["questions_stored"] == r["questions_target"], r
     text = results.read_text()
     assert "## Summary" in text and "| overhead |" in text
     assert (results.parent / "plot-slots.png").stat().st_size > 0
