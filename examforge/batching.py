@@ -486,11 +486,14 @@ def _recover(rt: BatchRuntime, row: BatchRow, result: PassResult) -> None:
 
 
 def _find(rt: BatchRuntime, row: BatchRow) -> dict[str, Any] | None:
-    """The provider's batch whose metadata names this submission, paging the list newest
-    first back to the submission's own time (less the clock skew margin)."""
+    """The provider's batch whose metadata names this submission, or whose input file is
+    the submission's own (a provider or gateway that drops metadata still echoes the file, and
+    the file was uploaded for this submission alone), paging the list newest first back to
+    the submission's own time (less the clock skew margin)."""
     since = row.created_at - rt.settings.batch_clock_skew_s
     for batch in rt.api.batches_since(since):
-        if (batch.get("metadata") or {}).get("examforge_submission") == row.id:
+        if (batch.get("metadata") or {}).get("examforge_submission") == row.id or (
+                row.input_file_id and batch.get("input_file_id") == row.input_file_id):
             return batch
     return None
 
