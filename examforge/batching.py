@@ -414,12 +414,23 @@ def _submitted(rt: BatchRuntime, sub: str, exam: str, batch: dict[str, Any],
         request_failed=int(counts.get("failed") or 0))
     if not recorded:
         # Our lease lapsed during the create (a frozen process): someone may be recovering
-        # this submission. If it adopted another batch, ours would pay each line twice.
+        # this submission. Unless it recorded this very batch, ours is cancelled: if it
+        # adopted or created another, ours would pay each line twice; if it abandoned the
+        # submission (its calls booked not sent, its slices given back), ours would be paid
+        # and never booked; and if it is still deciding, a cancelled batch only sends its
+        # lines to a later round (what finished before the cancel is still committed).
         row = store.batch(sub)
-        if row is not None and row.provider_batch_id not in (None, batch["id"]):
-            log.error("a second batch was created for one submission; cancelling ours",
-                      extra={"exam": exam, "submission": sub, "batch": batch["id"]})
-            rt.api.cancel(str(batch["id"]))
+        if row is None or row.provider_batch_id != batch["id"]:
+            log.error("a batch was created after its submitter lost the submission; "
+                      "cancelling it", extra={"exam": exam, "submission": sub,
+                                              "batch": batch["id"],
+                                              "state": row and row.state})
+            try:
+                rt.api.cancel(str(batch["id"]))
+            except ProviderError as exc:
+                log.error("cancelling the late batch failed", extra={
+                    "exam": exam, "submission": sub, "batch": batch["id"],
+                    "error": str(exc)[:300]})
         return False
     store.release_submission(sub, rt.ident)
     result.submitted += 1

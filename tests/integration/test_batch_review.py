@@ -53,3 +53,57 @@ def test_a_provider_that_drops_metadata_never_gets_a_second_create(
     calls, questions, _ = _rows(store)
     assert len(questions) == 5 and [c.outcome for c in calls] == ["used"]
     assert len(_paid_batch_lines(mock_llm)) == 1
+
+
+class _FrozenCreate:
+    """A submitter frozen (a GC pause, SIGSTOP, a VM migration) between recording `creating`
+    and sending its create: the create reaches the provider after its lease lapsed."""
+
+    def __init__(self, api: Any) -> None:
+        import threading
+
+        self._api = api
+        self.resume = threading.Event()
+        self.created: list[dict[str, Any]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._api, name)
+
+    def create(self, input_file_id: str, metadata: dict[str, str]) -> dict[str, Any]:
+        assert self.resume.wait(30)
+        batch = self._api.create(input_file_id, metadata)
+        self.created.append(batch)
+        return batch
+
+
+def test_a_late_create_after_the_submission_was_abandoned_is_cancelled(
+        make_settings, db_url, mock_llm, tmp_path, rt_of):
+    import threading
+
+    settings, store = _setup(make_settings, db_url, mock_llm, tmp_path, [("a", 5)],
+                             batch_submit_lease_s=1.0, batch_http_timeout_s=0.5)
+    frozen = rt_of(settings, store)
+    frozen.api = _FrozenCreate(frozen.api)
+    other = rt_of(settings, store)
+    thread = threading.Thread(target=run_pass, args=(frozen, ["bx"]))
+    thread.start()
+    try:
+        wait_for(lambda: store.exam_batches("bx") and
+                 store.exam_batches("bx")[0].state == BatchState.creating.value,
+                 20, "the frozen submitter to record `creating`")
+        (row,) = store.exam_batches("bx")
+        # Cancelled while the submitter is frozen: the recovery lists, finds nothing and
+        # abandons the submission instead of creating it.
+        store.request_batch_cancel("bx")
+        wait_for(lambda: (run_pass(other, ["bx"]),
+                          store.batch(row.id).state == BatchState.abandoned.value)[1],
+                 20, "the recovery to abandon the submission")
+    finally:
+        frozen.api.resume.set()
+        thread.join(30)
+    assert len(frozen.api.created) == 1  # the late create reached the provider
+    late = frozen.api.created[0]["id"]
+    # Its calls are booked "not sent" ($0) and its slices went back: a live batch of them
+    # would be paid and never booked. The submitter that created it cancels it.
+    (batch,) = [b for b in _provider_batches(mock_llm) if b["id"] == late]
+    assert batch["status"] in ("cancelling", "cancelled")
