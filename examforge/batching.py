@@ -42,6 +42,7 @@ import os
 import random
 import socket
 import threading
+import time
 import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -569,7 +570,25 @@ def process_results(rt: BatchRuntime, row: BatchRow, batch: dict[str, Any],
     outcomes: dict[tuple[str, str, int], _SliceOutcome] = defaultdict(_SliceOutcome)
     near_dup = near_dup_checker(settings)
     booked_prompt = booked_completion = 0
+    renewed = time.monotonic()
+
+    def still_ours() -> bool:
+        # Booking tens of thousands of lines outlasts the submitter's lease: renewed, so that
+        # no other pass takes the submission and books it at the same time (its release of
+        # the slices would throw away the lines this one has not committed yet).
+        nonlocal renewed
+        if time.monotonic() - renewed < settings.batch_submit_lease_s / 4:
+            return True
+        renewed = time.monotonic()
+        if store.submission_step(row.id, rt.ident, settings.batch_submit_lease_s):
+            return True
+        log.warning("submitter lease lost while booking a batch; another pass finishes it",
+                    extra={"exam": row.exam, "submission": row.id})
+        return False
+
     for call in store.submission_calls(owner):
+        if not still_ours():
+            return
         key = (call.exam, call.chapter_id, call.slice_no)
         if call.outcome != CallOutcome.in_flight.value:
             if call.outcome in (CallOutcome.used.value, CallOutcome.wasted.value):
@@ -605,6 +624,8 @@ def process_results(rt: BatchRuntime, row: BatchRow, batch: dict[str, Any],
         store.finish_call(call.id, CallOutcome.failed, exc.kind, str(exc),
                           status_code=exc.status_code or None, usage=Usage(endpoint="primary"))
         _note_error(rt, outcomes[key], exc)
+    if not still_ours():
+        return
     for key in store.held_slices(owner):
         _settle_slice(rt, owner, key, outcomes.get(key, _SliceOutcome()))
     theirs_usage = batch.get("usage") if isinstance(batch.get("usage"), dict) else None

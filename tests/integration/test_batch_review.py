@@ -107,3 +107,43 @@ def test_a_late_create_after_the_submission_was_abandoned_is_cancelled(
     # would be paid and never booked. The submitter that created it cancels it.
     (batch,) = [b for b in _provider_batches(mock_llm) if b["id"] == late]
     assert batch["status"] in ("cancelling", "cancelled")
+
+
+def test_booking_a_large_batch_keeps_the_submission_from_a_second_poller(
+        make_settings, db_url, mock_llm, tmp_path, rt_of):
+    # Booking 50,000 lines takes longer than the submitter's lease: another worker's pass
+    # must not take the submission and book the same batch at the same time (its release of
+    # the slices would throw away the lines the first one has not committed yet).
+    settings, store = _setup(make_settings, db_url, mock_llm, tmp_path,
+                             [(c, 5) for c in "abcde"], batch_submit_lease_s=1.0,
+                             batch_http_timeout_s=0.5)
+    rt = rt_of(settings, store)
+    run_pass(rt, ["bx"])
+    (row,) = store.exam_batches("bx")
+    assert row.state == BatchState.submitted.value and row.requests == 5
+    intruder: list[Any] = []
+    real_commit = store.commit_batch
+
+    def slow_commit(*args: Any, **kwargs: Any) -> Any:
+        wait_for(lambda: store.now() >= slow_commit.until, 10, "a slow commit", interval_s=0.05)
+        slow_commit.until = store.now() + 0.4
+        if len(intruder) < 1 and store.now() > slow_commit.start + 1.5:
+            intruder.append(store.take_submission(row.id, "intruder", 1.0))
+        return real_commit(*args, **kwargs)
+
+    slow_commit.until = slow_commit.start = 0.0
+    wait_for(lambda: mock_llm_batch_done(mock_llm, row.id), 30, "the provider's batch to end")
+    slow_commit.start = slow_commit.until = store.now()
+    store.commit_batch = slow_commit  # type: ignore[method-assign]
+    try:
+        run_pass(rt, ["bx"])
+    finally:
+        store.commit_batch = real_commit  # type: ignore[method-assign]
+    assert intruder == [None], "a second poller took a submission still being booked"
+    calls, questions, _ = _rows(store)
+    assert len(questions) == 25 and [c.outcome for c in calls] == ["used"] * 5
+
+
+def mock_llm_batch_done(mock: Any, submission: str) -> bool:
+    return any((b.get("metadata") or {}).get("examforge_submission") == submission
+               and b["status"] == "completed" for b in _provider_batches(mock))
