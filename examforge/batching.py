@@ -51,7 +51,6 @@ from typing import Any, Sequence
 from examforge.batch_api import TERMINAL, BatchAPI, jsonl, parse_jsonl, sent_maybe
 from examforge.errors import (
     ErrorKind,
-    ExamStopped,
     LeaseLost,
     OutputInvalid,
     ProviderError,
@@ -348,8 +347,11 @@ def _upload_and_create(rt: BatchRuntime, sub: str, exam: str, round_: _Round,
         result.abandoned += 1
         log.warning("batch upload failed; its slices go to a later round",
                     extra={**fields, "error": str(exc)[:300]})
-        if isinstance(exc, ExamStopped):
-            store.pause_exam(exam, f"{exc.kind.value}: {exc}")
+        decision = decide(exc, streak=1, settings=settings, rand=random.random())
+        if decision.action in (Action.pause, Action.fail):
+            # Refused for good (a key, a purpose the provider does not take): every round
+            # would be, so the exam waits for a person (as for a refused create).
+            store.pause_exam(exam, f"batch upload refused: {decision.reason}")
         return False
     if not store.submission_step(sub, rt.ident, settings.batch_submit_lease_s,
                                  state=BatchState.uploaded.value, input_file_id=file_id,
@@ -394,8 +396,11 @@ def _create(rt: BatchRuntime, sub: str, exam: str, file_id: str, result: PassRes
         decision = decide(exc, streak=1, settings=settings, rand=random.random())
         store.abandon_submission(sub, why, retry_in_s=decision.delay_s or settings.retry_base_s)
         result.abandoned += 1
-        if decision.action is Action.pause:
-            store.pause_exam(exam, decision.reason)
+        if decision.action in (Action.pause, Action.fail):
+            # A create refused for good (a model or key without the Batch API, a file the
+            # provider will never take) says nothing about any one chapter, and every round
+            # would be refused the same: the exam waits for a person, with the reason.
+            store.pause_exam(exam, f"batch create refused: {decision.reason}")
         log.error("batch create refused", extra={**fields, "error": str(exc)[:300]})
         return False
     _test_hook("after_create", sub)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from examforge.batching import run_pass
 from helpers import wait_for
 from storage.models import BatchState
@@ -147,3 +148,55 @@ def test_booking_a_large_batch_keeps_the_submission_from_a_second_poller(
 def mock_llm_batch_done(mock: Any, submission: str) -> bool:
     return any((b.get("metadata") or {}).get("examforge_submission") == submission
                and b["status"] == "completed" for b in _provider_batches(mock))
+
+
+class _Refusing:
+    """A provider that refuses every create (or upload) with the same 4xx: a model without
+    batch support, a key without the Batch API. Retrying cannot fix it."""
+
+    def __init__(self, api: Any, step: str, status: int, body: dict[str, Any]) -> None:
+        import httpx
+
+        self._api, self.step, self.sent = api, step, 0
+        self._response = httpx.Response(status, json=body)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._api, name)
+
+    def _refuse(self, path: str) -> None:
+        self.sent += 1
+        raise self._api._error("POST", path, self._response)
+
+    def upload(self, filename: str, content: bytes) -> str:
+        if self.step == "upload":
+            self._refuse("files")
+        return self._api.upload(filename, content)
+
+    def create(self, input_file_id: str, metadata: dict[str, str]) -> dict[str, Any]:
+        if self.step == "create":
+            self._refuse("batches")
+        return self._api.create(input_file_id, metadata)
+
+
+
+@pytest.mark.parametrize("step,status,body", [
+    ("create", 400, {"error": {"message": "The model does not support the Batch API.",
+                               "type": "invalid_request_error", "code": "invalid_value"}}),
+    ("upload", 401, {"error": {"message": "Incorrect API key provided.",
+                               "type": "invalid_request_error", "code": "invalid_api_key"}}),
+])
+def test_a_refusal_that_retrying_cannot_fix_pauses_the_exam(
+        make_settings, db_url, mock_llm, tmp_path, rt_of, step, status, body):
+    settings, store = _setup(make_settings, db_url, mock_llm, tmp_path, [("a", 5)],
+                             retry_base_s=0.01)
+    rt = rt_of(settings, store)
+    rt.api = _Refusing(rt.api, step, status, body)
+    wait_for(lambda: (run_pass(rt, ["bx"]), rt.api.sent >= 2
+                      or store.status("bx").state == "paused")[1], 20,
+             "the refusal to pause the exam, or be sent again")
+    run_pass(rt, ["bx"])
+    assert rt.api.sent == 1, f"a refused {step} was sent again"
+    report = store.status("bx")
+    assert report.state == "paused" and str(status) in (report.pause_reason or "")
+    calls, questions, _ = _rows(store)
+    assert [(c.outcome, c.cost_usd) for c in calls] == [("failed", 0.0)] and not questions
