@@ -508,11 +508,29 @@ def _find(rt: BatchRuntime, row: BatchRow) -> dict[str, Any] | None:
     the file was uploaded for this submission alone), paging the list newest first back to
     the submission's own time (less the clock skew margin)."""
     since = row.created_at - rt.settings.batch_clock_skew_s
-    for batch in rt.api.batches_since(since):
-        if (batch.get("metadata") or {}).get("examforge_submission") == row.id or (
-                row.input_file_id and batch.get("input_file_id") == row.input_file_id):
-            return batch
-    return None
+    found = [batch for batch in rt.api.batches_since(since)
+             if (batch.get("metadata") or {}).get("examforge_submission") == row.id or (
+                 row.input_file_id and batch.get("input_file_id") == row.input_file_id)]
+    if not found:
+        return None
+    # More than one (a gateway or an SDK that retried the create on its own): one is
+    # adopted, preferably one that ran (its lines are paid), else one still running; the
+    # others are cancelled, or every line they run would be paid twice and booked once.
+    ended = ("cancelling", "cancelled", "failed", "expired")
+    rank = {"completed": 0, "finalizing": 0, "in_progress": 1, "validating": 1}
+    adopted = min(found, key=lambda b: rank.get(str(b.get("status")), 2))
+    for batch in found:
+        if batch is not adopted and batch.get("status") not in (*ended, "completed",
+                                                                "finalizing"):
+            log.error("a second batch of one submission at the provider; cancelling it",
+                      extra={"exam": row.exam, "submission": row.id, "batch": batch.get("id"),
+                             "adopted": adopted.get("id")})
+            try:
+                rt.api.cancel(str(batch["id"]))
+            except ProviderError as exc:
+                log.error("cancelling the second batch failed", extra={
+                    "submission": row.id, "batch": batch.get("id"), "error": str(exc)[:300]})
+    return adopted
 
 
 def _poll(rt: BatchRuntime, row: BatchRow, result: PassResult) -> None:

@@ -200,3 +200,26 @@ def test_a_refusal_that_retrying_cannot_fix_pauses_the_exam(
     assert report.state == "paused" and str(status) in (report.pause_reason or "")
     calls, questions, _ = _rows(store)
     assert [(c.outcome, c.cost_usd) for c in calls] == [("failed", 0.0)] and not questions
+
+
+def test_a_second_batch_with_the_submissions_metadata_is_cancelled_at_recovery(
+        make_settings, db_url, mock_llm, tmp_path, rt_of):
+    # The create's reply is lost, and the provider (a gateway retrying the create, an SDK's
+    # own retry) made two batches of the same file: the recovery adopts one and cancels the
+    # other, which would pay every line twice.
+    mock_llm.configure(batch_create_lost=1, batch_validation_s=60)
+    settings, store = _setup(make_settings, db_url, mock_llm, tmp_path, [("a", 5)],
+                             batch_submit_lease_s=2.0, batch_http_timeout_s=1.0)
+    rt = rt_of(settings, store)
+    run_pass(rt, ["bx"])
+    (row,) = store.exam_batches("bx")
+    assert row.state == BatchState.creating.value
+    rt.api.create(row.input_file_id, {"examforge_submission": row.id})  # the duplicate
+    wait_for(lambda: (run_pass(rt, ["bx"]), store.exam_batches("bx")[0].provider_batch_id)[1],
+             20, "the recovery to adopt a batch")
+    (row,) = store.exam_batches("bx")
+    ours = [b for b in _provider_batches(mock_llm)
+            if (b.get("metadata") or {}).get("examforge_submission") == row.id]
+    assert len(ours) == 2
+    others = [b for b in ours if b["id"] != row.provider_batch_id]
+    assert [b["status"] for b in others] in (["cancelling"], ["cancelled"])
