@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+
 from examforge.batching import run_pass
 from helpers import wait_for
 from storage.models import BatchState
