@@ -272,6 +272,7 @@ def submit_round(rt: BatchRuntime, exam: str, result: PassResult) -> bool:
             # Too slow to keep its lease: a recovery may be abandoning it already.
             log.warning("submitter lease lapsed while claiming; the submission is left to "
                         "recovery", extra={"exam": exam, "submission": sub})
+            _left_behind(rt, sub)
             return False
         _add_slice(rt, exam, chapter_id, slice_no, owner, round_)
     if not round_.lines:
@@ -357,10 +358,23 @@ def _upload_and_create(rt: BatchRuntime, sub: str, exam: str, round_: _Round,
                                  state=BatchState.uploaded.value, input_file_id=file_id,
                                  requests=len(round_.lines), bytes=len(content)):
         log.warning("submitter lease lapsed after the upload; recovery takes it", extra=fields)
+        _left_behind(rt, sub)
         return False
     log.info("batch file uploaded", extra={**fields, "file": file_id})
     _test_hook("after_upload", sub)
     return _create(rt, sub, exam, file_id, result)
+
+
+def _left_behind(rt: BatchRuntime, sub: str) -> None:
+    """The submitter lost its lease while preparing (a freeze): if a recovery has abandoned
+    the submission already, what this submitter claimed after that (it claimed on until it
+    noticed) is abandoned too, or those slices would stay held by a submission nobody
+    advances for BATCH_LEASE_S, their never-sent calls then booked at their worst case. If
+    the recovery has not run yet, it abandons everything, this submitter having stopped."""
+    row = rt.store.batch(sub)
+    if row is not None and row.state == BatchState.abandoned.value:
+        rt.store.abandon_submission(sub, "its submitter lost the lease (a freeze) while "
+                                         "preparing, and a recovery abandoned it")
 
 
 def _create(rt: BatchRuntime, sub: str, exam: str, file_id: str, result: PassResult) -> bool:

@@ -224,3 +224,45 @@ def test_a_second_batch_with_the_submissions_metadata_is_cancelled_at_recovery(
     assert len(ours) == 2
     others = [b for b in ours if b["id"] != row.provider_batch_id]
     assert [b["status"] for b in others] in (["cancelling"], ["cancelled"])
+
+
+def test_a_submitter_frozen_while_claiming_leaves_no_slice_held_after_its_abandon(
+        make_settings, db_url, mock_llm, tmp_path, rt_of):
+    # Frozen between two claims past its lease: a recovery abandons the submission (its
+    # calls so far booked not sent, its slices given back). The submitter wakes and claims
+    # one more slice for a submission nobody will ever advance: that slice must not stay held
+    # for BATCH_LEASE_S (a day) and then have its never-sent call booked at its worst case.
+    from examforge.batching import PassResult, _advance
+    from storage import open_store
+
+    settings, store = _setup(make_settings, db_url, mock_llm, tmp_path, [("a", 5), ("b", 5)],
+                             batch_submit_lease_s=1.0, batch_http_timeout_s=0.5)
+    rt = rt_of(settings, store)
+    other = rt_of(settings, open_store(settings.database_url))
+    real_claim = store.claim
+    claims = []
+
+    def claim(*args: Any, **kwargs: Any) -> Any:
+        claims.append(args)
+        if len(claims) == 2:  # frozen here, past the submitter's lease
+            (row,) = store.live_batches("bx")
+            wait_for(lambda: store.now() > row.lease_expires_at, 10, "the lease to lapse",
+                     interval_s=0.05)
+            _advance(other, row, PassResult())
+            assert store.batch(row.id).state == BatchState.abandoned.value
+        return real_claim(*args, **kwargs)
+
+    store.claim = claim  # type: ignore[method-assign]
+    try:
+        run_pass(rt, ["bx"])
+    finally:
+        store.claim = real_claim  # type: ignore[method-assign]
+    (row,) = store.exam_batches("bx")
+    assert row.state == BatchState.abandoned.value
+    assert store.held_slices(row.owner) == []
+    calls, _, _ = _rows(store)
+    assert [c.outcome for c in calls if c.outcome == "in_flight"] == []
+    _until_done(rt)
+    calls, questions, _ = _rows(store)
+    assert len(questions) == 10
+    assert not [c for c in calls if c.reason == "crash_before_commit"]
