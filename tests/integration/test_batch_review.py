@@ -83,7 +83,7 @@ def test_a_late_create_after_the_submission_was_abandoned_is_cancelled(
     import threading
 
     settings, store = _setup(make_settings, db_url, mock_llm, tmp_path, [("a", 5)],
-                             batch_submit_lease_s=1.0, batch_http_timeout_s=0.5)
+                             batch_submit_lease_s=3.0, batch_http_timeout_s=1.5)
     frozen = rt_of(settings, store)
     frozen.api = _FrozenCreate(frozen.api)
     other = rt_of(settings, store)
@@ -117,8 +117,8 @@ def test_booking_a_large_batch_keeps_the_submission_from_a_second_poller(
     # must not take the submission and book the same batch at the same time (its release of
     # the slices would throw away the lines the first one has not committed yet).
     settings, store = _setup(make_settings, db_url, mock_llm, tmp_path,
-                             [(c, 5) for c in "abcde"], batch_submit_lease_s=1.0,
-                             batch_http_timeout_s=0.5)
+                             [(c, 5) for c in "abcde"], batch_submit_lease_s=4.0,
+                             batch_http_timeout_s=2.0)
     rt = rt_of(settings, store)
     run_pass(rt, ["bx"])
     (row,) = store.exam_batches("bx")
@@ -128,9 +128,9 @@ def test_booking_a_large_batch_keeps_the_submission_from_a_second_poller(
 
     def slow_commit(*args: Any, **kwargs: Any) -> Any:
         wait_for(lambda: store.now() >= slow_commit.until, 10, "a slow commit", interval_s=0.05)
-        slow_commit.until = store.now() + 0.4
-        if len(intruder) < 1 and store.now() > slow_commit.start + 1.5:
-            intruder.append(store.take_submission(row.id, "intruder", 1.0))
+        slow_commit.until = store.now() + 1.2
+        if len(intruder) < 1 and store.now() > slow_commit.start + 4.5:
+            intruder.append(store.take_submission(row.id, "intruder", 4.0))
         return real_commit(*args, **kwargs)
 
     slow_commit.until = slow_commit.start = 0.0
