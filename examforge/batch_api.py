@@ -12,6 +12,7 @@ still have reached the provider (a timeout, a reset, a 5xx) or surely did not (a
 from __future__ import annotations
 
 import json
+from datetime import datetime, timezone
 from typing import Any, Iterator
 
 import httpx
@@ -77,9 +78,10 @@ class BatchAPI:
             page = self.page(after)
             data = page.get("data") or []
             for batch in data:
-                if float(batch.get("created_at") or 0) < since:
+                created = created_at(batch)
+                if created is not None and created < since:
                     return
-                yield batch
+                yield batch  # a batch with no readable time may be ours: kept
             if not page.get("has_more") or not data:
                 return
             after = str(page.get("last_id") or data[-1]["id"])
@@ -152,6 +154,27 @@ class BatchAPI:
         # A 4xx reply says the request was refused: nothing was created.
         err.sent_maybe = status >= 500  # type: ignore[attr-defined]
         return err
+
+
+def created_at(batch: dict[str, Any]) -> float | None:
+    """A batch's creation time in epoch seconds: OpenAI's number, or the ISO 8601 text some
+    providers and gateways give (Anthropic's shape); None when there is none to read."""
+    value = batch.get("created_at")
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str) and value:
+        try:
+            return float(value)
+        except ValueError:
+            pass
+        try:
+            when = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            return None
+        return (when if when.tzinfo else when.replace(tzinfo=timezone.utc)).timestamp()
+    return None
 
 
 def sent_maybe(exc: BaseException) -> bool:

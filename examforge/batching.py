@@ -42,6 +42,7 @@ import os
 import random
 import socket
 import threading
+import time
 import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -50,7 +51,6 @@ from typing import Any, Sequence
 from examforge.batch_api import TERMINAL, BatchAPI, jsonl, parse_jsonl, sent_maybe
 from examforge.errors import (
     ErrorKind,
-    ExamStopped,
     LeaseLost,
     OutputInvalid,
     ProviderError,
@@ -272,6 +272,7 @@ def submit_round(rt: BatchRuntime, exam: str, result: PassResult) -> bool:
             # Too slow to keep its lease: a recovery may be abandoning it already.
             log.warning("submitter lease lapsed while claiming; the submission is left to "
                         "recovery", extra={"exam": exam, "submission": sub})
+            _left_behind(rt, sub)
             return False
         _add_slice(rt, exam, chapter_id, slice_no, owner, round_)
     if not round_.lines:
@@ -347,17 +348,33 @@ def _upload_and_create(rt: BatchRuntime, sub: str, exam: str, round_: _Round,
         result.abandoned += 1
         log.warning("batch upload failed; its slices go to a later round",
                     extra={**fields, "error": str(exc)[:300]})
-        if isinstance(exc, ExamStopped):
-            store.pause_exam(exam, f"{exc.kind.value}: {exc}")
+        decision = decide(exc, streak=1, settings=settings, rand=random.random())
+        if decision.action in (Action.pause, Action.fail):
+            # Refused for good (a key, a purpose the provider does not take): every round
+            # would be, so the exam waits for a person (as for a refused create).
+            store.pause_exam(exam, f"batch upload refused: {decision.reason}")
         return False
     if not store.submission_step(sub, rt.ident, settings.batch_submit_lease_s,
                                  state=BatchState.uploaded.value, input_file_id=file_id,
                                  requests=len(round_.lines), bytes=len(content)):
         log.warning("submitter lease lapsed after the upload; recovery takes it", extra=fields)
+        _left_behind(rt, sub)
         return False
     log.info("batch file uploaded", extra={**fields, "file": file_id})
     _test_hook("after_upload", sub)
     return _create(rt, sub, exam, file_id, result)
+
+
+def _left_behind(rt: BatchRuntime, sub: str) -> None:
+    """The submitter lost its lease while preparing (a freeze): if a recovery has abandoned
+    the submission already, what this submitter claimed after that (it claimed on until it
+    noticed) is abandoned too, or those slices would stay held by a submission nobody
+    advances for BATCH_LEASE_S, their never-sent calls then booked at their worst case. If
+    the recovery has not run yet, it abandons everything, this submitter having stopped."""
+    row = rt.store.batch(sub)
+    if row is not None and row.state == BatchState.abandoned.value:
+        rt.store.abandon_submission(sub, "its submitter lost the lease (a freeze) while "
+                                         "preparing, and a recovery abandoned it")
 
 
 def _create(rt: BatchRuntime, sub: str, exam: str, file_id: str, result: PassResult) -> bool:
@@ -393,8 +410,11 @@ def _create(rt: BatchRuntime, sub: str, exam: str, file_id: str, result: PassRes
         decision = decide(exc, streak=1, settings=settings, rand=random.random())
         store.abandon_submission(sub, why, retry_in_s=decision.delay_s or settings.retry_base_s)
         result.abandoned += 1
-        if decision.action is Action.pause:
-            store.pause_exam(exam, decision.reason)
+        if decision.action in (Action.pause, Action.fail):
+            # A create refused for good (a model or key without the Batch API, a file the
+            # provider will never take) says nothing about any one chapter, and every round
+            # would be refused the same: the exam waits for a person, with the reason.
+            store.pause_exam(exam, f"batch create refused: {decision.reason}")
         log.error("batch create refused", extra={**fields, "error": str(exc)[:300]})
         return False
     _test_hook("after_create", sub)
@@ -414,12 +434,23 @@ def _submitted(rt: BatchRuntime, sub: str, exam: str, batch: dict[str, Any],
         request_failed=int(counts.get("failed") or 0))
     if not recorded:
         # Our lease lapsed during the create (a frozen process): someone may be recovering
-        # this submission. If it adopted another batch, ours would pay each line twice.
+        # this submission. Unless it recorded this very batch, ours is cancelled: if it
+        # adopted or created another, ours would pay each line twice; if it abandoned the
+        # submission (its calls booked not sent, its slices given back), ours would be paid
+        # and never booked; and if it is still deciding, a cancelled batch only sends its
+        # lines to a later round (what finished before the cancel is still committed).
         row = store.batch(sub)
-        if row is not None and row.provider_batch_id not in (None, batch["id"]):
-            log.error("a second batch was created for one submission; cancelling ours",
-                      extra={"exam": exam, "submission": sub, "batch": batch["id"]})
-            rt.api.cancel(str(batch["id"]))
+        if row is None or row.provider_batch_id != batch["id"]:
+            log.error("a batch was created after its submitter lost the submission; "
+                      "cancelling it", extra={"exam": exam, "submission": sub,
+                                              "batch": batch["id"],
+                                              "state": row and row.state})
+            try:
+                rt.api.cancel(str(batch["id"]))
+            except ProviderError as exc:
+                log.error("cancelling the late batch failed", extra={
+                    "exam": exam, "submission": sub, "batch": batch["id"],
+                    "error": str(exc)[:300]})
         return False
     store.release_submission(sub, rt.ident)
     result.submitted += 1
@@ -486,13 +517,34 @@ def _recover(rt: BatchRuntime, row: BatchRow, result: PassResult) -> None:
 
 
 def _find(rt: BatchRuntime, row: BatchRow) -> dict[str, Any] | None:
-    """The provider's batch whose metadata names this submission, paging the list newest
-    first back to the submission's own time (less the clock skew margin)."""
+    """The provider's batch whose metadata names this submission, or whose input file is
+    the submission's own (a provider or gateway that drops metadata still echoes the file, and
+    the file was uploaded for this submission alone), paging the list newest first back to
+    the submission's own time (less the clock skew margin)."""
     since = row.created_at - rt.settings.batch_clock_skew_s
-    for batch in rt.api.batches_since(since):
-        if (batch.get("metadata") or {}).get("examforge_submission") == row.id:
-            return batch
-    return None
+    found = [batch for batch in rt.api.batches_since(since)
+             if (batch.get("metadata") or {}).get("examforge_submission") == row.id or (
+                 row.input_file_id and batch.get("input_file_id") == row.input_file_id)]
+    if not found:
+        return None
+    # More than one (a gateway or an SDK that retried the create on its own): one is
+    # adopted, preferably one that ran (its lines are paid), else one still running; the
+    # others are cancelled, or every line they run would be paid twice and booked once.
+    ended = ("cancelling", "cancelled", "failed", "expired")
+    rank = {"completed": 0, "finalizing": 0, "in_progress": 1, "validating": 1}
+    adopted = min(found, key=lambda b: rank.get(str(b.get("status")), 2))
+    for batch in found:
+        if batch is not adopted and batch.get("status") not in (*ended, "completed",
+                                                                "finalizing"):
+            log.error("a second batch of one submission at the provider; cancelling it",
+                      extra={"exam": row.exam, "submission": row.id, "batch": batch.get("id"),
+                             "adopted": adopted.get("id")})
+            try:
+                rt.api.cancel(str(batch["id"]))
+            except ProviderError as exc:
+                log.error("cancelling the second batch failed", extra={
+                    "submission": row.id, "batch": batch.get("id"), "error": str(exc)[:300]})
+    return adopted
 
 
 def _poll(rt: BatchRuntime, row: BatchRow, result: PassResult) -> None:
@@ -555,7 +607,25 @@ def process_results(rt: BatchRuntime, row: BatchRow, batch: dict[str, Any],
     outcomes: dict[tuple[str, str, int], _SliceOutcome] = defaultdict(_SliceOutcome)
     near_dup = near_dup_checker(settings)
     booked_prompt = booked_completion = 0
+    renewed = time.monotonic()
+
+    def still_ours() -> bool:
+        # Booking tens of thousands of lines outlasts the submitter's lease: renewed, so that
+        # no other pass takes the submission and books it at the same time (its release of
+        # the slices would throw away the lines this one has not committed yet).
+        nonlocal renewed
+        if time.monotonic() - renewed < settings.batch_submit_lease_s / 4:
+            return True
+        renewed = time.monotonic()
+        if store.submission_step(row.id, rt.ident, settings.batch_submit_lease_s):
+            return True
+        log.warning("submitter lease lost while booking a batch; another pass finishes it",
+                    extra={"exam": row.exam, "submission": row.id})
+        return False
+
     for call in store.submission_calls(owner):
+        if not still_ours():
+            return
         key = (call.exam, call.chapter_id, call.slice_no)
         if call.outcome != CallOutcome.in_flight.value:
             if call.outcome in (CallOutcome.used.value, CallOutcome.wasted.value):
@@ -591,6 +661,8 @@ def process_results(rt: BatchRuntime, row: BatchRow, batch: dict[str, Any],
         store.finish_call(call.id, CallOutcome.failed, exc.kind, str(exc),
                           status_code=exc.status_code or None, usage=Usage(endpoint="primary"))
         _note_error(rt, outcomes[key], exc)
+    if not still_ours():
+        return
     for key in store.held_slices(owner):
         _settle_slice(rt, owner, key, outcomes.get(key, _SliceOutcome()))
     theirs_usage = batch.get("usage") if isinstance(batch.get("usage"), dict) else None

@@ -328,10 +328,12 @@ class Settings(BaseSettings):
         200 * 1024 * 1024, ge=1024, le=200 * 1024 * 1024,
         description="Bytes per batch input file (OpenAI's limit: 200 MB).")
     batch_lease_s: float = Field(
-        26 * 3600.0, ge=60,
+        # Shorter than the provider's window, a day without a poll (workers stopped) would
+        # let another holder claim slices whose batch may still answer: paid twice.
+        26 * 3600.0, gt=24 * 3600,
         description="Lease of a submitted batch on its slices, renewed at each poll: longer "
-                    "than the provider's 24 h window, so no other holder takes them while the "
-                    "provider may still answer.")
+                    "than the provider's 24 h window (required), so no other holder takes "
+                    "them while the provider may still answer.")
     batch_submit_lease_s: float = Field(
         300.0, ge=1,
         description="A submitter's lease on a submission while it uploads and creates; a "

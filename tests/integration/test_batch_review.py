@@ -1,0 +1,268 @@
+"""Batch mode under an adversarial review: the promises README's "Batch mode" section makes,
+tried against providers and timings the happy path does not meet."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from examforge.batching import run_pass
+from helpers import wait_for
+from storage.models import BatchState
+from test_batch_mode import (_custom_ids, _paid_batch_lines, _provider_batches, _rows, _setup,
+                             _until_done, rt_of)  # noqa: F401  (rt_of: a fixture)
+
+
+class _NoMetadata:
+    """A provider (or gateway) that accepts a batch's metadata and never gives it back."""
+
+    def __init__(self, api: Any) -> None:
+        self._api = api
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._api, name)
+
+    def page(self, after: str | None = None, limit: int = 100) -> dict[str, Any]:
+        page = self._api.page(after, limit)
+        for batch in page.get("data") or []:
+            batch["metadata"] = None
+        return page
+
+    def batches_since(self, since: float):
+        # The real paging, over this page().
+        return type(self._api).batches_since(self, since)
+
+
+def test_a_provider_that_drops_metadata_never_gets_a_second_create(
+        make_settings, db_url, mock_llm, tmp_path, rt_of):
+    # The create makes the batch and its reply is lost; the listing cannot match metadata.
+    mock_llm.configure(batch_create_lost=1)
+    settings, store = _setup(make_settings, db_url, mock_llm, tmp_path, [("a", 5)],
+                             batch_submit_lease_s=2.0, batch_http_timeout_s=1.0)
+    rt = rt_of(settings, store)
+    rt.api = _NoMetadata(rt.api)
+    run_pass(rt, ["bx"])
+    (row,) = store.exam_batches("bx")
+    assert row.state == BatchState.creating.value and row.provider_batch_id is None
+    wait_for(lambda: (run_pass(rt, ["bx"]), store.exam_batches("bx")[0].provider_batch_id)[1],
+             20, "the recovery to record a batch")
+    (row,) = store.exam_batches("bx")
+    assert row.create_attempts == 1  # adopted by its file, never created again
+    batches = _provider_batches(mock_llm)
+    assert [b["id"] for b in batches] == [row.provider_batch_id]
+    _until_done(rt)
+    calls, questions, _ = _rows(store)
+    assert len(questions) == 5 and [c.outcome for c in calls] == ["used"]
+    assert len(_paid_batch_lines(mock_llm)) == 1
+
+
+class _FrozenCreate:
+    """A submitter frozen (a GC pause, SIGSTOP, a VM migration) between recording `creating`
+    and sending its create: the create reaches the provider after its lease lapsed."""
+
+    def __init__(self, api: Any) -> None:
+        import threading
+
+        self._api = api
+        self.resume = threading.Event()
+        self.created: list[dict[str, Any]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._api, name)
+
+    def create(self, input_file_id: str, metadata: dict[str, str]) -> dict[str, Any]:
+        assert self.resume.wait(30)
+        batch = self._api.create(input_file_id, metadata)
+        self.created.append(batch)
+        return batch
+
+
+def test_a_late_create_after_the_submission_was_abandoned_is_cancelled(
+        make_settings, db_url, mock_llm, tmp_path, rt_of):
+    import threading
+
+    settings, store = _setup(make_settings, db_url, mock_llm, tmp_path, [("a", 5)],
+                             batch_submit_lease_s=3.0, batch_http_timeout_s=1.5)
+    frozen = rt_of(settings, store)
+    frozen.api = _FrozenCreate(frozen.api)
+    other = rt_of(settings, store)
+    thread = threading.Thread(target=run_pass, args=(frozen, ["bx"]))
+    thread.start()
+    try:
+        wait_for(lambda: store.exam_batches("bx") and
+                 store.exam_batches("bx")[0].state == BatchState.creating.value,
+                 20, "the frozen submitter to record `creating`")
+        (row,) = store.exam_batches("bx")
+        # Cancelled while the submitter is frozen: the recovery lists, finds nothing and
+        # abandons the submission instead of creating it.
+        store.request_batch_cancel("bx")
+        wait_for(lambda: (run_pass(other, ["bx"]),
+                          store.batch(row.id).state == BatchState.abandoned.value)[1],
+                 20, "the recovery to abandon the submission")
+    finally:
+        frozen.api.resume.set()
+        thread.join(30)
+    assert len(frozen.api.created) == 1  # the late create reached the provider
+    late = frozen.api.created[0]["id"]
+    # Its calls are booked "not sent" ($0) and its slices went back: a live batch of them
+    # would be paid and never booked. The submitter that created it cancels it.
+    (batch,) = [b for b in _provider_batches(mock_llm) if b["id"] == late]
+    assert batch["status"] in ("cancelling", "cancelled")
+
+
+def test_booking_a_large_batch_keeps_the_submission_from_a_second_poller(
+        make_settings, db_url, mock_llm, tmp_path, rt_of):
+    # Booking 50,000 lines takes longer than the submitter's lease: another worker's pass
+    # must not take the submission and book the same batch at the same time (its release of
+    # the slices would throw away the lines the first one has not committed yet).
+    settings, store = _setup(make_settings, db_url, mock_llm, tmp_path,
+                             [(c, 5) for c in "abcde"], batch_submit_lease_s=4.0,
+                             batch_http_timeout_s=2.0)
+    rt = rt_of(settings, store)
+    run_pass(rt, ["bx"])
+    (row,) = store.exam_batches("bx")
+    assert row.state == BatchState.submitted.value and row.requests == 5
+    intruder: list[Any] = []
+    real_commit = store.commit_batch
+
+    def slow_commit(*args: Any, **kwargs: Any) -> Any:
+        wait_for(lambda: store.now() >= slow_commit.until, 10, "a slow commit", interval_s=0.05)
+        slow_commit.until = store.now() + 1.2
+        if len(intruder) < 1 and store.now() > slow_commit.start + 4.5:
+            intruder.append(store.take_submission(row.id, "intruder", 4.0))
+        return real_commit(*args, **kwargs)
+
+    slow_commit.until = slow_commit.start = 0.0
+    wait_for(lambda: mock_llm_batch_done(mock_llm, row.id), 30, "the provider's batch to end")
+    slow_commit.start = slow_commit.until = store.now()
+    store.commit_batch = slow_commit  # type: ignore[method-assign]
+    try:
+        run_pass(rt, ["bx"])
+    finally:
+        store.commit_batch = real_commit  # type: ignore[method-assign]
+    assert intruder == [None], "a second poller took a submission still being booked"
+    calls, questions, _ = _rows(store)
+    assert len(questions) == 25 and [c.outcome for c in calls] == ["used"] * 5
+
+
+def mock_llm_batch_done(mock: Any, submission: str) -> bool:
+    return any((b.get("metadata") or {}).get("examforge_submission") == submission
+               and b["status"] == "completed" for b in _provider_batches(mock))
+
+
+class _Refusing:
+    """A provider that refuses every create (or upload) with the same 4xx: a model without
+    batch support, a key without the Batch API. Retrying cannot fix it."""
+
+    def __init__(self, api: Any, step: str, status: int, body: dict[str, Any]) -> None:
+        import httpx
+
+        self._api, self.step, self.sent = api, step, 0
+        self._response = httpx.Response(status, json=body)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._api, name)
+
+    def _refuse(self, path: str) -> None:
+        self.sent += 1
+        raise self._api._error("POST", path, self._response)
+
+    def upload(self, filename: str, content: bytes) -> str:
+        if self.step == "upload":
+            self._refuse("files")
+        return self._api.upload(filename, content)
+
+    def create(self, input_file_id: str, metadata: dict[str, str]) -> dict[str, Any]:
+        if self.step == "create":
+            self._refuse("batches")
+        return self._api.create(input_file_id, metadata)
+
+
+
+@pytest.mark.parametrize("step,status,body", [
+    ("create", 400, {"error": {"message": "The model does not support the Batch API.",
+                               "type": "invalid_request_error", "code": "invalid_value"}}),
+    ("upload", 401, {"error": {"message": "Incorrect API key provided.",
+                               "type": "invalid_request_error", "code": "invalid_api_key"}}),
+])
+def test_a_refusal_that_retrying_cannot_fix_pauses_the_exam(
+        make_settings, db_url, mock_llm, tmp_path, rt_of, step, status, body):
+    settings, store = _setup(make_settings, db_url, mock_llm, tmp_path, [("a", 5)],
+                             retry_base_s=0.01)
+    rt = rt_of(settings, store)
+    rt.api = _Refusing(rt.api, step, status, body)
+    wait_for(lambda: (run_pass(rt, ["bx"]), rt.api.sent >= 2
+                      or store.status("bx").state == "paused")[1], 20,
+             "the refusal to pause the exam, or be sent again")
+    run_pass(rt, ["bx"])
+    assert rt.api.sent == 1, f"a refused {step} was sent again"
+    report = store.status("bx")
+    assert report.state == "paused" and str(status) in (report.pause_reason or "")
+    calls, questions, _ = _rows(store)
+    assert [(c.outcome, c.cost_usd) for c in calls] == [("failed", 0.0)] and not questions
+
+
+def test_a_second_batch_with_the_submissions_metadata_is_cancelled_at_recovery(
+        make_settings, db_url, mock_llm, tmp_path, rt_of):
+    # The create's reply is lost, and the provider (a gateway retrying the create, an SDK's
+    # own retry) made two batches of the same file: the recovery adopts one and cancels the
+    # other, which would pay every line twice.
+    mock_llm.configure(batch_create_lost=1, batch_validation_s=60)
+    settings, store = _setup(make_settings, db_url, mock_llm, tmp_path, [("a", 5)],
+                             batch_submit_lease_s=2.0, batch_http_timeout_s=1.0)
+    rt = rt_of(settings, store)
+    run_pass(rt, ["bx"])
+    (row,) = store.exam_batches("bx")
+    assert row.state == BatchState.creating.value
+    rt.api.create(row.input_file_id, {"examforge_submission": row.id})  # the duplicate
+    wait_for(lambda: (run_pass(rt, ["bx"]), store.exam_batches("bx")[0].provider_batch_id)[1],
+             20, "the recovery to adopt a batch")
+    (row,) = store.exam_batches("bx")
+    ours = [b for b in _provider_batches(mock_llm)
+            if (b.get("metadata") or {}).get("examforge_submission") == row.id]
+    assert len(ours) == 2
+    others = [b for b in ours if b["id"] != row.provider_batch_id]
+    assert [b["status"] for b in others] in (["cancelling"], ["cancelled"])
+
+
+def test_a_submitter_frozen_while_claiming_leaves_no_slice_held_after_its_abandon(
+        make_settings, db_url, mock_llm, tmp_path, rt_of):
+    # Frozen between two claims past its lease: a recovery abandons the submission (its
+    # calls so far booked not sent, its slices given back). The submitter wakes and claims
+    # one more slice for a submission nobody will ever advance: that slice must not stay held
+    # for BATCH_LEASE_S (a day) and then have its never-sent call booked at its worst case.
+    from examforge.batching import PassResult, _advance
+    from storage import open_store
+
+    settings, store = _setup(make_settings, db_url, mock_llm, tmp_path, [("a", 5), ("b", 5)],
+                             batch_submit_lease_s=1.0, batch_http_timeout_s=0.5)
+    rt = rt_of(settings, store)
+    other = rt_of(settings, open_store(settings.database_url))
+    real_claim = store.claim
+    claims = []
+
+    def claim(*args: Any, **kwargs: Any) -> Any:
+        claims.append(args)
+        if len(claims) == 2:  # frozen here, past the submitter's lease
+            (row,) = store.live_batches("bx")
+            wait_for(lambda: store.now() > row.lease_expires_at, 10, "the lease to lapse",
+                     interval_s=0.05)
+            _advance(other, row, PassResult())
+            assert store.batch(row.id).state == BatchState.abandoned.value
+        return real_claim(*args, **kwargs)
+
+    store.claim = claim  # type: ignore[method-assign]
+    try:
+        run_pass(rt, ["bx"])
+    finally:
+        store.claim = real_claim  # type: ignore[method-assign]
+    (row,) = store.exam_batches("bx")
+    assert row.state == BatchState.abandoned.value
+    assert store.held_slices(row.owner) == []
+    calls, _, _ = _rows(store)
+    assert [c.outcome for c in calls if c.outcome == "in_flight"] == []
+    _until_done(rt)
+    calls, questions, _ = _rows(store)
+    assert len(questions) == 10
+    assert not [c for c in calls if c.reason == "crash_before_commit"]
