@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -33,7 +33,7 @@ def mock() -> Any:
 
 def _count(mock: MockProbe, tmp_path: Path, redis_url: str, db: str) -> dict[str, Any]:
     # Two one-call chapters and one chapter of three calls.
-    return dbcost.count_run(_Ctx(mock, tmp_path, redis_url), db, f"dbc-{db[:2]}",
+    return dbcost.count_run(cast(Any, _Ctx(mock, tmp_path, redis_url)), db, f"dbc-{db[:2]}",
                             [5, 5, 15], 5)
 
 

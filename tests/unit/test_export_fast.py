@@ -65,3 +65,25 @@ def test_what_it_does_not_handle_goes_the_store_way(seeded, tmp_path):
 
 def test_the_newest_migration_file_is_the_schema_revision():
     assert export_sqlite.head_revision() == SCHEMA_REVISION
+
+
+@pytest.mark.parametrize("rows", [
+    [],
+    [{}],
+    [{"a": 1}],
+    [{"exam": "ex", "choices": ["é", "b\n\"c\"", "", "\u2028"], "n": None, "f": 1.5e-7,
+      "t": True, "created_at": "2027-01-15T08:00:01+00:00"},
+     {"exam": "ex", "choices": [], "nested": {"x": [1, {"y": 2}]}},
+     {"exam": "ex", "choices": [[1, 2], []]},
+     {"exam": "ex", "choices": ("a", "b")},
+     {1: "an int key"}],
+])
+def test_json_is_exactly_what_json_dumps_with_indent_2_gives(rows):
+    import io
+    import json
+
+    from producer.export import write_json
+
+    out = io.StringIO()
+    assert write_json(rows, out, dated=True) == len(rows)
+    assert out.getvalue() == json.dumps(rows, indent=2, ensure_ascii=False) + "\n"
