@@ -35,8 +35,8 @@ from bench.measure import (
 )
 
 # In the order they run. `ratelimit` (bench/ratelimit.py, about 5 minutes) runs only when named.
-PARTS = ("overhead", "slots32", "enqueue", "export", "status", "scaling", "threads", "prefetch",
-         "chapters", "modes")
+PARTS = ("overhead", "slots32", "dbcost", "enqueue", "export", "status", "scaling", "threads",
+         "prefetch", "chapters", "modes")
 OPTIONAL_PARTS = ("ratelimit", "neardup", "history")
 
 

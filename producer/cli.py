@@ -140,9 +140,17 @@ def exams(as_json: bool, limit: int, after: str | None, every: bool) -> None:
               help="Output path, or - for stdout (not for anki and qti). Default: "
                    "EXAMS_DIR/SLUG/generated.jsonl, .json, .csv, .xml, .gift.txt, .apkg, "
                    ".qti.zip")
-@_dispatch
 def export(slug: str, fmt: str, target: str | None) -> None:
     """Write every stored question of an exam (atomically)."""
+    # JSON Lines, JSON and CSV from a SQLite file take the plain-driver path first
+    # (producer/export_sqlite.py: no SQLAlchemy to import, no row objects); anything else,
+    # and every error, goes the store's way in producer/commands.py.
+    from producer import export_sqlite
+
+    if not export_sqlite.command(slug, fmt, target):
+        from producer import commands
+
+        commands.invoke("export", slug, fmt, target)
 
 
 @cli.command()

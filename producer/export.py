@@ -40,31 +40,56 @@ def _dated(rows: Rows) -> Rows:
         yield {**r, "created_at": _iso(r["created_at"])}
 
 
-def write_jsonl(rows: Rows, out: IO[str]) -> int:
+# The writers take rows whose `created_at` is an epoch, or with `dated` already ISO text (the
+# SQLite fast path, producer/export_sqlite.py, converts as it reads). One encoder each:
+# `json.dumps` with keyword arguments builds a new JSONEncoder per call.
+_LINE = json.JSONEncoder(ensure_ascii=False).encode
+_ITEM = json.JSONEncoder(ensure_ascii=False, indent=2).encode
+
+
+def write_jsonl(rows: Rows, out: IO[str], *, dated: bool = False) -> int:
     n = 0
-    dumps = json.dumps
-    for n, r in enumerate(_dated(rows), 1):
-        out.write(dumps(r, ensure_ascii=False))
-        out.write("\n")
+    encode, write = _LINE, out.write
+    for n, r in enumerate(rows if dated else _dated(rows), 1):
+        write(encode(r) + "\n")
     return n
 
 
-def write_json(rows: Rows, out: IO[str]) -> int:
+def _json_item(r: dict[str, object]) -> str:
+    """`r` as an item of the indented array: `json.dumps(r, indent=2)` shifted by two spaces.
+    A question is flat (scalars, and a list of scalars for its choices), so it is laid out
+    here around the C encoder's scalars; the indenting encoder is pure Python and took half
+    of a JSON export's time. Anything deeper goes to that encoder."""
+    encode = _LINE
+    parts = []
+    for k, v in r.items():
+        if type(k) is not str or isinstance(v, dict):
+            return _ITEM(r).replace("\n", "\n  ")
+        if isinstance(v, (list, tuple)):
+            if any(isinstance(x, (list, tuple, dict)) for x in v):
+                return _ITEM(r).replace("\n", "\n  ")
+            text = ("[\n      " + ",\n      ".join(map(encode, v)) + "\n    ]") if v else "[]"
+        else:
+            text = encode(v)
+        parts.append(f"    {encode(k)}: {text}")
+    return "{\n" + ",\n".join(parts) + "\n  }" if parts else "{}"
+
+
+def write_json(rows: Rows, out: IO[str], *, dated: bool = False) -> int:
     """A JSON array, written item by item (the same text `json.dumps(rows, indent=2)` gives)."""
     n = 0
     out.write("[")
-    for n, r in enumerate(_dated(rows), 1):
-        item = json.dumps(r, ensure_ascii=False, indent=2).replace("\n", "\n  ")
-        out.write(("\n  " if n == 1 else ",\n  ") + item)
+    for n, r in enumerate(rows if dated else _dated(rows), 1):
+        out.write(("\n  " if n == 1 else ",\n  ") + _json_item(r))
     out.write("\n]\n" if n else "]\n")
     return n
 
 
-def write_csv(rows: Rows, out: IO[str]) -> int:
+def write_csv(rows: Rows, out: IO[str], *, dated: bool = False) -> int:
     writer = csv.writer(out)
     writer.writerow(CSV_COLUMNS)
     n = 0
-    for n, r in enumerate(_dated(rows), 1):
+    for n, r in enumerate(rows if dated else _dated(rows), 1):
         writer.writerow([r["exam"], r["chapter_id"], r["number"], r["question"],
                          *r["choices"], r["answer_index"], r["explanation"],  # type: ignore[misc]
                          r.get("difficulty") or "", r.get("bloom") or "",
@@ -72,7 +97,7 @@ def write_csv(rows: Rows, out: IO[str]) -> int:
     return n
 
 
-WRITERS: dict[str, Callable[[Rows, IO[str]], int]] = {
+WRITERS: dict[str, Callable[..., int]] = {
     "jsonl": write_jsonl, "json": write_json, "csv": write_csv}
 
 
