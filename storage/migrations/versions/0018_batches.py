@@ -60,8 +60,10 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    with op.batch_alter_table('exam') as batch:
-        batch.drop_column('mode')
+    # In place, not batch mode: batch mode rebuilds `exam` on SQLite, and dropping the old
+    # table fails while slices reference it (foreign keys on). SQLite >= 3.35 drops a plain
+    # column in place.
+    op.drop_column('exam', 'mode')
     op.drop_index('ix_batch_state', table_name='batch')
     op.drop_index('ix_batch_exam_created', table_name='batch')
     op.drop_table('batch')
