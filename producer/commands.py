@@ -361,8 +361,8 @@ def export(slug: str, fmt: str, target: str | None) -> None:
 
 def run(slug: str, concurrency: int, budget_usd: float | None, dry_run: bool,
         batch: bool | None) -> None:
-    from examforge.pipeline import Runtime
-    from producer.local import run_local
+    from runner.pipeline import Runtime
+    from runner.local import run_local
     from storage.models import ExamMode
 
     settings = _settings()
@@ -416,7 +416,7 @@ def _run_batch(settings: Settings, store: Store, slug: str) -> None:
     again, it resumes from the database: its submissions are recovered or polled."""
     import threading
 
-    from examforge.batching import BatchRuntime, run_pass
+    from runner.batching import BatchRuntime, run_pass
 
     rt = BatchRuntime.build(settings, store)
     stop = threading.Event()

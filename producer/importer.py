@@ -19,7 +19,7 @@ from typing import Iterable
 from examforge.errors import UnknownExam, UserError
 from examforge.output import ItemInvalid, check_item
 from examforge.output import Question
-from examforge.pipeline import near_dup_checker
+from runner.pipeline import near_dup_checker
 from examforge.settings import Settings
 from examforge.syllabus import find_syllabus, load_syllabus
 from producer.words import plural

@@ -17,7 +17,7 @@ from sqlalchemy import text
 from examforge.levels import Levels, apportion, ask, schedule
 from examforge.llm import LLMClient
 from examforge.output import Question
-from examforge.pipeline import Runtime, process_chapter
+from runner.pipeline import Runtime, process_chapter
 from examforge.prompt import Label, build_messages, parse_difficulty, read_fields
 from examforge.syllabus import Chapter, load_syllabus
 from helpers import write_syllabus

@@ -10,7 +10,7 @@ import httpx
 import pytest
 from fakellm import question, reply
 
-from examforge.pipeline import process_chapter
+from runner.pipeline import process_chapter
 from helpers import fake_runtimes, write_syllabus
 
 

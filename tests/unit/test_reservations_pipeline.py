@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from examforge.pipeline import process_chapter
+from runner.pipeline import process_chapter
 from helpers import fake_runtimes, wait_lease_expired
 from storage.store import Claimed
 

@@ -59,7 +59,7 @@ from examforge.errors import (
 from examforge.levels import Levels, apportion, ask
 from examforge.llm import LLMClient
 from examforge.output import normalise, parse_questions
-from examforge.pipeline import near_dup_checker, steer_of
+from runner.pipeline import near_dup_checker, steer_of
 from examforge.prompt import build_messages
 from examforge.retry import Action, decide
 from examforge.settings import Settings

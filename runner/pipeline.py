@@ -28,7 +28,7 @@ from examforge.errors import (
     ReplyTooLarge,
     ReplyUnusable,
 )
-from examforge.heartbeat import LeaseKeeper
+from runner.heartbeat import LeaseKeeper
 from examforge.levels import Levels, ask
 from examforge.llm import Admission, Completion, LLMClient
 from examforge.neardup import Checker, Scope
