@@ -11,7 +11,8 @@ from sqlalchemy import and_, func, or_, select, tuple_, update
 
 from storage.base import (ACTIVE_SLICE, BUDGET_PAUSE_PREFIX, HELD_CANCELLED, IN_FLIGHT_CALL,
                           E, K, S)
-from storage.leases import Leases, slice_where
+from storage.base import slice_where
+from storage.leases import Leases
 from storage.models import CallOutcome, ChapterState, ExamMode, ExamState
 
 

@@ -15,7 +15,8 @@ from sqlalchemy.engine import Connection
 
 from examforge.errors import BadCursor
 from storage.base import ACTIVE_SLICE, ACTIVE_STATES, IN_FLIGHT_CALL, E, K, Q, S, StoreBase
-from storage.batches import B, BatchRow, submission_of
+from storage.batches import B
+from storage.types import BatchRow, submission_of
 from storage.models import CallOutcome, ChapterState
 
 
