@@ -35,7 +35,8 @@ from producer.prune import report_lines as prune_report_lines
 from producer.syllabi import resolve
 from producer.views import status_dict, summary_dict, when
 from producer.words import plural
-from storage import NoSchema, Store, connect, open_existing_store, open_store
+from examforge.errors import NoSchema
+from storage import Store, connect, open_existing_store, open_store
 from storage.db import SCHEMA_REVISION, backup_sqlite, current_revision, database_error
 
 if TYPE_CHECKING:

@@ -11,6 +11,7 @@ from typing import Any, Iterable, Iterator, Sequence
 from sqlalchemy import bindparam, case, delete, func, select, update
 from sqlalchemy.engine import Connection
 
+from examforge.errors import UnknownChapter
 from examforge.syllabus import Chapter as SyllabusChapter
 from examforge.syllabus import Syllabus, slice_ranges
 from storage import neardup
@@ -288,8 +289,6 @@ class Planning(Ledger):
                     S.c.exam == slug, S.c.chapter_id.in_(chapter_ids)).distinct()).scalars())
                 unknown = [c for c in chapter_ids if c not in known]
                 if unknown:
-                    from examforge.errors import UnknownChapter
-
                     raise UnknownChapter(f"chapter {unknown[0]!r} is not in exam {slug}")
                 where.append(S.c.chapter_id.in_(chapter_ids))
             cancelled = len(set(self._cancel_slices(conn, where)))

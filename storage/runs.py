@@ -24,7 +24,7 @@ from typing import Any
 from sqlalchemy import and_, case, func, select, update
 from sqlalchemy.engine import Connection
 
-from examforge.errors import UserError
+from examforge.errors import IdempotencyKeyReused
 from storage.base import ACTIVE_STATES, BUDGET_PAUSE_PREFIX, E, K, Q, S
 from storage.models import (
     FINAL_RUN_STATES,
@@ -41,10 +41,6 @@ from storage.reports import ExamReport, ExamStatus
 
 R = Run.__table__  # type: ignore[attr-defined]
 Y = StoredSyllabus.__table__  # type: ignore[attr-defined]
-
-
-class IdempotencyKeyReused(UserError):
-    """Raised when an Idempotency-Key comes back with a request other than its first."""
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from examforge.syllabus import load_syllabus
 from helpers import wait_for, write_syllabus
 from storage import Store, connect, migrate
 from storage.base import E, K, Q, S
-from storage.housekeeping import ExamRunning
+from examforge.errors import ExamRunning
 from storage.store import Claimed, Usage
 
 
