@@ -16,11 +16,11 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from examforge.batch_api import BatchAPI
 from examforge.errors import ProviderError
 from examforge.settings import Settings
 
 if TYPE_CHECKING:
-    from examforge.batch_api import BatchAPI
     from storage import Store
 
 log = logging.getLogger("examforge.batching")
@@ -64,8 +64,6 @@ def cancel_batches(settings: Settings, store: Store, slug: str,
         return result
     own = api is None
     if api is None:
-        from examforge.batch_api import BatchAPI
-
         # A short timeout: the caller (a command, an API request) waits on it, and the mark
         # already makes the cancel happen if this one does not get through.
         api = BatchAPI(settings.model_copy(update={"batch_http_timeout_s": min(

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from examforge.errors import DatabaseCorrupt
 from examforge.settings import Settings
 from examforge.syllabus import Syllabus
+from storage.models import ExamMode
 
 if TYPE_CHECKING:
     from storage import Store
@@ -95,8 +96,6 @@ class LocalWork:
 
     def start(self, slug: str, syllabus: Syllabus, budget_usd: float | None,
               batch: bool = False) -> EnqueuePlan:
-        from storage.models import ExamMode
-
         plan = self.store.sync_exam(slug, syllabus, budget_usd=budget_usd,
                                     default_budget_usd=self.settings.budget_usd,
                                     slice_questions=self.settings.slice_questions)
@@ -109,8 +108,6 @@ class LocalWork:
         """Have this process work on the exam's `slices`: given to the exam's thread if it
         has one, else to a new one. A batch-mode exam gets a batch thread instead, which
         submits its slices to the provider's Batch API and polls its batches."""
-        from storage.models import ExamMode
-
         if self.rt.stopping.is_set():
             return
         if self.store.exam_mode(slug) is ExamMode.batch:
