@@ -299,6 +299,16 @@ class BudgetExceeded(ExamforgeError):
         self.others_in_flight = others_in_flight
 
 
+class PauseCode(str, Enum):
+    """Why an exam is paused, as stored in exam.pause_code beside the human text of
+    exam.pause_reason: what ends the pause depends on it, so it is never read from the text."""
+
+    budget = "budget"  # nothing more fits in its budget: a raised budget resumes it
+    provider = "provider"  # the provider refused every call (quota, model): `resume` after the fix
+    auth = "auth"  # AUTH_FAILURE_LIMIT auth failures in a row: `resume` after the key is fixed
+    manual = "manual"  # paused for another reason (an older database's pause with no code)
+
+
 class Rejection(str, Enum):
     """Why a model reply, or one question in it, was not stored."""
 

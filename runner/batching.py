@@ -53,6 +53,7 @@ from examforge.errors import (
     ExamStopped,
     LeaseLost,
     OutputInvalid,
+    PauseCode,
     ProviderError,
     RetryableProviderError,
 )
@@ -281,7 +282,7 @@ def submit_round(rt: BatchRuntime, exam: str, result: PassResult) -> bool:
             reason = (f"budget: ${room.spent_usd:.4f} spent and ${room.reserved_usd:.4f} "
                       f"reserved of ${room.budget_usd:.4f}; the next batch call needs up to "
                       f"${room.needed_usd:.4f}")
-            if store.pause_exam(exam, reason):
+            if store.pause_exam(exam, reason, PauseCode.budget):
                 log.error("exam paused: no batch call fits its budget", extra={"exam": exam})
         return False
     return _upload_and_create(rt, sub, exam, round_, result) and round_.full
@@ -348,7 +349,7 @@ def _upload_and_create(rt: BatchRuntime, sub: str, exam: str, round_: _Round,
         log.warning("batch upload failed; its slices go to a later round",
                     extra={**fields, "error": str(exc)[:300]})
         if isinstance(exc, ExamStopped):
-            store.pause_exam(exam, f"{exc.kind.value}: {exc}")
+            store.pause_exam(exam, f"{exc.kind.value}: {exc}", PauseCode.provider)
         return False
     if not store.submission_step(sub, rt.ident, settings.batch_submit_lease_s,
                                  state=BatchState.uploaded.value, input_file_id=file_id,
@@ -394,7 +395,7 @@ def _create(rt: BatchRuntime, sub: str, exam: str, file_id: str, result: PassRes
         store.abandon_submission(sub, why, retry_in_s=decision.delay_s or settings.retry_base_s)
         result.abandoned += 1
         if decision.action is Action.pause:
-            store.pause_exam(exam, decision.reason)
+            store.pause_exam(exam, decision.reason, decision.pause_code or PauseCode.manual)
         log.error("batch create refused", extra={**fields, "error": str(exc)[:300]})
         return False
     _test_hook("after_create", sub)
@@ -533,6 +534,7 @@ class _SliceOutcome:
     fail: str | None = None
     pause_after: int | None = None  # with fail: an auth failure, counted against the exam
     pause: str | None = None
+    pause_code: PauseCode = PauseCode.manual
 
 
 def process_results(rt: BatchRuntime, row: BatchRow, batch: dict[str, Any],
@@ -693,7 +695,8 @@ def _note_error(rt: BatchRuntime, outcome: _SliceOutcome, exc: ProviderError) ->
         outcome.fail = outcome.fail or decision.reason
         outcome.pause_after = outcome.pause_after or decision.pause_exam_after
     elif decision.action is Action.pause:
-        outcome.pause = outcome.pause or decision.reason
+        if outcome.pause is None:
+            outcome.pause, outcome.pause_code = decision.reason, decision.pause_code or PauseCode.manual
     else:
         outcome.delay_s = max(outcome.delay_s, decision.delay_s)
         outcome.count_attempt = outcome.count_attempt or decision.count_attempt
@@ -706,7 +709,7 @@ def _settle_slice(rt: BatchRuntime, owner: str, key: tuple[str, str, int],
     error, else goes back to the next round (after the backoff its errors ask for)."""
     store = rt.store
     exam = key[0]
-    if outcome.pause is not None and store.pause_exam(exam, outcome.pause):
+    if outcome.pause is not None and store.pause_exam(exam, outcome.pause, outcome.pause_code):
         log.error("exam paused by a batch line", extra={"exam": exam, "reason": outcome.pause})
     if outcome.fail is not None:
         claim = store.held_claim(*key, owner)

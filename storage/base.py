@@ -38,7 +38,8 @@ IN_FLIGHT_CALL = K.c.outcome == _literal(CallOutcome.in_flight.value)
 # A slice's row by bind parameters, for the statements built once (StoreBase._stmt).
 SLICE_KEY = (S.c.exam == bindparam("k_exam"), S.c.chapter_id == bindparam("k_chapter"),
              S.c.slice_no == bindparam("k_slice"))
-# An exam paused with a reason starting so is resumed by a raised budget.
+# How the human text of a budget's pause starts (exam.pause_reason). What ends the pause is
+# decided by exam.pause_code (examforge.errors.PauseCode.budget), never by this text.
 BUDGET_PAUSE_PREFIX = "budget:"
 
 

@@ -10,6 +10,7 @@ from typing import Any, Sequence
 from sqlalchemy import bindparam, case, func, or_, select, tuple_, update
 from sqlalchemy.engine import Connection, Engine
 
+from examforge.errors import PauseCode
 from examforge.output import normalise
 from storage import neardup
 from storage.base import ACTIVE_STATES, SLICE_KEY, E, Q, S, lease_fence, slice_where
@@ -155,7 +156,7 @@ class Leases(Ledger):
             return NotClaimed(NotClaimedReason.paused, detail=row.pause_reason or "")
         if row.lease_owner is not None and (row.lease_expires_at or 0) > row.now:
             return NotClaimed(NotClaimedReason.busy, retry_in_s=row.lease_expires_at - row.now,
-                              detail=f"held by {row.lease_owner}")
+                              detail=f"held by {row.lease_owner}", holder=row.lease_owner)
         if row.not_before_at is not None and row.not_before_at > row.now:
             return NotClaimed(NotClaimedReason.backoff, retry_in_s=row.not_before_at - row.now)
         if row.attempts_since_progress >= max_attempts:
@@ -244,4 +245,6 @@ class Leases(Ledger):
                                else_=E.c.state),
                     pause_reason=case((failures >= pause_exam_after, error[:500]),
                                       else_=E.c.pause_reason),
+                    pause_code=case((failures >= pause_exam_after, PauseCode.auth.value),
+                                    else_=E.c.pause_code),
                     updated_at=self._now))

@@ -13,7 +13,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from examforge.balance import balanced
-from examforge.errors import LeaseLost, Rejection
+from examforge.errors import LeaseLost, PauseCode, Rejection
 from examforge.neardup import Checker, Scope
 from examforge.output import Question as ParsedQuestion
 from examforge.output import text_hash
@@ -153,7 +153,8 @@ class Ledger(StoreBase):
             reserved_usd=E.c.reserved_usd - bindparam("p_reserved"),
             spent_usd=E.c.spent_usd + bindparam("p_cost"),
             state=case((over, ExamState.paused.value), else_=E.c.state),
-            pause_reason=case((over, literal(BUDGET_SPENT_REASON)), else_=E.c.pause_reason))
+            pause_reason=case((over, literal(BUDGET_SPENT_REASON)), else_=E.c.pause_reason),
+            pause_code=case((over, literal(PauseCode.budget.value)), else_=E.c.pause_code))
 
     def start_call(self, claim: Claimed, first_number: int, requested: int, *,
                    lease_s: float, prompt_tokens: int = 0,

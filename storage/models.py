@@ -107,6 +107,9 @@ class Exam(SQLModel, table=True):
     title: str = Field(sa_column=Column(Text, nullable=False))
     state: str = Field(default=ExamState.active.value, max_length=16)
     pause_reason: Optional[str] = Field(default=None, sa_column=Column(Text))
+    # Why it is paused, as examforge.errors.PauseCode (migration 0020): what ends the pause is
+    # decided by this, never by matching pause_reason's text.
+    pause_code: Optional[str] = Field(default=None, max_length=16)
     auth_failures: int = 0
     # Money, in USD. For an exam with a budget, `spent_usd` is the booked cost of every call
     # (the sum of the ledger's cost_usd) and `reserved_usd` the worst cases of the calls in

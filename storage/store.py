@@ -19,7 +19,8 @@ It is split by concept, one module each: `planning` (what the producer records a
 batches), `recovery` (what the reconciler finds), `reports` (status and exports), `imports`
 (questions paid for elsewhere), `runs` (the HTTP API's runs and stored syllabi) and
 `housekeeping` (pruning finished exams), on top of `base`
-(the tables and the database clock).
+(the tables, the database clock and the lease fence) and `types` (the value types they take
+and return, re-exported here).
 """
 
 from __future__ import annotations

@@ -209,6 +209,7 @@ class NotClaimed:
     reason: NotClaimedReason
     retry_in_s: float | None = None
     detail: str = ""
+    holder: str | None = None  # busy: the lease owner (a provider batch's: submission_of)
 
 
 # The lease owner of a submission's slices and calls.

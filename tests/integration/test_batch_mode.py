@@ -4,6 +4,7 @@ chapter, recovery paging past 100 foreign batches, and a chapter larger than one
 
 from __future__ import annotations
 
+from examforge.errors import PauseCode
 import json
 from pathlib import Path
 from typing import Any
@@ -386,7 +387,7 @@ def test_the_budget_reserves_the_discounted_worst_case_and_pauses_when_nothing_f
 
     wait_for(stopped, 60, "the exam to pause or finish within its budget", interval_s=0.2)
     report = store.status("by")
-    assert report.state == "paused" and report.pause_reason.startswith("budget:")
+    assert report.state == "paused" and report.pause_code == PauseCode.budget
     assert set(lines) == {1}  # NoRoom: one line a round, never more than fits
     calls = _rows(store, "by")[0]
     assert calls and all(c.outcome == "used" for c in calls)
