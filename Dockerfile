@@ -7,6 +7,7 @@ COPY mockllm ./mockllm
 COPY tasks ./tasks
 COPY producer ./producer
 COPY storage ./storage
+COPY runner ./runner
 RUN pip install .
 COPY exams ./exams
 RUN useradd --create-home examforge && chown -R examforge /app

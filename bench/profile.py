@@ -31,7 +31,7 @@ CATEGORIES: tuple[tuple[str, str], ...] = (
     ("Celery, kombu and redis-py outside the task (receive, ack)",
      r"^(?!.*generate_chapter \().*\((celery|kombu|redis)/"),
     ("idle pool threads waiting for work", r"leaf:_worker \(concurrent/futures/thread\.py"),
-    ("the lease heartbeat thread", r"\(examforge/heartbeat\.py"),
+    ("the lease heartbeat thread", r"\(runner/heartbeat\.py"),
 )
 
 

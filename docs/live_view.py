@@ -21,7 +21,7 @@ sys.path.insert(0, str(ROOT))
 def main() -> int:
     from rich.console import Console
 
-    from examforge.pipeline import Runtime, process_chapter
+    from runner.pipeline import Runtime, process_chapter
     from examforge.settings import Settings
     from examforge.syllabus import load_syllabus
     from mockllm import MockConfig, MockServer

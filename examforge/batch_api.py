@@ -1,10 +1,10 @@
-"""OpenAI's Files and Batch API, as examforge.batching uses it: upload a JSONL file, create a
+"""OpenAI's Files and Batch API, as runner.batching uses it: upload a JSONL file, create a
 batch with metadata, retrieve it, list batches newest first, cancel it, download a file.
 
 The same endpoint, key and error table as the chat client (LLM_BASE_URL, LLM_API_KEY,
 examforge.classify): any provider or gateway with OpenAI's Batch API works by configuration
 alone. One request per method and no retries of its own: the caller's protocol decides what
-may be repeated (a create never is without a listing in between; see examforge.batching).
+may be repeated (a create never is without a listing in between; see runner.batching).
 Every failure is a ProviderError; `sent_maybe` tells the caller whether a failed request may
 still have reached the provider (a timeout, a reset, a 5xx) or surely did not (a 4xx reply).
 """

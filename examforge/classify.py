@@ -56,7 +56,7 @@ RULES: tuple[Rule, ...] = (
     # billing phrase its message may carry ever reads as a quota that pauses the exam.
     Rule(_s(429), Kind.resource_unavailable, Action.retry, code="resource_unavailable"),
     Rule(_s(429), Kind.resource_unavailable, Action.retry, phrase=r"^\s*resource unavailable"),
-    # A provider batch's lines and batches (examforge.batching): a line the batch never ran
+    # A provider batch's lines and batches (runner.batching): a line the batch never ran
     # (it expired, or was cancelled) and a batch over the model's enqueued-token limit are
     # retried in a later batch; neither was billed. Their errors carry no HTTP status of
     # their own (0) and are matched by code first, whatever the status.

@@ -4,11 +4,20 @@
     ├── UserError                    bad input from a person: one line, exit 2, no traceback
     │   ├── SyllabusError            a syllabus file or field is invalid
     │   ├── UnknownExam              no such exam
-    │   ├── UnknownChapter           no such chapter in the exam
+    │   ├── UnknownChapter           no such chapter in the exam (the API's 404)
+    │   ├── BadCursor                a page cursor no page gave
+    │   ├── BadImportLine            a line of an import file is invalid: nothing imported
+    │   ├── IdempotencyKeyReused     an Idempotency-Key came back with another request
+    │   ├── Conflict                 the request conflicts with the exam's state (409)
+    │   │   ├── ChapterBusy          an import names a chapter a worker is generating
+    │   │   └── ExamRunning          prune asked of an exam with chapters still running
     │   └── ConfigError              a setting is invalid
+    │       └── NoSchema             the database has no examforge schema (a read-only command)
     ├── InfrastructureError          a service we depend on is down: one line, exit 3
     │   ├── BrokerUnavailable
-    │   └── DatabaseUnavailable
+    │   ├── DatabaseUnavailable
+    │   ├── RunNotLaunched           an API run is stored but the broker refused its work
+    │   └── ExportInterrupted        a streamed export's writer failed mid-response
     ├── DatabaseCorrupt              the database's file or pages are damaged: one line, exit 4
     ├── ProviderError                the model provider failed a call (examforge.classify
     │   │                            decides which, from the status and the error body)
@@ -106,8 +115,32 @@ class BadCursor(UserError):
     """Raised when a page cursor (`exams --after`, GET /exams?after=) is not one a page gave."""
 
 
+class BadImportLine(UserError):
+    """Raised when a line of an import file fails validation: nothing is imported."""
+
+
+class IdempotencyKeyReused(UserError):
+    """Raised when an Idempotency-Key comes back with a request other than its first."""
+
+
+class Conflict(UserError):
+    """Raised when a request conflicts with the exam's state (the API's 409)."""
+
+
+class ChapterBusy(Conflict):
+    """Raised when an import would write a chapter that a worker is generating right now."""
+
+
+class ExamRunning(Conflict):
+    """Raised when pruning is asked of an exam that has pending or running chapters."""
+
+
 class ConfigError(UserError):
     """Raised when the settings (environment or .env) are invalid."""
+
+
+class NoSchema(ConfigError):
+    """The database has no examforge schema, or an older one, and the command only reads."""
 
 
 class InfrastructureError(ExamforgeError):
@@ -122,6 +155,21 @@ class BrokerUnavailable(InfrastructureError):
 
 class DatabaseUnavailable(InfrastructureError):
     """Raised when the database cannot be reached."""
+
+
+class RunNotLaunched(InfrastructureError):
+    """Raised when a run is stored but its work could not be handed on (the broker refused):
+    the run stays queued and is launched later (503)."""
+
+    def __init__(self, run_id: int, cause: Exception) -> None:
+        super().__init__(f"{cause}; run {run_id} is stored and stays queued: the same "
+                         "Idempotency-Key, or the server's next sweep, starts it")
+        self.run_id = run_id
+
+
+class ExportInterrupted(InfrastructureError):
+    """Raised mid-response when a streamed export's writer failed: the client sees an
+    incomplete body rather than one that looks whole."""
 
 
 class DatabaseCorrupt(ExamforgeError):
@@ -249,6 +297,16 @@ class BudgetExceeded(ExamforgeError):
     def __init__(self, message: str, *, others_in_flight: bool) -> None:
         super().__init__(message)
         self.others_in_flight = others_in_flight
+
+
+class PauseCode(str, Enum):
+    """Why an exam is paused, as stored in exam.pause_code beside the human text of
+    exam.pause_reason: what ends the pause depends on it, so it is never read from the text."""
+
+    budget = "budget"  # nothing more fits in its budget: a raised budget resumes it
+    provider = "provider"  # the provider refused every call (quota, model): `resume` after the fix
+    auth = "auth"  # AUTH_FAILURE_LIMIT auth failures in a row: `resume` after the key is fixed
+    manual = "manual"  # paused for another reason (an older database's pause with no code)
 
 
 class Rejection(str, Enum):

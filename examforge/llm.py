@@ -241,7 +241,7 @@ class LLMClient:
         return count
 
     # ------------------------------------------------------------------ batch lines
-    # A provider batch (examforge.batching) carries exactly the synchronous request, and its
+    # A provider batch (runner.batching) carries exactly the synchronous request, and its
     # lines' replies are read, priced and classified exactly as synchronous replies are; the
     # price is the synchronous one times LLM_BATCH_DISCOUNT. Batches go to the primary only.
     def batch_body(self, messages: list[dict[str, str]], max_tokens: int | None) -> dict[str, object]:

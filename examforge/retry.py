@@ -37,6 +37,7 @@ from examforge.errors import (
     ExamStopped,
     LeaseLost,
     OutputInvalid,
+    PauseCode,
     PermanentProviderError,
     RateLimited,
     RetryableProviderError,
@@ -70,6 +71,7 @@ class Decision:
     delay_s: float = 0.0
     count_attempt: bool = True
     pause_exam_after: int | None = None  # with fail: count an auth failure against the exam
+    pause_code: PauseCode | None = None  # with pause: why (exam.pause_code)
 
 
 def decide(error: BaseException, *, streak: int, settings: Settings,
@@ -98,12 +100,14 @@ def decide(error: BaseException, *, streak: int, settings: Settings,
         if error.others_in_flight:
             return Decision(Action.release, f"budget_wait: {error}", BUDGET_WAIT_S,
                             count_attempt=False)
-        return Decision(Action.pause, f"budget: {error}", count_attempt=False)
+        return Decision(Action.pause, f"budget: {error}", count_attempt=False,
+                        pause_code=PauseCode.budget)
     if isinstance(error, AuthError):
         return Decision(Action.fail, f"auth: {error}",
                         pause_exam_after=settings.auth_failure_limit)
     if isinstance(error, ExamStopped):
-        return Decision(Action.pause, f"{error.kind.value}: {error}", count_attempt=False)
+        return Decision(Action.pause, f"{error.kind.value}: {error}", count_attempt=False,
+                        pause_code=PauseCode.provider)
     if isinstance(error, RetryableProviderError):
         delay = backoff_s(streak, retry_after_s=error.retry_after_s, rand=rand,
                           base_s=settings.retry_base_s, max_s=settings.retry_max_s,

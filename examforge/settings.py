@@ -310,7 +310,7 @@ class Settings(BaseSettings):
         description="How long a run's hand-off may take: a sweep launches a run stored this "
                     "long ago and never launched, and a hand-off's claim lapses after it.")
 
-    # --- batch mode (issue 18; examforge.batching, README "Batch mode")
+    # --- batch mode (issue 18; runner.batching, README "Batch mode")
     llm_batch: bool = Field(
         False, description="Generate exams through the provider's Batch API by default "
                            "(enqueue and run; --batch asks for it per exam).")

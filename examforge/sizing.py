@@ -7,7 +7,7 @@ worst case, so a budget near its end admits few calls at once, and a provider th
 database has seen enough calls, the allowance is the 95th percentile of the completion tokens
 per question they used, times a margin, with a floor, and never above the fixed allowance. A
 reply cut short anyway keeps its complete questions and is asked again with more room or for
-fewer (examforge.pipeline): truncation is the safety net, not a failure.
+fewer (runner.pipeline): truncation is the safety net, not a failure.
 
 The history is read once per process and exam, and again every REFRESH_CALLS calls or
 REFRESH_S seconds: never a query per call.

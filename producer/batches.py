@@ -1,5 +1,5 @@
 """Cancelling an exam's provider batches: what `producer cancel` and the API's cancel do
-beyond cancelling the slices (batch mode, examforge.batching).
+beyond cancelling the slices (batch mode, runner.batching).
 
 A cancel marks the exam's live submissions `cancel_requested` first, in the database, then
 asks the provider to cancel those it has (POST /v1/batches/ID/cancel). The mark is what makes
@@ -16,11 +16,11 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from examforge.batch_api import BatchAPI
 from examforge.errors import ProviderError
 from examforge.settings import Settings
 
 if TYPE_CHECKING:
-    from examforge.batch_api import BatchAPI
     from storage import Store
 
 log = logging.getLogger("examforge.batching")
@@ -64,8 +64,6 @@ def cancel_batches(settings: Settings, store: Store, slug: str,
         return result
     own = api is None
     if api is None:
-        from examforge.batch_api import BatchAPI
-
         # A short timeout: the caller (a command, an API request) waits on it, and the mark
         # already makes the cancel happen if this one does not get through.
         api = BatchAPI(settings.model_copy(update={"batch_http_timeout_s": min(

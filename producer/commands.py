@@ -35,7 +35,8 @@ from producer.prune import report_lines as prune_report_lines
 from producer.syllabi import resolve
 from producer.views import status_dict, summary_dict, when
 from producer.words import plural
-from storage import NoSchema, Store, connect, open_existing_store, open_store
+from examforge.errors import NoSchema
+from storage import Store, connect, open_existing_store, open_store
 from storage.db import SCHEMA_REVISION, backup_sqlite, current_revision, database_error
 
 if TYPE_CHECKING:
@@ -361,8 +362,8 @@ def export(slug: str, fmt: str, target: str | None) -> None:
 
 def run(slug: str, concurrency: int, budget_usd: float | None, dry_run: bool,
         batch: bool | None) -> None:
-    from examforge.pipeline import Runtime
-    from producer.local import run_local
+    from runner.pipeline import Runtime
+    from runner.local import run_local
     from storage.models import ExamMode
 
     settings = _settings()
@@ -411,12 +412,12 @@ def run(slug: str, concurrency: int, budget_usd: float | None, dry_run: bool,
 
 
 def _run_batch(settings: Settings, store: Store, slug: str) -> None:
-    """`run --batch`: batch passes (examforge.batching) in this process every BATCH_POLL_S
+    """`run --batch`: batch passes (runner.batching) in this process every BATCH_POLL_S
     until the exam has nothing pending, running or in a live batch. Killed and started
     again, it resumes from the database: its submissions are recovered or polled."""
     import threading
 
-    from examforge.batching import BatchRuntime, run_pass
+    from runner.batching import BatchRuntime, run_pass
 
     rt = BatchRuntime.build(settings, store)
     stop = threading.Event()

@@ -28,7 +28,8 @@ def run_checks(settings: Settings) -> list[Finding]:
 
 
 def _database(settings: Settings) -> list[Finding]:
-    from storage import NoSchema, open_existing_store
+    from examforge.errors import NoSchema
+    from storage import open_existing_store
 
     try:  # only reads: a doctor pointed at the wrong database must not create a schema there
         store = open_existing_store(settings.database_url, pool_size=1)

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 from examforge.settings import Settings
 from examforge.syllabus import Syllabus
+from storage.models import ExamMode
 
 if TYPE_CHECKING:
     from storage import Store
@@ -20,8 +21,7 @@ def enqueue_exam(settings: Settings, store: Store, slug: str, syllabus: Syllabus
     then publish one message per unfinished slice. The broker is checked before anything is
     written; `before_write` runs between the two (the CLI's warnings). With `batch` (default
     LLM_BATCH) the exam is generated through the provider's Batch API: no chapter task is
-    published, one batch pass is (examforge.batching); without, it goes back to sync mode."""
-    from storage.models import ExamMode
+    published, one batch pass is (runner.batching); without, it goes back to sync mode."""
     from tasks import app
     from tasks.broker import broker_epoch, check_broker, publish_work
 

@@ -9,6 +9,7 @@ and renamed over it once complete: readers see the old file or the new one, neve
 from __future__ import annotations
 
 import csv
+import io
 import json
 import os
 import sys
@@ -103,8 +104,6 @@ WRITERS: dict[str, Callable[..., int]] = {
 
 def render(rows: Rows, fmt: str) -> str:
     """The whole export as one string (tests, small exams)."""
-    import io
-
     buffer = io.StringIO(newline="")
     WRITERS[fmt](rows, buffer)
     return buffer.getvalue()

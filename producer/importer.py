@@ -16,19 +16,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-from examforge.errors import UnknownExam, UserError
+from examforge.errors import BadImportLine, UnknownExam, UserError
 from examforge.output import ItemInvalid, check_item
 from examforge.output import Question
-from examforge.pipeline import near_dup_checker
+from runner.pipeline import near_dup_checker
 from examforge.settings import Settings
 from examforge.syllabus import find_syllabus, load_syllabus
 from producer.words import plural
 from storage import Store
 from storage.imports import ImportResult
-
-
-class BadImportLine(UserError):
-    """Raised when a line of an import file fails validation: nothing is imported."""
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
@@ -15,8 +15,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-if TYPE_CHECKING:
-    from storage.reports import ExamReport
+from storage.reports import ExamReport, waiting_text
 
 
 def _clock(epoch: float | None) -> str:
@@ -88,8 +87,6 @@ def plain_line(report: ExamReport) -> str:
 def _waiting(report: ExamReport) -> list[str]:
     """What the exam's live provider batches are doing (batch mode): a run that waits on one
     for hours says so instead of looking stuck."""
-    from storage.reports import waiting_text
-
     return [waiting_text(b) for b in reversed(report.batches) if b.live]
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
-from storage.batches import BatchRow
+from storage.types import BatchRow
 from storage.reports import ExamReport, ExamSummary, batch_counts, batch_status, waiting_text
 
 

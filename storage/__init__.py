@@ -3,7 +3,7 @@
 import sqlite3
 from pathlib import Path
 
-from examforge.errors import ConfigError
+from examforge.errors import NoSchema
 from storage.db import (
     SCHEMA_REVISION,
     check_reachable,
@@ -21,10 +21,6 @@ def open_store(database_url: str, *, pool_size: int = 10) -> Store:
     engine = connect(database_url, pool_size=pool_size)
     migrate(engine)
     return Store(engine)
-
-
-class NoSchema(ConfigError):
-    """The database has no examforge schema, or an older one, and the command only reads."""
 
 
 def open_existing_store(database_url: str, *, pool_size: int = 10) -> Store:
@@ -92,4 +88,4 @@ def _sqlite_revision(path: Path) -> str | None:
         conn.close()
 
 
-__all__ = ["NoSchema", "Store", "connect", "migrate", "open_existing_store", "open_store"]
+__all__ = ["Store", "connect", "migrate", "open_existing_store", "open_store"]

@@ -38,8 +38,37 @@ IN_FLIGHT_CALL = K.c.outcome == _literal(CallOutcome.in_flight.value)
 # A slice's row by bind parameters, for the statements built once (StoreBase._stmt).
 SLICE_KEY = (S.c.exam == bindparam("k_exam"), S.c.chapter_id == bindparam("k_chapter"),
              S.c.slice_no == bindparam("k_slice"))
-# An exam paused with a reason starting so is resumed by a raised budget.
+# How the human text of a budget's pause starts (exam.pause_reason). What ends the pause is
+# decided by exam.pause_code (examforge.errors.PauseCode.budget), never by this text.
 BUDGET_PAUSE_PREFIX = "budget:"
+
+
+# The states in which a lease holder may still write its slice: running, and cancelled while
+# its call is in flight (Planning.cancel keeps that holder's lease until its reply is committed).
+HELD_STATES = (ChapterState.running.value, ChapterState.cancelled.value)
+
+
+def lease_fence(now: Any, *, owner: Any = None,
+                states: Sequence[str] | None = HELD_STATES) -> Any:
+    """The lease fence: the one condition under which a slice row is still its holder's. The
+    owner is `owner` (a clause; by default the bind parameter `k_owner`), the lease has not
+    expired on the database clock (`now`), and the slice is in one of `states` (None: any).
+    Every check and write a holder makes goes through it (start_call, may_send, the commit,
+    the heartbeat, the takeover's test of a call's holder), so that they cannot disagree on
+    what holding a lease means."""
+    held = and_(S.c.lease_owner == bindparam("k_owner") if owner is None else owner,
+                S.c.lease_expires_at > now)
+    return held if states is None else and_(held, S.c.state.in_(states))
+
+
+def fence_params(exam: str, chapter_id: str, slice_no: int, owner: str) -> dict[str, Any]:
+    """The bind parameters of SLICE_KEY and `lease_fence` for one holder's slice."""
+    return {"k_exam": exam, "k_chapter": chapter_id, "k_slice": slice_no, "k_owner": owner}
+
+
+def slice_where(exam: str, chapter_id: str, slice_no: int) -> tuple[Any, ...]:
+    """The conditions that select one slice row."""
+    return S.c.exam == exam, S.c.chapter_id == chapter_id, S.c.slice_no == slice_no
 # pg_advisory_xact_lock's first key for StoreBase._questions_in_order (the second is the
 # exam's hash); the two-key form never meets the one-key locks (migrations).
 _QUESTION_ORDER_LOCK = 0x45465130  # "EFQ0"

@@ -1,4 +1,4 @@
-"""Submissions to a provider's Batch API (examforge.batching) and the exam's mode.
+"""Submissions to a provider's Batch API (runner.batching) and the exam's mode.
 
 A submission is a `batch` row, written before anything reaches the provider. It holds the
 slices it submits with the ordinary leases (owner `batch/<id>`, `owner_of`), and its calls are
@@ -9,83 +9,18 @@ The rows here are what `status`, `cancel`, the API and the page read (`exam_batc
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from typing import Any, Sequence
 
 from sqlalchemy import case, func, insert, or_, select, update
 
 from storage.base import ACTIVE_STATES, E, K, S
-from storage.leases import Leases, slice_where
-from storage.ledger import Usage
+from storage.base import slice_where
+from storage.leases import Leases
+from storage.types import OWNER_PREFIX, BatchRow, Usage, owner_of
 from storage.models import (LIVE_BATCH_STATES, Batch, BatchState, CallOutcome, CallReason,
                             ChapterState, ExamMode, ExamState)
 
 B = Batch.__table__  # type: ignore[attr-defined]
-
-# The lease owner of a submission's slices and calls.
-OWNER_PREFIX = "batch/"
-
-
-def owner_of(submission: str) -> str:
-    return f"{OWNER_PREFIX}{submission}"
-
-
-def submission_of(owner: str | None) -> str | None:
-    """The submission id an owner string names, or None for a synchronous worker."""
-    if owner and owner.startswith(OWNER_PREFIX):
-        return owner[len(OWNER_PREFIX):]
-    return None
-
-
-@dataclass(frozen=True)
-class BatchRow:
-    """A submission as status, cancel, the API and the page read it."""
-
-    id: str
-    exam: str
-    state: str  # storage.models.BatchState
-    provider_batch_id: str | None
-    provider_status: str | None
-    input_file_id: str | None
-    output_file_id: str | None
-    error_file_id: str | None
-    model: str | None
-    requests: int
-    bytes: int
-    request_total: int
-    request_completed: int
-    request_failed: int
-    created_at: float
-    submitted_at: float | None
-    expires_at: float | None
-    finished_at: float | None
-    polled_at: float | None
-    lease_owner: str | None
-    lease_expires_at: float | None
-    create_attempts: int
-    cancel_requested: bool
-    detail: str | None
-    usage: dict[str, Any] | None
-
-    @property
-    def live(self) -> bool:
-        return self.state in LIVE_BATCH_STATES
-
-    @property
-    def owner(self) -> str:
-        """The lease owner of its slices and calls."""
-        return owner_of(self.id)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in self.__dataclass_fields__}
-
-    @classmethod
-    def from_row(cls, row: Any) -> "BatchRow":
-        values = dict(row._mapping)
-        values["usage"] = json.loads(values["usage"]) if values.get("usage") else None
-        values["cancel_requested"] = bool(values["cancel_requested"])
-        return cls(**{name: values[name] for name in cls.__dataclass_fields__})
-
 
 class Batches(Leases):
     """The exam's mode and its submissions."""

@@ -15,7 +15,7 @@ from sqlalchemy import case, delete, func, select
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import OperationalError
 
-from examforge.errors import UserError
+from examforge.errors import ExamRunning
 from storage import neardup
 from storage.base import ACTIVE_STATES, E, K, Q, S, StoreBase
 from storage.models import Batch, Run
@@ -25,10 +25,6 @@ BATCH = Batch.__table__  # type: ignore[attr-defined]
 
 # PostgreSQL's lock_not_available: a NOWAIT lock found the row held by another transaction.
 _LOCK_NOT_AVAILABLE = "55P03"
-
-
-class ExamRunning(UserError):
-    """Raised when pruning is asked of an exam that has pending or running chapters."""
 
 
 @dataclass(frozen=True)

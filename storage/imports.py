@@ -19,7 +19,7 @@ from sqlalchemy import insert, select, update
 from sqlalchemy.engine import Connection
 
 from examforge.balance import balanced
-from examforge.errors import UserError
+from examforge.errors import ChapterBusy, UnknownChapter
 from examforge.levels import known_levels
 from examforge.neardup import Checker
 from examforge.output import Question as ParsedQuestion
@@ -31,14 +31,6 @@ from storage.models import CallOutcome, ChapterState
 
 # What an imported question says of its origin (Question.model, Call.model, Call.worker).
 IMPORT_MODEL = "import"
-
-
-class ChapterBusy(UserError):
-    """Raised when an import would write a chapter that a worker is generating right now."""
-
-
-class UnknownChapter(UserError):
-    """Raised when an import names a chapter the exam does not have."""
 
 
 @dataclass(frozen=True)

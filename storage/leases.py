@@ -5,83 +5,22 @@ leases in one statement; a lost lease is noticed before the next call and at the
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
-from enum import Enum
 from typing import Any, Sequence
 
-from sqlalchemy import and_, bindparam, case, func, or_, select, tuple_, update
+from sqlalchemy import bindparam, case, func, or_, select, tuple_, update
 from sqlalchemy.engine import Connection, Engine
 
+from examforge.errors import PauseCode
 from examforge.output import normalise
-from storage.base import ACTIVE_STATES, SLICE_KEY, E, Q, S
-from storage.ledger import (RECENT_QUESTIONS, ChapterLevels, ChapterView, Ledger, NoRoom,
-                            Planner, Steer)
+from storage import neardup
+from storage.base import ACTIVE_STATES, SLICE_KEY, E, Q, S, lease_fence, slice_where
+from storage.ledger import RECENT_QUESTIONS, Ledger
+from storage.types import (ChapterLevels, Claimed, NoRoom, NotClaimed, NotClaimedReason, Planner,
+                           Steer)
 from storage.models import ChapterState, ExamState
 
 
-@dataclass(frozen=True)
-class Claimed:
-    exam: str
-    chapter_id: str
-    owner: str
-    attempt: int
-    target: int
-    stored: int
-    known: frozenset[str]
-    exam_title: str
-    title: str
-    prompt: str | None
-    attempts_since_progress: int = 1
-    took_over_calls: int = 0
-    # The first call, recorded in the claim's own transaction when the caller planned one:
-    # its id, NoRoom (the budget has no room for it), or None (nothing planned).
-    first_call: int | NoRoom | None = None
-    # The slice: `target` and `stored` count its range, from `first_number`; `chapter_target`
-    # is the whole chapter's. `recent`: the chapter's latest stored questions, all slices.
-    slice_no: int = 0
-    first_number: int = 1
-    chapter_target: int = 0
-    recent: tuple[str, ...] = ()
-    # The chapter's levels (examforge.levels) and the slice's stored questions per difficulty.
-    levels: ChapterLevels = ChapterLevels()
-
-    def view(self, stored: int | None = None, target: int | None = None) -> ChapterView:
-        return ChapterView(self.exam, self.chapter_id, self.exam_title, self.title, self.prompt,
-                           self.stored if stored is None else stored,
-                           self.target if target is None else target,
-                           self.slice_no, self.first_number,
-                           self.chapter_target or self.target, self.recent, self.levels)
-
-    def where(self) -> tuple[Any, ...]:
-        """The conditions that select this claim's slice row."""
-        return slice_where(self.exam, self.chapter_id, self.slice_no)
-
-
-def slice_where(exam: str, chapter_id: str, slice_no: int) -> tuple[Any, ...]:
-    return S.c.exam == exam, S.c.chapter_id == chapter_id, S.c.slice_no == slice_no
-
-
 S2 = S.alias("other_slice")
-
-
-class NotClaimedReason(str, Enum):
-    done = "done"
-    failed = "failed"
-    cancelled = "cancelled"
-    paused = "paused"  # the exam is paused
-    busy = "busy"  # another worker holds a live lease
-    backoff = "backoff"  # its backoff has not ended
-    missing = "missing"  # no such chapter
-    cap = "cap"  # it reached its attempt cap: failed now
-
-
-@dataclass(frozen=True)
-class NotClaimed:
-    """Why a chapter was not claimed. `retry_in_s` is set when checking back later makes sense."""
-
-    reason: NotClaimedReason
-    retry_in_s: float | None = None
-    detail: str = ""
 
 
 class Leases(Ledger):
@@ -123,7 +62,7 @@ class Leases(Ledger):
     def held_claim(self, slug: str, chapter_id: str, slice_no: int, owner: str, *,
                    steer: Steer | None = None) -> Claimed | None:
         """The slice as a Claimed for `owner`, which already holds its lease (a provider
-        batch's submission, examforge.batching), read without changing the lease; None when
+        batch's submission, runner.batching), read without changing the lease; None when
         `owner` does not hold it (any more). Commits through it are fenced as usual."""
         key = {"k_exam": slug, "k_chapter": chapter_id, "k_slice": slice_no}
         with self._read() as conn:
@@ -157,8 +96,8 @@ class Leases(Ledger):
             attempts_since_progress=row.attempts_since_progress, took_over_calls=took_over,
             slice_no=slice_no, first_number=row.first_number,
             chapter_target=chapter_target or row.target,
-            recent=(steer.select(conn, slug, chapter_id, chapter_target or row.target,
-                                 seed=row.attempts) if steer is not None and numbers_texts
+            recent=(neardup.steered(conn, steer, slug, chapter_id,
+                                    chapter_target or row.target, seed=row.attempts) if steer is not None and numbers_texts
                     else tuple(t for _, t in numbers_texts[-RECENT_QUESTIONS:])),
             levels=self._levels(conn, row),
         )
@@ -217,7 +156,7 @@ class Leases(Ledger):
             return NotClaimed(NotClaimedReason.paused, detail=row.pause_reason or "")
         if row.lease_owner is not None and (row.lease_expires_at or 0) > row.now:
             return NotClaimed(NotClaimedReason.busy, retry_in_s=row.lease_expires_at - row.now,
-                              detail=f"held by {row.lease_owner}")
+                              detail=f"held by {row.lease_owner}", holder=row.lease_owner)
         if row.not_before_at is not None and row.not_before_at > row.now:
             return NotClaimed(NotClaimedReason.backoff, retry_in_s=row.not_before_at - row.now)
         if row.attempts_since_progress >= max_attempts:
@@ -245,8 +184,7 @@ class Leases(Ledger):
         keeps its holder's lease until that call's reply is committed (Planning.cancel)."""
         if not owners:
             return set()
-        live = and_(S.c.lease_owner.in_(owners), S.c.lease_expires_at > self._now,
-                    S.c.state.in_((ChapterState.running.value, ChapterState.cancelled.value)))
+        live = lease_fence(self._now, owner=S.c.lease_owner.in_(owners))
         with self._write(self._heartbeat_engine(), urgent=True) as conn:
             if conn.dialect.name != "postgresql":  # one writer at a time: nothing to skip
                 return set(conn.execute(
@@ -307,4 +245,6 @@ class Leases(Ledger):
                                else_=E.c.state),
                     pause_reason=case((failures >= pause_exam_after, error[:500]),
                                       else_=E.c.pause_reason),
+                    pause_code=case((failures >= pause_exam_after, PauseCode.auth.value),
+                                    else_=E.c.pause_code),
                     updated_at=self._now))

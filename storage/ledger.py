@@ -6,26 +6,24 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass
-from enum import Enum
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import Any, Sequence
 
-from sqlalchemy import and_, bindparam, case, func, insert, literal, or_, select, update
+from sqlalchemy import and_, bindparam, case, func, insert, literal, select, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from examforge.balance import balanced
-from examforge.errors import LeaseLost, Rejection
+from examforge.errors import LeaseLost, PauseCode, Rejection
 from examforge.neardup import Checker, Scope
 from examforge.output import Question as ParsedQuestion
 from examforge.output import text_hash
 from storage import neardup
-from storage.base import BUDGET_PAUSE_PREFIX, IN_FLIGHT_CALL, SLICE_KEY, E, K, Q, S, StoreBase
+from storage.base import (BUDGET_PAUSE_PREFIX, IN_FLIGHT_CALL, SLICE_KEY, E, K, Q, S, StoreBase,
+                          lease_fence)
 from storage.db import READ_ONLY
 from storage.models import CallOutcome, CallReason, ChapterState, ExamState
-
-if TYPE_CHECKING:
-    from storage.leases import Claimed
+from storage.types import (CallPlan, ChapterView, Claimed, Committed, NoRoom, Planner, SendCheck,
+                           Steer, Usage)
 
 # What a prompt shows of the questions a chapter already has when no steering is asked for
 # (see examforge.prompt and storage.neardup.steering).
@@ -48,145 +46,6 @@ def question_row(q: ParsedQuestion) -> dict[str, Any]:
             "difficulty": q.difficulty, "bloom": q.bloom}
 
 
-@dataclass(frozen=True)
-class Usage:
-    """What one call consumed, as booked in the ledger."""
-
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cost_usd: float = 0.0
-    endpoint: str | None = None  # "primary" or "fallback"
-    estimated: bool = False  # our own count: the provider sent none, or never replied
-    cached_tokens: int = 0  # of prompt_tokens, read from the provider's prompt cache
-    # The processing tier the reply says served the call (its cost is priced at it); None
-    # when the reply named none, or there was no reply.
-    service_tier: str | None = None
-
-
-@dataclass(frozen=True)
-class NoRoom:
-    """A call's worst case does not fit in what is left of the exam's budget."""
-
-    budget_usd: float
-    spent_usd: float
-    reserved_usd: float  # by the calls in flight (their real cost may turn out lower)
-    needed_usd: float
-    # Calls of the exam in flight under a live lease of their own holder (those of dead
-    # holders were settled first): only these can free room by settling below their worst
-    # case, so only these are worth waiting for.
-    in_flight: int = 0
-
-    @property
-    def headroom_usd(self) -> float:
-        return max(0.0, self.budget_usd - self.spent_usd - self.reserved_usd)
-
-
-class SendCheck(str, Enum):
-    """What `Ledger.may_send` found right before a recorded call goes out."""
-
-    send = "send"
-    cancelled = "cancelled"  # the slice was cancelled: the call was booked as not sent
-    lost = "lost"  # the lease is gone: the call was booked as not sent
-
-
-@dataclass(frozen=True)
-class Committed:
-    stored: int  # in the slice's range
-    target: int  # the slice's
-    # The next call, recorded in the commit's own transaction when the caller planned one.
-    next_call: int | NoRoom | None = None
-    # The questions of the batch that another slice of the chapter had stored first (dropped),
-    # and the chapter's latest stored questions, all slices, read in the commit's transaction.
-    duplicates: int = 0
-    recent: tuple[str, ...] = ()
-    kept: tuple[str, ...] = ()  # the texts of the questions this commit stored
-    near_duplicates: int = 0  # of `duplicates`, those dropped as near-duplicates
-    surplus: int = 0  # new questions beyond what the slice lacked (not stored, not repeats)
-    # The slice was cancelled while the call ran: its questions are stored, nothing more is
-    # planned, and the lease is given up.
-    cancelled: bool = False
-
-    @property
-    def done(self) -> bool:
-        return self.stored >= self.target
-
-
-@dataclass(frozen=True)
-class ChapterLevels:
-    """A chapter's `difficulty` (as shares) and `bloom` from its slice row, and the slice's
-    stored questions per difficulty when it was read (examforge.levels)."""
-
-    difficulty: dict[str, float] | None = None
-    bloom: tuple[str, ...] = ()
-    stored: dict[str, int] = dataclasses.field(default_factory=dict)
-
-    @classmethod
-    def from_row(cls, difficulty: str | None, bloom: str | None) -> "ChapterLevels":
-        value = json.loads(difficulty) if difficulty else None
-        shares = {value: 1.0} if isinstance(value, str) else value
-        return cls(shares, tuple(json.loads(bloom)) if bloom else ())
-
-
-@dataclass(frozen=True)
-class ChapterView:
-    """What a planner sees of a chapter, inside the transaction that frees its next call."""
-
-    exam: str
-    chapter_id: str
-    exam_title: str
-    title: str
-    prompt: str | None
-    stored: int  # in the slice's range
-    target: int  # the slice's
-    slice_no: int = 0
-    first_number: int = 1
-    chapter_target: int = 0
-    recent: tuple[str, ...] = ()  # the chapter's latest stored questions, all slices
-    levels: ChapterLevels = ChapterLevels()
-
-    @property
-    def next_number(self) -> int:
-        """The number the next stored question of the slice gets."""
-        return self.first_number + self.stored
-
-
-@dataclass(frozen=True)
-class Steer:
-    """What the next prompts list of the chapter's stored questions: at most `avoid` of them,
-    chosen over the whole chapter (`chapter`, storage.neardup.steering) or the newest only
-    (`recent`: what examforge did before)."""
-
-    avoid: int = neardup.DEFAULT_AVOID_QUESTIONS
-    mode: str = "chapter"
-
-    def select(self, conn: Connection, exam: str, chapter_id: str, chapter_target: int,
-               seed: int) -> tuple[str, ...]:
-        if self.mode == "recent":
-            return tuple(reversed(conn.execute(
-                select(Q.c.question).where(Q.c.exam == exam, Q.c.chapter_id == chapter_id)
-                .order_by(Q.c.id.desc()).limit(self.avoid)).scalars().all()))
-        return neardup.steering(conn, exam, chapter_id, self.avoid, (1, chapter_target), seed)
-
-
-@dataclass(frozen=True)
-class CallPlan:
-    """A call to record (and reserve against the budget) before it is sent."""
-
-    first_number: int
-    requested: int
-    prompt_tokens: int = 0
-    max_tokens: int | None = None
-    reserve_usd: float = 0.0
-    model: str | None = None
-    price_known: bool = True
-
-
-# Called inside a write transaction (the claim, or a batch's commit) with the chapter as it now
-# stands: returns the next call to record in that same transaction, or None for none (the
-# chapter is complete, or the rate limiter asks to wait, which must happen outside it).
-Planner = Callable[[ChapterView], "CallPlan | None"]
-
-
 class Ledger(StoreBase):
     """Calls: started, finished, committed with their batch; budgets reserved and settled."""
 
@@ -206,8 +65,8 @@ class Ledger(StoreBase):
         (Planning.cancel); a regenerated chapter's slices are gone, so its calls have none."""
         return select(S.c.exam).where(
             S.c.exam == K.c.exam, S.c.chapter_id == K.c.chapter_id,
-            S.c.slice_no == K.c.slice_no, S.c.lease_owner == K.c.worker,
-            S.c.lease_expires_at > self._now).exists()
+            S.c.slice_no == K.c.slice_no,
+            lease_fence(self._now, owner=S.c.lease_owner == K.c.worker, states=None)).exists()
 
     def _settle_orphans(self, conn: Connection, slug: str,
                         chapter_ids: Sequence[str] | None = None) -> int:
@@ -294,7 +153,8 @@ class Ledger(StoreBase):
             reserved_usd=E.c.reserved_usd - bindparam("p_reserved"),
             spent_usd=E.c.spent_usd + bindparam("p_cost"),
             state=case((over, ExamState.paused.value), else_=E.c.state),
-            pause_reason=case((over, literal(BUDGET_SPENT_REASON)), else_=E.c.pause_reason))
+            pause_reason=case((over, literal(BUDGET_SPENT_REASON)), else_=E.c.pause_reason),
+            pause_code=case((over, literal(PauseCode.budget.value)), else_=E.c.pause_code))
 
     def start_call(self, claim: Claimed, first_number: int, requested: int, *,
                    lease_s: float, prompt_tokens: int = 0,
@@ -307,11 +167,10 @@ class Ledger(StoreBase):
         for a call that had to wait for the rate limiter, or to shrink to fit the budget."""
         with self._write() as conn:
             self._exam_first(conn, claim.exam)
-            held = conn.execute(
-                update(S).where(*claim.where(), S.c.lease_owner == claim.owner,
-                                S.c.lease_expires_at > self._now,
-                                S.c.state == ChapterState.running.value)
-                .values(lease_expires_at=self._now + lease_s)).rowcount
+            held = conn.execute(self._stmt("start_call_fence", lambda: (
+                update(S).where(*SLICE_KEY, lease_fence(self._now, states=(ChapterState.running.value,)))
+                .values(lease_expires_at=self._now + bindparam("p_lease")))),
+                {**claim.fence_params(), "p_lease": lease_s}).rowcount
             if held != 1:
                 raise LeaseLost(f"lease on {claim.exam}/{claim.chapter_id} lost before a call")
             started = self._start_planned(conn, claim, CallPlan(
@@ -432,10 +291,8 @@ class Ledger(StoreBase):
             conn = conn.execution_options(**{READ_ONLY: True})
         with conn:
             state = conn.execute(self._stmt("may_send", lambda: (
-                select(S.c.state).where(*SLICE_KEY, S.c.lease_owner == bindparam("k_owner"),
-                                        S.c.lease_expires_at > self._now))), {
-                "k_exam": claim.exam, "k_chapter": claim.chapter_id,
-                "k_slice": claim.slice_no, "k_owner": claim.owner}).scalar_one_or_none()
+                select(S.c.state).where(*SLICE_KEY, lease_fence(self._now, states=None)))),
+                claim.fence_params()).scalar_one_or_none()
         if state == ChapterState.running.value:
             return SendCheck.send
         return self.not_sent(claim, call_id)
@@ -532,13 +389,10 @@ class Ledger(StoreBase):
         # questions are stored, and no next call is planned.
         held = conn.execute(self._stmt("fence", lambda: (
             update(S)
-            .where(*SLICE_KEY, S.c.lease_owner == bindparam("k_owner"),
-                   S.c.lease_expires_at > self._now,
-                   or_(S.c.state == ChapterState.running.value,
-                       S.c.state == ChapterState.cancelled.value))
+            .where(*SLICE_KEY, lease_fence(self._now))
             .values(lease_expires_at=self._now + bindparam("p_lease"), updated_at=self._now)
             .returning(S.c.target, S.c.first_number, S.c.updated_at, S.c.state))),
-            {**key, "k_owner": claim.owner, "p_lease": lease_s}).one_or_none()
+            {**claim.fence_params(), "p_lease": lease_s}).one_or_none()
         if held is None:
             raise LeaseLost(f"lease on {claim.exam}/{claim.chapter_id}/{claim.slice_no} "
                             "lost before commit")
@@ -619,8 +473,8 @@ class Ledger(StoreBase):
             key)
         recent: tuple[str, ...] = ()
         if steer is not None:
-            recent = steer.select(conn, claim.exam, claim.chapter_id, claim.chapter_target,
-                                  seed=call_id)
+            recent = neardup.steered(conn, steer, claim.exam, claim.chapter_id,
+                                     claim.chapter_target, seed=call_id)
         elif claim.chapter_target > claim.target:
             # Other slices write this chapter too: the next prompts show what it has now.
             recent = tuple(reversed(conn.execute(
@@ -637,7 +491,7 @@ class Ledger(StoreBase):
             return result
         if cancelled:
             # Let go, unless the holder has more calls of this slice in flight: a provider
-            # batch (examforge.batching) may hold several lines of one slice, each paid for,
+            # batch (runner.batching) may hold several lines of one slice, each paid for,
             # whose replies must still be committed through this lease (the batch runner
             # lets the slice go once all its lines are booked). A synchronous holder has
             # one call in flight at a time: this one.

@@ -23,11 +23,11 @@ class ExamMode(str, Enum):
     """How an exam's calls are sent (migration 0018)."""
 
     sync = "sync"  # one request at a time, by the chapter tasks (Celery or `producer run`)
-    batch = "batch"  # in provider batches (examforge.batching); no chapter task is published
+    batch = "batch"  # in provider batches (runner.batching); no chapter task is published
 
 
 class BatchState(str, Enum):
-    """A submission's life (examforge.batching). The first three are the submission protocol's
+    """A submission's life (runner.batching). The first three are the submission protocol's
     steps: a submitter whose lease lapses in one of them is recovered by listing the
     provider's batches first (see README, "Batch mode")."""
 
@@ -107,6 +107,9 @@ class Exam(SQLModel, table=True):
     title: str = Field(sa_column=Column(Text, nullable=False))
     state: str = Field(default=ExamState.active.value, max_length=16)
     pause_reason: Optional[str] = Field(default=None, sa_column=Column(Text))
+    # Why it is paused, as examforge.errors.PauseCode (migration 0020): what ends the pause is
+    # decided by this, never by matching pause_reason's text.
+    pause_code: Optional[str] = Field(default=None, max_length=16)
     auth_failures: int = 0
     # Money, in USD. For an exam with a budget, `spent_usd` is the booked cost of every call
     # (the sum of the ledger's cost_usd) and `reserved_usd` the worst cases of the calls in
@@ -362,7 +365,7 @@ class DatabaseIdentity(SQLModel, table=True):
 
 
 class Batch(SQLModel, table=True):
-    """One submission to a provider's Batch API (examforge.batching, migration 0018).
+    """One submission to a provider's Batch API (runner.batching, migration 0018).
 
     `id` is the submission id, written before anything is sent: the submission holds its
     slices' leases and its calls as the owner `batch/<id>`, and the provider's batch carries it

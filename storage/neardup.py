@@ -50,14 +50,13 @@ from sqlalchemy.engine import Connection
 
 from examforge.neardup import Checker, Scope, Signature, band_keys, signature
 from storage.models import DedupLock, Exam, Question, QuestionSig, new_epoch
+from storage.types import Steer
 
 QS = QuestionSig.__table__  # type: ignore[attr-defined]
 E = Exam.__table__  # type: ignore[attr-defined]
 DL = DedupLock.__table__  # type: ignore[attr-defined]
 Q = Question.__table__  # type: ignore[attr-defined]
 
-# What a prompt lists of the chapter's stored questions, by default (AVOID_QUESTIONS).
-DEFAULT_AVOID_QUESTIONS = 40
 
 
 @dataclass(frozen=True)
@@ -383,7 +382,7 @@ def _steer_statement(name: str, dialect: str = "") -> Any:
 class Steering(tuple):  # type: ignore[type-arg]
     """What the next prompts list, as the flat tuple of texts a prompt shows (sample, newest,
     repeated: least important first), and its three parts, so that a caller adding the
-    questions it has just received (examforge.pipeline) replaces the newest with them and
+    questions it has just received (runner.pipeline) replaces the newest with them and
     keeps the sample that makes the list cover the whole chapter."""
 
     sample: tuple[str, ...]
@@ -453,3 +452,14 @@ def steering(conn: Connection, exam: str, chapter_id: str, limit: int,
     # Most important last in each part (the statements read newest and most repeated first).
     return Steering([t for _, t in sample], [t for _, t in reversed(newest)],
                     [t for _, t in reversed(repeated)])
+
+
+def steered(conn: Connection, steer: Steer, exam: str, chapter_id: str, chapter_target: int,
+            seed: int) -> tuple[str, ...]:
+    """The stored questions of the chapter the next prompt lists, as `steer` asks: chosen
+    over the whole chapter (`steering`) or the newest only (mode `recent`)."""
+    if steer.mode == "recent":
+        return tuple(reversed(conn.execute(
+            select(Q.c.question).where(Q.c.exam == exam, Q.c.chapter_id == chapter_id)
+            .order_by(Q.c.id.desc()).limit(steer.avoid)).scalars().all()))
+    return steering(conn, exam, chapter_id, steer.avoid, (1, chapter_target), seed)

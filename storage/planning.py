@@ -11,10 +11,11 @@ from typing import Any, Iterable, Iterator, Sequence
 from sqlalchemy import bindparam, case, delete, func, select, update
 from sqlalchemy.engine import Connection
 
+from examforge.errors import PauseCode, UnknownChapter
 from examforge.syllabus import Chapter as SyllabusChapter
 from examforge.syllabus import Syllabus, slice_ranges
 from storage import neardup
-from storage.base import ACTIVE_STATES, BUDGET_PAUSE_PREFIX, E, K, Q, S
+from storage.base import ACTIVE_STATES, E, K, Q, S
 from storage.ledger import Ledger
 from storage.models import CallOutcome, ChapterState, ExamState
 
@@ -209,9 +210,10 @@ class Planning(Ledger):
         # Paused because the budget ran out, and the new one leaves room: carry on.
         conn.execute(update(E).where(
             E.c.slug == slug, E.c.state == ExamState.paused.value,
-            E.c.pause_reason.like(f"{BUDGET_PAUSE_PREFIX}%"),
+            E.c.pause_code == PauseCode.budget.value,
             E.c.spent_usd + E.c.reserved_usd < budget_usd)
-            .values(state=ExamState.active.value, pause_reason=None, updated_at=self._now))
+            .values(state=ExamState.active.value, pause_reason=None, pause_code=None,
+                    updated_at=self._now))
 
     def mark_enqueued(self, slug: str, slices: Sequence[SliceRef], epoch: str | None,
                       requeue_reason: str | None = None) -> None:
@@ -238,8 +240,8 @@ class Planning(Ledger):
         with self._write() as conn:
             self._require_exam(conn, slug)
             conn.execute(update(E).where(E.c.slug == slug).values(
-                state=ExamState.active.value, pause_reason=None, auth_failures=0,
-                updated_at=self._now))
+                state=ExamState.active.value, pause_reason=None, pause_code=None,
+                auth_failures=0, updated_at=self._now))
             self._reset_failed(conn, slug, None)
             return [(r.chapter_id, r.slice_no) for r in conn.execute(
                 select(S.c.chapter_id, S.c.slice_no)
@@ -288,8 +290,6 @@ class Planning(Ledger):
                     S.c.exam == slug, S.c.chapter_id.in_(chapter_ids)).distinct()).scalars())
                 unknown = [c for c in chapter_ids if c not in known]
                 if unknown:
-                    from examforge.errors import UnknownChapter
-
                     raise UnknownChapter(f"chapter {unknown[0]!r} is not in exam {slug}")
                 where.append(S.c.chapter_id.in_(chapter_ids))
             cancelled = len(set(self._cancel_slices(conn, where)))
@@ -298,13 +298,14 @@ class Planning(Ledger):
             self._settle_orphans(conn, slug, chapter_ids or None)
             return cancelled
 
-    def pause_exam(self, slug: str, reason: str) -> bool:
-        """Stop sending anything for the exam until a person acts (`resume`, a raised budget).
-        Running calls finish and are kept. False if it was not active (already paused)."""
+    def pause_exam(self, slug: str, reason: str, code: PauseCode) -> bool:
+        """Stop sending anything for the exam until a person acts (`resume`, or a raised budget
+        for `PauseCode.budget`). Running calls finish and are kept. False if it was not active
+        (already paused)."""
         with self._write() as conn:
             return conn.execute(update(E).where(
                 E.c.slug == slug, E.c.state == ExamState.active.value).values(
-                state=ExamState.paused.value, pause_reason=reason[:500],
+                state=ExamState.paused.value, pause_reason=reason[:500], pause_code=code.value,
                 updated_at=self._now)).rowcount == 1
 
 

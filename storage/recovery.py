@@ -9,9 +9,11 @@ from typing import Iterable
 
 from sqlalchemy import and_, func, or_, select, tuple_, update
 
+from examforge.errors import PauseCode
 from storage.base import (ACTIVE_SLICE, BUDGET_PAUSE_PREFIX, HELD_CANCELLED, IN_FLIGHT_CALL,
                           E, K, S)
-from storage.leases import Leases, slice_where
+from storage.base import slice_where
+from storage.leases import Leases
 from storage.models import CallOutcome, ChapterState, ExamMode, ExamState
 
 
@@ -214,6 +216,7 @@ class Recovery(Leases):
                          ~in_flight)
             return list(conn.execute(update(E).where(spent).values(
                 state=ExamState.paused.value, updated_at=self._now,
+                pause_code=PauseCode.budget.value,
                 pause_reason=f"{BUDGET_PAUSE_PREFIX} nothing more fits in the exam's budget "
                              "and no call is in flight; raise it (enqueue --budget-usd) to go on")
                 .returning(E.c.slug)).scalars())

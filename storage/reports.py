@@ -15,7 +15,8 @@ from sqlalchemy.engine import Connection
 
 from examforge.errors import BadCursor
 from storage.base import ACTIVE_SLICE, ACTIVE_STATES, IN_FLIGHT_CALL, E, K, Q, S, StoreBase
-from storage.batches import B, BatchRow, submission_of
+from storage.batches import B
+from storage.types import BatchRow, submission_of
 from storage.models import CallOutcome, ChapterState
 
 
@@ -299,6 +300,8 @@ class ExamReport:
     mode: str = "sync"  # how the exam is generated: sync, or batch (the provider's Batch API)
     # Its submissions to the provider's Batch API, newest first (storage.batches).
     batches: list[BatchRow] = field(default_factory=list)
+    # Why it is paused, as examforge.errors.PauseCode (pause_reason is its human text).
+    pause_code: str | None = None
 
     @property
     def finished(self) -> bool:
@@ -580,7 +583,7 @@ class Reports(StoreBase):
         started_at, finished_at = times.first, times.last if finished else None
         return ExamReport(
             exam=slug, title=exam.title, state=exam_state(exam.state, counts),
-            pause_reason=exam.pause_reason, chapters=counts,
+            pause_reason=exam.pause_reason, pause_code=exam.pause_code, chapters=counts,
             questions=Progress(sum(c.questions.target for c in listed),
                                sum(c.questions.done for c in listed)),
             usage=usage.rounded(), cost_usd=round(usage.cost_usd, 6),

@@ -24,8 +24,8 @@ from typing import Any
 from sqlalchemy import and_, case, func, select, update
 from sqlalchemy.engine import Connection
 
-from examforge.errors import UserError
-from storage.base import ACTIVE_STATES, BUDGET_PAUSE_PREFIX, E, K, Q, S
+from examforge.errors import IdempotencyKeyReused, PauseCode
+from storage.base import ACTIVE_STATES, E, K, Q, S
 from storage.models import (
     FINAL_RUN_STATES,
     CallOutcome,
@@ -41,10 +41,6 @@ from storage.reports import ExamReport, ExamStatus
 
 R = Run.__table__  # type: ignore[attr-defined]
 Y = StoredSyllabus.__table__  # type: ignore[attr-defined]
-
-
-class IdempotencyKeyReused(UserError):
-    """Raised when an Idempotency-Key comes back with a request other than its first."""
 
 
 @dataclass(frozen=True)
@@ -281,8 +277,9 @@ class Runs(Ledger):
         with self._write() as conn:
             conn.execute(update(E).where(
                 E.c.slug == slug, E.c.state == ExamState.paused.value,
-                ~func.coalesce(E.c.pause_reason, "").like(f"{BUDGET_PAUSE_PREFIX}%"))
-                .values(state=ExamState.active.value, pause_reason=None, auth_failures=0,
+                func.coalesce(E.c.pause_code, "") != PauseCode.budget.value)
+                .values(state=ExamState.active.value, pause_reason=None, pause_code=None,
+                        auth_failures=0,
                         updated_at=self._now))
             self._restart_cancelled(conn, slug)
 

@@ -19,23 +19,24 @@ It is split by concept, one module each: `planning` (what the producer records a
 batches), `recovery` (what the reconciler finds), `reports` (status and exports), `imports`
 (questions paid for elsewhere), `runs` (the HTTP API's runs and stored syllabi) and
 `housekeeping` (pruning finished exams), on top of `base`
-(the tables and the database clock).
+(the tables, the database clock and the lease fence) and `types` (the value types they take
+and return, re-exported here).
 """
 
 from __future__ import annotations
 
-from storage.base import ACTIVE_STATES, BUDGET_PAUSE_PREFIX, E, K, Q, S
-from storage.batches import Batches, BatchRow, owner_of, submission_of
+from storage.base import ACTIVE_STATES, BUDGET_PAUSE_PREFIX, E, K, Q, S, slice_where
+from storage.batches import Batches
 from storage.housekeeping import Housekeeping
 from storage.identity import Identity
 from storage.imports import Imports
-from storage.leases import Claimed, NotClaimed, NotClaimedReason, slice_where
-from storage.ledger import (CallPlan, ChapterView, Committed, NoRoom, Planner, SendCheck, Steer,
-                            Usage)
 from storage.planning import DEFAULT_SLICE_QUESTIONS, EnqueuePlan, Planning, SliceRef
 from storage.recovery import LostAudit, Orphan, Recovery, RequeueReason, SliceKey
 from storage.reports import Reports
-from storage.runs import IdempotencyKeyReused, RunActivity, RunEvent, RunRow, Runs
+from storage.runs import RunActivity, RunEvent, RunRow, Runs
+from storage.types import (BatchRow, CallPlan, ChapterView, Claimed, Committed, NoRoom, NotClaimed,
+                           NotClaimedReason, Planner, SendCheck, Steer, Usage, owner_of,
+                           submission_of)
 
 
 class Store(Planning, Recovery, Reports, Imports, Housekeeping, Runs, Identity, Batches):
@@ -43,7 +44,7 @@ class Store(Planning, Recovery, Reports, Imports, Housekeeping, Runs, Identity, 
 
 
 __all__ = ["ACTIVE_STATES", "BUDGET_PAUSE_PREFIX", "BatchRow", "Batches", "DEFAULT_SLICE_QUESTIONS", "CallPlan",
-           "ChapterView", "Claimed", "Committed", "E", "EnqueuePlan", "IdempotencyKeyReused", "K", "LostAudit",
+           "ChapterView", "Claimed", "Committed", "E", "EnqueuePlan", "K", "LostAudit",
            "NoRoom", "NotClaimed", "NotClaimedReason", "Orphan", "Planner", "Q",
            "RequeueReason", "RunActivity", "RunEvent", "RunRow", "S", "SendCheck", "SliceKey", "SliceRef",
            "Steer", "Store", "Usage", "owner_of", "slice_where", "submission_of"]

@@ -1,5 +1,5 @@
 """Thin Celery tasks: unpack arguments, call the plain function, turn its result into Celery's
-retry mechanism. All the logic is in `examforge.pipeline` and `tasks.reconcile`."""
+retry mechanism. All the logic is in `runner.pipeline` and `tasks.reconcile`."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from celery.signals import setup_logging, worker_init, worker_ready, worker_shut
 from sqlalchemy.exc import InterfaceError, OperationalError
 
 from examforge.errors import ConfigError, DatabaseCorrupt, DatabaseUnavailable
-from examforge.pipeline import Runtime, process_chapter
+from runner.pipeline import Runtime, process_chapter
 from examforge.settings import Settings, load_settings
 
 from tasks.broker import BATCH_TASK, CHAPTER_TASK
@@ -158,9 +158,9 @@ _batch_runtime = None
 
 
 def batch_runtime():  # type: ignore[no-untyped-def]
-    """The worker's batch runtime (examforge.batching), built once per process."""
+    """The worker's batch runtime (runner.batching), built once per process."""
     global _batch_runtime
-    from examforge.batching import BatchRuntime
+    from runner.batching import BatchRuntime
 
     rt = runtime()  # outside the lock: runtime() takes it too (it is not reentrant)
     with _runtime_lock:
@@ -171,10 +171,10 @@ def batch_runtime():  # type: ignore[no-untyped-def]
 
 @app.task(bind=True, name=BATCH_TASK, ignore_result=True, acks_late=True)
 def batches(self) -> dict[str, int]:  # type: ignore[no-untyped-def]
-    """One batch pass (examforge.batching.run_pass): recover, poll, process, submit. Beat
+    """One batch pass (runner.batching.run_pass): recover, poll, process, submit. Beat
     sends it every BATCH_POLL_S and `enqueue --batch` once; passes in several workers at
     once are safe (each submission is taken under a lease, each call settled once)."""
-    from examforge.batching import run_pass
+    from runner.batching import run_pass
 
     try:
         rt = batch_runtime()

@@ -153,7 +153,7 @@ BATCH_TASK = "examforge.batches"
 
 
 def publish_batch_pass(app: Celery, origin: dict[str, str] | None = None) -> None:
-    """One batch pass (examforge.batching) now, instead of waiting for beat's next one: what
+    """One batch pass (runner.batching) now, instead of waiting for beat's next one: what
     `enqueue --batch` (and resume, retry) publish for a batch-mode exam."""
     try:
         app.send_task(BATCH_TASK, (), headers=origin)

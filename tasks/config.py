@@ -67,7 +67,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
                           "schedule": settings.reconcile_interval_s,
                           # A pass that waited ten intervals is stale: a newer one is queued.
                           "options": {"expires": settings.reconcile_interval_s * 10}},
-            # Batch mode (examforge.batching): a pass finds nothing to do for sync exams.
+            # Batch mode (runner.batching): a pass finds nothing to do for sync exams.
             "batches": {"task": "examforge.batches", "schedule": settings.batch_poll_s,
                         "options": {"expires": settings.batch_poll_s * 10}},
         },

@@ -102,7 +102,7 @@ def fake_runtimes(make_settings: Callable[..., Any], **defaults: Any) -> Iterato
     from fakellm import FakeLLM
 
     from examforge.llm import LLMClient
-    from examforge.pipeline import Runtime
+    from runner.pipeline import Runtime
     from examforge.syllabus import load_syllabus
     from storage import open_store
 

@@ -135,11 +135,11 @@ def repeat_rate(workdir: Path, steer: str, avoid: int, *, questions: int = 300,
     from sqlalchemy import select
 
     from examforge.output import normalise
-    from examforge.pipeline import Runtime
+    from runner.pipeline import Runtime
     from examforge.settings import Settings
     from examforge.syllabus import load_syllabus
     from mockllm import MockConfig, MockServer
-    from producer.local import run_local
+    from runner.local import run_local
     from storage import open_store
     from storage.base import K, Q
 

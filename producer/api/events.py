@@ -17,17 +17,16 @@ import asyncio
 import json
 import re
 import time
-from typing import TYPE_CHECKING, Any, AsyncIterator
+from typing import Any, AsyncIterator
 
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
+from producer.api.context import Context
+from producer.api.runs import run_view
 from storage.models import FINAL_RUN_STATES, RunState
-
-if TYPE_CHECKING:
-    from producer.api.app import Context
-    from storage.runs import RunRow
+from storage.runs import RunRow
 
 _ID_RE = re.compile(r"^(\d{1,18})(?:-([a-z]+))?$")
 
@@ -50,8 +49,6 @@ def stream(ctx: Context, run: RunRow, last_event_id: str | None) -> Response:
 
 
 async def _events(ctx: Context, run: RunRow, cursor: int) -> AsyncIterator[ServerSentEvent]:
-    from producer.api.runs import run_view
-
     store = ctx.store
     settle_by = time.monotonic() + ctx.settings.call_timeout_s + ctx.settings.lease_s
     paused = None  # the pause last announced

@@ -7,33 +7,33 @@ code (it is logged with its traceback, never sent).
 
 from __future__ import annotations
 
+import json
 import logging
 from http import HTTPStatus
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse
+from starlette.routing import Match, Route
 
 from examforge.errors import (
     BadCursor,
+    BadImportLine,
+    Conflict,
     DatabaseCorrupt,
     ExamforgeError,
+    IdempotencyKeyReused,
     InfrastructureError,
+    RunNotLaunched,
     SyllabusError,
     UnknownChapter,
     UnknownExam,
 )
-from producer.api.runs import RunNotLaunched
-from storage.runs import IdempotencyKeyReused
 
 PROBLEM_JSON = "application/problem+json"
 log = logging.getLogger("examforge.api")
-
-
-class Conflict(ExamforgeError):
-    """Raised when a request conflicts with the exam's state (409)."""
 
 
 def problem(status: int, detail: str, headers: dict[str, str] | None = None,
@@ -45,8 +45,6 @@ def problem(status: int, detail: str, headers: dict[str, str] | None = None,
 
 def problem_bytes(status: int, detail: str) -> bytes:
     """The same document, for the ASGI middlewares that answer before the app."""
-    import json
-
     return json.dumps({"type": "about:blank", "title": HTTPStatus(status).phrase,
                        "status": status, "detail": detail}).encode()
 
@@ -56,18 +54,14 @@ def _location(loc: tuple[Any, ...]) -> str:
     return ".".join(parts) or "request"
 
 
-def allowed_methods(request: Request) -> list[str]:
-    """The methods the API's routes accept on the request's path: Starlette's 405 names
-    only those of the first route that matched the path (FastAPI makes one route per
-    method), and the page's static files answer for every path not routed. Empty for a
-    path no route of the API has."""
-    from starlette.routing import Match, Route
-
+def allowed_methods(request: Request, router: APIRouter) -> list[str]:
+    """The methods the API's routes (`router`'s) accept on the request's path: Starlette's
+    405 names only those of the first route that matched the path (FastAPI makes one route
+    per method), and the page's static files answer for every path not routed. Empty for a
+    path no route of the API has. The router is passed in (by `install`), not imported: the
+    routes import this module."""
     methods: set[str] = set()
     scope = {**request.scope, "method": "GET"}
-    # The router's own routes: FastAPI's app wraps an included router in a route of its own.
-    from producer.api.routes import router
-
     for route in router.routes:
         if isinstance(route, Route) and route.methods:
             match, _ = route.matches({**scope, "path": request.url.path})
@@ -76,15 +70,16 @@ def allowed_methods(request: Request) -> list[str]:
     return sorted(methods)
 
 
-def install(app: FastAPI) -> None:
-    """Register the handlers that turn every error into a problem document."""
+def install(app: FastAPI, router: APIRouter) -> None:
+    """Register the handlers that turn every error into a problem document; `router` holds
+    the API's routes (a 405's Allow header names what they accept)."""
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         detail = exc.detail if isinstance(exc.detail, str) else HTTPStatus(exc.status_code).phrase
         headers = dict(getattr(exc, "headers", None) or {})
         status = exc.status_code
-        routed = allowed_methods(request) if status in (404, 405) and detail in (
+        routed = allowed_methods(request, router) if status in (404, 405) and detail in (
             "Not Found", "Method Not Allowed") else []
         if status == 404 and routed and request.method not in routed:
             status = 405  # the page's files answered for a path the API routes otherwise
@@ -109,7 +104,7 @@ def install(app: FastAPI) -> None:
     async def _ours(request: Request, exc: ExamforgeError) -> JSONResponse:
         if isinstance(exc, (UnknownExam, UnknownChapter)):
             return problem(404, str(exc))
-        if isinstance(exc, (SyllabusError, IdempotencyKeyReused, BadCursor)):
+        if isinstance(exc, (SyllabusError, IdempotencyKeyReused, BadCursor, BadImportLine)):
             return problem(422, str(exc))
         if isinstance(exc, Conflict):
             return problem(409, str(exc))

@@ -15,10 +15,18 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from sqlalchemy import text
 from starlette.concurrency import run_in_threadpool
 
-from examforge.errors import UnknownExam
-from examforge.syllabus import NAME_PATTERN, Syllabus, check_name, parse_syllabus
+from fastapi.routing import APIRoute
+from prometheus_client import CONTENT_TYPE_LATEST
+from sqlalchemy.exc import DBAPIError
+
+from examforge.banks import BankChapter, BankExam, write_bank
+from examforge.errors import Conflict, ExamforgeError, ExportInterrupted, UnknownExam
+from examforge.syllabus import NAME_PATTERN, Syllabus, check_name, load_syllabus, parse_syllabus
 from producer.api import schemas
-from producer.api.problems import Conflict, problem, responses
+from producer.api.events import stream
+from producer.api.problems import problem, responses
+from producer.api.runs import client_of, parse_key, run_view, start_run
+from producer.batches import cancel_batches
 from producer.export import (
     FORMATS,
     TABLE_FORMATS,
@@ -26,8 +34,9 @@ from producer.export import (
     bank_questions,
     default_name,
 )
-from producer.syllabi import file_syllabus
+from producer.syllabi import file_syllabus, resolve
 from producer.views import status_dict, summary_dict, when
+from storage.db import database_error
 from storage.reports import EXAM_PAGE
 
 router = APIRouter()
@@ -58,9 +67,6 @@ def _syllabus_schema() -> dict[str, Any]:
             responses=responses(503))
 def healthz(c: Ctx) -> Any:
     """The database answers, and the broker (not used by serve --local)."""
-    from sqlalchemy.exc import DBAPIError
-
-    from storage.db import database_error
 
     try:
         with c.store.engine.connect() as conn:
@@ -69,8 +75,6 @@ def healthz(c: Ctx) -> Any:
         return problem(503, f"database: {database_error(exc, c.store.engine.url)}")
     broker = "not used"
     if c.work.mode == "celery":
-        from examforge.errors import ExamforgeError
-
         try:
             c.work.check()
         except ExamforgeError as exc:
@@ -86,8 +90,6 @@ def healthz(c: Ctx) -> Any:
 def metrics(c: Ctx) -> Response:
     """Prometheus metrics, read from the database at each scrape (what may have moved since
     the last one: producer.api.metrics)."""
-    from prometheus_client import CONTENT_TYPE_LATEST
-
     assert c.metrics is not None
     return Response(c.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
@@ -135,8 +137,6 @@ def _never_run(c: Any) -> list[dict[str, Any]]:
 
 def _file_syllabi(settings: Any) -> dict[str, tuple[str, list[int], float]]:
     """The syllabi of EXAMS_DIR that load: slug -> (title, chapter targets, file's mtime)."""
-    from examforge.errors import ExamforgeError
-    from examforge.syllabus import load_syllabus
 
     out: dict[str, tuple[str, list[int], float]] = {}
     root = settings.exams_dir
@@ -193,8 +193,6 @@ def get_exam(slug: Slug, c: Ctx) -> Any:
     """The exam's status (`status --json`); a syllabus stored and never run is `new`."""
     if c.store.exam_exists(slug):
         return status_dict(c.store.status(slug))
-    from producer.syllabi import resolve
-
     syllabus = resolve(c.settings, slug, c.store)
     zero = {"total": len(syllabus.chapters), "pending": 0, "running": 0, "done": 0,
             "failed": 0, "cancelled": 0}
@@ -217,8 +215,6 @@ def post_run(slug: Slug, c: Ctx, request: Request,
     """Start generating what the exam is missing; answers at once with the run (202).
     `{"batch": true}` generates it through the provider's Batch API (the run then reports
     its batches, and what it waits on in `state_detail`)."""
-    from producer.api.runs import client_of, parse_key, run_view, start_run
-
     key = parse_key(idempotency_key)
     if key is None:
         return problem(400, "the Idempotency-Key header is required (a string of up to 255 "
@@ -235,8 +231,6 @@ def post_run(slug: Slug, c: Ctx, request: Request,
             responses=responses(401, 404, 422))
 def list_runs(slug: Slug, c: Ctx) -> Any:
     """The exam's runs, newest first (the last 20)."""
-    from producer.api.runs import run_view
-
     runs = c.store.exam_runs(slug)
     if not runs and not c.store.exam_exists(slug):
         _require_known(c, slug)
@@ -244,8 +238,6 @@ def list_runs(slug: Slug, c: Ctx) -> Any:
 
 
 def _require_known(c: Any, slug: str) -> None:
-    from producer.syllabi import resolve
-
     resolve(c.settings, slug, c.store)  # raises UnknownExam
 
 
@@ -259,8 +251,6 @@ def _run(c: Any, run_id: int) -> Any:
 @router.get("/runs/{run_id}", response_model=schemas.RunOut, tags=["runs"],
             responses=responses(401, 404, 422))
 def get_run(run_id: RunId, c: Ctx) -> Any:
-    from producer.api.runs import run_view
-
     return run_view(c, _run(c, run_id))
 
 
@@ -273,8 +263,6 @@ def cancel_run(run_id: RunId, c: Ctx) -> Any:
     `cancelled` event comes once those calls have settled. Stored questions stay. Cancelling a cancelled run changes nothing; a run
     that ended otherwise is 409. Closing a connection never cancels anything: only this
     does."""
-    from producer.api.runs import run_view
-
     run = _run(c, run_id)
     view = run_view(c, run)
     if view["state"] == "cancelled":
@@ -284,8 +272,6 @@ def cancel_run(run_id: RunId, c: Ctx) -> Any:
     c.store.cancel_run(run)
     # Its exam's provider batches too (batch mode): marked first, so that a provider that
     # cannot be reached now is asked by the batch runner's next poll.
-    from producer.batches import cancel_batches
-
     cancel_batches(c.settings, c.store, run.exam)
     return run_view(c, run)
 
@@ -306,8 +292,6 @@ def run_events(run_id: RunId, c: Ctx,
     """Server-Sent Events: `progress` per stored batch (data: done, target, cost_usd), then
     one `done`, `failed` or `cancelled` (data: the run) and the end. Ids come from the
     database: reconnect to any replica with Last-Event-ID and nothing is missed."""
-    from producer.api.events import stream
-
     return stream(c, _run(c, run_id), last_event_id)
 
 
@@ -377,8 +361,6 @@ def export(slug: Slug, request: Request, c: Ctx,
 
 def _build_bank(store: Any, slug: str, fmt: str) -> IO[bytes]:
     """The whole bank in a temporary file (memory up to 8 MB, then disk)."""
-    from examforge.banks import BankChapter, BankExam, write_bank
-
     title, chapters = store.outline(slug)
     exam = BankExam(slug, title, tuple(BankChapter(i, t, p) for i, t, p in chapters))
     # Closed by _read_chunks once sent (or below on failure), not by a `with` here.
@@ -422,10 +404,6 @@ class _Pipe:
         if self.buffer:
             self.chunks.put("".join(self.buffer).encode())
             self.buffer, self.size = [], 0
-
-
-class ExportInterrupted(RuntimeError):
-    """Raised mid-response when a streamed export's writer failed."""
 
 
 def _stream_export(store: Any, slug: str, fmt: str) -> Iterator[bytes]:
@@ -476,8 +454,6 @@ def _head_routes() -> None:
     HEAD to its own GET routes but FastAPI does not; each gets a HEAD route of its own, left
     out of the spec (it would double every GET operation there). Not for the event stream:
     its headers promise an endless body, and a HEAD would hold a stream open for nothing."""
-    from fastapi.routing import APIRoute
-
     for route in list(router.routes):
         if (isinstance(route, APIRoute) and "GET" in (route.methods or ())
                 and route.path != "/runs/{run_id}/events"):

@@ -23,29 +23,20 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from examforge.errors import InfrastructureError, UnknownExam
+from examforge.errors import (BrokerUnavailable, ExamforgeError, InfrastructureError,
+                              RunNotLaunched, UnknownExam)
 from examforge.syllabus import Syllabus
+from producer.api.context import Context
+from producer.syllabi import resolve
 from producer.views import batch_dict, when
 from storage.models import FINAL_RUN_STATES, RunState
+from storage.reports import waiting_text
 from storage.runs import RunRow, run_state
-
-if TYPE_CHECKING:
-    from producer.api.app import Context
 
 MAX_KEY_LENGTH = 255
 log = logging.getLogger("examforge.api")
-
-
-class RunNotLaunched(InfrastructureError):
-    """Raised when a run is stored but its work could not be handed on (the broker refused):
-    the run stays queued and is launched later (503)."""
-
-    def __init__(self, run_id: int, cause: Exception) -> None:
-        super().__init__(f"{cause}; run {run_id} is stored and stays queued: the same "
-                         "Idempotency-Key, or the server's next sweep, starts it")
-        self.run_id = run_id
 
 
 def parse_key(value: str | None) -> str | None:
@@ -84,8 +75,6 @@ def run_batches(ctx: Context, run: RunRow, report: Any) -> list[Any]:
 
 def waiting_detail(batches: list[Any]) -> str | None:
     """What a run waits on while its exam's slices are held by live provider batches."""
-    from storage.reports import waiting_text
-
     live = [b for b in batches if b.live]
     if not live:
         return None
@@ -164,8 +153,6 @@ def start_run(ctx: Context, slug: str, key: str, budget_usd: float | None,
     """The run of `client`'s `key` for this request (True if this request made it), its work
     handed on if it has not been yet: by this request, or by a repeat of the key when the
     first one died or the broker refused it. BrokerUnavailable (503) leaves the run queued."""
-    from producer.syllabi import resolve
-
     store = ctx.store
     syllabus = resolve(ctx.settings, slug, store)  # UnknownExam: 404, before any write
     store.forget_idempotency_keys(ctx.settings.api_idempotency_ttl_s)
@@ -189,8 +176,6 @@ def launch(ctx: Context, run: RunRow, syllabus: Syllabus | None = None) -> bool:
 
     Handing on twice (a claim that lapsed while its holder was slow) is harmless: `sync_exam`
     and the slices' deterministic task ids make a second enqueue change nothing."""
-    from producer.syllabi import resolve
-
     store = ctx.store
     if not store.claim_launch(run.id, ctx.settings.api_launch_grace_s):
         return False
@@ -223,8 +208,6 @@ def sweep(ctx: Context) -> int:
     the run and enqueuing, or the broker refused), and in --local resume the work of the
     runs that are launched and not finished (`LocalWork.resume`: one thread per exam per
     process). Returns how many runs it launched."""
-    from examforge.errors import BrokerUnavailable, ExamforgeError
-
     store = ctx.store
     launched = 0
     for run in store.unlaunched_runs(ctx.settings.api_launch_grace_s):

@@ -149,6 +149,9 @@ class ExamStatus(BaseModel):
     title: str
     state: str
     pause_reason: str | None
+    pause_code: str | None = Field(default=None, description=(
+        "Why it is paused, as a code: budget (a raised budget resumes it), provider, auth or "
+        "manual (resume); null unless paused."))
     chapters: ChapterCounts
     questions: Progress
     cost_usd: float

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from examforge.errors import DatabaseCorrupt
 from examforge.settings import Settings
 from examforge.syllabus import Syllabus
+from storage.models import ExamMode
 
 if TYPE_CHECKING:
     from storage import Store
@@ -66,7 +67,7 @@ class CeleryWork:
 
 
 class LocalWork:
-    """`producer run`'s code path (producer/local.py) in threads of this process, none of
+    """`producer run`'s code path (runner/local.py) in threads of this process, none of
     them tied to a request: a client that goes away stops nothing.
 
     One thread per exam, at most: a new run of an exam that a thread already works on hands
@@ -78,7 +79,7 @@ class LocalWork:
     mode = "local"
 
     def __init__(self, settings: Settings, store: Store) -> None:
-        from examforge.pipeline import Runtime
+        from runner.pipeline import Runtime
 
         self.settings, self.store = settings, store
         self.rt = Runtime.build(settings, store)
@@ -95,8 +96,6 @@ class LocalWork:
 
     def start(self, slug: str, syllabus: Syllabus, budget_usd: float | None,
               batch: bool = False) -> EnqueuePlan:
-        from storage.models import ExamMode
-
         plan = self.store.sync_exam(slug, syllabus, budget_usd=budget_usd,
                                     default_budget_usd=self.settings.budget_usd,
                                     slice_questions=self.settings.slice_questions)
@@ -109,8 +108,6 @@ class LocalWork:
         """Have this process work on the exam's `slices`: given to the exam's thread if it
         has one, else to a new one. A batch-mode exam gets a batch thread instead, which
         submits its slices to the provider's Batch API and polls its batches."""
-        from storage.models import ExamMode
-
         if self.rt.stopping.is_set():
             return
         if self.store.exam_mode(slug) is ExamMode.batch:
@@ -138,7 +135,7 @@ class LocalWork:
             return self._fed.pop(slug, [])
 
     def _run(self, slug: str) -> None:
-        from producer.local import run_local
+        from runner.local import run_local
 
         try:
             while True:
@@ -158,7 +155,7 @@ class LocalWork:
                 self._threads.pop(slug, None)
 
     def _resume_batches(self, slug: str) -> None:
-        from examforge.batching import BatchRuntime
+        from runner.batching import BatchRuntime
 
         with self._lock:
             if slug in self._batch_threads:
@@ -174,7 +171,7 @@ class LocalWork:
         """Batch passes for the exam every BATCH_POLL_S (sooner when a backoff ends) until
         nothing is left to submit and no batch of it is live; a paused exam's live batches
         are still collected (they are paid for)."""
-        from examforge.batching import run_pass
+        from runner.batching import run_pass
 
         rt = self._batch_rt
         try:

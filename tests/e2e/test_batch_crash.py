@@ -4,7 +4,7 @@ provider batches, every question is stored once, and the mock's paid batch lines
 the calls the exam needed. Also `enqueue --batch` with a Celery worker and beat.
 
 The kills after the upload and after the create use the test hook EXAMFORGE_TEST_BATCH_CRASH
-(examforge.batching._test_hook: the process SIGKILLs itself at that step); the kill while the
+(runner.batching._test_hook: the process SIGKILLs itself at that step); the kill while the
 create is in flight uses the mock's batch_create_delay_s and a SIGKILL from here."""
 
 from __future__ import annotations

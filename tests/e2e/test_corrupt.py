@@ -33,11 +33,11 @@ def generated(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A real database with rows, made once for the module: an exam of 24 chapters of 10
     questions generated against the mock by the pipeline `producer run` uses (in this
     process: a subprocess per test would cost seconds each)."""
-    from examforge.pipeline import Runtime
+    from runner.pipeline import Runtime
     from examforge.settings import Settings
     from examforge.syllabus import parse_syllabus
     from mockllm import MockConfig, MockServer
-    from producer.local import run_local
+    from runner.local import run_local
     from storage import open_store
 
     folder = tmp_path_factory.mktemp("generated")

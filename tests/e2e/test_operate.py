@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from examforge.errors import PauseCode
 from harness import dump
 from helpers import wait_for
 
@@ -111,7 +112,7 @@ def test_retry_re_enqueues_failed_chapters_and_leaves_a_pause_alone(deploy, mock
     assert dep.cli("enqueue", "demo").returncode == 0
     dep.worker(2)
     wait_for(lambda: dep.status("demo")["chapters"]["failed"] == 1, 60, "b to fail again")
-    dep.store.pause_exam("demo", "a person paused it")
+    dep.store.pause_exam("demo", "a person paused it", PauseCode.manual)
     retried = dep.cli("retry", "demo")
     assert "is paused (a person paused it)" in retried.stdout, retried.stdout
     assert dep.status("demo")["state"] == "paused"

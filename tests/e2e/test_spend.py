@@ -9,6 +9,8 @@ import time
 
 import pytest
 
+from examforge.errors import PauseCode
+
 from harness import Deployment, assert_stored_exactly_once, dump
 from helpers import wait_for
 from services import PrivateRedis
@@ -76,7 +78,7 @@ def test_a_budget_stops_the_exam_mid_way_and_a_raised_one_finishes_it(deploy, mo
     wait_for(lambda: dep.status("exam")["state"] == "paused", 60, "the budget to pause the exam")
     wait_for(lambda: dep.status("exam")["usage"]["calls_in_flight"] == 0, 30, "calls to settle")
     report = dep.status("exam")
-    assert report["pause_reason"].startswith("budget:"), report["pause_reason"]
+    assert report["pause_code"] == PauseCode.budget, report["pause_reason"]
     assert 0 < report["questions"]["done"] < 100
     bill = _bill(mock.usage())
     assert bill <= budget, (bill, budget)  # the provider's own count, not ours
@@ -107,7 +109,7 @@ def test_an_exhausted_quota_pauses_the_exam_after_a_handful_of_refusals(deploy, 
     time.sleep(3)  # nothing more is asked for once paused
     refused = mock.stats()["outcomes"].get("insufficient_quota", 0)
     report = dep.status("exam")
-    assert report["pause_reason"].startswith("quota:"), report["pause_reason"]
+    assert report["pause_code"] == PauseCode.provider, report["pause_reason"]
     assert "quota" in report["pause_reason"]
     assert 1 <= refused <= 8, refused  # at most the calls already in flight
     assert report["chapters"]["failed"] == 0

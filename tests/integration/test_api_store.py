@@ -10,7 +10,7 @@ from helpers import seed_at_0006
 from sqlalchemy import text
 
 from storage import Store, connect, migrate
-from storage.runs import IdempotencyKeyReused
+from examforge.errors import IdempotencyKeyReused
 
 
 def test_0007_adds_the_api_tables_keeping_what_is_stored(db_url):
@@ -133,7 +133,7 @@ class _CountingWork:
 def test_threads_racing_to_launch_one_run_hand_it_on_once(store, make_settings):
     from helpers import wait_for
 
-    from producer.api.app import Context
+    from producer.api.context import Context
     from producer.api.runs import launch
 
     store.put_syllabus("ex", '{"title": "Ex", "chapters": [{"id": "a", "title": "A", '

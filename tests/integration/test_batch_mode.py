@@ -4,6 +4,7 @@ chapter, recovery paging past 100 foreign batches, and a chapter larger than one
 
 from __future__ import annotations
 
+from examforge.errors import PauseCode
 import json
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,7 @@ import httpx
 import pytest
 from sqlalchemy import select
 
-from examforge.batching import BatchRuntime, PassResult, run_pass
+from runner.batching import BatchRuntime, PassResult, run_pass
 from examforge.syllabus import load_syllabus
 from helpers import wait_for, write_syllabus
 from storage import open_store
@@ -236,7 +237,7 @@ def test_an_upload_that_fails_sends_nothing_and_a_later_round_does(
 
 def test_the_reconciler_and_sync_workers_leave_a_submitted_batch_alone(
         make_settings, db_url, mock_llm, tmp_path, rt_of):
-    from examforge.pipeline import Runtime, process_chapter
+    from runner.pipeline import Runtime, process_chapter
 
     # The batch stays validating for a while: its slices and calls are held by it.
     mock_llm.configure(batch_validation_s=30)
@@ -286,7 +287,7 @@ def test_a_chapter_larger_than_one_call_reaches_its_target_in_rounds(
     """Rounds + numbered steering: the first round asks ceil(60/10) calls at once, each for
     its own numbers; what near-duplicate rejections leave missing is topped up by the next
     rounds. The duplicate rate is measured against sync mode on the same mock."""
-    from examforge.pipeline import Runtime, process_chapter
+    from runner.pipeline import Runtime, process_chapter
 
     mock_llm.configure(reword_rate=0.3, seed=7)
     settings, store = _setup(make_settings, db_url, mock_llm, tmp_path, [("a", 60)],
@@ -386,7 +387,7 @@ def test_the_budget_reserves_the_discounted_worst_case_and_pauses_when_nothing_f
 
     wait_for(stopped, 60, "the exam to pause or finish within its budget", interval_s=0.2)
     report = store.status("by")
-    assert report.state == "paused" and report.pause_reason.startswith("budget:")
+    assert report.state == "paused" and report.pause_code == PauseCode.budget
     assert set(lines) == {1}  # NoRoom: one line a round, never more than fits
     calls = _rows(store, "by")[0]
     assert calls and all(c.outcome == "used" for c in calls)
@@ -395,7 +396,7 @@ def test_the_budget_reserves_the_discounted_worst_case_and_pauses_when_nothing_f
 
 def test_booking_a_batch_twice_changes_nothing(make_settings, db_url, mock_llm, tmp_path,
                                                rt_of):
-    from examforge.batching import process_results
+    from runner.batching import process_results
 
     settings, store = _setup(make_settings, db_url, mock_llm, tmp_path, [("a", 12)])
     rt = rt_of(settings, store)

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from examforge.batching import run_pass
+from runner.batching import run_pass
 from helpers import wait_for
 from storage.models import BatchState
 from test_batch_mode import (_custom_ids, _paid_batch_lines, _provider_batches, _rows, _setup,
@@ -232,7 +232,7 @@ def test_a_submitter_frozen_while_claiming_leaves_no_slice_held_after_its_abando
     # calls so far booked not sent, its slices given back). The submitter wakes and claims
     # one more slice for a submission nobody will ever advance: that slice must not stay held
     # for BATCH_LEASE_S (a day) and then have its never-sent call booked at its worst case.
-    from examforge.batching import PassResult, _advance
+    from runner.batching import PassResult, _advance
     from storage import open_store
 
     settings, store = _setup(make_settings, db_url, mock_llm, tmp_path, [("a", 5), ("b", 5)],

@@ -15,7 +15,7 @@ import pytest
 from fakellm import question, reply
 from sqlalchemy import select
 
-from examforge.pipeline import Runtime, process_chapter
+from runner.pipeline import Runtime, process_chapter
 from examforge.tokens import count_messages, reserve_prompt_tokens
 from helpers import fake_runtimes, wait_for
 from storage.store import K

@@ -9,7 +9,7 @@ import pytest
 from fakellm import FakeLLM
 
 from examforge.llm import LLMClient
-from examforge.pipeline import Runtime, process_chapter
+from runner.pipeline import Runtime, process_chapter
 from examforge.syllabus import load_syllabus
 from helpers import write_syllabus
 from storage import connect, open_store

@@ -7,13 +7,12 @@ import threading
 import pytest
 from sqlalchemy import func, select, text
 
-from examforge.errors import LeaseLost, UnknownExam
+from examforge.errors import ExamRunning, LeaseLost, UnknownExam
 from examforge.output import Question
 from examforge.syllabus import load_syllabus
 from helpers import wait_for, write_syllabus
 from storage import Store, connect, migrate
 from storage.base import E, K, Q, S
-from storage.housekeeping import ExamRunning
 from storage.store import Claimed, Usage
 
 

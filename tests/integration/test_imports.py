@@ -9,7 +9,7 @@ from examforge.output import Question
 from examforge.syllabus import load_syllabus
 from helpers import write_syllabus
 from storage.base import K, Q, S
-from storage.imports import ChapterBusy, UnknownChapter
+from examforge.errors import ChapterBusy, UnknownChapter
 from storage.models import CallOutcome
 from storage.store import Claimed, Usage
 

@@ -11,7 +11,7 @@ from examforge.output import Question
 from examforge.syllabus import load_syllabus
 from helpers import seed_at_0006, write_syllabus
 from storage import Store, connect, migrate
-from storage.ledger import Usage
+from storage.types import Usage
 from storage.store import Claimed
 
 

@@ -352,7 +352,7 @@ def test_the_steering_sample_covers_the_whole_chapter_over_a_few_calls(store, tm
     shown: set[str] = set()
     with store.engine.connect() as conn:
         for seed in range(30):
-            picked = steer.select(conn, "ex", "a", 200, seed=seed)
+            picked = neardup.steered(conn, steer, "ex", "a", 200, seed=seed)
             assert len(picked) == len(set(picked)) <= 40
             assert picked.newest == tuple(f"Stored question number {n}?" for n in range(190, 200))
             assert picked.sample and not set(picked.sample) & set(picked.newest)

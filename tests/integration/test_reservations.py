@@ -7,6 +7,7 @@ version, with a real worker killed mid-call, is tests/e2e/test_dead_calls.py."""
 
 from __future__ import annotations
 
+from examforge.errors import PauseCode
 import pytest
 from sqlalchemy import text
 
@@ -33,7 +34,7 @@ def _one(store, sql, **params):
 
 
 def _exam(store, slug="ex"):
-    return _one(store, "SELECT state, pause_reason, spent_usd, reserved_usd, budget_usd "
+    return _one(store, "SELECT state, pause_reason, pause_code, spent_usd, reserved_usd, budget_usd "
                        "FROM exam WHERE slug = :s", s=slug)
 
 
@@ -183,7 +184,7 @@ def test_a_settle_that_reaches_the_budget_pauses_the_exam_and_reserves_nothing_m
     assert isinstance(committed.next_call, NoRoom)
     assert committed.next_call.in_flight == 0  # nothing to wait for
     exam = _exam(store)
-    assert exam.state == "paused" and exam.pause_reason.startswith("budget:")
+    assert exam.state == "paused" and exam.pause_code == PauseCode.budget
     assert exam.spent_usd == pytest.approx(0.6) and exam.reserved_usd == 0
     other = store.claim("ex", "b", "w2", 10.0, 8)
     assert other.reason == "paused"  # type: ignore[union-attr]
@@ -219,7 +220,7 @@ def test_the_reconciler_pauses_an_exam_whose_budget_has_no_room_and_nothing_in_f
     assert _exam(store).state == "active"
     assert store.pause_spent() == ["ex"]
     exam = _exam(store)
-    assert exam.state == "paused" and exam.pause_reason.startswith("budget:")
+    assert exam.state == "paused" and exam.pause_code == PauseCode.budget
     assert store.pause_spent() == []
 
 

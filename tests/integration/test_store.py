@@ -8,7 +8,7 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 
-from examforge.errors import LeaseLost
+from examforge.errors import LeaseLost, PauseCode
 from examforge.output import Question
 from examforge.syllabus import load_syllabus
 from helpers import wait_backoff_over, wait_lease_expired, write_syllabus
@@ -540,12 +540,19 @@ def test_a_crashed_calls_reservation_is_settled_at_its_worst_case_by_the_takeove
 def test_a_raised_budget_resumes_an_exam_its_budget_paused(store, tmp_path):
     _sync(store, tmp_path, [("a", 10)])
     store.set_budget("ex", 1.0)
-    assert store.pause_exam("ex", "budget: $1.0000 spent")
+    assert store.pause_exam("ex", "budget: $1.0000 spent", PauseCode.budget)
     store.set_budget("ex", 0.5)  # still no room beyond what is spent? nothing spent: resumes
     assert store.status("ex").as_dict()["state"] == "active"
-    assert store.pause_exam("ex", "quota: HTTP 429")
+    assert store.pause_exam("ex", "quota: HTTP 429", PauseCode.provider)
     store.set_budget("ex", 10.0)  # another reason: a budget does not lift it
     assert store.status("ex").as_dict()["state"] == "paused"
+    assert store.status("ex").pause_code == PauseCode.provider
+    # The code decides, not the text: a pause worded like a budget's stays paused too.
+    store.resume("ex")
+    assert store.pause_exam("ex", "budget: said a person", PauseCode.manual)
+    store.set_budget("ex", 20.0)
+    assert store.status("ex").as_dict()["state"] == "paused"
+
 
 
 def test_0005_turns_the_ledgers_reasons_into_a_closed_list_keeping_the_text(db_url):

@@ -16,7 +16,7 @@ from sqlalchemy import text
 from examforge.balance import answer_position, balanced, positional
 from examforge.llm import LLMClient
 from examforge.output import Question
-from examforge.pipeline import Runtime, process_chapter
+from runner.pipeline import Runtime, process_chapter
 from examforge.syllabus import load_syllabus
 from helpers import write_syllabus
 from mockllm import MockConfig, MockServer

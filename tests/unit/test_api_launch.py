@@ -116,12 +116,12 @@ def test_a_refused_hand_off_keeps_the_run_queued_and_it_is_launched_later(make_s
 
 
 def test_a_local_server_works_an_exam_in_one_thread(make_settings, mock_llm, monkeypatch):
-    import producer.local
+    import runner.local
 
     # What must hold: never two `run_local` loops on one exam at once in this process. (A
     # count of threads named run-demo is not it: a thread that has handed the exam back is
     # still listed for an instant after, beside the one the next sweep starts.)
-    real, inside, most = producer.local.run_local, [0], [0]
+    real, inside, most = runner.local.run_local, [0], [0]
     guard = threading.Lock()
 
     def counted(*args, **kwargs):
@@ -134,7 +134,7 @@ def test_a_local_server_works_an_exam_in_one_thread(make_settings, mock_llm, mon
             with guard:
                 inside[0] -= 1
 
-    monkeypatch.setattr(producer.local, "run_local", counted)
+    monkeypatch.setattr(runner.local, "run_local", counted)
     mock_llm.configure(latency_s=0.3)
     with api(make_settings, mock_llm, api_local_concurrency=2, api_sweep_interval_s=0.1) as c:
         c.put("/exams/demo", json={"title": "Demo", "chapters": [

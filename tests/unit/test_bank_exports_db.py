@@ -28,7 +28,7 @@ from test_banks_qti import read_bank as read_qti
 
 from examforge.levels import schedule
 from examforge.llm import LLMClient
-from examforge.pipeline import Runtime, process_chapter
+from runner.pipeline import Runtime, process_chapter
 from examforge.prompt import Label, parse_difficulty, read_fields
 from examforge.settings import Settings, load_settings
 from examforge.syllabus import load_syllabus

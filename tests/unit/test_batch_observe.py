@@ -14,7 +14,7 @@ import pytest
 from helpers import wait_for, write_syllabus
 from sqlalchemy import select
 
-from examforge.batching import BatchRuntime, run_pass
+from runner.batching import BatchRuntime, run_pass
 from examforge.syllabus import load_syllabus
 from storage import open_store
 from storage.base import K, Q, S

@@ -101,7 +101,7 @@ CASES = [
     ("flex capacity, message only", 429, {"error": {
         "message": "Resource Unavailable", "type": "invalid_request_error"}},
      ErrorKind.resource_unavailable, Action.retry),
-    # Batch API codes (examforge.batching passes status 0 for a line with no response).
+    # Batch API codes (runner.batching passes status 0 for a line with no response).
     ("a batch line that expired", 400, _openai(
         "This request could not be executed before the completion window expired.", None,
         "batch_expired"), ErrorKind.batch_expired, Action.retry),

@@ -7,7 +7,8 @@ import json
 import pytest
 
 from examforge.output import ItemInvalid, check_item
-from producer.importer import BadImportLine, check_chapters, read_file
+from examforge.errors import BadImportLine
+from producer.importer import check_chapters, read_file
 from producer.prune import parse_duration_s
 
 GOOD = {"chapter_id": "a", "question": "Why?", "choices": ["w", "x", "y", "z"],

@@ -17,7 +17,7 @@ from sqlalchemy import text
 from examforge.levels import Levels, apportion, ask, schedule
 from examforge.llm import LLMClient
 from examforge.output import Question
-from examforge.pipeline import Runtime, process_chapter
+from runner.pipeline import Runtime, process_chapter
 from examforge.prompt import Label, build_messages, parse_difficulty, read_fields
 from examforge.syllabus import Chapter, load_syllabus
 from helpers import write_syllabus
@@ -245,7 +245,7 @@ def test_the_mock_labels_its_questions_only_when_the_prompt_asks(mock: MockServe
 
 
 def test_a_new_claim_reads_what_its_slice_stored_per_level(make_settings: Any) -> None:
-    from storage.ledger import Usage
+    from storage.types import Usage
     from storage.store import Claimed
 
     settings = make_settings(questions_per_call=5, slice_questions=20)

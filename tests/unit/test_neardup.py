@@ -218,7 +218,7 @@ def test_band_keys_find_similar_questions_and_almost_never_others() -> None:
 
 
 def test_the_settings_choose_the_scope_and_off_checks_nothing(make_settings) -> None:  # type: ignore[no-untyped-def]
-    from examforge.pipeline import near_dup_checker
+    from runner.pipeline import near_dup_checker
 
     assert near_dup_checker(make_settings()) == nd.Checker(0.5, nd.Scope.chapter)
     assert near_dup_checker(make_settings(near_dup_scope="exam", near_dup_threshold=0.7)) == \

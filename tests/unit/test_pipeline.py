@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from examforge.errors import PauseCode
 import json
 import threading
 import time
@@ -10,7 +11,7 @@ import httpx
 import pytest
 from fakellm import question, reply
 
-from examforge.pipeline import process_chapter
+from runner.pipeline import process_chapter
 from helpers import fake_runtimes, write_syllabus
 
 
@@ -328,7 +329,7 @@ def test_a_budget_stops_the_exam_before_it_is_exceeded_and_a_raised_one_finishes
     result = process_chapter(rt, "ex", "a")
     assert result.outcome == "skipped" and "paused" in result.detail
     report = _status(rt)
-    assert report["state"] == "paused" and report["pause_reason"].startswith("budget:")
+    assert report["state"] == "paused" and report["pause_code"] == PauseCode.budget
     assert report["spent_usd"] <= report["budget_usd"] == 1.0
     assert report["reserved_usd"] == 0 and report["usage"]["calls_in_flight"] == 0
     asked = [int(r["messages"][-1]["content"].split("Number of questions: ")[1].split()[0])
@@ -381,7 +382,7 @@ def test_an_exhausted_quota_pauses_the_exam_at_once_and_resume_continues(env):
     result = process_chapter(rt, "ex", "a")
     assert result.outcome == "skipped"
     report = _status(rt)
-    assert report["state"] == "paused" and report["pause_reason"].startswith("quota:")
+    assert report["state"] == "paused" and report["pause_code"] == PauseCode.provider
     assert "exceeded your current quota" in report["pause_reason"]
     # Nothing else is sent for this exam, and the chapter is not failed.
     assert process_chapter(rt, "ex", "b").outcome == "skipped"

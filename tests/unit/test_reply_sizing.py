@@ -14,7 +14,7 @@ from sqlalchemy import insert, select
 
 from examforge import sizing
 from examforge.neardup import is_near, signature
-from examforge.pipeline import process_chapter
+from runner.pipeline import process_chapter
 from examforge.settings import MAX_TOKENS_OVERHEAD
 from helpers import fake_runtimes
 from storage.store import K

@@ -3,9 +3,10 @@ wait cannot go on for ever (issue 16, items 3 and 10)."""
 
 from __future__ import annotations
 
+from examforge.errors import PauseCode
 import pytest
 
-from examforge.pipeline import process_chapter
+from runner.pipeline import process_chapter
 from helpers import fake_runtimes, wait_lease_expired
 from storage.store import Claimed
 
@@ -62,6 +63,6 @@ def test_a_dead_holders_reservation_cannot_keep_another_chapter_waiting(env):
     assert result.outcome == "skipped" and "paused" in result.detail, result
     assert fake.calls == 0  # $0.10 left: not even one question's worst case ($0.20+) fits
     report = rt.store.status("ex").as_dict()
-    assert report["state"] == "paused" and report["pause_reason"].startswith("budget:")
+    assert report["state"] == "paused" and report["pause_code"] == PauseCode.budget
     assert report["reserved_usd"] == 0 and report["usage"]["calls_in_flight"] == 0
     assert report["spent_usd"] == pytest.approx(1.1)

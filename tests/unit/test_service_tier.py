@@ -14,7 +14,7 @@ from sqlalchemy import select
 from examforge.classify import Action as Rule
 from examforge.errors import CapacityUnavailable, ErrorKind, RateLimited
 from examforge.llm import LLMClient
-from examforge.pipeline import process_chapter
+from runner.pipeline import process_chapter
 from examforge.retry import Action, decide
 from helpers import fake_runtimes
 from storage.base import E, K

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 import tasks  # noqa: F401  (importing the app applies the kombu patch)
 from examforge.llm import LLMClient
-from examforge.pipeline import Runtime
+from runner.pipeline import Runtime
 from examforge.settings import Settings
 from examforge.syllabus import load_syllabus
 from helpers import write_syllabus

@@ -23,12 +23,13 @@ from examforge.errors import (
     BudgetExceeded,
     LeaseLost,
     OutputInvalid,
+    PauseCode,
     ProviderError,
     Rejection,
     ReplyTooLarge,
     ReplyUnusable,
 )
-from examforge.heartbeat import LeaseKeeper
+from runner.heartbeat import LeaseKeeper
 from examforge.levels import Levels, ask
 from examforge.llm import Admission, Completion, LLMClient
 from examforge.neardup import Checker, Scope
@@ -51,6 +52,7 @@ from storage.store import (
     Steer,
     Store,
     Usage,
+    submission_of,
 )
 
 log = logging.getLogger("examforge.pipeline")
@@ -184,7 +186,8 @@ def _carry_out(rt: Runtime, claim: Claimed, decision: Decision, exc: BaseExcepti
         log.error("chapter failed", extra=extra)
         return ChapterResult(Outcome.failed, decision.reason)
     if decision.action is Action.pause:
-        if store.pause_exam(claim.exam, decision.reason):
+        if store.pause_exam(claim.exam, decision.reason,
+                            decision.pause_code or PauseCode.manual):
             log.error("exam paused", extra=extra)
         store.release(claim, retry_in_s=0, error=decision.reason, count_attempt=False)
         return ChapterResult(Outcome.skipped, f"paused: {decision.reason}", calls=run.calls)
@@ -203,8 +206,8 @@ def _carry_out(rt: Runtime, claim: Claimed, decision: Decision, exc: BaseExcepti
 
 
 def _not_claimed(claim: NotClaimed, exam: str, chapter_id: str, slice_no: int) -> ChapterResult:
-    if claim.reason is NotClaimedReason.busy and claim.detail.startswith("held by batch/"):
-        # A provider batch holds it (examforge.batching) for up to a day: the batch runner
+    if claim.reason is NotClaimedReason.busy and submission_of(claim.holder) is not None:
+        # A provider batch holds it (runner.batching) for up to a day: the batch runner
         # commits its results; a countdown that long would outlive the broker's visibility
         # timeout. If the exam went back to sync mode, the reconciler re-publishes the slice
         # once the batch gives it back.

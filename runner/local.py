@@ -9,7 +9,7 @@ import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Callable
 
-from examforge.pipeline import ChapterResult, Runtime, process_chapter
+from runner.pipeline import ChapterResult, Runtime, process_chapter
 
 
 Slice = tuple[str, int]  # (chapter_id, slice_no)

@@ -53,13 +53,14 @@ from examforge.errors import (
     ErrorKind,
     LeaseLost,
     OutputInvalid,
+    PauseCode,
     ProviderError,
     RetryableProviderError,
 )
 from examforge.levels import Levels, apportion, ask
 from examforge.llm import LLMClient
 from examforge.output import normalise, parse_questions
-from examforge.pipeline import near_dup_checker, steer_of
+from runner.pipeline import near_dup_checker, steer_of
 from examforge.prompt import build_messages
 from examforge.retry import Action, decide
 from examforge.settings import Settings
@@ -282,7 +283,7 @@ def submit_round(rt: BatchRuntime, exam: str, result: PassResult) -> bool:
             reason = (f"budget: ${room.spent_usd:.4f} spent and ${room.reserved_usd:.4f} "
                       f"reserved of ${room.budget_usd:.4f}; the next batch call needs up to "
                       f"${room.needed_usd:.4f}")
-            if store.pause_exam(exam, reason):
+            if store.pause_exam(exam, reason, PauseCode.budget):
                 log.error("exam paused: no batch call fits its budget", extra={"exam": exam})
         return False
     return _upload_and_create(rt, sub, exam, round_, result) and round_.full
@@ -352,7 +353,8 @@ def _upload_and_create(rt: BatchRuntime, sub: str, exam: str, round_: _Round,
         if decision.action in (Action.pause, Action.fail):
             # Refused for good (a key, a purpose the provider does not take): every round
             # would be, so the exam waits for a person (as for a refused create).
-            store.pause_exam(exam, f"batch upload refused: {decision.reason}")
+            store.pause_exam(exam, f"batch upload refused: {decision.reason}",
+                             decision.pause_code or PauseCode.provider)
         return False
     if not store.submission_step(sub, rt.ident, settings.batch_submit_lease_s,
                                  state=BatchState.uploaded.value, input_file_id=file_id,
@@ -414,7 +416,8 @@ def _create(rt: BatchRuntime, sub: str, exam: str, file_id: str, result: PassRes
             # A create refused for good (a model or key without the Batch API, a file the
             # provider will never take) says nothing about any one chapter, and every round
             # would be refused the same: the exam waits for a person, with the reason.
-            store.pause_exam(exam, f"batch create refused: {decision.reason}")
+            store.pause_exam(exam, f"batch create refused: {decision.reason}",
+                             decision.pause_code or PauseCode.provider)
         log.error("batch create refused", extra={**fields, "error": str(exc)[:300]})
         return False
     _test_hook("after_create", sub)
@@ -585,6 +588,7 @@ class _SliceOutcome:
     fail: str | None = None
     pause_after: int | None = None  # with fail: an auth failure, counted against the exam
     pause: str | None = None
+    pause_code: PauseCode = PauseCode.manual
 
 
 def process_results(rt: BatchRuntime, row: BatchRow, batch: dict[str, Any],
@@ -765,7 +769,8 @@ def _note_error(rt: BatchRuntime, outcome: _SliceOutcome, exc: ProviderError) ->
         outcome.fail = outcome.fail or decision.reason
         outcome.pause_after = outcome.pause_after or decision.pause_exam_after
     elif decision.action is Action.pause:
-        outcome.pause = outcome.pause or decision.reason
+        if outcome.pause is None:
+            outcome.pause, outcome.pause_code = decision.reason, decision.pause_code or PauseCode.manual
     else:
         outcome.delay_s = max(outcome.delay_s, decision.delay_s)
         outcome.count_attempt = outcome.count_attempt or decision.count_attempt
@@ -778,7 +783,7 @@ def _settle_slice(rt: BatchRuntime, owner: str, key: tuple[str, str, int],
     error, else goes back to the next round (after the backoff its errors ask for)."""
     store = rt.store
     exam = key[0]
-    if outcome.pause is not None and store.pause_exam(exam, outcome.pause):
+    if outcome.pause is not None and store.pause_exam(exam, outcome.pause, outcome.pause_code):
         log.error("exam paused by a batch line", extra={"exam": exam, "reason": outcome.pause})
     if outcome.fail is not None:
         claim = store.held_claim(*key, owner)

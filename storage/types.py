@@ -1,0 +1,277 @@
+"""The store's value types: what its methods take and return (claims, plans, usage, views,
+submissions), in one module with no SQL in it, so that the runner, the store's modules and the
+tests all name the same classes, and none of the store's modules needs to import another
+only for a type. `storage.store` re-exports them for its callers."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, Callable
+
+from storage.base import fence_params, slice_where
+from storage.models import LIVE_BATCH_STATES
+
+# What a prompt lists of the chapter's stored questions, by default (AVOID_QUESTIONS).
+DEFAULT_AVOID_QUESTIONS = 40
+
+
+@dataclass(frozen=True)
+class Usage:
+    """What one call consumed, as booked in the ledger."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float = 0.0
+    endpoint: str | None = None  # "primary" or "fallback"
+    estimated: bool = False  # our own count: the provider sent none, or never replied
+    cached_tokens: int = 0  # of prompt_tokens, read from the provider's prompt cache
+    # The processing tier the reply says served the call (its cost is priced at it); None
+    # when the reply named none, or there was no reply.
+    service_tier: str | None = None
+
+
+@dataclass(frozen=True)
+class NoRoom:
+    """A call's worst case does not fit in what is left of the exam's budget."""
+
+    budget_usd: float
+    spent_usd: float
+    reserved_usd: float  # by the calls in flight (their real cost may turn out lower)
+    needed_usd: float
+    # Calls of the exam in flight under a live lease of their own holder (those of dead
+    # holders were settled first): only these can free room by settling below their worst
+    # case, so only these are worth waiting for.
+    in_flight: int = 0
+
+    @property
+    def headroom_usd(self) -> float:
+        return max(0.0, self.budget_usd - self.spent_usd - self.reserved_usd)
+
+
+class SendCheck(str, Enum):
+    """What `Ledger.may_send` found right before a recorded call goes out."""
+
+    send = "send"
+    cancelled = "cancelled"  # the slice was cancelled: the call was booked as not sent
+    lost = "lost"  # the lease is gone: the call was booked as not sent
+
+
+@dataclass(frozen=True)
+class Committed:
+    stored: int  # in the slice's range
+    target: int  # the slice's
+    # The next call, recorded in the commit's own transaction when the caller planned one.
+    next_call: int | NoRoom | None = None
+    # The questions of the batch that another slice of the chapter had stored first (dropped),
+    # and the chapter's latest stored questions, all slices, read in the commit's transaction.
+    duplicates: int = 0
+    recent: tuple[str, ...] = ()
+    kept: tuple[str, ...] = ()  # the texts of the questions this commit stored
+    near_duplicates: int = 0  # of `duplicates`, those dropped as near-duplicates
+    surplus: int = 0  # new questions beyond what the slice lacked (not stored, not repeats)
+    # The slice was cancelled while the call ran: its questions are stored, nothing more is
+    # planned, and the lease is given up.
+    cancelled: bool = False
+
+    @property
+    def done(self) -> bool:
+        return self.stored >= self.target
+
+
+@dataclass(frozen=True)
+class ChapterLevels:
+    """A chapter's `difficulty` (as shares) and `bloom` from its slice row, and the slice's
+    stored questions per difficulty when it was read (examforge.levels)."""
+
+    difficulty: dict[str, float] | None = None
+    bloom: tuple[str, ...] = ()
+    stored: dict[str, int] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def from_row(cls, difficulty: str | None, bloom: str | None) -> "ChapterLevels":
+        value = json.loads(difficulty) if difficulty else None
+        shares = {value: 1.0} if isinstance(value, str) else value
+        return cls(shares, tuple(json.loads(bloom)) if bloom else ())
+
+
+@dataclass(frozen=True)
+class ChapterView:
+    """What a planner sees of a chapter, inside the transaction that frees its next call."""
+
+    exam: str
+    chapter_id: str
+    exam_title: str
+    title: str
+    prompt: str | None
+    stored: int  # in the slice's range
+    target: int  # the slice's
+    slice_no: int = 0
+    first_number: int = 1
+    chapter_target: int = 0
+    recent: tuple[str, ...] = ()  # the chapter's latest stored questions, all slices
+    levels: ChapterLevels = ChapterLevels()
+
+    @property
+    def next_number(self) -> int:
+        """The number the next stored question of the slice gets."""
+        return self.first_number + self.stored
+
+
+@dataclass(frozen=True)
+class Steer:
+    """What the next prompts list of the chapter's stored questions: at most `avoid` of them,
+    chosen over the whole chapter (`chapter`, storage.neardup.steering) or the newest only
+    (`recent`: what examforge did before)."""
+
+    avoid: int = DEFAULT_AVOID_QUESTIONS
+    mode: str = "chapter"
+
+
+@dataclass(frozen=True)
+class CallPlan:
+    """A call to record (and reserve against the budget) before it is sent."""
+
+    first_number: int
+    requested: int
+    prompt_tokens: int = 0
+    max_tokens: int | None = None
+    reserve_usd: float = 0.0
+    model: str | None = None
+    price_known: bool = True
+
+
+# Called inside a write transaction (the claim, or a batch's commit) with the chapter as it now
+# stands: returns the next call to record in that same transaction, or None for none (the
+# chapter is complete, or the rate limiter asks to wait, which must happen outside it).
+Planner = Callable[[ChapterView], "CallPlan | None"]
+
+
+@dataclass(frozen=True)
+class Claimed:
+    exam: str
+    chapter_id: str
+    owner: str
+    attempt: int
+    target: int
+    stored: int
+    known: frozenset[str]
+    exam_title: str
+    title: str
+    prompt: str | None
+    attempts_since_progress: int = 1
+    took_over_calls: int = 0
+    # The first call, recorded in the claim's own transaction when the caller planned one:
+    # its id, NoRoom (the budget has no room for it), or None (nothing planned).
+    first_call: int | NoRoom | None = None
+    # The slice: `target` and `stored` count its range, from `first_number`; `chapter_target`
+    # is the whole chapter's. `recent`: the chapter's latest stored questions, all slices.
+    slice_no: int = 0
+    first_number: int = 1
+    chapter_target: int = 0
+    recent: tuple[str, ...] = ()
+    # The chapter's levels (examforge.levels) and the slice's stored questions per difficulty.
+    levels: ChapterLevels = ChapterLevels()
+
+    def view(self, stored: int | None = None, target: int | None = None) -> ChapterView:
+        return ChapterView(self.exam, self.chapter_id, self.exam_title, self.title, self.prompt,
+                           self.stored if stored is None else stored,
+                           self.target if target is None else target,
+                           self.slice_no, self.first_number,
+                           self.chapter_target or self.target, self.recent, self.levels)
+
+    def where(self) -> tuple[Any, ...]:
+        """The conditions that select this claim's slice row."""
+        return slice_where(self.exam, self.chapter_id, self.slice_no)
+
+    def fence_params(self) -> dict[str, Any]:
+        """The bind parameters of this claim's lease fence (storage.base.lease_fence)."""
+        return fence_params(self.exam, self.chapter_id, self.slice_no, self.owner)
+
+
+class NotClaimedReason(str, Enum):
+    done = "done"
+    failed = "failed"
+    cancelled = "cancelled"
+    paused = "paused"  # the exam is paused
+    busy = "busy"  # another worker holds a live lease
+    backoff = "backoff"  # its backoff has not ended
+    missing = "missing"  # no such chapter
+    cap = "cap"  # it reached its attempt cap: failed now
+
+
+@dataclass(frozen=True)
+class NotClaimed:
+    """Why a chapter was not claimed. `retry_in_s` is set when checking back later makes sense."""
+
+    reason: NotClaimedReason
+    retry_in_s: float | None = None
+    detail: str = ""
+    holder: str | None = None  # busy: the lease owner (a provider batch's: submission_of)
+
+
+# The lease owner of a submission's slices and calls.
+OWNER_PREFIX = "batch/"
+
+
+def owner_of(submission: str) -> str:
+    return f"{OWNER_PREFIX}{submission}"
+
+
+def submission_of(owner: str | None) -> str | None:
+    """The submission id an owner string names, or None for a synchronous worker."""
+    if owner and owner.startswith(OWNER_PREFIX):
+        return owner[len(OWNER_PREFIX):]
+    return None
+
+
+@dataclass(frozen=True)
+class BatchRow:
+    """A submission as status, cancel, the API and the page read it."""
+
+    id: str
+    exam: str
+    state: str  # storage.models.BatchState
+    provider_batch_id: str | None
+    provider_status: str | None
+    input_file_id: str | None
+    output_file_id: str | None
+    error_file_id: str | None
+    model: str | None
+    requests: int
+    bytes: int
+    request_total: int
+    request_completed: int
+    request_failed: int
+    created_at: float
+    submitted_at: float | None
+    expires_at: float | None
+    finished_at: float | None
+    polled_at: float | None
+    lease_owner: str | None
+    lease_expires_at: float | None
+    create_attempts: int
+    cancel_requested: bool
+    detail: str | None
+    usage: dict[str, Any] | None
+
+    @property
+    def live(self) -> bool:
+        return self.state in LIVE_BATCH_STATES
+
+    @property
+    def owner(self) -> str:
+        """The lease owner of its slices and calls."""
+        return owner_of(self.id)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+
+    @classmethod
+    def from_row(cls, row: Any) -> "BatchRow":
+        values = dict(row._mapping)
+        values["usage"] = json.loads(values["usage"]) if values.get("usage") else None
+        values["cancel_requested"] = bool(values["cancel_requested"])
+        return cls(**{name: values[name] for name in cls.__dataclass_fields__})
