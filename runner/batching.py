@@ -295,12 +295,17 @@ def _add_slice(rt: BatchRuntime, exam: str, chapter_id: str, slice_no: int, owne
     asked, stored = store.batch_yield(exam, chapter_id, slice_no)
     calls = _SliceCalls(rt, shortfall=1 - stored / asked if asked else 0.0)
     first_line: list[tuple[dict[str, Any], int]] = []
+    oversized: list[int] = []
 
     def plan_first(view: ChapterView) -> CallPlan | None:
         calls.build(view)
         if not calls.planned:
             return None
         plan, body, size = calls.planned[0]
+        if size > round_.max_bytes:
+            # No batch file can ever hold this request: waiting does not fix it.
+            oversized.append(size)
+            return None
         if not round_.fits(size):
             return None
         first_line[:] = [(body, size)]
@@ -312,6 +317,10 @@ def _add_slice(rt: BatchRuntime, exam: str, chapter_id: str, slice_no: int, owne
         return
     if isinstance(claim.first_call, NoRoom):
         round_.no_room = claim.first_call
+    if oversized:
+        store.fail(claim, f"a batch request of {oversized[0]:,} bytes is over BATCH_MAX_BYTES "
+                          f"({round_.max_bytes:,}): raise it, or lower QUESTIONS_PER_CALL")
+        return
     if not isinstance(claim.first_call, int):
         store.release_held(owner, [(exam, chapter_id, slice_no)], count_attempt=False)
         return

@@ -423,3 +423,50 @@ def test_a_chapter_whose_lines_keep_failing_stops_at_its_attempt_cap(
     assert states["a"][0] == "failed" and "attempt cap" in states["a"][1]
     calls = [c for c in _rows(store)[0] if c.chapter_id == "a"]
     assert [(c.outcome, c.reason) for c in calls] == [("failed", "server_error")] * 2
+
+
+@pytest.mark.parametrize("limit", ["requests", "bytes"])
+def test_a_round_larger_than_the_size_limits_is_split_into_batches_within_them(
+        make_settings, db_url, mock_llm, tmp_path, rt_of, limit):
+    """BATCH_MAX_REQUESTS and BATCH_MAX_BYTES cap each input file: five one-call chapters
+    under a cap of two requests (or of about two lines' bytes) go into several batches, each
+    within the cap, every custom_id in exactly one of them, every question stored once."""
+    line = 2500  # bytes: more than one line of these chapters takes
+    caps = ({"batch_max_requests": 2} if limit == "requests"
+            else {"batch_max_bytes": 2 * line})
+    settings, store = _setup(make_settings, db_url, mock_llm, tmp_path,
+                             [(c, 3) for c in "abcde"], **caps)
+    rt = rt_of(settings, store)
+    _until_done(rt)
+    calls, questions, slices = _rows(store)
+    assert len(questions) == 15 and {s.state for s in slices} == {"done"}
+    batches = _provider_batches(mock_llm)
+    assert len(batches) >= (3 if limit == "requests" else 2)
+    ids: list[str] = []
+    for batch in batches:
+        content = httpx.get(
+            f"{mock_llm.base_url}/files/{batch['input_file_id']}/content").content
+        if limit == "requests":
+            assert batch["request_counts"]["total"] <= 2
+        else:
+            assert len(content) <= 2 * line
+        ids += _custom_ids(mock_llm, batch)
+    assert len(ids) == len(set(ids)) == len(calls)
+    paid = [u for u in mock_llm.usage() if u.get("batch") and u["billed"]]
+    assert len(paid) == len([c for c in calls if c.outcome == "used"]) == 5
+
+
+def test_a_request_larger_than_batch_max_bytes_fails_its_chapter_with_the_reason(
+        make_settings, db_url, mock_llm, tmp_path, rt_of):
+    """A line no batch file can hold (BATCH_MAX_BYTES below one request) is not retried
+    round after round: its chapter fails at once, saying which setting to change, and
+    nothing is uploaded or paid."""
+    settings, store = _setup(make_settings, db_url, mock_llm, tmp_path, [("a", 3)],
+                             batch_max_bytes=1024)
+    rt = rt_of(settings, store)
+    run_pass(rt, ["bx"])
+    calls, questions, slices = _rows(store)
+    assert [s.state for s in slices] == ["failed"]
+    assert "over BATCH_MAX_BYTES (1,024)" in slices[0].last_error
+    assert not calls and not questions and not _provider_batches(mock_llm)
+    assert store.exam_batches("bx") == []
