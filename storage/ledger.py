@@ -340,7 +340,7 @@ class Ledger(StoreBase):
         """
         hashes = [text_hash(q.question) for q in questions]
         # Outside the transaction: the signatures cost CPU, not locks.
-        signed = ([neardup.Signed.of(q.question, claim.title) for q in questions]
+        signed = (neardup.Signed.many([q.question for q in questions], claim.title)
                   if near_dup is not None else None)
         try:
             for attempt in range(_DUPLICATE_RACE_RETRIES + 1):

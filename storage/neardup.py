@@ -48,7 +48,8 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import Connection
 
-from examforge.neardup import Checker, Scope, Signature, band_keys, signature
+from examforge.neardup import (Checker, Scope, Signature, band_keys, band_keys_many,
+                               signature)
 from storage.models import DedupLock, Exam, Question, QuestionSig, new_epoch
 from storage.types import Steer
 
@@ -70,6 +71,12 @@ class Signed:
     def of(cls, text: str, context: str = "") -> Signed:
         sig = signature(text, context)
         return cls(sig, tuple(band_keys(sig)))
+
+    @classmethod
+    def many(cls, texts: Sequence[str], context: str = "") -> list[Signed]:
+        """`of` for every question of a reply, the band keys in one vectorised pass."""
+        sigs = [signature(t, context) for t in texts]
+        return [cls(sig, tuple(keys)) for sig, keys in zip(sigs, band_keys_many(sigs))]
 
     def blob(self) -> bytes:
         """The band keys as stored (`question_sig.bands`): unsigned 64-bit, little-endian."""

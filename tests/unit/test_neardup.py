@@ -328,3 +328,15 @@ def test_newest_only_steering_keeps_the_newest_with_the_fresh_ones():
     # A question in two parts is listed once, in its most important part.
     both = Steering(["x", "s"], ["x", "n"], ["x"])
     assert list(both) == ["s", "n", "x"]
+
+
+def test_band_keys_for_a_whole_reply_equal_the_keys_one_by_one():
+    # The commit signs a reply in one vectorised pass (issue 19): the stored keys must be the
+    # ones a signature signed alone gets, empty signatures included.
+    from examforge.neardup import band_keys, band_keys_many, signature
+
+    texts = ["What does S3 stand for in AWS?", "", "the the of", "Which port does HTTPS use?",
+             "Name 3 benefits of IAM roles over 42 access keys", "What is EC2 used for?"]
+    sigs = [signature(t, "Amazon Web Services") for t in texts]
+    assert band_keys_many(sigs) == [band_keys(s) for s in sigs]
+    assert band_keys_many([]) == []
