@@ -109,18 +109,23 @@ class Estimate:
 
 def estimate(slug: str, syllabus: Syllabus, settings: Settings, *,
              stored: dict[str, list[str]] | None = None,
-             completion_per_question: float | None = None) -> Estimate:
+             completion_per_question: float | None = None, batch: bool = False) -> Estimate:
     """`stored`: the questions already stored per chapter (nothing is asked for those);
-    `completion_per_question`: what this database's calls have used so far, if any."""
+    `completion_per_question`: what this database's calls have used so far, if any; `batch`:
+    the exam goes through the provider's Batch API (priced at LLM_BATCH_DISCOUNT, primary
+    endpoint only, as runner.batching books and reserves it)."""
     stored = stored or {}
     placeholder = _placeholder([q for texts in stored.values() for q in texts])
     model = settings.llm_model
     # At the tier calls are sent at (LLM_SERVICE_TIER: flex costs half); the fallback is sent
     # no tier.
-    price = settings.price().scaled(settings.tier_factor(settings.service_tier),
-                                    settings.service_tier)
+    if batch:
+        price = settings.price().scaled(settings.llm_batch_discount, "batch")
+    else:
+        price = settings.price().scaled(settings.tier_factor(settings.service_tier),
+                                        settings.service_tier)
     worst = price
-    if settings.llm_fallback_base_url:
+    if settings.llm_fallback_base_url and not batch:
         fallback = settings.price(fallback=True)
         if fallback.completion_per_mtok + fallback.prompt_per_mtok > \
                 price.completion_per_mtok + price.prompt_per_mtok:

@@ -47,8 +47,8 @@ class BatchCancel:
                        f"{'batch' if len(self.cancelled) == 1 else 'batches'} of {slug}: "
                        f"{', '.join(self.cancelled)} (what they finished is still committed)")
         if self.ended:
-            out.append(f"ended before the cancel (their results are committed): "
-                       f"{', '.join(self.ended)}")
+            out.append("ended before the cancel (their results are booked by the next batch "
+                       f"pass, and kept): {', '.join(self.ended)}")
         for why in self.later:
             out.append(f"batch {why}: the batch runner cancels it at its next pass")
         return out

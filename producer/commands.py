@@ -106,17 +106,19 @@ def _warn_unpriced(settings: Settings) -> None:
 
 
 def _dry_run(settings: Settings, slug: str, syllabus: Syllabus, budget_usd: float | None,
-             as_json: bool = False) -> None:
+             as_json: bool = False, batch: bool = False) -> None:
     stored, per_question, budget, cancelled = _read_only_state(settings, slug)
     est = estimate(slug, syllabus, settings, stored=stored,
-                   completion_per_question=per_question)
+                   completion_per_question=per_question, batch=batch)
     budget = budget_usd if budget_usd is not None else budget
     if as_json:
-        click.echo(json.dumps({**est.as_dict(), "budget_usd": budget}))
+        click.echo(json.dumps({**est.as_dict(), "budget_usd": budget,
+                               "mode": "batch" if batch else "sync"}))
         return
     p = est.price
     already = sum(c.stored for c in est.chapters)
-    out.print(f"dry run of {slug}: nothing was sent or written", soft_wrap=True)
+    out.print(f"dry run of {slug}{' in batch mode' if batch else ''}: nothing was sent or "
+              "written", soft_wrap=True)
     out.print(f"  questions to generate: {est.questions} in "
               f"{sum(1 for c in est.chapters if c.calls)} of {len(est.chapters)} chapters "
               f"({already} already stored)", soft_wrap=True)
@@ -174,8 +176,9 @@ def enqueue(slug: str, regenerate: tuple[str, ...], budget_usd: float | None, dr
     unknown = [c for c in regenerate if c not in {ch.id for ch in syllabus.chapters}]
     if unknown:
         raise UserError(f"--regenerate: chapter {unknown[0]!r} is not in the syllabus of {slug}")
+    batch = settings.llm_batch if batch is None else batch
     if dry_run:
-        _dry_run(settings, slug, syllabus, budget_usd, as_json)
+        _dry_run(settings, slug, syllabus, budget_usd, as_json, batch=batch)
         return
     store = _store(settings)
     restarted: list[str] = []
@@ -186,7 +189,6 @@ def enqueue(slug: str, regenerate: tuple[str, ...], budget_usd: float | None, dr
         # `cancel` (resume and retry leave cancelled chapters alone).
         restarted.extend(store.restart_cancelled(slug))
 
-    batch = settings.llm_batch if batch is None else batch
     plan = enqueue_exam(settings, store, slug, syllabus, regenerate=regenerate,
                         budget_usd=budget_usd, before_write=before_write, batch=batch)
     for chapter_id in restarted:
@@ -196,14 +198,17 @@ def enqueue(slug: str, regenerate: tuple[str, ...], budget_usd: float | None, dr
         per_chapter[chapter_id] = per_chapter.get(chapter_id, 0) + 1
     # One write of plain lines (ids and reasons need no markup): rich's print of each line
     # took 5 s of a 20,000-chapter enqueue.
-    lines = [f"enqueued  {slug}/{chapter_id}"
+    # In batch mode no chapter task is published: the chapters wait for the next batch pass.
+    verb = "to batch" if batch else "enqueued"
+    lines = [f"{verb:<9} {slug}/{chapter_id}"
              + (f" ({per_chapter[chapter_id]} slices)" if per_chapter[chapter_id] > 1 else "")
              for chapter_id in plan.to_enqueue]
     lines += [f"skipped   {slug}/{chapter_id}: {why}" for chapter_id, why in plan.skipped.items()]
-    lines.append(f"{len(plan.to_enqueue)} enqueued, {len(plan.skipped)} skipped")
+    lines.append(f"{len(plan.to_enqueue)} {verb}, {len(plan.skipped)} skipped")
     if batch and plan.slices:
-        lines.append(f"batch mode: the workers submit them to the provider's Batch API "
-                     f"(polled every {settings.batch_poll_s:g}s; see status)")
+        lines.append(f"batch mode: one batch pass was published; beat sends the next every "
+                     f"BATCH_POLL_S ({settings.batch_poll_s:g}s), so run beat (celery -A tasks "
+                     f"beat) beside the workers; status shows the batches")
     click.echo("\n".join(lines))
     if plan.exam_paused:
         raise UserError(f"exam {slug} is paused ({plan.exam_paused}); "
@@ -244,7 +249,8 @@ def exams(as_json: bool, limit: int, after: str | None, every: bool) -> None:
         click.echo(json.dumps({"items": [summary_dict(e) for e in summaries],
                                "next": page.next}, ensure_ascii=False))
         return
-    table = Table(title=plural(len(summaries), "exam"))
+    title = plural(len(summaries), "exam") + (" on this page" if page.next or after else "")
+    table = Table(title=title)
     for col in ("exam", "title", "state", "chapters", "questions", "cost", "last change"):
         table.add_column(col)
     for e in summaries:
@@ -253,7 +259,8 @@ def exams(as_json: bool, limit: int, after: str | None, every: bool) -> None:
                       when(e.updated_at) or "-")
     out.print(table)
     if page.next:
-        out.print(f"more: python -m producer exams --after {page.next} (or --all)")
+        same = "" if limit == 100 else f" --limit {limit}"  # the next page, the same size
+        out.print(f"more: python -m producer exams{same} --after {page.next} (or --all)")
 
 
 # The chapters `status` draws in its table: rich lays a table out in time linear in its
@@ -368,8 +375,9 @@ def run(slug: str, concurrency: int, budget_usd: float | None, dry_run: bool,
 
     settings = _settings()
     syllabus = _syllabus(settings, slug)
+    batch = settings.llm_batch if batch is None else batch
     if dry_run:
-        _dry_run(settings, slug, syllabus, budget_usd)
+        _dry_run(settings, slug, syllabus, budget_usd, batch=batch)
         return
     store = _store(settings)
     _warn_unpriced(settings)
@@ -381,7 +389,6 @@ def run(slug: str, concurrency: int, budget_usd: float | None, dry_run: bool,
     if plan.exam_paused:
         raise UserError(f"exam {slug} is paused ({plan.exam_paused}); "
                         f"fix the cause, then run: python -m producer resume {slug}")
-    batch = settings.llm_batch if batch is None else batch
     store.set_exam_mode(slug, ExamMode.batch if batch else ExamMode.sync)
     if batch:
         _run_batch(settings, store, slug)

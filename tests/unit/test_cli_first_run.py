@@ -267,3 +267,30 @@ def test_doctor_says_how_to_start_a_local_model_server_that_is_not_running(env, 
     assert "python -m producer mock-llm" in finding.message, finding.message
     remote = Settings(_env_file=None, llm_base_url="http://nosuch.invalid/v1")
     assert "mock-llm" not in _model_endpoint(remote).message
+
+
+def test_a_dry_run_in_batch_mode_is_priced_at_the_batch_discount(env, capsys):
+    """enqueue/run --batch --dry-run price what batch mode will reserve and book: every rate at
+    LLM_BATCH_DISCOUNT (a newcomer saw the full price and a budget verdict batch mode
+    contradicted)."""
+    import json as _json
+
+    write_syllabus(Path(env["EXAMS_DIR"]), "ex", [("a", 20), ("b", 35)])
+    prices = {"LLM_PRICE_PROMPT_PER_MTOK": "0.15", "LLM_PRICE_COMPLETION_PER_MTOK": "0.60",
+              "LLM_BATCH_DISCOUNT": "0.5"}
+    runs = {}
+    for mode in ("--no-batch", "--batch"):
+        code, stdout, _ = cli(capsys, "enqueue", "ex", "--dry-run", "--json", mode, **prices)
+        assert code == 0, stdout
+        runs[mode] = _json.loads(stdout)
+    sync, batch = runs["--no-batch"], runs["--batch"]
+    assert (sync["mode"], batch["mode"]) == ("sync", "batch")
+    assert batch["calls"] == sync["calls"] and batch["worst_usd"] > 0
+    assert batch["worst_usd"] == pytest.approx(sync["worst_usd"] * 0.5, rel=1e-3)
+    assert batch["expected_usd"] == pytest.approx(sync["expected_usd"] * 0.5, rel=1e-3)
+    budget = (batch["worst_usd"] + sync["worst_usd"]) / 2  # fits batch's worst case only
+    code, stdout, _ = cli(capsys, "run", "ex", "--dry-run", "--batch",
+                          "--budget-usd", f"{budget:.6f}", **prices)
+    assert code == 0 and "in batch mode" in stdout and "fits even at worst case" in stdout, \
+        stdout
+    assert not (Path(env["DATABASE_URL"].removeprefix("sqlite:///"))).exists()
