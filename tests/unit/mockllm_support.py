@@ -65,3 +65,8 @@ def jaccard(a: set[Any], b: set[Any]) -> float:
 def pairwise_jaccards(texts: list[str], k: int = 3) -> list[float]:
     sets = [shingles(t, k) for t in texts]
     return [jaccard(a, b) for a, b in itertools.combinations(sets, 2)]
+
+
+# The mock with batches that finish in a few hundredths of a second (the batch tests' server).
+BATCH_FAST = {"latency_s": 0, "batch_validation_s": 0.01, "batch_request_s": 0,
+              "batch_finalizing_s": 0.01}

@@ -11,9 +11,9 @@ import pytest
 
 from helpers import wait_for
 from mockllm import MockConfig, MockServer
-from mockllm_support import body
+from mockllm_support import BATCH_FAST, body
 
-FAST = {"latency_s": 0, "batch_validation_s": 0.01, "batch_request_s": 0, "batch_finalizing_s": 0.01}
+FAST = BATCH_FAST
 
 
 @pytest.fixture
