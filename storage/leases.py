@@ -7,13 +7,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Sequence
 
-from sqlalchemy import bindparam, case, func, or_, select, tuple_, update
+from sqlalchemy import and_, bindparam, case, func, or_, select, tuple_, update
 from sqlalchemy.engine import Connection, Engine
 
 from examforge.errors import PauseCode
 from examforge.output import normalise
 from storage import neardup
-from storage.base import ACTIVE_STATES, SLICE_KEY, E, Q, S, lease_fence, slice_where
+from storage.base import ACTIVE_STATES, HELD_STATES, SLICE_KEY, E, Q, S, lease_fence, slice_where
 from storage.ledger import RECENT_QUESTIONS, Ledger
 from storage.types import (ChapterLevels, Claimed, NoRoom, NotClaimed, NotClaimedReason, Planner,
                            Steer)
@@ -57,6 +57,12 @@ class Leases(Ledger):
             if plan_first is None:
                 return claimed
             first = self._start_planned(conn, claimed, plan_first(claimed.view()))
+            # The lease again from now, the transaction's last step: planning the first call
+            # (its prompt, its tokens, the rate limiter) can take a second or more in a
+            # worker that has just started, and the lease taken at the top of this
+            # transaction would then be that much shorter by the time it is seen.
+            conn.execute(self._stmt("claim_restamp", lambda: update(S).where(*SLICE_KEY).values(
+                lease_expires_at=self._now + bindparam("p_lease"))), {**key, "p_lease": lease_s})
             return dataclasses.replace(claimed, first_call=first)
 
     def held_claim(self, slug: str, chapter_id: str, slice_no: int, owner: str, *,
@@ -175,11 +181,12 @@ class Leases(Ledger):
 
         The heartbeat has a connection of its own, so it never waits behind the workers'
         queries for one. On PostgreSQL it never waits behind their row locks either: a slice
-        whose row is locked is skipped (SKIP LOCKED) and counted as held while its lease is
-        live. The lock is almost always its holder's commit, whose fence extends the lease
-        itself; and one renewal statement covers every lease of the worker, so waiting for
-        one commit would hold up all of them (128 threads committing near-duplicate indexes
-        kept it waiting past the TTL). On SQLite, where writers take turns, its turn comes
+        whose row is locked is skipped (SKIP LOCKED) and counted as held, whatever its
+        timestamp says. The lock is almost always its holder's commit, whose fence extended
+        the lease itself and which may be waiting behind another commit of the exam (a frozen
+        worker's); and one renewal covers every lease of the worker, so waiting for one
+        commit would hold up all of them (128 threads committing near-duplicate indexes kept
+        it waiting past the TTL). On SQLite, where writers take turns, its turn comes
         right after the current writer's (WriterLock). A slice cancelled while its call runs
         keeps its holder's lease until that call's reply is committed (Planning.cancel)."""
         if not owners:
@@ -190,13 +197,27 @@ class Leases(Ledger):
                 return set(conn.execute(
                     update(S).where(live).values(lease_expires_at=self._now + lease_s)
                     .returning(S.c.lease_owner)).scalars().all())
-            key = tuple_(S.c.exam, S.c.chapter_id, S.c.slice_no)
-            free = select(S.c.exam, S.c.chapter_id, S.c.slice_no).where(live) \
-                .with_for_update(skip_locked=True)
-            conn.execute(update(S).where(key.in_(free))
-                         .values(lease_expires_at=self._now + lease_s))
-            # Renewed, or locked and still live (a new statement: a fresh snapshot).
-            return set(conn.execute(select(S.c.lease_owner).where(live)).scalars().all())
+            held = lease_fence(self._now, owner=S.c.lease_owner.in_(owners), states=HELD_STATES)
+            mine = and_(S.c.lease_owner.in_(owners), S.c.state.in_(HELD_STATES))
+            # Every row of ours that no one has locked, locked now (SKIP LOCKED: never wait).
+            free = conn.execute(select(S.c.exam, S.c.chapter_id, S.c.slice_no,
+                                       S.c.lease_owner, held.label("live"))
+                                .where(mine).with_for_update(skip_locked=True)).all()
+            renew = [(r.exam, r.chapter_id, r.slice_no) for r in free if r.live]
+            if renew:
+                key = tuple_(S.c.exam, S.c.chapter_id, S.c.slice_no)
+                conn.execute(update(S).where(key.in_(renew))
+                             .values(lease_expires_at=self._now + lease_s))
+            # Held: ours and renewed, or ours and locked. A locked row is almost always its
+            # holder's commit in progress (the fence locked it and extended the lease), whose
+            # timestamp may pass while that commit waits behind another: still ours, since
+            # nobody can take a locked row. If someone else had it locked to take it over,
+            # the next beat finds its new owner.
+            unlocked = {(r.exam, r.chapter_id, r.slice_no) for r in free}
+            locked = {r.lease_owner for r in conn.execute(
+                select(S.c.exam, S.c.chapter_id, S.c.slice_no, S.c.lease_owner).where(mine))
+                if (r.exam, r.chapter_id, r.slice_no) not in unlocked}
+            return {r.lease_owner for r in free if r.live} | locked
 
     def _heartbeat_engine(self) -> Engine:
         with self._beat_lock:

@@ -68,6 +68,26 @@ class Ledger(StoreBase):
             S.c.slice_no == K.c.slice_no,
             lease_fence(self._now, owner=S.c.lease_owner == K.c.worker, states=None)).exists()
 
+    def _holder_busy(self) -> Any:
+        """Whether a call's own holder is inside a transaction on its slice row right now
+        (PostgreSQL: the row is its holder's and locked; correlated with the call row).
+
+        A holder's commit locks its slice row with the fence and holds it until it commits.
+        If that commit then waits (behind another commit of the exam that a frozen or
+        descheduled worker holds open), the lease's timestamp can pass while the holder is
+        alive and its fenced commit still valid: nobody can take the row from it before it
+        ends. Such a call is not an orphan, and settling it would book a reply that is about
+        to be stored as a crash. SKIP LOCKED tells a locked row without waiting for it; an
+        unlocked one stays locked by the sweep until its transaction ends, so the holder
+        cannot start a commit in between. SQLite has one writer at a time: no holder is
+        ever mid-transaction while the sweep writes."""
+        if self.engine.dialect.name != "postgresql":
+            return None
+        mine = (S.c.exam == K.c.exam, S.c.chapter_id == K.c.chapter_id,
+                S.c.slice_no == K.c.slice_no, S.c.lease_owner == K.c.worker)
+        return and_(select(S.c.exam).where(*mine).exists(),
+                    ~select(S.c.exam).where(*mine).with_for_update(skip_locked=True).exists())
+
     def _settle_orphans(self, conn: Connection, slug: str,
                         chapter_ids: Sequence[str] | None = None) -> int:
         """Settle every call of the exam (of `chapter_ids`, or all) still in flight whose own
@@ -79,6 +99,9 @@ class Ledger(StoreBase):
         left to its holder, which settles it when its reply comes back. A holder that was
         only frozen and comes back later re-books its call at its real usage (`_finish`)."""
         where = [K.c.exam == slug, IN_FLIGHT_CALL, ~self._holder_live()]
+        busy = self._holder_busy()
+        if busy is not None:
+            where.append(~busy)
         if chapter_ids is not None:
             if not chapter_ids:
                 return 0
@@ -451,8 +474,13 @@ class Ledger(StoreBase):
                     Q.c.id, sort_by_parameter_order=True)), rows).scalars().all()
                 neardup.index(conn, claim.exam, claim.chapter_id, ids, [signed[i] for i in keep])
             stored += len(kept)
+            # The lease again from now: this transaction may have waited for the exam's
+            # question order or the scope's check (behind another worker's commit), and the
+            # row, locked since the fence, is still ours.
             conn.execute(self._stmt("progress", lambda: update(S).where(*SLICE_KEY).values(
-                attempts_since_progress=0, last_error=None)), key)
+                attempts_since_progress=0, last_error=None,
+                lease_expires_at=self._now + bindparam("p_lease"))),
+                {**key, "p_lease": lease_s})
             values: dict[str, Any] = {"outcome": CallOutcome.used.value, "reason": None,
                                       "detail": note or None, "questions_stored": len(kept)}
         elif surplus:  # the slice needed none of them (its target was lowered meanwhile)
