@@ -28,7 +28,8 @@ def _run_scenario(tmp_path, redis_url, mock, slice_questions: int):
         dep.syllabus("cert", CHAPTERS)
         dep.worker(16)
         dep.worker(16)
-        wait_for(lambda: dep.worker_logs().count(" ready.") >= 2, 60, "workers ready")
+        # The whole logs: a worker busy right after start pushes " ready." out of the default tail.
+        wait_for(lambda: dep.worker_logs(None).count(" ready.") >= 2, 120, "workers ready")
         calls_before = mock.stats()["calls_total"]
         started = time.monotonic()
         enq = dep.cli("enqueue", "cert")
