@@ -39,6 +39,7 @@ from examforge.retry import Action, Decision, HandBack, decide
 from examforge.settings import MAX_TOKENS_OVERHEAD, Settings
 from examforge.sizing import Sizer
 from examforge.syllabus import Chapter as ChapterSpec
+from examforge.tokens import count_text
 from storage.models import CallOutcome, CallReason
 from storage.neardup import Steering
 from storage.store import (
@@ -105,8 +106,23 @@ class Runtime:
 
     @classmethod
     def build(cls, settings: Settings, store: Store, client: LLMClient | None = None) -> "Runtime":
-        return cls(settings, store, client or LLMClient(settings),
-                   LeaseKeeper(store, settings.lease_s, settings.heartbeat_interval_s))
+        rt = cls(settings, store, client or LLMClient(settings),
+                 LeaseKeeper(store, settings.lease_s, settings.heartbeat_interval_s))
+        rt.warm_up()
+        return rt
+
+    def warm_up(self) -> None:
+        """Load the tokenizers before the first claim. Loading one takes 1 to 2.5 s on two
+        busy cores; left to the first call's planning, that time is spent inside the claim's
+        transaction (which plans the first call), holding the slice row, and on SQLite the
+        one write lock, while leases run: in the chaos test, long enough for a new worker's
+        first lease to lapse before its first beat."""
+        settings = self.settings
+        for model in {settings.llm_model, settings.llm_fallback_model or settings.llm_model}:
+            try:
+                count_text("warm-up", model)
+            except Exception as exc:  # the first call loads it, or says why it cannot
+                log.warning("tokenizer for %s not loaded in advance: %s", model, exc)
 
     def close(self) -> None:
         """Stop the heartbeat and close the provider's connections."""
