@@ -380,12 +380,14 @@ def run(slug: str, concurrency: int, budget_usd: float | None, dry_run: bool,
         _dry_run(settings, slug, syllabus, budget_usd, batch=batch)
         return
     store = _store(settings)
+    from producer.grounding import exam_material
+    material = exam_material(settings, slug, syllabus, store)  # refused before any write
     _warn_unpriced(settings)
     for chapter_id in store.restart_cancelled(slug):  # as enqueue: run undoes `cancel`
         err.print(f"restarted {slug}/{chapter_id} (was cancelled)")
     plan = store.sync_exam(slug, syllabus, budget_usd=budget_usd,
                            default_budget_usd=settings.budget_usd,
-                           slice_questions=settings.slice_questions)
+                           slice_questions=settings.slice_questions, material=material)
     if plan.exam_paused:
         raise UserError(f"exam {slug} is paused ({plan.exam_paused}); "
                         f"fix the cause, then run: python -m producer resume {slug}")

@@ -176,6 +176,10 @@ class Question(BaseModel):
     bloom: str | None = Field(
         description="The Bloom level it targets (remember ... create), if its chapter asked "
                     "for one; null otherwise.")
+    source: str | None = Field(
+        None, description="Where it was written from, when its chapter lists sources: "
+                          "file, page or heading, and passage (\"guide.pdf, page 4, passage "
+                          "p3\"); null otherwise.")
     model: str
     created_at: str
 
