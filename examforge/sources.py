@@ -26,7 +26,7 @@ import re
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
 from pathlib import Path
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from examforge.errors import SourceError
 from examforge.output import Question
@@ -233,8 +233,23 @@ def pdf_sections(data: bytes, label: str, pages: tuple[int, int] | None) -> list
     """One section per page ("page N", the page's number in the file). Refused: an
     encrypted or unreadable PDF, more pages than MAX_PDF_PAGES, pages the file lacks, and a
     PDF with no extractable text (scanned pages are images)."""
+    import logging
+
     from pypdf import PdfReader
 
+    # pypdf logs what it repairs in a damaged file as warnings: the refusal below says it in
+    # one line instead.
+    pdf_log = logging.getLogger("pypdf")
+    level = pdf_log.level
+    pdf_log.setLevel(logging.ERROR)
+    try:
+        return _pdf_sections(PdfReader, data, label, pages)
+    finally:
+        pdf_log.setLevel(level)
+
+
+def _pdf_sections(PdfReader: Any, data: bytes, label: str, pages: tuple[int, int] | None
+                  ) -> list[Section]:
     try:
         reader = PdfReader(io.BytesIO(data))
         if reader.is_encrypted:
