@@ -32,7 +32,7 @@ from producer.enqueueing import enqueue_exam
 from producer.live import LiveView, duration
 from producer.live import watch as live_watch
 from producer.prune import report_lines as prune_report_lines
-from producer.syllabi import resolve
+from producer.syllabi import file_syllabus, resolve
 from producer.views import status_dict, summary_dict, when
 from producer.words import plural
 from examforge.errors import NoSchema
@@ -108,8 +108,17 @@ def _warn_unpriced(settings: Settings) -> None:
 def _dry_run(settings: Settings, slug: str, syllabus: Syllabus, budget_usd: float | None,
              as_json: bool = False, batch: bool = False) -> None:
     stored, per_question, budget, cancelled = _read_only_state(settings, slug)
+    from producer.grounding import exam_material
+
+    # The sources are read (and refused) as enqueue reads them; each prompt carries its
+    # slice's share, counted in the estimate.
+    material = {}
+    if any(ch.sources for ch in syllabus.chapters):
+        store = None if file_syllabus(settings, slug) else _existing_store(settings)
+        material = {cid: m.passages for cid, m in
+                    exam_material(settings, slug, syllabus, store).items()}
     est = estimate(slug, syllabus, settings, stored=stored,
-                   completion_per_question=per_question, batch=batch)
+                   completion_per_question=per_question, batch=batch, material=material)
     budget = budget_usd if budget_usd is not None else budget
     if as_json:
         click.echo(json.dumps({**est.as_dict(), "budget_usd": budget,

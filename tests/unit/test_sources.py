@@ -365,3 +365,21 @@ def test_every_export_format_carries_each_questions_source(env: Settings, capsys
         fast = env.exams_dir / "ex" / f"fast.{fmt}"
         assert export_sqlite.export(env.database_url, env.exams_dir, "ex", fmt, str(fast)) == 4
         assert fast.read_bytes() == (env.exams_dir / "ex" / f"out-{fmt}").read_bytes()
+
+
+def test_dry_run_counts_the_material_each_prompt_carries(env: Settings, capsys: Any) -> None:
+    _exam(env, [{"id": "a", "title": "A", "questions": 10}], {})
+    code, plain, err = cli(capsys, "enqueue", "ex", "--dry-run", "--json")
+    assert code == 0, err
+    _exam(env, [{"id": "a", "title": "A", "questions": 10, "sources": ["n.md"]}],
+          {"n.md": _notes(6).encode()})
+    code, grounded, err = cli(capsys, "enqueue", "ex", "--dry-run", "--json")
+    assert code == 0, err
+    before, after = json.loads(plain), json.loads(grounded)
+    # Two slices of one call each (5 questions), each carrying its own 3 of the 6 passages.
+    from examforge.tokens import count_text
+    texts = [p.text for p in read_material(["n.md"], lambda n: _notes(6).encode(), str).passages]
+    text_tokens = sum(count_text(t, env.llm_model) for t in texts)
+    extra = after["chapters"][0]["prompt_tokens"] - before["chapters"][0]["prompt_tokens"]
+    assert text_tokens < extra < text_tokens + 6 * 40, (extra, text_tokens)
+    assert _nothing_written(env)
