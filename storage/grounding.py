@@ -38,15 +38,15 @@ def forget_passages(conn: Connection, slug: str, chapter_ids: Sequence[str] | No
 
 def coverage(conn: Connection, slug: str) -> dict[str, tuple[int, int]]:
     """`Grounding.passage_coverage` in the caller's transaction (status reads it in its own)."""
-    totals = dict(conn.execute(  # type: ignore[arg-type]
+    totals: dict[str, int] = {r[0]: r[1] for r in conn.execute(
         select(P.c.chapter_id, func.count()).where(P.c.exam == slug)
-        .group_by(P.c.chapter_id)).all())
+        .group_by(P.c.chapter_id))}
     if not totals:
         return {}
-    cited = dict(conn.execute(  # type: ignore[arg-type]
+    cited: dict[str, int] = {r[0]: r[1] for r in conn.execute(
         select(Q.c.chapter_id, func.count(func.distinct(Q.c.passage)))
         .where(Q.c.exam == slug, Q.c.passage.is_not(None))
-        .group_by(Q.c.chapter_id)).all())
+        .group_by(Q.c.chapter_id))}
     return {cid: (int(cited.get(cid, 0)), int(n)) for cid, n in totals.items()}
 
 
