@@ -281,8 +281,10 @@ STATUS_TABLE_ROWS = 1000
 def _print_status(report: ExamReport) -> None:
     ch, q, u = report.chapters, report.questions, report.usage
     table = Table(title=f"{report.title} ({report.exam}) — {report.state}")
+    # Chapters with sources: the passages their stored questions cite, of how many.
+    grounded = any(c.material is not None for c in report.chapter_list)
     for col in ("chapter", "state", "questions", "slices done", "attempts", "calls",
-                "last error"):
+                *(("material cited",) if grounded else ()), "last error"):
         table.add_column(col)
     shown = report.chapter_list
     if len(shown) > STATUS_TABLE_ROWS:
@@ -295,8 +297,11 @@ def _print_status(report: ExamReport) -> None:
             slices += f" ({running} running)"
         # A slice held by a live provider batch is not stuck: say what it waits on.
         state = "waiting on batch" if c.waiting_on else c.state
+        material = () if not grounded else (
+            (f"{c.material.cited}/{c.material.passages} ({c.material.share:.0%})",)
+            if c.material is not None else ("",))
         table.add_row(c.id, state, f"{c.questions.done}/{c.questions.target}", slices,
-                      str(c.attempts), str(c.calls), error)
+                      str(c.attempts), str(c.calls), *material, error)
     out.print(table)
     if report.batches:
         _print_batches(report)

@@ -325,6 +325,8 @@ def test_every_export_format_carries_each_questions_source(env: Settings, capsys
           {"n.md": _notes(2).encode()})
     code, _, err = cli(capsys, "run", "ex")
     assert code == 0, err
+    code, out, err = cli(capsys, "status", "ex")
+    assert code == 0 and "material cited" in out and "2/2 (100%)" in out, out + err
     store = open_store(env.database_url)
     refs = {str(r["source"]) for r in store.iter_questions("ex")}
     store.engine.dispose()
