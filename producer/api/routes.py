@@ -187,8 +187,10 @@ def _put_exam(c: Any, slug: str, raw: bytes) -> Any:
                         headers={"Location": f"/exams/{slug}"})
 
 
-@router.put("/exams/{slug}/sources/{name:path}", status_code=200, tags=["exams"],
-            responses={201: {"description": "Created"}, **responses(401, 409, 413, 422)},
+@router.put("/exams/{slug}/sources/{name:path}", response_model=schemas.SourceStored,
+            status_code=200, tags=["exams"],
+            responses={201: {"description": "Created", "model": schemas.SourceStored},
+                       **responses(401, 409, 413, 422)},
             openapi_extra={"requestBody": {"required": True, "content": {
                 "application/octet-stream": {"schema": {"type": "string",
                                                         "format": "binary"}}}}})
@@ -226,7 +228,8 @@ def _put_source(c: Any, slug: str, name: str, raw: bytes) -> Any:
                          "sha256": file_hash(raw)}, status_code=201 if created else 200)
 
 
-@router.get("/exams/{slug}/sources", tags=["exams"], responses=responses(401, 422))
+@router.get("/exams/{slug}/sources", response_model=schemas.SourceList, tags=["exams"],
+            responses=responses(401, 422))
 def list_sources(slug: Slug, c: Ctx) -> Any:
     """The sources uploaded for an API exam: name, size, hash."""
     return {"items": [{"name": r["name"], "bytes": r["size"], "sha256": r["sha256"][:16]}

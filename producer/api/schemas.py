@@ -131,6 +131,27 @@ class ExamList(BaseModel):
                                                "null on the last page.")
 
 
+class SourceStored(BaseModel):
+    """PUT /exams/SLUG/sources/NAME's answer: the source as stored."""
+
+    exam: str
+    source: str = Field(description="Its name, as the syllabus lists it")
+    bytes: int
+    sha256: str = Field(description="The first 16 hex digits of its SHA-256")
+
+
+class SourceItem(BaseModel):
+    name: str
+    bytes: int
+    sha256: str
+
+
+class SourceList(BaseModel):
+    """The sources uploaded for an API exam."""
+
+    items: list[SourceItem]
+
+
 class ExamStored(BaseModel):
     """PUT /exams/SLUG's answer: the syllabus as stored."""
 
