@@ -385,3 +385,34 @@ def test_dry_run_counts_the_material_each_prompt_carries(env: Settings, capsys: 
     extra = after["chapters"][0]["prompt_tokens"] - before["chapters"][0]["prompt_tokens"]
     assert text_tokens < extra < text_tokens + 6 * 40, (extra, text_tokens)
     assert _nothing_written(env)
+
+
+def test_batch_mode_carries_the_material_and_stores_the_citations(
+        mock: MockServer, make_settings: Any) -> None:
+    from runner.batching import BatchRuntime, run_pass
+    from storage.models import ExamMode
+    from helpers import wait_for
+
+    settings = make_settings(llm_base_url=mock.base_url, questions_per_call=5,
+                             slice_questions=5, batch_poll_s=0.2, batch_submit_lease_s=10.0,
+                             batch_http_timeout_s=5.0)
+    path = _exam(settings, [{"id": "a", "title": "A", "questions": 10, "sources": ["n.md"]}],
+                 {"n.md": _notes(4).encode()})
+    store = open_store(settings.database_url)
+    syllabus = load_syllabus(path, max_questions=1000)
+    store.sync_exam("ex", syllabus, slice_questions=5,
+                    material=exam_material(settings, "ex", syllabus, store))
+    store.set_exam_mode("ex", ExamMode.batch)
+    rt = BatchRuntime.build(settings, store)
+    try:
+        def done() -> bool:
+            run_pass(rt, ["ex"])
+            return store.status("ex").questions.done == 10
+        wait_for(done, 30, "the batch's questions stored", interval_s=0.1)
+    finally:
+        rt.close()
+    rows = list(store.iter_questions("ex"))
+    # Slice 0 (numbers 1-5) was offered p1-p2, slice 1 (6-10) p3-p4.
+    assert {r["source"].rsplit(" ", 1)[-1] for r in rows[:5]} == {"p1", "p2"}
+    assert {r["source"].rsplit(" ", 1)[-1] for r in rows[5:]} == {"p3", "p4"}
+    store.engine.dispose()
