@@ -348,7 +348,8 @@ def cut_passages(sections: Iterable[Section]) -> list[tuple[str | None, str]]:
     PASSAGE_CHARS characters, one paragraph a line. A passage never spans two sections, so
     its page or heading is exact."""
     out: list[tuple[str | None, str]] = []
-    for where, text in sections:
+    for heading, text in sections:
+        where = _one_line(heading or "") or None  # a heading is file text: one clean line
         current: list[str] = []
         size = 0
         for paragraph in _paragraphs(text):
