@@ -61,6 +61,14 @@ class Grounding(StoreBase):
                                 .order_by(P.c.seq)).all()
         return [Passage(r.seq, r.source, r.location, r.text) for r in rows]
 
+    def passage(self, slug: str, chapter_id: str, seq: int) -> Passage | None:
+        """One passage of a chapter: what a question citing it (`question.passage`) was
+        written from, e.g. for a check of its answer key against the material."""
+        with self._read() as conn:
+            r = conn.execute(select(P.c.seq, P.c.source, P.c.location, P.c.text).where(
+                P.c.exam == slug, P.c.chapter_id == chapter_id, P.c.seq == seq)).first()
+        return None if r is None else Passage(r.seq, r.source, r.location, r.text)
+
     def passage_coverage(self, slug: str) -> dict[str, tuple[int, int]]:
         """{chapter id: (passages its stored questions cite, passages)} for the chapters of
         the exam that have passages; what `status` shows as the material covered."""

@@ -36,6 +36,8 @@ def test_passages_citations_coverage_and_a_changed_file(store: Any, make_setting
     plan = store.sync_exam("ex", _syllabus(), slice_questions=4, material=_material(_notes(4)))
     assert sorted(plan.slices) == [("a", 0), ("a", 1), ("b", 0)]
     assert [p.where for p in store.chapter_passages("ex", "a")] == ["T1", "T2", "T3", "T4"]
+    assert store.passage("ex", "a", 2).reference == "n.md, T2, passage p2"
+    assert store.passage("ex", "a", 9) is None
     with MockServer(MockConfig(latency_s=0)) as mock:
         settings = make_settings(database_url=db_url, llm_base_url=mock.base_url,
                                  questions_per_call=4, slice_questions=4)
