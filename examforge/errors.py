@@ -103,6 +103,11 @@ class SyllabusError(UserError):
     """Raised when a syllabus file is missing, unreadable or fails validation."""
 
 
+class SourceError(SyllabusError):
+    """A chapter's source file is refused: outside EXAMS_DIR, unreadable, encrypted, scanned
+    (no text) or over a cap (examforge.sources)."""
+
+
 class UnknownExam(UserError):
     """Raised when an exam slug names no syllabus and no stored exam."""
 

@@ -12,12 +12,14 @@ re-asks after invalid or short replies add calls.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Mapping, Sequence
 
 from examforge.prices import Price
 from examforge.prompt import build_messages
+from examforge.sources import Passage, slice_material
 from examforge.settings import Settings
 from examforge.syllabus import Syllabus, slice_ranges
-from examforge.tokens import count_messages, encoding_name, reserve_prompt_tokens
+from examforge.tokens import count_messages, count_text, encoding_name, reserve_prompt_tokens
 
 # Completion tokens of one multiple-choice question with its explanation, as JSON, when no
 # call has been seen yet (English; scripts the tokenizer splits finely take two or three times).
@@ -109,11 +111,13 @@ class Estimate:
 
 def estimate(slug: str, syllabus: Syllabus, settings: Settings, *,
              stored: dict[str, list[str]] | None = None,
-             completion_per_question: float | None = None, batch: bool = False) -> Estimate:
+             completion_per_question: float | None = None, batch: bool = False,
+             material: Mapping[str, Sequence[Passage]] | None = None) -> Estimate:
     """`stored`: the questions already stored per chapter (nothing is asked for those);
     `completion_per_question`: what this database's calls have used so far, if any; `batch`:
     the exam goes through the provider's Batch API (priced at LLM_BATCH_DISCOUNT, primary
-    endpoint only, as runner.batching books and reserves it)."""
+    endpoint only, as runner.batching books and reserves it); `material`: each chapter's
+    passages (examforge.sources), whose slice's share each prompt carries, as the pipeline's."""
     stored = stored or {}
     placeholder = _placeholder([q for texts in stored.values() for q in texts])
     model = settings.llm_model
@@ -149,10 +153,14 @@ def estimate(slug: str, syllabus: Syllabus, settings: Settings, *,
             avoid = (texts + [placeholder] * (first - 1 + have - len(texts)))[-20:]
             numbers = ((first, first + count - 1, chapter.questions) if len(ranges) > 1
                        else None)
+            passages = (material or {}).get(chapter.id) or ()
+            block = slice_material(
+                passages, first, count, chapter.questions, settings.source_prompt_tokens,
+                lambda text: count_text(text, model)).block if passages else None
             while have < count:
                 want = min(settings.questions_per_call, count - have)
                 messages = build_messages(slug, syllabus.title, chapter, want, avoid,
-                                          numbers=numbers)
+                                          numbers=numbers, material=block)
                 ch.calls += 1
                 ch.prompt_tokens += count_messages(messages, model)
                 ch.max_completion_tokens += settings.max_tokens(want)

@@ -32,6 +32,10 @@ class Question:
     # Bloom level, None when not asked, missing or not one the chapter allows.
     difficulty: str | None = None
     bloom: str | None = None
+    # The passage id it cites ("p3"), when the prompt offered course material; the pipeline
+    # replaces it with the passage's reference before it is stored (runner.pipeline).
+    source: str | None = None
+    passage: int | None = None
 
 
 class _FormatChars(dict):  # type: ignore[type-arg]
@@ -125,7 +129,16 @@ def check_item(item: object) -> Question:
     return Question(
         question.strip(), tuple(c.strip() for c in choices), answer, explanation.strip(),  # type: ignore[arg-type]
         difficulty=_label(item.get("difficulty")), bloom=_label(item.get("bloom")),
+        source=_cited(item.get("source")),
     )
+
+
+def _cited(value: object) -> str | None:
+    """A passage id the model cited ("p3", "[P3]" reads as "p3"), or None."""
+    if not isinstance(value, str) or len(value) > 32:
+        return None
+    value = value.strip().strip("[]").strip().lower()
+    return value or None
 
 
 def _label(value: object) -> str | None:

@@ -7,7 +7,8 @@ The user message is a list of `Label: value` lines. The labels are a closed voca
 The order is for providers' prompt caches, which bill a prefix seen recently at a discount
 (OpenAI: an identical prefix of 1024 tokens or more, in 128-token steps): what stays the same
 across a chapter's calls comes first (the system prompt, the exam and chapter fields, the
-Bloom levels, the guidance), and what changes from call to call last (the questions to avoid,
+Bloom levels, the guidance, then the slice's course material, which can be thousands of
+tokens: SOURCE_PROMPT_TOKENS), and what changes from call to call last (the questions to avoid,
 then this call's numbers, difficulty counts and question count).
 """
 
@@ -107,11 +108,13 @@ def parse_difficulty(value: str) -> dict[str, int]:
 def build_messages(
     exam_slug: str, exam_title: str, chapter: Chapter, count: int, avoid: list[str],
     numbers: tuple[int, int, int] | None = None, levels: Levels | None = None,
+    material: str | None = None,
 ) -> list[dict[str, str]]:
     """Messages for one call. The fixed `Key: value` lines are also what the mock server reads.
     `numbers` (first, last, of how many) steers a slice to its own share of the chapter;
     `levels` says how many of each difficulty to write (default: the chapter's shares of
-    `count`) and which Bloom levels to target."""
+    `count`) and which Bloom levels to target; `material` is the slice's course material
+    (examforge.sources.material_block), written before everything that changes per call."""
     if levels is None:
         levels = levels_for(chapter, count)
     # The same for every call of the chapter: a prompt cache's prefix.
@@ -126,6 +129,10 @@ def build_messages(
         lines.append(field_line(Label.bloom, ", ".join(levels.bloom)))
     if chapter.prompt:
         lines.append(field_line(Label.guidance, chapter.prompt))
+    # The slice's course material (examforge.sources.material_block): the same on each of
+    # its calls, so it belongs to the cached prefix; after the fields a reader takes first.
+    if material:
+        lines.append(material)
     # What changes from call to call.
     if avoid:
         # The caller bounds the list (AVOID_QUESTIONS, chosen over the whole chapter by

@@ -33,6 +33,9 @@ class QuestionItem(BaseModel):
     # the chapter's levels are checked when the question is stored.
     difficulty: str | None
     bloom: str | None
+    # The id of the course-material passage it is based on ("p3"), when the prompt offers
+    # passages (examforge.sources); null otherwise.
+    source: str | None
 
 
 class QuestionList(BaseModel):

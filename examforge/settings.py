@@ -253,6 +253,11 @@ class Settings(BaseSettings):
         description="Which stored questions the prompt lists: chapter (those the model "
                     "repeated most, the newest, and a sample rotating over the whole chapter) "
                     "or recent (the newest only).")
+    source_prompt_tokens: int = Field(
+        4000, ge=500, le=200_000,
+        description="Tokens of course material (a chapter's sources) each prompt may carry: "
+                    "the slice's own passages, an even spread of them when they do not fit. "
+                    "The material is the same on every call of a slice (the cached prefix).")
     auth_failure_limit: int = Field(
         1, ge=1, description="Consecutive 401/403 replies that pause the exam."
     )

@@ -136,6 +136,25 @@ class Chapter(BaseModel):
     # questions target. They go into the prompt and are stored with each question.
     difficulty: Union[str, dict[str, float], None] = None
     bloom: list[str] | None = None
+    # Optional: files of the exam's folder the questions are written from (examforge.sources:
+    # `notes/ch1.md`, `guide.pdf#pages=3-9`); checked here by name only, read at enqueue.
+    sources: list[str] | None = None
+
+    @field_validator("sources")
+    @classmethod
+    def _sources(cls, v: list[str] | None) -> list[str] | None:
+        if v is None:
+            return None
+        from examforge.sources import MAX_SOURCES_PER_CHAPTER, parse_entry
+        if not v:
+            raise ValueError("must list at least one file (or be left out)")
+        if len(v) > MAX_SOURCES_PER_CHAPTER:
+            raise ValueError(f"at most {MAX_SOURCES_PER_CHAPTER} sources a chapter")
+        if len(set(v)) != len(v):
+            raise ValueError("a source is listed twice")
+        for entry in v:
+            parse_entry(entry)
+        return v
 
     @field_validator("difficulty", mode="before")
     @classmethod

@@ -33,7 +33,7 @@ from mockllm.faults import (
 from mockllm.http import error_payload
 from mockllm.limits import INSUFFICIENT_QUOTA_MESSAGE, quota_exceeded, retry_headers
 from mockllm.prompt import ChatPrompt, parse_prompt
-from mockllm.questions import labelled
+from mockllm.questions import cited, labelled
 from mockllm.replies import (
     REFUSAL_CONTENT,
     Content,
@@ -335,7 +335,7 @@ class ChatEngine:
                 call.service_tier)
             return Completion(payload, Content("", "length"), tokens, "length")
         items = state.mint_items(call.prompt, question_count(outcome, call.prompt.count, config.questions_per_reply))
-        items = labelled(items, call.prompt)
+        items = cited(labelled(items, call.prompt), call.prompt)
         if call.schema is not None:
             items = [_conform(item, call.schema) for item in items]
         variant = state.next_wrong_schema_variant() if outcome == "wrong_schema" else 0

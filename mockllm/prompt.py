@@ -11,6 +11,7 @@ from typing import Any
 
 from examforge.output import normalise
 from examforge.prompt import AVOID_HEADER, Label, parse_difficulty, read_fields
+from examforge.sources import offered_ids
 from mockllm.faults import MODEL_ID
 
 UNKNOWN_CHAPTER = "unknown"
@@ -38,6 +39,9 @@ class ChatPrompt:
     bloom: tuple[str, ...] = ()
     # The questions the prompt asks not to repeat (its "Do not repeat" list), normalised.
     avoid: frozenset[str] = frozenset()
+    # The ids of the course-material passages the prompt offers (examforge.sources): a
+    # model asked to cite one does.
+    passages: tuple[str, ...] = ()
 
     @property
     def requester(self) -> str:
@@ -104,4 +108,5 @@ def parse_prompt(body: dict[str, Any]) -> ChatPrompt:
         bloom=tuple(b.strip().lower() for b in fields.get(Label.bloom, "").split(",")
                     if b.strip()),
         avoid=avoid_list(text),
+        passages=offered_ids(text),
     )

@@ -536,3 +536,14 @@ def labelled(items: list[Item], prompt: ChatPrompt) -> list[Item]:
             question["bloom"] = prompt.bloom[item.serial % len(prompt.bloom)]
         out.append(replace(item, question=question))
     return out
+
+
+def cited(items: list[Item], prompt: ChatPrompt) -> list[Item]:
+    """The reply's questions citing the prompt's course-material passages, as a model asked
+    to does: passage by serial, cycling through those offered, so that a slice's questions
+    spread over its passages. Nothing is added when the prompt offers none."""
+    if not prompt.passages:
+        return items
+    return [replace(item, question={**item.question,
+                                    "source": prompt.passages[item.serial % len(prompt.passages)]})
+            for item in items]

@@ -32,7 +32,7 @@ from producer.enqueueing import enqueue_exam
 from producer.live import LiveView, duration
 from producer.live import watch as live_watch
 from producer.prune import report_lines as prune_report_lines
-from producer.syllabi import resolve
+from producer.syllabi import file_syllabus, resolve
 from producer.views import status_dict, summary_dict, when
 from producer.words import plural
 from examforge.errors import NoSchema
@@ -108,8 +108,17 @@ def _warn_unpriced(settings: Settings) -> None:
 def _dry_run(settings: Settings, slug: str, syllabus: Syllabus, budget_usd: float | None,
              as_json: bool = False, batch: bool = False) -> None:
     stored, per_question, budget, cancelled = _read_only_state(settings, slug)
+    from producer.grounding import exam_material
+
+    # The sources are read (and refused) as enqueue reads them; each prompt carries its
+    # slice's share, counted in the estimate.
+    material = {}
+    if any(ch.sources for ch in syllabus.chapters):
+        store = None if file_syllabus(settings, slug) else _existing_store(settings)
+        material = {cid: m.passages for cid, m in
+                    exam_material(settings, slug, syllabus, store).items()}
     est = estimate(slug, syllabus, settings, stored=stored,
-                   completion_per_question=per_question, batch=batch)
+                   completion_per_question=per_question, batch=batch, material=material)
     budget = budget_usd if budget_usd is not None else budget
     if as_json:
         click.echo(json.dumps({**est.as_dict(), "budget_usd": budget,
@@ -272,8 +281,10 @@ STATUS_TABLE_ROWS = 1000
 def _print_status(report: ExamReport) -> None:
     ch, q, u = report.chapters, report.questions, report.usage
     table = Table(title=f"{report.title} ({report.exam}) — {report.state}")
+    # Chapters with sources: the passages their stored questions cite, of how many.
+    grounded = any(c.material is not None for c in report.chapter_list)
     for col in ("chapter", "state", "questions", "slices done", "attempts", "calls",
-                "last error"):
+                *(("material cited",) if grounded else ()), "last error"):
         table.add_column(col)
     shown = report.chapter_list
     if len(shown) > STATUS_TABLE_ROWS:
@@ -286,8 +297,11 @@ def _print_status(report: ExamReport) -> None:
             slices += f" ({running} running)"
         # A slice held by a live provider batch is not stuck: say what it waits on.
         state = "waiting on batch" if c.waiting_on else c.state
+        material = () if not grounded else (
+            (f"{c.material.cited}/{c.material.passages} ({c.material.share:.0%})",)
+            if c.material is not None else ("",))
         table.add_row(c.id, state, f"{c.questions.done}/{c.questions.target}", slices,
-                      str(c.attempts), str(c.calls), error)
+                      str(c.attempts), str(c.calls), *material, error)
     out.print(table)
     if report.batches:
         _print_batches(report)
@@ -380,12 +394,14 @@ def run(slug: str, concurrency: int, budget_usd: float | None, dry_run: bool,
         _dry_run(settings, slug, syllabus, budget_usd, batch=batch)
         return
     store = _store(settings)
+    from producer.grounding import exam_material
+    material = exam_material(settings, slug, syllabus, store)  # refused before any write
     _warn_unpriced(settings)
     for chapter_id in store.restart_cancelled(slug):  # as enqueue: run undoes `cancel`
         err.print(f"restarted {slug}/{chapter_id} (was cancelled)")
     plan = store.sync_exam(slug, syllabus, budget_usd=budget_usd,
                            default_budget_usd=settings.budget_usd,
-                           slice_questions=settings.slice_questions)
+                           slice_questions=settings.slice_questions, material=material)
     if plan.exam_paused:
         raise UserError(f"exam {slug} is paused ({plan.exam_paused}); "
                         f"fix the cause, then run: python -m producer resume {slug}")

@@ -22,15 +22,18 @@ def enqueue_exam(settings: Settings, store: Store, slug: str, syllabus: Syllabus
     written; `before_write` runs between the two (the CLI's warnings). With `batch` (default
     LLM_BATCH) the exam is generated through the provider's Batch API: no chapter task is
     published, one batch pass is (runner.batching); without, it goes back to sync mode."""
+    from producer.grounding import exam_material
     from tasks import app
     from tasks.broker import broker_epoch, check_broker, publish_work
 
+    # The chapters' sources read (and refused, with nothing written) before anything else.
+    material = exam_material(settings, slug, syllabus, store)
     check_broker(app, settings)  # before writing anything
     if before_write is not None:
         before_write()
     plan = store.sync_exam(slug, syllabus, regenerate, budget_usd=budget_usd,
                            default_budget_usd=settings.budget_usd,
-                           slice_questions=settings.slice_questions)
+                           slice_questions=settings.slice_questions, material=material)
     batch = settings.llm_batch if batch is None else batch
     store.set_exam_mode(slug, ExamMode.batch if batch else ExamMode.sync)
     if plan.slices:

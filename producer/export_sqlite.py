@@ -31,7 +31,7 @@ from producer.export import TABLE_FORMATS, WRITERS, check_target, default_name, 
 # The same selection and order as storage.reports.Reports.iter_questions (and its _in_range).
 QUERY = (
     "SELECT q.exam, q.chapter_id, q.number, q.question, q.choices, q.answer_index, "
-    "q.explanation, q.difficulty, q.bloom, q.model, q.created_at FROM question q "
+    "q.explanation, q.difficulty, q.bloom, q.source, q.model, q.created_at FROM question q "
     "JOIN slice s ON s.exam = q.exam AND s.chapter_id = q.chapter_id "
     "AND q.number >= s.first_number AND q.number < s.first_number + s.target "
     "WHERE q.exam = ? ORDER BY s.position, s.chapter_id, q.number")
@@ -70,14 +70,14 @@ def rows(conn: sqlite3.Connection, slug: str) -> Iterator[dict[str, object]]:
     cur = conn.execute(QUERY, (slug,))
     cur.arraysize = 1000
     for (exam, chapter_id, number, question, choices, answer_index, explanation, difficulty,
-         bloom, model, created_at) in cur:
+         bloom, source, model, created_at) in cur:
         if created_at != last_epoch:
             last_epoch = created_at
             last_iso = fromtimestamp(float(created_at), utc).isoformat(timespec="seconds")
         yield {"exam": exam, "chapter_id": chapter_id, "number": number, "question": question,
                "choices": loads(choices), "answer_index": answer_index,
                "explanation": explanation, "difficulty": difficulty, "bloom": bloom,
-               "model": model, "created_at": last_iso}
+               "source": source, "model": model, "created_at": last_iso}
 
 
 def export(database_url: str, exams_dir: Path, slug: str, fmt: str,

@@ -62,6 +62,8 @@ from examforge.llm import LLMClient
 from examforge.output import normalise, parse_questions
 from runner.pipeline import near_dup_checker, steer_of
 from examforge.prompt import build_messages
+from examforge.sources import Passage, ground, slice_material
+from examforge.tokens import count_text
 from examforge.retry import Action, decide
 from examforge.settings import Settings
 from examforge.sizing import Sizer
@@ -176,6 +178,8 @@ class _SliceCalls:
     # questions (repeats of the chapter, invalid ones): a top-up asks that much more, as the
     # sync path's over-ask does, so that one top-up round usually finishes the slice.
     shortfall: float = 0.0
+    # The chapter's course material (examforge.sources), read before the claim.
+    passages: list[Passage] = field(default_factory=list)
 
     def build(self, view: ChapterView) -> None:
         rt, settings = self.rt, self.rt.settings
@@ -215,8 +219,13 @@ class _SliceCalls:
                 levels = Levels(mix, view.levels.bloom)
                 for level, n in mix.items():  # the next call asks for what this one does not
                     stored_levels[level] = stored_levels.get(level, 0) + n
+            material = slice_material(
+                self.passages, view.first_number, view.target,
+                view.chapter_target or view.target, settings.source_prompt_tokens,
+                lambda text: count_text(text, rt.client.model)) if self.passages else None
             messages = build_messages(view.exam, view.exam_title, spec, want, avoid,
-                                      numbers=numbers, levels=levels)
+                                      numbers=numbers, levels=levels,
+                                      material=material.block if material else None)
             prompt_tokens = rt.client.count_prompt(messages)
             max_tokens = settings.max_tokens(want, per_question)
             body = rt.client.batch_body(messages, max_tokens)
@@ -293,7 +302,8 @@ def _add_slice(rt: BatchRuntime, exam: str, chapter_id: str, slice_no: int, owne
                round_: _Round) -> None:
     store, settings = rt.store, rt.settings
     asked, stored = store.batch_yield(exam, chapter_id, slice_no)
-    calls = _SliceCalls(rt, shortfall=1 - stored / asked if asked else 0.0)
+    calls = _SliceCalls(rt, shortfall=1 - stored / asked if asked else 0.0,
+                        passages=store.chapter_passages(exam, chapter_id))
     first_line: list[tuple[dict[str, Any], int]] = []
     oversized: list[int] = []
 
@@ -755,6 +765,9 @@ def _commit_line(rt: BatchRuntime, call: Any, body: Any, claim: Claimed | None,
     shares = claim.levels.difficulty
     levels = Levels(apportion(call.requested, shares) if shares else None, claim.levels.bloom)
     questions = levels.resolve(parsed.questions)
+    passages = rt.store.chapter_passages(claim.exam, claim.chapter_id)
+    if passages:  # the passage each cites (examforge.sources), as stored
+        questions = ground(questions, {p.pid: p for p in passages})
     try:
         committed = store.commit_batch(claim, rt.settings.batch_lease_s, call.id, questions,
                                        model=completion.model, note=note, usage=usage,

@@ -38,6 +38,8 @@ from examforge.prompt import build_messages
 from examforge.retry import Action, Decision, HandBack, decide
 from examforge.settings import MAX_TOKENS_OVERHEAD, Settings
 from examforge.sizing import Sizer
+from examforge.sources import Passage, SliceMaterial, ground, slice_material
+from examforge.tokens import count_text
 from examforge.syllabus import Chapter as ChapterSpec
 from examforge.tokens import count_text
 from storage.models import CallOutcome, CallReason
@@ -159,6 +161,8 @@ def process_chapter(rt: Runtime, exam: str, chapter_id: str, slice_no: int = 0) 
 
     calls = _Calls(rt, check)
     try:
+        # The chapter's course material, read before the claim plans its first call.
+        calls.passages = store.chapter_passages(exam, chapter_id)
         calls.size(exam)
         claim = store.claim(exam, chapter_id, new_owner(), settings.lease_s,
                             settings.max_attempts, slice_no=slice_no, plan_first=calls.plan,
@@ -265,6 +269,7 @@ class _Next:
     admission: Admission | None = None
     view: ChapterView | None = None  # the chapter's state it was prepared for
     levels: Levels = Levels()  # the difficulty counts and Bloom levels it asks for
+    material: SliceMaterial = SliceMaterial()  # the course material it offers
 
 
 class _Calls:
@@ -292,6 +297,19 @@ class _Calls:
         # The model's valid questions this run has seen, and how many were repeats.
         self.delivered = 0
         self.repeats = 0
+        # The chapter's passages (examforge.sources), and the slice's share of them as its
+        # prompts carry it: the same on every call of the slice (the cached prefix).
+        self.passages: list[Passage] = []
+        self._material: dict[tuple[int, int, int], SliceMaterial] = {}
+
+    def material(self, view: ChapterView) -> SliceMaterial:
+        key = (view.first_number, view.target, view.chapter_target or view.target)
+        if key not in self._material:
+            model = self.rt.client.model
+            self._material[key] = slice_material(
+                self.passages, *key, self.rt.settings.source_prompt_tokens,
+                lambda text: count_text(text, model))
+        return self._material[key]
 
     def per_question(self, view: ChapterView) -> int:
         """max_tokens per question asked: the room a cut reply asked for, else the allowance
@@ -403,12 +421,14 @@ class _Calls:
         if not isinstance(base, Steering):  # the newest only (STEER_PROMPT=recent)
             base = Steering(newest=base)
         avoid = base.with_fresh(self.fresh, limit)
+        material = self.material(view)
         messages = build_messages(view.exam, view.exam_title, spec, want, avoid,
-                                  numbers=numbers, levels=levels)
+                                  numbers=numbers, levels=levels, material=material.block)
         prompt_tokens = rt.client.count_prompt(messages)
         max_tokens = rt.settings.max_tokens(want, self.per_question(view))
         return _Next(want, messages, prompt_tokens, max_tokens,
-                     rt.client.worst_case_usd(prompt_tokens, max_tokens), levels=levels)
+                     rt.client.worst_case_usd(prompt_tokens, max_tokens), levels=levels,
+                     material=material)
 
     def _plan(self, view: ChapterView, nxt: _Next) -> CallPlan:
         return CallPlan(view.next_number, nxt.want, nxt.prompt_tokens, nxt.max_tokens,
@@ -592,6 +612,8 @@ def _generate(rt: Runtime, claim: Claimed, lost: threading.Event, run: _Run,
         else:
             calls.not_cut(claim.exam)
         batch = nxt.levels.resolve(parsed.questions)  # the levels each is stored with
+        if calls.passages:  # the passage each cites, as stored
+            batch = ground(batch, nxt.material.offered, {p.pid: p for p in calls.passages})
         calls.count_levels(claim.view(), batch)
         for q in parsed.questions:  # the next call's prompt already avoids this batch
             calls.fresh.append(q.question)

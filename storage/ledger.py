@@ -43,7 +43,8 @@ def question_row(q: ParsedQuestion) -> dict[str, Any]:
     """The columns of a question row that come from the question itself."""
     return {"question": q.question, "choices": json.dumps(list(q.choices), ensure_ascii=False),
             "answer_index": q.answer_index, "explanation": q.explanation,
-            "difficulty": q.difficulty, "bloom": q.bloom}
+            "difficulty": q.difficulty, "bloom": q.bloom,
+            "source": q.source if q.passage is not None else None, "passage": q.passage}
 
 
 class Ledger(StoreBase):

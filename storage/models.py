@@ -157,6 +157,9 @@ class Slice(SQLModel, table=True):
     # from the syllabus, as JSON; NULL when it sets none (examforge.syllabus.Chapter).
     difficulty: Optional[str] = Field(default=None, sa_column=Column(Text))
     bloom: Optional[str] = Field(default=None, sa_column=Column(Text))
+    # The hashes of the chapter's source files its questions are written from, as JSON
+    # ({entry: sha256 prefix}; examforge.sources), NULL without sources (migration 0021).
+    sources: Optional[str] = Field(default=None, sa_column=Column(Text))
     target: int  # questions in this slice's range
     state: str = Field(default=ChapterState.pending.value, max_length=16)
     attempts: int = 0
@@ -198,6 +201,10 @@ class Question(SQLModel, table=True):
     # The level it was written at and the Bloom level it targets (NULL: none was asked).
     difficulty: Optional[str] = Field(default=None, max_length=16)
     bloom: Optional[str] = Field(default=None, max_length=16)
+    # Where it was written from, for a chapter with sources (migration 0021): the reference
+    # ("guide.pdf, page 4, passage p3") and the passage's number in its chapter.
+    source: Optional[str] = Field(default=None, sa_column=Column(Text))
+    passage: Optional[int] = None
     model: str = Field(default="", max_length=128)
     call_id: Optional[int] = None
     created_at: float
@@ -405,3 +412,34 @@ class Batch(SQLModel, table=True):
         Boolean, nullable=False, default=False, server_default=false()))
     detail: Optional[str] = Field(default=None, sa_column=Column(Text))
     usage: Optional[str] = Field(default=None, sa_column=Column(Text))
+
+
+class PassageRow(SQLModel, table=True):
+    """A chapter's material cut into passages (examforge.sources), written by enqueue when
+    the chapter's slices are cut (or its sources changed before any question was stored):
+    what the prompts show, and what a question's `passage` points at (migration 0021)."""
+
+    __tablename__ = "passage"
+
+    exam: str = Field(primary_key=True, max_length=64)
+    chapter_id: str = Field(primary_key=True, max_length=64)
+    seq: int = Field(primary_key=True)  # 1..N in the chapter; its id is "p<seq>"
+    source: str = Field(sa_column=Column(Text, nullable=False))  # the file's name
+    location: Optional[str] = Field(default=None, sa_column=Column(Text))  # page or heading
+    text: str = Field(sa_column=Column(Text, nullable=False))
+
+
+class SourceFile(SQLModel, table=True):
+    """A source file of an exam made through the API (PUT /exams/SLUG/sources/NAME): its
+    bytes, kept in the database so that every replica and worker reads the same one, and
+    so that no request ever names a path the server reads (migration 0021)."""
+
+    __tablename__ = "source_file"
+
+    exam: str = Field(primary_key=True, max_length=64)
+    name: str = Field(primary_key=True, max_length=255)
+    data: bytes = Field(sa_column=Column(LargeBinary, nullable=False))
+    sha256: str = Field(max_length=64)
+    size: int
+    created_at: float
+    updated_at: float

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from sqlalchemy import bindparam, case, delete, func, select, update
 from sqlalchemy.engine import Connection
@@ -15,7 +15,9 @@ from examforge.errors import PauseCode, UnknownChapter
 from examforge.syllabus import Chapter as SyllabusChapter
 from examforge.syllabus import Syllabus, slice_ranges
 from storage import neardup
+from examforge.sources import ChapterMaterial
 from storage.base import ACTIVE_STATES, E, K, Q, S
+from storage.grounding import forget_passages, write_passages
 from storage.ledger import Ledger
 from storage.models import CallOutcome, ChapterState, ExamState
 
@@ -64,6 +66,7 @@ class Planning(Ledger):
         self, slug: str, syllabus: Syllabus, regenerate: Iterable[str] = (), *,
         budget_usd: float | None = None, default_budget_usd: float | None = None,
         slice_questions: int = DEFAULT_SLICE_QUESTIONS,
+        material: Mapping[str, ChapterMaterial] | None = None,
     ) -> EnqueuePlan:
         """Record the exam and its chapters' slices; decide which slices need a task.
 
@@ -75,6 +78,11 @@ class Planning(Ledger):
 
         `budget_usd` sets the exam's budget (a raised one resumes an exam its budget paused);
         a new exam given none gets `default_budget_usd` (BUDGET_USD).
+
+        `material` is each chapter's sources as read (examforge.sources; producer.grounding
+        reads them): its passages are written with the chapter's slices, and a chapter whose
+        source files changed (by hash) since its questions were stored is left as it is,
+        like a changed title, until `--regenerate`. None (import) leaves passages alone.
 
         Safe under concurrent calls: rows are created with INSERT .. ON CONFLICT DO NOTHING and
         changed under the slices' row locks.
@@ -110,13 +118,21 @@ class Planning(Ledger):
             changes: dict[tuple[str, ...], list[dict[str, Any]]] = defaultdict(list)
             wiped: list[str] = []
             held: dict[str, str] = {}  # chapters left as they are, and why
+            grounded: list[tuple[str, ChapterMaterial]] = []  # passages to (re)write
             for position, ch in enumerate(syllabus.chapters):
+                chapter_rows = rows.get(ch.id, [])
+                known = material.get(ch.id) if material is not None else None
                 why, values, cut_from, wipe = _plan_structure(
-                    ch, position, rows.get(ch.id, []), stored.get(ch.id, 0),
-                    ch.id in regenerate, now)
+                    ch, position, chapter_rows, stored.get(ch.id, 0),
+                    ch.id in regenerate, now, known)
                 if why is not None:
                     held[ch.id] = why
                     continue
+                if known is not None and (not chapter_rows or wipe or "sources" in values) \
+                        and (known.passages or (chapter_rows and chapter_rows[0].sources)):
+                    grounded.append((ch.id, known))
+                sources = (known.hashes_json if known is not None
+                           else chapter_rows[0].sources if chapter_rows else None)
                 if wipe:
                     wiped.append(ch.id)
                     rows[ch.id] = []
@@ -127,7 +143,7 @@ class Planning(Ledger):
                                   "first_number": first, "target": count,
                                   "position": position, "title": ch.title,
                                   "prompt": ch.prompt, "spec_hash": ch.spec_hash,
-                                  **_levels(ch),
+                                  **_levels(ch), "sources": sources,
                                   "state": ChapterState.pending.value, "updated_at": now})
                 for r in rows.get(ch.id, []):
                     row_values = dict(values)
@@ -141,6 +157,9 @@ class Planning(Ledger):
                 neardup.forget(conn, slug, chunk)
                 conn.execute(delete(Q).where(Q.c.exam == slug, Q.c.chapter_id.in_(chunk)))
                 conn.execute(delete(S).where(S.c.exam == slug, S.c.chapter_id.in_(chunk)))
+                forget_passages(conn, slug, chunk)
+            for chapter_id, known in grounded:
+                write_passages(conn, slug, chapter_id, known.passages)
             for columns, batch in changes.items():
                 conn.execute(update(S).where(S.c.exam == slug,
                                              S.c.chapter_id == bindparam("_cid"),
@@ -315,7 +334,7 @@ def _chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
 
 
 def _plan_structure(ch: SyllabusChapter, position: int, rows: list[Any], stored: int,
-                    regenerate: bool, now: float
+                    regenerate: bool, now: float, material: ChapterMaterial | None = None
                     ) -> tuple[str | None, dict[str, Any], int, bool]:
     """What enqueue does to one chapter's slices: (why it is left as it is, or None; the
     chapter fields that change on every slice; the first number new slices start at, past
@@ -338,6 +357,12 @@ def _plan_structure(ch: SyllabusChapter, position: int, rows: list[Any], stored:
             return (f"changed: title or prompt differs from the {stored} stored questions; "
                     f"rerun with --regenerate {ch.id}"), {}, 0, False
         values.update(title=ch.title, prompt=ch.prompt, spec_hash=ch.spec_hash)
+    if material is not None and head.sources != material.hashes_json:
+        if stored > 0:
+            return (f"changed: {_changed_source(head.sources, material.hashes)} since the "
+                    f"{stored} stored questions were written; rerun with --regenerate {ch.id}"
+                    ), {}, 0, False
+        values["sources"] = material.hashes_json
     if head.position != position:
         values["position"] = position
     # A changed difficulty or Bloom list applies to the questions still to come: each stored
@@ -348,6 +373,20 @@ def _plan_structure(ch: SyllabusChapter, position: int, rows: list[Any], stored:
     if values:
         values["updated_at"] = now
     return None, values, end + 1, False
+
+
+def _changed_source(before: str | None, now: dict[str, str]) -> str:
+    """Which source made a chapter's material change, in words."""
+    old: dict[str, str] = json.loads(before) if before else {}
+    for entry, digest in now.items():
+        if entry not in old:
+            return f"source {entry} was added"
+        if old[entry] != digest:
+            return f"source {entry} differs (its file's hash changed)"
+    for entry in old:
+        if entry not in now:
+            return f"source {entry} was removed"
+    return "the sources' order changed"
 
 
 def _levels(ch: SyllabusChapter) -> dict[str, str | None]:

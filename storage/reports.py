@@ -16,6 +16,7 @@ from sqlalchemy.engine import Connection
 from examforge.errors import BadCursor
 from storage.base import ACTIVE_SLICE, ACTIVE_STATES, IN_FLIGHT_CALL, E, K, Q, S, StoreBase
 from storage.batches import B
+from storage.grounding import coverage as material_coverage
 from storage.types import BatchRow, submission_of
 from storage.models import CallOutcome, ChapterState
 
@@ -166,10 +167,22 @@ class ChapterReport:
     # state stays `running` (the batch holds its lease), but it is not stuck.
     waiting_on: str | None = None
     batch: str | None = None  # that batch's submission id
+    # For a chapter with sources (examforge.sources): how many of its passages its stored
+    # questions cite, of how many, and that share.
+    material: "MaterialCoverage | None" = None
 
     @property
     def slices_done(self) -> int:
         return sum(1 for s in self.slices if s.state == ChapterState.done.value)
+
+
+@dataclass
+class MaterialCoverage:
+    """The share of a chapter's passages that its stored questions cite."""
+
+    cited: int
+    passages: int
+    share: float
 
 
 _CHAPTER_STATE_ORDER = (ChapterState.running, ChapterState.pending, ChapterState.failed,
@@ -512,6 +525,7 @@ class Reports(StoreBase):
         with self._read() as conn:
             self._require_exam(conn, slug)
             exam = conn.execute(select(E, self._now.label("now")).where(E.c.slug == slug)).one()
+            coverage = material_coverage(conn, slug)
             usage_rows = conn.execute(
                 select(K.c.chapter_id, K.c.outcome, K.c.endpoint, K.c.usage_estimated,
                        K.c.price_known, K.c.model, K.c.service_tier, func.count(),
@@ -579,6 +593,12 @@ class Reports(StoreBase):
             held = by_submission.get(submission_of(chapter.lease_owner) or "")
             if held is not None and held.live:
                 chapter.batch, chapter.waiting_on = held.id, waiting_text(held)
+        for chapter in listed:
+            covered = coverage.get(chapter.id)
+            if covered is not None:
+                cited, passages = covered
+                chapter.material = MaterialCoverage(cited, passages,
+                                                    round(cited / passages, 4) if passages else 0.0)
         finished = counts.pending + counts.running == 0
         started_at, finished_at = times.first, times.last if finished else None
         return ExamReport(
@@ -651,7 +671,7 @@ class Reports(StoreBase):
             rows = conn.execution_options(stream_results=True, yield_per=batch).execute(
                 select(Q.c.exam, Q.c.chapter_id, Q.c.number, Q.c.question, Q.c.choices,
                        Q.c.answer_index, Q.c.explanation, Q.c.difficulty, Q.c.bloom,
-                       Q.c.model, Q.c.created_at)
+                       Q.c.source, Q.c.model, Q.c.created_at)
                 .join(S, self._in_range())
                 .where(Q.c.exam == slug)
                 # The chapter id too: a chapter dropped from the syllabus keeps its old
@@ -662,7 +682,7 @@ class Reports(StoreBase):
                 yield {"exam": r.exam, "chapter_id": r.chapter_id, "number": r.number,
                        "question": r.question, "choices": loads(r.choices),
                        "answer_index": r.answer_index, "explanation": r.explanation,
-                       "difficulty": r.difficulty, "bloom": r.bloom,
+                       "difficulty": r.difficulty, "bloom": r.bloom, "source": r.source,
                        "model": r.model, "created_at": r.created_at}
 
     def outline(self, slug: str) -> tuple[str, list[tuple[str, str, int]]]:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from storage.base import ACTIVE_STATES, BUDGET_PAUSE_PREFIX, E, K, Q, S, slice_where
 from storage.batches import Batches
+from storage.grounding import Grounding
 from storage.housekeeping import Housekeeping
 from storage.identity import Identity
 from storage.imports import Imports
@@ -39,12 +40,13 @@ from storage.types import (BatchRow, CallPlan, ChapterView, Claimed, Committed, 
                            submission_of)
 
 
-class Store(Planning, Recovery, Reports, Imports, Housekeeping, Runs, Identity, Batches):
+class Store(Planning, Recovery, Reports, Imports, Housekeeping, Runs, Identity, Batches,
+            Grounding):
     """All database access for exams, chapters, questions and calls."""
 
 
 __all__ = ["ACTIVE_STATES", "BUDGET_PAUSE_PREFIX", "BatchRow", "Batches", "DEFAULT_SLICE_QUESTIONS", "CallPlan",
-           "ChapterView", "Claimed", "Committed", "E", "EnqueuePlan", "K", "LostAudit",
+           "ChapterView", "Claimed", "Committed", "E", "EnqueuePlan", "Grounding", "K", "LostAudit",
            "NoRoom", "NotClaimed", "NotClaimedReason", "Orphan", "Planner", "Q",
            "RequeueReason", "RunActivity", "RunEvent", "RunRow", "S", "SendCheck", "SliceKey", "SliceRef",
            "Steer", "Store", "Usage", "owner_of", "slice_where", "submission_of"]

@@ -105,7 +105,7 @@ def anki_tag(tag: str) -> str:
 
 def _note(exam: BankExam, q: BankQuestion) -> genanki.Note:
     fields = [as_html(q.question), *(as_html(c) for c in q.choices),
-              LETTERS[q.answer_index], as_html(q.explanation)]
+              LETTERS[q.answer_index], as_html(q.feedback)]  # the back: with the source
     tags = [t for t in map(anki_tag, q.tags) if t]
     return genanki.Note(model=MODEL, fields=fields, tags=tags, guid=note_guid(exam, q))
 

@@ -72,8 +72,8 @@ def _question(exam: BankExam, q: BankQuestion) -> str:
     for index, choice in enumerate(q.choices):
         mark = "=" if index == q.answer_index else "~"
         lines.append(f"\t{mark}{rich(choice)}")
-    if q.explanation:
-        lines.append(f"\t####{rich(q.explanation)}")
+    if q.feedback:  # the explanation, and the source it was written from
+        lines.append(f"\t####{rich(q.feedback)}")
     lines.append("}")
     return "\n".join(lines) + "\n\n"
 

@@ -53,6 +53,8 @@ class BankQuestion:
     answer_index: int  # 0..3
     explanation: str
     tags: tuple[str, ...] = ()  # e.g. ("difficulty:hard", "bloom:apply"); may be empty
+    # Where it was written from ("guide.pdf, page 4, passage p3"; examforge.sources), or "".
+    source: str = ""
 
     def __post_init__(self) -> None:
         where = f"question {self.chapter_id}/{self.number}"
@@ -62,8 +64,16 @@ class BankQuestion:
             raise ValueError(f"{where}: needs exactly 4 choices, has {len(self.choices)}")
         if isinstance(self.answer_index, bool) or self.answer_index not in (0, 1, 2, 3):
             raise ValueError(f"{where}: answer_index must be 0..3, is {self.answer_index!r}")
-        for text in (self.question, *self.choices, self.explanation, *self.tags):
+        for text in (self.question, *self.choices, self.explanation, *self.tags, self.source):
             _check_text(text, where)
+
+    @property
+    def feedback(self) -> str:
+        """What a bank shows after the answer: the explanation, then the source, if any."""
+        if not self.source:
+            return self.explanation
+        line = f"Source: {self.source}"
+        return f"{self.explanation}\n\n{line}" if self.explanation else line
 
 
 def _check_id(value: str, what: str) -> None:

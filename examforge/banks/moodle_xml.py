@@ -68,7 +68,7 @@ def _question(q: BankQuestion) -> str:
         '  <question type="multichoice">\n',
         f"    <name><text>{escape(question_name(q.chapter_id, q.number))}</text></name>\n",
         _rich("questiontext", q.question),
-        _rich("generalfeedback", q.explanation),
+        _rich("generalfeedback", q.feedback),  # the explanation, then the source
         "    <defaultgrade>1</defaultgrade>\n",
         "    <single>true</single>\n",
         f"    <shuffleanswers>{'true' if SHUFFLE_ANSWERS else 'false'}</shuffleanswers>\n",

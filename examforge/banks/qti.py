@@ -267,7 +267,7 @@ def _item(ids: _Ids, q: BankQuestion) -> str:
         '            <decvar maxvalue="100" minvalue="0" varname="SCORE" vartype="Decimal"/>\n'
         "          </outcomes>\n",
     ]
-    if q.explanation:
+    if q.feedback:
         parts.append(
             '          <respcondition continue="Yes">\n'
             "            <conditionvar>\n              <other/>\n            </conditionvar>\n"
@@ -282,11 +282,11 @@ def _item(ids: _Ids, q: BankQuestion) -> str:
         "          </respcondition>\n"
         "        </resprocessing>\n",
     ]
-    if q.explanation:
+    if q.feedback:
         parts.append(
             '        <itemfeedback ident="general_fb">\n'
             "          <flow_mat>\n            <material>\n"
-            f"              {_mattext(q.explanation)}\n"
+            f"              {_mattext(q.feedback)}\n"  # the explanation, then the source
             "            </material>\n          </flow_mat>\n"
             "        </itemfeedback>\n")
     parts.append("      </item>\n")

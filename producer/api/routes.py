@@ -187,6 +187,55 @@ def _put_exam(c: Any, slug: str, raw: bytes) -> Any:
                         headers={"Location": f"/exams/{slug}"})
 
 
+@router.put("/exams/{slug}/sources/{name:path}", response_model=schemas.SourceStored,
+            status_code=200, tags=["exams"],
+            responses={201: {"description": "Created", "model": schemas.SourceStored},
+                       **responses(401, 409, 413, 422)},
+            openapi_extra={"requestBody": {"required": True, "content": {
+                "application/octet-stream": {"schema": {"type": "string",
+                                                        "format": "binary"}}}}})
+async def put_source(slug: Slug, name: str, request: Request, c: Ctx) -> Any:
+    """Upload a source file of an API exam (a chapter's `sources` names it: `notes/ch1.md`,
+    `guide.pdf`): the file's bytes as the body, at most 1 MB. It is checked as enqueue
+    checks a file (type, text, an encrypted or scanned PDF, the page cap) and kept in the
+    database: the server never reads a path a client names. 201 when created, 200 when
+    replaced; 422 for a name that is not a plain relative path (`..`, an absolute path)."""
+    raw = await request.body()  # whole already: BodyLimit read it, up to 1 MB
+    return await run_in_threadpool(_put_source, c, slug, name, raw)
+
+
+def _put_source(c: Any, slug: str, name: str, raw: bytes) -> Any:
+    from examforge.errors import SourceError
+    from examforge.sources import MAX_UPLOAD_BYTES, file_hash, parse_entry, sections_of
+    from producer.grounding import uploaded_label
+
+    try:
+        spec = parse_entry(name)
+    except ValueError as exc:
+        raise SourceError(f"source {name[:200]!r} of exam {slug}: {exc}") from None
+    if spec.pages is not None:
+        raise SourceError(f"source {name!r}: upload the file; its pages are chosen in the "
+                          "syllabus (`guide.pdf#pages=3-9`)")
+    if file_syllabus(c.settings, slug) is not None:
+        raise Conflict(f"exam {slug} has a syllabus file in EXAMS_DIR; put its sources in "
+                       "its folder instead")
+    if len(raw) > MAX_UPLOAD_BYTES:
+        return problem(413, f"{uploaded_label(slug, name)}: {len(raw)} bytes, larger than "
+                            f"the {MAX_UPLOAD_BYTES} allowed")
+    sections_of(spec, raw, uploaded_label(slug, name))  # refused now, not at the run
+    created = c.store.put_source(slug, name, raw)
+    return JSONResponse({"exam": slug, "source": name, "bytes": len(raw),
+                         "sha256": file_hash(raw)}, status_code=201 if created else 200)
+
+
+@router.get("/exams/{slug}/sources", response_model=schemas.SourceList, tags=["exams"],
+            responses=responses(401, 422))
+def list_sources(slug: Slug, c: Ctx) -> Any:
+    """The sources uploaded for an API exam: name, size, hash."""
+    return {"items": [{"name": r["name"], "bytes": r["size"], "sha256": r["sha256"][:16]}
+                      for r in c.store.source_names(slug)]}
+
+
 @router.get("/exams/{slug}", response_model=schemas.ExamStatus, tags=["exams"],
             responses=responses(401, 404, 422))
 def get_exam(slug: Slug, c: Ctx) -> Any:

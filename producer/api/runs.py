@@ -155,6 +155,8 @@ def start_run(ctx: Context, slug: str, key: str, budget_usd: float | None,
     first one died or the broker refused it. BrokerUnavailable (503) leaves the run queued."""
     store = ctx.store
     syllabus = resolve(ctx.settings, slug, store)  # UnknownExam: 404, before any write
+    from producer.grounding import exam_material
+    exam_material(ctx.settings, slug, syllabus, store)  # bad sources: 422, before any write
     store.forget_idempotency_keys(ctx.settings.api_idempotency_ttl_s)
     batch = ctx.settings.llm_batch if batch is None else batch
     run, created = store.create_run(slug, key, fingerprint(slug, budget_usd, batch),

@@ -131,6 +131,27 @@ class ExamList(BaseModel):
                                                "null on the last page.")
 
 
+class SourceStored(BaseModel):
+    """PUT /exams/SLUG/sources/NAME's answer: the source as stored."""
+
+    exam: str
+    source: str = Field(description="Its name, as the syllabus lists it")
+    bytes: int
+    sha256: str = Field(description="The first 16 hex digits of its SHA-256")
+
+
+class SourceItem(BaseModel):
+    name: str
+    bytes: int
+    sha256: str
+
+
+class SourceList(BaseModel):
+    """The sources uploaded for an API exam."""
+
+    items: list[SourceItem]
+
+
 class ExamStored(BaseModel):
     """PUT /exams/SLUG's answer: the syllabus as stored."""
 
@@ -176,6 +197,10 @@ class Question(BaseModel):
     bloom: str | None = Field(
         description="The Bloom level it targets (remember ... create), if its chapter asked "
                     "for one; null otherwise.")
+    source: str | None = Field(
+        None, description="Where it was written from, when its chapter lists sources: "
+                          "file, page or heading, and passage (\"guide.pdf, page 4, passage "
+                          "p3\"); null otherwise.")
     model: str
     created_at: str
 

@@ -96,9 +96,13 @@ class LocalWork:
 
     def start(self, slug: str, syllabus: Syllabus, budget_usd: float | None,
               batch: bool = False) -> EnqueuePlan:
+        from producer.grounding import exam_material
+
+        material = exam_material(self.settings, slug, syllabus, self.store)
         plan = self.store.sync_exam(slug, syllabus, budget_usd=budget_usd,
                                     default_budget_usd=self.settings.budget_usd,
-                                    slice_questions=self.settings.slice_questions)
+                                    slice_questions=self.settings.slice_questions,
+                                    material=material)
         self.store.set_exam_mode(slug, ExamMode.batch if batch else ExamMode.sync)
         if plan.exam_paused is None:
             self.resume(slug, plan.slices)

@@ -123,7 +123,8 @@ def test_the_openapi_document_declares_models_and_problems(make_settings):
                 ("/exams/{slug}/runs", "post"), ("/exams/{slug}/runs", "get"),
                 ("/runs/{run_id}", "get"), ("/runs/{run_id}/cancel", "post"),
                 ("/runs/{run_id}/events", "get"), ("/exams/{slug}/questions", "get"),
-                ("/exams/{slug}/export", "get"), ("/healthz", "get"), ("/metrics", "get")}
+                ("/exams/{slug}/export", "get"), ("/healthz", "get"), ("/metrics", "get"),
+                ("/exams/{slug}/sources/{name}", "put"), ("/exams/{slug}/sources", "get")}
     assert {(p, m) for p, ops in paths.items() for m in ops} == expected
     for (path, method) in expected:
         op = paths[path][method]

@@ -250,7 +250,7 @@ def test_the_schema_is_strict_and_fits_what_the_prompt_asks(make: Any) -> None:
         assert sorted(obj["required"]) == sorted(obj["properties"])
     assert list(item["properties"])[:2] == ["question", "choices"]  # the answer comes after
     assert "$ref" not in schema_text() and "$defs" not in schema_text()
-    QuestionList.model_validate_json(ANSWER.replace('"b"}', '"b", "difficulty": null, "bloom": null}'))
+    QuestionList.model_validate_json(ANSWER.replace('"b"}', '"b", "difficulty": null, "bloom": null, "source": null}'))
 
 
 def test_a_request_with_the_schema_counts_its_tokens_in_the_prompt(make: Any) -> None:
