@@ -23,7 +23,7 @@ from rich.table import Table
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 
-from examforge.errors import DatabaseCorrupt, UnknownChapter, UserError
+from examforge.errors import DatabaseCorrupt, PauseCode, UnknownChapter, UserError
 from examforge.estimate import estimate
 from examforge.logs import setup_logging
 from examforge.settings import Settings, load_settings
@@ -341,8 +341,13 @@ def _print_status(report: ExamReport) -> None:
                   f"({sum(c.requeues for c in requeued)} times); last at "
                   f"{when(last.requeued_at)}: {_short(last.requeue_reason or '')}")
     if report.state == "paused":
-        out.print(f"[bold red]paused:[/] {report.pause_reason} — "
-                  f"resume with: python -m producer resume {report.exam}")
+        # What ends the pause depends on its code, never on the reason's text.
+        if report.pause_code == PauseCode.budget.value:
+            how = (f"raise the budget with: python -m producer enqueue {report.exam} "
+                   "--budget-usd AMOUNT")
+        else:
+            how = f"resume with: python -m producer resume {report.exam}"
+        out.print(f"[bold red]paused:[/] {report.pause_reason} — {how}")
 
 
 def export(slug: str, fmt: str, target: str | None) -> None:

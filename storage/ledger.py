@@ -452,7 +452,7 @@ class Ledger(StoreBase):
                 neardup.index(conn, claim.exam, claim.chapter_id, ids, [signed[i] for i in keep])
             stored += len(kept)
             conn.execute(self._stmt("progress", lambda: update(S).where(*SLICE_KEY).values(
-                attempts_since_progress=0, last_error=None)), key)
+                attempts_since_progress=0, last_error_code=None, last_error=None)), key)
             values: dict[str, Any] = {"outcome": CallOutcome.used.value, "reason": None,
                                       "detail": note or None, "questions_stored": len(kept)}
         elif surplus:  # the slice needed none of them (its target was lowered meanwhile)

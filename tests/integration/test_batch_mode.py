@@ -4,7 +4,7 @@ chapter, recovery paging past 100 foreign batches, and a chapter larger than one
 
 from __future__ import annotations
 
-from examforge.errors import PauseCode
+from examforge.errors import PauseCode, SliceReason
 import json
 from pathlib import Path
 from typing import Any
@@ -418,9 +418,9 @@ def test_a_chapter_whose_lines_keep_failing_stops_at_its_attempt_cap(
                              max_attempts=2, retry_base_s=0.05, retry_max_s=0.1)
     rt = rt_of(settings, store)
     _until_done(rt)  # ends without a reconciler, as `run --batch` does
-    states = {c.id: (c.state, c.last_error or "") for c in store.status("bx").chapter_list}
+    states = {c.id: (c.state, c.last_error_code) for c in store.status("bx").chapter_list}
     assert states["b"][0] == "done"
-    assert states["a"][0] == "failed" and "attempt cap" in states["a"][1]
+    assert states["a"] == ("failed", SliceReason.attempt_cap)
     calls = [c for c in _rows(store)[0] if c.chapter_id == "a"]
     assert [(c.outcome, c.reason) for c in calls] == [("failed", "server_error")] * 2
 
