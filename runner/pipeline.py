@@ -89,6 +89,7 @@ class ChapterResult:
     retry_in_s: float | None = None
     calls: int = 0
     reason: SliceReason | None = None  # why an attempt ended early: what code compares
+    not_claimed: NotClaimedReason | None = None  # why no attempt was made
 
 
 @dataclass
@@ -219,7 +220,8 @@ def _not_claimed(claim: NotClaimed, exam: str, chapter_id: str, slice_no: int) -
         # once the batch gives it back.
         log.info("slice held by a provider batch; left to it",
                  extra={"exam": exam, "chapter": chapter_id, "slice": slice_no})
-        return ChapterResult(Outcome.skipped, f"{claim.reason.value}: {claim.detail}")
+        return ChapterResult(Outcome.skipped, f"{claim.reason.value}: {claim.detail}",
+                             not_claimed=claim.reason)
     if claim.retry_in_s is not None:
         # Busy (a live lease elsewhere) or in backoff: make no call, check back when it ends.
         log.info("slice not claimable now; checking back",
@@ -227,12 +229,13 @@ def _not_claimed(claim: NotClaimed, exam: str, chapter_id: str, slice_no: int) -
                         "reason": claim.reason.value,
                         "retry_in_s": round(claim.retry_in_s, 2)})
         return ChapterResult(Outcome.retry, f"{claim.reason.value}: {claim.detail}",
-                             retry_in_s=claim.retry_in_s + 0.5)
+                             retry_in_s=claim.retry_in_s + 0.5, not_claimed=claim.reason)
     outcome = Outcome.failed if claim.reason is NotClaimedReason.cap else Outcome.skipped
     log.info("slice needs no work here",
              extra={"exam": exam, "chapter": chapter_id, "slice": slice_no,
                     "reason": claim.reason.value})
-    return ChapterResult(outcome, f"{claim.reason.value} {claim.detail}".strip())
+    return ChapterResult(outcome, f"{claim.reason.value} {claim.detail}".strip(),
+                         not_claimed=claim.reason)
 
 
 @dataclass

@@ -12,6 +12,7 @@ import pytest
 from fakellm import question, reply
 
 from runner.pipeline import process_chapter
+from storage.types import NotClaimedReason
 from helpers import fake_runtimes, write_syllabus
 
 
@@ -71,7 +72,7 @@ def test_transient_error_releases_with_backoff_and_honours_retry_after(env):
     assert result.outcome == "retry" and result.retry_in_s >= 2.0
     # A duplicate delivery arriving early makes no call: the backoff lives in the database.
     early = process_chapter(rt, "ex", "a")
-    assert early.outcome == "retry" and "backoff" in early.detail
+    assert early.outcome == "retry" and early.not_claimed is NotClaimedReason.backoff
     assert fake.calls == 1
     report = _status(rt)
     assert report["usage"]["calls_failed"] == 1
@@ -162,7 +163,7 @@ def test_a_second_delivery_while_the_first_runs_makes_no_call(env):
     worker.start()
     assert started.wait(5)
     second = process_chapter(rt, "ex", "a")
-    assert second.outcome == "retry" and "busy" in second.detail
+    assert second.outcome == "retry" and second.not_claimed is NotClaimedReason.busy
     assert 0 < second.retry_in_s <= rt.settings.lease_s + 1
     release.set()
     worker.join(10)
