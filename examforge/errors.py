@@ -314,6 +314,47 @@ class PauseCode(str, Enum):
     manual = "manual"  # paused for another reason (an older database's pause with no code)
 
 
+class SliceReason(str, Enum):
+    """Why a slice's last attempt ended early, as stored in slice.last_error_code beside the
+    free text of slice.last_error (the detail). Code decides by the code, never by the text;
+    people read `describe(detail)`: the code's label, then the detail."""
+
+    lease_lost = "lease_lost"  # another worker holds it now (never stored: its holder writes)
+    handed_back = "handed_back"  # the worker shut down between two calls
+    rate_limited = "rate_limited"  # a 429 from a rate limit: held back, not counted
+    flex_unavailable = "flex_unavailable"  # flex had no capacity: backed off, not counted
+    budget_wait = "budget_wait"  # no room in the budget until calls in flight settle
+    budget = "budget"  # nothing more fits in the budget: the exam is paused
+    auth = "auth"  # the key was rejected
+    stopped = "stopped"  # the provider refused every call (quota, model): the exam is paused
+    transient = "transient"  # a retryable provider error: backed off, counted
+    permanent = "permanent"  # a request the provider refuses for good: the chapter failed
+    invalid_output = "invalid_output"  # no usable question after the re-asks
+    duplicates = "duplicates"  # every question of a batch line was one the chapter had
+    too_large = "too_large"  # a batch request no batch file can hold (BATCH_MAX_BYTES)
+    not_sent = "not_sent"  # its provider batch was abandoned before it was created
+    attempt_cap = "attempt_cap"  # MAX_ATTEMPTS attempts without progress: failed
+    unexpected = "unexpected"  # not the provider's: the database down, a bug
+    legacy = "legacy"  # written before the code existed (migration 0024): the detail says all
+
+    def describe(self, detail: str | None) -> str:
+        """The text people read: "transient: HTTP 503 ...". A code whose detail names it
+        itself (a sentence, an error's type) shows the detail alone."""
+        label = _SLICE_LABELS.get(self)
+        if label is None:
+            return detail or self.value
+        return f"{label}: {detail}" if detail else label
+
+
+# The labels shown before a slice reason's detail; the others' details say it themselves.
+_SLICE_LABELS = {
+    SliceReason.handed_back: "handed back", SliceReason.rate_limited: "rate_limited",
+    SliceReason.flex_unavailable: "flex_unavailable", SliceReason.budget_wait: "budget_wait",
+    SliceReason.budget: "budget", SliceReason.auth: "auth", SliceReason.transient: "transient",
+    SliceReason.permanent: "permanent", SliceReason.attempt_cap: "attempt cap",
+}
+
+
 class Rejection(str, Enum):
     """Why a model reply, or one question in it, was not stored."""
 

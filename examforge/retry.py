@@ -20,6 +20,9 @@ procrastinate's RetryStrategy does, so the policy reads as one table and is test
     OutputInvalid               fail       yes              -
     anything else (database)    release    yes              RETRY_BASE_S, then re-raised
 
+Each decision names its code (`examforge.errors.SliceReason`, stored as slice.last_error_code)
+and the error's text as its detail (slice.last_error): readers compare the code.
+
 A chapter fails at MAX_ATTEMPTS attempts without progress; an attempt that is not counted
 (rate limits, budget waits, shutdowns) never brings it closer to that.
 """
@@ -41,6 +44,7 @@ from examforge.errors import (
     PermanentProviderError,
     RateLimited,
     RetryableProviderError,
+    SliceReason,
 )
 from examforge.settings import Settings
 
@@ -67,20 +71,26 @@ class Action(str, Enum):
 @dataclass(frozen=True)
 class Decision:
     action: Action
-    reason: str
+    code: SliceReason  # slice.last_error_code; `detail` is the free text beside it
+    detail: str
     delay_s: float = 0.0
     count_attempt: bool = True
     pause_exam_after: int | None = None  # with fail: count an auth failure against the exam
     pause_code: PauseCode | None = None  # with pause: why (exam.pause_code)
+
+    @property
+    def reason(self) -> str:
+        """The text people read (logs, a pause's reason, a run's result)."""
+        return self.code.describe(self.detail)
 
 
 def decide(error: BaseException, *, streak: int, settings: Settings,
            rand: float) -> Decision:
     """`streak`: attempts without progress, counting this one (1 after a committed batch)."""
     if isinstance(error, LeaseLost):
-        return Decision(Action.lost, str(error))
+        return Decision(Action.lost, SliceReason.lease_lost, str(error))
     if isinstance(error, HandBack):
-        return Decision(Action.release, "handed back: worker shutting down", 0.0,
+        return Decision(Action.release, SliceReason.handed_back, "worker shutting down", 0.0,
                         count_attempt=False)
     if isinstance(error, CapacityUnavailable):
         # Flex had no capacity: retried with backoff, never counted (a long shortage would
@@ -90,34 +100,36 @@ def decide(error: BaseException, *, streak: int, settings: Settings,
         delay = backoff_s(max(streak, error.in_row), retry_after_s=error.retry_after_s,
                           rand=rand, base_s=settings.retry_base_s, max_s=settings.retry_max_s,
                           retry_after_max_s=settings.retry_after_max_s)
-        return Decision(Action.release, f"flex_unavailable: {error}", delay,
+        return Decision(Action.release, SliceReason.flex_unavailable, str(error), delay,
                         count_attempt=False)
     if isinstance(error, RateLimited):
         wait = error.retry_after_s or settings.retry_base_s
-        return Decision(Action.release, f"rate_limited: {error}",
+        return Decision(Action.release, SliceReason.rate_limited, str(error),
                         min(wait, settings.retry_after_max_s), count_attempt=False)
     if isinstance(error, BudgetExceeded):
         if error.others_in_flight:
-            return Decision(Action.release, f"budget_wait: {error}", BUDGET_WAIT_S,
+            return Decision(Action.release, SliceReason.budget_wait, str(error), BUDGET_WAIT_S,
                             count_attempt=False)
-        return Decision(Action.pause, f"budget: {error}", count_attempt=False,
+        return Decision(Action.pause, SliceReason.budget, str(error), count_attempt=False,
                         pause_code=PauseCode.budget)
     if isinstance(error, AuthError):
-        return Decision(Action.fail, f"auth: {error}",
+        return Decision(Action.fail, SliceReason.auth, str(error),
                         pause_exam_after=settings.auth_failure_limit)
     if isinstance(error, ExamStopped):
-        return Decision(Action.pause, f"{error.kind.value}: {error}", count_attempt=False,
+        return Decision(Action.pause, SliceReason.stopped, f"{error.kind.value}: {error}",
+                        count_attempt=False,
                         pause_code=PauseCode.provider)
     if isinstance(error, RetryableProviderError):
         delay = backoff_s(streak, retry_after_s=error.retry_after_s, rand=rand,
                           base_s=settings.retry_base_s, max_s=settings.retry_max_s,
                           retry_after_max_s=settings.retry_after_max_s)
-        return Decision(Action.release, f"transient: {error}", delay)
+        return Decision(Action.release, SliceReason.transient, str(error), delay)
     if isinstance(error, PermanentProviderError):
-        return Decision(Action.fail, f"permanent: {error}")
+        return Decision(Action.fail, SliceReason.permanent, str(error))
     if isinstance(error, OutputInvalid):
-        return Decision(Action.fail,
+        return Decision(Action.fail, SliceReason.invalid_output,
                         f"invalid output after {settings.max_reasks} re-asks: {error}")
     # The database down, a bug: hand the chapter back for someone else to take, and let the
     # error reach Celery, which retries the task with its own backoff.
-    return Decision(Action.reraise, f"{type(error).__name__}: {error}", settings.retry_base_s)
+    return Decision(Action.reraise, SliceReason.unexpected, f"{type(error).__name__}: {error}",
+                    settings.retry_base_s)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import signal
 import sys
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,11 +24,12 @@ from rich.table import Table
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 
-from examforge.errors import DatabaseCorrupt, UnknownChapter, UserError
+from examforge.errors import DatabaseCorrupt, NoSchema, PauseCode, UnknownChapter, UserError
 from examforge.estimate import estimate
 from examforge.logs import setup_logging
 from examforge.settings import Settings, load_settings
 from examforge.syllabus import Syllabus
+from producer.batches import cancel_batches
 from producer.enqueueing import enqueue_exam
 from producer.live import LiveView, duration
 from producer.live import watch as live_watch
@@ -35,13 +37,13 @@ from producer.prune import report_lines as prune_report_lines
 from producer.syllabi import file_syllabus, resolve
 from producer.views import status_dict, summary_dict, when
 from producer.words import plural
-from examforge.errors import NoSchema
 from storage import Store, connect, open_existing_store, open_store
 from storage.db import SCHEMA_REVISION, backup_sqlite, current_revision, database_error
+from storage.models import ExamMode
+from storage.reports import ExamReport, batch_counts, batch_status
 
 if TYPE_CHECKING:
     from producer.prune import Duration
-    from storage.reports import ExamReport
 
 
 def invoke(command: str, *args: Any, **params: Any) -> None:
@@ -355,8 +357,13 @@ def _print_status(report: ExamReport) -> None:
                   f"({sum(c.requeues for c in requeued)} times); last at "
                   f"{when(last.requeued_at)}: {_short(last.requeue_reason or '')}")
     if report.state == "paused":
-        out.print(f"[bold red]paused:[/] {report.pause_reason} — "
-                  f"resume with: python -m producer resume {report.exam}")
+        # What ends the pause depends on its code, never on the reason's text.
+        if report.pause_code == PauseCode.budget.value:
+            how = (f"raise the budget with: python -m producer enqueue {report.exam} "
+                   "--budget-usd AMOUNT")
+        else:
+            how = f"resume with: python -m producer resume {report.exam}"
+        out.print(f"[bold red]paused:[/] {report.pause_reason} — {how}")
 
 
 def export(slug: str, fmt: str, target: str | None) -> None:
@@ -383,9 +390,8 @@ def export(slug: str, fmt: str, target: str | None) -> None:
 
 def run(slug: str, concurrency: int, budget_usd: float | None, dry_run: bool,
         batch: bool | None) -> None:
-    from runner.pipeline import Runtime
     from runner.local import run_local
-    from storage.models import ExamMode
+    from runner.pipeline import Runtime
 
     settings = _settings()
     syllabus = _syllabus(settings, slug)
@@ -438,8 +444,6 @@ def _run_batch(settings: Settings, store: Store, slug: str) -> None:
     """`run --batch`: batch passes (runner.batching) in this process every BATCH_POLL_S
     until the exam has nothing pending, running or in a live batch. Killed and started
     again, it resumes from the database: its submissions are recovered or polled."""
-    import threading
-
     from runner.batching import BatchRuntime, run_pass
 
     rt = BatchRuntime.build(settings, store)
@@ -552,8 +556,6 @@ STATUS_BATCH_ROWS = 20
 
 def _print_batches(report: ExamReport) -> None:
     """The exam's submissions to the provider's Batch API (batch mode)."""
-    from storage.reports import batch_counts, batch_status
-
     shown = report.batches[:STATUS_BATCH_ROWS]
     live = sum(1 for b in report.batches if b.live)
     table = Table(title=f"batches of {report.exam} ({report.mode} mode): "
@@ -592,8 +594,6 @@ def cancel(slug: str, chapters: tuple[str, ...]) -> None:
     if not chapters:
         # The exam's provider batches too (batch mode): a batch holds the slices of many
         # chapters, so only a cancel of the whole exam cancels them.
-        from producer.batches import cancel_batches
-
         for line in cancel_batches(settings, store, slug).lines(slug):
             out.print(line, markup=False, soft_wrap=True)
 

@@ -6,8 +6,12 @@ from typing import TYPE_CHECKING
 
 import httpx
 
-from examforge.errors import DatabaseCorrupt, ExamforgeError
+from examforge.errors import DatabaseCorrupt, ExamforgeError, NoSchema
 from examforge.settings import Settings
+from storage import open_existing_store
+from storage.db import READ_ONLY
+from tasks import app
+from tasks.broker import check_broker
 from tasks.health import Finding, Level, broker_findings
 
 if TYPE_CHECKING:
@@ -28,9 +32,6 @@ def run_checks(settings: Settings) -> list[Finding]:
 
 
 def _database(settings: Settings) -> list[Finding]:
-    from examforge.errors import NoSchema
-    from storage import open_existing_store
-
     try:  # only reads: a doctor pointed at the wrong database must not create a schema there
         store = open_existing_store(settings.database_url, pool_size=1)
     except DatabaseCorrupt as exc:
@@ -57,8 +58,6 @@ def _integrity(engine: Engine) -> Finding:
     linear in the file's size (0.3 to 0.8 s for 200 MB in the page cache; `integrity_check`
     also matches each index against its table, and is slower). PostgreSQL checks its own pages as it reads
     them (and with data checksums, when the cluster has them); pg_amcheck checks them all."""
-    from storage.db import READ_ONLY
-
     if engine.dialect.name != "sqlite":
         return Finding(Level.ok, DAMAGED, "PostgreSQL: not checked here; pg_amcheck checks "
                                           "every table and index")
@@ -78,9 +77,6 @@ def _integrity(engine: Engine) -> Finding:
 
 
 def _broker(settings: Settings) -> list[Finding]:
-    from tasks import app
-    from tasks.broker import check_broker
-
     try:
         check_broker(app, settings)
         return [Finding(Level.ok, "broker", "reachable"), *broker_findings(app, settings)]

@@ -22,6 +22,8 @@ def enqueue_exam(settings: Settings, store: Store, slug: str, syllabus: Syllabus
     written; `before_write` runs between the two (the CLI's warnings). With `batch` (default
     LLM_BATCH) the exam is generated through the provider's Batch API: no chapter task is
     published, one batch pass is (runner.batching); without, it goes back to sync mode."""
+    # Celery only here: the CLI's commands and a `serve --local` import this module and must
+    # not pay Celery's start-up (about 0.3 s) unless they publish.
     from producer.grounding import exam_material
     from tasks import app
     from tasks.broker import broker_epoch, check_broker, publish_work

@@ -26,7 +26,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterator
 
+from examforge.settings import load_settings
 from producer.export import TABLE_FORMATS, WRITERS, check_target, default_name, write_atomic
+from producer.words import plural
 
 # The same selection and order as storage.reports.Reports.iter_questions (and its _in_range).
 QUERY = (
@@ -127,9 +129,6 @@ def export(database_url: str, exams_dir: Path, slug: str, fmt: str,
 def command(slug: str, fmt: str, target: str | None) -> bool:
     """`python -m producer export` when this path applies (True: done, and said so on
     stderr as the store's path says it); False: nothing done, take producer.commands."""
-    from examforge.settings import load_settings
-    from producer.words import plural
-
     settings = load_settings()
     n = export(settings.database_url, settings.exams_dir, slug, fmt, target)
     if n is None:

@@ -56,6 +56,7 @@ from examforge.errors import (
     PauseCode,
     ProviderError,
     RetryableProviderError,
+    SliceReason,
 )
 from examforge.levels import Levels, apportion, ask
 from examforge.llm import LLMClient
@@ -328,8 +329,9 @@ def _add_slice(rt: BatchRuntime, exam: str, chapter_id: str, slice_no: int, owne
     if isinstance(claim.first_call, NoRoom):
         round_.no_room = claim.first_call
     if oversized:
-        store.fail(claim, f"a batch request of {oversized[0]:,} bytes is over BATCH_MAX_BYTES "
-                          f"({round_.max_bytes:,}): raise it, or lower QUESTIONS_PER_CALL")
+        store.fail(claim, SliceReason.too_large,
+                   f"a batch request of {oversized[0]:,} bytes is over BATCH_MAX_BYTES "
+                   f"({round_.max_bytes:,}): raise it, or lower QUESTIONS_PER_CALL")
         return
     if not isinstance(claim.first_call, int):
         store.release_held(owner, [(exam, chapter_id, slice_no)], count_attempt=False)
@@ -603,8 +605,10 @@ class _SliceOutcome:
     done: bool = False  # a line completed it: later lines of the slice store nothing
     delay_s: float = 0.0
     count_attempt: bool = False
-    error: str | None = None
-    fail: str | None = None
+    # Why, as a code and its detail (slice.last_error_code, last_error): the latest line's
+    # error, and the first permanent one, which fails the slice.
+    error: tuple[SliceReason, str] | None = None
+    fail: tuple[SliceReason, str] | None = None
     pause_after: int | None = None  # with fail: an auth failure, counted against the exam
     pause: str | None = None
     pause_code: PauseCode = PauseCode.manual
@@ -734,7 +738,7 @@ def _commit_line(rt: BatchRuntime, call: Any, body: Any, claim: Claimed | None,
         store.finish_call(call.id, CallOutcome.wasted, CallReason.invalid_output, str(exc),
                           usage=usage)
         outcome.count_attempt = True
-        outcome.error = str(exc)
+        outcome.error = (SliceReason.invalid_output, str(exc))
         return 0, usage
     usage = Usage(completion.prompt_tokens, completion.completion_tokens, completion.cost_usd,
                   completion.endpoint, completion.usage_estimated, completion.cached_tokens)
@@ -752,7 +756,7 @@ def _commit_line(rt: BatchRuntime, call: Any, body: Any, claim: Claimed | None,
         store.finish_call(call.id, CallOutcome.wasted, CallReason.invalid_output, str(exc),
                           usage=usage)
         outcome.count_attempt = True
-        outcome.error = f"invalid output: {exc}"
+        outcome.error = (SliceReason.invalid_output, f"invalid output: {exc}")
         return 0, usage
     note = ", ".join(f"{n} {k.value} rejected" for k, n in parsed.rejected.items())
     if outcome.done:
@@ -781,14 +785,15 @@ def _commit_line(rt: BatchRuntime, call: Any, body: Any, claim: Claimed | None,
         outcome.progressed = True
     elif not committed.done:
         outcome.count_attempt = True
-        outcome.error = "every question was one the chapter already had"
+        outcome.error = (SliceReason.duplicates,
+                         "every question was one the chapter already had")
     return len(committed.kept), usage
 
 
 def _note_error(rt: BatchRuntime, outcome: _SliceOutcome, exc: ProviderError) -> None:
     decision = decide(exc, streak=1, settings=rt.settings, rand=random.random())
     if decision.action is Action.fail:
-        outcome.fail = outcome.fail or decision.reason
+        outcome.fail = outcome.fail or (decision.code, decision.detail)
         outcome.pause_after = outcome.pause_after or decision.pause_exam_after
     elif decision.action is Action.pause:
         if outcome.pause is None:
@@ -796,7 +801,7 @@ def _note_error(rt: BatchRuntime, outcome: _SliceOutcome, exc: ProviderError) ->
     else:
         outcome.delay_s = max(outcome.delay_s, decision.delay_s)
         outcome.count_attempt = outcome.count_attempt or decision.count_attempt
-        outcome.error = decision.reason
+        outcome.error = (decision.code, decision.detail)
 
 
 def _settle_slice(rt: BatchRuntime, owner: str, key: tuple[str, str, int],
@@ -810,9 +815,11 @@ def _settle_slice(rt: BatchRuntime, owner: str, key: tuple[str, str, int],
     if outcome.fail is not None:
         claim = store.held_claim(*key, owner)
         if claim is not None:
-            store.fail(claim, outcome.fail, pause_exam_after=outcome.pause_after)
+            code, detail = outcome.fail
+            store.fail(claim, code, detail, pause_exam_after=outcome.pause_after)
             log.error("chapter failed by a batch line", extra={
-                "exam": exam, "chapter": key[1], "slice": key[2], "reason": outcome.fail})
+                "exam": exam, "chapter": key[1], "slice": key[2], "code": code.value,
+                "reason": code.describe(detail)})
             return
     store.release_held(owner, [key], retry_in_s=outcome.delay_s, error=outcome.error,
                        count_attempt=outcome.count_attempt and not outcome.progressed)

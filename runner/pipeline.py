@@ -28,6 +28,7 @@ from examforge.errors import (
     Rejection,
     ReplyTooLarge,
     ReplyUnusable,
+    SliceReason,
 )
 from runner.heartbeat import LeaseKeeper
 from examforge.levels import Levels, ask
@@ -87,9 +88,11 @@ class ChapterResult:
     """`retry_in_s` is set for Outcome.retry."""
 
     outcome: Outcome
-    detail: str = ""
+    detail: str = ""  # for people: the reason's label and its detail
     retry_in_s: float | None = None
     calls: int = 0
+    reason: SliceReason | None = None  # why an attempt ended early: what code compares
+    not_claimed: NotClaimedReason | None = None  # why no attempt was made
 
 
 @dataclass
@@ -197,32 +200,36 @@ def process_chapter(rt: Runtime, exam: str, chapter_id: str, slice_no: int = 0) 
 def _carry_out(rt: Runtime, claim: Claimed, decision: Decision, exc: BaseException,
                run: "_Run", fields: dict[str, object]) -> ChapterResult:
     store = rt.store
-    extra = {**fields, "reason": decision.reason[:300]}
+    extra = {**fields, "code": decision.code.value, "reason": decision.reason[:300]}
     if decision.action is Action.lost:
         log.warning("lease lost; result discarded", extra=extra)
-        return ChapterResult(Outcome.lost, decision.reason)
+        return ChapterResult(Outcome.lost, decision.reason, reason=decision.code)
     if decision.action is Action.fail:
-        store.fail(claim, decision.reason, pause_exam_after=decision.pause_exam_after)
+        store.fail(claim, decision.code, decision.detail,
+                   pause_exam_after=decision.pause_exam_after)
         log.error("chapter failed", extra=extra)
-        return ChapterResult(Outcome.failed, decision.reason)
+        return ChapterResult(Outcome.failed, decision.reason, reason=decision.code)
     if decision.action is Action.pause:
         if store.pause_exam(claim.exam, decision.reason,
                             decision.pause_code or PauseCode.manual):
             log.error("exam paused", extra=extra)
-        store.release(claim, retry_in_s=0, error=decision.reason, count_attempt=False)
-        return ChapterResult(Outcome.skipped, f"paused: {decision.reason}", calls=run.calls)
+        store.release(claim, retry_in_s=0, code=decision.code, detail=decision.detail,
+                      count_attempt=False)
+        return ChapterResult(Outcome.skipped, f"paused: {decision.reason}", calls=run.calls,
+                             reason=decision.code)
     if decision.action is Action.reraise:
         try:
-            store.release(claim, retry_in_s=decision.delay_s, error=decision.reason)
+            store.release(claim, retry_in_s=decision.delay_s, code=decision.code,
+                          detail=decision.detail)
         except Exception:  # the database itself may be what failed; the lease will expire
             pass
         raise exc
-    store.release(claim, retry_in_s=decision.delay_s, error=decision.reason,
-                  count_attempt=decision.count_attempt)
+    store.release(claim, retry_in_s=decision.delay_s, code=decision.code,
+                  detail=decision.detail, count_attempt=decision.count_attempt)
     log.info("chapter handed back; retry scheduled",
              extra={**extra, "retry_in_s": round(decision.delay_s, 2)})
     return ChapterResult(Outcome.retry, decision.reason, retry_in_s=decision.delay_s,
-                         calls=run.calls)
+                         calls=run.calls, reason=decision.code)
 
 
 def _not_claimed(claim: NotClaimed, exam: str, chapter_id: str, slice_no: int) -> ChapterResult:
@@ -233,7 +240,8 @@ def _not_claimed(claim: NotClaimed, exam: str, chapter_id: str, slice_no: int) -
         # once the batch gives it back.
         log.info("slice held by a provider batch; left to it",
                  extra={"exam": exam, "chapter": chapter_id, "slice": slice_no})
-        return ChapterResult(Outcome.skipped, f"{claim.reason.value}: {claim.detail}")
+        return ChapterResult(Outcome.skipped, f"{claim.reason.value}: {claim.detail}",
+                             not_claimed=claim.reason)
     if claim.retry_in_s is not None:
         # Busy (a live lease elsewhere) or in backoff: make no call, check back when it ends.
         log.info("slice not claimable now; checking back",
@@ -241,12 +249,13 @@ def _not_claimed(claim: NotClaimed, exam: str, chapter_id: str, slice_no: int) -
                         "reason": claim.reason.value,
                         "retry_in_s": round(claim.retry_in_s, 2)})
         return ChapterResult(Outcome.retry, f"{claim.reason.value}: {claim.detail}",
-                             retry_in_s=claim.retry_in_s + 0.5)
+                             retry_in_s=claim.retry_in_s + 0.5, not_claimed=claim.reason)
     outcome = Outcome.failed if claim.reason is NotClaimedReason.cap else Outcome.skipped
     log.info("slice needs no work here",
              extra={"exam": exam, "chapter": chapter_id, "slice": slice_no,
                     "reason": claim.reason.value})
-    return ChapterResult(outcome, f"{claim.reason.value} {claim.detail}".strip())
+    return ChapterResult(outcome, f"{claim.reason.value} {claim.detail}".strip(),
+                         not_claimed=claim.reason)
 
 
 @dataclass

@@ -11,8 +11,10 @@ from sqlalchemy import and_, bindparam, case, func, literal_column, select, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 
+from examforge.errors import SliceReason
 from storage.db import READ_ONLY, db_now
-from storage.models import Call, CallOutcome, ChapterState, Slice, Exam, Question
+from storage.models import (Call, CallOutcome, ChapterState, Exam, Question, RequeueReason,
+                            Slice)
 
 E = Exam.__table__  # type: ignore[attr-defined]
 S = Slice.__table__  # type: ignore[attr-defined]
@@ -69,6 +71,31 @@ def fence_params(exam: str, chapter_id: str, slice_no: int, owner: str) -> dict[
 def slice_where(exam: str, chapter_id: str, slice_no: int) -> tuple[Any, ...]:
     """The conditions that select one slice row."""
     return S.c.exam == exam, S.c.chapter_id == chapter_id, S.c.slice_no == slice_no
+
+
+def last_error_text(code: str | None, detail: str | None) -> str | None:
+    """A slice's last error as people read it (`status`, the API), from its code and detail
+    (slice.last_error_code, slice.last_error); None when it has none."""
+    if code is None and detail is None:
+        return None
+    try:
+        return SliceReason(code or SliceReason.legacy.value).describe(detail)
+    except ValueError:  # a code of a newer examforge
+        return f"{code}: {detail}" if detail else code
+
+
+def requeue_text(code: str | None, detail: str | None) -> str | None:
+    """A slice's last requeue as people read it: "message_lost: the queue held ..."."""
+    if code is None or code == RequeueReason.legacy.value:
+        return detail
+    return f"{code}: {detail}" if detail else code
+
+
+def capped_detail(attempts: int, code: str | None, detail: str | None) -> str:
+    """The detail of a slice failed at its attempt cap (SliceReason.attempt_cap): how many
+    attempts, and the error the last one ended with."""
+    last = last_error_text(code, detail) or "none recorded (worker crashed?)"
+    return f"{attempts} attempts without progress; last error: {last}"
 # pg_advisory_xact_lock's first key for StoreBase._questions_in_order (the second is the
 # exam's hash); the two-key form never meets the one-key locks (migrations).
 _QUESTION_ORDER_LOCK = 0x45465130  # "EFQ0"

@@ -13,6 +13,7 @@ from typing import Any, Sequence
 
 from sqlalchemy import case, func, insert, or_, select, update
 
+from examforge.errors import SliceReason
 from storage.base import ACTIVE_STATES, E, K, S
 from storage.base import slice_where
 from storage.leases import Leases
@@ -193,11 +194,12 @@ class Batches(Leases):
                 .order_by(S.c.exam, S.c.position, S.c.chapter_id, S.c.slice_no))]
 
     def release_held(self, owner: str, slices: Sequence[tuple[str, str, int]], *,
-                     retry_in_s: float = 0.0, error: str | None = None,
+                     retry_in_s: float = 0.0, error: tuple[SliceReason, str] | None = None,
                      count_attempt: bool = True) -> int:
         """Give back the slices a submission holds, for a later round: a running one to
         pending (not before `retry_in_s`; its attempt taken back unless `count_attempt`), a
-        cancelled one let go. Slices it no longer holds are left alone."""
+        cancelled one let go; `error` (a code and its detail) is recorded as why. Slices it
+        no longer holds are left alone."""
         released = 0
         with self._write() as conn:
             for exam, chapter_id, slice_no in slices:
@@ -207,8 +209,9 @@ class Batches(Leases):
                     "lease_owner": None, "lease_expires_at": None,
                     "not_before_at": self._now + retry_in_s if retry_in_s > 0 else None,
                     "updated_at": self._now}
-                if error:
-                    values.update(last_error=error[:1000], last_error_at=self._now)
+                if error is not None:
+                    values.update(last_error_code=error[0].value, last_error=error[1][:1000],
+                                  last_error_at=self._now)
                 if not count_attempt:
                     values["attempts_since_progress"] = case(
                         (S.c.attempts_since_progress > 0, S.c.attempts_since_progress - 1),
@@ -232,7 +235,8 @@ class Batches(Leases):
                 self.finish_call(call.id, CallOutcome.failed, CallReason.unexpected,
                                  f"not sent: {why}", usage=Usage())
                 booked += 1
-        self.release_held(owner, slices, retry_in_s=retry_in_s, error=why, count_attempt=False)
+        self.release_held(owner, slices, retry_in_s=retry_in_s,
+                          error=(SliceReason.not_sent, why), count_attempt=False)
         with self._write() as conn:
             conn.execute(update(B).where(B.c.id == submission).values(
                 state=BatchState.abandoned.value, finished_at=self._now, detail=why[:1000],

@@ -10,10 +10,11 @@ from typing import Any, Sequence
 from sqlalchemy import and_, bindparam, case, func, or_, select, tuple_, update
 from sqlalchemy.engine import Connection, Engine
 
-from examforge.errors import PauseCode
+from examforge.errors import PauseCode, SliceReason
 from examforge.output import normalise
 from storage import neardup
-from storage.base import ACTIVE_STATES, HELD_STATES, SLICE_KEY, E, Q, S, lease_fence, slice_where
+from storage.base import (ACTIVE_STATES, HELD_STATES, SLICE_KEY, E, Q, S, capped_detail,
+                          lease_fence, slice_where)
 from storage.ledger import RECENT_QUESTIONS, Ledger
 from storage.types import (ChapterLevels, Claimed, NoRoom, NotClaimed, NotClaimedReason, Planner,
                            Steer)
@@ -166,13 +167,14 @@ class Leases(Ledger):
         if row.not_before_at is not None and row.not_before_at > row.now:
             return NotClaimed(NotClaimedReason.backoff, retry_in_s=row.not_before_at - row.now)
         if row.attempts_since_progress >= max_attempts:
-            error = (f"attempt cap: {row.attempts_since_progress} attempts without progress; "
-                     f"last error: {row.last_error or 'none recorded (worker crashed?)'}")
+            error = capped_detail(row.attempts_since_progress, row.last_error_code,
+                                  row.last_error)
             conn.execute(update(S).where(*key).values(
                 state=ChapterState.failed.value, lease_owner=None, lease_expires_at=None,
-                last_error=error, last_error_at=self._now, updated_at=self._now))
+                last_error_code=SliceReason.attempt_cap.value, last_error=error,
+                last_error_at=self._now, updated_at=self._now))
             self._waste_orphaned_calls(conn, slug, chapter_id, slice_no)
-            return NotClaimed(NotClaimedReason.cap, detail=error)
+            return NotClaimed(NotClaimedReason.cap, detail=SliceReason.attempt_cap.describe(error))
         return NotClaimed(NotClaimedReason.busy, retry_in_s=0.5,
                           detail="changed under us; check back")
 
@@ -228,9 +230,10 @@ class Leases(Ledger):
                                      pool_size=1)
             return self._beat
 
-    def release(self, claim: Claimed, *, retry_in_s: float, error: str,
+    def release(self, claim: Claimed, *, retry_in_s: float, code: SliceReason, detail: str,
                 count_attempt: bool = True) -> bool:
         """Give the lease back after a transient failure; nobody may claim before `retry_in_s`.
+        `code` and `detail` are why (slice.last_error_code and last_error).
         With `count_attempt` false (a rate limit, a budget wait, a shutdown) this attempt is
         taken back from the chapter's streak without progress: it cannot bring it nearer its
         attempt cap."""
@@ -245,26 +248,30 @@ class Leases(Ledger):
                                 S.c.state == ChapterState.running.value)
                 .values(state=ChapterState.pending.value, lease_owner=None,
                         lease_expires_at=None, not_before_at=self._now + retry_in_s,
-                        last_error=error[:1000], last_error_at=self._now, updated_at=self._now,
-                        **values)
+                        last_error_code=code.value, last_error=detail[:1000],
+                        last_error_at=self._now, updated_at=self._now, **values)
             ).rowcount == 1
 
-    def fail(self, claim: Claimed, error: str, *, pause_exam_after: int | None = None) -> None:
-        """Fail the chapter now. With `pause_exam_after`, count an auth failure against the exam
-        and pause it when that many happened in a row."""
+    def fail(self, claim: Claimed, code: SliceReason, detail: str, *,
+             pause_exam_after: int | None = None) -> None:
+        """Fail the chapter now, for `code` (slice.last_error_code) with `detail` beside it.
+        With `pause_exam_after`, count an auth failure against the exam and pause it when that
+        many happened in a row."""
+        reason = code.describe(detail)
         with self._write() as conn:
             conn.execute(
                 update(S).where(*claim.where(), S.c.lease_owner == claim.owner)
                 .values(state=ChapterState.failed.value, lease_owner=None,
-                        lease_expires_at=None, last_error=error[:1000],
-                        last_error_at=self._now, updated_at=self._now))
+                        lease_expires_at=None, last_error_code=code.value,
+                        last_error=detail[:1000], last_error_at=self._now,
+                        updated_at=self._now))
             if pause_exam_after is not None:
                 failures = E.c.auth_failures + 1
                 conn.execute(update(E).where(E.c.slug == claim.exam).values(
                     auth_failures=failures,
                     state=case((failures >= pause_exam_after, ExamState.paused.value),
                                else_=E.c.state),
-                    pause_reason=case((failures >= pause_exam_after, error[:500]),
+                    pause_reason=case((failures >= pause_exam_after, reason[:500]),
                                       else_=E.c.pause_reason),
                     pause_code=case((failures >= pause_exam_after, PauseCode.auth.value),
                                     else_=E.c.pause_code),

@@ -479,7 +479,7 @@ class Ledger(StoreBase):
             # question order or the scope's check (behind another worker's commit), and the
             # row, locked since the fence, is still ours.
             conn.execute(self._stmt("progress", lambda: update(S).where(*SLICE_KEY).values(
-                attempts_since_progress=0, last_error=None,
+                attempts_since_progress=0, last_error_code=None, last_error=None,
                 lease_expires_at=self._now + bindparam("p_lease"))),
                 {**key, "p_lease": lease_s})
             values: dict[str, Any] = {"outcome": CallOutcome.used.value, "reason": None,

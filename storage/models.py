@@ -78,6 +78,16 @@ class CallReason(str, Enum):
     legacy = "legacy"  # recorded before reasons were a closed list: see `detail`
 
 
+class RequeueReason(str, Enum):
+    """Why the reconciler re-published a chapter (slice.requeue_code; requeue_reason holds
+    the detail)."""
+
+    worker_vanished = "worker_vanished"  # a worker took the message, then its lease expired
+    broker_epoch_changed = "broker_epoch_changed"  # the broker lost every message it had
+    message_lost = "message_lost"  # the queue lost this chapter's message, the epoch survived
+    legacy = "legacy"  # written before the code existed (migration 0024): see the detail
+
+
 def new_epoch() -> int:
     """A fresh `exam.index_epoch`: random, so that an exam deleted and recorded again never
     shows a process the epoch its index was built at."""
@@ -170,10 +180,15 @@ class Slice(SQLModel, table=True):
     enqueued_at: Optional[float] = None
     enqueue_epoch: Optional[str] = Field(default=None, max_length=64)
     picked_at: Optional[float] = None
-    # Times the reconciler re-published this chapter, the last time and why (status shows it).
+    # Times the reconciler re-published this chapter, the last time and why (status shows it):
+    # why as a code (RequeueReason) and its free-text detail (migration 0024).
     requeues: int = 0
     requeued_at: Optional[float] = None
+    requeue_code: Optional[str] = Field(default=None, max_length=32)
     requeue_reason: Optional[str] = Field(default=None, sa_column=Column(Text))
+    # Why its last attempt ended early, as a code (examforge.errors.SliceReason), and the
+    # free-text detail beside it (migration 0024); readers decide by the code, never the text.
+    last_error_code: Optional[str] = Field(default=None, max_length=32)
     last_error: Optional[str] = Field(default=None, sa_column=Column(Text))
     last_error_at: Optional[float] = None
     updated_at: float

@@ -19,7 +19,7 @@ from examforge.sources import ChapterMaterial
 from storage.base import ACTIVE_STATES, E, K, Q, S
 from storage.grounding import forget_passages, write_passages
 from storage.ledger import Ledger
-from storage.models import CallOutcome, ChapterState, ExamState
+from storage.models import CallOutcome, ChapterState, ExamState, RequeueReason
 
 
 # A slice as the producer publishes it: (chapter_id, slice_no).
@@ -235,13 +235,14 @@ class Planning(Ledger):
                     updated_at=self._now))
 
     def mark_enqueued(self, slug: str, slices: Sequence[SliceRef], epoch: str | None,
-                      requeue_reason: str | None = None) -> None:
-        """Record that a message is about to be published for each slice. With
-        `requeue_reason`, the reconciler is re-publishing them: count it and say why."""
+                      requeue: tuple[RequeueReason, str] | None = None) -> None:
+        """Record that a message is about to be published for each slice. With `requeue`
+        (a code and its detail), the reconciler is re-publishing them: count it and say why."""
         values: dict[str, Any] = {"enqueued_at": self._now, "enqueue_epoch": epoch}
-        if requeue_reason is not None:
+        if requeue is not None:
+            code, why = requeue
             values.update(requeues=S.c.requeues + 1, requeued_at=self._now,
-                          requeue_reason=requeue_reason[:500])
+                          requeue_code=code.value, requeue_reason=why[:500])
         if not slices:
             return
         with self._write() as conn:

@@ -4,25 +4,16 @@ fail chapters past their attempt cap."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
 from typing import Iterable
 
 from sqlalchemy import and_, func, or_, select, tuple_, update
 
-from examforge.errors import PauseCode
+from examforge.errors import PauseCode, SliceReason
 from storage.base import (ACTIVE_SLICE, BUDGET_PAUSE_PREFIX, HELD_CANCELLED, IN_FLIGHT_CALL,
                           E, K, S)
-from storage.base import slice_where
+from storage.base import capped_detail, slice_where
 from storage.leases import Leases
-from storage.models import CallOutcome, ChapterState, ExamMode, ExamState
-
-
-class RequeueReason(str, Enum):
-    """Why the reconciler re-published a chapter."""
-
-    worker_vanished = "worker_vanished"  # a worker took the message, then its lease expired
-    broker_epoch_changed = "broker_epoch_changed"  # the broker lost every message it had
-    message_lost = "message_lost"  # the queue lost this chapter's message, the epoch survived
+from storage.models import CallOutcome, ChapterState, ExamMode, ExamState, RequeueReason
 
 
 @dataclass(frozen=True)
@@ -137,10 +128,11 @@ class Recovery(Leases):
         """Fail chapters that reached their attempt cap without progress."""
         with self._write() as conn:
             capped = conn.execute(
-                select(S.c.exam, S.c.chapter_id, S.c.slice_no).where(
+                select(S.c.exam, S.c.chapter_id, S.c.slice_no, S.c.attempts_since_progress,
+                       S.c.last_error_code, S.c.last_error).where(
                     ACTIVE_SLICE, S.c.attempts_since_progress >= max_attempts,
                     or_(S.c.lease_owner.is_(None), S.c.lease_expires_at <= self._now))).all()
-            for exam, chapter_id, slice_no in capped:
+            for exam, chapter_id, slice_no, attempts, code, detail in capped:
                 # Lock order: the exam row before the slice's and its calls' (settling them
                 # updates the exam's totals), as every other writer takes them.
                 self._exam_first(conn, exam)
@@ -148,8 +140,8 @@ class Recovery(Leases):
                              .values(state=ChapterState.failed.value, lease_owner=None,
                                      lease_expires_at=None, updated_at=self._now,
                                      last_error_at=self._now,
-                                     last_error=func.coalesce(S.c.last_error, "")
-                                     + " [attempt cap reached]"))
+                                     last_error_code=SliceReason.attempt_cap.value,
+                                     last_error=capped_detail(attempts, code, detail)[:1000]))
                 self._waste_orphaned_calls(conn, exam, chapter_id, slice_no)
             return len(capped)
 

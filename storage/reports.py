@@ -14,7 +14,8 @@ from sqlalchemy import and_, case, func, select, tuple_
 from sqlalchemy.engine import Connection
 
 from examforge.errors import BadCursor
-from storage.base import ACTIVE_SLICE, ACTIVE_STATES, IN_FLIGHT_CALL, E, K, Q, S, StoreBase
+from storage.base import (ACTIVE_SLICE, ACTIVE_STATES, IN_FLIGHT_CALL, E, K, Q, S, StoreBase,
+                          last_error_text, requeue_text)
 from storage.batches import B
 from storage.grounding import coverage as material_coverage
 from storage.types import BatchRow, submission_of
@@ -138,8 +139,9 @@ class SliceReport:
     stored: int
     attempts: int
     lease_owner: str | None
-    last_error: str | None
+    last_error: str | None  # as people read it: the code's label and the detail
     requeues: int
+    last_error_code: str | None = None  # examforge.errors.SliceReason: what code compares
 
 
 @dataclass
@@ -155,13 +157,17 @@ class ChapterReport:
     attempts: int
     attempts_since_progress: int
     calls: int
-    last_error: str | None
+    last_error: str | None  # as people read it: the code's label and the detail
     last_error_at: float | None
     lease_owner: str | None
     requeues: int
     requeued_at: float | None
-    requeue_reason: str | None
+    requeue_reason: str | None  # as people read it: "message_lost: the queue held ..."
     slices: list[SliceReport] = field(default_factory=list)
+    # The codes of the two above (examforge.errors.SliceReason, storage.models.RequeueReason):
+    # what code compares, never the text.
+    last_error_code: str | None = None
+    requeue_code: str | None = None
     # Set while a slice of it is held by a live provider batch (batch mode): what it waits
     # on, e.g. "waiting on the provider's batch batch_abc (in_progress, 40/120 done)". Its
     # state stays `running` (the batch holds its lease), but it is not stuck.
@@ -541,8 +547,9 @@ class Reports(StoreBase):
             slices = self._slice_rows(conn, slug, *(
                 S.c[name] for name in ("title", "first_number", "target", "state", "attempts",
                                        "attempts_since_progress", "lease_owner",
-                                       "lease_expires_at", "last_error", "last_error_at",
-                                       "requeues", "requeued_at", "requeue_reason")))
+                                       "lease_expires_at", "last_error_code", "last_error",
+                                       "last_error_at", "requeues", "requeued_at",
+                                       "requeue_code", "requeue_reason")))
             times = conn.execute(select(
                 select(func.min(K.c.started_at)).where(K.c.exam == slug)
                 .scalar_subquery().label("first"),
@@ -637,7 +644,8 @@ class Reports(StoreBase):
                 last=sl.first_number + sl.target - 1, state=state.value,
                 stored=min(sl.stored, sl.target), attempts=sl.attempts,
                 lease_owner=sl.lease_owner if state is ChapterState.running else None,
-                last_error=sl.last_error, requeues=sl.requeues))
+                last_error=last_error_text(sl.last_error_code, sl.last_error),
+                last_error_code=sl.last_error_code, requeues=sl.requeues))
         state = chapter_state([ChapterState(r.state) for r in reports])
         erred = max(rows, key=lambda r: r.last_error_at or 0.0)
         requeued = max(rows, key=lambda r: r.requeued_at or 0.0)
@@ -647,10 +655,13 @@ class Reports(StoreBase):
             questions=Progress(target, sum(r.stored for r in reports)),
             attempts=sum(r.attempts for r in rows),
             attempts_since_progress=max(r.attempts_since_progress for r in rows),
-            calls=calls, last_error=erred.last_error, last_error_at=erred.last_error_at,
+            calls=calls, last_error=last_error_text(erred.last_error_code, erred.last_error),
+            last_error_code=erred.last_error_code, last_error_at=erred.last_error_at,
             lease_owner=next((r.lease_owner for r in reports if r.lease_owner), None),
             requeues=sum(r.requeues for r in rows), requeued_at=requeued.requeued_at,
-            requeue_reason=requeued.requeue_reason, slices=reports)
+            requeue_code=requeued.requeue_code,
+            requeue_reason=requeue_text(requeued.requeue_code, requeued.requeue_reason),
+            slices=reports)
 
     @staticmethod
     def _in_range() -> Any:

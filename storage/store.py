@@ -32,7 +32,8 @@ from storage.housekeeping import Housekeeping
 from storage.identity import Identity
 from storage.imports import Imports
 from storage.planning import DEFAULT_SLICE_QUESTIONS, EnqueuePlan, Planning, SliceRef
-from storage.recovery import LostAudit, Orphan, Recovery, RequeueReason, SliceKey
+from storage.models import RequeueReason
+from storage.recovery import LostAudit, Orphan, Recovery, SliceKey
 from storage.reports import Reports
 from storage.runs import RunActivity, RunEvent, RunRow, Runs
 from storage.types import (BatchRow, CallPlan, ChapterView, Claimed, Committed, NoRoom, NotClaimed,

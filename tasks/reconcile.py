@@ -100,7 +100,7 @@ def _requeue(settings: Settings, store: Store, app: Celery, epoch: str | None,
     for exam, refs in by_exam.items():
         # Marked before publishing, so a worker's pick-up always reads as after the enqueue:
         # if that worker dies too, the slice is an orphan again.
-        store.mark_enqueued(exam, refs, epoch, requeue_reason=f"{reason.value}: {why}")
+        store.mark_enqueued(exam, refs, epoch, requeue=(reason, why))
         publish_slices(app, exam, refs, origin_headers(store))
         names = [f"{c}:{n}" for c, n in refs[:20]]
         log.warning("re-enqueued slices", extra={

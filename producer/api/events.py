@@ -81,7 +81,8 @@ async def _events(ctx: Context, run: RunRow, cursor: int) -> AsyncIterator[Serve
                 yield ServerSentEvent(event="progress", id=f"{cursor}-paused", data=json.dumps(
                     {**view["questions"], "cost_usd": view["cost_usd"],
                      "spent_usd": view["spent_usd"], "budget_usd": view["budget_usd"],
-                     "state": RunState.paused.value, "pause_reason": paused}))
+                     "state": RunState.paused.value, "pause_reason": paused,
+                     "pause_code": view.get("pause_code")}))
         else:
             paused = None
         if final:

@@ -246,7 +246,7 @@ def get_exam(slug: Slug, c: Ctx) -> Any:
     zero = {"total": len(syllabus.chapters), "pending": 0, "running": 0, "done": 0,
             "failed": 0, "cancelled": 0}
     return {"exam": slug, "title": syllabus.title, "state": "new", "pause_reason": None,
-            "chapters": zero,
+            "pause_code": None, "chapters": zero,
             "questions": {"done": 0, "target": sum(ch.questions for ch in syllabus.chapters)},
             "cost_usd": 0.0, "budget_usd": None,
             "chapter_list": [{"id": ch.id, "title": ch.title, "state": "new",

@@ -117,7 +117,9 @@ def run_view(ctx: Context, run: RunRow) -> dict[str, Any]:
             not report.chapters.running:
         detail = "batch mode: between two provider batches (the next round is submitted " \
                  "at the next batch pass)"
+    code = report.pause_code if report is not None and reason is not None else None
     view = {"id": run.id, "exam": run.exam, "state": state, "pause_reason": reason,
+            "pause_code": code,
             "questions": questions, "chapters": chapters, "cost_usd": activity.cost_usd,
             "budget_usd": budget, "spent_usd": spent, "created_at": when(run.created_at),
             "updated_at": when(changed), "batch": run.batch, "state_detail": detail,

@@ -92,6 +92,9 @@ class RunOut(BaseModel):
     exam: str
     state: str = Field(description="queued, running, done, failed, cancelled or paused")
     pause_reason: str | None = Field(description="Why it is paused (state paused), else null.")
+    pause_code: str | None = Field(default=None, description=(
+        "Why it is paused, as a code: budget (a new run with a raised budget resumes it), "
+        "provider, auth or manual (a new run resumes it once fixed); null unless paused."))
     questions: Progress
     chapters: ChapterCounts
     cost_usd: float = Field(description="What the run's calls cost.")
@@ -161,6 +164,26 @@ class ExamStored(BaseModel):
     questions: int
 
 
+class ChapterStatus(BaseModel):
+    """A chapter of `status --json` (every field it has; the ones about reasons typed here)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    id: str
+    state: str
+    last_error: str | None = Field(default=None, description=(
+        "Why its last attempt ended early, for people: \"transient: HTTP 503 ...\"."))
+    last_error_code: str | None = Field(default=None, description=(
+        "The same as a code: handed_back, rate_limited, flex_unavailable, budget_wait, "
+        "budget, auth, stopped, transient, permanent, invalid_output, duplicates, too_large, "
+        "not_sent, attempt_cap, unexpected or legacy (text written before codes); null "
+        "when it has none."))
+    requeue_reason: str | None = Field(default=None, description=(
+        "Why the reconciler last re-published it, for people."))
+    requeue_code: str | None = Field(default=None, description=(
+        "The same as a code: worker_vanished, broker_epoch_changed, message_lost or legacy."))
+
+
 class ExamStatus(BaseModel):
     """`status --json` of one exam (every field it has; the main ones typed here)."""
 
@@ -177,7 +200,7 @@ class ExamStatus(BaseModel):
     questions: Progress
     cost_usd: float
     budget_usd: float | None
-    chapter_list: list[dict[str, Any]]
+    chapter_list: list[ChapterStatus]
     mode: str = Field("sync", description="sync, or batch (the provider's Batch API)")
     batches: list[BatchOut] = Field(default_factory=list,
                                     description="Its provider batches, newest first.")

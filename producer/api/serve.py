@@ -6,8 +6,11 @@ import ipaddress
 import sys
 from typing import Any
 
+import uvicorn
+
 from examforge.errors import ConfigError
 from examforge.settings import Settings
+from producer.api import create_app
 
 
 def is_loopback(host: str) -> bool:
@@ -31,10 +34,6 @@ def check_binding(settings: Settings, host: str, no_auth: bool) -> None:
 
 
 def serve(settings: Settings, host: str, port: int, *, local: bool, no_auth: bool) -> None:
-    import uvicorn
-
-    from producer.api import create_app
-
     app = create_app(settings, local, no_auth=no_auth)
     mode = "work done in this process" if local else "work enqueued to Celery"
     where = f"http://{'[' + host + ']' if ':' in host else host}:{port}"

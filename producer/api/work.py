@@ -1,5 +1,10 @@
 """Where a run's work goes: to Celery (the default, any number of replicas and workers on one
-Redis and one database) or into this process (`serve --local`, as `producer run` does)."""
+Redis and one database) or into this process (`serve --local`, as `producer run` does).
+
+Each mode imports what only it needs inside its own class: Celery and kombu (`tasks`, about
+0.3 s and 330 modules) for CeleryWork, the pipeline and its LLM client (`runner`, about 0.2 s)
+for LocalWork, so a server loads one of them and never both. No cycle is behind it: `tasks`
+and `runner` sit below `producer` and import nothing of it."""
 
 from __future__ import annotations
 
@@ -10,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from examforge.errors import DatabaseCorrupt
 from examforge.settings import Settings
 from examforge.syllabus import Syllabus
+from producer.enqueueing import enqueue_exam
 from storage.models import ExamMode
 
 if TYPE_CHECKING:
@@ -53,8 +59,6 @@ class CeleryWork:
 
     def start(self, slug: str, syllabus: Syllabus, budget_usd: float | None,
               batch: bool = False) -> EnqueuePlan:
-        from producer.enqueueing import enqueue_exam
-
         # batch: one batch pass is published (the workers' examforge.batches), no chapter task.
         return enqueue_exam(self.settings, self.store, slug, syllabus, budget_usd=budget_usd,
                             batch=batch)

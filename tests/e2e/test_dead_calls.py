@@ -105,7 +105,7 @@ def test_a_reply_reporting_twice_its_reservation_pauses_the_exam_at_once(deploy,
     dep.worker(2)
     paused = wait_for(lambda: (lambda r: r if r["state"] == "paused" else None)(
         dep.status("exam")), 60, "the budget to pause the exam", interval_s=0.05)
-    assert paused["pause_reason"].startswith("budget:"), paused["pause_reason"]
+    assert paused["pause_code"] == "budget", paused["pause_reason"]
     assert set(_in_flight(dep, "exam")) == {"b"}, "paused only once b's call had settled"
     wait_for(lambda: dep.status("exam")["usage"]["calls_in_flight"] == 0, 30, "b to settle")
     report = dep.status("exam")

@@ -50,7 +50,7 @@ def test_a_chapter_that_kills_its_prefork_child_every_time_stops_at_the_attempt_
     report = wait_for(lambda: (r := dep.status("demo"))["chapters"]["failed"] == 1 and r,
                       40, "the chapter to fail at its attempt cap")
     chapter = report["chapter_list"][0]
-    assert "attempt cap" in chapter["last_error"], chapter
+    assert chapter["last_error_code"] == "attempt_cap", chapter
     assert chapter["attempts"] == 3
     assert mock.stats()["calls_total"] == 3
     usage = report["usage"]

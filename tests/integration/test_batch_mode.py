@@ -4,7 +4,7 @@ chapter, recovery paging past 100 foreign batches, and a chapter larger than one
 
 from __future__ import annotations
 
-from examforge.errors import PauseCode
+from examforge.errors import PauseCode, SliceReason
 import json
 from pathlib import Path
 from typing import Any
@@ -19,6 +19,7 @@ from helpers import wait_for, write_syllabus
 from storage import open_store
 from storage.base import K, Q, S
 from storage.models import BatchState, ExamMode
+from storage.types import NotClaimedReason
 
 
 def _setup(make_settings, db_url: str, mock: Any, tmp_path: Path, chapters, **overrides):
@@ -259,7 +260,8 @@ def test_the_reconciler_and_sync_workers_leave_a_submitted_batch_alone(
         result = process_chapter(sync, "bx", "a")
     finally:
         sync.close()
-    assert result.outcome == "skipped" and "held by batch/" in result.detail
+    assert result.outcome == "skipped" and result.not_claimed is NotClaimedReason.busy
+    assert "held by batch/" in result.detail  # as people read it
     assert len(_rows(store)[0]) == 1  # no sync call was made
 
 
@@ -418,9 +420,9 @@ def test_a_chapter_whose_lines_keep_failing_stops_at_its_attempt_cap(
                              max_attempts=2, retry_base_s=0.05, retry_max_s=0.1)
     rt = rt_of(settings, store)
     _until_done(rt)  # ends without a reconciler, as `run --batch` does
-    states = {c.id: (c.state, c.last_error or "") for c in store.status("bx").chapter_list}
+    states = {c.id: (c.state, c.last_error_code) for c in store.status("bx").chapter_list}
     assert states["b"][0] == "done"
-    assert states["a"][0] == "failed" and "attempt cap" in states["a"][1]
+    assert states["a"] == ("failed", SliceReason.attempt_cap)
     calls = [c for c in _rows(store)[0] if c.chapter_id == "a"]
     assert [(c.outcome, c.reason) for c in calls] == [("failed", "server_error")] * 2
 

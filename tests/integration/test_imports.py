@@ -9,7 +9,7 @@ from examforge.output import Question
 from examforge.syllabus import load_syllabus
 from helpers import write_syllabus
 from storage.base import K, Q, S
-from examforge.errors import ChapterBusy, UnknownChapter
+from examforge.errors import ChapterBusy, SliceReason, UnknownChapter
 from storage.models import CallOutcome
 from storage.store import Claimed, Usage
 
@@ -48,7 +48,7 @@ def test_import_fills_each_slices_free_numbers_in_order_and_marks_full_ones_done
     call = store.start_call(claim, 6, 2, lease_s=10.0)
     store.commit_batch(claim, 10.0, call, _qs(2, tag="generated"), model="m",
                        usage=Usage(10, 20, 0.001))
-    store.release(claim, retry_in_s=0, error="handed back")
+    store.release(claim, retry_in_s=0, code=SliceReason.handed_back, detail="test")
 
     result = store.import_questions("ex", {"a": _qs(8)}, "naive.jsonl")
     assert (result.imported, result.already_stored, result.past_target) == (8, 0, 0)
@@ -129,7 +129,7 @@ def test_import_is_refused_while_a_worker_holds_a_slice_of_the_chapter(store, tm
     assert _numbers(store) == []  # not even chapter b: all or nothing
     # Another chapter of the same exam can be imported meanwhile.
     assert store.import_questions("ex", {"b": _qs(2)}, "f.jsonl").imported == 2
-    store.release(claim, retry_in_s=0, error="handed back")
+    store.release(claim, retry_in_s=0, code=SliceReason.handed_back, detail="test")
     assert store.import_questions("ex", {"a": _qs(2)}, "f.jsonl").imported == 2
 
 

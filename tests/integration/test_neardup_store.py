@@ -11,6 +11,7 @@ import pytest
 from helpers import seed_at_0006, wait_for, write_syllabus
 from sqlalchemy import inspect, select, text
 
+from examforge.errors import SliceReason
 from examforge.neardup import Checker, Scope
 from examforge.output import Question
 from examforge.syllabus import load_syllabus
@@ -193,7 +194,7 @@ def test_imported_questions_are_indexed_and_a_regenerated_chapter_forgets_its_ow
     claim = _claim(store, "a")
     _, committed = _commit(store, claim, [PARAPHRASE], first=2)
     assert committed.kept == () and committed.near_duplicates == 1
-    store.release(claim, retry_in_s=0, error="test")
+    store.release(claim, retry_in_s=0, code=SliceReason.transient, detail="test")
     path = write_syllabus(tmp_path / "exams", "ex", [("a", 10), ("b", 10)])
     store.sync_exam("ex", load_syllabus(path, max_questions=1000), regenerate=["a"])
     with store.engine.connect() as conn:
@@ -234,7 +235,7 @@ def test_an_index_is_rebuilt_when_its_exam_lost_questions(store, tmp_path):
     _commit(store, claim, ["What is the default port used by HTTPS?",
                            "What is the default port used by SSH?", "Which port does FTP use?"])
     _commit(store, claim, ["Which port does SMTP use?"], first=4)  # the index reads ids 1-3
-    store.release(claim, retry_in_s=0, error="test")
+    store.release(claim, retry_in_s=0, code=SliceReason.transient, detail="test")
     path = write_syllabus(tmp_path / "exams", "ex", [("a", 10)])
     store.sync_exam("ex", load_syllabus(path, max_questions=1000), regenerate=["a"])
     claim = _claim(store)

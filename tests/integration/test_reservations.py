@@ -7,7 +7,7 @@ version, with a real worker killed mid-call, is tests/e2e/test_dead_calls.py."""
 
 from __future__ import annotations
 
-from examforge.errors import PauseCode
+from examforge.errors import PauseCode, SliceReason
 import pytest
 from sqlalchemy import text
 
@@ -82,7 +82,7 @@ def test_dead_holders_calls_are_settled_by_the_users_actions_in_their_transactio
     live = store.claim("ex", "c", "live", 10.0, 8)
     call = store.start_call(live, 1, 5, lease_s=10.0)
     store.commit_batch(live, 10.0, call, _qs(5), model="m", usage=Usage(10, 20, 0.01))
-    store.release(live, retry_in_s=0, error="handed back")
+    store.release(live, retry_in_s=0, code=SliceReason.handed_back, detail="test")
     dead = {c: _dead_call(store, c, first=6 if c == "c" else 1, wait=False) for c in chapters}
     for c in chapters:
         wait_lease_expired(store, "ex", c)

@@ -8,7 +8,7 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 
-from examforge.errors import LeaseLost, PauseCode
+from examforge.errors import LeaseLost, PauseCode, SliceReason
 from examforge.output import Question
 from examforge.syllabus import load_syllabus
 from helpers import wait_backoff_over, wait_lease_expired, write_syllabus
@@ -114,7 +114,7 @@ def test_batches_commit_until_done_and_resume_skips_committed(store, tmp_path):
     claim = store.claim("ex", "a", "w", 10.0, 8)
     assert _commit(store, claim, 5, 1)[1].done is False
     assert _commit(store, claim, 5, 6)[1].done is False
-    store.release(claim, retry_in_s=0, error="simulated crash")
+    store.release(claim, retry_in_s=0, code=SliceReason.unexpected, detail="simulated crash")
     again = store.claim("ex", "a", "w2", 10.0, 8)
     assert isinstance(again, Claimed) and again.stored == 10 and len(again.known) == 10
     assert _commit(store, again, 2, 11)[1].done is True
@@ -125,7 +125,7 @@ def test_batches_commit_until_done_and_resume_skips_committed(store, tmp_path):
 def test_release_with_backoff_blocks_claims_until_it_ends(store, tmp_path):
     _sync(store, tmp_path, [("a", 5)])
     claim = store.claim("ex", "a", "w", 10.0, 8)
-    store.release(claim, retry_in_s=0.5, error="transient: HTTP 429")
+    store.release(claim, retry_in_s=0.5, code=SliceReason.transient, detail="HTTP 429")
     blocked = store.claim("ex", "a", "w2", 10.0, 8)
     assert isinstance(blocked, NotClaimed) and blocked.reason == "backoff"
     assert 0 < blocked.retry_in_s <= 0.5
@@ -138,11 +138,15 @@ def test_attempt_cap_fails_a_chapter_that_never_progresses(store, tmp_path):
     for i in range(3):
         claim = store.claim("ex", "a", f"w{i}", 10.0, 3)
         assert isinstance(claim, Claimed) and claim.attempt == i + 1
-        store.release(claim, retry_in_s=0, error="boom")
+        store.release(claim, retry_in_s=0, code=SliceReason.transient, detail="boom")
     capped = store.claim("ex", "a", "w9", 10.0, 3)
     assert capped.reason == "cap"
     chapter = store.status("ex").as_dict()["chapter_list"][0]
-    assert chapter["state"] == "failed" and "attempt cap" in chapter["last_error"]
+    assert chapter["state"] == "failed"
+    assert chapter["last_error_code"] == SliceReason.attempt_cap
+    # People read the code's label and the detail, which names the last attempt's error.
+    assert chapter["last_error"] == ("attempt cap: 3 attempts without progress; "
+                                     "last error: transient: boom")
     assert chapter["attempts"] == 3
 
 
@@ -152,16 +156,24 @@ def test_progress_resets_the_attempt_streak(store, tmp_path):
         claim = store.claim("ex", "a", f"w{i}", 10.0, 3)
         assert isinstance(claim, Claimed), claim
         _commit(store, claim, 1, i + 1)
-        store.release(claim, retry_in_s=0, error="transient")
-    assert store.status("ex").as_dict()["chapter_list"][0]["attempts_since_progress"] == 0
+        store.release(claim, retry_in_s=0, code=SliceReason.transient, detail="x")
+        chapter = store.status("ex").as_dict()["chapter_list"][0]
+        assert (chapter["last_error_code"], chapter["last_error"]) == ("transient", "transient: x")
+    claim = store.claim("ex", "a", "w9", 10.0, 3)
+    _commit(store, claim, 1, 7)  # progress clears the last error, code and detail
+    chapter = store.status("ex").as_dict()["chapter_list"][0]
+    assert chapter["attempts_since_progress"] == 0
+    assert chapter["last_error_code"] is None and chapter["last_error"] is None
 
 
 def test_auth_failures_pause_the_exam(store, tmp_path):
     _sync(store, tmp_path, [("a", 5), ("b", 5)])
     claim = store.claim("ex", "a", "w", 10.0, 8)
-    store.fail(claim, "auth: HTTP 401", pause_exam_after=1)
+    store.fail(claim, SliceReason.auth, "HTTP 401", pause_exam_after=1)
     report = store.status("ex").as_dict()
-    assert report["state"] == "paused" and "401" in report["pause_reason"]
+    assert report["state"] == "paused" and report["pause_code"] == PauseCode.auth
+    assert report["pause_reason"] == "auth: HTTP 401"
+    assert report["chapter_list"][0]["last_error_code"] == SliceReason.auth
     assert store.claim("ex", "b", "w", 10.0, 8).reason == "paused"
     assert store.resume("ex") == [("a", 0), ("b", 0)]
     assert isinstance(store.claim("ex", "b", "w", 10.0, 8), Claimed)
@@ -681,7 +693,7 @@ def test_slices_keep_disjoint_ranges_through_lowered_raised_and_regenerated_targ
     assert isinstance(claim, Claimed) and (claim.first_number, claim.target) == (51, 50)
     call = store.start_call(claim, 51, 10, lease_s=10.0)
     store.commit_batch(claim, 10.0, call, _qs(10, 51), model="m", usage=Usage(1, 1, 0.0))
-    store.release(claim, retry_in_s=0, error="test")
+    store.release(claim, retry_in_s=0, code=SliceReason.transient, detail="test")
     # Lowered to 60: the second slice ends at 60 and is done (51-60 stored), the third
     # covers nothing (and is not shown); the first keeps its range.
     _sync(store, tmp_path, [("a", 60)])

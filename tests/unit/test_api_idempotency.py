@@ -10,6 +10,7 @@ from api_support import SYLLABUS, api, wait_run
 from helpers import wait_for
 from sqlalchemy import text
 
+from examforge.errors import PauseCode
 from producer.api.runs import parse_key
 
 
@@ -163,7 +164,7 @@ def test_a_budget_pause_is_a_paused_run_and_a_raised_budget_resumes(make_setting
                      json={"budget_usd": 0.01}).json()
         paused = wait_for(lambda: (lambda v: v if v["state"] == "paused" else None)(
             c.get(f"/runs/{run['id']}").json()), 20, "the run to pause")
-        assert paused["pause_reason"].startswith("budget:")
+        assert paused["pause_code"] == PauseCode.budget and paused["pause_reason"]
         assert paused["budget_usd"] == 0.01 and mock_llm.stats()["calls_total"] == 0
         # The open stream says so once (and stays open: a pause is lifted by a new run).
         with c.stream("GET", f"/runs/{run['id']}/events") as stream:

@@ -4,6 +4,7 @@ written. The CLI runs in this process (producer.cli.main) against SQLite; no ser
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import subprocess
@@ -14,6 +15,7 @@ from typing import Any, Iterator
 import pytest
 from sqlalchemy import text
 
+from examforge.errors import PauseCode, SliceReason
 from examforge.settings import Settings, load_settings
 from examforge.syllabus import load_syllabus
 from helpers import write_syllabus
@@ -294,3 +296,30 @@ def test_a_dry_run_in_batch_mode_is_priced_at_the_batch_discount(env, capsys):
     assert code == 0 and "in batch mode" in stdout and "fits even at worst case" in stdout, \
         stdout
     assert not (Path(env["DATABASE_URL"].removeprefix("sqlite:///"))).exists()
+
+
+def test_status_says_what_ends_a_pause_by_its_code_not_its_text(env, capsys):
+    store = _exam(env, [("a", 5)])
+    # A budget's pause whose text does not start "budget:", and a provider's pause whose
+    # text does: the code decides what status tells the user to do.
+    assert store.pause_exam("ex", "nothing more fits in $1.00", PauseCode.budget)
+    code, stdout, _ = cli(capsys, "status", "ex")
+    assert code == 0 and "raise the budget with: python -m producer enqueue ex" in stdout
+    store.resume("ex")
+    assert store.pause_exam("ex", "budget: said the provider", PauseCode.provider)
+    code, stdout, _ = cli(capsys, "status", "ex")
+    assert code == 0 and "resume with: python -m producer resume ex" in stdout
+    assert "raise the budget" not in stdout
+
+
+def test_status_json_has_each_reason_as_a_code_beside_its_text(env, capsys):
+    store = _exam(env, [("a", 5)])
+    claim = store.claim("ex", "a", "w", 10.0, 8)
+    store.release(claim, retry_in_s=0, code=SliceReason.transient, detail="HTTP 503: busy")
+    code, stdout, _ = cli(capsys, "status", "ex", "--json")
+    chapter = json.loads(stdout)["chapter_list"][0]
+    assert code == 0 and chapter["last_error_code"] == "transient"
+    assert chapter["last_error"] == "transient: HTTP 503: busy"
+    assert chapter["slices"][0]["last_error_code"] == "transient"
+    code, stdout, _ = cli(capsys, "status", "ex")
+    assert "transient: HTTP 503: busy" in stdout

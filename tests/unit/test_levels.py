@@ -14,6 +14,7 @@ import pytest
 from fakellm import reply
 from sqlalchemy import text
 
+from examforge.errors import SliceReason
 from examforge.levels import Levels, apportion, ask, schedule
 from examforge.llm import LLMClient
 from examforge.output import Question
@@ -260,7 +261,7 @@ def test_a_new_claim_reads_what_its_slice_stored_per_level(make_settings: Any) -
     store.commit_batch(claim, 10.0, call, [
         Question(f"Old {n}?", ("a", "b", "c", "d"), 0, "", difficulty="hard")
         for n in range(5)], model="m", usage=Usage(1, 1, 0.0))
-    store.release(claim, retry_in_s=0, error="test")
+    store.release(claim, retry_in_s=0, code=SliceReason.transient, detail="test")
     asked: list[dict[str, int]] = []
     serial = iter(range(1, 10_000))
 

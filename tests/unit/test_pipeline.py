@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from examforge.errors import PauseCode
+from examforge.errors import PauseCode, SliceReason
 import json
 import threading
 import time
@@ -12,6 +12,7 @@ import pytest
 from fakellm import question, reply
 
 from runner.pipeline import process_chapter
+from storage.types import NotClaimedReason
 from helpers import fake_runtimes, write_syllabus
 
 
@@ -71,7 +72,7 @@ def test_transient_error_releases_with_backoff_and_honours_retry_after(env):
     assert result.outcome == "retry" and result.retry_in_s >= 2.0
     # A duplicate delivery arriving early makes no call: the backoff lives in the database.
     early = process_chapter(rt, "ex", "a")
-    assert early.outcome == "retry" and "backoff" in early.detail
+    assert early.outcome == "retry" and early.not_claimed is NotClaimedReason.backoff
     assert fake.calls == 1
     report = _status(rt)
     assert report["usage"]["calls_failed"] == 1
@@ -162,7 +163,7 @@ def test_a_second_delivery_while_the_first_runs_makes_no_call(env):
     worker.start()
     assert started.wait(5)
     second = process_chapter(rt, "ex", "a")
-    assert second.outcome == "retry" and "busy" in second.detail
+    assert second.outcome == "retry" and second.not_claimed is NotClaimedReason.busy
     assert 0 < second.retry_in_s <= rt.settings.lease_s + 1
     release.set()
     worker.join(10)
@@ -290,7 +291,8 @@ def test_a_reply_past_its_deadline_is_wasted_with_its_prompt_booked_and_retried(
     report = _status(rt)
     assert report["usage"]["calls_wasted"] == 1 and report["usage"]["calls_failed"] == 0
     assert report["usage"]["prompt_tokens"] > 0 and report["cost_usd"] > 0
-    assert report["chapter_list"][0]["last_error"].startswith("transient: deadline")
+    assert report["chapter_list"][0]["last_error_code"] == SliceReason.transient
+    assert report["chapter_list"][0]["last_error"].startswith("transient: deadline")  # as people read it
     time.sleep(0.1)
     assert process_chapter(rt, "ex", "a").outcome == "done"
 
@@ -367,7 +369,7 @@ def test_no_room_while_others_are_in_flight_waits_uncounted_instead_of_pausing(e
     result = process_chapter(rt, "ex", "b")  # $1.10 is reserved by "a"; $0.10 left
     release.set()
     first.join(10)
-    assert result.outcome == "retry" and result.detail.startswith("budget_wait")
+    assert result.outcome == "retry" and result.reason is SliceReason.budget_wait
     assert _status(rt)["state"] == "active"
     b = [c for c in _status(rt)["chapter_list"] if c["id"] == "b"][0]
     assert b["attempts_since_progress"] == 0
@@ -401,7 +403,7 @@ def test_a_rate_limit_429_never_counts_toward_the_attempt_cap(env):
     fake.script = [limited] * 5
     for _ in range(5):
         result = process_chapter(rt, "ex", "a")
-        assert result.outcome == "retry" and result.detail.startswith("rate_limited")
+        assert result.outcome == "retry" and result.reason is SliceReason.rate_limited
         assert result.retry_in_s == pytest.approx(0.02)
         time.sleep(0.05)
     assert _chapter(rt)["attempts_since_progress"] == 0  # five refusals, cap of two: alive

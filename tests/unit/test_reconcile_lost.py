@@ -99,7 +99,9 @@ def test_half_the_queue_trimmed_re_publishes_exactly_the_missing_half(env, fake_
     report = store.status("exam").as_dict()
     requeued = {c["id"]: c for c in report["chapter_list"] if c["requeues"]}
     assert set(requeued) == {"c5", "c6", "c7", "c8", "c9"}
-    assert all(c["requeue_reason"].startswith(RequeueReason.message_lost.value)
+    assert all(c["requeue_code"] == RequeueReason.message_lost for c in requeued.values())
+    # People read the code and its detail, as before codes.
+    assert all(c["requeue_reason"].startswith("message_lost: the queue held")
                for c in requeued.values())
     # The next passes find nothing missing: no storm.
     time.sleep(0.05)
@@ -170,5 +172,5 @@ def test_a_broker_that_lost_its_epoch_is_handled_once_not_twice(env, fake_server
     assert result == {"requeued": 2, "requeued_lost": 0, "failed_at_cap": 0,
                       "settled_cancelled": 0, "settled_orphans": 0, "paused_budget": 0}
     assert _ids(fake_server) == ["a", "b"]
-    reasons = {c["requeue_reason"].split(":")[0] for c in store.status("exam").as_dict()["chapter_list"]}
+    reasons = {c["requeue_code"] for c in store.status("exam").as_dict()["chapter_list"]}
     assert reasons == {RequeueReason.broker_epoch_changed.value}

@@ -12,7 +12,7 @@ from fakellm import reply
 from sqlalchemy import select
 
 from examforge.classify import Action as Rule
-from examforge.errors import CapacityUnavailable, ErrorKind, RateLimited
+from examforge.errors import CapacityUnavailable, ErrorKind, RateLimited, SliceReason
 from examforge.llm import LLMClient
 from runner.pipeline import process_chapter
 from examforge.retry import Action, decide
@@ -202,7 +202,7 @@ def test_the_decision_backs_off_uncounted_and_never_pauses(make_settings):
         err.in_row = in_row
         d = decide(err, streak=1, settings=settings, rand=1.0)
         assert d.action is Action.release and not d.count_attempt
-        assert d.reason.startswith("flex_unavailable")
+        assert d.code is SliceReason.flex_unavailable
         delays.append(d.delay_s)
     assert delays == [1.0, 2.0, 4.0, 8.0, 60.0]  # exponential, capped at RETRY_MAX_S
     err = CapacityUnavailable("x", status_code=429, retry_after_s=30.0)
@@ -246,7 +246,7 @@ def test_flex_refusals_retry_uncounted_never_pause_and_the_tier_is_booked(env):
     fake.script = [refused] * 4 + [_flex_reply]
     for _ in range(4):
         result = process_chapter(rt, "ex", "a")
-        assert result.outcome == "retry" and result.detail.startswith("flex_unavailable")
+        assert result.outcome == "retry" and result.reason is SliceReason.flex_unavailable
         time.sleep(result.retry_in_s + 0.01)
     # Four refusals, an attempt cap of two: alive, never paused.
     status = rt.store.status("ex").as_dict()

@@ -167,7 +167,10 @@ function render(entry) {
   $(".run", node).textContent = run ? `· run ${run.id}` : "";
   $(".run", node).dataset.run = run ? run.id : "";
   const reason = run?.pause_reason ?? (runState === "paused" ? exam.pause_reason : null);
-  $(".reason", node).textContent = reason ? `paused: ${reason}` : "";
+  const code = run?.pause_reason ? run.pause_code : (runState === "paused" ? exam.pause_code : null);
+  // What ends the pause depends on its code, never on the reason's text.
+  const hint = code === "budget" ? " (a new run with a higher budget resumes it)" : "";
+  $(".reason", node).textContent = reason ? `paused: ${reason}${hint}` : "";
   // Batch mode: what the run waits on (a provider batch can take hours: not stuck), and
   // its batches.
   const detail = LIVE.has(runState) || runState === "paused" ? run?.state_detail : null;
@@ -472,6 +475,7 @@ function onEvent(entry, runId, ev) {
   if (ev.type === "progress" && !FINAL.has(run.state)) {
     run.state = data.state || "running";
     run.pause_reason = data.pause_reason ?? null;  // a pause is announced on the stream
+    run.pause_code = data.pause_code ?? null;
   }
   if (FINAL.has(ev.type)) run.state = ev.type;
   entry.run = run;
