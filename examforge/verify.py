@@ -16,6 +16,8 @@ import re
 from dataclasses import dataclass
 from typing import Sequence
 
+from examforge.errors import OutputInvalid, Rejection
+
 # The line the prompt starts with: what the mock recognises a solve request by.
 SOLVE_HEADER = "Blind solve of multiple-choice questions"
 LETTERS = "ABCD"
@@ -75,23 +77,20 @@ def max_tokens(questions: int) -> int:
     return SOLVE_TOKENS_OVERHEAD + SOLVE_TOKENS_PER_QUESTION * questions
 
 
-class SolveUnreadable(ValueError):
-    """The solve reply holds no answers at all (not JSON, or no `answers` list)."""
-
-
 _FENCE = re.compile(r"^```(?:json)?\s*|\s*```$")
 
 
 def parse_answers(content: str | None, items: Sequence[SolveItem]) -> list[int | None]:
     """The stored index of the choice the solver picked for each item, None where it gave
-    no readable answer. Raises SolveUnreadable when the reply holds no answer at all."""
+    no readable answer. Raises OutputInvalid when the reply holds no answer at all (not
+    JSON, or no `answers` list)."""
     try:
         data = json.loads(_FENCE.sub("", (content or "").strip()))
     except ValueError:
-        raise SolveUnreadable("the solve reply is not JSON") from None
+        raise OutputInvalid(Rejection.malformed_json, "the solve reply is not JSON") from None
     answers = data.get("answers") if isinstance(data, dict) else None
     if not isinstance(answers, list):
-        raise SolveUnreadable("the solve reply has no answers list")
+        raise OutputInvalid(Rejection.wrong_schema, "the solve reply has no answers list")
     picked: list[int | None] = [None] * len(items)
     for pos, a in enumerate(answers):
         if not isinstance(a, dict):

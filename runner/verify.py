@@ -21,17 +21,14 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from typing import TYPE_CHECKING, Callable
+from typing import Any, Callable
 
 from examforge import verify
-from examforge.errors import BudgetExceeded, LeaseLost, OutputInvalid, Rejection
+from examforge.errors import BudgetExceeded, LeaseLost, OutputInvalid
 from examforge.llm import Admission, Completion, LLMClient
 from examforge.retry import HandBack
 from storage.models import CallKind, CallOutcome, CallReason
 from storage.store import Claimed, Judged, NoRoom, SendCheck, Usage
-
-if TYPE_CHECKING:
-    from runner.pipeline import Runtime
 
 log = logging.getLogger("examforge.verify")
 
@@ -48,9 +45,10 @@ def test_hook(step: str) -> None:
         os.kill(os.getpid(), 9)
 
 
-def solve_pending(rt: Runtime, claim: Claimed, check: Callable[[], None],
+def solve_pending(rt: Any, claim: Claimed, check: Callable[[], None],
                   lost: threading.Event, call: Call) -> Judged | None:
-    """Solve every pending question of the claimed slice and book the verdicts; returns the
+    """Solve every pending question of the claimed slice and book the verdicts (`rt`: the
+    worker's runner.pipeline.Runtime, not imported: the pipeline imports this); returns the
     slice as the last booking left it (done, cancelled, or still short of its target), or
     None when a cancel came before a solve was sent (nothing more is sent)."""
     store, settings = rt.store, rt.settings
@@ -104,12 +102,12 @@ def solve_pending(rt: Runtime, claim: Claimed, check: Callable[[], None],
                       completion.cached_tokens, completion.service_tier)
         try:
             picked = verify.parse_answers(completion.content, items)
-        except verify.SolveUnreadable as exc:
+        except OutputInvalid as exc:
             store.finish_call(call_id, CallOutcome.wasted, CallReason.invalid_output, str(exc),
                               usage=usage)
             unreadable += 1
             if unreadable > settings.max_reasks:
-                raise OutputInvalid(Rejection.unreadable, str(exc)) from None
+                raise
             continue
         if lost.is_set():
             store.finish_call(call_id, CallOutcome.wasted, CallReason.lease_lost,

@@ -9,6 +9,7 @@ import json
 import httpx
 
 from examforge import verify
+from examforge.errors import OutputInvalid
 from mockllm import MockConfig, MockServer
 from mockllm.questions import true_index
 from mockllm_support import body
@@ -78,6 +79,6 @@ def test_parse_answers_maps_letters_back_and_reads_what_it_can():
     for bad in ("", "B", '{"answer": []}'):
         try:
             verify.parse_answers(bad, items)
-        except verify.SolveUnreadable:
+        except OutputInvalid:
             continue
         raise AssertionError(bad)
