@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import tempfile
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -97,11 +98,14 @@ def run_mode(mode: str, workdir: Path, questions: int, wrong_key_rate: float,
                 slices = conn.execute(select(S.c.chapter_id, S.c.slice_no).where(
                     S.c.exam == "vb").order_by(S.c.position, S.c.slice_no)).all()
             for chapter, slice_no in slices:
-                for _ in range(50):
-                    if process_chapter(rt, "vb", chapter, slice_no).outcome == "done":
+                deadline = time.monotonic() + 120
+                while True:
+                    result = process_chapter(rt, "vb", chapter, slice_no)
+                    if result.outcome == "done":
                         break
-                else:
-                    raise RuntimeError(f"{mode}: {chapter}/{slice_no} never finished")
+                    if result.outcome != "retry" or time.monotonic() > deadline:
+                        raise RuntimeError(f"{mode}: {chapter}/{slice_no}: {result}")
+                    time.sleep(min(result.retry_in_s or 0.0, 1.0))
         finally:
             rt.close()
     res = VerifyRun(mode, questions)

@@ -517,7 +517,7 @@ def _generate(rt: Runtime, claim: Claimed, lost: threading.Event, run: _Run,
     def solve() -> Judged | None:
         return solve_pending(rt, claim, calls.check, lost, lambda client, call_id, messages,
                              cap, admission: _call(rt, call_id, messages, cap, admission,
-                                                   client))
+                                                   client), stored, target)
 
     if verifying:
         # Questions a dead holder stored and never had solved come first (the takeover).

@@ -46,11 +46,13 @@ def test_hook(step: str) -> None:
 
 
 def solve_pending(rt: Any, claim: Claimed, check: Callable[[], None],
-                  lost: threading.Event, call: Call) -> Judged | None:
+                  lost: threading.Event, call: Call, stored: int, target: int
+                  ) -> Judged | None:
     """Solve every pending question of the claimed slice and book the verdicts (`rt`: the
     worker's runner.pipeline.Runtime, not imported: the pipeline imports this); returns the
     slice as the last booking left it (done, cancelled, or still short of its target), or
-    None when a cancel came before a solve was sent (nothing more is sent)."""
+    None when a cancel came before a solve was sent (nothing more is sent). `stored` and
+    `target`: the slice as the caller last read it, for when nothing is pending."""
     store, settings = rt.store, rt.settings
     solver = rt.solver()
     replace = settings.verify == "replace"
@@ -127,5 +129,7 @@ def solve_pending(rt: Any, claim: Claimed, check: Callable[[], None],
             return judged
     if judged is not None:
         return judged
-    # Nothing was pending: whether the slice is complete (and done) as it stands.
+    if stored < target:  # nothing was pending and the slice lacks questions: go on
+        return Judged(stored, target)
+    # Nothing was pending and the range is full (as the caller last read it): done.
     return store.commit_verdicts(claim, settings.lease_s, None, [])

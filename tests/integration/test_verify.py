@@ -7,6 +7,7 @@ reservations settled)."""
 from __future__ import annotations
 
 import json
+import time
 
 import httpx
 import pytest
@@ -39,13 +40,14 @@ def _run(make_settings, db_url, mock, chapters, **overrides):
     rt = Runtime.build(settings, store)
     try:
         for chapter, _ in chapters:
-            for _ in range(20):
+            deadline = time.monotonic() + 30
+            while True:
                 result = process_chapter(rt, "ex", chapter)
                 if result.outcome == "done":
                     break
                 assert result.outcome == "retry", result
-            else:
-                raise AssertionError(f"{chapter} never finished")
+                assert time.monotonic() < deadline, f"{chapter} never finished: {result}"
+                time.sleep(min(result.retry_in_s or 0.0, 1.0))  # the backoff it asks for
     finally:
         rt.close()
     return store
@@ -54,7 +56,8 @@ def _run(make_settings, db_url, mock, chapters, **overrides):
 def _rows(store):
     with store.engine.connect() as conn:
         questions = [dict(r._mapping) for r in conn.execute(select(Q).where(Q.c.exam == "ex"))]
-        calls = [dict(r._mapping) for r in conn.execute(select(K).where(K.c.exam == "ex"))]
+        calls = [dict(r._mapping) for r in conn.execute(
+            select(K).where(K.c.exam == "ex").order_by(K.c.id))]
         exam = conn.execute(select(E).where(E.c.slug == "ex")).one()
     return questions, calls, exam
 
@@ -112,3 +115,17 @@ def test_off_sends_no_solve(make_settings, db_url, mock):
     questions, calls, _ = _rows(store)
     assert all(q["verdict"] is None for q in questions)
     assert all(c["kind"] is None for c in calls) and _stats(mock)["solves"] == 0
+
+
+def test_a_failed_or_unreadable_solve_is_booked_and_solved_again(make_settings, db_url, mock):
+    # The mock's script for blind solves: an unreadable reply, then a 500, then normal ones.
+    mock.configure(script={"blind-solve": ["malformed", "500"]})
+    store = _run(make_settings, db_url, mock, [("a", 5)], verify="flag")
+    questions, calls, exam = _rows(store)
+    solves = [c for c in calls if c["kind"] == "solve"]
+    assert [(c["outcome"], c["reason"]) for c in solves] == [
+        ("wasted", "invalid_output"), ("failed", "server_error"), ("used", None)]
+    assert {q["verify_call_id"] for q in questions} == {solves[-1]["id"]}
+    assert all(q["verdict"] in ("agreed", "disputed") for q in questions)
+    assert exam.reserved_usd == pytest.approx(0, abs=1e-12)
+    assert exam.spent_usd == pytest.approx(sum(c["cost_usd"] for c in calls))

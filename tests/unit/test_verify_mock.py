@@ -82,3 +82,31 @@ def test_parse_answers_maps_letters_back_and_reads_what_it_can():
         except OutputInvalid:
             continue
         raise AssertionError(bad)
+
+
+def test_the_solver_shares_the_generation_endpoints_rate_limiter(make_settings):
+    """VERIFY's client is built on the generation client's limiter factory: on the same
+    endpoint and model, one limiter (and LLM_RPM/LLM_TPM) holds both; another endpoint has
+    its own, without the generation endpoint's limits."""
+    from examforge.llm import LLMClient
+    from runner.pipeline import Runtime
+
+    settings = make_settings(verify="flag", llm_rpm=60, llm_tpm=100_000)
+    client = LLMClient(settings)
+    rt = Runtime(settings, None, client, None)  # type: ignore[arg-type]
+    try:
+        solver = rt.solver()
+        assert solver is rt.solver()
+        assert solver._primary.limit.limiter is client._primary.limit.limiter
+        assert solver._primary.limit.configured.rpm == 60
+        assert solver.response_format_of() == "json_object"  # not the questions' schema
+        other = Runtime(make_settings(verify="flag", verify_base_url="http://solver.invalid/v1",
+                                      verify_model="other-model", llm_rpm=60),
+                        None, client, None)  # type: ignore[arg-type]
+        assert other.solver()._primary.limit.limiter is not client._primary.limit.limiter
+        assert other.solver()._primary.limit.configured.rpm is None
+        assert other.solver().model == "other-model"
+        other.solver().close()
+    finally:
+        solver.close()
+        client.close()
