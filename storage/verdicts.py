@@ -171,8 +171,6 @@ class Verdicts(Ledger):
                 lease_owner=None, lease_expires_at=None), key)
             return Judged(stored, target, agreed, disputed, withdrawn, pending,
                              cancelled=True)
-        if withdrawn:
-            conn.execute(update(E).where(E.c.slug == claim.exam).values(updated_at=self._now))
         return result
 
     def withdraw(self, exam: str, question_ids: Iterable[int],
@@ -186,7 +184,9 @@ class Verdicts(Ledger):
         already withdrawn, or not the exam's, are ignored (withdrawing is idempotent)."""
         reason = Withdrawn(reason)
         with self._write() as conn:
-            self._exam_first(conn, exam)
+            # The exam row first (the lock order of enqueue's transactions): it says the
+            # exam changed, for GET /metrics (producer.api.metrics) among others.
+            conn.execute(update(E).where(E.c.slug == exam).values(updated_at=self._now))
             return self._withdraw(conn, exam, list(question_ids), reason)
 
     def _withdraw(self, conn: Connection, exam: str, question_ids: Sequence[int],
@@ -220,7 +220,6 @@ class Verdicts(Ledger):
                     state=ChapterState.pending.value, attempts_since_progress=0,
                     not_before_at=None, enqueued_at=None, enqueue_epoch=None,
                     updated_at=self._now))
-        conn.execute(update(E).where(E.c.slug == exam).values(updated_at=self._now))
         return Withdrawal(tuple(sorted(r.id for r in rows)), tuple(reopened))
 
     def withdrawn_questions(self, exam: str) -> list[tuple[int, str, str, int]]:
