@@ -151,3 +151,36 @@ def test_a_verified_commit_stores_pending_verdicts(store, tmp_path):
         assert conn.execute(select(Q.c.verdict).where(Q.c.exam == "ex")).scalars().all() == [
             "pending", "pending"]
     json.dumps(store.questions("ex"))
+
+
+def test_0022_keeps_stored_questions_and_its_downgrade_drops_the_withdrawn(db_url, tmp_path):
+    from alembic import command
+    from sqlalchemy import inspect, text
+
+    from storage import Store, connect, migrate
+    from storage.db import alembic_config
+
+    engine = connect(db_url)
+    migrate(engine)
+    store = Store(engine)
+    _sync(store, tmp_path, [("a", 4)])
+    claim = store.claim("ex", "a", "w", 10.0, 8)
+    _commit(store, claim, 4, "old")
+    with engine.begin() as conn:
+        command.downgrade(alembic_config(conn), "0020")
+    with engine.connect() as conn:
+        columns = {c["name"]: c for c in inspect(conn).get_columns("question")}
+        assert not columns["number"]["nullable"] and "withdrawn" not in columns
+    migrate(engine)  # 0020 -> head: the rows stay numbered, never verified
+    assert [q["number"] for q in store.questions("ex")] == [1, 2, 3, 4]
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT COUNT(*) FROM question WHERE verdict IS NULL "
+                                 "AND withdrawn IS NULL")).scalar_one() == 4
+        assert conn.execute(text("SELECT COUNT(*) FROM call WHERE kind IS NULL")).scalar_one() == 1
+    store.withdraw("ex", list(_ids(store, [3]).values()), "rejected")
+    with engine.begin() as conn:
+        command.downgrade(alembic_config(conn), "0020")
+        assert conn.execute(text("SELECT number FROM question ORDER BY number")
+                            ).scalars().all() == [1, 2, 4]
+    migrate(engine)
+    engine.dispose()
