@@ -161,8 +161,11 @@ def process_chapter(rt: Runtime, exam: str, chapter_id: str, slice_no: int = 0) 
     calls = _Calls(rt, check)
     try:
         calls.size(exam)
+        # Under VERIFY the claim plans no call: the slice's pending blind solves (a dead
+        # holder's) come first, and a call recorded now would wait, unsent, behind them.
         claim = store.claim(exam, chapter_id, new_owner(), settings.lease_s,
-                            settings.max_attempts, slice_no=slice_no, plan_first=calls.plan,
+                            settings.max_attempts, slice_no=slice_no,
+                            plan_first=calls.plan if settings.verify == "off" else None,
                             steer=steer_of(settings))
     except BaseException:
         calls.discard()
@@ -523,11 +526,6 @@ def _generate(rt: Runtime, claim: Claimed, lost: threading.Event, run: _Run,
         # Questions a dead holder stored and never had solved come first (the takeover).
         judged = solve()
         if judged is None or judged.cancelled or judged.done:
-            if isinstance(planned, int):  # the claim's planned call: not needed, not sent
-                calls.discard()
-                store.finish_call(planned, CallOutcome.failed, CallReason.unexpected,
-                                  "not sent: the slice needed no more questions after its "
-                                  "blind solves")
             return judged is not None and not judged.cancelled
         stored, target = judged.stored, judged.target
     while stored < target:
