@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 # gpt-4o-mini's prices, as bench/modes.py, USD per million tokens.
-PRICES = {"llm_price_prompt_per_mtok": 0.15, "llm_price_cached_prompt_per_mtok": 0.075,
+PRICES: dict[str, Any] = {"llm_price_prompt_per_mtok": 0.15, "llm_price_cached_prompt_per_mtok": 0.075,
           "llm_price_completion_per_mtok": 0.60}
 SEED = 20
 CHAPTER = 100  # questions per chapter

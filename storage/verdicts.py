@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 from sqlalchemy import and_, bindparam, func, select, update
 from sqlalchemy.engine import Connection
@@ -129,9 +129,10 @@ class Verdicts(Ledger):
         agreed = disputed = 0
         to_withdraw: list[int] = []
         if solved:
-            keys = dict(conn.execute(select(Q.c.id, Q.c.answer_index).where(
-                Q.c.exam == claim.exam, Q.c.id.in_([i for i, _ in solved]),
-                Q.c.verdict == Verdict.pending.value)).all())
+            keys: dict[int, int] = {r.id: r.answer_index for r in conn.execute(
+                select(Q.c.id, Q.c.answer_index).where(
+                    Q.c.exam == claim.exam, Q.c.id.in_([i for i, _ in solved]),
+                    Q.c.verdict == Verdict.pending.value))}
             for qid, pick in solved:
                 if qid not in keys:
                     continue  # booked already, or not this exam's
@@ -195,7 +196,7 @@ class Verdicts(Ledger):
         they are (their holder, under its lease, decides)."""
         if not question_ids:
             return Withdrawal()
-        rows = []
+        rows: list[Any] = []
         ids = sorted(set(int(i) for i in question_ids))
         for i in range(0, len(ids), 500):
             rows += conn.execute(update(Q).where(
