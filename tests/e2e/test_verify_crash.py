@@ -86,3 +86,40 @@ def test_a_run_killed_at_a_step_of_a_blind_solve_resumes_exactly_once(deploy, mo
     assert len(_paid_generations(mock)) == len(generated), dump(calls)
     exam = dep.status("vx")
     assert exam["questions"] == {"target": 10, "done": 10}
+
+
+def test_a_celery_worker_killed_mid_solve_is_taken_over_and_paid_once_more_at_most(deploy,
+                                                                                   mock):
+    """The same with real Celery workers and the reconciler, two chapters at once: the worker
+    SIGKILLs itself once a solve's reply is in and before its verdicts are booked; another
+    worker takes the slices over once their leases lapse and solves what was pending."""
+    mock.configure(wrong_key_rate=0.3, seed=5)
+    dep = deploy("postgres", verify="replace", budget_usd=5, **PRICES)
+    dep.syllabus("vx", [("a", 10), ("b", 10)])
+    doomed = dep.worker(2, EXAMFORGE_TEST_VERIFY_CRASH="solve_answered")
+    enq = dep.cli("enqueue", "vx")
+    assert enq.returncode == 0, enq.stdout + enq.stderr
+    assert doomed.wait(timeout=60) == -9, dep.worker_logs()
+    in_flight = [c for c in dep.calls("vx") if c["outcome"] == "in_flight"]
+    assert any(c["kind"] == "solve" for c in in_flight), dump(in_flight)
+    dep.worker(2)
+    dep.beat()
+    report = dep.wait_done("vx", timeout_s=90)
+    assert report["chapters"]["done"] == 2, dump(report) + dep.worker_logs()
+    assert_stored_exactly_once(dep, "vx", {"a": 10, "b": 10})
+    questions, calls = _questions(dep), dep.calls("vx")
+    assert not [q for q in questions if q["verdict"] == "pending"]
+    assert all(q["verdict"] == "agreed" and
+               q["answer_index"] == true_index(json.loads(q["choices"]))
+               for q in questions if q["number"] is not None)
+    solves = [c for c in calls if c["kind"] == "solve"]
+    used = [c for c in solves if c["outcome"] == "used"]
+    lost = [c for c in calls if c["outcome"] == "wasted"]
+    # Lost: exactly the calls in flight at the kill, each booked by the takeover.
+    assert sorted(c["id"] for c in lost) == sorted(c["id"] for c in in_flight), dump(calls)
+    assert all(c["reason"] == "crash_before_commit" for c in lost)
+    # Paid at the mock: each booked solve once, plus the lost ones that had been sent (the
+    # one whose reply was in at least; the other chapter's may have been recorded only).
+    lost_solves = [c for c in lost if c["kind"] == "solve"]
+    assert 1 <= len(_paid_solves(mock)) - len(used) <= len(lost_solves), dump(calls)
+    assert {q["verify_call_id"] for q in questions} == {c["id"] for c in used}
