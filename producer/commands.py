@@ -105,8 +105,17 @@ def _warn_unpriced(settings: Settings) -> None:
                   markup=False, soft_wrap=True)
 
 
+def _warn_verify_batch(settings: Settings, batch: bool) -> None:
+    """Batch mode sends no blind solve: say so when VERIFY asks for one."""
+    if batch and settings.verify != "off":
+        err.print(f"warning: VERIFY={settings.verify} does not apply in batch mode: the "
+                  "questions a provider batch generates are stored unverified",
+                  markup=False, soft_wrap=True)
+
+
 def _dry_run(settings: Settings, slug: str, syllabus: Syllabus, budget_usd: float | None,
              as_json: bool = False, batch: bool = False) -> None:
+    _warn_verify_batch(settings, batch)
     stored, per_question, budget, cancelled = _read_only_state(settings, slug)
     est = estimate(slug, syllabus, settings, stored=stored,
                    completion_per_question=per_question, batch=batch)
@@ -193,6 +202,7 @@ def enqueue(slug: str, regenerate: tuple[str, ...], budget_usd: float | None, dr
 
     def before_write() -> None:  # once the broker answered, before the exam is synced
         _warn_unpriced(settings)
+        _warn_verify_batch(settings, bool(batch))
         # As the API's new run: start means "generate what is missing", so enqueue undoes
         # `cancel` (resume and retry leave cancelled chapters alone).
         restarted.extend(store.restart_cancelled(slug))
@@ -389,6 +399,7 @@ def run(slug: str, concurrency: int, budget_usd: float | None, dry_run: bool,
         return
     store = _store(settings)
     _warn_unpriced(settings)
+    _warn_verify_batch(settings, bool(batch))
     for chapter_id in store.restart_cancelled(slug):  # as enqueue: run undoes `cancel`
         err.print(f"restarted {slug}/{chapter_id} (was cancelled)")
     plan = store.sync_exam(slug, syllabus, budget_usd=budget_usd,
