@@ -435,7 +435,8 @@ class Reports(StoreBase):
 
         A done slice counts its target as stored: its range is full by construction (a slice
         is set done only when its range holds its target, and nothing deletes a question
-        without deleting its slice too: --regenerate, prune), so only the questions of the
+        without deleting its slice too: --regenerate, prune; withdrawing one from a done
+        slice sets it pending again, Store.withdraw), so only the questions of the
         slices still open are counted, each from the unique index on its range. That keeps
         a finished exam's questions out of every read here."""
         if not exams:
