@@ -107,8 +107,17 @@ def _warn_unpriced(settings: Settings) -> None:
                   markup=False, soft_wrap=True)
 
 
+def _warn_verify_batch(settings: Settings, batch: bool) -> None:
+    """Batch mode sends no blind solve: say so when VERIFY asks for one."""
+    if batch and settings.verify != "off":
+        err.print(f"warning: VERIFY={settings.verify} does not apply in batch mode: the "
+                  "questions a provider batch generates are stored unverified",
+                  markup=False, soft_wrap=True)
+
+
 def _dry_run(settings: Settings, slug: str, syllabus: Syllabus, budget_usd: float | None,
              as_json: bool = False, batch: bool = False) -> None:
+    _warn_verify_batch(settings, batch)
     stored, per_question, budget, cancelled = _read_only_state(settings, slug)
     from producer.grounding import exam_material
 
@@ -143,6 +152,14 @@ def _dry_run(settings: Settings, slug: str, syllabus: Syllabus, budget_usd: floa
     out.print(f"  price: ${p.prompt_per_mtok:g} / ${p.completion_per_mtok:g} per million "
               f"prompt / completion tokens, ${p.cached_per_mtok:g} cached prompt ({p.source})",
               soft_wrap=True)
+    if est.verify is not None:
+        v = est.verify
+        out.print(f"  blind solves (VERIFY={v.mode}): {v.calls} calls of {v.model}, "
+                  f"{v.prompt_tokens:,} prompt tokens, up to {v.max_completion_tokens:,} "
+                  f"completion tokens: worst case ${v.worst_usd:.4f}, expected "
+                  f"${v.expected_usd:.4f} (included below"
+                  + ("; replacements of disputed questions are not" if v.mode == "replace"
+                     else "") + ")", soft_wrap=True)
     out.print(f"  cost: worst case ${est.worst_usd:.4f}, expected ${est.expected_usd:.4f}")
     if cancelled:
         out.print(f"  cancelled chapters: {len(cancelled)} ({', '.join(cancelled)}), restarted "
@@ -196,6 +213,7 @@ def enqueue(slug: str, regenerate: tuple[str, ...], budget_usd: float | None, dr
 
     def before_write() -> None:  # once the broker answered, before the exam is synced
         _warn_unpriced(settings)
+        _warn_verify_batch(settings, bool(batch))
         # As the API's new run: start means "generate what is missing", so enqueue undoes
         # `cancel` (resume and retry leave cancelled chapters alone).
         restarted.extend(store.restart_cancelled(slug))
@@ -403,6 +421,7 @@ def run(slug: str, concurrency: int, budget_usd: float | None, dry_run: bool,
     from producer.grounding import exam_material
     material = exam_material(settings, slug, syllabus, store)  # refused before any write
     _warn_unpriced(settings)
+    _warn_verify_batch(settings, bool(batch))
     for chapter_id in store.restart_cancelled(slug):  # as enqueue: run undoes `cancel`
         err.print(f"restarted {slug}/{chapter_id} (was cancelled)")
     plan = store.sync_exam(slug, syllabus, budget_usd=budget_usd,

@@ -21,7 +21,7 @@ from storage import neardup
 from storage.base import (BUDGET_PAUSE_PREFIX, IN_FLIGHT_CALL, SLICE_KEY, E, K, Q, S, StoreBase,
                           lease_fence)
 from storage.db import READ_ONLY
-from storage.models import CallOutcome, CallReason, ChapterState, ExamState
+from storage.models import CallOutcome, CallReason, ChapterState, ExamState, Verdict
 from storage.types import (CallPlan, ChapterView, Claimed, Committed, NoRoom, Planner, SendCheck,
                            Steer, Usage)
 
@@ -183,7 +183,8 @@ class Ledger(StoreBase):
     def start_call(self, claim: Claimed, first_number: int, requested: int, *,
                    lease_s: float, prompt_tokens: int = 0,
                    max_tokens: int | None = None, reserve_usd: float = 0.0,
-                   model: str | None = None, price_known: bool = True) -> int | NoRoom:
+                   model: str | None = None, price_known: bool = True,
+                   kind: str | None = None) -> int | NoRoom:
         """Record a call before it is sent, in a transaction of its own, only while the lease
         is held (the same fence as the commit: a holder frozen past its lease between two
         calls must not send one more); raises LeaseLost. The usual path records calls in the
@@ -199,7 +200,7 @@ class Ledger(StoreBase):
                 raise LeaseLost(f"lease on {claim.exam}/{claim.chapter_id} lost before a call")
             started = self._start_planned(conn, claim, CallPlan(
                 first_number, requested, prompt_tokens, max_tokens, reserve_usd, model,
-                price_known))
+                price_known, kind))
             assert started is not None
             return started
 
@@ -235,7 +236,7 @@ class Ledger(StoreBase):
                           in_flight)
         names = ("exam", "chapter_id", "slice_no", "attempt", "first_number", "requested",
                  "worker", "prompt_tokens", "max_tokens", "reserved_usd", "model",
-                 "price_known")
+                 "price_known", "kind")
         return conn.execute(self._stmt("start_call", lambda: (
             insert(K).values(outcome=CallOutcome.in_flight.value, started_at=self._now,
                              **{n: bindparam(f"p_{n}") for n in names})
@@ -245,7 +246,8 @@ class Ledger(StoreBase):
                 "p_first_number": plan.first_number, "p_requested": plan.requested,
                 "p_worker": claim.owner, "p_prompt_tokens": plan.prompt_tokens,
                 "p_max_tokens": plan.max_tokens, "p_reserved_usd": plan.reserve_usd,
-                "p_model": plan.model, "p_price_known": plan.price_known}).scalar_one()
+                "p_model": plan.model, "p_price_known": plan.price_known,
+                "p_kind": plan.kind}).scalar_one()
 
     def _finish(self, conn: Connection, call_id: int, values: dict[str, Any],
                 usage: Usage) -> bool:
@@ -342,12 +344,14 @@ class Ledger(StoreBase):
     def commit_batch(self, claim: Claimed, lease_s: float, call_id: int,
                      questions: Sequence[ParsedQuestion], *, model: str, usage: Usage,
                      note: str = "", plan_next: Planner | None = None,
-                     near_dup: Checker | None = None, steer: Steer | None = None) -> Committed:
+                     near_dup: Checker | None = None, steer: Steer | None = None,
+                     verify: bool = False) -> Committed:
         """Store one call's questions and its usage atomically, only while holding the lease.
 
-        The questions are numbered on from the slice's stored count as read inside the
-        transaction (the lease holder is the only writer of its range, so the numbers stay
-        contiguous). A question whose normalised text the chapter already has, stored by
+        The questions take the lowest numbers of the slice's range that no question holds, as
+        read inside the transaction (the lease holder is the only writer of its range; a
+        withdrawn question's number is free again, see `Store.withdraw`). With `verify`,
+        they are stored with the verdict `pending`, awaiting their blind solve. A question whose normalised text the chapter already has, stored by
         another of its slices since this one's claim, is dropped (UNIQUE(exam, chapter_id,
         norm_hash) makes storing it twice impossible whichever slices race); a batch left with
         none stores nothing and its call is booked as wasted (invalid output).
@@ -373,7 +377,8 @@ class Ledger(StoreBase):
                         return self._commit(conn, claim, lease_s, call_id, questions, hashes,
                                             model=model, usage=usage, note=note,
                                             plan_next=plan_next, recheck=attempt > 0,
-                                            near_dup=near_dup, signed=signed, steer=steer)
+                                            near_dup=near_dup, signed=signed, steer=steer,
+                                            verify=verify)
                 except IntegrityError as exc:
                     # Another slice committed one of these questions after our check read
                     # the chapter (PostgreSQL: its transaction was open): check again.
@@ -398,13 +403,29 @@ class Ledger(StoreBase):
                 pass  # still down: the takeover will mark it wasted
             raise
 
+    def _free_numbers(self, conn: Connection, exam: str, chapter_id: str, first: int,
+                      target: int) -> list[int]:
+        """The numbers of the range `first`..`first + target - 1` no question holds, lowest
+        first: the range's count is `target` minus these. A withdrawn question holds none
+        (its number is NULL), so its number is the first a replacement takes."""
+        taken = set(conn.execute(self._stmt("slice_numbers", lambda: (
+            select(Q.c.number).where(
+                Q.c.exam == bindparam("k_exam"), Q.c.chapter_id == bindparam("k_chapter"),
+                Q.c.number >= bindparam("k_first"),
+                Q.c.number < bindparam("k_first") + bindparam("k_target")))),
+            {"k_exam": exam, "k_chapter": chapter_id, "k_first": first,
+             "k_target": target}).scalars())
+        return [n for n in range(first, first + target) if n not in taken]
+
     def _commit(self, conn: Connection, claim: Claimed, lease_s: float, call_id: int,
                 questions: Sequence[ParsedQuestion], hashes: list[str], *, model: str,
                 usage: Usage, note: str, plan_next: Planner | None,
                 recheck: bool = False, near_dup: Checker | None = None,
                 signed: Sequence[neardup.Signed] | None = None,
-                steer: Steer | None = None) -> Committed:
+                steer: Steer | None = None, verify: bool = False) -> Committed:
         self._exam_first(conn, claim.exam)
+        # Under VERIFY, each question is stored awaiting its blind solve (runner.verify).
+        pending = Verdict.pending.value if verify else None
         key = {"k_exam": claim.exam, "k_chapter": claim.chapter_id, "k_slice": claim.slice_no}
         # The fence: this row is ours only while the lease is. It also locks the row, so the
         # target it returns cannot change before we commit.
@@ -449,24 +470,21 @@ class Ledger(StoreBase):
                 note = ", ".join(filter(None, [note, f"{near} {Rejection.near_duplicate.value} "
                                                      "rejected"]))
         kept = [(questions[i], hashes[i]) for i in keep]
-        stored = conn.execute(self._stmt("slice_stored", lambda: (
-            select(func.count()).select_from(Q).where(
-                Q.c.exam == bindparam("k_exam"), Q.c.chapter_id == bindparam("k_chapter"),
-                Q.c.number >= bindparam("k_first"),
-                Q.c.number < bindparam("k_first") + bindparam("k_target")))),
-            {**key, "k_first": first, "k_target": target}).scalar_one()
+        free = self._free_numbers(conn, claim.exam, claim.chapter_id, first, target)
+        stored = target - len(free)
         # A reply may hold more new questions than the slice lacks: the first ones it needs.
         surplus = max(0, len(kept) - max(0, target - stored))
         if surplus:
             kept, keep = kept[:len(kept) - surplus], keep[:len(keep) - surplus]
             note = ", ".join(filter(None, [note, f"{surplus} beyond the target not stored"]))
         if kept:
+            # The lowest free numbers of the range: a withdrawn question's number is one.
             rows = [
                 {"exam": claim.exam, "chapter_id": claim.chapter_id,
-                 "number": first + stored + i, "norm_hash": h, "model": model,
-                 "call_id": call_id, "created_at": now,
-                 **question_row(balanced(q, claim.exam, claim.chapter_id, first + stored + i))}
-                for i, (q, h) in enumerate(kept)]
+                 "number": n, "norm_hash": h, "model": model,
+                 "call_id": call_id, "created_at": now, "verdict": pending,
+                 **question_row(balanced(q, claim.exam, claim.chapter_id, n))}
+                for n, (q, h) in zip(free, kept)]
             self._questions_in_order(conn, claim.exam)
             if signed is None:
                 conn.execute(self._stmt("insert_questions", lambda: insert(Q)), rows)
@@ -514,7 +532,9 @@ class Ledger(StoreBase):
                            duplicates=len(questions) - len(kept) - surplus,
                            recent=recent, kept=tuple(q.question for q, _ in kept),
                            near_duplicates=near, surplus=surplus)
-        if stored >= target:  # done, even if it was cancelled meanwhile: nothing is missing
+        if stored >= target and not verify:
+            # Done, even if it was cancelled meanwhile: nothing is missing. Under VERIFY the
+            # slice is done once its questions' verdicts are in (Verdicts.commit_verdicts).
             conn.execute(self._stmt("slice_done", lambda: update(S).where(*SLICE_KEY).values(
                 state=ChapterState.done.value, lease_owner=None, lease_expires_at=None)), key)
             return result
@@ -532,8 +552,10 @@ class Ledger(StoreBase):
                 conn.execute(self._stmt("slice_let_go", lambda: update(S).where(
                     *SLICE_KEY).values(lease_owner=None, lease_expires_at=None)), key)
             return dataclasses.replace(result, cancelled=True)
-        if not kept:
-            return result  # re-asked through the slow path, like any invalid output
+        if not kept or verify:
+            # Re-asked through the slow path, like any invalid output; under VERIFY the
+            # batch's blind solve comes first (runner.verify), then the next call.
+            return result
         # The next call is recorded in this same transaction: one write per paid call.
         following = None if plan_next is None else self._start_planned(
             conn, claim, plan_next(claim.view(stored, target)))

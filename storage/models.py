@@ -51,6 +51,23 @@ class ChapterState(str, Enum):
     cancelled = "cancelled"
 
 
+class Withdrawn(str, Enum):
+    """Why a question left its chapter's numbering (migration 0022): it stays in the database
+    (for review) with `number` NULL and its old number in `withdrawn_number`, out of the
+    slice's count and of every export, and its number is free for a replacement."""
+
+    disputed = "disputed"  # the blind solve disagreed with its key (VERIFY=replace)
+    rejected = "rejected"  # a reviewer rejected it
+
+
+class Verdict(str, Enum):
+    """What the blind solve said of a question's key (VERIFY; NULL: never verified)."""
+
+    pending = "pending"  # stored, its solve not booked yet (sent, or to be sent)
+    agreed = "agreed"  # the solver chose the key
+    disputed = "disputed"  # the solver chose another choice
+
+
 class CallOutcome(str, Enum):
     in_flight = "in_flight"  # recorded before the request is sent
     used = "used"  # its questions were committed
@@ -62,6 +79,13 @@ class CallOutcome(str, Enum):
     # and the completion tokens per question learned from used calls for estimates are not
     # diluted by batches that cost no tokens. Outcomes are plain strings: no migration.
     imported = "imported"
+
+
+class CallKind(str, Enum):
+    """What a call asked for (migration 0022): NULL is generation, the call every figure of
+    questions per call, tokens per question and sizing is learned from."""
+
+    solve = "solve"  # a blind solve of stored questions (VERIFY, runner.verify)
 
 
 class CallReason(str, Enum):
@@ -207,7 +231,8 @@ class Question(SQLModel, table=True):
     id: Optional[int] = Field(default=None, primary_key=True)
     exam: str = Field(max_length=64)
     chapter_id: str = Field(max_length=64)
-    number: int
+    # NULL once withdrawn (Withdrawn): UNIQUE never compares NULLs, so the number is free.
+    number: Optional[int] = Field(default=None, nullable=True)
     question: str = Field(sa_column=Column(Text, nullable=False))
     choices: str = Field(sa_column=Column(Text, nullable=False))  # JSON list of 4 strings
     answer_index: int
@@ -223,6 +248,14 @@ class Question(SQLModel, table=True):
     model: str = Field(default="", max_length=128)
     call_id: Optional[int] = None
     created_at: float
+    # Withdrawn from the numbering (a Withdrawn value) and the number it had (migration 0022).
+    withdrawn: Optional[str] = Field(default=None, max_length=16)
+    withdrawn_number: Optional[int] = None
+    # The blind solve (VERIFY): a Verdict, the choice the solver picked (an index into
+    # `choices` as stored) and the call that solved it; all NULL when never verified.
+    verdict: Optional[str] = Field(default=None, max_length=16)
+    solved_index: Optional[int] = None
+    verify_call_id: Optional[int] = None
 
 
 class Call(SQLModel, table=True):
@@ -266,6 +299,8 @@ class Call(SQLModel, table=True):
     reserved_usd: float = 0.0
     usage_estimated: bool = False
     price_known: bool = True
+    # A CallKind; NULL for a generation call (migration 0022).
+    kind: Optional[str] = Field(default=None, max_length=16)
     started_at: float
     finished_at: Optional[float] = None
 

@@ -360,7 +360,7 @@ class Reports(StoreBase):
             tokens, questions = conn.execute(
                 select(func.coalesce(func.sum(K.c.completion_tokens), 0),
                        func.coalesce(func.sum(K.c.questions_stored), 0))
-                .where(K.c.outcome == CallOutcome.used.value,
+                .where(K.c.outcome == CallOutcome.used.value, K.c.kind.is_(None),
                        K.c.usage_estimated.is_(False))).one()
         return tokens / questions if questions else None
 
@@ -374,7 +374,7 @@ class Reports(StoreBase):
         def per_question(where: Any) -> list[float]:
             rows = conn.execute(
                 select(K.c.completion_tokens, K.c.requested)
-                .where(where, K.c.outcome == CallOutcome.used.value,
+                .where(where, K.c.outcome == CallOutcome.used.value, K.c.kind.is_(None),
                        K.c.usage_estimated.is_(False), K.c.requested > 0)
                 .order_by(K.c.id.desc()).limit(limit)).all()
             return [tokens / requested for tokens, requested in rows]
@@ -454,7 +454,8 @@ class Reports(StoreBase):
 
         A done slice counts its target as stored: its range is full by construction (a slice
         is set done only when its range holds its target, and nothing deletes a question
-        without deleting its slice too: --regenerate, prune), so only the questions of the
+        without deleting its slice too: --regenerate, prune; withdrawing one from a done
+        slice sets it pending again, Store.withdraw), so only the questions of the
         slices still open are counted, each from the unique index on its range. That keeps
         a finished exam's questions out of every read here."""
         if not exams:

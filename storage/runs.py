@@ -341,6 +341,9 @@ class Runs(Ledger):
                                       .where(S.c.exam == run.exam)).scalar_one()
             done = conn.execute(select(func.count()).select_from(Q).where(
                 Q.c.exam == run.exam,
+                # Withdrawn questions (VERIFY=replace) count as their call stored them: an
+                # event's figures never change once streamed (a resumed stream's parts
+                # equal the whole); `min(done, target)` caps them.
                 (Q.c.call_id <= after) | Q.c.call_id.is_(None))).scalar_one()
             window = self._window(conn, run)
             cost = conn.execute(select(func.coalesce(func.sum(K.c.cost_usd), 0.0)).where(
