@@ -12,12 +12,13 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 
 from storage.db import READ_ONLY, db_now
-from storage.models import Call, CallOutcome, ChapterState, Slice, Exam, Question
+from storage.models import Call, CallOutcome, ChapterState, Slice, Exam, Question, QuestionEdit
 
 E = Exam.__table__  # type: ignore[attr-defined]
 S = Slice.__table__  # type: ignore[attr-defined]
 Q = Question.__table__  # type: ignore[attr-defined]
 K = Call.__table__  # type: ignore[attr-defined]
+QE = QuestionEdit.__table__  # type: ignore[attr-defined]
 
 ACTIVE_STATES = (ChapterState.pending.value, ChapterState.running.value)
 

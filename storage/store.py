@@ -18,7 +18,8 @@ It is split by concept, one module each: `planning` (what the producer records a
 `leases` (claims, the heartbeat, hand-backs), `ledger` (paid calls, budgets, committed
 batches), `recovery` (what the reconciler finds), `reports` (status and exports), `imports`
 (questions paid for elsewhere), `runs` (the HTTP API's runs and stored syllabi) and
-`housekeeping` (pruning finished exams), on top of `base`
+`housekeeping` (pruning finished exams) and `review` (a person's approve, reject and
+edit, with versions and history), on top of `base`
 (the tables, the database clock and the lease fence) and `types` (the value types they take
 and return, re-exported here).
 """
@@ -33,17 +34,18 @@ from storage.imports import Imports
 from storage.planning import DEFAULT_SLICE_QUESTIONS, EnqueuePlan, Planning, SliceRef
 from storage.recovery import LostAudit, Orphan, Recovery, RequeueReason, SliceKey
 from storage.reports import Reports
+from storage.review import ChapterReview, Review
 from storage.runs import RunActivity, RunEvent, RunRow, Runs
 from storage.types import (BatchRow, CallPlan, ChapterView, Claimed, Committed, NoRoom, NotClaimed,
                            NotClaimedReason, Planner, SendCheck, Steer, Usage, owner_of,
                            submission_of)
 
 
-class Store(Planning, Recovery, Reports, Imports, Housekeeping, Runs, Identity, Batches):
+class Store(Planning, Recovery, Reports, Imports, Housekeeping, Runs, Identity, Batches, Review):
     """All database access for exams, chapters, questions and calls."""
 
 
-__all__ = ["ACTIVE_STATES", "BUDGET_PAUSE_PREFIX", "BatchRow", "Batches", "DEFAULT_SLICE_QUESTIONS", "CallPlan",
+__all__ = ["ACTIVE_STATES", "BUDGET_PAUSE_PREFIX", "BatchRow", "Batches", "ChapterReview", "Review", "DEFAULT_SLICE_QUESTIONS", "CallPlan",
            "ChapterView", "Claimed", "Committed", "E", "EnqueuePlan", "K", "LostAudit",
            "NoRoom", "NotClaimed", "NotClaimedReason", "Orphan", "Planner", "Q",
            "RequeueReason", "RunActivity", "RunEvent", "RunRow", "S", "SendCheck", "SliceKey", "SliceRef",
