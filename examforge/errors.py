@@ -6,6 +6,7 @@
     │   ├── UnknownExam              no such exam
     │   ├── UnknownChapter           no such chapter in the exam (the API's 404)
     │   ├── UnknownQuestion          no such question in the exam (the API's 404)
+    │   ├── BadEdit                  a review's edit or note is invalid (the API's 422)
     │   ├── BadCursor                a page cursor no page gave
     │   ├── BadImportLine            a line of an import file is invalid: nothing imported
     │   ├── IdempotencyKeyReused     an Idempotency-Key came back with another request
@@ -115,6 +116,11 @@ class UnknownChapter(UserError):
 
 class UnknownQuestion(UserError):
     """Raised when a question id names no question of the exam."""
+
+
+class BadEdit(UserError):
+    """Raised when a review's edit names a field it cannot change or a value a question
+    cannot hold (two equal choices, an answer out of range, an unknown level)."""
 
 
 class BadCursor(UserError):

@@ -24,7 +24,7 @@ from typing import Any, Mapping
 from sqlalchemy import and_, func, insert, select, update
 from sqlalchemy.engine import Connection
 
-from examforge.errors import Conflict, UnknownChapter, UnknownQuestion, UserError, VersionConflict
+from examforge.errors import BadEdit, Conflict, UnknownChapter, UnknownQuestion, VersionConflict
 from examforge.output import ItemInvalid, check_item
 from examforge.syllabus import BLOOM_LEVELS, DIFFICULTIES
 from storage.base import QE, E, Q, S, StoreBase
@@ -213,7 +213,7 @@ class Review(StoreBase):
         changes nothing (not even the version)."""
         unknown = sorted(set(changes) - set(EDITABLE))
         if unknown:
-            raise UserError(f"{unknown[0]}: not a field an edit can change "
+            raise BadEdit(f"{unknown[0]}: not a field an edit can change "
                             f"({', '.join(EDITABLE)})")
         return self._act(slug, question_id, version, client, "edit", changes=changes)
 
@@ -221,7 +221,7 @@ class Review(StoreBase):
              *, changes: Mapping[str, Any] | None = None,
              note: str | None = None) -> dict[str, Any]:
         if note is not None and len(note) > MAX_NOTE_CHARS:
-            raise UserError(f"note: over {MAX_NOTE_CHARS} characters")
+            raise BadEdit(f"note: over {MAX_NOTE_CHARS} characters")
         with self._write() as conn:
             current = self._current(conn, slug, question_id)
             if current["version"] != version:
@@ -286,20 +286,20 @@ def _edit_values(current: Mapping[str, Any],
     merged = {name: changes.get(name, current[name]) for name in EDITABLE}
     for name in ("question", "explanation"):
         if isinstance(merged[name], str) and len(merged[name]) > MAX_TEXT_CHARS:
-            raise UserError(f"{name}: over {MAX_TEXT_CHARS} characters")
+            raise BadEdit(f"{name}: over {MAX_TEXT_CHARS} characters")
     if isinstance(merged["choices"], list) and any(
             isinstance(c, str) and len(c) > MAX_TEXT_CHARS for c in merged["choices"]):
-        raise UserError(f"choices: a choice over {MAX_TEXT_CHARS} characters")
+        raise BadEdit(f"choices: a choice over {MAX_TEXT_CHARS} characters")
     try:
         checked = check_item({k: merged[k] for k in EDITABLE[:4]})
     except ItemInvalid as exc:
-        raise UserError(str(exc)) from None
+        raise BadEdit(str(exc)) from None
     if not checked.explanation:
-        raise UserError("explanation: must be a non-empty string")
+        raise BadEdit("explanation: must be a non-empty string")
     for name, allowed in (("difficulty", DIFFICULTIES), ("bloom", BLOOM_LEVELS)):
         value = merged[name]
         if value is not None and value not in allowed:
-            raise UserError(f"{name}: must be one of {', '.join(allowed)}, or null")
+            raise BadEdit(f"{name}: must be one of {', '.join(allowed)}, or null")
     after = {"question": checked.question, "choices": list(checked.choices),
              "answer_index": checked.answer_index, "explanation": checked.explanation,
              "difficulty": merged["difficulty"], "bloom": merged["bloom"]}
