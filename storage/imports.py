@@ -89,6 +89,7 @@ class _Range:
     next_number: int
     room: int
     end: int  # the range's last number
+    target: int = 0  # the range's size
 
 
 class Imports(Ledger):
@@ -170,7 +171,7 @@ class Imports(Ledger):
             stored = min(r.stored, r.target)
             out.setdefault(r.chapter_id, []).append(_Range(
                 r.slice_no, r.first_number + stored, r.target - stored,
-                r.first_number + r.target - 1))
+                r.first_number + r.target - 1, r.target))
         return out
 
     def _import_chapter(self, conn: Connection, slug: str, chapter_id: str,
@@ -215,7 +216,10 @@ class Imports(Ledger):
         by_no = {r.slice_no: r for r in ranges}
         for slice_no, batch in batches.items():
             r = by_no[slice_no]
-            first = r.next_number
+            # The range's free numbers, lowest first (a withdrawn question's is one of them).
+            numbers = self._free_numbers(conn, slug, chapter_id, r.end - r.target + 1,
+                                         r.target)[:len(batch)]
+            first = numbers[0]
             call_id = conn.execute(insert(K).values(
                 exam=slug, chapter_id=chapter_id, slice_no=slice_no, attempt=0,
                 first_number=first, requested=len(batch), worker=IMPORT_MODEL,
@@ -230,10 +234,10 @@ class Imports(Ledger):
             # names only when they are known ones.
             self._questions_in_order(conn, slug)
             ids = conn.execute(insert(Q).returning(Q.c.id, sort_by_parameter_order=True), [
-                {"exam": slug, "chapter_id": chapter_id, "number": first + i,
+                {"exam": slug, "chapter_id": chapter_id, "number": n,
                  "norm_hash": h, "model": IMPORT_MODEL, "call_id": call_id, "created_at": now,
-                 **question_row(known_levels(balanced(q, slug, chapter_id, first + i)))}
-                for i, (q, h) in enumerate(batch)]).scalars().all()
+                 **question_row(known_levels(balanced(q, slug, chapter_id, n)))}
+                for n, (q, h) in zip(numbers, batch)]).scalars().all()
             # Indexed like generated questions, so that the model's repeats of them are caught.
             neardup.index(conn, slug, chapter_id, ids, [signed[h] for _, h in batch])
             done = r.room == 0

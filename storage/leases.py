@@ -90,7 +90,8 @@ class Leases(Ledger):
         claimed = Claimed(
             exam=slug, chapter_id=chapter_id, owner=owner, attempt=row.attempts,
             target=row.target,
-            stored=sum(1 for n, _ in numbers_texts if row.first_number <= n < last),
+            stored=sum(1 for n, _ in numbers_texts
+                       if n is not None and row.first_number <= n < last),
             known=frozenset(normalise(t) for _, t in numbers_texts),
             exam_title=row.exam_title, title=row.title, prompt=row.prompt,
             attempts_since_progress=row.attempts_since_progress, took_over_calls=took_over,

@@ -21,7 +21,7 @@ from storage import neardup
 from storage.base import (BUDGET_PAUSE_PREFIX, IN_FLIGHT_CALL, SLICE_KEY, E, K, Q, S, StoreBase,
                           lease_fence)
 from storage.db import READ_ONLY
-from storage.models import CallOutcome, CallReason, ChapterState, ExamState
+from storage.models import CallOutcome, CallReason, ChapterState, ExamState, Verdict
 from storage.types import (CallPlan, ChapterView, Claimed, Committed, NoRoom, Planner, SendCheck,
                            Steer, Usage)
 
@@ -318,12 +318,14 @@ class Ledger(StoreBase):
     def commit_batch(self, claim: Claimed, lease_s: float, call_id: int,
                      questions: Sequence[ParsedQuestion], *, model: str, usage: Usage,
                      note: str = "", plan_next: Planner | None = None,
-                     near_dup: Checker | None = None, steer: Steer | None = None) -> Committed:
+                     near_dup: Checker | None = None, steer: Steer | None = None,
+                     verify: bool = False) -> Committed:
         """Store one call's questions and its usage atomically, only while holding the lease.
 
-        The questions are numbered on from the slice's stored count as read inside the
-        transaction (the lease holder is the only writer of its range, so the numbers stay
-        contiguous). A question whose normalised text the chapter already has, stored by
+        The questions take the lowest numbers of the slice's range that no question holds, as
+        read inside the transaction (the lease holder is the only writer of its range; a
+        withdrawn question's number is free again, see `Store.withdraw`). With `verify`,
+        they are stored with the verdict `pending`, awaiting their blind solve. A question whose normalised text the chapter already has, stored by
         another of its slices since this one's claim, is dropped (UNIQUE(exam, chapter_id,
         norm_hash) makes storing it twice impossible whichever slices race); a batch left with
         none stores nothing and its call is booked as wasted (invalid output).
@@ -349,7 +351,8 @@ class Ledger(StoreBase):
                         return self._commit(conn, claim, lease_s, call_id, questions, hashes,
                                             model=model, usage=usage, note=note,
                                             plan_next=plan_next, recheck=attempt > 0,
-                                            near_dup=near_dup, signed=signed, steer=steer)
+                                            near_dup=near_dup, signed=signed, steer=steer,
+                                            verify=verify)
                 except IntegrityError as exc:
                     # Another slice committed one of these questions after our check read
                     # the chapter (PostgreSQL: its transaction was open): check again.
@@ -374,13 +377,29 @@ class Ledger(StoreBase):
                 pass  # still down: the takeover will mark it wasted
             raise
 
+    def _free_numbers(self, conn: Connection, exam: str, chapter_id: str, first: int,
+                      target: int) -> list[int]:
+        """The numbers of the range `first`..`first + target - 1` no question holds, lowest
+        first: the range's count is `target` minus these. A withdrawn question holds none
+        (its number is NULL), so its number is the first a replacement takes."""
+        taken = set(conn.execute(self._stmt("slice_numbers", lambda: (
+            select(Q.c.number).where(
+                Q.c.exam == bindparam("k_exam"), Q.c.chapter_id == bindparam("k_chapter"),
+                Q.c.number >= bindparam("k_first"),
+                Q.c.number < bindparam("k_first") + bindparam("k_target")))),
+            {"k_exam": exam, "k_chapter": chapter_id, "k_first": first,
+             "k_target": target}).scalars())
+        return [n for n in range(first, first + target) if n not in taken]
+
     def _commit(self, conn: Connection, claim: Claimed, lease_s: float, call_id: int,
                 questions: Sequence[ParsedQuestion], hashes: list[str], *, model: str,
                 usage: Usage, note: str, plan_next: Planner | None,
                 recheck: bool = False, near_dup: Checker | None = None,
                 signed: Sequence[neardup.Signed] | None = None,
-                steer: Steer | None = None) -> Committed:
+                steer: Steer | None = None, verify: bool = False) -> Committed:
         self._exam_first(conn, claim.exam)
+        # Under VERIFY, each question is stored awaiting its blind solve (runner.verify).
+        pending = Verdict.pending.value if verify else None
         key = {"k_exam": claim.exam, "k_chapter": claim.chapter_id, "k_slice": claim.slice_no}
         # The fence: this row is ours only while the lease is. It also locks the row, so the
         # target it returns cannot change before we commit.
@@ -425,24 +444,21 @@ class Ledger(StoreBase):
                 note = ", ".join(filter(None, [note, f"{near} {Rejection.near_duplicate.value} "
                                                      "rejected"]))
         kept = [(questions[i], hashes[i]) for i in keep]
-        stored = conn.execute(self._stmt("slice_stored", lambda: (
-            select(func.count()).select_from(Q).where(
-                Q.c.exam == bindparam("k_exam"), Q.c.chapter_id == bindparam("k_chapter"),
-                Q.c.number >= bindparam("k_first"),
-                Q.c.number < bindparam("k_first") + bindparam("k_target")))),
-            {**key, "k_first": first, "k_target": target}).scalar_one()
+        free = self._free_numbers(conn, claim.exam, claim.chapter_id, first, target)
+        stored = target - len(free)
         # A reply may hold more new questions than the slice lacks: the first ones it needs.
         surplus = max(0, len(kept) - max(0, target - stored))
         if surplus:
             kept, keep = kept[:len(kept) - surplus], keep[:len(keep) - surplus]
             note = ", ".join(filter(None, [note, f"{surplus} beyond the target not stored"]))
         if kept:
+            # The lowest free numbers of the range: a withdrawn question's number is one.
             rows = [
                 {"exam": claim.exam, "chapter_id": claim.chapter_id,
-                 "number": first + stored + i, "norm_hash": h, "model": model,
-                 "call_id": call_id, "created_at": now,
-                 **question_row(balanced(q, claim.exam, claim.chapter_id, first + stored + i))}
-                for i, (q, h) in enumerate(kept)]
+                 "number": n, "norm_hash": h, "model": model,
+                 "call_id": call_id, "created_at": now, "verdict": pending,
+                 **question_row(balanced(q, claim.exam, claim.chapter_id, n))}
+                for n, (q, h) in zip(free, kept)]
             self._questions_in_order(conn, claim.exam)
             if signed is None:
                 conn.execute(self._stmt("insert_questions", lambda: insert(Q)), rows)

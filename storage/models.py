@@ -51,6 +51,23 @@ class ChapterState(str, Enum):
     cancelled = "cancelled"
 
 
+class Withdrawn(str, Enum):
+    """Why a question left its chapter's numbering (migration 0022): it stays in the database
+    (for review) with `number` NULL and its old number in `withdrawn_number`, out of the
+    slice's count and of every export, and its number is free for a replacement."""
+
+    disputed = "disputed"  # the blind solve disagreed with its key (VERIFY=replace)
+    rejected = "rejected"  # a reviewer rejected it
+
+
+class Verdict(str, Enum):
+    """What the blind solve said of a question's key (VERIFY; NULL: never verified)."""
+
+    pending = "pending"  # stored, its solve not booked yet (sent, or to be sent)
+    agreed = "agreed"  # the solver chose the key
+    disputed = "disputed"  # the solver chose another choice
+
+
 class CallOutcome(str, Enum):
     in_flight = "in_flight"  # recorded before the request is sent
     used = "used"  # its questions were committed
@@ -189,7 +206,8 @@ class Question(SQLModel, table=True):
     id: Optional[int] = Field(default=None, primary_key=True)
     exam: str = Field(max_length=64)
     chapter_id: str = Field(max_length=64)
-    number: int
+    # NULL once withdrawn (Withdrawn): UNIQUE never compares NULLs, so the number is free.
+    number: Optional[int] = Field(default=None, nullable=True)
     question: str = Field(sa_column=Column(Text, nullable=False))
     choices: str = Field(sa_column=Column(Text, nullable=False))  # JSON list of 4 strings
     answer_index: int
@@ -201,6 +219,14 @@ class Question(SQLModel, table=True):
     model: str = Field(default="", max_length=128)
     call_id: Optional[int] = None
     created_at: float
+    # Withdrawn from the numbering (a Withdrawn value) and the number it had (migration 0022).
+    withdrawn: Optional[str] = Field(default=None, max_length=16)
+    withdrawn_number: Optional[int] = None
+    # The blind solve (VERIFY): a Verdict, the choice the solver picked (an index into
+    # `choices` as stored) and the call that solved it; all NULL when never verified.
+    verdict: Optional[str] = Field(default=None, max_length=16)
+    solved_index: Optional[int] = None
+    verify_call_id: Optional[int] = None
     # A person's review (migration 0023, storage.review): ReviewState, and the version every
     # review action checks and bumps (optimistic concurrency: a save made from an older
     # version is refused, never applied over a newer one). Who acted last and when; each

@@ -27,8 +27,9 @@ from sqlalchemy.engine import Connection
 from examforge.errors import BadEdit, Conflict, UnknownChapter, UnknownQuestion, VersionConflict
 from examforge.output import ItemInvalid, check_item
 from examforge.syllabus import BLOOM_LEVELS, DIFFICULTIES
-from storage.base import QE, E, Q, S, StoreBase
-from storage.models import ReviewState
+from storage.base import QE, E, Q, S
+from storage.models import ReviewState, Verdict, Withdrawn
+from storage.verdicts import Verdicts
 
 # The fields an edit may change, in the order they are shown.
 EDITABLE = ("question", "choices", "answer_index", "explanation", "difficulty", "bloom")
@@ -84,7 +85,10 @@ def _row_view(r: Any) -> dict[str, Any]:
             source = json.loads(source)
         except ValueError:
             pass
-    return {"id": r.id, "exam": r.exam, "chapter_id": r.chapter_id, "number": r.number,
+    return {"id": r.id, "exam": r.exam, "chapter_id": r.chapter_id,
+            # A withdrawn question has no number any more: the one it had.
+            "number": r.number if r.number is not None else r.withdrawn_number,
+            "withdrawn": r.withdrawn,
             "question": r.question, "choices": json.loads(r.choices),
             "answer_index": r.answer_index, "explanation": r.explanation,
             "difficulty": r.difficulty, "bloom": r.bloom, "model": r.model,
@@ -95,7 +99,7 @@ def _row_view(r: Any) -> dict[str, Any]:
             "reviewed_at": r.reviewed_at, "edited": bool(r.edits)}
 
 
-class Review(StoreBase):
+class Review(Verdicts):
     """Review states, versions and the edit history of questions."""
 
     def _columns(self) -> list[Any]:
@@ -105,7 +109,7 @@ class Review(StoreBase):
         cols = [Q.c.id, Q.c.exam, Q.c.chapter_id, Q.c.number, Q.c.question, Q.c.choices,
                 Q.c.answer_index, Q.c.explanation, Q.c.difficulty, Q.c.bloom, Q.c.model,
                 Q.c.created_at, Q.c.review, Q.c.version, Q.c.reviewed_by, Q.c.reviewed_at,
-                edits]
+                Q.c.withdrawn, Q.c.withdrawn_number, edits]
         cols += [c for c in (_verdict_col(), _source_col()) if c is not None]
         return cols
 
@@ -134,7 +138,7 @@ class Review(StoreBase):
             if verdict is not None:
                 disputed = {c: int(n) for c, n in conn.execute(
                     select(Q.c.chapter_id, func.count()).where(
-                        Q.c.exam == slug, verdict == "disputed",
+                        Q.c.exam == slug, verdict == Verdict.disputed.value,
                         Q.c.review != ReviewState.rejected.value)
                     .group_by(Q.c.chapter_id))}
         out = []
@@ -151,7 +155,9 @@ class Review(StoreBase):
 
     def chapter_questions(self, slug: str, chapter_id: str) -> tuple[str, list[dict[str, Any]]]:
         """The chapter's title and its questions for review, by number: those in the bank
-        (up to its target), then those rejected (out of the bank, kept for the record)."""
+        (up to its target), then those withdrawn from it (rejected by a reviewer, or disputed
+        by the blind solve under VERIFY=replace), kept for the record, by the number they
+        had."""
         with self._read() as conn:
             self._require_exam(conn, slug)
             title = conn.execute(select(S.c.title).where(
@@ -166,8 +172,8 @@ class Review(StoreBase):
             gone = conn.execute(
                 select(*self._columns()).where(
                     Q.c.exam == slug, Q.c.chapter_id == chapter_id,
-                    Q.c.review == ReviewState.rejected.value)
-                .order_by(Q.c.reviewed_at, Q.c.id)).all()
+                    Q.c.number.is_(None) | (Q.c.review == ReviewState.rejected.value))
+                .order_by(Q.c.withdrawn_number, Q.c.id)).all()
         return title, [_row_view(r) for r in (*in_bank, *gone)]
 
     def review_question(self, slug: str, question_id: int) -> dict[str, Any]:
@@ -227,12 +233,16 @@ class Review(StoreBase):
             if current["version"] != version:
                 raise self._conflict(current, version)
             state = current["review"]
+            verb = "approved" if action == "approve" else "edited"
             if state == ReviewState.rejected.value:
                 if action == "reject":
                     return current  # already so
                 raise Conflict(f"question {question_id} of exam {slug} was rejected: it is "
-                               "out of its chapter and cannot be "
-                               f"{'approved' if action == 'approve' else 'edited'}")
+                               f"out of its chapter and cannot be {verb}")
+            if current["withdrawn"] is not None and action != "reject":
+                raise Conflict(f"question {question_id} of exam {slug} was withdrawn from its "
+                               f"chapter ({current['withdrawn']}) and a replacement takes its "
+                               f"number: it cannot be {verb}")
             values: dict[str, Any] = {}
             diff: dict[str, list[Any]] | None = None
             if action == "approve":
@@ -266,10 +276,11 @@ class Review(StoreBase):
             return self._current(conn, slug, question_id)
 
     def _withdraw_rejected(self, conn: Connection, slug: str, question_ids: list[int]) -> None:
-        """Take rejected questions out of their chapter's numbering, in the rejecting
-        transaction, so that the next enqueue generates their numbers again (the blind
-        solve's withdrawal). Until that exists here, a rejected question stays in its number
-        and is only kept out of every export and count of the bank."""
+        """Take rejected questions out of their chapter's numbering in the rejecting
+        transaction (Store.withdraw's, reason `rejected`): their numbers are free and a done
+        slice that held one is pending again, so the next enqueue generates exactly the
+        missing numbers."""
+        self._withdraw(conn, slug, question_ids, Withdrawn.rejected)
 
     @staticmethod
     def _conflict(current: dict[str, Any], version: int) -> VersionConflict:

@@ -340,7 +340,7 @@ class Runs(Ledger):
                 target = conn.execute(select(func.coalesce(func.sum(S.c.target), 0))
                                       .where(S.c.exam == run.exam)).scalar_one()
             done = conn.execute(select(func.count()).select_from(Q).where(
-                Q.c.exam == run.exam,
+                Q.c.exam == run.exam, Q.c.number.is_not(None),  # not withdrawn
                 (Q.c.call_id <= after) | Q.c.call_id.is_(None))).scalar_one()
             window = self._window(conn, run)
             cost = conn.execute(select(func.coalesce(func.sum(K.c.cost_usd), 0.0)).where(

@@ -17,9 +17,10 @@ The rules it enforces:
 It is split by concept, one module each: `planning` (what the producer records and enqueues),
 `leases` (claims, the heartbeat, hand-backs), `ledger` (paid calls, budgets, committed
 batches), `recovery` (what the reconciler finds), `reports` (status and exports), `imports`
-(questions paid for elsewhere), `runs` (the HTTP API's runs and stored syllabi) and
-`housekeeping` (pruning finished exams) and `review` (a person's approve, reject and
-edit, with versions and history), on top of `base`
+(questions paid for elsewhere), `runs` (the HTTP API's runs and stored syllabi), `verdicts` (questions withdrawn from
+the numbering, the blind solve's verdicts), `review` (a person's approve, reject and edit,
+with versions and history) and
+`housekeeping` (pruning finished exams), on top of `base`
 (the tables, the database clock and the lease fence) and `types` (the value types they take
 and return, re-exported here).
 """
@@ -36,12 +37,15 @@ from storage.recovery import LostAudit, Orphan, Recovery, RequeueReason, SliceKe
 from storage.reports import Reports
 from storage.review import ChapterReview, Review
 from storage.runs import RunActivity, RunEvent, RunRow, Runs
+from storage.verdicts import Verdicts, Withdrawal
+from storage.models import Verdict, Withdrawn
 from storage.types import (BatchRow, CallPlan, ChapterView, Claimed, Committed, NoRoom, NotClaimed,
                            NotClaimedReason, Planner, SendCheck, Steer, Usage, owner_of,
                            submission_of)
 
 
-class Store(Planning, Recovery, Reports, Imports, Housekeeping, Runs, Identity, Batches, Review):
+class Store(Planning, Recovery, Reports, Imports, Housekeeping, Runs, Identity, Batches,
+            Review, Verdicts):
     """All database access for exams, chapters, questions and calls."""
 
 
@@ -49,4 +53,5 @@ __all__ = ["ACTIVE_STATES", "BUDGET_PAUSE_PREFIX", "BatchRow", "Batches", "Chapt
            "ChapterView", "Claimed", "Committed", "E", "EnqueuePlan", "K", "LostAudit",
            "NoRoom", "NotClaimed", "NotClaimedReason", "Orphan", "Planner", "Q",
            "RequeueReason", "RunActivity", "RunEvent", "RunRow", "S", "SendCheck", "SliceKey", "SliceRef",
-           "Steer", "Store", "Usage", "owner_of", "slice_where", "submission_of"]
+           "Steer", "Store", "Usage", "Verdict", "Withdrawal", "Withdrawn", "owner_of",
+           "slice_where", "submission_of"]

@@ -212,10 +212,14 @@ class ReviewQuestion(BaseModel):
     model: str
     created_at: str
     verdict: str | None = Field(
-        description="The blind solve's verdict (e.g. agreed, disputed); null when it was "
+        description="The blind solve's verdict (pending, agreed, disputed); null when it was "
                     "not verified.")
     source: Any = Field(description="The passage of the course's material it cites (file, "
                                     "page or heading, passage); null when none.")
+    withdrawn: str | None = Field(
+        description="Why it left its chapter's numbering (rejected, or disputed under "
+                    "VERIFY=replace; `number` is the one it had and a replacement takes), or "
+                    "null while it is in the bank.")
     review: str = Field(description="unreviewed, approved or rejected")
     version: int = Field(description="Bumped by every review action; a change names the "
                                      "version it was made from (If-Match or `version`).")

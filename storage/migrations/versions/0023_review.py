@@ -1,7 +1,7 @@
 """question review: a review state and version per question, and the table of review actions
 
 Revision ID: 0023
-Revises: 0020
+Revises: 0022
 A person reviews questions before export (storage.review): each question gets `review`
 (unreviewed, approved, rejected), `version` (checked and bumped by every review action, so
 that of two reviewers saving the same question the second is refused with 409, never applied
@@ -15,7 +15,7 @@ import sqlalchemy as sa
 
 
 revision = '0023'
-down_revision = '0020'
+down_revision = '0022'
 branch_labels = None
 depends_on = None
 
