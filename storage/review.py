@@ -129,10 +129,10 @@ class Review(Verdicts):
                     .select_from(Q.join(S, _in_range())).where(Q.c.exam == slug)
                     .group_by(Q.c.chapter_id, Q.c.review)):
                 counts[(chapter_id, review)] = int(n)
-            rejected = dict(conn.execute(
+            rejected = {c: int(n) for c, n in conn.execute(
                 select(Q.c.chapter_id, func.count()).where(
                     Q.c.exam == slug, Q.c.review == ReviewState.rejected.value)
-                .group_by(Q.c.chapter_id)).all())
+                .group_by(Q.c.chapter_id))}
             verdict = _verdict_col()
             disputed: dict[str, int] | None = None
             if verdict is not None:
