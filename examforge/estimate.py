@@ -6,13 +6,15 @@ same tokenizer as a real call, including its "do not repeat" list. The completio
 figures: the worst case (every call uses all of its max_tokens: what the budget reserves) and
 an expectation from the completion tokens per question this database has already seen (or
 DEFAULT_COMPLETION_PER_QUESTION before it has seen any). Both assume every reply is complete;
-re-asks after invalid or short replies add calls.
+re-asks after invalid or short replies add calls. With VERIFY, each call's blind solve is
+counted too (`Solves`), and the totals include it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from examforge import verify
 from examforge.prices import Price
 from examforge.prompt import build_messages
 from examforge.settings import Settings
@@ -28,6 +30,15 @@ DEFAULT_COMPLETION_PER_QUESTION = 150
 _PLACEHOLDER = ("A team is moving a busy service to managed infrastructure this quarter; which "
                 "of the following choices best protects its availability while keeping the "
                 "running cost predictable?")
+
+
+# A solve's reply per question, {"n": 1, "choice": "B"}, in tokens.
+EXPECTED_ANSWER_TOKENS = 10
+# Four typical choices, for a blind solve's prompt (examforge.verify).
+_CHOICES = ("Review the configuration against the documented baseline every quarter",
+            "Leave the default settings as they are and revisit them only after an outage",
+            "Grant every team administrator rights so that nobody is blocked",
+            "Disable the monitoring alerts that fire most often to reduce the noise")
 
 
 def _placeholder(samples: list[str]) -> str:
@@ -48,6 +59,45 @@ class ChapterEstimate:
 
 
 @dataclass
+class Solves:
+    """The blind solves VERIFY adds: one call per generation call, of its questions. Under
+    `replace` each disputed question is generated and solved again: not counted here (the
+    share of disputed keys is the model's own)."""
+
+    mode: str
+    model: str
+    price: Price
+    calls: int = 0
+    prompt_tokens: int = 0
+    max_completion_tokens: int = 0
+    questions: int = 0
+
+    @property
+    def expected_completion_tokens(self) -> int:
+        return self.calls * verify.SOLVE_TOKENS_OVERHEAD // 4 + self.questions * EXPECTED_ANSWER_TOKENS
+
+    @property
+    def worst_usd(self) -> float:
+        prompt = reserve_prompt_tokens(self.prompt_tokens, self.model)
+        return self.price.cost_usd(prompt, self.max_completion_tokens)
+
+    @property
+    def expected_usd(self) -> float:
+        return self.price.cost_usd(self.prompt_tokens, self.expected_completion_tokens)
+
+    def as_dict(self) -> dict[str, object]:
+        return {"mode": self.mode, "model": self.model, "calls": self.calls,
+                "questions": self.questions, "prompt_tokens": self.prompt_tokens,
+                "max_completion_tokens": self.max_completion_tokens,
+                "expected_completion_tokens": self.expected_completion_tokens,
+                "price": {"prompt_per_mtok": self.price.prompt_per_mtok,
+                          "completion_per_mtok": self.price.completion_per_mtok,
+                          "source": self.price.source, "known": self.price.known},
+                "worst_usd": round(self.worst_usd, 6),
+                "expected_usd": round(self.expected_usd, 6)}
+
+
+@dataclass
 class Estimate:
     exam: str
     model: str
@@ -60,6 +110,8 @@ class Estimate:
     # The models that may serve calls: a prompt not counted exactly by all of them is reserved
     # with the margin, as a call's own reservation is (examforge.tokens.reserve_prompt_tokens).
     models: tuple[str, ...] = ()
+    # VERIFY: one blind solve per generation call, of its questions (runner.verify).
+    verify: Solves | None = None
 
     @property
     def calls(self) -> int:
@@ -83,12 +135,15 @@ class Estimate:
 
     @property
     def worst_usd(self) -> float:
+        """Generation and blind solves (VERIFY), at worst case."""
         prompt = reserve_prompt_tokens(self.prompt_tokens, *(self.models or (self.model,)))
-        return (self.worst_price or self.price).cost_usd(prompt, self.max_completion_tokens)
+        return ((self.worst_price or self.price).cost_usd(prompt, self.max_completion_tokens)
+                + (self.verify.worst_usd if self.verify else 0.0))
 
     @property
     def expected_usd(self) -> float:
-        return self.price.cost_usd(self.prompt_tokens, self.expected_completion_tokens)
+        return (self.price.cost_usd(self.prompt_tokens, self.expected_completion_tokens)
+                + (self.verify.expected_usd if self.verify else 0.0))
 
     def as_dict(self) -> dict[str, object]:
         return {"exam": self.exam, "model": self.model, "tokenizer": self.tokenizer,
@@ -104,6 +159,7 @@ class Estimate:
                           "source": self.price.source, "known": self.price.known},
                 "worst_usd": round(self.worst_usd, 6),
                 "expected_usd": round(self.expected_usd, 6),
+                "verify": self.verify.as_dict() if self.verify else None,
                 "chapters": [c.__dict__ for c in self.chapters]}
 
 
@@ -138,6 +194,12 @@ def estimate(slug: str, syllabus: Syllabus, settings: Settings, *,
         worst_price=worst,
         models=(model,) + ((settings.llm_fallback_model or model,)
                            if settings.llm_fallback_base_url else ()))
+    solver = None
+    if settings.verify != "off" and not batch:  # batch mode sends no blind solve
+        vs = settings.verify_settings()
+        est.verify = Solves(settings.verify, vs.llm_model,
+                            vs.price().scaled(vs.tier_factor(vs.service_tier), vs.service_tier))
+        solver = est.verify
     for chapter in syllabus.chapters:
         texts = list(stored.get(chapter.id, []))
         ch = ChapterEstimate(chapter.id, stored=len(texts), target=chapter.questions)
@@ -156,6 +218,13 @@ def estimate(slug: str, syllabus: Syllabus, settings: Settings, *,
                 ch.calls += 1
                 ch.prompt_tokens += count_messages(messages, model)
                 ch.max_completion_tokens += settings.max_tokens(want)
+                if solver is not None:  # the batch's blind solve (runner.verify)
+                    solver.calls += 1
+                    solver.questions += want
+                    solver.prompt_tokens += count_messages(
+                        verify.build_messages([verify.item(placeholder, _CHOICES)] * want),
+                        solver.model)
+                    solver.max_completion_tokens += verify.max_tokens(want)
                 have += want
                 avoid = (avoid + [placeholder] * want)[-20:]
         est.chapters.append(ch)

@@ -158,6 +158,9 @@ class LLMClient:
         self._settings = settings
         self._clock = clock
         limiters = limiters or local_limiters()
+        # Another client of the same process (the blind solver's, runner.verify) is built on
+        # the same factory: an endpoint both call is under one limiter.
+        self.limiters = limiters
         self._primary = self._endpoint(
             settings.llm_base_url, settings.llm_api_key, settings.llm_model, transport,
             limiters, Limits(settings.llm_rpm, settings.llm_tpm, settings.llm_rate_burst_s),

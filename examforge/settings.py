@@ -347,6 +347,66 @@ class Settings(BaseSettings):
         description="How far back of a submission's own time recovery pages the provider's "
                     "batch list (the provider's clock may differ from the database's).")
 
+    # --- verification (issue 20; runner.verify, README "Verification")
+    verify: Literal["off", "flag", "replace"] = Field(
+        "off",
+        description="Blind-solve each new question (its choices reordered, without key or "
+                    "explanation) and compare the solver's answer with the key: off; flag "
+                    "(disputed questions are stored marked as such); replace (disputed "
+                    "questions are withdrawn from the count and the exports, kept for review, "
+                    "and replacements are generated up to the target).")
+    verify_model: str | None = Field(
+        None, description="The solver's model; default LLM_MODEL.")
+    verify_base_url: str | None = Field(
+        None, description="The solver's OpenAI-compatible endpoint; default LLM_BASE_URL.")
+    verify_api_key: SecretStr = Field(
+        SecretStr(""), description="Bearer token for VERIFY_BASE_URL; empty: LLM_API_KEY.")
+    verify_price_prompt_per_mtok: float | None = Field(
+        None, ge=0, description="USD per million prompt tokens of the solver; unset: "
+                                "LLM_PRICE_* for the same model, else the price data's.")
+    verify_price_completion_per_mtok: float | None = Field(
+        None, ge=0, description="USD per million completion tokens of the solver (as above).")
+
+    @field_validator("verify_base_url")
+    @classmethod
+    def _verify_url(cls, v: str | None) -> str | None:
+        if not v:
+            return None
+        if not v.startswith(("http://", "https://")):
+            raise ValueError("must be an http:// or https:// URL")
+        return v
+
+    @field_validator("verify_model", "verify_price_prompt_per_mtok",
+                     "verify_price_completion_per_mtok", mode="before")
+    @classmethod
+    def _verify_empty(cls, v: object) -> object:
+        return None if v == "" else v
+
+    def verify_settings(self) -> "Settings":
+        """The settings of the solver's client: LLM_* with VERIFY_MODEL, VERIFY_BASE_URL and
+        its key and prices in their place, no fallback, and a reply format of JSON object (the
+        questions' schema is not a solve's). Its rate limits are LLM_RPM/LLM_TPM when it
+        shares the generation endpoint and model (one shared limiter then), none otherwise."""
+        model = self.verify_model or self.llm_model
+        base = self.verify_base_url or self.llm_base_url
+        same_model = model == self.llm_model
+        same = same_model and base.rstrip("/") == self.llm_base_url.rstrip("/")
+        key = self.verify_api_key if self.verify_api_key.get_secret_value() else self.llm_api_key
+        prompt = self.verify_price_prompt_per_mtok
+        completion = self.verify_price_completion_per_mtok
+        if prompt is None and completion is None and same_model:
+            prompt, completion = self.llm_price_prompt_per_mtok, self.llm_price_completion_per_mtok
+        return self.model_copy(update={
+            "llm_model": model, "llm_base_url": base, "llm_api_key": key,
+            "llm_price_prompt_per_mtok": prompt, "llm_price_completion_per_mtok": completion,
+            "llm_price_cached_prompt_per_mtok": (self.llm_price_cached_prompt_per_mtok
+                                                 if same_model else None),
+            "llm_fallback_base_url": None,
+            "llm_response_format": "none" if self.response_format == "none" else "json_object",
+            "llm_rpm": self.llm_rpm if same else None, "llm_tpm": self.llm_tpm if same else None,
+            "llm_service_tier": self.llm_service_tier if same else "auto",
+        })
+
     @field_validator("llm_base_url", "llm_fallback_base_url")
     @classmethod
     def _http_url(cls, v: str | None, info: ValidationInfo) -> str | None:

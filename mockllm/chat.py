@@ -43,6 +43,7 @@ from mockllm.replies import (
     oversized_payload,
     render_content,
 )
+from mockllm.solve import solve
 from mockllm.state import MockState
 from mockllm.usage import UsageRecord
 
@@ -334,6 +335,8 @@ class ChatEngine:
                 completion_id, call.model, call.prompt_tokens, config.oversized_bytes, config.omit_usage,
                 call.service_tier)
             return Completion(payload, Content("", "length"), tokens, "length")
+        if call.prompt.solve_text is not None:
+            return self._solve(call, outcome, completion_id)
         items = state.mint_items(call.prompt, question_count(outcome, call.prompt.count, config.questions_per_reply))
         items = labelled(items, call.prompt)
         if call.schema is not None:
@@ -356,6 +359,30 @@ class ChatEngine:
             message["content"], message["refusal"] = None, REFUSAL_CONTENT
         elif outcome == "list_content":
             message["content"] = as_parts(content.text)
+        cached = self._cached_tokens(call, payload)
+        return Completion(payload, content, tokens, content.finish_reason, cached)
+
+    def _solve(self, call: ChatCall, outcome: str, completion_id: str) -> Completion:
+        """A blind solve's reply: truthful answers at ``solver_error_rate`` (mockllm.solve);
+        the output faults that leave nothing readable (malformed, empty, refusal, truncated)
+        are served as such, the others as ok."""
+        state, config = self.state, self.state.config
+        solved = solve(call.prompt.solve_text or "", config.seed, config.solver_error_rate)
+        text, finish = solved.content, "stop"
+        if outcome == "malformed" or outcome == "refusal":
+            text = "I cannot help with that." if outcome == "refusal" else "answers: B, A"
+        elif outcome == "empty":
+            text = ""
+        elif outcome == "truncated":
+            text, finish = text[: len(text) // 2], "length"
+        else:
+            state.solves += 1
+            state.solved_questions += solved.answers
+            state.solver_errors += solved.errors
+        content, tokens, cut = cut_at_max_tokens(Content(text, finish), call.model, call.max_tokens)
+        tokens = round(tokens * config.usage_factor)
+        payload = completion_payload(completion_id, call.model, content.text, content.finish_reason,
+                                     call.prompt_tokens, tokens, config.omit_usage, call.service_tier)
         cached = self._cached_tokens(call, payload)
         return Completion(payload, content, tokens, content.finish_reason, cached)
 

@@ -150,6 +150,16 @@ class MockConfig:
                        "prompt's 'do not repeat' list shows becomes a new question instead"))
     answer_position: int | None = field(
         default=None, metadata=_help("put the correct choice always at this index 0..3", unset="spread"))
+    wrong_key_rate: float = field(
+        default=0.0,
+        metadata=_help("share (0..1) of generated questions whose answer_index points at a wrong "
+                       "choice (drawn per question; the question and its choices are unchanged)"))
+    # --- blind solves (VERIFY): a request whose prompt starts with examforge's solve header
+    solver_error_rate: float = field(
+        default=0.0,
+        metadata=_help("share (0..1) of blind-solve answers that pick a wrong choice; the others "
+                       "pick the true answer, known from the choices the mock wrote, never from "
+                       "a key"))
     # --- service tiers (service_tier on chat requests)
     flex_latency_factor: float = field(
         default=3.0, metadata=_help("service_tier flex requests take this many times latency_s"))
@@ -219,6 +229,8 @@ class MockConfig:
         self.answer_position = _optional_int(self.answer_position, "answer_position", 0)
         if self.answer_position is not None and self.answer_position > 3:
             raise ValueError("answer_position must be 0..3 or null")
+        self.wrong_key_rate = _fraction(self.wrong_key_rate, "wrong_key_rate")
+        self.solver_error_rate = _fraction(self.solver_error_rate, "solver_error_rate")
         self.flex_latency_factor = _non_negative_float(self.flex_latency_factor, "flex_latency_factor")
         self.flex_unavailable_rate = _fraction(self.flex_unavailable_rate, "flex_unavailable_rate")
         self.batch_validation_s = _non_negative_float(self.batch_validation_s, "batch_validation_s")

@@ -12,6 +12,10 @@ from typing import Any
 from examforge.output import normalise
 from examforge.prompt import AVOID_HEADER, Label, parse_difficulty, read_fields
 from mockllm.faults import MODEL_ID
+from mockllm.solve import is_solve
+
+# The key (usage log's `chapter`) of every blind-solve request.
+SOLVE_KEY = "blind-solve"
 
 UNKNOWN_CHAPTER = "unknown"
 DEFAULT_QUESTION_COUNT = 5
@@ -38,6 +42,8 @@ class ChatPrompt:
     bloom: tuple[str, ...] = ()
     # The questions the prompt asks not to repeat (its "Do not repeat" list), normalised.
     avoid: frozenset[str] = frozenset()
+    # A blind solve's user message (mockllm.solve), None for a generation request.
+    solve_text: str | None = None
 
     @property
     def requester(self) -> str:
@@ -86,12 +92,16 @@ def avoid_list(text: str) -> frozenset[str]:
 def parse_prompt(body: dict[str, Any]) -> ChatPrompt:
     """Extract chapter key, title and question count from an OpenAI request body."""
     text = _last_user_text(body)
+    model = body.get("model")
+    if is_solve(text):
+        return ChatPrompt(key=SOLVE_KEY, chapter_id=SOLVE_KEY, title=SOLVE_KEY, count=0,
+                          model=model if isinstance(model, str) and model else MODEL_ID,
+                          solve_text=text)
     fields = read_fields(text)
     exam = _first_token(fields.get(Label.exam))
     chapter = _first_token(fields.get(Label.chapter_id))
     count = _first_token(fields.get(_COUNT_LABEL))
     chapter_id = chapter or UNKNOWN_CHAPTER
-    model = body.get("model")
     return ChatPrompt(
         key=f"{exam}/{chapter}" if exam and chapter else UNKNOWN_CHAPTER,
         chapter_id=chapter_id,

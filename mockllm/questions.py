@@ -520,6 +520,28 @@ def reword(
     return question_from(slots, style, chapter_key, title, serial, answer_position)
 
 
+_GOOD = frozenset(GOOD_PRACTICES)
+
+
+def true_index(choices: list[str] | tuple[str, ...]) -> int | None:
+    """The correct choice of a question the mock wrote, from its choices alone (exactly one
+    is a good practice, the others bad ones), whatever its answer_index says; None for
+    choices the mock did not write."""
+    found = [i for i, c in enumerate(choices) if c in _GOOD]
+    return found[0] if len(found) == 1 else None
+
+
+def with_wrong_key(question: dict[str, Any], chapter_key: str, serial: int, seed: int,
+                   rate: float) -> dict[str, Any]:
+    """``question`` with its answer_index moved to a wrong choice, for ``rate`` of the serials
+    (the same serials for every reply and paraphrase of the chapter, for one seed)."""
+    if rate <= 0 or _rng("wrong-key", seed, chapter_key, serial).random() >= rate:
+        return question
+    index = question["answer_index"]
+    shift = 1 + _rng("wrong-key-to", seed, chapter_key, serial).randrange(ANSWER_SLOTS - 1)
+    return {**question, "answer_index": (index + shift) % ANSWER_SLOTS}
+
+
 def labelled(items: list[Item], prompt: ChatPrompt) -> list[Item]:
     """The reply's questions labelled as the prompt asks, the way a model that follows it
     does: the Difficulty line's levels in order (a reply shorter or longer than asked takes

@@ -70,6 +70,11 @@ class MockState:
         self.rewordings_avoided_by_chapter: Counter[str] = Counter()
         self.cut_at_max_tokens = 0
         self.schema_prevented = 0
+        # Blind solves answered (mockllm.solve), the questions in them, and the answers the
+        # solver's error rate made wrong.
+        self.solves = 0
+        self.solved_questions = 0
+        self.solver_errors = 0
         self.batch_creates_lost = 0
         self.batch_uploads_failed = 0
         self.usage = UsageLog()
@@ -169,13 +174,20 @@ class MockState:
         for _ in range(count - len(reworded)):
             self.serials[key] += 1
             serial = self.serials[key]
-            items.append(Item(questions.make_question(key, prompt.title, serial, position), serial))
+            items.append(Item(self._keyed(questions.make_question(key, prompt.title, serial, position),
+                                          key, serial), serial))
         for of_serial in reworded:
             variant = self._reword_variants[key]
             self._reword_variants[key] += 1
-            question = questions.reword(key, prompt.title, of_serial, variant, position)
+            question = self._keyed(questions.reword(key, prompt.title, of_serial, variant, position), key,
+                                   of_serial)
             items.insert(self.reword_rng.randrange(len(items) + 1), Item(question, of_serial, of_serial))
         return items
+
+    def _keyed(self, question: dict[str, Any], key: str, serial: int) -> dict[str, Any]:
+        """The question with a wrong key for ``wrong_key_rate`` of the serials."""
+        return questions.with_wrong_key(question, key, serial, self.config.seed,
+                                        self.config.wrong_key_rate)
 
     def _rewordings_due(self, key: str, count: int, avoid: frozenset[str] = frozenset()) -> list[int]:
         """Which served serials this reply paraphrases: a running share of ``reword_rate``.
@@ -262,7 +274,9 @@ class MockState:
         (paraphrases drawn of a question the prompt listed, written as new ones instead),
         ``cut_at_max_tokens``, ``schema_prevented`` (faults drawn for a request under a JSON
         schema that a constrained decoder cannot produce, served as ``ok``: see
-        ``mockllm.faults.SCHEMA_PREVENTED``).
+        ``mockllm.faults.SCHEMA_PREVENTED``). Blind solves (mockllm.solve): ``solves`` (replies with
+        answers), ``solved_questions`` (answers in them), ``solver_errors`` (of those, the ones
+        ``solver_error_rate`` made wrong).
         Rate limits: ``admitted_total``, ``admitted_at`` (seconds since the reset at which each
         request passed the limiter), ``max_admitted_in_1s`` (the busiest 1-second window),
         ``rate_limited_by_type`` (``requests``/``tokens``).
@@ -288,6 +302,9 @@ class MockState:
             "rewordings": [dict(r) for r in self.rewordings],
             "cut_at_max_tokens": self.cut_at_max_tokens,
             "schema_prevented": self.schema_prevented,
+            "solves": self.solves,
+            "solved_questions": self.solved_questions,
+            "solver_errors": self.solver_errors,
             "batch_creates_lost": self.batch_creates_lost,
             "batch_uploads_failed": self.batch_uploads_failed,
             "admitted_total": len(self.admitted_at),

@@ -132,6 +132,14 @@ def _dry_run(settings: Settings, slug: str, syllabus: Syllabus, budget_usd: floa
     out.print(f"  price: ${p.prompt_per_mtok:g} / ${p.completion_per_mtok:g} per million "
               f"prompt / completion tokens, ${p.cached_per_mtok:g} cached prompt ({p.source})",
               soft_wrap=True)
+    if est.verify is not None:
+        v = est.verify
+        out.print(f"  blind solves (VERIFY={v.mode}): {v.calls} calls of {v.model}, "
+                  f"{v.prompt_tokens:,} prompt tokens, up to {v.max_completion_tokens:,} "
+                  f"completion tokens: worst case ${v.worst_usd:.4f}, expected "
+                  f"${v.expected_usd:.4f} (included below"
+                  + ("; replacements of disputed questions are not" if v.mode == "replace"
+                     else "") + ")", soft_wrap=True)
     out.print(f"  cost: worst case ${est.worst_usd:.4f}, expected ${est.expected_usd:.4f}")
     if cancelled:
         out.print(f"  cancelled chapters: {len(cancelled)} ({', '.join(cancelled)}), restarted "

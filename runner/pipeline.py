@@ -40,11 +40,13 @@ from examforge.settings import MAX_TOKENS_OVERHEAD, Settings
 from examforge.sizing import Sizer
 from examforge.syllabus import Chapter as ChapterSpec
 from storage.models import CallOutcome, CallReason
+from runner.verify import solve_pending, test_hook
 from storage.neardup import Steering
 from storage.store import (
     CallPlan,
     ChapterView,
     Claimed,
+    Judged,
     NoRoom,
     NotClaimed,
     NotClaimedReason,
@@ -102,16 +104,31 @@ class Runtime:
     stopping: threading.Event = field(default_factory=threading.Event)
     # max_tokens per question, sized from the database's history (examforge.sizing).
     sizer: Sizer = field(default_factory=Sizer)
+    # The blind solver's client (VERIFY), built on first use (`solver`).
+    verifier: LLMClient | None = None
+    _verifier_lock: threading.Lock = field(default_factory=threading.Lock)
 
     @classmethod
     def build(cls, settings: Settings, store: Store, client: LLMClient | None = None) -> "Runtime":
         return cls(settings, store, client or LLMClient(settings),
                    LeaseKeeper(store, settings.lease_s, settings.heartbeat_interval_s))
 
+    def solver(self) -> LLMClient:
+        """The blind solver's client (VERIFY_MODEL at VERIFY_BASE_URL): built on the
+        generation client's limiter factory, so that an endpoint both call (the default)
+        is under one shared rate limiter."""
+        with self._verifier_lock:
+            if self.verifier is None:
+                self.verifier = LLMClient(self.settings.verify_settings(),
+                                          limiters=getattr(self.client, "limiters", None))
+            return self.verifier
+
     def close(self) -> None:
         """Stop the heartbeat and close the provider's connections."""
         self.keeper.stop()
         self.client.close()
+        if self.verifier is not None:
+            self.verifier.close()
 
 
 def near_dup_checker(settings: Settings) -> Checker | None:
@@ -495,6 +512,24 @@ def _generate(rt: Runtime, claim: Claimed, lost: threading.Event, run: _Run,
     invalid_in_row = 0
     target = claim.target
     planned = claim.first_call
+    verifying = settings.verify != "off"
+
+    def solve() -> Judged | None:
+        return solve_pending(rt, claim, calls.check, lost, lambda client, call_id, messages,
+                             cap, admission: _call(rt, call_id, messages, cap, admission,
+                                                   client))
+
+    if verifying:
+        # Questions a dead holder stored and never had solved come first (the takeover).
+        judged = solve()
+        if judged is None or judged.cancelled or judged.done:
+            if isinstance(planned, int):  # the claim's planned call: not needed, not sent
+                calls.discard()
+                store.finish_call(planned, CallOutcome.failed, CallReason.unexpected,
+                                  "not sent: the slice needed no more questions after its "
+                                  "blind solves")
+            return judged is not None and not judged.cancelled
+        stored, target = judged.stored, judged.target
     while stored < target:
         view = claim.view(stored, target)
         if isinstance(planned, int):
@@ -586,7 +621,7 @@ def _generate(rt: Runtime, claim: Claimed, lost: threading.Event, run: _Run,
         repeats = parsed.rejected.get(Rejection.duplicate, 0)
         calls.seen(len(parsed.questions) + repeats, repeats)
         expect = min(target, stored + len(parsed.questions))  # the commit stores no more
-        if expect < target:
+        if expect < target and not verifying:  # under VERIFY the blind solve comes first
             calls.size(claim.exam)
             calls.prepare(claim.view(expect, target))
         try:
@@ -594,7 +629,7 @@ def _generate(rt: Runtime, claim: Claimed, lost: threading.Event, run: _Run,
                                            batch, model=completion.model,
                                            note=note, usage=usage, plan_next=calls.plan,
                                            near_dup=near_dup_checker(settings),
-                                           steer=steer_of(settings))
+                                           steer=steer_of(settings), verify=verifying)
         except BaseException:
             calls.discard()
             raise
@@ -630,6 +665,14 @@ def _generate(rt: Runtime, claim: Claimed, lost: threading.Event, run: _Run,
             continue
         invalid_in_row = 0
         run.committed += len(committed.kept)
+        if verifying:
+            test_hook("after_commit")
+            judged = solve()
+            if judged is None or judged.cancelled:
+                return False
+            stored, target = judged.stored, judged.target
+            if judged.done:
+                return True
         if log.isEnabledFor(logging.INFO):
             log.info("batch committed", extra={
                 "exam": claim.exam, "chapter": claim.chapter_id, "slice": claim.slice_no,
@@ -640,9 +683,10 @@ def _generate(rt: Runtime, claim: Claimed, lost: threading.Event, run: _Run,
 
 
 def _call(rt: Runtime, call_id: int, messages: list[dict[str, str]], max_tokens: int,
-          admission: Admission) -> Completion:
+          admission: Admission, client: LLMClient | None = None) -> Completion:
     try:
-        return rt.client.complete(messages, max_tokens=max_tokens, admission=admission)
+        return (client or rt.client).complete(messages, max_tokens=max_tokens,
+                                              admission=admission)
     except ProviderError as exc:
         billed = exc.billed
         if billed is not None:

@@ -159,7 +159,8 @@ class Ledger(StoreBase):
     def start_call(self, claim: Claimed, first_number: int, requested: int, *,
                    lease_s: float, prompt_tokens: int = 0,
                    max_tokens: int | None = None, reserve_usd: float = 0.0,
-                   model: str | None = None, price_known: bool = True) -> int | NoRoom:
+                   model: str | None = None, price_known: bool = True,
+                   kind: str | None = None) -> int | NoRoom:
         """Record a call before it is sent, in a transaction of its own, only while the lease
         is held (the same fence as the commit: a holder frozen past its lease between two
         calls must not send one more); raises LeaseLost. The usual path records calls in the
@@ -175,7 +176,7 @@ class Ledger(StoreBase):
                 raise LeaseLost(f"lease on {claim.exam}/{claim.chapter_id} lost before a call")
             started = self._start_planned(conn, claim, CallPlan(
                 first_number, requested, prompt_tokens, max_tokens, reserve_usd, model,
-                price_known))
+                price_known, kind))
             assert started is not None
             return started
 
@@ -211,7 +212,7 @@ class Ledger(StoreBase):
                           in_flight)
         names = ("exam", "chapter_id", "slice_no", "attempt", "first_number", "requested",
                  "worker", "prompt_tokens", "max_tokens", "reserved_usd", "model",
-                 "price_known")
+                 "price_known", "kind")
         return conn.execute(self._stmt("start_call", lambda: (
             insert(K).values(outcome=CallOutcome.in_flight.value, started_at=self._now,
                              **{n: bindparam(f"p_{n}") for n in names})
@@ -221,7 +222,8 @@ class Ledger(StoreBase):
                 "p_first_number": plan.first_number, "p_requested": plan.requested,
                 "p_worker": claim.owner, "p_prompt_tokens": plan.prompt_tokens,
                 "p_max_tokens": plan.max_tokens, "p_reserved_usd": plan.reserve_usd,
-                "p_model": plan.model, "p_price_known": plan.price_known}).scalar_one()
+                "p_model": plan.model, "p_price_known": plan.price_known,
+                "p_kind": plan.kind}).scalar_one()
 
     def _finish(self, conn: Connection, call_id: int, values: dict[str, Any],
                 usage: Usage) -> bool:
@@ -501,7 +503,9 @@ class Ledger(StoreBase):
                            duplicates=len(questions) - len(kept) - surplus,
                            recent=recent, kept=tuple(q.question for q, _ in kept),
                            near_duplicates=near, surplus=surplus)
-        if stored >= target:  # done, even if it was cancelled meanwhile: nothing is missing
+        if stored >= target and not verify:
+            # Done, even if it was cancelled meanwhile: nothing is missing. Under VERIFY the
+            # slice is done once its questions' verdicts are in (Verdicts.commit_verdicts).
             conn.execute(self._stmt("slice_done", lambda: update(S).where(*SLICE_KEY).values(
                 state=ChapterState.done.value, lease_owner=None, lease_expires_at=None)), key)
             return result
@@ -519,8 +523,10 @@ class Ledger(StoreBase):
                 conn.execute(self._stmt("slice_let_go", lambda: update(S).where(
                     *SLICE_KEY).values(lease_owner=None, lease_expires_at=None)), key)
             return dataclasses.replace(result, cancelled=True)
-        if not kept:
-            return result  # re-asked through the slow path, like any invalid output
+        if not kept or verify:
+            # Re-asked through the slow path, like any invalid output; under VERIFY the
+            # batch's blind solve comes first (runner.verify), then the next call.
+            return result
         # The next call is recorded in this same transaction: one write per paid call.
         following = None if plan_next is None else self._start_planned(
             conn, claim, plan_next(claim.view(stored, target)))

@@ -81,6 +81,13 @@ class CallOutcome(str, Enum):
     imported = "imported"
 
 
+class CallKind(str, Enum):
+    """What a call asked for (migration 0022): NULL is generation, the call every figure of
+    questions per call, tokens per question and sizing is learned from."""
+
+    solve = "solve"  # a blind solve of stored questions (VERIFY, runner.verify)
+
+
 class CallReason(str, Enum):
     """Why a call ended as it did, for the reasons that are the ledger's own. A call the
     provider failed (or whose reply was abandoned) records the provider error's kind instead
@@ -311,6 +318,8 @@ class Call(SQLModel, table=True):
     reserved_usd: float = 0.0
     usage_estimated: bool = False
     price_known: bool = True
+    # A CallKind; NULL for a generation call (migration 0022).
+    kind: Optional[str] = Field(default=None, max_length=16)
     started_at: float
     finished_at: Optional[float] = None
 

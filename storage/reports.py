@@ -341,7 +341,7 @@ class Reports(StoreBase):
             tokens, questions = conn.execute(
                 select(func.coalesce(func.sum(K.c.completion_tokens), 0),
                        func.coalesce(func.sum(K.c.questions_stored), 0))
-                .where(K.c.outcome == CallOutcome.used.value,
+                .where(K.c.outcome == CallOutcome.used.value, K.c.kind.is_(None),
                        K.c.usage_estimated.is_(False))).one()
         return tokens / questions if questions else None
 
@@ -355,7 +355,7 @@ class Reports(StoreBase):
         def per_question(where: Any) -> list[float]:
             rows = conn.execute(
                 select(K.c.completion_tokens, K.c.requested)
-                .where(where, K.c.outcome == CallOutcome.used.value,
+                .where(where, K.c.outcome == CallOutcome.used.value, K.c.kind.is_(None),
                        K.c.usage_estimated.is_(False), K.c.requested > 0)
                 .order_by(K.c.id.desc()).limit(limit)).all()
             return [tokens / requested for tokens, requested in rows]

@@ -37,7 +37,7 @@ from storage.recovery import LostAudit, Orphan, Recovery, RequeueReason, SliceKe
 from storage.reports import Reports
 from storage.review import ChapterReview, Review
 from storage.runs import RunActivity, RunEvent, RunRow, Runs
-from storage.verdicts import Verdicts, Withdrawal
+from storage.verdicts import Judged, Pending, Verdicts, Withdrawal
 from storage.models import Verdict, Withdrawn
 from storage.types import (BatchRow, CallPlan, ChapterView, Claimed, Committed, NoRoom, NotClaimed,
                            NotClaimedReason, Planner, SendCheck, Steer, Usage, owner_of,
@@ -53,5 +53,5 @@ __all__ = ["ACTIVE_STATES", "BUDGET_PAUSE_PREFIX", "BatchRow", "Batches", "Chapt
            "ChapterView", "Claimed", "Committed", "E", "EnqueuePlan", "K", "LostAudit",
            "NoRoom", "NotClaimed", "NotClaimedReason", "Orphan", "Planner", "Q",
            "RequeueReason", "RunActivity", "RunEvent", "RunRow", "S", "SendCheck", "SliceKey", "SliceRef",
-           "Steer", "Store", "Usage", "Verdict", "Withdrawal", "Withdrawn", "owner_of",
+           "Judged", "Pending", "Steer", "Store", "Usage", "Verdict", "Withdrawal", "Withdrawn", "owner_of",
            "slice_where", "submission_of"]

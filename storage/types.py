@@ -141,6 +141,7 @@ class CallPlan:
     reserve_usd: float = 0.0
     model: str | None = None
     price_known: bool = True
+    kind: str | None = None  # storage.models.CallKind; None for generation
 
 
 # Called inside a write transaction (the claim, or a batch's commit) with the chapter as it now

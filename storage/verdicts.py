@@ -9,15 +9,44 @@ numbers are generated, once each."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
-from sqlalchemy import and_, select, update
+from sqlalchemy import and_, bindparam, func, select, update
 from sqlalchemy.engine import Connection
+from sqlalchemy.exc import SQLAlchemyError
 
-from storage.base import E, Q, S
+from examforge.errors import LeaseLost
+from storage.base import SLICE_KEY, E, K, Q, S, lease_fence
 from storage.ledger import Ledger
-from storage.models import ChapterState, Withdrawn
+from storage.models import CallOutcome, CallReason, ChapterState, Verdict, Withdrawn
+from storage.types import Claimed, Usage
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A stored question of a slice awaiting its blind solve (verdict `pending`)."""
+
+    id: int
+    number: int
+    question: str
+    choices: tuple[str, ...]
+    answer_index: int
+
+
+@dataclass(frozen=True)
+class Judged:
+    """What `Store.commit_verdicts` did, and the slice as it now stands."""
+
+    stored: int  # in the slice's range (withdrawn questions are not)
+    target: int
+    agreed: int = 0
+    disputed: int = 0
+    withdrawn: int = 0  # of `disputed`, those withdrawn (VERIFY=replace)
+    pending: int = 0  # verdicts of the slice's range still pending
+    done: bool = False  # the slice is complete and let go
+    cancelled: bool = False  # cancelled meanwhile: the lease is let go
 
 
 @dataclass(frozen=True)
@@ -32,6 +61,119 @@ class Withdrawal:
 
 class Verdicts(Ledger):
     """Withdrawing questions from the numbering; the verdicts of their blind solves."""
+
+    def pending_verdicts(self, claim: Claimed) -> list[Pending]:
+        """The questions of the claimed slice's range whose blind solve is still to be booked
+        (stored by a commit under VERIFY; after a crash, the takeover finds them here), in
+        number order."""
+        with self._read() as conn:
+            rows = conn.execute(select(
+                Q.c.id, Q.c.number, Q.c.question, Q.c.choices, Q.c.answer_index,
+                S.c.first_number, S.c.target).join(S, and_(
+                    S.c.exam == Q.c.exam, S.c.chapter_id == Q.c.chapter_id,
+                    Q.c.number >= S.c.first_number, Q.c.number < S.c.first_number + S.c.target))
+                .where(Q.c.exam == claim.exam, Q.c.chapter_id == claim.chapter_id,
+                       S.c.slice_no == claim.slice_no, Q.c.verdict == Verdict.pending.value)
+                .order_by(Q.c.number)).all()
+        return [Pending(r.id, r.number, r.question, tuple(json.loads(r.choices)),
+                        r.answer_index) for r in rows]
+
+    def commit_verdicts(self, claim: Claimed, lease_s: float, call_id: int | None,
+                        solved: Sequence[tuple[int, int | None]], *, usage: Usage = Usage(),
+                        withdraw_disputed: bool = False, note: str = "") -> Judged:
+        """Book a blind solve: `solved` is (question id, the choice the solver picked, as an
+        index into the stored choices, or None when it gave none), the call `call_id` and its
+        usage, in one transaction, only while the lease is held (the same fence as the
+        commit: a holder that lost its lease books its call as wasted and raises LeaseLost;
+        the takeover solves the questions again). A question whose key the solver chose is
+        `agreed`, any other is `disputed`; with `withdraw_disputed` (VERIFY=replace) the
+        disputed ones are withdrawn from the numbering, so the slice generates their
+        replacements. Only `pending` verdicts change: booking one twice is impossible.
+
+        With no call (`call_id` None, nothing solved) it only checks whether the slice is
+        complete. The slice is done, and let go, when its range is full and no verdict of
+        it is pending."""
+        try:
+            with self._write() as conn:
+                return self._commit_verdicts(conn, claim, lease_s, call_id, solved, usage,
+                                             withdraw_disputed, note)
+        except LeaseLost:
+            if call_id is not None:
+                self.finish_call(call_id, CallOutcome.wasted, CallReason.lease_lost,
+                                 "the lease expired or was taken before the verdicts were "
+                                 "booked", usage=usage)
+            raise
+        except SQLAlchemyError as exc:
+            if call_id is not None:
+                try:
+                    self.finish_call(call_id, CallOutcome.wasted, CallReason.commit_failed,
+                                     str(exc).splitlines()[0][:300], usage=usage)
+                except SQLAlchemyError:
+                    pass  # still down: the takeover will mark it wasted
+            raise
+
+    def _commit_verdicts(self, conn: Connection, claim: Claimed, lease_s: float,
+                         call_id: int | None, solved: Sequence[tuple[int, int | None]],
+                         usage: Usage, withdraw_disputed: bool, note: str) -> Judged:
+        self._exam_first(conn, claim.exam)
+        key = {"k_exam": claim.exam, "k_chapter": claim.chapter_id, "k_slice": claim.slice_no}
+        held = conn.execute(self._stmt("verdict_fence", lambda: (
+            update(S).where(*SLICE_KEY, lease_fence(self._now))
+            .values(lease_expires_at=self._now + bindparam("p_lease"), updated_at=self._now)
+            .returning(S.c.target, S.c.first_number, S.c.state))),
+            {**claim.fence_params(), "p_lease": lease_s}).one_or_none()
+        if held is None:
+            raise LeaseLost(f"lease on {claim.exam}/{claim.chapter_id}/{claim.slice_no} "
+                            "lost before the verdicts were booked")
+        target, first, state = held
+        agreed = disputed = 0
+        to_withdraw: list[int] = []
+        if solved:
+            keys = dict(conn.execute(select(Q.c.id, Q.c.answer_index).where(
+                Q.c.exam == claim.exam, Q.c.id.in_([i for i, _ in solved]),
+                Q.c.verdict == Verdict.pending.value)).all())
+            for qid, pick in solved:
+                if qid not in keys:
+                    continue  # booked already, or not this exam's
+                verdict = Verdict.agreed if pick == keys[qid] else Verdict.disputed
+                conn.execute(update(Q).where(Q.c.id == qid,
+                                             Q.c.verdict == Verdict.pending.value).values(
+                    verdict=verdict.value, solved_index=pick, verify_call_id=call_id))
+                if verdict is Verdict.agreed:
+                    agreed += 1
+                else:
+                    disputed += 1
+                    to_withdraw.append(qid)
+        withdrawn = 0
+        if withdraw_disputed and to_withdraw:
+            withdrawn = len(self._withdraw(conn, claim.exam, to_withdraw, Withdrawn.disputed,
+                                           reopen=False).withdrawn)
+        if call_id is not None:
+            detail = ", ".join(filter(None, [
+                f"blind solve: {agreed} agreed, {disputed} disputed"
+                + (f" ({withdrawn} withdrawn)" if withdrawn else ""), note]))
+            if not self._finish(conn, call_id, {"outcome": CallOutcome.used.value,
+                                                "reason": None, "detail": detail}, usage):
+                raise LeaseLost(f"call {call_id} was already settled")
+        free = self._free_numbers(conn, claim.exam, claim.chapter_id, first, target)
+        stored = target - len(free)
+        pending = conn.execute(select(func.count()).select_from(Q).where(
+            Q.c.exam == claim.exam, Q.c.chapter_id == claim.chapter_id,
+            Q.c.number >= first, Q.c.number < first + target,
+            Q.c.verdict == Verdict.pending.value)).scalar_one()
+        result = Judged(stored, target, agreed, disputed, withdrawn, pending)
+        if stored >= target and not pending:
+            conn.execute(update(S).where(*SLICE_KEY).values(
+                state=ChapterState.done.value, lease_owner=None, lease_expires_at=None), key)
+            return Judged(stored, target, agreed, disputed, withdrawn, pending, done=True)
+        if state == ChapterState.cancelled.value:
+            conn.execute(update(S).where(*SLICE_KEY).values(
+                lease_owner=None, lease_expires_at=None), key)
+            return Judged(stored, target, agreed, disputed, withdrawn, pending,
+                             cancelled=True)
+        if withdrawn:
+            conn.execute(update(E).where(E.c.slug == claim.exam).values(updated_at=self._now))
+        return result
 
     def withdraw(self, exam: str, question_ids: Iterable[int],
                  reason: Withdrawn | str) -> Withdrawal:

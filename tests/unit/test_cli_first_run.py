@@ -294,3 +294,30 @@ def test_a_dry_run_in_batch_mode_is_priced_at_the_batch_discount(env, capsys):
     assert code == 0 and "in batch mode" in stdout and "fits even at worst case" in stdout, \
         stdout
     assert not (Path(env["DATABASE_URL"].removeprefix("sqlite:///"))).exists()
+
+
+def test_a_dry_run_counts_the_blind_solves_of_verify_and_their_cost(env, capsys):
+    """VERIFY adds one blind solve per generation call, of its questions: --dry-run counts
+    those calls, their tokens and cost, and its totals include them."""
+    import json as _json
+
+    write_syllabus(Path(env["EXAMS_DIR"]), "ex", [("a", 20), ("b", 35)])
+    prices = {"LLM_PRICE_PROMPT_PER_MTOK": "0.15", "LLM_PRICE_COMPLETION_PER_MTOK": "0.60"}
+    runs = {}
+    for mode in ("off", "replace"):
+        code, stdout, _ = cli(capsys, "enqueue", "ex", "--dry-run", "--json", VERIFY=mode,
+                              **prices)
+        assert code == 0, stdout
+        runs[mode] = _json.loads(stdout)
+    off, on = runs["off"], runs["replace"]
+    assert off["verify"] is None
+    v = on["verify"]
+    assert v["mode"] == "replace" and v["calls"] == on["calls"] == off["calls"]
+    assert v["questions"] == on["questions"] == 55
+    assert v["prompt_tokens"] > 0 and v["max_completion_tokens"] > 0 and v["worst_usd"] > 0
+    assert on["worst_usd"] == pytest.approx(off["worst_usd"] + v["worst_usd"], rel=1e-6)
+    assert on["expected_usd"] == pytest.approx(off["expected_usd"] + v["expected_usd"], rel=1e-6)
+    code, stdout, _ = cli(capsys, "enqueue", "ex", "--dry-run", VERIFY="flag",
+                          VERIFY_MODEL="gpt-4o-mini", **prices)
+    assert code == 0 and "blind solves (VERIFY=flag)" in stdout and "gpt-4o-mini" in stdout, \
+        stdout
