@@ -106,3 +106,47 @@ def test_rejected_questions_are_replaced_once_by_the_next_enqueue(deploy, mock, 
     assert xml.read_text().count('<question type="multichoice"') == 3
     table = dep.cli("review", "ex")
     assert table.returncode == 0 and "to review" in table.stdout, table.stdout
+
+
+def test_verify_replace_then_review_then_export_approved(deploy, mock):
+    """The issue's workflow on the CLI: `run` with VERIFY=replace against a mock that writes
+    wrong keys, `review` counts the disputed questions (withdrawn, listed for the record and
+    not approvable), a reviewer approves the bank and rejects one, the next `run` replaces
+    it, and `export --approved-only` writes the approved questions to Moodle XML."""
+    from examforge.errors import Conflict
+
+    mock.configure(latency_s=0.02, wrong_key_rate=0.3, seed=11)
+    dep = deploy("sqlite", verify="replace", questions_per_call=QUESTIONS_PER_CALL)
+    dep.syllabus("ex", [("a", 10)])
+    done = dep.cli("run", "ex", timeout=90)
+    assert done.returncode == 0, done.stdout + done.stderr
+    counts = json.loads(dep.cli("review", "ex", "--json").stdout)["chapters"][0]
+    items = dep.store.chapter_questions("ex", "a")[1]
+    bank = [q for q in items if q["withdrawn"] is None]
+    disputed = [q for q in items if q["withdrawn"] == "disputed"]
+    assert len(bank) == 10 and disputed, dump(items)  # the mock's wrong keys were caught
+    assert all(q["verdict"] == "agreed" for q in bank)
+    assert all(q["verdict"] == "disputed" for q in disputed)
+    assert (counts["questions"], counts["disputed"], counts["unreviewed"]) == (
+        10, len(disputed), 10)
+    with pytest.raises(Conflict, match="withdrawn"):
+        dep.store.approve("ex", disputed[0]["id"], 1, "e2e-reviewer")
+
+    for q in bank[:-1]:
+        dep.store.approve("ex", q["id"], 1, "e2e-reviewer")
+    dep.store.reject("ex", bank[-1]["id"], 1, "e2e-reviewer")
+    generated = [c for c in dep.calls("ex") if c["kind"] is None]
+    done = dep.cli("run", "ex", timeout=90)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert_stored_exactly_once(dep, "ex", {"a": 10})
+    new = [c for c in dep.calls("ex") if c["kind"] is None and c["id"] > generated[-1]["id"]]
+    # Only the rejected number is asked for (again only if its replacement was disputed).
+    assert new and all(c["requested"] == 1 for c in new), dump(new)
+    replacement = [q for q in dep.store.chapter_questions("ex", "a")[1]
+                   if q["withdrawn"] is None and q["number"] == bank[-1]["number"]]
+    assert replacement[0]["id"] != bank[-1]["id"] and replacement[0]["verdict"] == "agreed"
+
+    xml = dep.workdir / "approved.xml"
+    out = dep.cli("export", "ex", "--approved-only", "--format", "moodle-xml", "-o", str(xml))
+    assert out.returncode == 0 and "wrote 9 questions" in out.stderr, out.stderr
+    assert xml.read_text().count('<question type="multichoice"') == 9
