@@ -220,7 +220,7 @@ class Review(Verdicts):
         unknown = sorted(set(changes) - set(EDITABLE))
         if unknown:
             raise BadEdit(f"{unknown[0]}: not a field an edit can change "
-                            f"({', '.join(EDITABLE)})")
+                          f"({', '.join(EDITABLE)})")
         return self._act(slug, question_id, version, client, "edit", changes=changes)
 
     def _act(self, slug: str, question_id: int, version: int, client: str, action: str,
@@ -229,6 +229,8 @@ class Review(Verdicts):
         if note is not None and len(note) > MAX_NOTE_CHARS:
             raise BadEdit(f"note: over {MAX_NOTE_CHARS} characters")
         with self._write() as conn:
+            # The lock order of every writer of an exam (Ledger._exam_first): its row first.
+            self._exam_first(conn, slug)
             current = self._current(conn, slug, question_id)
             if current["version"] != version:
                 raise self._conflict(current, version)

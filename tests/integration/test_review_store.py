@@ -165,3 +165,17 @@ def test_regenerate_and_prune_drop_the_history(exam, tmp_path):
     exam.sync_exam("ex", load_syllabus(path, max_questions=1000), regenerate={"a"})
     with exam.engine.connect() as conn:
         assert conn.execute(select(QE.c.id).where(QE.c.chapter_id == "a")).all() == []
+
+
+def test_a_budgeted_exams_review_takes_the_exam_row_first(store, tmp_path):
+    """On PostgreSQL the exam row of a budgeted exam is every writer's first lock: a review
+    action takes it too (no deadlock with a worker's commit), and works as on any exam."""
+    path = write_syllabus(tmp_path / "exams", "bud", [("a", 2)])
+    store.sync_exam("bud", load_syllabus(path, max_questions=1000), budget_usd=1.0)
+    store.import_questions("bud", {"a": [
+        Question(f"Budgeted {i}?", (f"w{i}", f"x{i}", f"y{i}", f"z{i}"), 0, "why")
+        for i in range(2)]}, "test")
+    first, second = store.chapter_questions("bud", "a")[1]
+    assert store.reject("bud", first["id"], 1, "alice")["withdrawn"] == "rejected"
+    assert store.approve("bud", second["id"], 1, "alice")["review"] == "approved"
+    assert [q["number"] for q in store.iter_questions("bud")] == [second["number"]]
