@@ -5,12 +5,15 @@
     │   ├── SyllabusError            a syllabus file or field is invalid
     │   ├── UnknownExam              no such exam
     │   ├── UnknownChapter           no such chapter in the exam (the API's 404)
+    │   ├── UnknownQuestion          no such question in the exam (the API's 404)
+    │   ├── BadEdit                  a review's edit or note is invalid (the API's 422)
     │   ├── BadCursor                a page cursor no page gave
     │   ├── BadImportLine            a line of an import file is invalid: nothing imported
     │   ├── IdempotencyKeyReused     an Idempotency-Key came back with another request
     │   ├── Conflict                 the request conflicts with the exam's state (409)
     │   │   ├── ChapterBusy          an import names a chapter a worker is generating
-    │   │   └── ExamRunning          prune asked of an exam with chapters still running
+    │   │   ├── ExamRunning          prune asked of an exam with chapters still running
+    │   │   └── VersionConflict      a review saved from a version that is no longer current
     │   └── ConfigError              a setting is invalid
     │       └── NoSchema             the database has no examforge schema (a read-only command)
     ├── InfrastructureError          a service we depend on is down: one line, exit 3
@@ -116,6 +119,15 @@ class UnknownChapter(UserError):
     """Raised when a chapter id names no chapter of the exam."""
 
 
+class UnknownQuestion(UserError):
+    """Raised when a question id names no question of the exam."""
+
+
+class BadEdit(UserError):
+    """Raised when a review's edit names a field it cannot change or a value a question
+    cannot hold (two equal choices, an answer out of range, an unknown level)."""
+
+
 class BadCursor(UserError):
     """Raised when a page cursor (`exams --after`, GET /exams?after=) is not one a page gave."""
 
@@ -138,6 +150,17 @@ class ChapterBusy(Conflict):
 
 class ExamRunning(Conflict):
     """Raised when pruning is asked of an exam that has pending or running chapters."""
+
+
+class VersionConflict(Conflict):
+    """Raised when a review action (approve, reject, edit) names a version of the question
+    that is no longer its current one: another reviewer saved it first. Nothing is changed;
+    `version` is the current version and `question` the question as it is now."""
+
+    def __init__(self, message: str, version: int, question: Mapping[str, object]) -> None:
+        super().__init__(message)
+        self.version = version
+        self.question = dict(question)
 
 
 class ConfigError(UserError):

@@ -140,17 +140,28 @@ def exams(as_json: bool, limit: int, after: str | None, every: bool) -> None:
               help="Output path, or - for stdout (not for anki and qti). Default: "
                    "EXAMS_DIR/SLUG/generated.jsonl, .json, .csv, .xml, .gift.txt, .apkg, "
                    ".qti.zip")
-def export(slug: str, fmt: str, target: str | None) -> None:
-    """Write every stored question of an exam (atomically)."""
+@click.option("--approved-only", is_flag=True,
+              help="Only the questions a reviewer approved (see `review`).")
+def export(slug: str, fmt: str, target: str | None, approved_only: bool) -> None:
+    """Write every stored question of an exam (atomically); a rejected one never."""
     # JSON Lines, JSON and CSV from a SQLite file take the plain-driver path first
     # (producer/export_sqlite.py: no SQLAlchemy to import, no row objects); anything else,
     # and every error, goes the store's way in producer/commands.py.
     from producer import export_sqlite
 
-    if not export_sqlite.command(slug, fmt, target):
+    if not export_sqlite.command(slug, fmt, target, approved_only):
         from producer import commands
 
-        commands.invoke("export", slug, fmt, target)
+        commands.invoke("export", slug, fmt, target, approved_only)
+
+
+@cli.command()
+@click.argument("slug")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object on stdout.")
+@_dispatch
+def review(slug: str, as_json: bool) -> None:
+    """The review of an exam per chapter: questions unreviewed, approved, rejected, and
+    disputed by the blind solve. Reviewers approve, reject and edit in the page (serve)."""
 
 
 @cli.command()

@@ -384,7 +384,7 @@ def _print_status(report: ExamReport) -> None:
         out.print(f"[bold red]paused:[/] {report.pause_reason} — {how}")
 
 
-def export(slug: str, fmt: str, target: str | None) -> None:
+def export(slug: str, fmt: str, target: str | None, approved_only: bool = False) -> None:
     from examforge.banks import BankChapter, BankExam
     from producer.export import check_target, default_name
     from producer.export import export as write
@@ -401,9 +401,36 @@ def export(slug: str, fmt: str, target: str | None) -> None:
         title, chapters = store.outline(slug)
         return BankExam(slug, title, tuple(BankChapter(c, t, p) for c, t, p in chapters))
 
-    n = write(store.iter_questions(slug), fmt, target, outline)
+    n = write(store.iter_questions(slug, approved_only=approved_only), fmt, target, outline)
     if target != "-":
         err.print(f"wrote {plural(n, 'question')} to {target}")
+
+
+def review(slug: str, as_json: bool) -> None:
+    store = _read_store(_settings())
+    chapters = store.review_summary(slug)
+    if as_json:
+        click.echo(json.dumps({
+            "exam": slug, "chapters": [c.as_dict() for c in chapters],
+            "totals": {name: sum(getattr(c, name) or 0 for c in chapters)
+                       for name in ("questions", "unreviewed", "approved", "rejected",
+                                    "disputed")}}, ensure_ascii=False))
+        return
+    verdicts = any(c.disputed is not None for c in chapters)
+    table = Table(title=f"review of {slug}")
+    for col in ("chapter", "questions", "disputed", "unreviewed", "approved", "rejected"):
+        table.add_column(col, justify="left" if col == "chapter" else "right")
+    for c in chapters:
+        table.add_row(c.chapter_id, f"{c.questions}/{c.target}",
+                      "-" if c.disputed is None else str(c.disputed), str(c.unreviewed),
+                      str(c.approved), str(c.rejected))
+    out.print(table)
+    left = sum(c.unreviewed for c in chapters)
+    rejected = sum(c.rejected for c in chapters)
+    out.print(f"{plural(left, 'question')} to review"
+              + (f"; {rejected} rejected (the next enqueue generates their replacements)"
+                 if rejected else "")
+              + ("" if verdicts else "; no blind-solve verdicts in this database"))
 
 
 def run(slug: str, concurrency: int, budget_usd: float | None, dry_run: bool,

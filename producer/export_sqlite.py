@@ -36,7 +36,9 @@ QUERY = (
     "q.explanation, q.difficulty, q.bloom, q.source, q.model, q.created_at FROM question q "
     "JOIN slice s ON s.exam = q.exam AND s.chapter_id = q.chapter_id "
     "AND q.number >= s.first_number AND q.number < s.first_number + s.target "
-    "WHERE q.exam = ? ORDER BY s.position, s.chapter_id, q.number")
+    "WHERE q.exam = ? AND {review} ORDER BY s.position, s.chapter_id, q.number")
+# A question a reviewer rejected is never exported; `--approved-only` writes the approved ones.
+REVIEWED = {False: "q.review <> 'rejected'", True: "q.review = 'approved'"}
 VERSIONS = Path(__file__).resolve().parent.parent / "storage" / "migrations" / "versions"
 
 
@@ -63,13 +65,14 @@ def sqlite_path(database_url: str) -> Path | None:
     return None
 
 
-def rows(conn: sqlite3.Connection, slug: str) -> Iterator[dict[str, object]]:
+def rows(conn: sqlite3.Connection, slug: str,
+         approved_only: bool = False) -> Iterator[dict[str, object]]:
     """The exam's questions as the writers' rows, `created_at` already ISO (UTC, seconds).
     A batch's questions share one timestamp, so the last conversion is reused."""
     loads, utc, fromtimestamp = json.loads, timezone.utc, datetime.fromtimestamp
     last_epoch: object = None
     last_iso = ""
-    cur = conn.execute(QUERY, (slug,))
+    cur = conn.execute(QUERY.format(review=REVIEWED[approved_only]), (slug,))
     cur.arraysize = 1000
     for (exam, chapter_id, number, question, choices, answer_index, explanation, difficulty,
          bloom, source, model, created_at) in cur:
@@ -83,7 +86,7 @@ def rows(conn: sqlite3.Connection, slug: str) -> Iterator[dict[str, object]]:
 
 
 def export(database_url: str, exams_dir: Path, slug: str, fmt: str,
-           target: str | None) -> int | None:
+           target: str | None, approved_only: bool = False) -> int | None:
     """Write the export and return how many questions, or None when this path does not apply
     (nothing written then)."""
     if fmt not in TABLE_FORMATS:
@@ -114,23 +117,24 @@ def export(database_url: str, exams_dir: Path, slug: str, fmt: str,
         target = target or str(exams_dir / slug / default_name(fmt))
         writer = WRITERS[fmt]
         if target == "-":
-            n = writer(rows(conn, slug), sys.stdout, dated=True)
+            n = writer(rows(conn, slug, approved_only), sys.stdout, dated=True)
             sys.stdout.flush()
             return n
         try:
             return write_atomic(Path(target),
-                                lambda f: writer(rows(conn, slug), f, dated=True))
+                                lambda f: writer(rows(conn, slug, approved_only), f,
+                                                  dated=True))
         except sqlite3.Error:
             return None  # the temporary file is gone: the store's path says what is wrong
     finally:
         conn.close()
 
 
-def command(slug: str, fmt: str, target: str | None) -> bool:
+def command(slug: str, fmt: str, target: str | None, approved_only: bool = False) -> bool:
     """`python -m producer export` when this path applies (True: done, and said so on
     stderr as the store's path says it); False: nothing done, take producer.commands."""
     settings = load_settings()
-    n = export(settings.database_url, settings.exams_dir, slug, fmt, target)
+    n = export(settings.database_url, settings.exams_dir, slug, fmt, target, approved_only)
     if n is None:
         return False
     if target != "-":

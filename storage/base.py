@@ -13,13 +13,14 @@ from sqlalchemy.engine import Connection, Engine
 
 from examforge.errors import SliceReason
 from storage.db import READ_ONLY, db_now
-from storage.models import (Call, CallOutcome, ChapterState, Exam, Question, RequeueReason,
-                            Slice)
+from storage.models import (Call, CallOutcome, ChapterState, Exam, Question, QuestionEdit,
+                            RequeueReason, Slice)
 
 E = Exam.__table__  # type: ignore[attr-defined]
 S = Slice.__table__  # type: ignore[attr-defined]
 Q = Question.__table__  # type: ignore[attr-defined]
 K = Call.__table__  # type: ignore[attr-defined]
+QE = QuestionEdit.__table__  # type: ignore[attr-defined]
 
 ACTIVE_STATES = (ChapterState.pending.value, ChapterState.running.value)
 

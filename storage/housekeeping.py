@@ -18,7 +18,7 @@ from sqlalchemy.exc import OperationalError
 from examforge.errors import ExamRunning
 from storage.grounding import forget_passages
 from storage import neardup
-from storage.base import ACTIVE_STATES, E, K, Q, S, StoreBase
+from storage.base import ACTIVE_STATES, QE, E, K, Q, S, StoreBase
 from storage.models import Batch, Run
 
 RUN = Run.__table__  # type: ignore[attr-defined]
@@ -108,7 +108,7 @@ class Housekeeping(StoreBase):
                     return
                 neardup.forget(conn, slug)
                 forget_passages(conn, slug)  # an API exam's uploaded sources stay, as its syllabus
-                for table in (Q, K, S, RUN, BATCH):
+                for table in (Q, QE, K, S, RUN, BATCH):
                     conn.execute(delete(table).where(table.c.exam == slug))
                 conn.execute(delete(E).where(E.c.slug == slug))
                 result.pruned.append(fp)

@@ -256,6 +256,47 @@ class Question(SQLModel, table=True):
     verdict: Optional[str] = Field(default=None, max_length=16)
     solved_index: Optional[int] = None
     verify_call_id: Optional[int] = None
+    # A person's review (migration 0023, storage.review): ReviewState, and the version every
+    # review action checks and bumps (optimistic concurrency: a save made from an older
+    # version is refused, never applied over a newer one). Who acted last and when; each
+    # action, with an edit's fields before and after, is a row of question_edit.
+    review: str = Field(default="unreviewed", max_length=16,
+                        sa_column_kwargs={"server_default": "unreviewed"})
+    version: int = Field(default=1, sa_column_kwargs={"server_default": "1"})
+    reviewed_by: Optional[str] = Field(default=None, max_length=64)
+    reviewed_at: Optional[float] = None
+
+
+class ReviewState(str, Enum):
+    """A question's review (Question.review)."""
+
+    unreviewed = "unreviewed"  # as generated, or edited since it was approved
+    approved = "approved"  # `export --approved-only` writes it
+    rejected = "rejected"  # withdrawn from its chapter's numbering: the next enqueue replaces it
+
+
+class QuestionEdit(SQLModel, table=True):
+    """One review action on a question (migration 0023): approve, reject or edit, by whom
+    (the API client: a hash of its bearer token, never the token) and when, the version it
+    made, and for an edit the fields it changed as {field: [before, after]} (JSON). The
+    question row holds the current text; its first edit's `before` values are the text as
+    generated, so nothing a reviewer changes is lost."""
+
+    __tablename__ = "question_edit"
+    __table_args__ = (Index("ix_question_edit_question", "question_id", "id"),
+                      Index("ix_question_edit_exam", "exam", "id"))
+
+    id: Optional[int] = Field(default=None, primary_key=True)
+    question_id: int
+    exam: str = Field(max_length=64)
+    chapter_id: str = Field(max_length=64)
+    number: int
+    action: str = Field(max_length=16)  # approve, reject, edit
+    version: int  # the question's version after it
+    client: str = Field(default="", max_length=64)
+    changes: Optional[str] = Field(default=None, sa_column=Column(Text))
+    note: Optional[str] = Field(default=None, sa_column=Column(Text))
+    at: float
 
 
 class Call(SQLModel, table=True):

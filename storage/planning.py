@@ -16,7 +16,7 @@ from examforge.syllabus import Chapter as SyllabusChapter
 from examforge.syllabus import Syllabus, slice_ranges
 from storage import neardup
 from examforge.sources import ChapterMaterial
-from storage.base import ACTIVE_STATES, E, K, Q, S
+from storage.base import ACTIVE_STATES, QE, E, K, Q, S
 from storage.grounding import forget_passages, write_passages
 from storage.ledger import Ledger
 from storage.models import CallOutcome, ChapterState, ExamState, RequeueReason
@@ -156,6 +156,7 @@ class Planning(Ledger):
             for chunk in _chunks(wiped, 500):
                 neardup.forget(conn, slug, chunk)
                 conn.execute(delete(Q).where(Q.c.exam == slug, Q.c.chapter_id.in_(chunk)))
+                conn.execute(delete(QE).where(QE.c.exam == slug, QE.c.chapter_id.in_(chunk)))
                 conn.execute(delete(S).where(S.c.exam == slug, S.c.chapter_id.in_(chunk)))
                 forget_passages(conn, slug, chunk)
             for chapter_id, known in grounded:

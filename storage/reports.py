@@ -19,7 +19,7 @@ from storage.base import (ACTIVE_SLICE, ACTIVE_STATES, IN_FLIGHT_CALL, E, K, Q, 
 from storage.batches import B
 from storage.grounding import coverage as material_coverage
 from storage.types import BatchRow, submission_of
-from storage.models import CallOutcome, ChapterState
+from storage.models import CallOutcome, ChapterState, ReviewState
 
 
 RECENT_ERRORS = 5  # the failed and wasted calls a report lists
@@ -674,10 +674,12 @@ class Reports(StoreBase):
         """Every stored question of the exam, in syllabus order, up to each chapter's target."""
         return list(self.iter_questions(slug))
 
-    def iter_questions(self, slug: str, *, batch: int = 1000) -> Iterator[dict[str, object]]:
+    def iter_questions(self, slug: str, *, batch: int = 1000,
+                       approved_only: bool = False) -> Iterator[dict[str, object]]:
         """`questions` as a stream, for exports of any size: one snapshot, read `batch` rows at
         a time (a server-side cursor on PostgreSQL, a stepping cursor on SQLite), so memory
-        stays flat however many questions there are."""
+        stays flat however many questions there are. A question a reviewer rejected is never
+        in it; with `approved_only`, only those a reviewer approved (storage.review)."""
         with self._read() as conn:
             self._require_exam(conn, slug)
             rows = conn.execution_options(stream_results=True, yield_per=batch).execute(
@@ -685,7 +687,8 @@ class Reports(StoreBase):
                        Q.c.answer_index, Q.c.explanation, Q.c.difficulty, Q.c.bloom,
                        Q.c.source, Q.c.model, Q.c.created_at)
                 .join(S, self._in_range())
-                .where(Q.c.exam == slug)
+                .where(Q.c.exam == slug, Q.c.review == ReviewState.approved.value
+                       if approved_only else Q.c.review != ReviewState.rejected.value)
                 # The chapter id too: a chapter dropped from the syllabus keeps its old
                 # position, which a new chapter may share; exports group by chapter.
                 .order_by(S.c.position, S.c.chapter_id, Q.c.number))

@@ -18,7 +18,8 @@ It is split by concept, one module each: `planning` (what the producer records a
 `leases` (claims, the heartbeat, hand-backs), `ledger` (paid calls, budgets, committed
 batches), `recovery` (what the reconciler finds), `reports` (status and exports), `imports`
 (questions paid for elsewhere), `runs` (the HTTP API's runs and stored syllabi), `verdicts` (questions withdrawn from
-the numbering, the blind solve's verdicts) and
+the numbering, the blind solve's verdicts), `review` (a person's approve, reject and edit,
+with versions and history) and
 `housekeeping` (pruning finished exams), on top of `base`
 (the tables, the database clock and the lease fence) and `types` (the value types they take
 and return, re-exported here).
@@ -36,6 +37,7 @@ from storage.planning import DEFAULT_SLICE_QUESTIONS, EnqueuePlan, Planning, Sli
 from storage.models import RequeueReason
 from storage.recovery import LostAudit, Orphan, Recovery, SliceKey
 from storage.reports import Reports
+from storage.review import ChapterReview, Review
 from storage.runs import RunActivity, RunEvent, RunRow, Runs
 from storage.verdicts import Judged, Pending, Verdicts, Withdrawal
 from storage.models import Verdict, Withdrawn
@@ -45,11 +47,11 @@ from storage.types import (BatchRow, CallPlan, ChapterView, Claimed, Committed, 
 
 
 class Store(Planning, Recovery, Reports, Imports, Housekeeping, Runs, Identity, Batches,
-            Grounding, Verdicts):
+            Grounding, Review):
     """All database access for exams, chapters, questions and calls."""
 
 
-__all__ = ["ACTIVE_STATES", "BUDGET_PAUSE_PREFIX", "BatchRow", "Batches", "DEFAULT_SLICE_QUESTIONS", "CallPlan",
+__all__ = ["ACTIVE_STATES", "BUDGET_PAUSE_PREFIX", "BatchRow", "Batches", "ChapterReview", "Review", "DEFAULT_SLICE_QUESTIONS", "CallPlan",
            "ChapterView", "Claimed", "Committed", "E", "EnqueuePlan", "Grounding", "K", "LostAudit",
            "NoRoom", "NotClaimed", "NotClaimedReason", "Orphan", "Planner", "Q",
            "RequeueReason", "RunActivity", "RunEvent", "RunRow", "S", "SendCheck", "SliceKey", "SliceRef",

@@ -20,6 +20,7 @@ from starlette.routing import Match, Route
 
 from examforge.errors import (
     BadCursor,
+    BadEdit,
     BadImportLine,
     Conflict,
     DatabaseCorrupt,
@@ -30,6 +31,8 @@ from examforge.errors import (
     SyllabusError,
     UnknownChapter,
     UnknownExam,
+    UnknownQuestion,
+    VersionConflict,
 )
 
 PROBLEM_JSON = "application/problem+json"
@@ -102,9 +105,14 @@ def install(app: FastAPI, router: APIRouter) -> None:
 
     @app.exception_handler(ExamforgeError)
     async def _ours(request: Request, exc: ExamforgeError) -> JSONResponse:
-        if isinstance(exc, (UnknownExam, UnknownChapter)):
+        if isinstance(exc, (UnknownExam, UnknownChapter, UnknownQuestion)):
             return problem(404, str(exc))
-        if isinstance(exc, (SyllabusError, IdempotencyKeyReused, BadCursor, BadImportLine)):
+        if isinstance(exc, VersionConflict):
+            # The current version and question, so that a client can show what changed.
+            return problem(409, str(exc), headers={"ETag": f'"{exc.version}"'},
+                           version=exc.version, question=_iso_times(exc.question))
+        if isinstance(exc, (SyllabusError, IdempotencyKeyReused, BadCursor, BadImportLine,
+                            BadEdit)):
             return problem(422, str(exc))
         if isinstance(exc, Conflict):
             return problem(409, str(exc))
@@ -123,6 +131,12 @@ def install(app: FastAPI, router: APIRouter) -> None:
     async def _bug(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unexpected error", extra={"path": request.url.path})
         return problem(500, "internal error: the server's log has the details")
+
+
+def _iso_times(question: dict[str, Any]) -> dict[str, Any]:
+    from producer.views import when
+
+    return {**question, **{k: when(question.get(k)) for k in ("created_at", "reviewed_at")}}
 
 
 def responses(*codes: int) -> dict[int | str, dict[str, Any]]:

@@ -22,7 +22,7 @@ from sqlalchemy.exc import DBAPIError
 from examforge.banks import BankChapter, BankExam, write_bank
 from examforge.errors import Conflict, ExamforgeError, ExportInterrupted, UnknownExam
 from examforge.syllabus import NAME_PATTERN, Syllabus, check_name, load_syllabus, parse_syllabus
-from producer.api import schemas
+from producer.api import review, schemas
 from producer.api.events import stream
 from producer.api.problems import problem, responses
 from producer.api.runs import client_of, parse_key, run_view, start_run
@@ -385,8 +385,12 @@ def export(slug: Slug, request: Request, c: Ctx,
            format: Annotated[str, Query(
                pattern=_FORMAT_PATTERN,
                description="jsonl, json, csv, or a question bank: moodle-xml, gift, anki "
-                           "(.apkg), qti (QTI 1.2 zip for Canvas)")] = "jsonl") -> Response:
-    """Every stored question (export's writers: the same content as the CLI's). The table
+                           "(.apkg), qti (QTI 1.2 zip for Canvas)")] = "jsonl",
+           approved_only: Annotated[bool, Query(
+               description="Only the questions a reviewer approved (as export "
+                           "--approved-only).")] = False) -> Response:
+    """Every stored question but the rejected ones (export's writers: the same content as
+    the CLI's), or with `approved_only` the approved ones. The table
     formats are streamed; a bank is built whole first (spooled to disk when large), so that a
     stored question no bank can hold is a 409 problem, not a download cut short."""
     check_name(slug, "exam slug")
@@ -399,23 +403,23 @@ def export(slug: Slug, request: Request, c: Ctx,
         del response.headers["content-length"]
         return response
     if format in TABLE_FORMATS:
-        return StreamingResponse(_stream_export(c.store, slug, format),
+        return StreamingResponse(_stream_export(c.store, slug, format, approved_only),
                                  media_type=MEDIA_TYPES[format], headers=headers)
-    bank = _build_bank(c.store, slug, format)
+    bank = _build_bank(c.store, slug, format, approved_only)
     size = bank.seek(0, 2)
     bank.seek(0)
     return StreamingResponse(_read_chunks(bank), media_type=MEDIA_TYPES[format],
                              headers={**headers, "Content-Length": str(size)})
 
 
-def _build_bank(store: Any, slug: str, fmt: str) -> IO[bytes]:
+def _build_bank(store: Any, slug: str, fmt: str, approved_only: bool = False) -> IO[bytes]:
     """The whole bank in a temporary file (memory up to 8 MB, then disk)."""
     title, chapters = store.outline(slug)
     exam = BankExam(slug, title, tuple(BankChapter(i, t, p) for i, t, p in chapters))
     # Closed by _read_chunks once sent (or below on failure), not by a `with` here.
     out = tempfile.SpooledTemporaryFile(max_size=8 << 20)  # noqa: SIM115
     try:
-        rows = bank_questions(store.iter_questions(slug))
+        rows = bank_questions(store.iter_questions(slug, approved_only=approved_only))
         write_bank(fmt, exam, rows, out)  # type: ignore[arg-type]
     except ValueError as exc:  # a stored row no bank can hold: say which, send nothing
         out.close()
@@ -455,7 +459,8 @@ class _Pipe:
             self.buffer, self.size = [], 0
 
 
-def _stream_export(store: Any, slug: str, fmt: str) -> Iterator[bytes]:
+def _stream_export(store: Any, slug: str, fmt: str,
+                   approved_only: bool = False) -> Iterator[bytes]:
     """The writer runs in a thread of its own, a bounded queue between it and the response:
     memory stays flat however many questions, as in the CLI's export."""
     chunks: queue.Queue[bytes | None] = queue.Queue(maxsize=8)
@@ -466,7 +471,7 @@ def _stream_export(store: Any, slug: str, fmt: str) -> Iterator[bytes]:
         pipe = _Pipe(chunks)
         try:
             def rows() -> Iterator[dict[str, object]]:
-                for r in store.iter_questions(slug):
+                for r in store.iter_questions(slug, approved_only=approved_only):
                     if stop.is_set():
                         return
                     yield r
@@ -496,6 +501,9 @@ def _stream_export(store: Any, slug: str, fmt: str) -> Iterator[bytes]:
                 chunks.get_nowait()
             except queue.Empty:
                 worker.join(timeout=0.05)
+
+
+router.include_router(review.router)
 
 
 def _head_routes() -> None:

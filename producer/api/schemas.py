@@ -5,7 +5,7 @@ Times are ISO 8601 strings in UTC (the database's clock), money is USD, like `st
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -240,3 +240,104 @@ class Health(BaseModel):
     status: str
     database: str
     broker: str
+
+
+# ---- review (producer/api/review.py) ----------------------------------------------------
+
+class ReviewQuestion(BaseModel):
+    """A question as the review shows it."""
+
+    id: int
+    exam: str
+    chapter_id: str
+    number: int
+    question: str
+    choices: list[str]
+    answer_index: int
+    explanation: str
+    difficulty: str | None
+    bloom: str | None
+    model: str
+    created_at: str
+    verdict: str | None = Field(
+        description="The blind solve's verdict (pending, agreed, disputed); null when it was "
+                    "not verified.")
+    source: Any = Field(description="The passage of the course's material it cites (file, "
+                                    "page or heading, passage); null when none.")
+    withdrawn: str | None = Field(
+        description="Why it left its chapter's numbering (rejected, or disputed under "
+                    "VERIFY=replace; `number` is the one it had and a replacement takes), or "
+                    "null while it is in the bank.")
+    review: str = Field(description="unreviewed, approved or rejected")
+    version: int = Field(description="Bumped by every review action; a change names the "
+                                     "version it was made from (If-Match or `version`).")
+    reviewed_by: str | None = Field(description="The client that acted last (a hash of its "
+                                                "bearer token), or null.")
+    reviewed_at: str | None
+    edited: bool = Field(description="A reviewer changed its text (see its history).")
+
+
+class ReviewChapter(BaseModel):
+    exam: str
+    chapter_id: str
+    title: str
+    items: list[ReviewQuestion]
+
+
+class ChapterReviewOut(BaseModel):
+    chapter_id: str
+    title: str
+    target: int
+    questions: int = Field(description="In the bank: stored up to the target, not rejected.")
+    unreviewed: int
+    approved: int
+    rejected: int
+    disputed: int | None = Field(description="Disputed by the blind solve; null when this "
+                                             "database has no verdicts.")
+
+
+class ReviewSummary(BaseModel):
+    exam: str
+    chapters: list[ChapterReviewOut]
+    totals: dict[str, int]
+
+
+class ReviewEvent(BaseModel):
+    action: str = Field(description="approve, reject or edit")
+    version: int = Field(description="The question's version it made.")
+    client: str = Field(description="Who: a hash of the client's bearer token (\"\" "
+                                    "without auth).")
+    at: str
+    changes: dict[str, list[Any]] | None = Field(
+        description="An edit's changed fields: {field: [before, after]}.")
+    note: str | None
+
+
+class ReviewHistory(BaseModel):
+    items: list[ReviewEvent]
+
+
+class ReviewAction(BaseModel):
+    """The body of approve and reject: optional when If-Match names the version."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    version: int | None = Field(None, ge=1, le=2**62, strict=True,
+                                description="The version read (or If-Match).")
+    note: str | None = Field(None, max_length=2000, description="Why (kept in the history).")
+
+
+class ReviewEdit(BaseModel):
+    """PATCH's body: the fields to change, and the version they were read at (or If-Match)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    version: int | None = Field(None, ge=1, le=2**62, strict=True)
+    question: str | None = Field(None, min_length=1, max_length=20_000, strict=True)
+    choices: list[str] | None = Field(None, min_length=4, max_length=4,
+                                      description="Four distinct choices.")
+    answer_index: int | None = Field(None, ge=0, le=3, strict=True)
+    explanation: str | None = Field(None, min_length=1, max_length=20_000, strict=True)
+    difficulty: Literal["easy", "medium", "hard"] | None = None
+    bloom: Literal["remember", "understand", "apply", "analyze", "evaluate",
+                   "create"] | None = None

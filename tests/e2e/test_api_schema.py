@@ -42,21 +42,32 @@ CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
 SEEDED = "seeded"
 
 
-def _seed(api: LiveApi) -> int:
+def _seed(api: LiveApi) -> tuple[int, int]:
     """One exam with a run, cancelled at once: its event stream ends (a live run's would not,
-    and the fuzzer picks small run ids), while its rows are real."""
+    and the fuzzer picks small run ids), while its rows are real; and questions imported into
+    its first chapter, so that the review's operations act on a real one. Returns the run's
+    id and a question's."""
+    from examforge.output import Question
+
     api.put_exam(SEEDED, [("ch-1", 10), ("ch-2", 5)], title="Seeded exam")
     with api.client() as c:
         resp = c.post(f"/exams/{SEEDED}/runs", json={}, headers={"Idempotency-Key": "seed-run"})
         assert resp.status_code == 202, resp.text
         run_id = resp.json()["id"]
         assert c.post(f"/runs/{run_id}/cancel").status_code == 200
-    return int(run_id)
+    api.dep.store.import_questions(SEEDED, {"ch-1": [
+        Question(f"Seeded question {i}?", (f"a{i}", f"b{i}", f"c{i}", f"d{i}"), 0, "why")
+        for i in range(3)]}, "seed")
+    with api.client() as c:
+        question_id = c.get(f"/exams/{SEEDED}/chapters/ch-1/questions").json()["items"][0]["id"]
+    return int(run_id), int(question_id)
 
 
-def _variants(op: Any, run_id: int) -> list[tuple[GenerationMode, dict[str, Any] | None]]:
+def _variants(op: Any, run_id: int,
+              question_id: int) -> list[tuple[GenerationMode, dict[str, Any] | None]]:
     names = {p.name for p in op.path_parameters}
-    pinned = {k: v for k, v in (("slug", SEEDED), ("run_id", run_id)) if k in names}
+    pinned = {k: v for k, v in (("slug", SEEDED), ("run_id", run_id), ("chapter_id", "ch-1"),
+                                ("question_id", question_id)) if k in names}
     out: list[tuple[GenerationMode, dict[str, Any] | None]] = [
         (GenerationMode.POSITIVE, None), (GenerationMode.NEGATIVE, None)]
     if pinned:
@@ -72,7 +83,7 @@ def _order(op: Any) -> bool:
 
 def test_every_operation_answers_inside_its_spec(deploy: Any, mock: Any) -> None:
     api = serve(deploy("sqlite"), API_SSE_HEARTBEAT_S="1")
-    run_id = _seed(api)
+    run_id, question_id = _seed(api)
     schema = schemathesis.openapi.from_url(f"{api.url}/openapi.json", headers=api.headers)
     results = list(schema.get_all_operations())
     broken = [r for r in results if not isinstance(r, Ok)]
@@ -83,7 +94,7 @@ def test_every_operation_answers_inside_its_spec(deploy: Any, mock: Any) -> None
     failures: dict[str, str] = {}
     tried = 0
     for op in ops:
-        for mode, pinned in _variants(op, run_id):
+        for mode, pinned in _variants(op, run_id, question_id):
             strategy = op.as_strategy(generation_mode=mode, path_parameters=pinned)
 
             @given(case=strategy)

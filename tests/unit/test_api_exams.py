@@ -124,7 +124,15 @@ def test_the_openapi_document_declares_models_and_problems(make_settings):
                 ("/runs/{run_id}", "get"), ("/runs/{run_id}/cancel", "post"),
                 ("/runs/{run_id}/events", "get"), ("/exams/{slug}/questions", "get"),
                 ("/exams/{slug}/export", "get"), ("/healthz", "get"), ("/metrics", "get"),
-                ("/exams/{slug}/sources/{name}", "put"), ("/exams/{slug}/sources", "get")}
+                ("/exams/{slug}/sources/{name}", "put"), ("/exams/{slug}/sources", "get"),
+                # The review (producer/api/review.py).
+                ("/exams/{slug}/review", "get"),
+                ("/exams/{slug}/chapters/{chapter_id}/questions", "get"),
+                ("/exams/{slug}/questions/{question_id}", "get"),
+                ("/exams/{slug}/questions/{question_id}", "patch"),
+                ("/exams/{slug}/questions/{question_id}/history", "get"),
+                ("/exams/{slug}/questions/{question_id}/approve", "post"),
+                ("/exams/{slug}/questions/{question_id}/reject", "post")}
     assert {(p, m) for p, ops in paths.items() for m in ops} == expected
     for (path, method) in expected:
         op = paths[path][method]
@@ -141,4 +149,11 @@ def test_the_openapi_document_declares_models_and_problems(make_settings):
     assert {"202", "400", "422"} <= set(post["responses"])
     assert post["responses"]["202"]["content"]["application/json"]["schema"] == {
         "$ref": "#/components/schemas/RunOut"}
+    for path, method in (("/exams/{slug}/questions/{question_id}", "patch"),
+                         ("/exams/{slug}/questions/{question_id}/approve", "post"),
+                         ("/exams/{slug}/questions/{question_id}/reject", "post")):
+        op = paths[path][method]
+        assert {"200", "409", "428", "422", "404"} <= set(op["responses"]), path
+        assert "ETag" in op["responses"]["200"]["headers"]
+        assert any(p["name"] == "If-Match" for p in op["parameters"])
     json.dumps(spec)  # serialisable as is

@@ -39,6 +39,27 @@ def test_the_fast_path_writes_the_same_bytes_as_the_store(seeded, tmp_path, fmt)
     assert target.read_bytes() == expected.encode("utf-8")
 
 
+@pytest.mark.parametrize("fmt", ["jsonl", "csv"])
+def test_approved_only_and_rejected_questions_match_the_store(seeded, tmp_path, fmt):
+    url, _ = seeded
+    store = open_existing_store(url)
+    items = store.chapter_questions("ex", store.review_summary("ex")[0].chapter_id)[1]
+    for q in items[:5]:
+        store.approve("ex", q["id"], 1, "unit")
+    store.edit("ex", items[1]["id"], 2, "unit", {"explanation": "Edited, then approved."})
+    store.approve("ex", items[1]["id"], 3, "unit")
+    store.reject("ex", items[6]["id"], 1, "unit")
+    every = render(store.iter_questions("ex"), fmt)
+    approved = render(store.iter_questions("ex", approved_only=True), fmt)
+    store.engine.dispose()
+    target = tmp_path / f"out.{fmt}"
+    assert export_sqlite.export(url, tmp_path, "ex", fmt, str(target)) == 56  # one rejected
+    assert target.read_bytes() == every.encode("utf-8")
+    assert export_sqlite.export(url, tmp_path, "ex", fmt, str(target), approved_only=True) == 5
+    assert target.read_bytes() == approved.encode("utf-8")
+    assert "Edited, then approved." in target.read_text()
+
+
 def test_the_default_target_is_the_exams_folder(seeded, tmp_path):
     url, _ = seeded
     (tmp_path / "exams" / "ex").mkdir(parents=True)

@@ -129,6 +129,7 @@ function card(slug) {
   $(".resume", node).addEventListener("click", () => start(entry));
   $(".cancel", node).addEventListener("click", () => cancel(entry));
   $(".show-questions", node).addEventListener("click", () => showQuestions(slug));
+  $(".show-review", node).addEventListener("click", () => showReview(slug));
   state.exams.set(slug, entry);
   $("#exams").append(node);
   return entry;
@@ -559,6 +560,230 @@ function questionRow(item) {
   return tr;
 }
 
+// ---- the review: approve, reject, edit, each save naming the version it was made from ----
+//
+// Every action sends If-Match with the version the page showed. A save from a version that is
+// no longer current is refused by the server (409, with the current question): the page says
+// so on the question, shows the current text, keeps an edit's unsaved text in its form, and
+// changes nothing until the reviewer saves again, knowingly, from the current version.
+
+const review = { exam: null, questions: new Map() }; // question id -> {node, q}
+
+async function showReview(slug) {
+  review.exam = slug;
+  review.questions = new Map();
+  $("#r-exam").textContent = slug;
+  $("#r-chapters").replaceChildren();
+  $("#review").hidden = false;
+  try {
+    const summary = await reviewSummary(slug);
+    for (const ch of summary.chapters) {
+      const block = $("#review-chapter").content.firstElementChild.cloneNode(true);
+      block.dataset.chapter = ch.chapter_id;
+      $(".r-title", block).textContent = ch.title;
+      $(".r-id", block).textContent = ch.chapter_id;
+      $("#r-chapters").append(block);
+      const { data } = await api(`/exams/${encodeURIComponent(slug)}/chapters/${encodeURIComponent(ch.chapter_id)}/questions`);
+      if (review.exam !== slug) return;
+      for (const q of data.items) $(".r-questions", block).append(reviewRow(q));
+    }
+    renderCounts(summary);
+    $("#review").scrollIntoView({ block: "start" });
+  } catch (err) {
+    notice(err);
+  }
+}
+
+async function reviewSummary(slug) {
+  return (await api(`/exams/${encodeURIComponent(slug)}/review`)).data;
+}
+
+function renderCounts(summary) {
+  const t = summary.totals;
+  $("#r-totals").textContent = `${t.questions} in the bank: ${t.unreviewed} to review, ` +
+    `${t.approved} approved · ${t.rejected} rejected` +
+    (t.disputed ? ` · ${t.disputed} disputed by the blind solve` : "");
+  for (const ch of summary.chapters) {
+    const block = document.querySelector(`.r-chapter[data-chapter="${CSS.escape(ch.chapter_id)}"]`);
+    if (!block) continue;
+    $(".r-counts", block).textContent = `${ch.questions}/${ch.target} in the bank · ` +
+      `${ch.unreviewed} to review · ${ch.approved} approved · ${ch.rejected} rejected` +
+      (ch.disputed === null ? "" : ` · ${ch.disputed} disputed`);
+  }
+}
+
+async function refreshCounts() {
+  try {
+    renderCounts(await reviewSummary(review.exam));
+  } catch (err) {
+    notice(err);
+  }
+}
+
+function sourceText(source) {
+  if (source === null || source === undefined) return "";
+  if (typeof source === "string") return source;
+  const parts = [source.file, source.page ?? source.heading, source.passage ?? source.text]
+    .filter((p) => p !== null && p !== undefined && p !== "");
+  return parts.length ? parts.join(" · ") : JSON.stringify(source);
+}
+
+function reviewRow(q) {
+  const node = $("#review-question").content.firstElementChild.cloneNode(true);
+  const entry = { node, q, editing: false };
+  review.questions.set(q.id, entry);
+  $(".rq-approve", node).addEventListener("click", () => act(entry, "approve"));
+  $(".rq-reject", node).addEventListener("click", () => act(entry, "reject"));
+  $(".rq-edit", node).addEventListener("click", () => openEdit(entry));
+  $(".rq-cancel", node).addEventListener("click", () => closeEdit(entry));
+  $(".rq-form", node).addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    saveEdit(entry);
+  });
+  renderQuestion(entry);
+  return node;
+}
+
+function renderQuestion(entry) {
+  const { node, q } = entry;
+  node.dataset.id = q.id;
+  node.dataset.chapter = q.chapter_id;
+  node.dataset.number = q.number;
+  node.dataset.version = q.version;
+  node.dataset.review = q.review;
+  if (q.withdrawn) node.dataset.withdrawn = q.withdrawn;
+  else delete node.dataset.withdrawn;
+  $(".rq-num", node).textContent = `#${q.number}`;
+  const st = $(".rq-state", node);
+  st.textContent = q.withdrawn && q.review !== "rejected" ? `withdrawn (${q.withdrawn})` : q.review;
+  st.dataset.state = q.review;
+  const verdict = $(".rq-verdict", node);
+  verdict.textContent = q.verdict ? `solve: ${q.verdict}` : "";
+  verdict.dataset.verdict = q.verdict || "";
+  $(".rq-levels", node).textContent = [q.difficulty, q.bloom].filter(Boolean).join(" · ");
+  const who = q.reviewed_by ? ` · by ${q.reviewed_by.slice(0, 8)} ${q.reviewed_at || ""}` : "";
+  $(".rq-version", node).textContent = `v${q.version}${q.edited ? " · edited" : ""}${who}`;
+  $(".rq-text", node).textContent = q.question;
+  const ol = $(".rq-choices", node);
+  ol.replaceChildren(...q.choices.map((choice, i) => {
+    const li = document.createElement("li");
+    const letter = String.fromCharCode(65 + i);
+    li.textContent = i === q.answer_index ? `✓ ${letter}. ${choice}` : `${letter}. ${choice}`;
+    if (i === q.answer_index) li.className = "correct";
+    return li;
+  }));
+  $(".rq-expl", node).textContent = q.explanation;
+  const source = sourceText(q.source);
+  $(".rq-source", node).textContent = source ? `source: ${source}` : "";
+  const final = q.review === "rejected" || Boolean(q.withdrawn);
+  $(".rq-approve", node).disabled = final || q.review === "approved";
+  $(".rq-reject", node).disabled = q.review === "rejected";
+  $(".rq-edit", node).disabled = final;
+}
+
+function openEdit(entry) {
+  const { node, q } = entry;
+  entry.editing = true;
+  entry.base = q.version; // the version this edit is made from
+  // What the form was opened with: a save sends only the fields the reviewer changed, so
+  // that saving again after a conflict never puts back another reviewer's changed field.
+  entry.opened = { question: q.question, choices: [...q.choices], answer_index: q.answer_index,
+                   explanation: q.explanation };
+  $(".rq-f-question", node).value = q.question;
+  [...node.querySelectorAll(".rq-f-choice")].forEach((input, i) => { input.value = q.choices[i] ?? ""; });
+  $(".rq-f-answer", node).value = String(q.answer_index);
+  $(".rq-f-explanation", node).value = q.explanation;
+  $(".rq-form", node).hidden = false;
+  $(".rq-conflict", node).hidden = true;
+}
+
+function closeEdit(entry) {
+  entry.editing = false;
+  $(".rq-form", entry.node).hidden = true;
+}
+
+function showConflict(entry, err, what) {
+  const current = err.problem && err.problem.question;
+  const mine = what === "edit" ? entry.base : entry.q.version;
+  if (current) entry.q = current;
+  renderQuestion(entry);
+  const box = $(".rq-conflict", entry.node);
+  const now = current ? current.version : err.problem && err.problem.version;
+  const by = current && current.reviewed_by ? ` by ${current.reviewed_by.slice(0, 8)}` : "";
+  box.textContent = `Conflict (409): not saved. Someone saved this question${by} since you ` +
+    `opened it (you had version ${mine}, it is now version ${now}). What is shown is the ` +
+    `current version` + (what === "edit" ? "; your text is still in the form: save again " +
+    "to apply it over the current version, or cancel." : ": look at it and act again.");
+  box.hidden = false;
+  if (what === "edit" && current) rebase(entry, current);
+}
+
+// After a conflict, the form is made from the current version: the fields the reviewer did
+// not touch take their current values (another reviewer's changes), the ones they changed
+// keep their text, and a second save is made from the current version, sending only those.
+function rebase(entry, current) {
+  const { node } = entry;
+  const inputs = [...node.querySelectorAll(".rq-f-choice")];
+  const fields = {
+    question: [() => $(".rq-f-question", node).value, (v) => { $(".rq-f-question", node).value = v; }],
+    choices: [() => inputs.map((i) => i.value), (v) => inputs.forEach((i, n) => { i.value = v[n] ?? ""; })],
+    answer_index: [() => Number($(".rq-f-answer", node).value), (v) => { $(".rq-f-answer", node).value = String(v); }],
+    explanation: [() => $(".rq-f-explanation", node).value, (v) => { $(".rq-f-explanation", node).value = v; }],
+  };
+  for (const [field, [get, set]] of Object.entries(fields)) {
+    if (JSON.stringify(get()) === JSON.stringify(entry.opened[field])) set(current[field]);
+    entry.opened[field] = current[field];
+  }
+  entry.base = current.version;
+}
+
+async function send(entry, path, init) {
+  const { data } = await api(path, init);
+  entry.q = data;
+  $(".rq-conflict", entry.node).hidden = true;
+  renderQuestion(entry);
+  refreshCounts();
+}
+
+async function act(entry, action) {
+  const q = entry.q;
+  try {
+    await send(entry, `/exams/${encodeURIComponent(review.exam)}/questions/${q.id}/${action}`, {
+      method: "POST", headers: { "If-Match": `"${q.version}"` } });
+    if (action === "reject") closeEdit(entry);
+  } catch (err) {
+    if (err instanceof ApiError && err.status === 409) return showConflict(entry, err, action);
+    notice(err);
+  }
+}
+
+async function saveEdit(entry) {
+  const { node, q } = entry;
+  const choices = [...node.querySelectorAll(".rq-f-choice")].map((input) => input.value);
+  const form = {
+    question: $(".rq-f-question", node).value,
+    choices,
+    answer_index: Number($(".rq-f-answer", node).value),
+    explanation: $(".rq-f-explanation", node).value,
+  };
+  const body = {};
+  for (const [field, value] of Object.entries(form)) {
+    if (JSON.stringify(value) !== JSON.stringify(entry.opened[field])) body[field] = value;
+  }
+  if (!Object.keys(body).length) return closeEdit(entry); // nothing changed
+  try {
+    await send(entry, `/exams/${encodeURIComponent(review.exam)}/questions/${q.id}`, {
+      method: "PATCH", body, headers: { "If-Match": `"${entry.base}"` } });
+    closeEdit(entry);
+  } catch (err) {
+    if (err instanceof ApiError && err.status === 409) return showConflict(entry, err, "edit");
+    const box = $(".rq-conflict", node);
+    box.textContent = `Not saved: ${err.message}`;
+    box.hidden = false;
+    if (err instanceof AuthError) notice(err);
+  }
+}
+
 // ---- start-up -------------------------------------------------------------------------
 
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
@@ -583,6 +808,7 @@ document.addEventListener("DOMContentLoaded", () => {
   $("#refresh").addEventListener("click", () => loadExams());
   $("#exams-more").addEventListener("click", () => loadExams(true));
   $("#q-more").addEventListener("click", moreQuestions);
+  $("#r-close").addEventListener("click", () => { review.exam = null; $("#review").hidden = true; });
   setInterval(refreshBatchRuns, BATCH_REFRESH_MS);
   if (token()) enter();
   else askToken();

@@ -1,7 +1,7 @@
 """slice.last_error_code and slice.requeue_code: why, as a code beside the free text
 
 Revision ID: 0024
-Revises: 0022
+Revises: 0023
 A slice's last error and its last requeue were free text with a prefix ("transient: HTTP 503",
 "worker_vanished: a worker took its message, ...") that readers and tests matched. The code
 (examforge.errors.SliceReason, storage.models.RequeueReason) sits beside the text now, and the
@@ -16,7 +16,7 @@ import sqlalchemy as sa
 
 
 revision = '0024'
-down_revision = '0022'
+down_revision = '0023'
 branch_labels = None
 depends_on = None
 

@@ -1,0 +1,164 @@
+"""The review endpoints: a chapter's questions with their verdict, source, levels and review
+state, and approve, reject and edit (storage/review.py).
+
+Every action names the version of the question it was made from, as `If-Match: "N"` (the
+`ETag` a read gave) or `"version": N` in the body. A version that is no longer current is
+`409` with the current `version` and `question` in the problem document: nothing changed,
+never a silent overwrite. No version at all is `428`. Who acted is the API client: a hash of
+its bearer token (`producer.api.runs.client_of`), never the token itself.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body, Depends, Header, Path, Request
+from fastapi.responses import JSONResponse
+
+from examforge.syllabus import NAME_PATTERN
+from producer.api import schemas
+from producer.api.problems import problem, responses
+from producer.api.runs import client_of
+from producer.views import when
+
+router = APIRouter(tags=["review"])
+
+Slug = Annotated[str, Path(pattern=NAME_PATTERN, max_length=64,
+                           description="The exam's slug ([a-z0-9-], up to 64)")]
+ChapterId = Annotated[str, Path(pattern=NAME_PATTERN, max_length=64,
+                                description="The chapter's id ([a-z0-9-], up to 64)")]
+QuestionId = Annotated[int, Path(ge=1, le=2**62, description="The question's id")]
+IfMatch = Annotated[str | None, Header(
+    alias="If-Match", max_length=64,
+    description='The version the change was made from: the ETag a read gave ("3"); or '
+                "`version` in the body")]
+_ETAG = {"ETag": {"description": 'The question\'s version, quoted ("3")',
+                  "schema": {"type": "string"}}}
+
+
+def _ctx(request: Request) -> Any:
+    return request.app.state.ctx
+
+
+Ctx = Annotated[Any, Depends(_ctx)]
+
+
+def question_out(q: dict[str, Any]) -> dict[str, Any]:
+    """A review question as the API shows it: times in ISO 8601."""
+    return {**q, "created_at": when(q["created_at"]), "reviewed_at": when(q["reviewed_at"])}
+
+
+def _answer(q: dict[str, Any]) -> JSONResponse:
+    return JSONResponse(question_out(q), headers={"ETag": f'"{q["version"]}"'})
+
+
+def _version(if_match: str | None, body_version: int | None) -> int | JSONResponse:
+    """The version a change names, or the problem to answer."""
+    header: int | None = None
+    if if_match is not None:
+        tag = if_match.strip().removeprefix("W/").strip('"')
+        if not tag.isdigit() or not 1 <= int(tag) <= 2**62:
+            return problem(400, f'If-Match: {if_match[:64]!r} is not a version this API '
+                                'gave (its ETag, e.g. "3")')
+        header = int(tag)
+    if header is not None and body_version is not None and header != body_version:
+        return problem(400, f"If-Match says version {header} and the body {body_version}: "
+                            "give one version")
+    version = header if header is not None else body_version
+    if version is None:
+        return problem(428, "say which version of the question you changed: If-Match with "
+                            "its ETag, or `version` in the body (a read gives it)")
+    return version
+
+
+def _client(request: Request, c: Any) -> str:
+    return client_of(request.headers.get("authorization"), c.auth)
+
+
+@router.get("/exams/{slug}/review", response_model=schemas.ReviewSummary,
+            responses=responses(401, 404, 422))
+def review_summary(slug: Slug, c: Ctx) -> Any:
+    """Each chapter's questions by review state (`review SLUG --json`): in the bank (up to
+    the chapter's target), unreviewed, approved, rejected, and disputed by the blind solve
+    (null when this database has no verdicts)."""
+    chapters = [ch.as_dict() for ch in c.store.review_summary(slug)]
+    totals = {name: sum(ch[name] or 0 for ch in chapters)
+              for name in ("questions", "unreviewed", "approved", "rejected", "disputed")}
+    return {"exam": slug, "chapters": chapters, "totals": totals}
+
+
+@router.get("/exams/{slug}/chapters/{chapter_id}/questions",
+            response_model=schemas.ReviewChapter, responses=responses(401, 404, 422))
+def chapter_questions(slug: Slug, chapter_id: ChapterId, c: Ctx) -> Any:
+    """The chapter's questions for review, by number, each with its verdict, source, levels,
+    review state and version; then those rejected (out of the bank, kept for the record)."""
+    title, items = c.store.chapter_questions(slug, chapter_id)
+    return {"exam": slug, "chapter_id": chapter_id, "title": title,
+            "items": [question_out(q) for q in items]}
+
+
+@router.get("/exams/{slug}/questions/{question_id}", response_model=schemas.ReviewQuestion,
+            responses={**responses(401, 404, 422), 200: {"description": "The question",
+                                                         "headers": _ETAG}})
+def get_question(slug: Slug, question_id: QuestionId, c: Ctx) -> Any:
+    """One question with its review state; its `ETag` is its version."""
+    return _answer(c.store.review_question(slug, question_id))
+
+
+@router.get("/exams/{slug}/questions/{question_id}/history",
+            response_model=schemas.ReviewHistory, responses=responses(401, 404, 422))
+def question_history(slug: Slug, question_id: QuestionId, c: Ctx) -> Any:
+    """Every review action on the question, oldest first: who (the client), when, the
+    version it made, and for an edit each field it changed, before and after (the first
+    edit's `before` is the text as generated)."""
+    items = [{**h, "at": when(h["at"])} for h in c.store.question_history(slug, question_id)]
+    return {"items": items}
+
+
+_ACTION_RESPONSES: dict[int | str, dict[str, Any]] = {
+    **responses(400, 401, 404, 409, 413, 422, 428),
+    200: {"description": "The question as it is now", "headers": _ETAG}}
+
+
+@router.post("/exams/{slug}/questions/{question_id}/approve",
+             response_model=schemas.ReviewQuestion, responses=_ACTION_RESPONSES)
+def approve(slug: Slug, question_id: QuestionId, request: Request, c: Ctx,
+            if_match: IfMatch = None,
+            body: Annotated[schemas.ReviewAction | None, Body()] = None) -> Any:
+    """Approve the question as it is at the version named: `export --approved-only` (and
+    `?approved_only=true`) write it. 409 when it changed since."""
+    version = _version(if_match, body.version if body else None)
+    if isinstance(version, JSONResponse):
+        return version
+    return _answer(c.store.approve(slug, question_id, version, _client(request, c)))
+
+
+@router.post("/exams/{slug}/questions/{question_id}/reject",
+             response_model=schemas.ReviewQuestion, responses=_ACTION_RESPONSES)
+def reject(slug: Slug, question_id: QuestionId, request: Request, c: Ctx,
+           if_match: IfMatch = None,
+           body: Annotated[schemas.ReviewAction | None, Body()] = None) -> Any:
+    """Reject the question as it is at the version named, with an optional `note`: it leaves
+    its chapter's bank (never exported) and the next run or `enqueue` generates its number
+    again, paid once. Final: a rejected question cannot be approved or edited."""
+    version = _version(if_match, body.version if body else None)
+    if isinstance(version, JSONResponse):
+        return version
+    return _answer(c.store.reject(slug, question_id, version, _client(request, c),
+                                  note=body.note if body else None))
+
+
+@router.patch("/exams/{slug}/questions/{question_id}", response_model=schemas.ReviewQuestion,
+              responses=_ACTION_RESPONSES)
+def edit(slug: Slug, question_id: QuestionId, request: Request, c: Ctx,
+         body: Annotated[schemas.ReviewEdit, Body()], if_match: IfMatch = None) -> Any:
+    """Edit the question as it is at the version named: the fields given (`question`,
+    `choices`, `answer_index`, `explanation`, `difficulty`, `bloom`) replace the stored ones,
+    validated as a generated question is; the history keeps each one's value before. An
+    approved question edited is unreviewed again. 409 when it changed since."""
+    version = _version(if_match, body.version)
+    if isinstance(version, JSONResponse):
+        return version
+    changes = {name: getattr(body, name) for name in body.model_fields_set
+               if name != "version"}
+    return _answer(c.store.edit(slug, question_id, version, _client(request, c), changes))

@@ -1,0 +1,306 @@
+"""Review: a person approves, rejects or edits each stored question before export.
+
+Every action is one write transaction that checks the version the reviewer read and bumps it
+(optimistic concurrency): the UPDATE's condition is `version = <the version read>`, so of two
+reviewers who saved the same question from the same version one changes the row and the
+other changes nothing and gets VersionConflict (the API's 409) with the current version,
+never a silent overwrite. PostgreSQL re-checks the condition under the row lock; SQLite has
+one writer at a time.
+
+An edit changes the question row (exports carry the edited text) and records each changed
+field before and after in `question_edit`, with who (the API client) and when: the first
+edit's `before` values are the text as generated. An edit of an approved question makes it
+unreviewed again: what was approved is not what is stored any more. A rejected question is
+final: it is withdrawn from its chapter's numbering (`_withdraw_rejected`), so the next
+enqueue generates a replacement for its number, and it is never exported.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from typing import Any, Mapping
+
+from sqlalchemy import and_, func, insert, select, update
+from sqlalchemy.engine import Connection
+
+from examforge.errors import BadEdit, Conflict, UnknownChapter, UnknownQuestion, VersionConflict
+from examforge.output import ItemInvalid, check_item
+from examforge.syllabus import BLOOM_LEVELS, DIFFICULTIES
+from storage.base import QE, E, Q, S
+from storage.models import ReviewState, Verdict, Withdrawn
+from storage.verdicts import Verdicts
+
+# The fields an edit may change, in the order they are shown.
+EDITABLE = ("question", "choices", "answer_index", "explanation", "difficulty", "bloom")
+# The review actions, as question_edit.action names them.
+ACTIONS = ("approve", "reject", "edit")
+MAX_NOTE_CHARS = 2000
+MAX_TEXT_CHARS = 20_000  # an edited question, choice or explanation
+
+
+@dataclass
+class ChapterReview:
+    """`review SLUG`: a chapter's questions in the bank (up to its target) by review state,
+    those the blind solve disputed (None: no verdicts in this schema) and those rejected."""
+
+    chapter_id: str
+    title: str
+    target: int
+    questions: int
+    unreviewed: int
+    approved: int
+    rejected: int
+    disputed: int | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _in_range() -> Any:
+    return and_(S.c.exam == Q.c.exam, S.c.chapter_id == Q.c.chapter_id,
+                Q.c.number >= S.c.first_number, Q.c.number < S.c.first_number + S.c.target)
+
+
+def _row_view(r: Any) -> dict[str, Any]:
+    """A question as the review shows it."""
+    source = r.source
+    if isinstance(source, str):
+        try:
+            source = json.loads(source)
+        except ValueError:
+            pass
+    return {"id": r.id, "exam": r.exam, "chapter_id": r.chapter_id,
+            # A withdrawn question has no number any more: the one it had.
+            "number": r.number if r.number is not None else r.withdrawn_number,
+            "withdrawn": r.withdrawn,
+            "question": r.question, "choices": json.loads(r.choices),
+            "answer_index": r.answer_index, "explanation": r.explanation,
+            "difficulty": r.difficulty, "bloom": r.bloom, "model": r.model,
+            "created_at": r.created_at,
+            "verdict": r.verdict,
+            "source": source,
+            "review": r.review, "version": r.version, "reviewed_by": r.reviewed_by,
+            "reviewed_at": r.reviewed_at, "edited": bool(r.edits)}
+
+
+class Review(Verdicts):
+    """Review states, versions and the edit history of questions."""
+
+    def _columns(self) -> list[Any]:
+        edits = (select(func.count()).select_from(QE)
+                 .where(QE.c.question_id == Q.c.id, QE.c.action == "edit")
+                 .correlate(Q).scalar_subquery().label("edits"))
+        cols = [Q.c.id, Q.c.exam, Q.c.chapter_id, Q.c.number, Q.c.question, Q.c.choices,
+                Q.c.answer_index, Q.c.explanation, Q.c.difficulty, Q.c.bloom, Q.c.model,
+                Q.c.created_at, Q.c.review, Q.c.version, Q.c.reviewed_by, Q.c.reviewed_at,
+                Q.c.withdrawn, Q.c.withdrawn_number, edits]
+        cols += [Q.c.verdict, Q.c.source]
+        return cols
+
+    def review_summary(self, slug: str) -> list[ChapterReview]:
+        """Each chapter of the exam, in syllabus order, with its questions by review state."""
+        with self._read() as conn:
+            self._require_exam(conn, slug)
+            chapters = conn.execute(
+                select(S.c.chapter_id, func.min(S.c.title).label("title"),
+                       func.min(S.c.position).label("position"),
+                       func.sum(S.c.target).label("target"))
+                .where(S.c.exam == slug).group_by(S.c.chapter_id)
+                .order_by(func.min(S.c.position), S.c.chapter_id)).all()
+            counts: dict[tuple[str, str], int] = {}
+            for chapter_id, review, n in conn.execute(
+                    select(Q.c.chapter_id, Q.c.review, func.count())
+                    .select_from(Q.join(S, _in_range())).where(Q.c.exam == slug)
+                    .group_by(Q.c.chapter_id, Q.c.review)):
+                counts[(chapter_id, review)] = int(n)
+            rejected = {c: int(n) for c, n in conn.execute(
+                select(Q.c.chapter_id, func.count()).where(
+                    Q.c.exam == slug, Q.c.review == ReviewState.rejected.value)
+                .group_by(Q.c.chapter_id))}
+            disputed: dict[str, int] | None = {c: int(n) for c, n in conn.execute(
+                select(Q.c.chapter_id, func.count()).where(
+                    Q.c.exam == slug, Q.c.verdict == Verdict.disputed.value,
+                    Q.c.review != ReviewState.rejected.value)
+                .group_by(Q.c.chapter_id))}
+        out = []
+        for ch in chapters:
+            unreviewed = counts.get((ch.chapter_id, ReviewState.unreviewed.value), 0)
+            approved = counts.get((ch.chapter_id, ReviewState.approved.value), 0)
+            in_bank = sum(n for (c, _), n in counts.items() if c == ch.chapter_id)
+            out.append(ChapterReview(
+                chapter_id=ch.chapter_id, title=ch.title, target=int(ch.target or 0),
+                questions=in_bank, unreviewed=unreviewed, approved=approved,
+                rejected=int(rejected.get(ch.chapter_id, 0)),
+                disputed=None if disputed is None else disputed.get(ch.chapter_id, 0)))
+        return out
+
+    def chapter_questions(self, slug: str, chapter_id: str) -> tuple[str, list[dict[str, Any]]]:
+        """The chapter's title and its questions for review, by number: those in the bank
+        (up to its target), then those withdrawn from it (rejected by a reviewer, or disputed
+        by the blind solve under VERIFY=replace), kept for the record, by the number they
+        had."""
+        with self._read() as conn:
+            self._require_exam(conn, slug)
+            title = conn.execute(select(S.c.title).where(
+                S.c.exam == slug, S.c.chapter_id == chapter_id).limit(1)).scalar()
+            if title is None:
+                raise UnknownChapter(f"chapter {chapter_id!r} is not a chapter of exam {slug}")
+            in_bank = conn.execute(
+                select(*self._columns()).select_from(Q.join(S, _in_range()))
+                .where(Q.c.exam == slug, Q.c.chapter_id == chapter_id,
+                       Q.c.review != ReviewState.rejected.value)
+                .order_by(Q.c.number)).all()
+            gone = conn.execute(
+                select(*self._columns()).where(
+                    Q.c.exam == slug, Q.c.chapter_id == chapter_id,
+                    Q.c.number.is_(None) | (Q.c.review == ReviewState.rejected.value))
+                .order_by(Q.c.withdrawn_number, Q.c.id)).all()
+        return title, [_row_view(r) for r in (*in_bank, *gone)]
+
+    def review_question(self, slug: str, question_id: int) -> dict[str, Any]:
+        with self._read() as conn:
+            return self._current(conn, slug, question_id)
+
+    def question_history(self, slug: str, question_id: int) -> list[dict[str, Any]]:
+        """Every review action on the question, oldest first."""
+        with self._read() as conn:
+            self._current(conn, slug, question_id)
+            rows = conn.execute(select(QE).where(QE.c.question_id == question_id,
+                                                 QE.c.exam == slug).order_by(QE.c.id)).all()
+        return [{"action": r.action, "version": r.version, "client": r.client, "at": r.at,
+                 "changes": json.loads(r.changes) if r.changes else None, "note": r.note}
+                for r in rows]
+
+    def _current(self, conn: Connection, slug: str, question_id: int) -> dict[str, Any]:
+        row = conn.execute(select(*self._columns()).where(
+            Q.c.id == question_id, Q.c.exam == slug)).first()
+        if row is None:
+            raise UnknownQuestion(f"exam {slug} has no question {question_id}")
+        return _row_view(row)
+
+    # ---- actions ----------------------------------------------------------------------
+
+    def approve(self, slug: str, question_id: int, version: int,
+                client: str) -> dict[str, Any]:
+        """Approve the question as it is at `version`. Approving an approved question
+        changes nothing; a rejected one cannot be approved (it is out of its chapter)."""
+        return self._act(slug, question_id, version, client, "approve")
+
+    def reject(self, slug: str, question_id: int, version: int, client: str,
+               note: str | None = None) -> dict[str, Any]:
+        """Reject the question as it is at `version`: it leaves the bank (never exported)
+        and its number is generated again by the next enqueue."""
+        return self._act(slug, question_id, version, client, "reject", note=note)
+
+    def edit(self, slug: str, question_id: int, version: int, client: str,
+             changes: Mapping[str, Any]) -> dict[str, Any]:
+        """Change the fields in `changes` (EDITABLE) of the question as it is at `version`,
+        validated as a generated question is (four distinct choices, an answer 0-3, known
+        levels). Fields given with their current value are no change; no change at all
+        changes nothing (not even the version)."""
+        unknown = sorted(set(changes) - set(EDITABLE))
+        if unknown:
+            raise BadEdit(f"{unknown[0]}: not a field an edit can change "
+                          f"({', '.join(EDITABLE)})")
+        return self._act(slug, question_id, version, client, "edit", changes=changes)
+
+    def _act(self, slug: str, question_id: int, version: int, client: str, action: str,
+             *, changes: Mapping[str, Any] | None = None,
+             note: str | None = None) -> dict[str, Any]:
+        if note is not None and len(note) > MAX_NOTE_CHARS:
+            raise BadEdit(f"note: over {MAX_NOTE_CHARS} characters")
+        with self._write() as conn:
+            # The lock order of every writer of an exam (Ledger._exam_first): its row first.
+            self._exam_first(conn, slug)
+            current = self._current(conn, slug, question_id)
+            if current["version"] != version:
+                raise self._conflict(current, version)
+            state = current["review"]
+            verb = "approved" if action == "approve" else "edited"
+            if state == ReviewState.rejected.value:
+                if action == "reject":
+                    return current  # already so
+                raise Conflict(f"question {question_id} of exam {slug} was rejected: it is "
+                               f"out of its chapter and cannot be {verb}")
+            if current["withdrawn"] is not None and action != "reject":
+                raise Conflict(f"question {question_id} of exam {slug} was withdrawn from its "
+                               f"chapter ({current['withdrawn']}) and a replacement takes its "
+                               f"number: it cannot be {verb}")
+            values: dict[str, Any] = {}
+            diff: dict[str, list[Any]] | None = None
+            if action == "approve":
+                if state == ReviewState.approved.value:
+                    return current
+                values["review"] = ReviewState.approved.value
+            elif action == "reject":
+                values["review"] = ReviewState.rejected.value
+            else:
+                diff, values = _edit_values(current, changes or {})
+                if not diff:
+                    return current
+                if state == ReviewState.approved.value:
+                    values["review"] = ReviewState.unreviewed.value
+                    diff["review"] = [state, ReviewState.unreviewed.value]
+            now = conn.execute(select(self._now)).scalar_one()
+            done = conn.execute(update(Q).where(
+                Q.c.id == question_id, Q.c.exam == slug, Q.c.version == version).values(
+                    **values, version=Q.c.version + 1, reviewed_by=client,
+                    reviewed_at=now)).rowcount
+            if done != 1:  # another writer's commit got in between our read and this
+                raise self._conflict(self._current(conn, slug, question_id), version)
+            conn.execute(insert(QE).values(
+                question_id=question_id, exam=slug, chapter_id=current["chapter_id"],
+                number=current["number"], action=action, version=version + 1,
+                client=client, at=now, note=note,
+                changes=None if diff is None else json.dumps(diff, ensure_ascii=False)))
+            if action == "reject":
+                self._withdraw_rejected(conn, slug, [question_id])
+            conn.execute(update(E).where(E.c.slug == slug).values(updated_at=now))
+            return self._current(conn, slug, question_id)
+
+    def _withdraw_rejected(self, conn: Connection, slug: str, question_ids: list[int]) -> None:
+        """Take rejected questions out of their chapter's numbering in the rejecting
+        transaction (Store.withdraw's, reason `rejected`): their numbers are free and a done
+        slice that held one is pending again, so the next enqueue generates exactly the
+        missing numbers."""
+        self._withdraw(conn, slug, question_ids, Withdrawn.rejected)
+
+    @staticmethod
+    def _conflict(current: dict[str, Any], version: int) -> VersionConflict:
+        return VersionConflict(
+            f"question {current['id']} of exam {current['exam']} is at version "
+            f"{current['version']}, not {version}: someone saved it since you read it "
+            "(nothing was changed; read it again and redo your change)",
+            current["version"], current)
+
+
+def _edit_values(current: Mapping[str, Any],
+                 changes: Mapping[str, Any]) -> tuple[dict[str, list[Any]], dict[str, Any]]:
+    """The fields an edit changes as {field: [before, after]}, and the row's new values."""
+    merged = {name: changes.get(name, current[name]) for name in EDITABLE}
+    for name in ("question", "explanation"):
+        if isinstance(merged[name], str) and len(merged[name]) > MAX_TEXT_CHARS:
+            raise BadEdit(f"{name}: over {MAX_TEXT_CHARS} characters")
+    if isinstance(merged["choices"], list) and any(
+            isinstance(c, str) and len(c) > MAX_TEXT_CHARS for c in merged["choices"]):
+        raise BadEdit(f"choices: a choice over {MAX_TEXT_CHARS} characters")
+    try:
+        checked = check_item({k: merged[k] for k in EDITABLE[:4]})
+    except ItemInvalid as exc:
+        raise BadEdit(str(exc)) from None
+    if not checked.explanation:
+        raise BadEdit("explanation: must be a non-empty string")
+    for name, allowed in (("difficulty", DIFFICULTIES), ("bloom", BLOOM_LEVELS)):
+        value = merged[name]
+        if value is not None and value not in allowed:
+            raise BadEdit(f"{name}: must be one of {', '.join(allowed)}, or null")
+    after = {"question": checked.question, "choices": list(checked.choices),
+             "answer_index": checked.answer_index, "explanation": checked.explanation,
+             "difficulty": merged["difficulty"], "bloom": merged["bloom"]}
+    diff = {name: [current[name], after[name]] for name in EDITABLE
+            if after[name] != current[name]}
+    values = {name: after[name] for name in diff}
+    if "choices" in values:
+        values["choices"] = json.dumps(values["choices"], ensure_ascii=False)
+    return diff, values
