@@ -29,7 +29,8 @@ SOLVE_TOKENS_PER_QUESTION = 20
 SOLVE_MAX_QUESTIONS = 25
 
 SYSTEM = ("You are an expert examiner. Answer each multiple-choice question with the letter of "
-          "its single best choice. Reply with JSON only, in the form "
+          "its single best choice; where a passage of the course material is given before a "
+          "question, answer as that material says. Reply with JSON only, in the form "
           '{"answers": [{"n": 1, "choice": "A"}, ...]}, one entry per question, in order.')
 
 
@@ -58,12 +59,14 @@ def item(question: str, choices: Sequence[str]) -> SolveItem:
 def build_messages(items: Sequence[SolveItem], passages: Sequence[str | None] = ()
                    ) -> list[dict[str, str]]:
     """The solve request: the questions, numbered from 1, each with its reordered choices
-    (and, when given, the passage it cites), and nothing of their keys."""
+    (and, when given, the passage of the course material it cites, on one line before it:
+    the material can hold anything, a line reading like a question or a choice included),
+    and nothing of their keys."""
     lines = [f"{SOLVE_HEADER}: {len(items)}", ""]
     for n, it in enumerate(items, 1):
         passage = passages[n - 1] if n - 1 < len(passages) else None
-        if passage:
-            lines.append(f"Passage {n}: {passage}")
+        if passage and passage.strip():
+            lines.append(f"Passage {n}: {' '.join(passage.split())}")
         lines.append(f"Question {n}: {it.question}")
         for letter, index in zip(LETTERS, it.order):
             lines.append(f"{letter}. {it.choices[index]}")

@@ -379,6 +379,7 @@ class ChatEngine:
             state.solves += 1
             state.solved_questions += solved.answers
             state.solver_errors += solved.errors
+            state.solved_with_passage += solved.passages
         content, tokens, cut = cut_at_max_tokens(Content(text, finish), call.model, call.max_tokens)
         tokens = round(tokens * config.usage_factor)
         payload = completion_payload(completion_id, call.model, content.text, content.finish_reason,

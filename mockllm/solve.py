@@ -3,7 +3,9 @@ examforge's solve header (`examforge.verify.SOLVE_HEADER`) lists questions with 
 in a shown order, and no key. The mock answers each truthfully: the correct choice of a
 question it wrote is the one good practice among its choices (`questions.true_index`), never
 what any key said. ``solver_error_rate`` of the answers pick a wrong choice instead, drawn
-per question text and seed, so that a question solved again gets the same answer.
+per question text and seed, so that a question solved again gets the same answer. A question
+shown with a passage of the course material (`Passage n: ...`) is answered the same way; the
+passages are counted.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from examforge.verify import LETTERS, SOLVE_HEADER
 from mockllm.questions import true_index
 
 _QUESTION = re.compile(r"^Question (\d+): (.*)$")
+_PASSAGE = re.compile(r"^Passage (\d+): ")
 _CHOICE = re.compile(r"^([A-D])\. (.*)$")
 
 
@@ -27,6 +30,7 @@ class Solved:
     answers: int
     errors: int  # answers the solver's own error rate made wrong
     unknown: int  # questions the mock did not write (answered A)
+    passages: int = 0  # questions shown with a passage of the course material
 
 
 def is_solve(text: str) -> bool:
@@ -41,7 +45,11 @@ def _rng(*parts: object) -> random.Random:
 def solve(text: str, seed: int, error_rate: float) -> Solved:
     """The reply content of a solve request: {"answers": [{"n": 1, "choice": "B"}, ...]}."""
     listed: list[tuple[int, str, list[str]]] = []
+    passages = 0
     for line in text.splitlines():
+        if _PASSAGE.match(line):  # the material does not change the truthful answer
+            passages += 1
+            continue
         q = _QUESTION.match(line)
         if q:
             listed.append((int(q.group(1)), q.group(2), []))
@@ -61,4 +69,4 @@ def solve(text: str, seed: int, error_rate: float) -> Solved:
             pick = _rng("solve-wrong", seed, question).choice(wrong)
             errors += 1
         answers.append({"n": n, "choice": LETTERS[pick]})
-    return Solved(json.dumps({"answers": answers}), len(answers), errors, unknown)
+    return Solved(json.dumps({"answers": answers}), len(answers), errors, unknown, passages)

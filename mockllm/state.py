@@ -75,6 +75,7 @@ class MockState:
         self.solves = 0
         self.solved_questions = 0
         self.solver_errors = 0
+        self.solved_with_passage = 0
         self.batch_creates_lost = 0
         self.batch_uploads_failed = 0
         self.usage = UsageLog()
@@ -276,7 +277,8 @@ class MockState:
         schema that a constrained decoder cannot produce, served as ``ok``: see
         ``mockllm.faults.SCHEMA_PREVENTED``). Blind solves (mockllm.solve): ``solves`` (replies with
         answers), ``solved_questions`` (answers in them), ``solver_errors`` (of those, the ones
-        ``solver_error_rate`` made wrong).
+        ``solver_error_rate`` made wrong), ``solved_with_passage`` (questions shown with a
+        passage of the course material).
         Rate limits: ``admitted_total``, ``admitted_at`` (seconds since the reset at which each
         request passed the limiter), ``max_admitted_in_1s`` (the busiest 1-second window),
         ``rate_limited_by_type`` (``requests``/``tokens``).
@@ -305,6 +307,7 @@ class MockState:
             "solves": self.solves,
             "solved_questions": self.solved_questions,
             "solver_errors": self.solver_errors,
+            "solved_with_passage": self.solved_with_passage,
             "batch_creates_lost": self.batch_creates_lost,
             "batch_uploads_failed": self.batch_uploads_failed,
             "admitted_total": len(self.admitted_at),

@@ -40,7 +40,7 @@ from producer.words import plural
 from storage import Store, connect, open_existing_store, open_store
 from storage.db import SCHEMA_REVISION, backup_sqlite, current_revision, database_error
 from storage.models import ExamMode
-from storage.reports import ExamReport, batch_counts, batch_status
+from storage.reports import ExamReport, VerificationCounts, batch_counts, batch_status
 
 if TYPE_CHECKING:
     from producer.prune import Duration
@@ -298,13 +298,25 @@ def exams(as_json: bool, limit: int, after: str | None, every: bool) -> None:
 STATUS_TABLE_ROWS = 1000
 
 
+def _verdicts(v: VerificationCounts) -> str:
+    """A chapter's or an exam's blind-solve verdicts, as `status` prints them."""
+    disputed = f"{v.disputed} disputed"
+    if v.withdrawn:
+        disputed += (" (replaced)" if v.withdrawn == v.disputed
+                     else f" ({v.withdrawn} replaced)")
+    return f"{v.agreed} agreed, {disputed}, {v.pending} pending"
+
+
 def _print_status(report: ExamReport) -> None:
     ch, q, u = report.chapters, report.questions, report.usage
     table = Table(title=f"{report.title} ({report.exam}) — {report.state}")
     # Chapters with sources: the passages their stored questions cite, of how many.
     grounded = any(c.material is not None for c in report.chapter_list)
+    # Under VERIFY: the blind solve's verdicts (agreed, disputed, pending).
+    verified = report.verification is not None
     for col in ("chapter", "state", "questions", "slices done", "attempts", "calls",
-                *(("material cited",) if grounded else ()), "last error"):
+                *(("material cited",) if grounded else ()),
+                *(("verdicts",) if verified else ()), "last error"):
         table.add_column(col)
     shown = report.chapter_list
     if len(shown) > STATUS_TABLE_ROWS:
@@ -320,8 +332,10 @@ def _print_status(report: ExamReport) -> None:
         material = () if not grounded else (
             (f"{c.material.cited}/{c.material.passages} ({c.material.share:.0%})",)
             if c.material is not None else ("",))
+        verdicts = () if not verified else (
+            (_verdicts(c.verification),) if c.verification is not None else ("",))
         table.add_row(c.id, state, f"{c.questions.done}/{c.questions.target}", slices,
-                      str(c.attempts), str(c.calls), *material, error)
+                      str(c.attempts), str(c.calls), *material, *verdicts, error)
     out.print(table)
     if report.batches:
         _print_batches(report)
@@ -334,6 +348,8 @@ def _print_status(report: ExamReport) -> None:
               + (f" ({waiting} of them waiting on a provider batch)" if waiting else "")
               + f", {ch.pending} pending, {ch.failed} failed, {ch.cancelled} cancelled")
     out.print(f"questions: {q.done}/{q.target}")
+    if report.verification is not None:
+        out.print(f"verification: {_verdicts(report.verification)}")
     if report.started_at is not None:
         out.print(f"time: started {when(report.started_at)}"
                   + (f", finished {when(report.finished_at)}" if report.finished_at else "")

@@ -27,7 +27,7 @@ FORMATS = (*TABLE_FORMATS, *banks.FORMATS)
 BINARY_FORMATS = ("anki", "qti")
 CSV_COLUMNS = ["exam", "chapter_id", "number", "question", "choice_a", "choice_b", "choice_c",
                "choice_d", "answer_index", "explanation", "difficulty", "bloom", "source",
-               "model", "created_at"]
+               "verdict", "model", "created_at"]
 
 Rows = Iterable[dict[str, object]]
 
@@ -94,7 +94,8 @@ def write_csv(rows: Rows, out: IO[str], *, dated: bool = False) -> int:
         writer.writerow([r["exam"], r["chapter_id"], r["number"], r["question"],
                          *r["choices"], r["answer_index"], r["explanation"],  # type: ignore[misc]
                          r.get("difficulty") or "", r.get("bloom") or "",
-                         r.get("source") or "", r["model"], r["created_at"]])
+                         r.get("source") or "", r.get("verdict") or "", r["model"],
+                         r["created_at"]])
     return n
 
 
@@ -148,7 +149,8 @@ def bank_questions(rows: Rows) -> Iterator[banks.BankQuestion]:
             chapter_id=str(r["chapter_id"]), number=int(r["number"]),  # type: ignore[call-overload]
             question=str(r["question"]), choices=tuple(r["choices"]),  # type: ignore[arg-type]
             answer_index=int(r["answer_index"]),  # type: ignore[call-overload]
-            explanation=str(r["explanation"]), tags=tags(r), source=str(r.get("source") or ""))
+            explanation=str(r["explanation"]), tags=tags(r), source=str(r.get("source") or ""),
+            verdict=str(r.get("verdict") or ""))
 
 
 def default_name(fmt: str) -> str:

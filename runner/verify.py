@@ -65,7 +65,8 @@ def solve_pending(rt: Any, claim: Claimed, check: Callable[[], None],
         check()
         chunk = pending[:verify.SOLVE_MAX_QUESTIONS]
         items = [verify.item(p.question, p.choices) for p in chunk]
-        messages = verify.build_messages(items)
+        # With sources, each question is solved with the passage it cites (issue 20).
+        messages = verify.build_messages(items, [p.passage for p in chunk])
         cap = verify.max_tokens(len(items))
         prompt_tokens = solver.count_prompt(messages)
         admission = solver.admit(messages, cap, max_wait_s=RATE_WAIT_MAX_S, check=check,

@@ -19,7 +19,7 @@ from storage.base import (ACTIVE_SLICE, ACTIVE_STATES, IN_FLIGHT_CALL, E, K, Q, 
 from storage.batches import B
 from storage.grounding import coverage as material_coverage
 from storage.types import BatchRow, submission_of
-from storage.models import CallOutcome, ChapterState, ReviewState
+from storage.models import CallOutcome, ChapterState, ReviewState, Verdict
 
 
 RECENT_ERRORS = 5  # the failed and wasted calls a report lists
@@ -176,6 +176,8 @@ class ChapterReport:
     # For a chapter with sources (examforge.sources): how many of its passages its stored
     # questions cite, of how many, and that share.
     material: "MaterialCoverage | None" = None
+    # Under VERIFY (any of its questions has a verdict): what the blind solve said.
+    verification: "VerificationCounts | None" = None
 
     @property
     def slices_done(self) -> int:
@@ -189,6 +191,46 @@ class MaterialCoverage:
     cited: int
     passages: int
     share: float
+
+
+@dataclass
+class VerificationCounts:
+    """What the blind solve (VERIFY) said of a chapter's or an exam's questions: `agreed`
+    and `pending` count the questions in the bank (numbered); `disputed` every question
+    whose key the solver contradicted, of which `withdrawn` left the numbering (VERIFY=replace:
+    replaced) and the rest stay flagged (VERIFY=flag)."""
+
+    agreed: int = 0
+    disputed: int = 0
+    pending: int = 0
+    withdrawn: int = 0
+
+    def add(self, other: "VerificationCounts") -> None:
+        self.agreed += other.agreed
+        self.disputed += other.disputed
+        self.pending += other.pending
+        self.withdrawn += other.withdrawn
+
+
+def verification_counts(conn: Connection, slug: str) -> dict[str, VerificationCounts]:
+    """{chapter id: its VerificationCounts} for the chapters with a verified question."""
+    counts: dict[str, VerificationCounts] = {}
+    for chapter_id, verdict, withdrawn, n in conn.execute(
+            select(Q.c.chapter_id, Q.c.verdict, Q.c.withdrawn.is_not(None), func.count())
+            .where(Q.c.exam == slug, Q.c.verdict.is_not(None))
+            .group_by(Q.c.chapter_id, Q.c.verdict, Q.c.withdrawn.is_not(None))):
+        c = counts.setdefault(chapter_id, VerificationCounts())
+        if verdict == Verdict.disputed.value:
+            c.disputed += n
+            if withdrawn:
+                c.withdrawn += n
+        elif withdrawn:
+            continue  # agreed, then rejected by a reviewer: out of the bank
+        elif verdict == Verdict.agreed.value:
+            c.agreed += n
+        elif verdict == Verdict.pending.value:
+            c.pending += n
+    return counts
 
 
 _CHAPTER_STATE_ORDER = (ChapterState.running, ChapterState.pending, ChapterState.failed,
@@ -321,6 +363,8 @@ class ExamReport:
     batches: list[BatchRow] = field(default_factory=list)
     # Why it is paused, as examforge.errors.PauseCode (pause_reason is its human text).
     pause_code: str | None = None
+    # The chapters' VerificationCounts summed; None when no question was verified.
+    verification: VerificationCounts | None = None
 
     @property
     def finished(self) -> bool:
@@ -533,6 +577,7 @@ class Reports(StoreBase):
             self._require_exam(conn, slug)
             exam = conn.execute(select(E, self._now.label("now")).where(E.c.slug == slug)).one()
             coverage = material_coverage(conn, slug)
+            verified = verification_counts(conn, slug)
             usage_rows = conn.execute(
                 select(K.c.chapter_id, K.c.outcome, K.c.endpoint, K.c.usage_estimated,
                        K.c.price_known, K.c.model, K.c.service_tier, func.count(),
@@ -607,6 +652,11 @@ class Reports(StoreBase):
                 cited, passages = covered
                 chapter.material = MaterialCoverage(cited, passages,
                                                     round(cited / passages, 4) if passages else 0.0)
+        verification = VerificationCounts() if verified else None
+        for chapter in listed:
+            chapter.verification = verified.get(chapter.id)
+            if chapter.verification is not None and verification is not None:
+                verification.add(chapter.verification)
         finished = counts.pending + counts.running == 0
         started_at, finished_at = times.first, times.last if finished else None
         return ExamReport(
@@ -627,7 +677,8 @@ class Reports(StoreBase):
             questions_last_minute=times.last_minute,
             recent_errors=[RecentError(r.finished_at, r.chapter_id, r.slice_no, r.outcome,
                                        r.reason, r.detail) for r in errors],
-            mode=getattr(exam, "mode", None) or "sync", batches=batches)
+            mode=getattr(exam, "mode", None) or "sync", batches=batches,
+            verification=verification)
 
     @staticmethod
     def _chapter_report(chapter_id: str, rows: list[Any], now: float,
@@ -685,7 +736,7 @@ class Reports(StoreBase):
             rows = conn.execution_options(stream_results=True, yield_per=batch).execute(
                 select(Q.c.exam, Q.c.chapter_id, Q.c.number, Q.c.question, Q.c.choices,
                        Q.c.answer_index, Q.c.explanation, Q.c.difficulty, Q.c.bloom,
-                       Q.c.source, Q.c.model, Q.c.created_at)
+                       Q.c.source, Q.c.verdict, Q.c.model, Q.c.created_at)
                 .join(S, self._in_range())
                 .where(Q.c.exam == slug, Q.c.review == ReviewState.approved.value
                        if approved_only else Q.c.review != ReviewState.rejected.value)
@@ -698,7 +749,7 @@ class Reports(StoreBase):
                        "question": r.question, "choices": loads(r.choices),
                        "answer_index": r.answer_index, "explanation": r.explanation,
                        "difficulty": r.difficulty, "bloom": r.bloom, "source": r.source,
-                       "model": r.model, "created_at": r.created_at}
+                       "verdict": r.verdict, "model": r.model, "created_at": r.created_at}
 
     def outline(self, slug: str) -> tuple[str, list[tuple[str, str, int]]]:
         """The exam's title and its chapters as (id, title, position), in the order

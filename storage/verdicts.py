@@ -20,8 +20,11 @@ from sqlalchemy.exc import SQLAlchemyError
 from examforge.errors import LeaseLost
 from storage.base import SLICE_KEY, E, K, Q, S, lease_fence
 from storage.ledger import Ledger
-from storage.models import CallOutcome, CallReason, ChapterState, Verdict, Withdrawn
+from storage.models import (CallOutcome, CallReason, ChapterState, PassageRow, Verdict,
+                            Withdrawn)
 from storage.types import Claimed, Usage
+
+P = PassageRow.__table__  # type: ignore[attr-defined]
 
 
 @dataclass(frozen=True)
@@ -33,6 +36,9 @@ class Pending:
     question: str
     choices: tuple[str, ...]
     answer_index: int
+    # The text of the passage it cites (a chapter with sources), which the solver is shown
+    # with it; None without one.
+    passage: str | None = None
 
 
 @dataclass(frozen=True)
@@ -69,14 +75,16 @@ class Verdicts(Ledger):
         with self._read() as conn:
             rows = conn.execute(select(
                 Q.c.id, Q.c.number, Q.c.question, Q.c.choices, Q.c.answer_index,
-                S.c.first_number, S.c.target).join(S, and_(
+                P.c.text.label("passage")).join(S, and_(
                     S.c.exam == Q.c.exam, S.c.chapter_id == Q.c.chapter_id,
                     Q.c.number >= S.c.first_number, Q.c.number < S.c.first_number + S.c.target))
+                .outerjoin(P, and_(P.c.exam == Q.c.exam, P.c.chapter_id == Q.c.chapter_id,
+                                   P.c.seq == Q.c.passage))
                 .where(Q.c.exam == claim.exam, Q.c.chapter_id == claim.chapter_id,
                        S.c.slice_no == claim.slice_no, Q.c.verdict == Verdict.pending.value)
                 .order_by(Q.c.number)).all()
         return [Pending(r.id, r.number, r.question, tuple(json.loads(r.choices)),
-                        r.answer_index) for r in rows]
+                        r.answer_index, r.passage) for r in rows]
 
     def commit_verdicts(self, claim: Claimed, lease_s: float, call_id: int | None,
                         solved: Sequence[tuple[int, int | None]], *, usage: Usage = Usage(),

@@ -55,6 +55,9 @@ class BankQuestion:
     tags: tuple[str, ...] = ()  # e.g. ("difficulty:hard", "bloom:apply"); may be empty
     # Where it was written from ("guide.pdf, page 4, passage p3"; examforge.sources), or "".
     source: str = ""
+    # What the blind solve said of its key (VERIFY: "agreed", "disputed", "pending"), or ""
+    # when it was never verified.
+    verdict: str = ""
 
     def __post_init__(self) -> None:
         where = f"question {self.chapter_id}/{self.number}"
@@ -64,16 +67,33 @@ class BankQuestion:
             raise ValueError(f"{where}: needs exactly 4 choices, has {len(self.choices)}")
         if isinstance(self.answer_index, bool) or self.answer_index not in (0, 1, 2, 3):
             raise ValueError(f"{where}: answer_index must be 0..3, is {self.answer_index!r}")
-        for text in (self.question, *self.choices, self.explanation, *self.tags, self.source):
+        for text in (self.question, *self.choices, self.explanation, *self.tags, self.source,
+                     self.verdict):
             _check_text(text, where)
 
     @property
     def feedback(self) -> str:
-        """What a bank shows after the answer: the explanation, then the source, if any."""
-        if not self.source:
+        """What a bank shows after the answer: the explanation, then the source and the
+        verdict of the blind solve, each on a line of its own when there is one."""
+        lines = [f"Source: {self.source}"] if self.source else []
+        if self.verdict:
+            lines.append(verdict_line(self.verdict))
+        if not lines:
             return self.explanation
-        line = f"Source: {self.source}"
-        return f"{self.explanation}\n\n{line}" if self.explanation else line
+        tail = "\n".join(lines)
+        return f"{self.explanation}\n\n{tail}" if self.explanation else tail
+
+
+# The feedback line of each verdict (storage.models.Verdict's values).
+VERDICT_LINES = {
+    "agreed": "Verdict: agreed (an independent blind solve chose this key)",
+    "disputed": "Verdict: disputed (an independent blind solve chose another answer)",
+    "pending": "Verdict: pending (the blind solve has not answered yet)",
+}
+
+
+def verdict_line(verdict: str) -> str:
+    return VERDICT_LINES.get(verdict, f"Verdict: {verdict}")
 
 
 def _check_id(value: str, what: str) -> None:

@@ -129,3 +129,54 @@ def test_a_failed_or_unreadable_solve_is_booked_and_solved_again(make_settings, 
     assert all(q["verdict"] in ("agreed", "disputed") for q in questions)
     assert exam.reserved_usd == pytest.approx(0, abs=1e-12)
     assert exam.spent_usd == pytest.approx(sum(c["cost_usd"] for c in calls))
+
+
+def test_with_sources_each_question_is_solved_with_the_passage_it_cites(
+        make_settings, db_url, mock):
+    """A chapter with sources: the solve request shows each question its cited passage (on
+    one line before it), and the mock still answers truthfully, so the verdicts are right."""
+    from examforge.sources import read_material
+    from examforge.syllabus import Syllabus
+    from runner.pipeline import Runtime, process_chapter
+    from storage import open_store
+
+    notes = "\n\n".join(f"## Topic {i}\n\nLine one of topic {i}.\nQuestion 9: not a question "
+                        f"but notes.\nA. not a choice either, fact{i}." for i in (1, 2))
+    settings = make_settings(database_url=db_url, llm_base_url=mock.base_url, verify="flag",
+                             questions_per_call=5, slice_questions=10, **PRICES)
+    store = open_store(settings.database_url)
+    syllabus = Syllabus.model_validate({"title": "T", "chapters": [
+        {"id": "a", "title": "A", "questions": 10, "sources": ["n.md"]}]})
+    plan = store.sync_exam("ex", syllabus, slice_questions=10, budget_usd=5.0, material={
+        "a": read_material(["n.md"], lambda name: notes.encode(), str)})
+    rt = Runtime.build(settings, store)
+    requests: list[str] = []
+    solver = rt.solver()
+    real = solver.complete
+
+    def spy(messages, **kw):
+        requests.append(messages[1]["content"])
+        return real(messages, **kw)
+    solver.complete = spy
+    try:
+        for chapter_id, slice_no in plan.slices:
+            assert process_chapter(rt, "ex", chapter_id, slice_no).outcome == "done"
+    finally:
+        rt.close()
+    questions, calls, _ = _rows(store)
+    passages = {p.seq: p.text for p in store.chapter_passages("ex", "a")}
+    assert len(questions) == 10 and all(q["passage"] in passages for q in questions)
+    assert len(requests) == 2 and len(passages) == 2
+    for text in requests:
+        lines = text.splitlines()
+        for n in range(1, 6):
+            shown = lines[lines.index(next(x for x in lines if x.startswith(f"Question {n}:")))
+                          - 1]
+            assert shown.startswith(f"Passage {n}: ")
+            assert shown.removeprefix(f"Passage {n}: ") in {
+                " ".join(t.split()) for t in passages.values()}
+    for q in questions:  # the notes' look-alike lines did not mislead the mock's solver
+        assert (q["verdict"] == "agreed") == _truthful(q)
+    stats = _stats(mock)
+    assert stats["solved_with_passage"] == stats["solved_questions"] == 10
+    store.engine.dispose()
