@@ -164,6 +164,16 @@ class ExamStored(BaseModel):
     questions: int
 
 
+class VerificationOut(BaseModel):
+    """What the blind solve said: questions in the bank `agreed` and `pending`; every
+    question `disputed`, of which `withdrawn` left the bank (VERIFY=replace: replaced)."""
+
+    agreed: int
+    disputed: int
+    pending: int
+    withdrawn: int
+
+
 class ChapterStatus(BaseModel):
     """A chapter of `status --json` (every field it has; the ones about reasons typed here)."""
 
@@ -182,6 +192,8 @@ class ChapterStatus(BaseModel):
         "Why the reconciler last re-published it, for people."))
     requeue_code: str | None = Field(default=None, description=(
         "The same as a code: worker_vanished, broker_epoch_changed, message_lost or legacy."))
+    verification: VerificationOut | None = Field(default=None, description=(
+        "The blind solve's verdicts (VERIFY) of its questions; null when none was verified."))
 
 
 class ExamStatus(BaseModel):
@@ -204,6 +216,9 @@ class ExamStatus(BaseModel):
     mode: str = Field("sync", description="sync, or batch (the provider's Batch API)")
     batches: list[BatchOut] = Field(default_factory=list,
                                     description="Its provider batches, newest first.")
+    verification: VerificationOut | None = Field(default=None, description=(
+        "The blind solve's verdicts (VERIFY) over its chapters (each chapter has its own "
+        "`verification`); null when no question was verified."))
 
 
 class Question(BaseModel):
@@ -224,6 +239,10 @@ class Question(BaseModel):
         None, description="Where it was written from, when its chapter lists sources: "
                           "file, page or heading, and passage (\"guide.pdf, page 4, passage "
                           "p3\"); null otherwise.")
+    verdict: str | None = Field(
+        None, description="What the blind solve (VERIFY) said of its key: agreed, disputed "
+                          "(VERIFY=flag keeps it marked) or pending; null when it was not "
+                          "verified.")
     model: str
     created_at: str
 

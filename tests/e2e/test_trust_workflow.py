@@ -66,6 +66,10 @@ def test_course_notes_to_a_reviewed_moodle_bank(deploy, mock, database):
     # and the first two of ops.
     api = ApiServer.start(dep)
     with api.client() as c:
+        exam = c.get("/exams/course").json()
+        assert exam["verification"] == status["verification"], exam
+        page = c.get("/exams/course/questions", params={"limit": 100}).json()["items"]
+        assert len(page) == 15 and {q["verdict"] for q in page} == {"agreed"}
         listed = c.get("/exams/course/chapters/net/questions").json()["items"]
         net = [q for q in listed if q["withdrawn"] is None]
         assert [q["verdict"] for q in net] == ["agreed"] * 10
