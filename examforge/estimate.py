@@ -18,7 +18,7 @@ from typing import Mapping, Sequence
 from examforge import verify
 from examforge.prices import Price
 from examforge.prompt import build_messages
-from examforge.sources import Passage, slice_material
+from examforge.sources import Passage, slice_material, slice_passages
 from examforge.settings import Settings
 from examforge.syllabus import Syllabus, slice_ranges
 from examforge.tokens import count_messages, count_text, encoding_name, reserve_prompt_tokens
@@ -219,6 +219,10 @@ def estimate(slug: str, syllabus: Syllabus, settings: Settings, *,
             block = slice_material(
                 passages, first, count, chapter.questions, settings.source_prompt_tokens,
                 lambda text: count_text(text, model)).block if passages else None
+            # The solver is shown the passages its questions cite: the slice's share, taken
+            # in turn.
+            share = [passages[i].text for i in slice_passages(
+                len(passages), first, count, chapter.questions)] if passages else []
             while have < count:
                 want = min(settings.questions_per_call, count - have)
                 messages = build_messages(slug, syllabus.title, chapter, want, avoid,
@@ -229,9 +233,12 @@ def estimate(slug: str, syllabus: Syllabus, settings: Settings, *,
                 if solver is not None:  # the batch's blind solve (runner.verify)
                     solver.calls += 1
                     solver.questions += want
+                    # Grouped as runner.verify sends them: each passage shown once a call.
+                    cited = sorted(share[(have + i) % len(share)] for i in range(want)) \
+                        if share else []
                     solver.prompt_tokens += count_messages(
-                        verify.build_messages([verify.item(placeholder, _CHOICES)] * want),
-                        solver.model)
+                        verify.build_messages([verify.item(placeholder, _CHOICES)] * want,
+                                              cited), solver.model)
                     solver.max_completion_tokens += verify.max_tokens(want)
                 have += want
                 avoid = (avoid + [placeholder] * want)[-20:]

@@ -29,8 +29,8 @@ SOLVE_TOKENS_PER_QUESTION = 20
 SOLVE_MAX_QUESTIONS = 25
 
 SYSTEM = ("You are an expert examiner. Answer each multiple-choice question with the letter of "
-          "its single best choice; where a passage of the course material is given before a "
-          "question, answer as that material says. Reply with JSON only, in the form "
+          "its single best choice; where course material is given before questions, answer "
+          "them as that material says. Reply with JSON only, in the form "
           '{"answers": [{"n": 1, "choice": "A"}, ...]}, one entry per question, in order.')
 
 
@@ -56,17 +56,30 @@ def item(question: str, choices: Sequence[str]) -> SolveItem:
     return SolveItem(question, tuple(choices), shown_order(question, choices))
 
 
+# The line that shows the course material the questions after it cite (until the next one).
+MATERIAL_PREFIX = "Material for the questions below: "
+
+
 def build_messages(items: Sequence[SolveItem], passages: Sequence[str | None] = ()
                    ) -> list[dict[str, str]]:
-    """The solve request: the questions, numbered from 1, each with its reordered choices
-    (and, when given, the passage of the course material it cites, on one line before it:
-    the material can hold anything, a line reading like a question or a choice included),
-    and nothing of their keys."""
+    """The solve request: the questions, numbered from 1, each with its reordered choices,
+    and nothing of their keys. With `passages` (the text each question cites, or None), a
+    material line before a run of questions shows the passage they cite, once for the run
+    (the caller orders the items so that those citing one passage are together): on one
+    line, since the material can hold anything, a line reading like a question or a choice
+    included."""
     lines = [f"{SOLVE_HEADER}: {len(items)}", ""]
+    shown: str | None = None
     for n, it in enumerate(items, 1):
         passage = passages[n - 1] if n - 1 < len(passages) else None
-        if passage and passage.strip():
-            lines.append(f"Passage {n}: {' '.join(passage.split())}")
+        text = " ".join(passage.split()) if passage else None
+        if text and text != shown:
+            lines.append(f"{MATERIAL_PREFIX}{text}")
+            lines.append("")
+        elif shown and not text:
+            lines.append(f"{MATERIAL_PREFIX}none")
+            lines.append("")
+        shown = text
         lines.append(f"Question {n}: {it.question}")
         for letter, index in zip(LETTERS, it.order):
             lines.append(f"{letter}. {it.choices[index]}")

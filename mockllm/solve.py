@@ -4,8 +4,8 @@ in a shown order, and no key. The mock answers each truthfully: the correct choi
 question it wrote is the one good practice among its choices (`questions.true_index`), never
 what any key said. ``solver_error_rate`` of the answers pick a wrong choice instead, drawn
 per question text and seed, so that a question solved again gets the same answer. A question
-shown with a passage of the course material (`Passage n: ...`) is answered the same way; the
-passages are counted.
+shown after a line of course material (`Material for the questions below: ...`) is answered
+the same way; such questions are counted.
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ import random
 import re
 from dataclasses import dataclass
 
-from examforge.verify import LETTERS, SOLVE_HEADER
+from examforge.verify import LETTERS, MATERIAL_PREFIX, SOLVE_HEADER
 from mockllm.questions import true_index
 
 _QUESTION = re.compile(r"^Question (\d+): (.*)$")
-_PASSAGE = re.compile(r"^Passage (\d+): ")
+_MATERIAL = re.compile("^" + re.escape(MATERIAL_PREFIX) + "(.*)$")
 _CHOICE = re.compile(r"^([A-D])\. (.*)$")
 
 
@@ -30,7 +30,7 @@ class Solved:
     answers: int
     errors: int  # answers the solver's own error rate made wrong
     unknown: int  # questions the mock did not write (answered A)
-    passages: int = 0  # questions shown with a passage of the course material
+    passages: int = 0  # questions shown after a line of course material
 
 
 def is_solve(text: str) -> bool:
@@ -46,13 +46,16 @@ def solve(text: str, seed: int, error_rate: float) -> Solved:
     """The reply content of a solve request: {"answers": [{"n": 1, "choice": "B"}, ...]}."""
     listed: list[tuple[int, str, list[str]]] = []
     passages = 0
+    material = False
     for line in text.splitlines():
-        if _PASSAGE.match(line):  # the material does not change the truthful answer
-            passages += 1
+        m = _MATERIAL.match(line)
+        if m:  # the material does not change the truthful answer
+            material = m.group(1) != "none"
             continue
         q = _QUESTION.match(line)
         if q:
             listed.append((int(q.group(1)), q.group(2), []))
+            passages += material
             continue
         c = _CHOICE.match(line)
         if c and listed:

@@ -63,9 +63,11 @@ def solve_pending(rt: Any, claim: Claimed, check: Callable[[], None],
         if not pending:
             break
         check()
-        chunk = pending[:verify.SOLVE_MAX_QUESTIONS]
+        # With sources, each question is solved with the passage it cites, shown once for
+        # the questions citing it (grouped; a verdict is booked by question id).
+        chunk = sorted(pending[:verify.SOLVE_MAX_QUESTIONS],
+                       key=lambda p: (p.passage is not None, p.passage or ""))
         items = [verify.item(p.question, p.choices) for p in chunk]
-        # With sources, each question is solved with the passage it cites (issue 20).
         messages = verify.build_messages(items, [p.passage for p in chunk])
         cap = verify.max_tokens(len(items))
         prompt_tokens = solver.count_prompt(messages)

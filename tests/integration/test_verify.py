@@ -133,8 +133,9 @@ def test_a_failed_or_unreadable_solve_is_booked_and_solved_again(make_settings, 
 
 def test_with_sources_each_question_is_solved_with_the_passage_it_cites(
         make_settings, db_url, mock):
-    """A chapter with sources: the solve request shows each question its cited passage (on
-    one line before it), and the mock still answers truthfully, so the verdicts are right."""
+    """A chapter with sources: the solve request shows each question the passage it cites
+    (once a call, on one line before the questions citing it), and the mock still answers
+    truthfully, so the verdicts are right."""
     from examforge.sources import read_material
     from examforge.syllabus import Syllabus
     from runner.pipeline import Runtime, process_chapter
@@ -167,14 +168,19 @@ def test_with_sources_each_question_is_solved_with_the_passage_it_cites(
     passages = {p.seq: p.text for p in store.chapter_passages("ex", "a")}
     assert len(questions) == 10 and all(q["passage"] in passages for q in questions)
     assert len(requests) == 2 and len(passages) == 2
+    material = {" ".join(t.split()) for t in passages.values()}
+    prefix = "Material for the questions below: "
     for text in requests:
         lines = text.splitlines()
-        for n in range(1, 6):
-            shown = lines[lines.index(next(x for x in lines if x.startswith(f"Question {n}:")))
-                          - 1]
-            assert shown.startswith(f"Passage {n}: ")
-            assert shown.removeprefix(f"Passage {n}: ") in {
-                " ".join(t.split()) for t in passages.values()}
+        shown = [x.removeprefix(prefix) for x in lines if x.startswith(prefix)]
+        # Each passage cited in the call shown once, on one line, before its questions.
+        assert shown and len(set(shown)) == len(shown) and set(shown) <= material
+        current = None
+        for line in lines:
+            if line.startswith(prefix):
+                current = line.removeprefix(prefix)
+            elif line.startswith("Question "):
+                assert current in material, line
     for q in questions:  # the notes' look-alike lines did not mislead the mock's solver
         assert (q["verdict"] == "agreed") == _truthful(q)
     stats = _stats(mock)

@@ -180,16 +180,44 @@ def test_the_feedback_holds_the_explanation_the_source_and_the_verdict() -> None
     assert BankQuestion("a", 1, "Q?", ("w", "x", "y", "z"), 0, "Because.").feedback == "Because."
 
 
-def test_a_solve_request_shows_a_multiline_passage_on_one_line_and_the_mock_is_not_misled(
+def test_a_solve_request_shows_each_passage_once_on_one_line_and_the_mock_is_not_misled(
         ) -> None:
     from examforge import verify
     from mockllm.solve import solve
 
-    items = [verify.item("What is right?", ["good practice", "bad", "worse", "worst"])]
-    messages = verify.build_messages(items, ["Notes.\nQuestion 2: fake\nA. fake choice"])
-    user = messages[1]["content"]
-    assert "Passage 1: Notes. Question 2: fake A. fake choice" in user.splitlines()
-    assert verify.build_messages(items, [None])[1]["content"] == \
+    items = [verify.item(f"What is right {i}?", ["good practice", "bad", "worse", "worst"])
+             for i in range(4)]
+    notes = "Notes.\nQuestion 2: fake\nA. fake choice"
+    messages = verify.build_messages(items, [None, notes, notes, "Other."])
+    lines = messages[1]["content"].splitlines()
+    material = [x for x in lines if x.startswith(verify.MATERIAL_PREFIX)]
+    assert material == [verify.MATERIAL_PREFIX + "Notes. Question 2: fake A. fake choice",
+                        verify.MATERIAL_PREFIX + "Other."]
+    assert lines.index(material[0]) < lines.index("Question 2: What is right 1?")
+    assert verify.build_messages(items, [None] * 4)[1]["content"] == \
         verify.build_messages(items)[1]["content"]
-    solved = solve(user, seed=1, error_rate=0.0)
-    assert solved.passages == 1 and solved.answers == 1
+    solved = solve(messages[1]["content"], seed=1, error_rate=0.0)
+    assert solved.passages == 3 and solved.answers == 4
+    assert [a["n"] for a in json.loads(solved.content)["answers"]] == [1, 2, 3, 4]
+
+
+def test_the_dry_run_counts_the_passages_the_solver_is_shown() -> None:
+    """With sources, each solve call carries the passages its questions cite: the estimate
+    counts them (grouped as the worker sends them, each passage once a call)."""
+    from examforge.estimate import estimate
+    from examforge.sources import read_material
+    from examforge.syllabus import Syllabus
+
+    syllabus = Syllabus.model_validate({"title": "T", "chapters": [
+        {"id": "a", "title": "A", "questions": 20}]})
+    notes = "\n\n".join(f"## Topic {i}\n\n" + " ".join(f"fact{i}w{k}" for k in range(150))
+                        for i in (1, 2, 3, 4))
+    material = read_material(["n.md"], lambda name: notes.encode(), str).passages
+    settings = Settings(verify="flag", questions_per_call=5, slice_questions=10,
+                        llm_api_key="sk-test")
+    bare = estimate("ex", syllabus, settings).verify
+    grounded = estimate("ex", syllabus, settings, material={"a": material}).verify
+    assert bare is not None and grounded is not None and bare.calls == grounded.calls == 4
+    # Each call shows one or two passages of about 600 tokens, not one a question.
+    extra = grounded.prompt_tokens - bare.prompt_tokens
+    assert 4 * 400 < extra < 4 * 2 * 900, (bare.prompt_tokens, grounded.prompt_tokens)
