@@ -126,6 +126,10 @@ class StoreBase:
         # and SQLite's own locking only has to arbitrate between processes.
         self._writer = WriterLock() if engine.dialect.name == "sqlite" else None
         self._stmts: dict[str, Any] = {}
+        # PostgreSQL commits a paid call in one round trip (storage.fastpath); the slices'
+        # counts it numbers on from, by holder (Ledger._expect).
+        self._fast_commit = engine.dialect.name == "postgresql"
+        self._expected: dict[str, tuple[int, int]] = {}
 
     def _stmt(self, name: str, build: Callable[[], Any]) -> Any:
         """The hot path's statements, built once per store with bind parameters. SQLAlchemy

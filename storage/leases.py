@@ -76,7 +76,7 @@ class Leases(Ledger):
                       owner: str, steer: Steer | None, took_over: int) -> Claimed:
         key = {"k_exam": slug, "k_chapter": chapter_id, "k_slice": slice_no}
         row = conn.execute(self._stmt("claimed_row", lambda: (
-            select(S, E.c.title.label("exam_title"),
+            select(S, E.c.title.label("exam_title"), E.c.index_epoch,
                    select(func.max(S2.c.first_number + S2.c.target - 1))
                    .where(S2.c.exam == S.c.exam, S2.c.chapter_id == S.c.chapter_id)
                    .scalar_subquery().label("chapter_target"))
@@ -99,7 +99,7 @@ class Leases(Ledger):
             recent=(neardup.steered(conn, steer, slug, chapter_id,
                                     chapter_target or row.target, seed=row.attempts) if steer is not None and numbers_texts
                     else tuple(t for _, t in numbers_texts[-RECENT_QUESTIONS:])),
-            levels=self._levels(conn, row),
+            levels=self._levels(conn, row), index_epoch=row.index_epoch,
         )
         return claimed
 
