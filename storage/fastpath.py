@@ -55,6 +55,16 @@ _PARAMS = (
 )
 COMMIT_SQL = "SELECT * FROM ef_commit({})".format(
     ", ".join(f"%({name})s::{kind}" for name, kind in _PARAMS))
+CLAIM_SQL = ("SELECT * FROM ef_claim(%(p_exam)s::varchar, %(p_chapter)s::varchar, "
+             "%(p_slice)s::integer, %(p_owner)s::varchar, %(p_lease)s::double precision, "
+             "%(p_max)s::integer, %(p_crash_reason)s::varchar, %(p_crash_detail)s::text, "
+             "%(p_budget_reason)s::text, %(p_repeated_n)s::integer)")
+START_CALL_SQL = (
+    "SELECT * FROM ef_start_call(%(p_exam)s::varchar, %(p_chapter)s::varchar, "
+    "%(p_slice)s::integer, %(p_owner)s::varchar, %(p_lease)s::double precision, "
+    "%(p_attempt)s::integer, %(p_first)s::integer, %(p_requested)s::integer, "
+    "%(p_prompt_tokens)s::integer, %(p_max_tokens)s::integer, "
+    "%(p_reserve)s::double precision, %(p_model)s::varchar, %(p_price_known)s::boolean)")
 # StoreBase._questions_in_order's lock key of an exam, as the function takes it.
 _ORDER_KEYS: dict[str, int] = {}
 # What the prompts list without steering when other slices write the chapter (ledger).
@@ -206,3 +216,20 @@ def committed(url: str, claim: Claimed, p: Prepared, row: Any, questions_n: int,
                      duplicates=questions_n - len(p.kept) - p.surplus, recent=recent,
                      kept=tuple(texts), near_duplicates=p.near, surplus=p.surplus,
                      next_call=row.next_call)
+
+
+def claim_steering(steer: Steer, chapter_target: int, seed: int, ids: list[int],
+                   numbers: list[int], texts: list[str],
+                   repeated: list[tuple[int, str]]) -> tuple[str, ...]:
+    """What the first prompt lists (storage.neardup `steered`), from the rows the claim read:
+    every question of the chapter in id order, and the most repeated ones."""
+    if steer.mode == "recent":
+        return tuple(texts[-steer.avoid:]) if steer.avoid > 0 else ()
+    limit = steer.avoid
+    if limit <= 0:
+        return neardup.Steering()
+    rows = list(zip(ids, texts))
+    newest = list(reversed(rows[-max(1, limit // 4):]))
+    wanted = set(neardup.sample_numbers((1, chapter_target), limit, seed))
+    sampled = [(i, t, n) for i, t, n in zip(ids, texts, numbers) if n in wanted]
+    return neardup.steering_of(limit, (1, chapter_target), seed, repeated, newest, sampled)

@@ -10,14 +10,14 @@ from typing import Any, Sequence
 from sqlalchemy import bindparam, case, func, or_, select, tuple_, update
 from sqlalchemy.engine import Connection, Engine
 
-from examforge.errors import PauseCode
+from examforge.errors import LeaseLost, PauseCode
 from examforge.output import normalise
-from storage import neardup
+from storage import fastpath, neardup
 from storage.base import ACTIVE_STATES, SLICE_KEY, E, Q, S, lease_fence, slice_where
-from storage.ledger import RECENT_QUESTIONS, Ledger
-from storage.types import (ChapterLevels, Claimed, NoRoom, NotClaimed, NotClaimedReason, Planner,
-                           Steer)
-from storage.models import ChapterState, ExamState
+from storage.ledger import BUDGET_SPENT_REASON, CRASH_DETAIL, RECENT_QUESTIONS, Ledger
+from storage.types import (CallPlan, ChapterLevels, Claimed, NoRoom, NotClaimed,
+                           NotClaimedReason, Planner, Steer)
+from storage.models import CallReason, ChapterState, ExamState
 
 
 S2 = S.alias("other_slice")
@@ -42,6 +42,11 @@ class Leases(Ledger):
         delivery), in one transaction. With `plan_first`, the first call is recorded in the
         same transaction too (see Ledger.start_planned). With `steer`, `recent` is what the
         first prompt lists of the chapter's questions (Steer.select)."""
+        if self._fast_commit:
+            fast = self._claim_fast(slug, chapter_id, owner, lease_s, max_attempts,
+                                    slice_no=slice_no, plan_first=plan_first, steer=steer)
+            if fast is not None:
+                return fast
         key = {"k_exam": slug, "k_chapter": chapter_id, "k_slice": slice_no}
         with self._write() as conn:
             self._exam_first(conn, slug)
@@ -58,6 +63,79 @@ class Leases(Ledger):
                 return claimed
             first = self._start_planned(conn, claimed, plan_first(claimed.view()))
             return dataclasses.replace(claimed, first_call=first)
+
+    def _claim_fast(self, slug: str, chapter_id: str, owner: str, lease_s: float,
+                    max_attempts: int, *, slice_no: int, plan_first: Planner | None,
+                    steer: Steer | None) -> Claimed | None:
+        """The claim in one round trip and its first call in another (PostgreSQL,
+        storage.fastpath): None when the claim was not won (the general path says why)."""
+        limit = steer.avoid if steer is not None and steer.mode != "recent" else 0
+        with self.engine.connect() as conn:
+            row = conn.execution_options(isolation_level="AUTOCOMMIT").exec_driver_sql(
+                fastpath.CLAIM_SQL, {
+                    "p_exam": slug, "p_chapter": chapter_id, "p_slice": slice_no,
+                    "p_owner": owner, "p_lease": lease_s, "p_max": max_attempts,
+                    "p_crash_reason": CallReason.crash_before_commit.value,
+                    "p_crash_detail": CRASH_DETAIL, "p_budget_reason": BUDGET_SPENT_REASON,
+                    "p_repeated_n": limit // 2 if limit > 0 else None}).one()
+        if row.status != "ok":
+            return None
+        ids, numbers, texts = row.ids or [], row.numbers or [], row.texts or []
+        last = row.first_number + row.target
+        chapter_target = row.chapter_target or row.target
+        if steer is not None and texts:
+            recent: tuple[str, ...] = fastpath.claim_steering(
+                steer, chapter_target, row.attempts, ids, numbers, texts,
+                list(zip(row.repeated_ids or (), row.repeated_texts or ())))
+        else:
+            recent = tuple(texts[-RECENT_QUESTIONS:])
+        levels = ChapterLevels.from_row(row.difficulty, row.bloom)
+        if levels.difficulty is not None:
+            counts: dict[str, int] = {}
+            for n, d in zip(numbers, row.difficulties or ()):
+                if d is not None and row.first_number <= n < last:
+                    counts[d] = counts.get(d, 0) + 1
+            levels = dataclasses.replace(levels, stored=counts)
+        claimed = Claimed(
+            exam=slug, chapter_id=chapter_id, owner=owner, attempt=row.attempts,
+            target=row.target, stored=sum(1 for n in numbers if row.first_number <= n < last),
+            known=frozenset(normalise(t) for t in texts), exam_title=row.exam_title,
+            title=row.title, prompt=row.prompt,
+            attempts_since_progress=row.attempts_since_progress,
+            took_over_calls=row.took_over, slice_no=slice_no,
+            first_number=row.first_number, chapter_target=chapter_target, recent=recent,
+            levels=levels, index_epoch=row.index_epoch)
+        if plan_first is None:
+            return claimed
+        plan = plan_first(claimed.view())
+        if plan is None:
+            return claimed
+        return dataclasses.replace(claimed, first_call=self._start_fast(claimed, lease_s, plan))
+
+    def _start_fast(self, claim: Claimed, lease_s: float, plan: CallPlan) -> int | NoRoom | None:
+        """Record a planned call in one round trip (ef_start_call); the general path when the
+        budget has no room (it settles dead holders' calls first and says why); None when
+        the lease is gone (the caller's slow path finds that out and stops)."""
+        with self.engine.connect() as conn:
+            row = conn.execution_options(isolation_level="AUTOCOMMIT").exec_driver_sql(
+                fastpath.START_CALL_SQL, {
+                    "p_exam": claim.exam, "p_chapter": claim.chapter_id,
+                    "p_slice": claim.slice_no, "p_owner": claim.owner, "p_lease": lease_s,
+                    "p_attempt": claim.attempt, "p_first": plan.first_number,
+                    "p_requested": plan.requested, "p_prompt_tokens": plan.prompt_tokens,
+                    "p_max_tokens": plan.max_tokens, "p_reserve": plan.reserve_usd,
+                    "p_model": plan.model, "p_price_known": plan.price_known}).one()
+        if row.status == "ok":
+            return int(row.call_id)
+        if row.status == "lost":
+            return None
+        try:
+            return self.start_call(claim, plan.first_number, plan.requested, lease_s=lease_s,
+                                   prompt_tokens=plan.prompt_tokens,
+                                   max_tokens=plan.max_tokens, reserve_usd=plan.reserve_usd,
+                                   model=plan.model, price_known=plan.price_known)
+        except LeaseLost:
+            return None
 
     def held_claim(self, slug: str, chapter_id: str, slice_no: int, owner: str, *,
                    steer: Steer | None = None) -> Claimed | None:

@@ -32,6 +32,8 @@ RECENT_QUESTIONS = 20
 _FINISHED = ("outcome", "reason", "detail", "status_code", "questions_stored", "prompt_tokens",
              "completion_tokens", "cost_usd", "endpoint", "usage_estimated", "cached_tokens",
              "service_tier")
+# Why a call whose holder lost its lease mid-call was booked at its worst case.
+CRASH_DETAIL = "its holder lost the lease mid-call (a crash, a freeze, a partition)"
 # A commit that loses a race with another slice storing the same question checks again.
 _DUPLICATE_RACE_RETRIES = 3
 # Why a settled call paused its exam (Ledger._settle): a raised budget resumes it.
@@ -55,7 +57,7 @@ class Ledger(StoreBase):
         and its max_tokens, which is what it reserved), estimated."""
         return dict(outcome=CallOutcome.wasted.value, finished_at=now,
                     reason=CallReason.crash_before_commit.value,
-                    detail="its holder lost the lease mid-call (a crash, a freeze, a partition)",
+                    detail=CRASH_DETAIL,
                     completion_tokens=func.coalesce(K.c.max_tokens, 0),
                     cost_usd=K.c.reserved_usd, usage_estimated=True)
 

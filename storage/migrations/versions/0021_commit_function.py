@@ -1,4 +1,4 @@
-"""ef_commit: a paid call's commit in one round trip (PostgreSQL)
+"""ef_commit, ef_claim, ef_start_call: a paid call's steps in one round trip each (PostgreSQL)
 
 Revision ID: 0021
 Revises: 0020
@@ -10,6 +10,10 @@ statement and so one transaction. Anything it does not handle (a cancelled slice
 or a target that changed, a duplicate, a near-duplicate index that is behind, a call
 already settled) it answers with a status before it writes anything but the fence's lease
 extension, and the client commits through the general path instead (storage.ledger).
+ef_claim takes a slice's lease and reads what the first prompt needs (the slice, the
+chapter's questions, the most repeated ones); ef_start_call records a call under the
+lease's fence with its budget reservation. Each answers a case it does not handle (a claim
+not won, a budget without room) with a status, and the client takes the general path.
 SQLite has no functions of this kind: nothing to do there.
 """
 
@@ -207,12 +211,144 @@ END
 $$
 """
 
+CLAIM_FUNCTION = r"""
+CREATE OR REPLACE FUNCTION ef_claim(
+    p_exam varchar, p_chapter varchar, p_slice integer, p_owner varchar,
+    p_lease double precision, p_max integer, p_crash_reason varchar, p_crash_detail text,
+    p_budget_reason text, p_repeated_n integer,
+    OUT status text, OUT attempts integer, OUT attempts_since_progress integer,
+    OUT target integer, OUT first_number integer, OUT title text, OUT prompt text,
+    OUT difficulty text, OUT bloom text, OUT exam_title text, OUT chapter_target integer,
+    OUT index_epoch bigint, OUT took_over integer, OUT ids integer[], OUT numbers integer[],
+    OUT texts text[], OUT difficulties varchar[], OUT repeated_ids integer[],
+    OUT repeated_texts text[])
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_budget double precision;
+    v_now double precision;
+    v_sum double precision;
+BEGIN
+    -- Leases.claim's lock order and statement (Ledger._exam_first, Leases._claim_stmt).
+    SELECT e.budget_usd INTO v_budget FROM exam e WHERE e.slug = p_exam FOR KEY SHARE;
+    IF v_budget IS NOT NULL THEN
+        PERFORM 1 FROM exam e WHERE e.slug = p_exam FOR NO KEY UPDATE;
+    END IF;
+    v_now := extract(epoch FROM clock_timestamp());
+    UPDATE slice s SET lease_owner = p_owner, lease_expires_at = v_now + p_lease,
+           state = 'running', attempts = s.attempts + 1,
+           attempts_since_progress = s.attempts_since_progress + 1, not_before_at = NULL,
+           picked_at = v_now, updated_at = v_now
+     WHERE s.exam = p_exam AND s.chapter_id = p_chapter AND s.slice_no = p_slice
+       AND (s.state = 'pending' OR s.state = 'running')
+       AND (s.lease_owner IS NULL OR s.lease_expires_at <= v_now)
+       AND (s.not_before_at IS NULL OR s.not_before_at <= v_now)
+       AND s.attempts_since_progress < p_max
+       AND EXISTS (SELECT 1 FROM exam e WHERE e.slug = p_exam AND e.state = 'active')
+    RETURNING s.attempts, s.attempts_since_progress, s.target, s.first_number, s.title,
+              s.prompt, s.difficulty, s.bloom
+         INTO attempts, attempts_since_progress, target, first_number, title, prompt,
+              difficulty, bloom;
+    IF NOT FOUND THEN
+        status := 'not'; RETURN;  -- the general path says why (Leases._why_not)
+    END IF;
+    -- Ledger._waste_orphaned_calls: the previous holder's calls, at their worst case.
+    WITH w AS (
+        UPDATE call c SET outcome = 'wasted', finished_at = v_now, reason = p_crash_reason,
+               detail = p_crash_detail, completion_tokens = coalesce(c.max_tokens, 0),
+               cost_usd = c.reserved_usd, usage_estimated = true
+         WHERE c.exam = p_exam AND c.chapter_id = p_chapter AND c.slice_no = p_slice
+           AND c.outcome = 'in_flight'
+        RETURNING c.reserved_usd)
+    SELECT count(*), coalesce(sum(w.reserved_usd), 0) INTO took_over, v_sum FROM w;
+    IF took_over > 0 AND v_budget IS NOT NULL THEN
+        UPDATE exam e SET reserved_usd = e.reserved_usd - v_sum, spent_usd = e.spent_usd + v_sum,
+               state = CASE WHEN e.state = 'active'
+                             AND e.spent_usd + v_sum >= e.budget_usd - 1e-12
+                            THEN 'paused' ELSE e.state END,
+               pause_reason = CASE WHEN e.state = 'active'
+                                    AND e.spent_usd + v_sum >= e.budget_usd - 1e-12
+                                   THEN p_budget_reason ELSE e.pause_reason END,
+               pause_code = CASE WHEN e.state = 'active'
+                                  AND e.spent_usd + v_sum >= e.budget_usd - 1e-12
+                                 THEN 'budget' ELSE e.pause_code END
+         WHERE e.slug = p_exam;
+    END IF;
+    SELECT e.title, e.index_epoch INTO exam_title, index_epoch FROM exam e
+     WHERE e.slug = p_exam;
+    SELECT max(o.first_number + o.target - 1) INTO chapter_target FROM slice o
+     WHERE o.exam = p_exam AND o.chapter_id = p_chapter;
+    SELECT array_agg(q.id ORDER BY q.id), array_agg(q.number ORDER BY q.id),
+           array_agg(q.question ORDER BY q.id), array_agg(q.difficulty ORDER BY q.id)
+      INTO ids, numbers, texts, difficulties
+      FROM question q WHERE q.exam = p_exam AND q.chapter_id = p_chapter;
+    IF p_repeated_n IS NOT NULL AND ids IS NOT NULL THEN
+        SELECT array_agg(r.id ORDER BY r.ord), array_agg(r.question ORDER BY r.ord)
+          INTO repeated_ids, repeated_texts
+          FROM (SELECT q.id, q.question, row_number() OVER (ORDER BY g.repeats DESC, q.id) ord
+                  FROM question q JOIN question_sig g ON g.question_id = q.id
+                 WHERE g.exam = p_exam AND g.chapter_id = p_chapter AND g.repeats > 0
+                 ORDER BY g.repeats DESC, q.id LIMIT p_repeated_n) r;
+    END IF;
+    status := 'ok';
+END
+$$
+"""
+
+START_CALL_FUNCTION = r"""
+CREATE OR REPLACE FUNCTION ef_start_call(
+    p_exam varchar, p_chapter varchar, p_slice integer, p_owner varchar,
+    p_lease double precision, p_attempt integer, p_first integer, p_requested integer,
+    p_prompt_tokens integer, p_max_tokens integer, p_reserve double precision,
+    p_model varchar, p_price_known boolean,
+    OUT status text, OUT call_id integer)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_budget double precision;
+    v_now double precision;
+BEGIN
+    -- Ledger.start_call: the exam row first, the fence (running only), the reservation.
+    SELECT e.budget_usd INTO v_budget FROM exam e WHERE e.slug = p_exam FOR KEY SHARE;
+    IF v_budget IS NOT NULL THEN
+        PERFORM 1 FROM exam e WHERE e.slug = p_exam FOR NO KEY UPDATE;
+    END IF;
+    v_now := extract(epoch FROM clock_timestamp());
+    UPDATE slice s SET lease_expires_at = v_now + p_lease
+     WHERE s.exam = p_exam AND s.chapter_id = p_chapter AND s.slice_no = p_slice
+       AND s.lease_owner = p_owner AND s.lease_expires_at > v_now AND s.state = 'running';
+    IF NOT FOUND THEN
+        status := 'lost'; RETURN;
+    END IF;
+    IF v_budget IS NOT NULL THEN
+        UPDATE exam e SET reserved_usd = e.reserved_usd + p_reserve
+         WHERE e.slug = p_exam
+           AND e.spent_usd + e.reserved_usd + p_reserve <= e.budget_usd + 1e-12;
+        IF NOT FOUND THEN
+            status := 'noroom'; RETURN;  -- the general path settles the dead and says why
+        END IF;
+    END IF;
+    INSERT INTO call (exam, chapter_id, slice_no, attempt, first_number, requested, worker,
+                      outcome, prompt_tokens, completion_tokens, cached_tokens, cost_usd,
+                      questions_stored, started_at, max_tokens, reserved_usd, model,
+                      price_known, usage_estimated)
+    VALUES (p_exam, p_chapter, p_slice, p_attempt, p_first, p_requested, p_owner, 'in_flight',
+            p_prompt_tokens, 0, 0, 0, 0, extract(epoch FROM clock_timestamp()), p_max_tokens,
+            p_reserve, p_model, p_price_known, false)
+    RETURNING id INTO call_id;
+    status := 'ok';
+END
+$$
+"""
+
 
 def upgrade() -> None:
     if op.get_bind().dialect.name == "postgresql":
         op.execute(COMMIT_FUNCTION)
+        op.execute(CLAIM_FUNCTION)
+        op.execute(START_CALL_FUNCTION)
 
 
 def downgrade() -> None:
     if op.get_bind().dialect.name == "postgresql":
+        op.execute("DROP FUNCTION IF EXISTS ef_start_call")
+        op.execute("DROP FUNCTION IF EXISTS ef_claim")
         op.execute("DROP FUNCTION IF EXISTS ef_commit")
