@@ -65,6 +65,29 @@ START_CALL_SQL = (
     "%(p_attempt)s::integer, %(p_first)s::integer, %(p_requested)s::integer, "
     "%(p_prompt_tokens)s::integer, %(p_max_tokens)s::integer, "
     "%(p_reserve)s::double precision, %(p_model)s::varchar, %(p_price_known)s::boolean)")
+# The heartbeat (Leases.renew) as one statement: the live leases of the owners whose rows are
+# not locked are extended (SKIP LOCKED: a row locked is almost always its holder's commit,
+# whose fence extends the lease itself); the owners returned are those renewed or still live
+# under a lock, as of the statement's start.
+RENEW_SQL = """
+WITH now AS (SELECT extract(epoch FROM clock_timestamp())::double precision AS t),
+live AS (
+    SELECT s.exam, s.chapter_id, s.slice_no FROM slice s, now
+     WHERE s.lease_owner = ANY (%(owners)s::varchar[]) AND s.lease_expires_at > now.t
+       AND s.state IN ('running', 'cancelled')
+       FOR UPDATE OF s SKIP LOCKED),
+renewed AS (
+    UPDATE slice s SET lease_expires_at = now.t + %(lease)s::double precision
+      FROM live, now
+     WHERE s.exam = live.exam AND s.chapter_id = live.chapter_id
+       AND s.slice_no = live.slice_no
+    RETURNING s.lease_owner)
+SELECT lease_owner FROM renewed
+UNION
+SELECT s.lease_owner FROM slice s, now
+ WHERE s.lease_owner = ANY (%(owners)s::varchar[]) AND s.lease_expires_at > now.t
+   AND s.state IN ('running', 'cancelled')
+"""
 # StoreBase._questions_in_order's lock key of an exam, as the function takes it.
 _ORDER_KEYS: dict[str, int] = {}
 # What the prompts list without steering when other slices write the chapter (ledger).

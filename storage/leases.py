@@ -262,6 +262,12 @@ class Leases(Ledger):
         keeps its holder's lease until that call's reply is committed (Planning.cancel)."""
         if not owners:
             return set()
+        if self._fast_commit:
+            # One statement in autocommit: one round trip (storage.fastpath.RENEW_SQL).
+            with self._heartbeat_engine().connect() as conn:
+                return set(conn.execution_options(isolation_level="AUTOCOMMIT")
+                           .exec_driver_sql(fastpath.RENEW_SQL, {
+                               "owners": list(owners), "lease": lease_s}).scalars().all())
         live = lease_fence(self._now, owner=S.c.lease_owner.in_(owners))
         with self._write(self._heartbeat_engine(), urgent=True) as conn:
             if conn.dialect.name != "postgresql":  # one writer at a time: nothing to skip
