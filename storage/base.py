@@ -126,9 +126,11 @@ class StoreBase:
         # and SQLite's own locking only has to arbitrate between processes.
         self._writer = WriterLock() if engine.dialect.name == "sqlite" else None
         self._stmts: dict[str, Any] = {}
-        # PostgreSQL commits a paid call in one round trip (storage.fastpath); the slices'
-        # counts it numbers on from, by holder (Ledger._expect).
-        self._fast_commit = engine.dialect.name == "postgresql"
+        # A paid call's steps in plain SQL (storage.fastpath): one round trip each on
+        # PostgreSQL (its functions), one transaction of few statements on SQLite (the
+        # commit); the slices' counts the commit numbers on from, by holder (Ledger._expect).
+        self._fast_pg = engine.dialect.name == "postgresql"
+        self._fast_commit = True
         self._expected: dict[str, tuple[int, int]] = {}
 
     def _stmt(self, name: str, build: Callable[[], Any]) -> Any:

@@ -55,6 +55,8 @@ _PARAMS = (
 )
 COMMIT_SQL = "SELECT * FROM ef_commit({})".format(
     ", ".join(f"%({name})s::{kind}" for name, kind in _PARAMS))
+CLAIM_PARAMS = ("p_exam", "p_chapter", "p_slice", "p_owner", "p_lease", "p_max",
+                "p_crash_reason", "p_crash_detail", "p_budget_reason", "p_repeated_n")
 CLAIM_SQL = ("SELECT * FROM ef_claim(%(p_exam)s::varchar, %(p_chapter)s::varchar, "
              "%(p_slice)s::integer, %(p_owner)s::varchar, %(p_lease)s::double precision, "
              "%(p_max)s::integer, %(p_crash_reason)s::varchar, %(p_crash_detail)s::text, "
@@ -88,6 +90,14 @@ SELECT s.lease_owner FROM slice s, now
  WHERE s.lease_owner = ANY (%(owners)s::varchar[]) AND s.lease_expires_at > now.t
    AND s.state IN ('running', 'cancelled')
 """
+# Whether a commit whose near-duplicate scope other slices write too (a chapter of several
+# slices, or the exam scope) takes this path. The function handles it (it takes the scope's
+# `dedup_lock` row inside its one statement, so no lock outlives a round trip), but the
+# integration test of two slices racing near-duplicates
+# (tests/integration/test_neardup_store.py) holds the general path's transaction open
+# between its check and its commit through `neardup.index`, which this path never calls:
+# until that test can hold this path too, such commits go the general way.
+SHARED_SCOPES = False
 # StoreBase._questions_in_order's lock key of an exam, as the function takes it.
 _ORDER_KEYS: dict[str, int] = {}
 # What the prompts list without steering when other slices write the chapter (ledger).
@@ -130,7 +140,10 @@ def prepare(url: str, claim: Claimed, stored: int, target: int, lease_s: float,
         return None
     repeated: list[int] = []
     epoch: int | None = None
+    shared = claim.chapter_target > claim.target
     if near_dup is not None and signed is not None:
+        if (shared or near_dup.scope is Scope.exam) and not SHARED_SCOPES:
+            return None
         epoch = claim.index_epoch
         checked = neardup.check_local(url, claim.exam, claim.chapter_id, near_dup, epoch,
                                       list(signed))
@@ -157,7 +170,6 @@ def prepare(url: str, claim: Claimed, stored: int, target: int, lease_s: float,
     after = stored + len(keep)
     if plan_next is not None and after < target:
         p.plan = plan_next(claim.view(after, target))
-    shared = claim.chapter_target > claim.target
     recent: str | None = None
     newest = repeated_n = 0
     sample: list[int] | None = None
@@ -256,3 +268,226 @@ def claim_steering(steer: Steer, chapter_target: int, seed: int, ids: list[int],
     wanted = set(neardup.sample_numbers((1, chapter_target), limit, seed))
     sampled = [(i, t, n) for i, t, n in zip(ids, texts, numbers) if n in wanted]
     return neardup.steering_of(limit, (1, chapter_target), seed, repeated, newest, sampled)
+
+
+# SQLite: the same steps as the functions, as a few SQL texts run in the caller's one write
+# transaction (BEGIN IMMEDIATE: the writers are serialised, so the checks need no lock).
+# sqlite3 prepares each text once per connection (its statement cache).
+_NOW = "((julianday('now') - 2440587.5) * 86400.0)"
+_INSERTS: dict[int, str] = {}
+_QUESTION_COLUMNS = ("exam, chapter_id, number, question, choices, answer_index, explanation, "
+                     "norm_hash, difficulty, bloom, model, call_id, created_at")
+
+
+def _insert_questions(n: int) -> str:
+    sql = _INSERTS.get(n)
+    if sql is None:
+        sql = _INSERTS[n] = (f"INSERT INTO question ({_QUESTION_COLUMNS}) VALUES "
+                             + ", ".join(["(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"] * n)
+                             + " RETURNING id, number")
+    return sql
+
+
+def sqlite_commit(conn: Any, p: dict[str, Any]) -> Any:
+    """ef_commit (migration 0021) on SQLite, in the caller's write transaction: the same
+    checks, statuses and writes."""
+    from types import SimpleNamespace
+
+    x = conn.exec_driver_sql
+    out = SimpleNamespace(status="", stored=0, target=0, ids=None, next_call=None,
+                          newest_ids=None, newest_texts=None, repeated_ids=None,
+                          repeated_texts=None, sample_ids=None, sample_texts=None,
+                          sample_numbers=None)
+    exam, chapter, slice_no = p["p_exam"], p["p_chapter"], p["p_slice"]
+    budget, epoch = x("SELECT budget_usd, index_epoch FROM exam WHERE slug = ?",
+                      (exam,)).one()
+    held = x(f"UPDATE slice SET lease_expires_at = {_NOW} + ?, updated_at = {_NOW} "
+             "WHERE exam = ? AND chapter_id = ? AND slice_no = ? AND lease_owner = ? "
+             f"AND lease_expires_at > {_NOW} AND state IN ('running', 'cancelled') "
+             "RETURNING target, first_number, state, updated_at",
+             (p["p_lease"], exam, chapter, slice_no, p["p_owner"])).first()
+    if held is None:
+        out.status = "lost"
+        return out
+    out.target, first, state, now = held
+    out.stored = x("SELECT count(*) FROM question WHERE exam = ? AND chapter_id = ? "
+                   "AND number >= ? AND number < ? + ?",
+                   (exam, chapter, first, first, out.target)).scalar_one()
+    kept = len(p["p_numbers"])
+    if (state != "running" or first != p["p_first"] or out.stored != p["p_stored"]
+            or out.target != p["p_target"] or kept == 0 or kept > out.target - out.stored):
+        out.status = "changed"
+        return out
+    import json
+
+    if x("SELECT 1 FROM question WHERE exam = ? AND chapter_id = ? AND norm_hash IN "
+         "(SELECT value FROM json_each(?)) LIMIT 1",
+         (exam, chapter, json.dumps(p["p_hashes"]))).first() is not None:
+        out.status = "duplicate"
+        return out
+    scope = p["p_dedup_scope"]
+    if scope is not None and (epoch != p["p_epoch"] or x(
+            "SELECT 1 FROM question_sig WHERE exam = ? AND (? = '' OR chapter_id = ?) "
+            "AND question_id > ? LIMIT 1", (exam, scope, chapter, p["p_max_id"])
+    ).first() is not None):
+        out.status = "stale"
+        return out
+    reserved = x("SELECT reserved_usd FROM call WHERE id = ? AND outcome = 'in_flight'",
+                 (p["p_call"],)).scalar_one_or_none()
+    if reserved is None:
+        out.status = "settled"
+        return out
+    cost = p["p_cost"]
+    planned = p["p_plan_requested"] is not None and out.stored + kept < out.target
+    if budget is not None and planned and not x(
+            "SELECT (spent_usd + ?) + (reserved_usd - ?) + ? <= budget_usd + 1e-12 FROM exam "
+            "WHERE slug = ?", (cost, reserved, p["p_plan_reserve"], exam)).scalar_one():
+        out.status = "noroom"
+        return out
+    values: list[Any] = []
+    for row in zip(p["p_numbers"], p["p_questions"], p["p_choices"], p["p_answers"],
+                   p["p_explanations"], p["p_hashes"], p["p_difficulties"], p["p_blooms"]):
+        values += [exam, chapter, *row, p["p_model"], p["p_call"], now]
+    by_number = dict((n, i) for i, n in x(_insert_questions(kept), tuple(values)).all())
+    out.ids = [by_number[n] for n in p["p_numbers"]]
+    if scope is not None:
+        x("INSERT INTO question_sig (question_id, exam, chapter_id, tokens, key_terms, "
+          "repeats, bands) VALUES (?, ?, ?, ?, ?, 0, ?)",
+          [(i, exam, chapter, t, k, b) for i, t, k, b in zip(
+              out.ids, p["p_tokens"], p["p_key_terms"], p["p_bands"])])
+        for qid in p["p_repeated"]:
+            x("UPDATE question_sig SET repeats = repeats + 1 WHERE question_id = ?", (qid,))
+    key = (exam, chapter, slice_no)
+    x("UPDATE slice SET attempts_since_progress = 0, last_error = NULL "
+      "WHERE exam = ? AND chapter_id = ? AND slice_no = ?", key)
+    x("UPDATE call SET outcome = 'used', reason = NULL, detail = ?, status_code = NULL, "
+      "questions_stored = ?, prompt_tokens = ?, completion_tokens = ?, cost_usd = ?, "
+      "endpoint = ?, usage_estimated = ?, cached_tokens = ?, service_tier = ?, "
+      f"finished_at = {_NOW} WHERE id = ?",
+      (p["p_detail"], kept, p["p_prompt_tokens"], p["p_completion_tokens"], cost,
+       p["p_endpoint"], p["p_estimated"], p["p_cached"], p["p_tier"], p["p_call"]))
+    if budget is not None:
+        _sqlite_settle(x, exam, reserved, cost, p["p_budget_reason"])
+    x("UPDATE exam SET auth_failures = 0 WHERE slug = ? AND auth_failures > 0", (exam,))
+    out.stored += kept
+    if p["p_recent"] is not None:
+        rows = x("SELECT id, question FROM question WHERE exam = ? AND chapter_id = ? "
+                 "ORDER BY id DESC LIMIT ?", (exam, chapter, p["p_newest"])).all()
+        out.newest_ids, out.newest_texts = [r[0] for r in rows], [r[1] for r in rows]
+    if p["p_recent"] == "steer":
+        rows = _sqlite_repeated(x, exam, chapter, p["p_repeated_n"])
+        out.repeated_ids, out.repeated_texts = [r[0] for r in rows], [r[1] for r in rows]
+        if p["p_sample"] is not None:
+            rows = x("SELECT id, question, number FROM question WHERE exam = ? "
+                     "AND chapter_id = ? AND number IN (SELECT value FROM json_each(?))",
+                     (exam, chapter, json.dumps(p["p_sample"]))).all()
+            out.sample_ids = [r[0] for r in rows]
+            out.sample_texts = [r[1] for r in rows]
+            out.sample_numbers = [r[2] for r in rows]
+    if out.stored >= out.target:
+        x("UPDATE slice SET state = 'done', lease_owner = NULL, lease_expires_at = NULL "
+          "WHERE exam = ? AND chapter_id = ? AND slice_no = ?", key)
+    elif planned and out.stored == p["p_plan_stored"]:
+        out.next_call = _sqlite_record(
+            x, budget, exam, chapter, slice_no, p["p_owner"], p["p_attempt"],
+            p["p_plan_first"], p["p_plan_requested"], p["p_plan_prompt_tokens"],
+            p["p_plan_max_tokens"], p["p_plan_reserve"], p["p_plan_model"],
+            p["p_plan_price_known"])
+    out.status = "ok"
+    return out
+
+
+def _sqlite_settle(x: Any, exam: str, reserved: float, cost: float, reason: str) -> None:
+    over = "(state = 'active' AND spent_usd + ? >= budget_usd - 1e-12)"
+    x(f"UPDATE exam SET reserved_usd = reserved_usd - ?, spent_usd = spent_usd + ?, "
+      f"state = CASE WHEN {over} THEN 'paused' ELSE state END, "
+      f"pause_reason = CASE WHEN {over} THEN ? ELSE pause_reason END, "
+      f"pause_code = CASE WHEN {over} THEN 'budget' ELSE pause_code END WHERE slug = ?",
+      (reserved, cost, cost, cost, reason, cost, exam))
+
+
+def _sqlite_repeated(x: Any, exam: str, chapter: str, n: int) -> list[Any]:
+    return list(x("SELECT q.id, q.question FROM question q JOIN question_sig g "
+                  "ON g.question_id = q.id WHERE g.exam = ? AND g.chapter_id = ? "
+                  "AND g.repeats > 0 ORDER BY g.repeats DESC, q.id LIMIT ?",
+                  (exam, chapter, n)).all())
+
+
+def _sqlite_record(x: Any, budget: float | None, exam: str, chapter: str, slice_no: int,
+                   owner: str, attempt: int, first: int, requested: int, prompt_tokens: int,
+                   max_tokens: int | None, reserve: float, model: str | None,
+                   price_known: bool) -> int | None:
+    """Ledger._start_planned's reservation and record; None when the budget has no room."""
+    if budget is not None and x(
+            "UPDATE exam SET reserved_usd = reserved_usd + ? WHERE slug = ? "
+            "AND spent_usd + reserved_usd + ? <= budget_usd + 1e-12",
+            (reserve, exam, reserve)).rowcount != 1:
+        return None
+    return int(x(
+        "INSERT INTO call (exam, chapter_id, slice_no, attempt, first_number, requested, "
+        "worker, outcome, prompt_tokens, completion_tokens, cached_tokens, cost_usd, "
+        "questions_stored, started_at, max_tokens, reserved_usd, model, price_known, "
+        f"usage_estimated) VALUES (?, ?, ?, ?, ?, ?, ?, 'in_flight', ?, 0, 0, 0, 0, {_NOW}, "
+        "?, ?, ?, ?, 0) RETURNING id",
+        (exam, chapter, slice_no, attempt, first, requested, owner, prompt_tokens,
+         max_tokens, reserve, model, price_known)).scalar_one())
+
+
+def sqlite_claim(conn: Any, exam: str, chapter: str, slice_no: int, owner: str,
+                 lease_s: float, max_attempts: int, crash_reason: str, crash_detail: str,
+                 budget_reason: str, repeated_n: int | None) -> Any:
+    """ef_claim (migration 0021) on SQLite, in the caller's write transaction."""
+    from types import SimpleNamespace
+
+    x = conn.exec_driver_sql
+    row = x(f"UPDATE slice SET lease_owner = ?, lease_expires_at = {_NOW} + ?, "
+            "state = 'running', attempts = attempts + 1, "
+            "attempts_since_progress = attempts_since_progress + 1, not_before_at = NULL, "
+            f"picked_at = {_NOW}, updated_at = {_NOW} "
+            "WHERE exam = ? AND chapter_id = ? AND slice_no = ? "
+            "AND (state = 'pending' OR state = 'running') "
+            f"AND (lease_owner IS NULL OR lease_expires_at <= {_NOW}) "
+            f"AND (not_before_at IS NULL OR not_before_at <= {_NOW}) "
+            "AND attempts_since_progress < ? "
+            "AND EXISTS (SELECT 1 FROM exam WHERE slug = ? AND state = 'active') "
+            "RETURNING attempts, attempts_since_progress, target, first_number, title, prompt, "
+            "difficulty, bloom",
+            (owner, lease_s, exam, chapter, slice_no, max_attempts, exam)).first()
+    if row is None:
+        return SimpleNamespace(status="not")
+    out = SimpleNamespace(status="ok", **row._asdict())
+    wasted = x(f"UPDATE call SET outcome = 'wasted', finished_at = {_NOW}, reason = ?, "
+               "detail = ?, completion_tokens = coalesce(max_tokens, 0), "
+               "cost_usd = reserved_usd, usage_estimated = 1 "
+               "WHERE exam = ? AND chapter_id = ? AND slice_no = ? AND outcome = 'in_flight' "
+               "RETURNING reserved_usd",
+               (crash_reason, crash_detail, exam, chapter, slice_no)).scalars().all()
+    out.took_over = len(wasted)
+    out.exam_title, out.index_epoch, budget = x(
+        "SELECT title, index_epoch, budget_usd FROM exam WHERE slug = ?", (exam,)).one()
+    if wasted and budget is not None:
+        _sqlite_settle(x, exam, sum(wasted), sum(wasted), budget_reason)
+    out.chapter_target = x("SELECT max(first_number + target - 1) FROM slice "
+                           "WHERE exam = ? AND chapter_id = ?", (exam, chapter)).scalar_one()
+    rows = x("SELECT id, number, question, difficulty FROM question "
+             "WHERE exam = ? AND chapter_id = ? ORDER BY id", (exam, chapter)).all()
+    out.ids = [r[0] for r in rows]
+    out.numbers = [r[1] for r in rows]
+    out.texts = [r[2] for r in rows]
+    out.difficulties = [r[3] for r in rows]
+    out.repeated_ids = out.repeated_texts = None
+    if repeated_n is not None and rows:
+        repeated = _sqlite_repeated(x, exam, chapter, repeated_n)
+        out.repeated_ids = [r[0] for r in repeated]
+        out.repeated_texts = [r[1] for r in repeated]
+    out.budget = budget
+    return out
+
+
+def sqlite_record(conn: Any, claim: Claimed, budget: float | None,
+                  plan: CallPlan) -> int | None:
+    """The first call's record in the claim's transaction (SQLite); None: no room."""
+    return _sqlite_record(conn.exec_driver_sql, budget, claim.exam, claim.chapter_id,
+                          claim.slice_no, claim.owner, claim.attempt, plan.first_number,
+                          plan.requested, plan.prompt_tokens, plan.max_tokens,
+                          plan.reserve_usd, plan.model, plan.price_known)

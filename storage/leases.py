@@ -67,19 +67,48 @@ class Leases(Ledger):
     def _claim_fast(self, slug: str, chapter_id: str, owner: str, lease_s: float,
                     max_attempts: int, *, slice_no: int, plan_first: Planner | None,
                     steer: Steer | None) -> Claimed | None:
-        """The claim in one round trip and its first call in another (PostgreSQL,
-        storage.fastpath): None when the claim was not won (the general path says why)."""
+        """The claim in plain SQL (storage.fastpath): on PostgreSQL one round trip, and its
+        first call in another; on SQLite one transaction for both. None when the claim was
+        not won (the general path says why)."""
         limit = steer.avoid if steer is not None and steer.mode != "recent" else 0
-        with self.engine.connect() as conn:
-            row = conn.execution_options(isolation_level="AUTOCOMMIT").exec_driver_sql(
-                fastpath.CLAIM_SQL, {
-                    "p_exam": slug, "p_chapter": chapter_id, "p_slice": slice_no,
-                    "p_owner": owner, "p_lease": lease_s, "p_max": max_attempts,
-                    "p_crash_reason": CallReason.crash_before_commit.value,
-                    "p_crash_detail": CRASH_DETAIL, "p_budget_reason": BUDGET_SPENT_REASON,
-                    "p_repeated_n": limit // 2 if limit > 0 else None}).one()
-        if row.status != "ok":
-            return None
+        args = (slug, chapter_id, slice_no, owner, lease_s, max_attempts,
+                CallReason.crash_before_commit.value, CRASH_DETAIL, BUDGET_SPENT_REASON,
+                limit // 2 if limit > 0 else None)
+        if self._fast_pg:
+            with self.engine.connect() as conn:
+                row = conn.execution_options(isolation_level="AUTOCOMMIT").exec_driver_sql(
+                    fastpath.CLAIM_SQL, dict(zip(fastpath.CLAIM_PARAMS, args))).one()
+            if row.status != "ok":
+                return None
+            claimed = self._claimed_of(row, slug, chapter_id, slice_no, owner, steer)
+            if plan_first is None:
+                return claimed
+            plan = plan_first(claimed.view())
+            if plan is None:
+                return claimed
+            return dataclasses.replace(claimed,
+                                       first_call=self._start_fast(claimed, lease_s, plan))
+        with self._write() as conn:
+            row = fastpath.sqlite_claim(conn, *args)
+            if row.status != "ok":
+                return None
+            claimed = self._claimed_of(row, slug, chapter_id, slice_no, owner, steer)
+            if plan_first is None:
+                return claimed
+            plan = plan_first(claimed.view())
+            if plan is None:
+                return claimed
+            first: int | NoRoom | None = fastpath.sqlite_record(conn, claimed, row.budget,
+                                                                plan)
+            if first is None:  # no room: the general path settles the dead, says why
+                first = self._start_planned(conn, claimed, plan)
+            return dataclasses.replace(claimed, first_call=first)
+
+    @staticmethod
+    def _claimed_of(row: Any, slug: str, chapter_id: str, slice_no: int, owner: str,
+                    steer: Steer | None) -> Claimed:
+        """The Claimed of a claim's row (ef_claim, fastpath.sqlite_claim), as _read_claimed
+        makes it."""
         ids, numbers, texts = row.ids or [], row.numbers or [], row.texts or []
         last = row.first_number + row.target
         chapter_target = row.chapter_target or row.target
@@ -96,7 +125,7 @@ class Leases(Ledger):
                 if d is not None and row.first_number <= n < last:
                     counts[d] = counts.get(d, 0) + 1
             levels = dataclasses.replace(levels, stored=counts)
-        claimed = Claimed(
+        return Claimed(
             exam=slug, chapter_id=chapter_id, owner=owner, attempt=row.attempts,
             target=row.target, stored=sum(1 for n in numbers if row.first_number <= n < last),
             known=frozenset(normalise(t) for t in texts), exam_title=row.exam_title,
@@ -105,12 +134,6 @@ class Leases(Ledger):
             took_over_calls=row.took_over, slice_no=slice_no,
             first_number=row.first_number, chapter_target=chapter_target, recent=recent,
             levels=levels, index_epoch=row.index_epoch)
-        if plan_first is None:
-            return claimed
-        plan = plan_first(claimed.view())
-        if plan is None:
-            return claimed
-        return dataclasses.replace(claimed, first_call=self._start_fast(claimed, lease_s, plan))
 
     def _start_fast(self, claim: Claimed, lease_s: float, plan: CallPlan) -> int | NoRoom | None:
         """Record a planned call in one round trip (ef_start_call); the general path when the
@@ -262,7 +285,7 @@ class Leases(Ledger):
         keeps its holder's lease until that call's reply is committed (Planning.cancel)."""
         if not owners:
             return set()
-        if self._fast_commit:
+        if self._fast_pg:
             # One statement in autocommit: one round trip (storage.fastpath.RENEW_SQL).
             with self._heartbeat_engine().connect() as conn:
                 return set(conn.execution_options(isolation_level="AUTOCOMMIT")

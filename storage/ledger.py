@@ -411,9 +411,14 @@ class Ledger(StoreBase):
             def plan_next(view: ChapterView) -> CallPlan | None:
                 return plan if (view.stored, view.target) == when else None
         try:
-            with self.engine.connect() as conn:
-                row = conn.execution_options(isolation_level="AUTOCOMMIT").exec_driver_sql(
-                    fastpath.COMMIT_SQL, prepared.params).one()
+            if self._fast_pg:
+                with self.engine.connect() as conn:
+                    row = conn.execution_options(isolation_level="AUTOCOMMIT"
+                                                 ).exec_driver_sql(fastpath.COMMIT_SQL,
+                                                                   prepared.params).one()
+            else:
+                with self._write() as conn:
+                    row = fastpath.sqlite_commit(conn, prepared.params)
         except IntegrityError:
             return None, plan_next  # a duplicate stored meanwhile: the general path checks
         except SQLAlchemyError as exc:

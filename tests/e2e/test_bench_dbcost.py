@@ -55,7 +55,7 @@ def test_the_counter_reports_consistent_counts_per_paid_call(mock, tmp_path, red
         assert "round_trips" not in chapter
     else:
         # Every statement is at least one exchange with the server; so is every COMMIT.
-        assert chapter["round_trips"] >= chapter["sql"] + chapter["commits"], chapter
+        assert chapter["round_trips"] >= chapter["sql"] + chapter.get("commits", 0), chapter
         # PostgreSQL saw at least the transactions the process committed.
         assert r["server_transactions"] >= sum(
             g.get("commits", 0) for g in r["counts"].values()), r
