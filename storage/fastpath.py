@@ -234,7 +234,8 @@ def committed(url: str, claim: Claimed, p: Prepared, row: Any, questions_n: int,
     """The result of an `ok` commit, and the process's index brought up to it."""
     ids = list(row.ids or ())
     texts = [q.question for q, _ in p.kept]
-    if p.scope is not None:
+    if p.scope is not None and row.stored < row.target:
+        # (A slice now done commits no more: its index would not be read again.)
         neardup.add_own(url, claim.exam, claim.chapter_id, p.scope, claim.index_epoch,
                         p.max_id, ids, p.signed_kept, texts)
     newest = list(zip(row.newest_ids or (), row.newest_texts or ()))

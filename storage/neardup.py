@@ -155,6 +155,18 @@ class _BandIndex:
         if self.recent_n > max(256, len(self.keys) // 8):
             self._merge()
 
+    def add_signed(self, rows: Iterable[tuple[int, Signed]]) -> None:
+        """`add` for questions this process signed itself: their keys and signatures as
+        computed, not packed and decoded again."""
+        for qid, s in rows:
+            self.max_id = max(self.max_id, qid)
+            self.sigs[qid] = s.sig
+            for key in s.keys:
+                self.recent.setdefault(key, []).append(qid)
+            self.recent_n += len(s.keys)
+        if self.recent_n > max(256, len(self.keys) // 8):
+            self._merge()
+
     def _merge(self) -> None:
         np = self.np
         n = self.recent_n
@@ -340,11 +352,7 @@ def add_own(url: str, exam: str, chapter_id: str, scope: Scope, epoch: int | Non
     with idx.lock:
         if idx.max_id != seen_max_id:
             return
-        rows = []
-        for qid, s, text in zip(ids, signed, texts):
-            tokens, key_terms = s.sig.encode()
-            rows.append((qid, s.blob(), tokens, key_terms, text))
-        idx.add(rows)
+        idx.add_signed(zip(ids, signed))
         grown = idx.size != idx.counted
     if grown:
         INDEXES.grew(where, idx)
