@@ -67,48 +67,29 @@ class Leases(Ledger):
     def _claim_fast(self, slug: str, chapter_id: str, owner: str, lease_s: float,
                     max_attempts: int, *, slice_no: int, plan_first: Planner | None,
                     steer: Steer | None) -> Claimed | None:
-        """The claim in plain SQL (storage.fastpath): on PostgreSQL one round trip, and its
-        first call in another; on SQLite one transaction for both. None when the claim was
-        not won (the general path says why)."""
+        """The claim in one round trip and its first call in another (PostgreSQL,
+        storage.fastpath): None when the claim was not won (the general path says why)."""
         limit = steer.avoid if steer is not None and steer.mode != "recent" else 0
         args = (slug, chapter_id, slice_no, owner, lease_s, max_attempts,
                 CallReason.crash_before_commit.value, CRASH_DETAIL, BUDGET_SPENT_REASON,
                 limit // 2 if limit > 0 else None)
-        if self._fast_pg:
-            with self.engine.connect() as conn:
-                row = conn.execution_options(isolation_level="AUTOCOMMIT").exec_driver_sql(
-                    fastpath.CLAIM_SQL, dict(zip(fastpath.CLAIM_PARAMS, args))).one()
-            if row.status != "ok":
-                return None
-            claimed = self._claimed_of(row, slug, chapter_id, slice_no, owner, steer)
-            if plan_first is None:
-                return claimed
-            plan = plan_first(claimed.view())
-            if plan is None:
-                return claimed
-            return dataclasses.replace(claimed,
-                                       first_call=self._start_fast(claimed, lease_s, plan))
-        with self._write() as conn:
-            row = fastpath.sqlite_claim(conn, *args)
-            if row.status != "ok":
-                return None
-            claimed = self._claimed_of(row, slug, chapter_id, slice_no, owner, steer)
-            if plan_first is None:
-                return claimed
-            plan = plan_first(claimed.view())
-            if plan is None:
-                return claimed
-            first: int | NoRoom | None = fastpath.sqlite_record(conn, claimed, row.budget,
-                                                                plan)
-            if first is None:  # no room: the general path settles the dead, says why
-                first = self._start_planned(conn, claimed, plan)
-            return dataclasses.replace(claimed, first_call=first)
+        with self.engine.connect() as conn:
+            row = conn.execution_options(isolation_level="AUTOCOMMIT").exec_driver_sql(
+                fastpath.CLAIM_SQL, dict(zip(fastpath.CLAIM_PARAMS, args))).one()
+        if row.status != "ok":
+            return None
+        claimed = self._claimed_of(row, slug, chapter_id, slice_no, owner, steer)
+        if plan_first is None:
+            return claimed
+        plan = plan_first(claimed.view())
+        if plan is None:
+            return claimed
+        return dataclasses.replace(claimed, first_call=self._start_fast(claimed, lease_s, plan))
 
     @staticmethod
     def _claimed_of(row: Any, slug: str, chapter_id: str, slice_no: int, owner: str,
                     steer: Steer | None) -> Claimed:
-        """The Claimed of a claim's row (ef_claim, fastpath.sqlite_claim), as _read_claimed
-        makes it."""
+        """The Claimed of ef_claim's row, as _read_claimed makes it."""
         ids, numbers, texts = row.ids or [], row.numbers or [], row.texts or []
         last = row.first_number + row.target
         chapter_target = row.chapter_target or row.target

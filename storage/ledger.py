@@ -393,9 +393,10 @@ class Ledger(StoreBase):
                      usage: Usage, note: str, plan_next: Planner | None,
                      near_dup: Checker | None, signed: Sequence[neardup.Signed] | None,
                      steer: Steer | None) -> tuple[Committed | None, Planner | None]:
-        """The commit in one round trip (PostgreSQL, storage.fastpath): the result, or None
-        and the planner the general path must use (the plan already taken, offered again
-        for the state it was made for: taking it twice would admit the call twice)."""
+        """The commit in one round trip (PostgreSQL, storage.fastpath): the
+        result, or None and the planner the general path must use (the plan already taken,
+        offered again for the state it was made for: taking it twice would admit the call
+        twice)."""
         stored, target = self._expected.get(claim.owner, (claim.stored, claim.target))
         url = str(self.engine.url)
         prepared = fastpath.prepare(
@@ -411,14 +412,9 @@ class Ledger(StoreBase):
             def plan_next(view: ChapterView) -> CallPlan | None:
                 return plan if (view.stored, view.target) == when else None
         try:
-            if self._fast_pg:
-                with self.engine.connect() as conn:
-                    row = conn.execution_options(isolation_level="AUTOCOMMIT"
-                                                 ).exec_driver_sql(fastpath.COMMIT_SQL,
-                                                                   prepared.params).one()
-            else:
-                with self._write() as conn:
-                    row = fastpath.sqlite_commit(conn, prepared.params)
+            with self.engine.connect() as conn:
+                row = conn.execution_options(isolation_level="AUTOCOMMIT").exec_driver_sql(
+                    fastpath.COMMIT_SQL, prepared.params).one()
         except IntegrityError:
             return None, plan_next  # a duplicate stored meanwhile: the general path checks
         except SQLAlchemyError as exc:
