@@ -15,9 +15,14 @@ The counters (none is a hook of examforge's own):
 - `driver_statements` (SQLite): every statement the SQLite library runs, from sqlite3's trace
   callback set on each new connection: BEGIN, COMMIT and PRAGMAs included, an executemany
   once per row.
-- `round_trips` (PostgreSQL): message exchanges with the server, counted where psycopg waits
-  for the server (`psycopg.Connection.wait`: one per execute, BEGIN, COMMIT, SET, ping, or per
-  pipeline sync). Connecting is not counted (the pool keeps connections); `connections` is.
+- `round_trips` (PostgreSQL): real client->server exchanges, each a flush of messages that
+  then waits for the server's answers: psycopg's `execute` generator (a query, BEGIN,
+  COMMIT, ROLLBACK, SET, a prepare), counted at its two call sites (the cursor's and the
+  connection's), and each pipeline sync (an executemany: many statements, one exchange).
+  psycopg skips a COMMIT or ROLLBACK on an idle connection without calling either, so
+  those are not counted (`driver_waits`, psycopg's waits on the server, counted them: it
+  is kept beside as the old, higher figure). Connecting is not counted (the pool keeps
+  connections); `connections` is.
 PostgreSQL's own view (`pg_stat_database` xact_commit + xact_rollback of a database only this
 run uses) is read by the bench part (bench/parts/dbcost.py) as a cross-check of the
 transactions, from outside the process.
@@ -26,6 +31,7 @@ transactions, from outside the process.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 from collections import Counter, defaultdict
@@ -33,6 +39,9 @@ from typing import Any
 
 COUNTS: defaultdict[str, Counter[str]] = defaultdict(Counter)
 _LOCK = threading.Lock()
+# DBCOUNT_LOG=PATH: every statement of the chapter threads, one a line (to see which they are).
+_LOG = open(os.environ["DBCOUNT_LOG"], "a", encoding="utf-8") if os.environ.get(
+    "DBCOUNT_LOG") else None
 
 
 def _group() -> str:
@@ -61,6 +70,9 @@ def install() -> None:
         count("sql")
         count("sql:" + (statement.lstrip().split(None, 1) or ["?"])[0].upper())
         count("sql_rows", len(parameters) if executemany else 1)
+        if _LOG is not None and _group() == "chapter":
+            with _LOCK:
+                _LOG.write(" ".join(statement.split())[:160] + "\n")
 
     @event.listens_for(Engine, "begin")
     def _begin(conn: Any) -> None:
@@ -80,13 +92,34 @@ def install() -> None:
         import psycopg
     except ImportError:
         return
+    from psycopg import _connection_base, _cursor_base, _pipeline_base, generators
+
     wait = psycopg.Connection.wait
 
     def counted_wait(self: Any, *args: Any, **kwargs: Any) -> Any:
-        count("round_trips")
+        count("driver_waits")
         return wait(self, *args, **kwargs)
 
     psycopg.Connection.wait = counted_wait  # type: ignore[method-assign]
+
+    def exchange(execute: Any) -> Any:
+        def counted_execute(pgconn: Any, *args: Any, **kwargs: Any) -> Any:
+            count("round_trips")
+            return (yield from execute(pgconn, *args, **kwargs))
+        return counted_execute
+
+    # The cursor's module bound `execute` at import; the connection's looks it up in
+    # `generators` at each call: two call sites, each an exchange.
+    _cursor_base.execute = exchange(_cursor_base.execute)  # type: ignore[attr-defined]
+    generators.execute = exchange(generators.execute)  # type: ignore[assignment]
+    assert _connection_base.generators is generators
+    enqueue_sync = _pipeline_base.BasePipeline._enqueue_sync
+
+    def counted_sync(self: Any) -> None:
+        count("round_trips")
+        enqueue_sync(self)
+
+    _pipeline_base.BasePipeline._enqueue_sync = counted_sync  # type: ignore[method-assign]
 
 
 def main(argv: list[str]) -> int:

@@ -1,4 +1,24 @@
-"""Persistence: the SQLModel tables, the engine, Alembic migrations and the chapter store."""
+"""Persistence: the SQLModel tables, the engine, Alembic migrations and the chapter store.
+
+Two paths to the database:
+
+- The per-call path on PostgreSQL, in plain SQL. A paid call's commit (its questions, their
+  near-duplicate signatures, the call's usage and settlement, the steering reads and the
+  next call's record) is one statement, `SELECT * FROM ef_commit(...)`, a SQL function that
+  migration 0025 installs, sent as text through the driver (psycopg prepares it on the
+  server once per connection) in autocommit: one round trip, one transaction, and no lock
+  held while the client thinks. What needs Python is prepared before it, optimistically
+  (storage.fastpath), and the function checks that it still holds; when it does not (a
+  changed count or target, a duplicate, a near-duplicate index that is behind, a cancelled
+  slice, a budget without room) it writes nothing more than the fence's lease extension and
+  says so, and the commit goes through the general path below. `may_send` is one statement
+  in autocommit. Why: building and running a dozen SQLAlchemy statements in a transaction
+  per call was a third of a worker's CPU and about 27 round trips per paid call.
+- Everything else, and SQLite, through SQLAlchemy Core and SQLModel: the schema, the
+  migrations, planning, reports, housekeeping, the claim, and the general commit
+  (storage.ledger `Ledger._commit`), whose statements the hot ones are built once
+  (`StoreBase._stmt`). SQLite has no server round trips to save: one transaction per step.
+"""
 
 import sqlite3
 from pathlib import Path

@@ -154,6 +154,13 @@ class StoreBase:
         # and SQLite's own locking only has to arbitrate between processes.
         self._writer = WriterLock() if engine.dialect.name == "sqlite" else None
         self._stmts: dict[str, Any] = {}
+        # PostgreSQL runs a paid call's steps in plain SQL, one round trip each
+        # (storage.fastpath); the slices' counts its commit numbers on from, by holder
+        # (Ledger._expect). SQLite keeps the general path: the same steps as SQL text in its
+        # write transaction measured slower (bench/results-hot-path-profile.md).
+        self._fast_pg = engine.dialect.name == "postgresql"
+        self._fast_commit = self._fast_pg
+        self._expected: dict[str, tuple[int, int]] = {}
 
     def _stmt(self, name: str, build: Callable[[], Any]) -> Any:
         """The hot path's statements, built once per store with bind parameters. SQLAlchemy

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 
 from sqlalchemy import event, inspect, literal_column, text
 from sqlalchemy.engine import URL, Connection, Engine, make_url
-from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError
+from sqlalchemy.exc import ArgumentError, DBAPIError, DisconnectionError, OperationalError
 from sqlalchemy.sql.elements import ColumnElement
 from sqlmodel import create_engine
 
@@ -17,7 +18,7 @@ from examforge.settings import check_database_url
 MIGRATIONS_DIR = Path(__file__).with_name("migrations")
 # The newest migration. Checked against Alembic's own head by a test, so it cannot drift; it
 # saves importing Alembic (a tenth of a short command's CPU) when the schema is current.
-SCHEMA_REVISION = "0024"
+SCHEMA_REVISION = "0025"
 READ_ONLY = "examforge_read_only"
 # Any fixed number: serialises concurrent `upgrade` runs on PostgreSQL.
 _MIGRATION_LOCK_ID = 0x65786166
@@ -42,13 +43,44 @@ def connect(url: str, *, pool_size: int = 10) -> Engine:
             url,
             pool_size=pool_size,
             max_overflow=pool_size,
-            pool_pre_ping=True,
             pool_timeout=60,
             connect_args={"connect_timeout": 5} if parsed.get_backend_name() == "postgresql"
             else {},
         )
+        _ping_when_idle(engine)
     _refuse_damage(engine)
     return engine
+
+
+# A pooled connection unused for longer than this is pinged before it is handed out.
+PING_IDLE_S = 1.0
+
+
+def _ping_when_idle(engine: Engine) -> None:
+    """SQLAlchemy's pre-ping, only for a connection that sat in the pool PING_IDLE_S or more
+    (its documented pessimistic recipe: a `checkout` listener that raises
+    DisconnectionError, and the pool retries with a new connection). `pool_pre_ping` pinged
+    at every checkout: a round trip more for each step of a paid call, whose steps are one
+    round trip each on PostgreSQL (storage.fastpath). A connection back in the pool for less
+    than a second was working a second ago; one idle longer (a database restarted, a
+    connection cut by a firewall) is checked as before."""
+
+    @event.listens_for(engine, "connect")
+    @event.listens_for(engine, "checkin")
+    def _fresh(_dbapi_conn, record):  # type: ignore[no-untyped-def]
+        record.info["idle_since"] = time.monotonic()
+
+    @event.listens_for(engine, "checkout")
+    def _checkout(dbapi_conn, record, _proxy):  # type: ignore[no-untyped-def]
+        since = record.info.get("idle_since")
+        if since is not None and time.monotonic() - since < PING_IDLE_S:
+            return
+        try:
+            alive = engine.dialect.do_ping(dbapi_conn)
+        except Exception as exc:
+            raise DisconnectionError(str(exc)) from exc
+        if not alive:
+            raise DisconnectionError("the connection did not answer a ping")
 
 
 def _refuse_damage(engine: Engine) -> None:

@@ -10,15 +10,15 @@ from typing import Any, Sequence
 from sqlalchemy import and_, bindparam, case, func, or_, select, tuple_, update
 from sqlalchemy.engine import Connection, Engine
 
-from examforge.errors import PauseCode, SliceReason
+from examforge.errors import LeaseLost, PauseCode, SliceReason
 from examforge.output import normalise
-from storage import neardup
+from storage import fastpath, neardup
 from storage.base import (ACTIVE_STATES, HELD_STATES, SLICE_KEY, E, Q, S, capped_detail,
                           lease_fence, slice_where)
-from storage.ledger import RECENT_QUESTIONS, Ledger
-from storage.types import (ChapterLevels, Claimed, NoRoom, NotClaimed, NotClaimedReason, Planner,
-                           Steer)
-from storage.models import ChapterState, ExamState
+from storage.ledger import BUDGET_SPENT_REASON, CRASH_DETAIL, RECENT_QUESTIONS, Ledger
+from storage.types import (CallPlan, ChapterLevels, Claimed, NoRoom, NotClaimed,
+                           NotClaimedReason, Planner, Steer)
+from storage.models import CallReason, ChapterState, ExamState
 
 
 S2 = S.alias("other_slice")
@@ -43,6 +43,11 @@ class Leases(Ledger):
         delivery), in one transaction. With `plan_first`, the first call is recorded in the
         same transaction too (see Ledger.start_planned). With `steer`, `recent` is what the
         first prompt lists of the chapter's questions (Steer.select)."""
+        if self._fast_commit:
+            fast = self._claim_fast(slug, chapter_id, owner, lease_s, max_attempts,
+                                    slice_no=slice_no, plan_first=plan_first, steer=steer)
+            if fast is not None:
+                return fast
         key = {"k_exam": slug, "k_chapter": chapter_id, "k_slice": slice_no}
         with self._write() as conn:
             self._exam_first(conn, slug)
@@ -66,6 +71,85 @@ class Leases(Ledger):
                 lease_expires_at=self._now + bindparam("p_lease"))), {**key, "p_lease": lease_s})
             return dataclasses.replace(claimed, first_call=first)
 
+    def _claim_fast(self, slug: str, chapter_id: str, owner: str, lease_s: float,
+                    max_attempts: int, *, slice_no: int, plan_first: Planner | None,
+                    steer: Steer | None) -> Claimed | None:
+        """The claim in one round trip and its first call in another (PostgreSQL,
+        storage.fastpath): None when the claim was not won (the general path says why)."""
+        limit = steer.avoid if steer is not None and steer.mode != "recent" else 0
+        args = (slug, chapter_id, slice_no, owner, lease_s, max_attempts,
+                CallReason.crash_before_commit.value, CRASH_DETAIL, BUDGET_SPENT_REASON,
+                limit // 2 if limit > 0 else None)
+        with self.engine.connect() as conn:
+            row = conn.execution_options(isolation_level="AUTOCOMMIT").exec_driver_sql(
+                fastpath.CLAIM_SQL, dict(zip(fastpath.CLAIM_PARAMS, args))).one()
+        if row.status != "ok":
+            return None
+        claimed = self._claimed_of(row, slug, chapter_id, slice_no, owner, steer)
+        if plan_first is None:
+            return claimed
+        plan = plan_first(claimed.view())
+        if plan is None:
+            return claimed
+        return dataclasses.replace(claimed, first_call=self._start_fast(claimed, lease_s, plan))
+
+    @staticmethod
+    def _claimed_of(row: Any, slug: str, chapter_id: str, slice_no: int, owner: str,
+                    steer: Steer | None) -> Claimed:
+        """The Claimed of ef_claim's row, as _read_claimed makes it."""
+        ids, numbers, texts = row.ids or [], row.numbers or [], row.texts or []
+        last = row.first_number + row.target
+        chapter_target = row.chapter_target or row.target
+        if steer is not None and texts:
+            recent: tuple[str, ...] = fastpath.claim_steering(
+                steer, chapter_target, row.attempts, ids, numbers, texts,
+                list(zip(row.repeated_ids or (), row.repeated_texts or ())))
+        else:
+            recent = tuple(texts[-RECENT_QUESTIONS:])
+        levels = ChapterLevels.from_row(row.difficulty, row.bloom)
+        if levels.difficulty is not None:
+            counts: dict[str, int] = {}
+            for n, d in zip(numbers, row.difficulties or ()):
+                if d is not None and n is not None and row.first_number <= n < last:
+                    counts[d] = counts.get(d, 0) + 1
+            levels = dataclasses.replace(levels, stored=counts)
+        return Claimed(
+            exam=slug, chapter_id=chapter_id, owner=owner, attempt=row.attempts,
+            # A withdrawn question (storage.verdicts) has no number: not in the count.
+            target=row.target,
+            stored=sum(1 for n in numbers if n is not None and row.first_number <= n < last),
+            known=frozenset(normalise(t) for t in texts), exam_title=row.exam_title,
+            title=row.title, prompt=row.prompt,
+            attempts_since_progress=row.attempts_since_progress,
+            took_over_calls=row.took_over, slice_no=slice_no,
+            first_number=row.first_number, chapter_target=chapter_target, recent=recent,
+            levels=levels, index_epoch=row.index_epoch)
+
+    def _start_fast(self, claim: Claimed, lease_s: float, plan: CallPlan) -> int | NoRoom | None:
+        """Record a planned call in one round trip (ef_start_call); the general path when the
+        budget has no room (it settles dead holders' calls first and says why); None when
+        the lease is gone (the caller's slow path finds that out and stops)."""
+        with self.engine.connect() as conn:
+            row = conn.execution_options(isolation_level="AUTOCOMMIT").exec_driver_sql(
+                fastpath.START_CALL_SQL, {
+                    "p_exam": claim.exam, "p_chapter": claim.chapter_id,
+                    "p_slice": claim.slice_no, "p_owner": claim.owner, "p_lease": lease_s,
+                    "p_attempt": claim.attempt, "p_first": plan.first_number,
+                    "p_requested": plan.requested, "p_prompt_tokens": plan.prompt_tokens,
+                    "p_max_tokens": plan.max_tokens, "p_reserve": plan.reserve_usd,
+                    "p_model": plan.model, "p_price_known": plan.price_known}).one()
+        if row.status == "ok":
+            return int(row.call_id)
+        if row.status == "lost":
+            return None
+        try:
+            return self.start_call(claim, plan.first_number, plan.requested, lease_s=lease_s,
+                                   prompt_tokens=plan.prompt_tokens,
+                                   max_tokens=plan.max_tokens, reserve_usd=plan.reserve_usd,
+                                   model=plan.model, price_known=plan.price_known)
+        except LeaseLost:
+            return None
+
     def held_claim(self, slug: str, chapter_id: str, slice_no: int, owner: str, *,
                    steer: Steer | None = None) -> Claimed | None:
         """The slice as a Claimed for `owner`, which already holds its lease (a provider
@@ -83,7 +167,7 @@ class Leases(Ledger):
                       owner: str, steer: Steer | None, took_over: int) -> Claimed:
         key = {"k_exam": slug, "k_chapter": chapter_id, "k_slice": slice_no}
         row = conn.execute(self._stmt("claimed_row", lambda: (
-            select(S, E.c.title.label("exam_title"),
+            select(S, E.c.title.label("exam_title"), E.c.index_epoch,
                    select(func.max(S2.c.first_number + S2.c.target - 1))
                    .where(S2.c.exam == S.c.exam, S2.c.chapter_id == S.c.chapter_id)
                    .scalar_subquery().label("chapter_target"))
@@ -107,7 +191,7 @@ class Leases(Ledger):
             recent=(neardup.steered(conn, steer, slug, chapter_id,
                                     chapter_target or row.target, seed=row.attempts) if steer is not None and numbers_texts
                     else tuple(t for _, t in numbers_texts[-RECENT_QUESTIONS:])),
-            levels=self._levels(conn, row),
+            levels=self._levels(conn, row), index_epoch=row.index_epoch,
         )
         return claimed
 
@@ -194,6 +278,12 @@ class Leases(Ledger):
         keeps its holder's lease until that call's reply is committed (Planning.cancel)."""
         if not owners:
             return set()
+        if self._fast_pg:
+            # One statement in autocommit: one round trip (storage.fastpath.RENEW_SQL).
+            with self._heartbeat_engine().connect() as conn:
+                return set(conn.execution_options(isolation_level="AUTOCOMMIT")
+                           .exec_driver_sql(fastpath.RENEW_SQL, {
+                               "owners": list(owners), "lease": lease_s}).scalars().all())
         live = lease_fence(self._now, owner=S.c.lease_owner.in_(owners))
         with self._write(self._heartbeat_engine(), urgent=True) as conn:
             if conn.dialect.name != "postgresql":  # one writer at a time: nothing to skip

@@ -17,7 +17,7 @@ from examforge.errors import LeaseLost, PauseCode, Rejection
 from examforge.neardup import Checker, Scope
 from examforge.output import Question as ParsedQuestion
 from examforge.output import text_hash
-from storage import neardup
+from storage import fastpath, neardup
 from storage.base import (BUDGET_PAUSE_PREFIX, IN_FLIGHT_CALL, SLICE_KEY, E, K, Q, S, StoreBase,
                           lease_fence)
 from storage.db import READ_ONLY
@@ -32,6 +32,8 @@ RECENT_QUESTIONS = 20
 _FINISHED = ("outcome", "reason", "detail", "status_code", "questions_stored", "prompt_tokens",
              "completion_tokens", "cost_usd", "endpoint", "usage_estimated", "cached_tokens",
              "service_tier")
+# Why a call whose holder lost its lease mid-call was booked at its worst case.
+CRASH_DETAIL = "its holder lost the lease mid-call (a crash, a freeze, a partition)"
 # A commit that loses a race with another slice storing the same question checks again.
 _DUPLICATE_RACE_RETRIES = 3
 # Why a settled call paused its exam (Ledger._settle): a raised budget resumes it.
@@ -56,7 +58,7 @@ class Ledger(StoreBase):
         and its max_tokens, which is what it reserved), estimated."""
         return dict(outcome=CallOutcome.wasted.value, finished_at=now,
                     reason=CallReason.crash_before_commit.value,
-                    detail="its holder lost the lease mid-call (a crash, a freeze, a partition)",
+                    detail=CRASH_DETAIL,
                     completion_tokens=func.coalesce(K.c.max_tokens, 0),
                     cost_usd=K.c.reserved_usd, usage_estimated=True)
 
@@ -309,12 +311,14 @@ class Ledger(StoreBase):
         its reply comes back, like any call in flight at a cancel. This costs one short read
         per paid call; folding it into the transaction that records the call (the commit)
         would not do, since a cancel can commit between that and the send."""
-        # One statement needs no snapshot: on PostgreSQL a plain READ COMMITTED connection (a
-        # REPEATABLE READ one costs a SET and a reset around it); on SQLite a deferred read
-        # that never waits for the writer's lock.
+        # One statement needs no snapshot: on PostgreSQL it runs in autocommit (one round
+        # trip: no BEGIN before it, no ROLLBACK after); on SQLite a deferred read that never
+        # waits for the writer's lock.
         conn = self.engine.connect()
         if self.engine.dialect.name != "postgresql":
             conn = conn.execution_options(**{READ_ONLY: True})
+        else:
+            conn = conn.execution_options(isolation_level="AUTOCOMMIT")
         with conn:
             state = conn.execute(self._stmt("may_send", lambda: (
                 select(S.c.state).where(*SLICE_KEY, lease_fence(self._now, states=None)))),
@@ -370,15 +374,26 @@ class Ledger(StoreBase):
         # Outside the transaction: the signatures cost CPU, not locks.
         signed = (neardup.Signed.many([q.question for q in questions], claim.title)
                   if near_dup is not None else None)
+        # VERIFY's commits (questions pending a solve, no next call) take the general path.
+        if self._fast_commit and not verify:
+            fast, plan_next = self._commit_fast(claim, lease_s, call_id, questions, hashes,
+                                                model=model, usage=usage, note=note,
+                                                plan_next=plan_next, near_dup=near_dup,
+                                                signed=signed, steer=steer)
+            if fast is not None:
+                return fast
         try:
             for attempt in range(_DUPLICATE_RACE_RETRIES + 1):
                 try:
                     with self._write() as conn:
-                        return self._commit(conn, claim, lease_s, call_id, questions, hashes,
-                                            model=model, usage=usage, note=note,
-                                            plan_next=plan_next, recheck=attempt > 0,
-                                            near_dup=near_dup, signed=signed, steer=steer,
-                                            verify=verify)
+                        result = self._commit(conn, claim, lease_s, call_id, questions,
+                                              hashes, model=model, usage=usage, note=note,
+                                              plan_next=plan_next, recheck=attempt > 0,
+                                              near_dup=near_dup, signed=signed, steer=steer,
+                                              verify=verify)
+                    if self._fast_commit:
+                        self._expect(claim.owner, result)
+                    return result
                 except IntegrityError as exc:
                     # Another slice committed one of these questions after our check read
                     # the chapter (PostgreSQL: its transaction was open): check again.
@@ -416,6 +431,60 @@ class Ledger(StoreBase):
             {"k_exam": exam, "k_chapter": chapter_id, "k_first": first,
              "k_target": target}).scalars())
         return [n for n in range(first, first + target) if n not in taken]
+
+    def _commit_fast(self, claim: Claimed, lease_s: float, call_id: int,
+                     questions: Sequence[ParsedQuestion], hashes: list[str], *, model: str,
+                     usage: Usage, note: str, plan_next: Planner | None,
+                     near_dup: Checker | None, signed: Sequence[neardup.Signed] | None,
+                     steer: Steer | None) -> tuple[Committed | None, Planner | None]:
+        """The commit in one round trip (PostgreSQL, storage.fastpath): the
+        result, or None and the planner the general path must use (the plan already taken,
+        offered again for the state it was made for: taking it twice would admit the call
+        twice)."""
+        stored, target = self._expected.get(claim.owner, (claim.stored, claim.target))
+        url = str(self.engine.url)
+        prepared = fastpath.prepare(
+            url, claim, stored, target, lease_s, call_id, questions, hashes, model=model,
+            usage=usage, note=note, plan_next=plan_next, near_dup=near_dup, signed=signed,
+            steer=steer, budget_reason=BUDGET_SPENT_REASON, recent_default=RECENT_QUESTIONS)
+        if prepared is None:
+            return None, plan_next
+        if prepared.plan is not None or prepared.params["p_plan_stored"] < target:
+            # The planner was asked (or would have been): the general path gets that answer.
+            plan, when = prepared.plan, (prepared.params["p_plan_stored"], target)
+
+            def plan_next(view: ChapterView) -> CallPlan | None:
+                return plan if (view.stored, view.target) == when else None
+        try:
+            with self.engine.connect() as conn:
+                row = conn.execution_options(isolation_level="AUTOCOMMIT").exec_driver_sql(
+                    fastpath.COMMIT_SQL, prepared.params).one()
+        except IntegrityError:
+            return None, plan_next  # a duplicate stored meanwhile: the general path checks
+        except SQLAlchemyError as exc:
+            # As the general path does: the reply (and its bill) arrived but the database
+            # failed; say so with its tokens.
+            try:
+                self.finish_call(call_id, CallOutcome.wasted, CallReason.commit_failed,
+                                 str(exc).splitlines()[0][:300], usage=usage)
+            except SQLAlchemyError:
+                pass  # still down: the takeover will mark it wasted
+            raise
+        if row.status != "ok":
+            return None, plan_next
+        result = fastpath.committed(url, claim, prepared, row, len(questions), steer, call_id)
+        self._expect(claim.owner, result)
+        return result, plan_next
+
+    def _expect(self, owner: str, result: Committed) -> None:
+        """Remember where a holder's slice stands after its commit (the fast path numbers on
+        from it); forgotten once the slice needs no more."""
+        if result.done or result.cancelled:
+            self._expected.pop(owner, None)
+            return
+        if len(self._expected) > 10_000:
+            self._expected.clear()
+        self._expected[owner] = (result.stored, result.target)
 
     def _commit(self, conn: Connection, claim: Claimed, lease_s: float, call_id: int,
                 questions: Sequence[ParsedQuestion], hashes: list[str], *, model: str,

@@ -155,6 +155,18 @@ class _BandIndex:
         if self.recent_n > max(256, len(self.keys) // 8):
             self._merge()
 
+    def add_signed(self, rows: Iterable[tuple[int, Signed]]) -> None:
+        """`add` for questions this process signed itself: their keys and signatures as
+        computed, not packed and decoded again."""
+        for qid, s in rows:
+            self.max_id = max(self.max_id, qid)
+            self.sigs[qid] = s.sig
+            for key in s.keys:
+                self.recent.setdefault(key, []).append(qid)
+            self.recent_n += len(s.keys)
+        if self.recent_n > max(256, len(self.keys) // 8):
+            self._merge()
+
     def _merge(self) -> None:
         np = self.np
         n = self.recent_n
@@ -301,6 +313,53 @@ def check(conn: Connection, exam: str, chapter_id: str, checker: Checker,
     """Which questions of `batch` are new: not a near-duplicate of a stored question of the
     scope, nor of an earlier question of the batch. (None: already dropped, kept False.)"""
     candidates, stored = _candidates(conn, exam, chapter_id, checker.scope, batch)
+    return _verdict(checker, batch, candidates, stored)
+
+
+def where_of(url: str, exam: str, chapter_id: str, scope: Scope) -> tuple[str, str, str]:
+    """The key of a scope's in-memory index (INDEXES)."""
+    return (url, exam, "" if scope is Scope.exam else chapter_id)
+
+
+def check_local(url: str, exam: str, chapter_id: str, checker: Checker, epoch: int | None,
+                batch: Sequence[Signed | None]) -> tuple[Verdict, int] | None:
+    """`check` against this process's index of the scope as it stands, reading nothing: the
+    verdict and the highest question id the index has (what the one-round-trip commit,
+    storage.fastpath, verifies is still the scope's highest, under the scope's lock). None
+    when the index cannot be trusted without a read (no epoch known)."""
+    if epoch is None:
+        return None
+    where = where_of(url, exam, chapter_id, checker.scope)
+    idx = INDEXES.get(where, epoch)
+    with idx.lock:
+        candidates = [idx.lookup(s.keys) if s is not None else set() for s in batch]
+        max_id, sigs = idx.max_id, idx.sigs
+        verdict = _verdict(checker, batch, candidates, sigs)
+    return verdict, max_id
+
+
+def add_own(url: str, exam: str, chapter_id: str, scope: Scope, epoch: int | None,
+            seen_max_id: int, ids: Sequence[int], signed: Sequence[Signed],
+            texts: Sequence[str]) -> None:
+    """After a one-round-trip commit: index the questions it stored, if the scope's index is
+    still where the commit's check saw it (`seen_max_id`: the commit verified nothing else was
+    stored in the scope above it). Otherwise leave it: the next commit finds rows above the
+    index's highest id and checks through the general path, which reads them."""
+    if epoch is None or not ids:
+        return
+    where = where_of(url, exam, chapter_id, scope)
+    idx = INDEXES.get(where, epoch)
+    with idx.lock:
+        if idx.max_id != seen_max_id:
+            return
+        idx.add_signed(zip(ids, signed))
+        grown = idx.size != idx.counted
+    if grown:
+        INDEXES.grew(where, idx)
+
+
+def _verdict(checker: Checker, batch: Sequence[Signed | None], candidates: list[set[int]],
+             stored: dict[int, Signature]) -> Verdict:
     keep: list[bool] = []
     repeated: list[int] = []
     kept: list[Signed] = []
@@ -446,8 +505,7 @@ def steering(conn: Connection, exam: str, chapter_id: str, limit: int,
     sample: list[tuple[int, str]] = []
     if room > 0 and last >= first and len(newest) >= max(1, limit // 4):
         # (A chapter with fewer than that stored has them all in `newest` already.)
-        rng = random.Random(seed)
-        drawn = rng.sample(range(first, last + 1), min(last - first + 1, room * 2))
+        drawn = sample_numbers(numbers, limit, seed)[:room * 2]
         rows = conn.execute(_steer_statement("sample", conn.dialect.name),
                             {**key, "numbers": _values(conn.dialect.name, drawn)}).all()
         # In the order drawn, not the database's (its index order would favour the chapter's
@@ -457,6 +515,35 @@ def steering(conn: Connection, exam: str, chapter_id: str, limit: int,
         sample = [(qid, text) for qid, text, _ in sorted(rows, key=lambda r: place[r[2]])
                   if qid not in listed][:room]
     # Most important last in each part (the statements read newest and most repeated first).
+    return Steering([t for _, t in sample], [t for _, t in reversed(newest)],
+                    [t for _, t in reversed(repeated)])
+
+
+def sample_numbers(numbers: tuple[int, int], limit: int, seed: int) -> list[int]:
+    """The rotating sample's numbers drawn for one call (`steering`), in the order drawn: as
+    many as the most the sample can use (twice `limit`); `steering` takes the first twice its
+    room. Drawn before the room is known, so that the one-round-trip commit (storage.fastpath)
+    reads them in the same statement: a prefix of a random sample is a random sample."""
+    first, last = numbers
+    if last < first or limit <= 0:
+        return []
+    return random.Random(seed).sample(range(first, last + 1), min(last - first + 1, limit * 2))
+
+
+def steering_of(limit: int, numbers: tuple[int, int], seed: int,
+                repeated: list[tuple[int, str]], newest: list[tuple[int, str]],
+                sampled: list[tuple[int, str, int]]) -> Steering:
+    """`steering` from rows already read (newest and most repeated first, as its statements
+    read them; `sampled`: the rows of `sample_numbers`' numbers that exist)."""
+    room = limit - len(repeated) - len(newest)
+    sample: list[tuple[int, str]] = []
+    if room > 0 and numbers[1] >= numbers[0] and len(newest) >= max(1, limit // 4):
+        drawn = sample_numbers(numbers, limit, seed)[:room * 2]
+        place = {n: i for i, n in enumerate(drawn)}
+        listed = {qid for qid, _ in (*newest, *repeated)}
+        sample = [(qid, text) for qid, text, n in sorted(
+            (r for r in sampled if r[2] in place), key=lambda r: place[r[2]])
+            if qid not in listed][:room]
     return Steering([t for _, t in sample], [t for _, t in reversed(newest)],
                     [t for _, t in reversed(repeated)])
 

@@ -175,6 +175,9 @@ class Claimed:
     recent: tuple[str, ...] = ()
     # The chapter's levels (examforge.levels) and the slice's stored questions per difficulty.
     levels: ChapterLevels = ChapterLevels()
+    # The exam's near-duplicate index epoch at the claim (storage.neardup): what the
+    # one-round-trip commit's check trusts its in-memory index against.
+    index_epoch: int | None = None
 
     def view(self, stored: int | None = None, target: int | None = None) -> ChapterView:
         return ChapterView(self.exam, self.chapter_id, self.exam_title, self.title, self.prompt,

@@ -183,7 +183,7 @@ def run(ctx: Context) -> PartResult:
         "chapter threads' counts (claim, ledger, commit, plan) over the calls the mock was "
         "paid for. *SQL*: statements through SQLAlchemy; *SQLite statements*: every statement "
         "the SQLite library ran (BEGIN and COMMIT included, an executemany once per row); "
-        "*round trips*: psycopg's exchanges with the server (BEGIN, COMMIT, pings included); "
+        "*round trips*: real exchanges with the server (a query, BEGIN, COMMIT, a prepare, a pipeline sync; psycopg's idle no-op COMMIT or ROLLBACK not counted); "
         "*transactions*: SQLAlchemy's begins (read snapshots included), *commits* of them. "
         "The heartbeat (`lease-keeper` thread, every "
         f"{HEARTBEAT_S} s here) is shown as SQL / round trips (SQLite: statements) / "

@@ -44,7 +44,9 @@ def test_the_counter_reports_consistent_counts_per_paid_call(mock, tmp_path, red
     r = _count(mock, tmp_path, redis_url, db)
     assert r["paid"] == 5, r
     chapter = r["counts"]["chapter"]
-    assert chapter["sql"] >= chapter["transactions"] >= chapter["commits"] > 0, chapter
+    # (PostgreSQL's per-call steps run in autocommit: one statement, no COMMIT of its own.)
+    assert chapter["sql"] >= chapter["transactions"] >= chapter.get("commits", 0), chapter
+    assert db == "postgresql" or chapter["commits"] > 0, chapter
     assert chapter["sql_rows"] >= chapter["sql"]
     assert sum(v for k, v in chapter.items() if k.startswith("sql:")) == chapter["sql"]
     if db == "sqlite":
@@ -53,15 +55,16 @@ def test_the_counter_reports_consistent_counts_per_paid_call(mock, tmp_path, red
         assert "round_trips" not in chapter
     else:
         # Every statement is at least one exchange with the server; so is every COMMIT.
-        assert chapter["round_trips"] >= chapter["sql"] + chapter["commits"], chapter
+        assert chapter["round_trips"] >= chapter["sql"] + chapter.get("commits", 0), chapter
         # PostgreSQL saw at least the transactions the process committed.
         assert r["server_transactions"] >= sum(
             g.get("commits", 0) for g in r["counts"].values()), r
     assert dbcost.per_call(r, "chapter", "sql") == chapter["sql"] / 5
 
 
-@pytest.mark.xfail(strict=False, reason="issue 19: the per-call path in plain SQL, one round "
-                   "trip per step, is not built yet")
+@pytest.mark.xfail(strict=False, reason="issue 19: each step is one round trip on PostgreSQL "
+                   "now, but a paid call still has two (may_send, the commit) and each claim "
+                   "two more (ef_claim, ef_start_call): 3-4.5 per paid call on this workload")
 def test_a_paid_call_costs_at_most_two_round_trips_on_postgresql(mock, tmp_path, redis_url,
                                                                  pg_url):
     r = _count(mock, tmp_path, redis_url, "postgresql")

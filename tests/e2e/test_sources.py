@@ -27,9 +27,12 @@ def _notes(n: int) -> str:
                        for i in range(1, n + 1))
 
 
-def test_a_chapter_grounded_in_notes_and_a_pdf_cites_its_slices_material(deploy, mock):
+# PostgreSQL too: its commits go through ef_commit (storage.fastpath), which stores the
+# citations as the general path does.
+@pytest.mark.parametrize("database", ["sqlite", "postgres"])
+def test_a_chapter_grounded_in_notes_and_a_pdf_cites_its_slices_material(deploy, mock, database):
     mock.configure(latency_s=0.3)
-    dep = deploy("sqlite", questions_per_call=5, slice_questions=10, lease_s=3)
+    dep = deploy(database, questions_per_call=5, slice_questions=10, lease_s=3)
     path = dep.syllabus("course", {"title": "Course", "chapters": [
         {"id": "net", "title": "Networking", "questions": 30,
          "sources": ["notes/net.md", "guide.pdf#pages=2-3"]},

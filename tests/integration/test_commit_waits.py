@@ -95,6 +95,9 @@ def test_a_claim_whose_first_call_takes_long_to_plan_holds_a_whole_lease_after_i
         time.sleep(1.5)
         return CallPlan(view.next_number, 5)
 
-    claim = store.claim("ex", "a", "wa", 1.0, 8, plan_first=slow_plan)
+    claim = store.claim("ex", "a", "wa", 2.0, 8, plan_first=slow_plan)
     assert isinstance(claim, Claimed) and isinstance(claim.first_call, int)
-    assert store.renew(["wa"], 1.0) == {"wa"}
+    # The first beat comes an interval later: the lease, 2 s from the claim's start, would
+    # have lapsed by then; 2 s from the call's record, it has not.
+    time.sleep(0.7)
+    assert store.renew(["wa"], 2.0) == {"wa"}
