@@ -2,22 +2,26 @@
 
 Two paths to the database:
 
-- The per-call path on PostgreSQL, in plain SQL. A paid call's commit (its questions, their
-  near-duplicate signatures, the call's usage and settlement, the steering reads and the
-  next call's record) is one statement, `SELECT * FROM ef_commit(...)`, a SQL function that
-  migration 0025 installs, sent as text through the driver (psycopg prepares it on the
-  server once per connection) in autocommit: one round trip, one transaction, and no lock
-  held while the client thinks. What needs Python is prepared before it, optimistically
-  (storage.fastpath), and the function checks that it still holds; when it does not (a
-  changed count or target, a duplicate, a near-duplicate index that is behind, a cancelled
-  slice, a budget without room) it writes nothing more than the fence's lease extension and
-  says so, and the commit goes through the general path below. `may_send` is one statement
-  in autocommit. Why: building and running a dozen SQLAlchemy statements in a transaction
-  per call was a third of a worker's CPU and about 27 round trips per paid call.
-- Everything else, and SQLite, through SQLAlchemy Core and SQLModel: the schema, the
-  migrations, planning, reports, housekeeping, the claim, and the general commit
-  (storage.ledger `Ledger._commit`), whose statements the hot ones are built once
-  (`StoreBase._stmt`). SQLite has no server round trips to save: one transaction per step.
+- The per-call path on PostgreSQL, in plain SQL (storage.fastpath). Each step of a paid call
+  is one statement sent as text through the driver (psycopg prepares it on the server once
+  per connection), in autocommit: one round trip, one transaction, and no lock held while
+  the worker thinks. The claim (`ef_claim`: the lease, the previous holder's calls settled,
+  what the first prompt needs), a call's record with its budget reservation
+  (`ef_start_call`), the read before the send (`may_send`), the commit (`ef_commit`: the
+  questions, their near-duplicate signatures, the call's usage and settlement, the steering
+  reads and the next call's record) and the heartbeat (a data-modifying CTE). The functions
+  are installed by migration 0025. What needs Python is prepared before the commit,
+  optimistically, and the function checks that it still holds; when it does not (a changed
+  count or target, a duplicate, a near-duplicate index that is behind, a cancelled slice, a
+  budget without room, a claim not won, a commit under VERIFY) it writes nothing more than the fence's lease
+  extension and says so, and the step goes through the general path below. Why: building
+  and running a dozen SQLAlchemy statements in transactions per call was a third of a
+  worker's CPU and about 27-33 round trips per paid call (bench/results-hot-path-profile.md).
+- Everything else, and all of SQLite, through SQLAlchemy Core and SQLModel: the schema, the
+  migrations, planning, reports, housekeeping, and the general claim and commit
+  (storage.leases, storage.ledger `Ledger._commit`), whose statements are built once
+  (`StoreBase._stmt`). SQLite has no round trips to save, and the same steps as SQL text in
+  its write transaction measured slower there, so it keeps this path.
 """
 
 import sqlite3
