@@ -48,7 +48,7 @@ def test_the_benchmark_suite_runs_every_part_and_every_system_pays_exactly_what_
     data = json.loads(results.with_suffix(".json").read_text())
     assert list(data["parts"]) == ["overhead", "slots32", "dbcost", "enqueue", "export",
                                    "status", "scaling", "threads", "prefetch", "chapters",
-                                   "modes"]
+                                   "modes", "verify"]
     for name, part in data["parts"].items():
         assert part["error"] is None, (name, part["error"])
         assert part["figures"], name
