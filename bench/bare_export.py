@@ -17,17 +17,19 @@ def main(db: str, slug: str, out: str) -> int:
     conn = sqlite3.connect(db)
     rows = conn.execute(
         "SELECT q.exam, q.chapter_id, q.number, q.question, q.choices, q.answer_index, "
-        "q.explanation, q.difficulty, q.bloom, q.model, q.created_at FROM question q "
+        "q.explanation, q.difficulty, q.bloom, q.source, q.verdict, q.model, q.created_at "
+        "FROM question q "
         "JOIN slice c ON c.exam = q.exam AND c.chapter_id = q.chapter_id "
         "AND q.number >= c.first_number AND q.number < c.first_number + c.target "
-        "WHERE q.exam = ? ORDER BY c.position, c.chapter_id, q.number", (slug,))
+        "WHERE q.exam = ? AND q.review <> 'rejected' "
+        "ORDER BY c.position, c.chapter_id, q.number", (slug,))
     utc = timezone.utc
     with open(out, "w", encoding="utf-8", newline="") as f:
         f.writelines(json.dumps({
             "exam": r[0], "chapter_id": r[1], "number": r[2], "question": r[3],
             "choices": json.loads(r[4]), "answer_index": r[5], "explanation": r[6],
-            "difficulty": r[7], "bloom": r[8], "model": r[9],
-            "created_at": datetime.fromtimestamp(r[10], utc).isoformat(timespec="seconds"),
+            "difficulty": r[7], "bloom": r[8], "source": r[9], "verdict": r[10], "model": r[11],
+            "created_at": datetime.fromtimestamp(r[12], utc).isoformat(timespec="seconds"),
         }, ensure_ascii=False) + "\n" for r in rows)
     return 0
 

@@ -57,14 +57,19 @@ async def _events(ctx: Context, run: RunRow, cursor: int) -> AsyncIterator[Serve
         # batch it counts is in the events' later snapshot.
         view: dict[str, Any] = await run_in_threadpool(run_view, ctx, run)
         final = view["state"] in FINAL_RUN_STATES
-        if final and view["state"] == RunState.cancelled.value and \
-                time.monotonic() < settle_by and \
-                await run_in_threadpool(store.calls_in_flight, run):
-            # A cancelled run's calls in flight are let finish (their holders keep their
-            # leases until the replies are stored), so the final event waits until they
-            # have settled (for as long as a call can take and a crashed holder's lease can
-            # last): its cost is then final, and the stream reads the same whenever read.
-            final = False
+        if final and view["state"] == RunState.cancelled.value:
+            if time.monotonic() < settle_by and \
+                    await run_in_threadpool(store.calls_in_flight, run):
+                # A cancelled run's calls in flight are let finish (their holders keep their
+                # leases until the replies are stored), so the final event waits until they
+                # have settled (for as long as a call can take and a crashed holder's lease
+                # can last): its cost is then final, and the stream reads the same whenever
+                # read.
+                final = False
+            else:
+                # Read again now that nothing is in flight: a call that settled between the
+                # first read and the count stored its questions after that read.
+                view = await run_in_threadpool(run_view, ctx, run)
         events = await run_in_threadpool(store.run_events, run, cursor, final,
                                          view["questions"]["target"])
         for e in events:
