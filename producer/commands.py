@@ -443,9 +443,10 @@ def review(slug: str, as_json: bool) -> None:
     out.print(table)
     left = sum(c.unreviewed for c in chapters)
     rejected = sum(c.rejected for c in chapters)
+    missing = sum(max(0, c.target - c.questions) for c in chapters)
     out.print(f"{plural(left, 'question')} to review"
-              + (f"; {rejected} rejected (the next enqueue generates their replacements)"
-                 if rejected else "")
+              + (f"; {rejected} rejected" if rejected else "")
+              + (f"; {missing} missing (the next enqueue generates them)" if missing else "")
               + ("" if verdicts else "; no blind-solve verdicts in this database"))
 
 

@@ -44,9 +44,21 @@ def test_review_counts_per_chapter(env, capsys):  # noqa: F811
                               "disputed": 0}
     code, out, err = cli(capsys, "review", "ex")
     assert code == 0, err
-    assert "2 questions to review; 1 rejected (the next enqueue generates their replacements)" \
+    assert "2 questions to review; 1 rejected; 1 missing (the next enqueue generates them)" \
         in out, out
     assert_one_line(*cli(capsys, "review", "nope")[::2], "nope")
+
+
+def test_review_once_rejected_are_replaced(env, capsys):  # noqa: F811
+    """A rejected question already replaced is not announced as still to generate."""
+    _reviewed(env)
+    store = open_store(env["DATABASE_URL"])
+    store.import_questions("ex", {"a": [
+        Question("a replacement?", ("r1", "r2", "r3", "r4"), 0, "why")]}, "test")
+    store.engine.dispose()
+    code, out, err = cli(capsys, "review", "ex")
+    assert code == 0, err
+    assert "3 questions to review; 1 rejected" in out and "missing" not in out, out
 
 
 def test_export_approved_only(env, capsys, tmp_path):  # noqa: F811
