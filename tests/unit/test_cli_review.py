@@ -75,3 +75,12 @@ def test_export_approved_only(env, capsys, tmp_path):  # noqa: F811
                        str(gift))
     assert code == 0 and "wrote 2 questions" in err, err
     assert "An edited question?" in gift.read_text()
+
+
+def test_dry_run_asks_for_the_rejected_questions_replacement(env, capsys):  # noqa: F811
+    """The dry run counts the bank, not the questions withdrawn from it: a rejected
+    question's number is generated again, and priced."""
+    _reviewed(env)
+    code, out, err = cli(capsys, "enqueue", "ex", "--dry-run")
+    assert code == 0, err
+    assert "questions to generate: 1 in 1 of 2 chapters (4 already stored)" in out, out
