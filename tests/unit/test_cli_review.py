@@ -84,3 +84,23 @@ def test_dry_run_asks_for_the_rejected_questions_replacement(env, capsys):  # no
     code, out, err = cli(capsys, "enqueue", "ex", "--dry-run")
     assert code == 0, err
     assert "questions to generate: 1 in 1 of 2 chapters (4 already stored)" in out, out
+
+
+def test_run_cut_short_by_cancel_says_so(env, capsys, monkeypatch):  # noqa: F811
+    """A `run` that `cancel` stopped ends with the cancelled chapters and the way on."""
+    import runner.local
+
+    from pathlib import Path
+
+    write_syllabus(Path(env["EXAMS_DIR"]), "ex", [("a", 3), ("b", 2)])
+
+    def cancelled_meanwhile(rt, slug, slices, concurrency, on_progress=None):
+        rt.store.cancel(slug)  # as `cancel ex` from another shell
+        return {}
+
+    monkeypatch.setattr(runner.local, "run_local", cancelled_meanwhile)
+    code, out, err = cli(capsys, "run", "ex")
+    assert code == 0, err
+    assert out.strip().endswith(
+        "0/5 questions; 0/2 chapters done, 2 chapters cancelled "
+        "(python -m producer run ex restarts them)"), out
