@@ -566,4 +566,7 @@ def load_settings() -> Settings:
     except ValidationError as exc:
         e = exc.errors()[0]
         field = ".".join(str(p) for p in e["loc"]).upper() or "settings"
-        raise ConfigError(f"environment/.env: {field}: {e['msg']}") from None
+        msg = str(e["msg"])
+        if e["type"] == "value_error":  # pydantic's prefix to a validator's own words
+            msg = msg.removeprefix("Value error, ")
+        raise ConfigError(f"environment/.env: {field}: {msg}") from None

@@ -330,13 +330,19 @@ def _field(loc: tuple[Any, ...]) -> str:
     return out or "(top level)"
 
 
+def _message(error: Any) -> str:
+    """pydantic's text of one error, without the "Value error, " it puts before a validator's."""
+    msg = str(error["msg"])
+    return msg.removeprefix("Value error, ") if error["type"] == "value_error" else msg
+
+
 def _validation_message(exc: ValidationError) -> str:
     """The first error, but an unknown key first of all, with the field it may be a typo of:
     `"questons"` otherwise reads as `questions: Field required`, which hides the cause."""
     errors = exc.errors()
     unknown = next((e for e in errors if e["type"] == "extra_forbidden"), None)
     if unknown is None:
-        return f"{_field(errors[0]['loc'])}: {errors[0]['msg']}"
+        return f"{_field(errors[0]['loc'])}: {_message(errors[0])}"
     *parent, key = unknown["loc"]
     model = Syllabus if not parent else Chapter if len(parent) == 2 else None
     shown = f'"{key}"' if isinstance(key, str) and key.isprintable() else repr(key)

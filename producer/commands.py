@@ -443,9 +443,10 @@ def review(slug: str, as_json: bool) -> None:
     out.print(table)
     left = sum(c.unreviewed for c in chapters)
     rejected = sum(c.rejected for c in chapters)
+    missing = sum(max(0, c.target - c.questions) for c in chapters)
     out.print(f"{plural(left, 'question')} to review"
-              + (f"; {rejected} rejected (the next enqueue generates their replacements)"
-                 if rejected else "")
+              + (f"; {rejected} rejected" if rejected else "")
+              + (f"; {missing} missing (the next enqueue generates them)" if missing else "")
               + ("" if verdicts else "; no blind-solve verdicts in this database"))
 
 
@@ -497,9 +498,18 @@ def run(slug: str, concurrency: int, budget_usd: float | None, dry_run: bool,
         err.print(f"failed {slug}/{chapter_id} slice {slice_no}: {result.detail}")
     report = store.status(slug)
     out.print(f"{report.questions.done}/{report.questions.target} questions; "
-              f"{report.chapters.done}/{report.chapters.total} chapters done")
+              f"{report.chapters.done}/{report.chapters.total} chapters done"
+              + _cancelled_note(report.chapters.cancelled, slug))
     if failed:
         sys.exit(1)
+
+
+def _cancelled_note(cancelled: int, slug: str) -> str:
+    """`run`'s summary of a run that `cancel` stopped: say so, and how to go on."""
+    if not cancelled:
+        return ""
+    return (f", {plural(cancelled, 'chapter')} cancelled (python -m producer run {slug} "
+            "restarts them)")
 
 
 def _run_batch(settings: Settings, store: Store, slug: str) -> None:
@@ -539,7 +549,8 @@ def _run_batch(settings: Settings, store: Store, slug: str) -> None:
         sys.exit(130)
     report = store.status(slug)
     out.print(f"{report.questions.done}/{report.questions.target} questions; "
-              f"{report.chapters.done}/{report.chapters.total} chapters done")
+              f"{report.chapters.done}/{report.chapters.total} chapters done"
+              + _cancelled_note(report.chapters.cancelled, slug))
     if report.chapters.failed:
         for chapter in report.chapter_list:
             if chapter.state == "failed":

@@ -388,10 +388,12 @@ class Reports(StoreBase):
                                 .where(Q.c.exam == slug)).scalar_one()
 
     def stored_texts(self, slug: str) -> dict[str, list[str]]:
-        """The text of every stored question of the exam, by chapter (empty if unknown)."""
+        """The text of every question in the exam's bank, by chapter (empty if unknown); a
+        question withdrawn from its chapter (disputed, rejected) holds no number and is not."""
         with self._read() as conn:
-            rows = conn.execute(select(Q.c.chapter_id, Q.c.question).where(Q.c.exam == slug)
-                                .order_by(Q.c.chapter_id, Q.c.number)).all()
+            rows = conn.execute(select(Q.c.chapter_id, Q.c.question).where(
+                Q.c.exam == slug, Q.c.number.is_not(None))
+                .order_by(Q.c.chapter_id, Q.c.number)).all()
         out: dict[str, list[str]] = {}
         for chapter_id, text in rows:
             out.setdefault(chapter_id, []).append(text)

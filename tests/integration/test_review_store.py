@@ -179,3 +179,12 @@ def test_a_budgeted_exams_review_takes_the_exam_row_first(store, tmp_path):
     assert store.reject("bud", first["id"], 1, "alice")["withdrawn"] == "rejected"
     assert store.approve("bud", second["id"], 1, "alice")["review"] == "approved"
     assert [q["number"] for q in store.iter_questions("bud")] == [second["number"]]
+
+
+def test_a_rejected_question_is_not_counted_as_stored_by_a_dry_run(exam):
+    """stored_texts (what `--dry-run` takes as already generated) holds the bank only: a
+    rejected question left its number, so the estimate asks for its replacement."""
+    exam.reject("ex", _ids(exam, "a")[1], 1, "me")
+    texts = exam.stored_texts("ex")
+    assert texts["a"] == ["What is a0?", "What is a2?", "What is a3?"]
+    assert len(texts["b"]) == 2

@@ -44,9 +44,21 @@ def test_review_counts_per_chapter(env, capsys):  # noqa: F811
                               "disputed": 0}
     code, out, err = cli(capsys, "review", "ex")
     assert code == 0, err
-    assert "2 questions to review; 1 rejected (the next enqueue generates their replacements)" \
+    assert "2 questions to review; 1 rejected; 1 missing (the next enqueue generates them)" \
         in out, out
     assert_one_line(*cli(capsys, "review", "nope")[::2], "nope")
+
+
+def test_review_once_rejected_are_replaced(env, capsys):  # noqa: F811
+    """A rejected question already replaced is not announced as still to generate."""
+    _reviewed(env)
+    store = open_store(env["DATABASE_URL"])
+    store.import_questions("ex", {"a": [
+        Question("a replacement?", ("r1", "r2", "r3", "r4"), 0, "why")]}, "test")
+    store.engine.dispose()
+    code, out, err = cli(capsys, "review", "ex")
+    assert code == 0, err
+    assert "3 questions to review; 1 rejected" in out and "missing" not in out, out
 
 
 def test_export_approved_only(env, capsys, tmp_path):  # noqa: F811
@@ -63,3 +75,32 @@ def test_export_approved_only(env, capsys, tmp_path):  # noqa: F811
                        str(gift))
     assert code == 0 and "wrote 2 questions" in err, err
     assert "An edited question?" in gift.read_text()
+
+
+def test_dry_run_asks_for_the_rejected_questions_replacement(env, capsys):  # noqa: F811
+    """The dry run counts the bank, not the questions withdrawn from it: a rejected
+    question's number is generated again, and priced."""
+    _reviewed(env)
+    code, out, err = cli(capsys, "enqueue", "ex", "--dry-run")
+    assert code == 0, err
+    assert "questions to generate: 1 in 1 of 2 chapters (4 already stored)" in out, out
+
+
+def test_run_cut_short_by_cancel_says_so(env, capsys, monkeypatch):  # noqa: F811
+    """A `run` that `cancel` stopped ends with the cancelled chapters and the way on."""
+    import runner.local
+
+    from pathlib import Path
+
+    write_syllabus(Path(env["EXAMS_DIR"]), "ex", [("a", 3), ("b", 2)])
+
+    def cancelled_meanwhile(rt, slug, slices, concurrency, on_progress=None):
+        rt.store.cancel(slug)  # as `cancel ex` from another shell
+        return {}
+
+    monkeypatch.setattr(runner.local, "run_local", cancelled_meanwhile)
+    code, out, err = cli(capsys, "run", "ex")
+    assert code == 0, err
+    assert out.strip().endswith(
+        "0/5 questions; 0/2 chapters done, 2 chapters cancelled "
+        "(python -m producer run ex restarts them)"), out

@@ -53,26 +53,26 @@ def test_difficulty_and_bloom_are_optional_and_normalised(tmp_path: Path) -> Non
 
 
 @pytest.mark.parametrize("fields, message", [
-    ({"difficulty": "extreme"}, "chapters[0].difficulty: Value error, 'extreme' is not one of "
+    ({"difficulty": "extreme"}, "chapters[0].difficulty: 'extreme' is not one of "
                                 "easy, medium, hard"),
-    ({"difficulty": 3}, "chapters[0].difficulty: Value error, must be one of easy, medium, "
+    ({"difficulty": 3}, "chapters[0].difficulty: must be one of easy, medium, "
                         "hard, or an object of shares"),
-    ({"difficulty": {}}, "chapters[0].difficulty: Value error, a mix needs at least one level"),
+    ({"difficulty": {}}, "chapters[0].difficulty: a mix needs at least one level"),
     ({"difficulty": {"easy": 0.5, "hard": 0.2}},
-     "chapters[0].difficulty: Value error, the shares must add up to 1, they add up to 0.7"),
+     "chapters[0].difficulty: the shares must add up to 1, they add up to 0.7"),
     ({"difficulty": {"easy": 1.2, "hard": -0.2}},
-     "chapters[0].difficulty: Value error, the share of easy must be a number above 0 and at "
+     "chapters[0].difficulty: the share of easy must be a number above 0 and at "
      "most 1, is 1.2"),
     ({"difficulty": {"easy": "half", "hard": 0.5}},
-     "chapters[0].difficulty: Value error, the share of easy must be a number"),
+     "chapters[0].difficulty: the share of easy must be a number"),
     ({"difficulty": {"easy": True}}, "the share of easy must be a number"),
-    ({"difficulty": {"tricky": 1}}, "chapters[0].difficulty: Value error, 'tricky' is not one"),
-    ({"bloom": []}, "chapters[0].bloom: Value error, must be a non-empty list of Bloom levels"),
+    ({"difficulty": {"tricky": 1}}, "chapters[0].difficulty: 'tricky' is not one"),
+    ({"bloom": []}, "chapters[0].bloom: must be a non-empty list of Bloom levels"),
     ({"bloom": ["apply", "memorise"]},
-     "chapters[0].bloom: Value error, 'memorise' is not a Bloom level (remember, understand, "
+     "chapters[0].bloom: 'memorise' is not a Bloom level (remember, understand, "
      "apply, analyze, evaluate, create)"),
-    ({"bloom": ["apply", "apply"]}, "chapters[0].bloom: Value error, a level is listed twice"),
-    ({"bloom": {"apply": 1}}, "chapters[0].bloom: Value error, must be a non-empty list"),
+    ({"bloom": ["apply", "apply"]}, "chapters[0].bloom: a level is listed twice"),
+    ({"bloom": {"apply": 1}}, "chapters[0].bloom: must be a non-empty list"),
 ])
 def test_bad_levels_are_one_line_errors_naming_file_and_field(
         tmp_path: Path, fields: dict[str, Any], message: str) -> None:

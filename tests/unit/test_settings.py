@@ -71,7 +71,7 @@ def test_load_settings_names_the_bad_variable_in_one_line(clean_env, monkeypatch
             load_settings()
     finally:
         load_settings.cache_clear()
-    assert str(info.value) == ("environment/.env: LLM_FALLBACK_BASE_URL: Value error, "
+    assert str(info.value) == ("environment/.env: LLM_FALLBACK_BASE_URL: "
                                "must be an http:// or https:// URL with a host")
 
 
