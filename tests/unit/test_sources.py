@@ -6,12 +6,12 @@ with nothing written."""
 from __future__ import annotations
 
 import json
-import logging
 import os
 from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
+from test_cli_first_run import cli
 from pdf_samples import blank_pdf, damaged_pdf, encrypted_pdf, text_pdf
 
 from examforge import sources
@@ -25,7 +25,6 @@ from examforge.sources import (MATERIAL_HEADER, Passage, cut_passages, fit, mate
 from examforge.syllabus import Chapter, load_syllabus
 from helpers import write_syllabus
 from mockllm import MockConfig, MockServer
-from producer.cli import main
 from producer.grounding import exam_material
 from runner.pipeline import Runtime, process_chapter
 from storage import open_store
@@ -206,22 +205,6 @@ def env(make_settings: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setenv("SLICE_QUESTIONS", "5")
     yield settings
     load_settings.cache_clear()
-
-
-def cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    root = logging.getLogger()
-    mp = pytest.MonkeyPatch()
-    mp.setattr(root, "handlers", list(root.handlers))
-    mp.setattr(root, "level", root.level)
-    try:
-        load_settings.cache_clear()
-        capsys.readouterr()
-        code = main(list(args))
-        captured = capsys.readouterr()
-    finally:
-        mp.undo()
-        load_settings.cache_clear()
-    return code, captured.out, captured.err
 
 
 def _nothing_written(settings: Settings) -> bool:

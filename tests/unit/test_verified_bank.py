@@ -6,7 +6,6 @@ shows the verdicts per chapter and for the exam. An exam never verified exports 
 from __future__ import annotations
 
 import json
-import logging
 import sqlite3
 import zipfile
 from pathlib import Path
@@ -14,12 +13,12 @@ from typing import Any, Iterator
 
 import httpx
 import pytest
+from test_cli_first_run import cli
 
 from examforge.banks import BankQuestion
 from examforge.settings import Settings, load_settings
 from helpers import write_syllabus
 from mockllm import MockConfig, MockServer
-from producer.cli import main
 from storage import open_store
 
 FORMATS = ["jsonl", "json", "csv", "moodle-xml", "gift", "anki", "qti"]
@@ -47,22 +46,6 @@ def env(make_settings: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         monkeypatch.setenv(key, value)
     yield settings
     load_settings.cache_clear()
-
-
-def cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    root = logging.getLogger()
-    mp = pytest.MonkeyPatch()
-    mp.setattr(root, "handlers", list(root.handlers))
-    mp.setattr(root, "level", root.level)
-    try:
-        load_settings.cache_clear()
-        capsys.readouterr()
-        code = main(list(args))
-        captured = capsys.readouterr()
-    finally:
-        mp.undo()
-        load_settings.cache_clear()
-    return code, captured.out, captured.err
 
 
 def _exam(settings: Settings, sources: bool = True) -> None:
