@@ -409,14 +409,17 @@ class Ledger(StoreBase):
                              usage=usage)
             raise LeaseLost(str(exc).splitlines()[0]) from None
         except SQLAlchemyError as exc:
-            # The reply (and its bill) arrived but the database failed: say so with its tokens,
-            # so the takeover does not book it as a crash with none.
-            try:
-                self.finish_call(call_id, CallOutcome.wasted, CallReason.commit_failed,
-                                 str(exc).splitlines()[0][:300], usage=usage)
-            except SQLAlchemyError:
-                pass  # still down: the takeover will mark it wasted
+            self._book_commit_failed(call_id, exc, usage)
             raise
+
+    def _book_commit_failed(self, call_id: int, exc: SQLAlchemyError, usage: Usage) -> None:
+        """The reply (and its bill) arrived but the database failed its commit: say so with
+        its tokens, so the takeover does not book it as a crash with none."""
+        try:
+            self.finish_call(call_id, CallOutcome.wasted, CallReason.commit_failed,
+                             str(exc).splitlines()[0][:300], usage=usage)
+        except SQLAlchemyError:
+            pass  # still down: the takeover will mark it wasted
 
     def _free_numbers(self, conn: Connection, exam: str, chapter_id: str, first: int,
                       target: int) -> list[int]:
@@ -462,13 +465,7 @@ class Ledger(StoreBase):
         except IntegrityError:
             return None, plan_next  # a duplicate stored meanwhile: the general path checks
         except SQLAlchemyError as exc:
-            # As the general path does: the reply (and its bill) arrived but the database
-            # failed; say so with its tokens.
-            try:
-                self.finish_call(call_id, CallOutcome.wasted, CallReason.commit_failed,
-                                 str(exc).splitlines()[0][:300], usage=usage)
-            except SQLAlchemyError:
-                pass  # still down: the takeover will mark it wasted
+            self._book_commit_failed(call_id, exc, usage)
             raise
         if row.status != "ok":
             return None, plan_next

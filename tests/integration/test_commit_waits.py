@@ -73,21 +73,12 @@ def test_a_holder_waiting_mid_commit_past_its_lease_is_neither_swept_nor_lost(pg
     assert _outcome(store, call_a) == "wasted"
 
 
-@pytest.fixture
-def any_store(db_url):  # type: ignore[no-untyped-def]
-    engine = connect(db_url)
-    migrate(engine)
-    yield Store(engine)
-    engine.dispose()
-
-
 def test_a_claim_whose_first_call_takes_long_to_plan_holds_a_whole_lease_after_it(
-        any_store, tmp_path):
+        store, tmp_path):
     """A worker that has just started plans its first call (prompt, tokens, the rate limiter)
     inside the claim's transaction, sometimes for seconds: the lease runs from the end of that
     transaction, not from its start. In the chaos test a lease stamped at the start expired
     before the first beat could renew it."""
-    store = any_store
     path = write_syllabus(tmp_path / "exams", "ex", [("a", 5)])
     store.sync_exam("ex", load_syllabus(path, max_questions=100))
 
