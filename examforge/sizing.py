@@ -77,25 +77,32 @@ class Sizer:
         self._lock = threading.Lock()
         # (exam, model) -> (allowance, read at, calls sized since)
         self._cache: dict[tuple[str, str | None], tuple[Allowance, float, int]] = {}
+        # One reader per (exam, model) at a time: the threads that find it due together
+        # (a process's first chapters) wait for that one read instead of each making it.
+        self._reading: dict[tuple[str, str | None], threading.Lock] = {}
 
     def refresh(self, store: History, settings: Settings, exam: str,
                 model: str | None) -> Allowance:
         """The allowance, read from the database when not read yet or due again."""
         key = (exam, model)
-        now = time.monotonic()
         with self._lock:
-            cached = self._cache.get(key)
-            if cached is not None and cached[2] < REFRESH_CALLS and now - cached[1] < REFRESH_S:
-                return cached[0]
-        if settings.llm_max_tokens_sizing == "fixed":
-            found = allowance(settings, [], "")
-        else:
-            history, source = store.completion_history(exam, model, HISTORY_CALLS,
-                                                       HISTORY_MIN_CALLS)
-            found = allowance(settings, history, source)
-        with self._lock:
-            self._cache[key] = (found, now, 0)
-        return found
+            reading = self._reading.setdefault(key, threading.Lock())
+        with reading:
+            now = time.monotonic()
+            with self._lock:
+                cached = self._cache.get(key)
+                if cached is not None and cached[2] < REFRESH_CALLS \
+                        and now - cached[1] < REFRESH_S:
+                    return cached[0]
+            if settings.llm_max_tokens_sizing == "fixed":
+                found = allowance(settings, [], "")
+            else:
+                history, source = store.completion_history(exam, model, HISTORY_CALLS,
+                                                           HISTORY_MIN_CALLS)
+                found = allowance(settings, history, source)
+            with self._lock:
+                self._cache[key] = (found, now, 0)
+            return found
 
     def cached(self, settings: Settings, exam: str, model: str | None) -> Allowance:
         """The allowance last read (the fixed one before any), counting one call sized."""

@@ -50,6 +50,7 @@ from storage.store import (
     CallPlan,
     ChapterView,
     Claimed,
+    FirstCall,
     Judged,
     NoRoom,
     NotClaimed,
@@ -181,21 +182,29 @@ def process_chapter(rt: Runtime, exam: str, chapter_id: str, slice_no: int = 0) 
 
     calls = _Calls(rt, check)
     try:
-        # The chapter's course material, read before the claim plans its first call.
-        calls.passages = store.chapter_passages(exam, chapter_id)
         calls.size(exam)
         # Under VERIFY the claim plans no call: the slice's pending blind solves (a dead
         # holder's) come first, and a call recorded now would wait, unsent, behind them.
+        planning = settings.verify == "off"
+        first = None
+        fresh = store.fresh_view(exam, chapter_id, slice_no) if planning else None
+        if fresh is not None:
+            # PostgreSQL: planned before the claim for the slice as its spec says with
+            # nothing stored; the claim's own statement records it if that is what it finds.
+            planned_first = calls.plan(fresh[0])
+            if planned_first is not None:
+                first = FirstCall(planned_first, fresh[1])
         claim = store.claim(exam, chapter_id, new_owner(), settings.lease_s,
                             settings.max_attempts, slice_no=slice_no,
-                            plan_first=calls.plan if settings.verify == "off" else None,
-                            steer=steer_of(settings))
+                            plan_first=calls.replan if planning else None,
+                            steer=steer_of(settings), first=first)
     except BaseException:
         calls.discard()
         raise
     if isinstance(claim, NotClaimed):
         calls.discard()
         return _not_claimed(claim, exam, chapter_id, slice_no)
+    calls.passages = list(claim.passages)  # the chapter's course material, read by the claim
     fields = {"exam": exam, "chapter": chapter_id, "slice": slice_no, "attempt": claim.attempt}
     if claim.took_over_calls:
         log.warning("took over chapter; previous holder's calls marked wasted",
@@ -336,7 +345,7 @@ class _Calls:
         if key not in self._material:
             model = self.rt.client.model
             self._material[key] = slice_material(
-                self.passages, *key, self.rt.settings.source_prompt_tokens,
+                list(view.passages), *key, self.rt.settings.source_prompt_tokens,
                 lambda text: count_text(text, model))
         return self._material[key]
 
@@ -490,6 +499,12 @@ class _Calls:
         self.next = nxt
         return self._plan(view, nxt)
 
+    def replan(self, view: ChapterView) -> CallPlan | None:
+        """`plan`, after letting go of a call planned before the claim that the claim did not
+        record (the slice was not as its spec said: Leases.fresh_view)."""
+        self.discard()
+        return self.plan(view)
+
     def prepare(self, view: ChapterView) -> None:
         """Build and admit the next call before the transaction that will record it: the
         prompt, its token count and the limiter's answer are computed outside it, so the
@@ -573,6 +588,9 @@ def _generate(rt: Runtime, claim: Claimed, lost: threading.Event, run: _Run,
         if judged is None or judged.cancelled or judged.done:
             return judged is not None and not judged.cancelled
         stored, target = judged.stored, judged.target
+    # Whether the call about to be sent was recorded by the step right before its send (the
+    # claim, or `calls.start`), rather than by a commit with a reply's work in between.
+    just_recorded = isinstance(planned, int)
     while stored < target:
         view = claim.view(stored, target)
         if isinstance(planned, int):
@@ -584,6 +602,7 @@ def _generate(rt: Runtime, claim: Claimed, lost: threading.Event, run: _Run,
             calls.check()
             calls.size(claim.exam)
             call_id = calls.start(claim, view)
+            just_recorded = True
         planned = None
         if rt.stopping.is_set():
             # Stopped after the call was recorded (in the claim's or the last commit's
@@ -593,8 +612,12 @@ def _generate(rt: Runtime, claim: Claimed, lost: threading.Event, run: _Run,
                                  "not sent: stopping (Ctrl-C or a shutdown)")
             raise HandBack()
         # The last step before the send: a cancel or a takeover that committed since the
-        # call was recorded wins, and the call is booked as never sent (Store.may_send).
-        sendable = store.may_send(claim, call_id)
+        # call was recorded wins, and the call is booked as never sent (Store.may_send). A
+        # call recorded by the claim or by `calls.start` needs no such read: that record is
+        # itself the fenced check of the slice's state and lease, and nothing waits between
+        # it and the send. A call a commit recorded has the reply's bookkeeping in between.
+        sendable = SendCheck.send if just_recorded else store.may_send(claim, call_id)
+        just_recorded = False
         if sendable is not SendCheck.send:
             calls.discard()
             if sendable is SendCheck.cancelled:

@@ -161,6 +161,11 @@ class StoreBase:
         self._fast_pg = engine.dialect.name == "postgresql"
         self._fast_commit = self._fast_pg
         self._expected: dict[str, tuple[int, int]] = {}
+        # The open slices' specs by exam, as read for planning first calls before their
+        # claims (PostgreSQL, Leases.fresh_view): (monotonic time read, {(chapter, slice):
+        # (view, fingerprint)}).
+        self._fresh: dict[str, tuple[float, dict[tuple[str, int], Any]]] = {}
+        self._fresh_lock = threading.Lock()
 
     def _stmt(self, name: str, build: Callable[[], Any]) -> Any:
         """The hot path's statements, built once per store with bind parameters. SQLAlchemy

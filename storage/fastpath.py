@@ -57,11 +57,32 @@ _PARAMS = (
 COMMIT_SQL = "SELECT * FROM ef_commit({})".format(
     ", ".join(f"%({name})s::{kind}" for name, kind in _PARAMS))
 CLAIM_PARAMS = ("p_exam", "p_chapter", "p_slice", "p_owner", "p_lease", "p_max",
-                "p_crash_reason", "p_crash_detail", "p_budget_reason", "p_repeated_n")
+                "p_crash_reason", "p_crash_detail", "p_budget_reason", "p_repeated_n",
+                "p_spec_fp", "p_first", "p_requested", "p_prompt_tokens", "p_max_tokens",
+                "p_reserve", "p_model", "p_price_known")
+# (migration 0026: with a first call planned before the claim, see Leases.fresh_view.)
 CLAIM_SQL = ("SELECT * FROM ef_claim(%(p_exam)s::varchar, %(p_chapter)s::varchar, "
              "%(p_slice)s::integer, %(p_owner)s::varchar, %(p_lease)s::double precision, "
              "%(p_max)s::integer, %(p_crash_reason)s::varchar, %(p_crash_detail)s::text, "
-             "%(p_budget_reason)s::text, %(p_repeated_n)s::integer)")
+             "%(p_budget_reason)s::text, %(p_repeated_n)s::integer, %(p_spec_fp)s::text, "
+             "%(p_first)s::integer, %(p_requested)s::integer, %(p_prompt_tokens)s::integer, "
+             "%(p_max_tokens)s::integer, %(p_reserve)s::double precision, "
+             "%(p_model)s::varchar, %(p_price_known)s::boolean)")
+# The open slices of an exam as a worker plans their first call before claiming them
+# (Leases.fresh_view), with the fingerprint ef_claim checks that plan against.
+FRESH_SQL = """
+SELECT s.chapter_id, s.slice_no, s.target, s.first_number, s.title, s.prompt, s.difficulty,
+       s.bloom, c.chapter_target, e.title AS exam_title,
+       ef_spec_fp(e.title, s.title, s.prompt, s.target, s.first_number, c.chapter_target,
+                  s.difficulty, s.bloom) AS fp
+  FROM slice s
+  JOIN exam e ON e.slug = s.exam
+  JOIN (SELECT o.chapter_id, max(o.first_number + o.target - 1) AS chapter_target
+          FROM slice o WHERE o.exam = %(exam)s GROUP BY o.chapter_id) c
+    ON c.chapter_id = s.chapter_id
+ WHERE s.exam = %(exam)s AND s.state IN ('pending', 'running') AND s.sources IS NULL
+ LIMIT %(limit)s
+"""
 START_CALL_SQL = (
     "SELECT * FROM ef_start_call(%(p_exam)s::varchar, %(p_chapter)s::varchar, "
     "%(p_slice)s::integer, %(p_owner)s::varchar, %(p_lease)s::double precision, "

@@ -28,6 +28,14 @@ def write_passages(conn: Connection, slug: str, chapter_id: str,
                                   for p in passages])
 
 
+def read_passages(conn: Connection, slug: str, chapter_id: str) -> tuple[Passage, ...]:
+    """The chapter's passages, in order (none for a chapter without sources)."""
+    rows = conn.execute(select(P.c.seq, P.c.source, P.c.location, P.c.text)
+                        .where(P.c.exam == slug, P.c.chapter_id == chapter_id)
+                        .order_by(P.c.seq)).all()
+    return tuple(Passage(r.seq, r.source, r.location, r.text) for r in rows)
+
+
 def forget_passages(conn: Connection, slug: str, chapter_ids: Sequence[str] | None = None
                     ) -> None:
     where = [P.c.exam == slug]
@@ -56,10 +64,7 @@ class Grounding(StoreBase):
     def chapter_passages(self, slug: str, chapter_id: str) -> list[Passage]:
         """The chapter's passages, in order (none for a chapter without sources)."""
         with self._read() as conn:
-            rows = conn.execute(select(P.c.seq, P.c.source, P.c.location, P.c.text)
-                                .where(P.c.exam == slug, P.c.chapter_id == chapter_id)
-                                .order_by(P.c.seq)).all()
-        return [Passage(r.seq, r.source, r.location, r.text) for r in rows]
+            return list(read_passages(conn, slug, chapter_id))
 
     def passage(self, slug: str, chapter_id: str, seq: int) -> Passage | None:
         """One passage of a chapter: what a question citing it (`question.passage`) was

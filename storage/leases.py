@@ -5,6 +5,7 @@ leases in one statement; a lost lease is noticed before the next call and at the
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Any, Sequence
 
 from sqlalchemy import and_, bindparam, case, func, or_, select, tuple_, update
@@ -12,16 +13,23 @@ from sqlalchemy.engine import Connection, Engine
 
 from examforge.errors import LeaseLost, PauseCode, SliceReason
 from examforge.output import normalise
+from examforge.sources import Passage
 from storage import fastpath, neardup
+from storage.grounding import read_passages
 from storage.base import (ACTIVE_STATES, HELD_STATES, SLICE_KEY, E, Q, S, capped_detail,
                           lease_fence, slice_where)
 from storage.ledger import BUDGET_SPENT_REASON, CRASH_DETAIL, RECENT_QUESTIONS, Ledger
-from storage.types import (CallPlan, ChapterLevels, Claimed, NoRoom, NotClaimed,
+from storage.types import (CallPlan, ChapterLevels, ChapterView, Claimed, FirstCall, NoRoom,
+                           NotClaimed,
                            NotClaimedReason, Planner, Steer)
 from storage.models import CallReason, ChapterState, ExamState
 
 
 S2 = S.alias("other_slice")
+# Leases.fresh_view: the most open slices of an exam read at once, and how soon a slice not
+# among them makes a new read.
+FRESH_MAX_SLICES = 20_000
+FRESH_REREAD_S = 5.0
 
 
 class Leases(Ledger):
@@ -34,18 +42,55 @@ class Leases(Ledger):
             conn.execute(update(S).where(*slice_where(slug, chapter_id, slice_no))
                          .values(picked_at=self._now))
 
+    def fresh_view(self, slug: str, chapter_id: str, slice_no: int = 0
+                   ) -> tuple[ChapterView, str] | None:
+        """What the slice's first call would be planned from if the claim finds nothing
+        stored in its chapter, and the fingerprint of that spec; None on SQLite (its claim
+        records the first call in its own transaction already) and for a slice this process
+        does not know (with sources, finished, or new since its last read).
+
+        PostgreSQL: a one-call chapter took a round trip for the claim and one more to record
+        its call, planned from what the claim read. With this view the call is planned
+        before the claim and recorded by ef_claim in the claim's own statement, when the
+        slice is as the view says (migration 0026). The open slices of an exam are read
+        once per process, and again at most every FRESH_REREAD_S for a slice not among
+        them: a stale view costs only the round trip it was meant to save."""
+        if not self._fast_commit:
+            return None
+        now = time.monotonic()
+        with self._fresh_lock:
+            known = self._fresh.get(slug)
+            if known is None or ((chapter_id, slice_no) not in known[1]
+                                 and now - known[0] >= FRESH_REREAD_S):
+                known = self._fresh[slug] = (now, self._read_fresh(slug))
+            return known[1].get((chapter_id, slice_no))
+
+    def _read_fresh(self, slug: str) -> dict[tuple[str, int], tuple[ChapterView, str]]:
+        with self.engine.connect() as conn:
+            rows = conn.execution_options(isolation_level="AUTOCOMMIT").exec_driver_sql(
+                fastpath.FRESH_SQL, {"exam": slug, "limit": FRESH_MAX_SLICES}).all()
+        return {(r.chapter_id, r.slice_no): (ChapterView(
+            slug, r.chapter_id, r.exam_title, r.title, r.prompt, 0, r.target, r.slice_no,
+            r.first_number, r.chapter_target or r.target, (),
+            ChapterLevels.from_row(r.difficulty, r.bloom)), r.fp) for r in rows}
+
     def claim(self, slug: str, chapter_id: str, owner: str, lease_s: float,
               max_attempts: int, *, slice_no: int = 0,
               plan_first: Planner | None = None,
-              steer: Steer | None = None) -> Claimed | NotClaimed:
+              steer: Steer | None = None,
+              first: FirstCall | None = None) -> Claimed | NotClaimed:
         """Take the slice's lease if nobody holds a live one and it still needs work, and
         note that a worker received its message (picked_at: the reconciler's evidence of
         delivery), in one transaction. With `plan_first`, the first call is recorded in the
         same transaction too (see Ledger.start_planned). With `steer`, `recent` is what the
-        first prompt lists of the chapter's questions (Steer.select)."""
+        first prompt lists of the chapter's questions (Steer.select). `first`: a first call
+        planned before the claim from `fresh_view` (PostgreSQL), recorded by the claim's
+        statement if the slice is as planned; if not, `plan_first` plans from what the claim
+        read (and must let go of what `first` planned)."""
         if self._fast_commit:
             fast = self._claim_fast(slug, chapter_id, owner, lease_s, max_attempts,
-                                    slice_no=slice_no, plan_first=plan_first, steer=steer)
+                                    slice_no=slice_no, plan_first=plan_first, steer=steer,
+                                    first=first)
             if fast is not None:
                 return fast
         key = {"k_exam": slug, "k_chapter": chapter_id, "k_slice": slice_no}
@@ -62,24 +107,34 @@ class Leases(Ledger):
                                          took_over)
             if plan_first is None:
                 return claimed
-            first = self._start_planned(conn, claimed, plan_first(claimed.view()))
+            recorded = self._start_planned(conn, claimed, plan_first(claimed.view()))
             # The lease again from now, the transaction's last step: planning the first call
             # (its prompt, its tokens, the rate limiter) can take a second or more in a
             # worker that has just started, and the lease taken at the top of this
             # transaction would then be that much shorter by the time it is seen.
             conn.execute(self._stmt("claim_restamp", lambda: update(S).where(*SLICE_KEY).values(
                 lease_expires_at=self._now + bindparam("p_lease"))), {**key, "p_lease": lease_s})
-            return dataclasses.replace(claimed, first_call=first)
+            return dataclasses.replace(claimed, first_call=recorded)
 
     def _claim_fast(self, slug: str, chapter_id: str, owner: str, lease_s: float,
                     max_attempts: int, *, slice_no: int, plan_first: Planner | None,
-                    steer: Steer | None) -> Claimed | None:
-        """The claim in one round trip and its first call in another (PostgreSQL,
-        storage.fastpath): None when the claim was not won (the general path says why)."""
+                    steer: Steer | None, first: FirstCall | None = None) -> Claimed | None:
+        """The claim in one round trip, with its first call when `first` fits what it finds,
+        else the first call in another (PostgreSQL, storage.fastpath): None when the claim
+        was not won (the general path says why)."""
         limit = steer.avoid if steer is not None and steer.mode != "recent" else 0
+        plan = None if first is None or plan_first is None else first.plan
         args = (slug, chapter_id, slice_no, owner, lease_s, max_attempts,
                 CallReason.crash_before_commit.value, CRASH_DETAIL, BUDGET_SPENT_REASON,
-                limit // 2 if limit > 0 else None)
+                limit // 2 if limit > 0 else None,
+                None if plan is None else first.fingerprint,  # type: ignore[union-attr]
+                None if plan is None else plan.first_number,
+                None if plan is None else plan.requested,
+                None if plan is None else plan.prompt_tokens,
+                None if plan is None else plan.max_tokens,
+                None if plan is None else plan.reserve_usd,
+                None if plan is None else plan.model,
+                None if plan is None else plan.price_known)
         with self.engine.connect() as conn:
             row = conn.execution_options(isolation_level="AUTOCOMMIT").exec_driver_sql(
                 fastpath.CLAIM_SQL, dict(zip(fastpath.CLAIM_PARAMS, args))).one()
@@ -88,6 +143,15 @@ class Leases(Ledger):
         claimed = self._claimed_of(row, slug, chapter_id, slice_no, owner, steer)
         if plan_first is None:
             return claimed
+        if plan is not None and row.first_status is not None:
+            # Recorded in the claim's statement (ok), or not: the lease is gone, or the
+            # budget has no room (the general path settles dead holders' calls, says why).
+            if row.first_status == "ok":
+                return dataclasses.replace(claimed, first_call=int(row.first_call))
+            if row.first_status == "lost":
+                return claimed
+            return dataclasses.replace(claimed, first_call=self._start_general(
+                claimed, lease_s, plan))
         plan = plan_first(claimed.view())
         if plan is None:
             return claimed
@@ -123,7 +187,10 @@ class Leases(Ledger):
             attempts_since_progress=row.attempts_since_progress,
             took_over_calls=row.took_over, slice_no=slice_no,
             first_number=row.first_number, chapter_target=chapter_target, recent=recent,
-            levels=levels, index_epoch=row.index_epoch)
+            levels=levels, index_epoch=row.index_epoch,
+            passages=tuple(Passage(*p) for p in zip(
+                row.passage_seqs or (), row.passage_sources or (),
+                row.passage_locations or (), row.passage_texts or ())))
 
     def _start_fast(self, claim: Claimed, lease_s: float, plan: CallPlan) -> int | NoRoom | None:
         """Record a planned call in one round trip (ef_start_call); the general path when the
@@ -142,6 +209,10 @@ class Leases(Ledger):
             return int(row.call_id)
         if row.status == "lost":
             return None
+        return self._start_general(claim, lease_s, plan)
+
+    def _start_general(self, claim: Claimed, lease_s: float, plan: CallPlan
+                       ) -> int | NoRoom | None:
         try:
             return self.start_call(claim, plan.first_number, plan.requested, lease_s=lease_s,
                                    prompt_tokens=plan.prompt_tokens,
@@ -192,6 +263,9 @@ class Leases(Ledger):
                                     chapter_target or row.target, seed=row.attempts) if steer is not None and numbers_texts
                     else tuple(t for _, t in numbers_texts[-RECENT_QUESTIONS:])),
             levels=self._levels(conn, row), index_epoch=row.index_epoch,
+            # The course material its prompts carry, in the claim's own transaction.
+            passages=(read_passages(conn, slug, chapter_id) if row.sources is not None
+                      else ()),
         )
         return claimed
 

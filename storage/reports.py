@@ -10,13 +10,14 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Iterator, Sequence
 
-from sqlalchemy import and_, case, func, select, tuple_
+from sqlalchemy import and_, case, func, literal, select, tuple_, union_all
 from sqlalchemy.engine import Connection
 
 from examforge.errors import BadCursor
 from storage.base import (ACTIVE_SLICE, ACTIVE_STATES, IN_FLIGHT_CALL, E, K, Q, S, StoreBase,
                           last_error_text, requeue_text)
 from storage.batches import B
+from storage.db import READ_ONLY
 from storage.grounding import coverage as material_coverage
 from storage.types import BatchRow, submission_of
 from storage.models import CallOutcome, ChapterState, ReviewState, Verdict
@@ -417,20 +418,35 @@ class Reports(StoreBase):
         `enough`; and which it is ("exam" or "model"). For sizing max_tokens
         (examforge.sizing): two short indexed reads, run once per process and exam every so
         many calls, never per call."""
-        def per_question(where: Any) -> list[float]:
-            rows = conn.execute(
-                select(K.c.completion_tokens, K.c.requested)
-                .where(where, K.c.outcome == CallOutcome.used.value, K.c.kind.is_(None),
-                       K.c.usage_estimated.is_(False), K.c.requested > 0)
-                .order_by(K.c.id.desc()).limit(limit)).all()
-            return [tokens / requested for tokens, requested in rows]
+        def newest(where: Any, source: str) -> Any:
+            return (select(literal(source).label("source"), K.c.completion_tokens,
+                           K.c.requested)
+                    .where(where, K.c.outcome == CallOutcome.used.value, K.c.kind.is_(None),
+                           K.c.usage_estimated.is_(False), K.c.requested > 0)
+                    .order_by(K.c.id.desc()).limit(limit))
 
-        with self._read() as conn:
-            mine = per_question(K.c.exam == slug)
-            if len(mine) >= enough or model is None:
-                return mine, "exam"
-            theirs = per_question(K.c.model == model)
-        return (theirs, "model") if len(theirs) > len(mine) else (mine, "exam")
+        mine = newest(K.c.exam == slug, "exam").subquery()
+        parts = [select(mine)]
+        if model is not None:
+            # The model's calls only while the exam has fewer than `enough`: a condition
+            # on the exam's count, which the database evaluates once, before that scan.
+            theirs = newest(K.c.model == model, "model").subquery()
+            parts.append(select(theirs).where(
+                select(func.count()).select_from(mine).scalar_subquery() < enough))
+        # One statement (one round trip on PostgreSQL, in autocommit: no BEGIN, no COMMIT).
+        conn = self.engine.connect()
+        conn = (conn.execution_options(isolation_level="AUTOCOMMIT")
+                if self.engine.dialect.name == "postgresql"
+                else conn.execution_options(**{READ_ONLY: True}))
+        with conn:
+            rows = conn.execute(parts[0] if len(parts) == 1 else union_all(*parts)).all()
+        found: dict[str, list[float]] = {"exam": [], "model": []}
+        for source, tokens, requested in rows:
+            found[source].append(tokens / requested)
+        exam, other = found["exam"], found["model"]
+        if len(exam) >= enough or model is None:
+            return exam, "exam"
+        return (other, "model") if len(other) > len(exam) else (exam, "exam")
 
     def exams(self) -> list[ExamSummary]:
         """Every exam in the database, newest first (`exam_page` without a limit)."""

@@ -41,7 +41,7 @@ from storage.review import ChapterReview, Review
 from storage.runs import RunActivity, RunEvent, RunRow, Runs
 from storage.verdicts import Judged, Pending, Verdicts, Withdrawal
 from storage.models import Verdict, Withdrawn
-from storage.types import (BatchRow, CallPlan, ChapterView, Claimed, Committed, NoRoom, NotClaimed,
+from storage.types import (BatchRow, CallPlan, ChapterView, Claimed, Committed, FirstCall, NoRoom, NotClaimed,
                            NotClaimedReason, Planner, SendCheck, Steer, Usage, owner_of,
                            submission_of)
 
@@ -51,7 +51,7 @@ class Store(Planning, Recovery, Reports, Imports, Housekeeping, Runs, Identity, 
     """All database access for exams, chapters, questions and calls."""
 
 
-__all__ = ["ACTIVE_STATES", "BUDGET_PAUSE_PREFIX", "BatchRow", "Batches", "ChapterReview", "Review", "DEFAULT_SLICE_QUESTIONS", "CallPlan",
+__all__ = ["ACTIVE_STATES", "BUDGET_PAUSE_PREFIX", "BatchRow", "Batches", "ChapterReview", "Review", "DEFAULT_SLICE_QUESTIONS", "CallPlan", "FirstCall",
            "ChapterView", "Claimed", "Committed", "E", "EnqueuePlan", "Grounding", "K", "LostAudit",
            "NoRoom", "NotClaimed", "NotClaimedReason", "Orphan", "Planner", "Q",
            "RequeueReason", "RunActivity", "RunEvent", "RunRow", "S", "SendCheck", "SliceKey", "SliceRef",

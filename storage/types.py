@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Callable
 
+from examforge.sources import Passage
 from storage.base import fence_params, slice_where
 from storage.models import LIVE_BATCH_STATES
 
@@ -113,11 +114,23 @@ class ChapterView:
     chapter_target: int = 0
     recent: tuple[str, ...] = ()  # the chapter's latest stored questions, all slices
     levels: ChapterLevels = ChapterLevels()
+    # The chapter's course material (examforge.sources), read by the claim: none without
+    # sources.
+    passages: tuple[Passage, ...] = ()
 
     @property
     def next_number(self) -> int:
         """The number the next stored question of the slice gets."""
         return self.first_number + self.stored
+
+
+@dataclass(frozen=True)
+class FirstCall:
+    """A slice's first call planned before its claim (Leases.fresh_view): the plan, and the
+    fingerprint of the spec it was planned from, which the claim checks (PostgreSQL)."""
+
+    plan: CallPlan
+    fingerprint: str
 
 
 @dataclass(frozen=True)
@@ -178,13 +191,16 @@ class Claimed:
     # The exam's near-duplicate index epoch at the claim (storage.neardup): what the
     # one-round-trip commit's check trusts its in-memory index against.
     index_epoch: int | None = None
+    # The chapter's passages, read by the claim when the slice has sources.
+    passages: tuple[Passage, ...] = ()
 
     def view(self, stored: int | None = None, target: int | None = None) -> ChapterView:
         return ChapterView(self.exam, self.chapter_id, self.exam_title, self.title, self.prompt,
                            self.stored if stored is None else stored,
                            self.target if target is None else target,
                            self.slice_no, self.first_number,
-                           self.chapter_target or self.target, self.recent, self.levels)
+                           self.chapter_target or self.target, self.recent, self.levels,
+                           self.passages)
 
     def where(self) -> tuple[Any, ...]:
         """The conditions that select this claim's slice row."""
