@@ -98,8 +98,8 @@ class _Endpoint:
     limit: EndpointLimit
     secret: str = field(repr=False)  # never in a repr, a traceback's locals or a log
     fallback: bool = False
-    # The service_tier sent (None: none sent) and what it costs as a multiple of the
-    # standard price (the worst case reserved); the call's deadline at that tier.
+    # The service_tier sent (None: none sent) and its factor (the worst case reserved is at
+    # Price.at_tier: the data's price for the tier, else this multiple); the call's deadline.
     tier: str | None = None
     tier_factor: float = 1.0
     timeout_s: float = 60.0
@@ -710,19 +710,18 @@ def _tier(data: Any) -> str | None:
 def _sent_price(ep: _Endpoint) -> Price:
     """The price at the tier a call was sent at: its worst case, reserved before it is sent,
     and what a call never answered whole (so no tier reported) is booked at."""
-    return ep.price.scaled(ep.tier_factor, ep.tier)
+    return ep.price.at_tier(ep.tier, ep.tier_factor)
 
 
 def _booked_price(ep: _Endpoint, reported: str | None) -> Price:
-    """The price a call is booked at: the standard price times the factor of the tier its
-    reply reports (OpenAI's replies always name one). A reply that names none came from a
+    """The price a call is booked at: the price of the tier its reply reports (OpenAI's
+    replies always name one; Price.at_tier: the price data's, else the tier's factor). A reply that names none came from a
     server without tiers, which bills its one price: booked at the tier sent when that is
     dearer than standard (priority), else at standard, so that a cost is never booked below
     the bill (flex unreported: standard, twice what flex would be)."""
     if reported is not None:
-        return ep.price.scaled(ep.factor_of(reported), reported)
-    factor = max(1.0, ep.tier_factor)
-    return ep.price.scaled(factor, ep.tier if factor != 1.0 else None)
+        return ep.price.at_tier(reported, ep.factor_of(reported))
+    return _sent_price(ep) if ep.tier_factor > 1.0 else ep.price
 
 
 def _usage(data: dict[str, object]) -> tuple[int, int, int] | None:

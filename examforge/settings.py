@@ -120,12 +120,14 @@ class Settings(BaseSettings):
     llm_flex_price_factor: float = Field(
         0.5, ge=0, le=10,
         description="A call served at the flex tier costs this times its standard price "
-                    "(OpenAI bills flex at its Batch API rates: half the standard price).")
+                    "(OpenAI bills flex at its Batch API rates: half the standard price), "
+                    "when the price data has no flex price of the model's own.")
     llm_priority_price_factor: float = Field(
         2.0, ge=0, le=10,
         description="A call served at the priority tier costs this times its standard price "
                     "(OpenAI's priority prices are twice the standard ones for the GPT-5 "
-                    "family, 1.75x for GPT-4.1; set the model's own ratio).")
+                    "family, 1.75x for GPT-4.1), when the price data has no priority price of "
+                    "the model's own.")
     llm_json_mode: bool = Field(
         True, description="Deprecated: LLM_JSON_MODE=false is LLM_RESPONSE_FORMAT=none (while "
                           "LLM_RESPONSE_FORMAT is auto); true changes nothing.")
@@ -518,6 +520,12 @@ class Settings(BaseSettings):
         if tier == "priority":
             return self.llm_priority_price_factor
         return 1.0
+
+    def price_at(self, tier: str | None, fallback: bool = False) -> Price:
+        """The price of a call served at `tier` (examforge.prices.Price.at_tier): the price
+        data's own price for the tier where it has one, else the standard price times the
+        tier's factor."""
+        return self.price(fallback=fallback).at_tier(tier, self.tier_factor(tier))
 
     @property
     def service_tier(self) -> str | None:
