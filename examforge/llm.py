@@ -246,10 +246,19 @@ class LLMClient:
     # ------------------------------------------------------------------ batch lines
     # A provider batch (runner.batching) carries exactly the synchronous request, and its
     # lines' replies are read, priced and classified exactly as synchronous replies are; the
-    # price is the synchronous one times LLM_BATCH_DISCOUNT. Batches go to the primary only.
+    # price is the standard one times LLM_BATCH_DISCOUNT. Batches go to the primary only.
+    # A batch is its own processing tier: LLM_SERVICE_TIER is for synchronous calls, so a
+    # line is sent no service_tier and is priced at the batch rate whatever tier its reply
+    # names (as it is reserved: flex's price times the discount would book a quarter).
+    def _batch_endpoint(self) -> _Endpoint:
+        ep = self._primary
+        return dataclasses.replace(ep, price=dataclasses.replace(ep.price, data_ref=None),
+                                   tier=None, tier_factor=1.0, factor_of=_standard_factor)
+
     def batch_body(self, messages: list[dict[str, str]], max_tokens: int | None) -> dict[str, object]:
-        """The body a batch line sends: the synchronous request's."""
-        return self._body(self._primary, messages, max_tokens, self.response_format_of("primary"))
+        """The body a batch line sends: the synchronous request's, without a service_tier."""
+        return self._body(self._batch_endpoint(), messages, max_tokens,
+                          self.response_format_of("primary"))
 
     def batch_worst_case_usd(self, prompt_tokens: int, max_tokens: int) -> float:
         """A batch call's reservation: the primary's worst case at the batch price."""
@@ -261,7 +270,7 @@ class LLMClient:
         """An output line's response as a Completion at the batch price; raises the
         ProviderError a synchronous reply of that status and body would (ReplyUnusable for a
         broken envelope, with its billed usage at the batch price)."""
-        ep, discount = self._primary, self._settings.llm_batch_discount
+        ep, discount = self._batch_endpoint(), self._settings.llm_batch_discount
         raw = json.dumps(body).encode() if not isinstance(body, (bytes, str)) else (
             body.encode() if isinstance(body, str) else body)
         response = httpx.Response(status_code, content=raw)
@@ -697,6 +706,10 @@ def _content(content: object) -> str | None:
                 raise TypeError(f"a text part's text is {type(text).__name__}, not a string")
             texts.append(text)
     return "".join(texts) if texts else None
+
+
+def _standard_factor(tier: str | None) -> float:
+    return 1.0
 
 
 def _tier(data: Any) -> str | None:

@@ -472,3 +472,27 @@ def test_a_request_larger_than_batch_max_bytes_fails_its_chapter_with_the_reason
     assert "over BATCH_MAX_BYTES (1,024)" in slices[0].last_error
     assert not calls and not questions and not _provider_batches(mock_llm)
     assert store.exam_batches("bx") == []
+
+
+def test_a_flex_tier_setting_leaves_batch_lines_at_the_batch_price(
+        make_settings, db_url, mock_llm, tmp_path, rt_of):
+    """LLM_SERVICE_TIER is for synchronous calls: batch lines are sent no service_tier (the
+    mock would refuse a flex line for capacity, as OpenAI's flex does) and each is booked at
+    the batch discount of its usage, as the mock bills it, not also at flex's half."""
+    mock_llm.configure(flex_unavailable_rate=1.0)
+    settings, store = _setup(make_settings, db_url, mock_llm, tmp_path, [("a", 5), ("b", 4)],
+                             llm_service_tier="flex", llm_price_prompt_per_mtok=1.0,
+                             llm_price_completion_per_mtok=4.0)
+    rt = rt_of(settings, store)
+    _until_done(rt)
+    calls, questions, _ = _rows(store)
+    assert len(questions) == 9 and [c.outcome for c in calls] == ["used", "used"]
+    for batch in _provider_batches(mock_llm):
+        content = httpx.get(f"{mock_llm.base_url}/files/{batch['input_file_id']}/content")
+        assert all("service_tier" not in json.loads(line)["body"]
+                   for line in content.text.splitlines() if line)
+    by_call = {int(u["custom_id"].split("-")[1]): u for u in _paid_batch_lines(mock_llm)}
+    for call in calls:
+        u = by_call[call.id]
+        assert call.cost_usd == pytest.approx(
+            (u["prompt_tokens"] * 1.0 + u["completion_tokens"] * 4.0) / 1e6 * 0.5)

@@ -373,3 +373,21 @@ def test_the_estimate_is_at_the_tier_sent(make_settings, tmp_path):
     flex = estimate("ex", syllabus, make_settings(llm_service_tier="flex", **PRICES))
     assert flex.worst_usd == pytest.approx(auto.worst_usd / 2)
     assert flex.expected_usd == pytest.approx(auto.expected_usd / 2)
+
+
+# ---------------------------------------------------------------- batch mode with a tier set
+@pytest.mark.parametrize("tier", ["flex", "priority"])
+def test_batch_lines_carry_no_tier_and_are_booked_at_the_batch_price_alone(make_settings, tier):
+    """A batch is its own processing tier, billed at the Batch API's rates: LLM_SERVICE_TIER
+    is for synchronous calls. A batch line sent with a tier (and booked at that tier's price
+    times the batch discount: flex 0.25x, priority 1.0x) would be booked apart from what it
+    was reserved at, and from the bill."""
+    client = LLMClient(make_settings(llm_service_tier=tier, **PRICES), transport=_replying(None))
+    assert "service_tier" not in client.batch_body(MESSAGES, 10)
+    body = {"id": "x", "object": "chat.completion", "model": "m", "service_tier": tier,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "{}"},
+                         "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 1000, "completion_tokens": 500}}
+    standard = (1000 * 1.0 + 500 * 2.0) / 1e6
+    assert client.batch_completion(200, body).cost_usd == pytest.approx(standard * 0.5)
+    assert client.batch_worst_case_usd(1000, 500) == pytest.approx(standard * 0.5, rel=0.2)
