@@ -496,3 +496,17 @@ def test_a_flex_tier_setting_leaves_batch_lines_at_the_batch_price(
         u = by_call[call.id]
         assert call.cost_usd == pytest.approx(
             (u["prompt_tokens"] * 1.0 + u["completion_tokens"] * 4.0) / 1e6 * 0.5)
+
+
+def test_the_rate_limits_do_not_hold_back_a_batch(make_settings, db_url, mock_llm, tmp_path,
+                                                  rt_of):
+    """Providers count batch requests apart from the synchronous rate limits: LLM_RPM and
+    LLM_TPM (one request and 10 tokens a minute here) hold back no line of a batch."""
+    settings, store = _setup(make_settings, db_url, mock_llm, tmp_path,
+                             [("a", 5), ("b", 5), ("c", 5), ("d", 5)], llm_rpm=1, llm_tpm=10)
+    rt = rt_of(settings, store)
+    assert run_pass(rt, ["bx"]).submitted == 1
+    assert [b.requests for b in store.exam_batches("bx")] == [4]
+    _until_done(rt, timeout_s=30)
+    calls, questions, _ = _rows(store)
+    assert len(questions) == 20 and [c.outcome for c in calls] == ["used"] * 4
