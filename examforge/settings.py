@@ -334,6 +334,13 @@ class Settings(BaseSettings):
     batch_max_bytes: int = Field(
         200 * 1024 * 1024, ge=1024, le=200 * 1024 * 1024,
         description="Bytes per batch input file (OpenAI's limit: 200 MB).")
+    batch_max_tokens: int | None = Field(
+        None, ge=1,
+        description="Enqueued tokens per batch (each line's prompt plus its max_tokens), for "
+                    "a model whose enqueued-token limit one batch could exceed (OpenAI fails "
+                    "such a batch with token_limit_exceeded after accepting it, and the same "
+                    "round would fail again): set it below the limit on your limits page. "
+                    "Unset: no cap.")
     batch_lease_s: float = Field(
         # Shorter than the provider's window, a day without a poll (workers stopped) would
         # let another holder claim slices whose batch may still answer: paid twice.

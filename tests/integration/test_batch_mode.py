@@ -458,6 +458,44 @@ def test_a_round_larger_than_the_size_limits_is_split_into_batches_within_them(
     assert len(paid) == len([c for c in calls if c.outcome == "used"]) == 5
 
 
+LINE_TOKENS = 1_700  # about what one line of these 3-question chapters enqueues
+
+
+def test_a_round_over_batch_max_tokens_is_split_and_no_batch_fails_for_the_limit(
+        make_settings, db_url, mock_llm, tmp_path, rt_of):
+    """BATCH_MAX_TOKENS below the model's enqueued-token limit: five one-call chapters whose
+    lines together exceed the limit go into several batches, none failed with
+    token_limit_exceeded (without the cap the one round fails, and would fail again at
+    every retry)."""
+    # The limit holds three lines, not five; the cap two and a half (a margin: the provider's
+    # tokenizer may count a little more than ours).
+    mock_llm.configure(batch_enqueued_token_limit=int(3.3 * LINE_TOKENS))
+    settings, store = _setup(make_settings, db_url, mock_llm, tmp_path,
+                             [(c, 3) for c in "abcde"],
+                             batch_max_tokens=int(2.5 * LINE_TOKENS))
+    rt = rt_of(settings, store)
+    _until_done(rt)
+    calls, questions, slices = _rows(store)
+    assert len(questions) == 15 and {s.state for s in slices} == {"done"}
+    batches = _provider_batches(mock_llm)
+    assert len(batches) >= 3 and {b["status"] for b in batches} == {"completed"}
+    assert [c.outcome for c in calls] == ["used"] * 5
+    ids = _each_custom_id_once(mock_llm)
+    assert sorted(ids) == sorted(f"call-{c.id}" for c in calls)
+
+
+def test_a_request_over_batch_max_tokens_fails_its_chapter_with_the_reason(
+        make_settings, db_url, mock_llm, tmp_path, rt_of):
+    settings, store = _setup(make_settings, db_url, mock_llm, tmp_path, [("a", 3)],
+                             batch_max_tokens=100)
+    rt = rt_of(settings, store)
+    run_pass(rt, ["bx"])
+    calls, questions, slices = _rows(store)
+    assert [s.state for s in slices] == ["failed"]
+    assert "over BATCH_MAX_TOKENS (100)" in slices[0].last_error
+    assert not calls and not questions and not _provider_batches(mock_llm)
+
+
 def test_a_request_larger_than_batch_max_bytes_fails_its_chapter_with_the_reason(
         make_settings, db_url, mock_llm, tmp_path, rt_of):
     """A line no batch file can hold (BATCH_MAX_BYTES below one request) is not retried
