@@ -336,11 +336,12 @@ class Settings(BaseSettings):
         description="Bytes per batch input file (OpenAI's limit: 200 MB).")
     batch_max_tokens: int | None = Field(
         None, ge=1,
-        description="Enqueued tokens per batch (each line's prompt plus its max_tokens), for "
-                    "a model whose enqueued-token limit one batch could exceed (OpenAI fails "
-                    "such a batch with token_limit_exceeded after accepting it, and the same "
-                    "round would fail again): set it below the limit on your limits page. "
-                    "Unset: no cap.")
+        description="Enqueued tokens an exam's live batches hold together (each line's "
+                    "prompt plus its max_tokens): a round gets what the batches in progress "
+                    "leave. For a model whose enqueued-token limit a round could exceed "
+                    "(OpenAI fails such a batch with token_limit_exceeded after accepting it, "
+                    "and the same round would fail again): set it below the limit on your "
+                    "limits page. Unset: no cap.")
     batch_lease_s: float = Field(
         # Shorter than the provider's window, a day without a poll (workers stopped) would
         # let another holder claim slices whose batch may still answer: paid twice.

@@ -279,6 +279,10 @@ def submit_round(rt: BatchRuntime, exam: str, result: PassResult) -> bool:
     owner = owner_of(sub)
     store.new_submission(sub, exam, rt.ident, settings.batch_submit_lease_s, rt.client.model)
     round_ = _Round(settings)
+    if round_.max_tokens is not None:
+        # The cap holds the exam's live batches together, as the provider's enqueued-token
+        # limit counts every batch in progress: a round gets what they leave.
+        round_.tokens = store.batch_enqueued_tokens(exam)
     for n, (chapter_id, slice_no) in enumerate(candidates):
         if round_.full or round_.no_room is not None or rt.stopping.is_set():
             break

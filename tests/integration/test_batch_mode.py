@@ -464,7 +464,7 @@ LINE_TOKENS = 1_700  # about what one line of these 3-question chapters enqueues
 def test_a_round_over_batch_max_tokens_is_split_and_no_batch_fails_for_the_limit(
         make_settings, db_url, mock_llm, tmp_path, rt_of):
     """BATCH_MAX_TOKENS below the model's enqueued-token limit: five one-call chapters whose
-    lines together exceed the limit go into several batches, none failed with
+    lines together exceed the limit go into several batches, one live at a time, none failed with
     token_limit_exceeded (without the cap the one round fails, and would fail again at
     every retry)."""
     # The limit holds three lines, not five; the cap two and a half (a margin: the provider's
@@ -474,6 +474,10 @@ def test_a_round_over_batch_max_tokens_is_split_and_no_batch_fails_for_the_limit
                              [(c, 3) for c in "abcde"],
                              batch_max_tokens=int(2.5 * LINE_TOKENS))
     rt = rt_of(settings, store)
+    # The cap holds the live batches together: a pass submits one batch of two lines, and
+    # the next batch waits until that one has ended.
+    run_pass(rt, ["bx"])
+    assert [b.requests for b in store.exam_batches("bx")] == [2]
     _until_done(rt)
     calls, questions, slices = _rows(store)
     assert len(questions) == 15 and {s.state for s in slices} == {"done"}
