@@ -182,8 +182,7 @@ def estimate(slug: str, syllabus: Syllabus, settings: Settings, *,
     if batch:
         price = settings.price().scaled(settings.llm_batch_discount, "batch")
     else:
-        price = settings.price().scaled(settings.tier_factor(settings.service_tier),
-                                        settings.service_tier)
+        price = settings.price_at(settings.service_tier)
     worst = price
     if settings.llm_fallback_base_url and not batch:
         fallback = settings.price(fallback=True)
@@ -202,7 +201,7 @@ def estimate(slug: str, syllabus: Syllabus, settings: Settings, *,
     if settings.verify != "off" and not batch:  # batch mode sends no blind solve
         vs = settings.verify_settings()
         est.verify = Solves(settings.verify, vs.llm_model,
-                            vs.price().scaled(vs.tier_factor(vs.service_tier), vs.service_tier))
+                            vs.price_at(vs.service_tier))
         solver = est.verify
     for chapter in syllabus.chapters:
         texts = list(stored.get(chapter.id, []))

@@ -98,8 +98,8 @@ class _Endpoint:
     limit: EndpointLimit
     secret: str = field(repr=False)  # never in a repr, a traceback's locals or a log
     fallback: bool = False
-    # The service_tier sent (None: none sent) and what it costs as a multiple of the
-    # standard price (the worst case reserved); the call's deadline at that tier.
+    # The service_tier sent (None: none sent) and its factor (the worst case reserved is at
+    # Price.at_tier: the data's price for the tier, else this multiple); the call's deadline.
     tier: str | None = None
     tier_factor: float = 1.0
     timeout_s: float = 60.0
@@ -246,10 +246,19 @@ class LLMClient:
     # ------------------------------------------------------------------ batch lines
     # A provider batch (runner.batching) carries exactly the synchronous request, and its
     # lines' replies are read, priced and classified exactly as synchronous replies are; the
-    # price is the synchronous one times LLM_BATCH_DISCOUNT. Batches go to the primary only.
+    # price is the standard one times LLM_BATCH_DISCOUNT. Batches go to the primary only.
+    # A batch is its own processing tier: LLM_SERVICE_TIER is for synchronous calls, so a
+    # line is sent no service_tier and is priced at the batch rate whatever tier its reply
+    # names (as it is reserved: flex's price times the discount would book a quarter).
+    def _batch_endpoint(self) -> _Endpoint:
+        ep = self._primary
+        return dataclasses.replace(ep, price=dataclasses.replace(ep.price, data_ref=None),
+                                   tier=None, tier_factor=1.0, factor_of=_standard_factor)
+
     def batch_body(self, messages: list[dict[str, str]], max_tokens: int | None) -> dict[str, object]:
-        """The body a batch line sends: the synchronous request's."""
-        return self._body(self._primary, messages, max_tokens, self.response_format_of("primary"))
+        """The body a batch line sends: the synchronous request's, without a service_tier."""
+        return self._body(self._batch_endpoint(), messages, max_tokens,
+                          self.response_format_of("primary"))
 
     def batch_worst_case_usd(self, prompt_tokens: int, max_tokens: int) -> float:
         """A batch call's reservation: the primary's worst case at the batch price."""
@@ -261,7 +270,7 @@ class LLMClient:
         """An output line's response as a Completion at the batch price; raises the
         ProviderError a synchronous reply of that status and body would (ReplyUnusable for a
         broken envelope, with its billed usage at the batch price)."""
-        ep, discount = self._primary, self._settings.llm_batch_discount
+        ep, discount = self._batch_endpoint(), self._settings.llm_batch_discount
         raw = json.dumps(body).encode() if not isinstance(body, (bytes, str)) else (
             body.encode() if isinstance(body, str) else body)
         response = httpx.Response(status_code, content=raw)
@@ -699,6 +708,10 @@ def _content(content: object) -> str | None:
     return "".join(texts) if texts else None
 
 
+def _standard_factor(tier: str | None) -> float:
+    return 1.0
+
+
 def _tier(data: Any) -> str | None:
     """The tier a reply says served it (`service_tier`), or None when it names none."""
     tier = data.get("service_tier") if isinstance(data, dict) else None
@@ -710,19 +723,18 @@ def _tier(data: Any) -> str | None:
 def _sent_price(ep: _Endpoint) -> Price:
     """The price at the tier a call was sent at: its worst case, reserved before it is sent,
     and what a call never answered whole (so no tier reported) is booked at."""
-    return ep.price.scaled(ep.tier_factor, ep.tier)
+    return ep.price.at_tier(ep.tier, ep.tier_factor)
 
 
 def _booked_price(ep: _Endpoint, reported: str | None) -> Price:
-    """The price a call is booked at: the standard price times the factor of the tier its
-    reply reports (OpenAI's replies always name one). A reply that names none came from a
+    """The price a call is booked at: the price of the tier its reply reports (OpenAI's
+    replies always name one; Price.at_tier: the price data's, else the tier's factor). A reply that names none came from a
     server without tiers, which bills its one price: booked at the tier sent when that is
     dearer than standard (priority), else at standard, so that a cost is never booked below
     the bill (flex unreported: standard, twice what flex would be)."""
     if reported is not None:
-        return ep.price.scaled(ep.factor_of(reported), reported)
-    factor = max(1.0, ep.tier_factor)
-    return ep.price.scaled(factor, ep.tier if factor != 1.0 else None)
+        return ep.price.at_tier(reported, ep.factor_of(reported))
+    return _sent_price(ep) if ep.tier_factor > 1.0 else ep.price
 
 
 def _usage(data: dict[str, object]) -> tuple[int, int, int] | None:

@@ -18,12 +18,14 @@ openrouter.ai, ...), then by its id alone, then under the provider of a gateway 
 and every command that starts work says so on one line: a $0 bill must never be a surprise.
 The bundled mock server's model is free.
 
-Processing tiers (OpenAI's `service_tier`): these are standard-tier prices. A call served at
-another tier is priced at a multiple of them (`Price.scaled`, factors in
+Processing tiers (OpenAI's `service_tier`): the prices above are standard-tier prices. A call
+served at another tier is priced by `Price.at_tier`: at the price data's own price for that
+tier when the price came from the data and the data has one (genai-prices carries OpenAI's
+flex and priority prices as price variants: priority is 1.7x to 2x standard depending on the
+model, flex is offered for some models only); otherwise (LLM_PRICE_* settings, a model whose
+data has no price for the tier) at a multiple of the standard price (`Price.scaled`, factors in
 `Settings.tier_factor`): flex at LLM_FLEX_PRICE_FACTOR (0.5: OpenAI bills flex at its Batch
-rates, half the standard ones), priority at LLM_PRIORITY_PRICE_FACTOR (2.0: OpenAI's priority
-prices for the GPT-5 family are twice the standard ones; 1.75 for GPT-4.1). genai-prices has
-no per-tier prices.
+rates, half the standard ones), priority at LLM_PRIORITY_PRICE_FACTOR (2.0: the GPT-5 family's).
 
 Cached prompt tokens are part of `prompt_tokens` in OpenAI's usage: `Price.cost_usd` bills
 `prompt - cached` at the prompt price and `cached` at the cached price. A model whose data has
@@ -33,7 +35,7 @@ no cached price (no cache discount) bills cached tokens at the prompt price.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
 from functools import lru_cache
 from importlib.metadata import version
@@ -51,6 +53,9 @@ class Price:
     source: str  # "LLM_PRICE_* settings", "genai-prices <version> (<provider>/<model>)", ...
     # USD per million cached prompt tokens (a prompt-cache read); None: the prompt price.
     cached_prompt_per_mtok: float | None = None
+    # (provider id, model id) in genai-prices when the price came from it: where a processing
+    # tier's own price is looked up (at_tier).
+    data_ref: tuple[str, str] | None = field(default=None, compare=False)
 
     @property
     def known(self) -> bool:
@@ -71,6 +76,16 @@ class Price:
         return Price(self.prompt_per_mtok * factor, self.completion_per_mtok * factor,
                      f"{self.source} x {factor:g}" + (f" ({tier} tier)" if tier else ""),
                      cached)
+
+    def at_tier(self, tier: str | None, factor: float) -> "Price":
+        """The price of a call served at `tier`: the price data's own price for that tier when
+        this price came from the data and the data has one, else this price times `factor`
+        (the tier's LLM_*_PRICE_FACTOR)."""
+        if tier and self.data_ref is not None:
+            found = tier_price(*self.data_ref, tier)
+            if found is not None:
+                return found
+        return self.scaled(factor, tier)
 
     def cost_usd(self, prompt_tokens: int, completion_tokens: int,
                  cached_tokens: int = 0) -> float:
@@ -131,8 +146,34 @@ def library_price(model: str, base_url: str | None = None) -> Price | None:
         return Price(prompt, completion,
                      f"genai-prices {version('genai-prices')} "
                      f"({calc.provider.id}/{calc.model.id})",
-                     _base_rate(mp.cache_read_mtok))
+                     _base_rate(mp.cache_read_mtok), (calc.provider.id, calc.model.id))
     return None
+
+
+@lru_cache(maxsize=64)
+def tier_price(provider_id: str, model_id: str, tier: str) -> Price | None:
+    """The price data's price of `model_id` at `provider_id` for calls served at the
+    processing tier `tier` (a `service_tier` price variant), or None when the data has no
+    price of its own for that tier."""
+    from genai_prices import Usage, calc_price
+
+    try:
+        calc = calc_price(Usage(input_tokens=0, output_tokens=0), model_id,
+                          provider_id=provider_id, price_context={"service_tier": tier})
+    except LookupError:
+        return None
+    if not any(variant.when == {"service_tier": tier}
+               and any(v is not None for v in vars(variant.prices).values())
+               for variant in calc.model.price_variants or ()):
+        return None
+    mp = calc.model_price
+    prompt, completion = _base_rate(mp.input_mtok), _base_rate(mp.output_mtok)
+    if prompt is None or completion is None:
+        return None
+    return Price(prompt, completion,
+                 f"genai-prices {version('genai-prices')} "
+                 f"({calc.provider.id}/{calc.model.id}, {tier} tier)",
+                 _base_rate(mp.cache_read_mtok), (calc.provider.id, calc.model.id))
 
 
 def resolve(model: str, prompt_per_mtok: float | None, completion_per_mtok: float | None,

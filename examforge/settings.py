@@ -120,12 +120,14 @@ class Settings(BaseSettings):
     llm_flex_price_factor: float = Field(
         0.5, ge=0, le=10,
         description="A call served at the flex tier costs this times its standard price "
-                    "(OpenAI bills flex at its Batch API rates: half the standard price).")
+                    "(OpenAI bills flex at its Batch API rates: half the standard price), "
+                    "when the price data has no flex price of the model's own.")
     llm_priority_price_factor: float = Field(
         2.0, ge=0, le=10,
         description="A call served at the priority tier costs this times its standard price "
                     "(OpenAI's priority prices are twice the standard ones for the GPT-5 "
-                    "family, 1.75x for GPT-4.1; set the model's own ratio).")
+                    "family, 1.75x for GPT-4.1), when the price data has no priority price of "
+                    "the model's own.")
     llm_json_mode: bool = Field(
         True, description="Deprecated: LLM_JSON_MODE=false is LLM_RESPONSE_FORMAT=none (while "
                           "LLM_RESPONSE_FORMAT is auto); true changes nothing.")
@@ -332,6 +334,14 @@ class Settings(BaseSettings):
     batch_max_bytes: int = Field(
         200 * 1024 * 1024, ge=1024, le=200 * 1024 * 1024,
         description="Bytes per batch input file (OpenAI's limit: 200 MB).")
+    batch_max_tokens: int | None = Field(
+        None, ge=1,
+        description="Enqueued tokens an exam's live batches hold together (each line's "
+                    "prompt plus its max_tokens): a round gets what the batches in progress "
+                    "leave. For a model whose enqueued-token limit a round could exceed "
+                    "(OpenAI fails such a batch with token_limit_exceeded after accepting it, "
+                    "and the same round would fail again): set it below the limit on your "
+                    "limits page. Unset: no cap.")
     batch_lease_s: float = Field(
         # Shorter than the provider's window, a day without a poll (workers stopped) would
         # let another holder claim slices whose batch may still answer: paid twice.
@@ -518,6 +528,12 @@ class Settings(BaseSettings):
         if tier == "priority":
             return self.llm_priority_price_factor
         return 1.0
+
+    def price_at(self, tier: str | None, fallback: bool = False) -> Price:
+        """The price of a call served at `tier` (examforge.prices.Price.at_tier): the price
+        data's own price for the tier where it has one, else the standard price times the
+        tier's factor."""
+        return self.price(fallback=fallback).at_tier(tier, self.tier_factor(tier))
 
     @property
     def service_tier(self) -> str | None:

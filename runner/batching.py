@@ -246,20 +246,24 @@ class _Round:
     def __init__(self, settings: Settings) -> None:
         self.max_requests = settings.batch_max_requests
         self.max_bytes = settings.batch_max_bytes
+        self.max_tokens = settings.batch_max_tokens  # None: no cap
         self.lines: list[_Line] = []
         self.size = 0
+        self.tokens = 0
         self.full = False
         self.no_room: NoRoom | None = None
 
-    def fits(self, size: int) -> bool:
-        if len(self.lines) + 1 > self.max_requests or self.size + size > self.max_bytes:
+    def fits(self, size: int, tokens: int = 0) -> bool:
+        if len(self.lines) + 1 > self.max_requests or self.size + size > self.max_bytes or (
+                self.max_tokens is not None and self.tokens + tokens > self.max_tokens):
             self.full = True
             return False
         return True
 
-    def add(self, call_id: int, body: dict[str, Any], size: int) -> None:
+    def add(self, call_id: int, body: dict[str, Any], size: int, tokens: int = 0) -> None:
         self.lines.append(_Line(call_id, body, size))
         self.size += size
+        self.tokens += tokens
 
 
 def submit_round(rt: BatchRuntime, exam: str, result: PassResult) -> bool:
@@ -275,6 +279,10 @@ def submit_round(rt: BatchRuntime, exam: str, result: PassResult) -> bool:
     owner = owner_of(sub)
     store.new_submission(sub, exam, rt.ident, settings.batch_submit_lease_s, rt.client.model)
     round_ = _Round(settings)
+    if round_.max_tokens is not None:
+        # The cap holds the exam's live batches together, as the provider's enqueued-token
+        # limit counts every batch in progress: a round gets what they leave.
+        round_.tokens = store.batch_enqueued_tokens(exam)
     for n, (chapter_id, slice_no) in enumerate(candidates):
         if round_.full or round_.no_room is not None or rt.stopping.is_set():
             break
@@ -305,21 +313,27 @@ def _add_slice(rt: BatchRuntime, exam: str, chapter_id: str, slice_no: int, owne
     asked, stored = store.batch_yield(exam, chapter_id, slice_no)
     calls = _SliceCalls(rt, shortfall=1 - stored / asked if asked else 0.0,
                         passages=store.chapter_passages(exam, chapter_id))
-    first_line: list[tuple[dict[str, Any], int]] = []
-    oversized: list[int] = []
+    first_line: list[tuple[dict[str, Any], int, int]] = []
+    oversized: list[str] = []
 
     def plan_first(view: ChapterView) -> CallPlan | None:
         calls.build(view)
         if not calls.planned:
             return None
         plan, body, size = calls.planned[0]
+        tokens = _tokens(plan)
         if size > round_.max_bytes:
             # No batch file can ever hold this request: waiting does not fix it.
-            oversized.append(size)
+            oversized.append(f"a batch request of {size:,} bytes is over BATCH_MAX_BYTES "
+                             f"({round_.max_bytes:,})")
             return None
-        if not round_.fits(size):
+        if round_.max_tokens is not None and tokens > round_.max_tokens:
+            oversized.append(f"a batch request of {tokens:,} tokens is over BATCH_MAX_TOKENS "
+                             f"({round_.max_tokens:,})")
             return None
-        first_line[:] = [(body, size)]
+        if not round_.fits(size, tokens):
+            return None
+        first_line[:] = [(body, size, tokens)]
         return plan
 
     claim = store.claim(exam, chapter_id, owner, settings.batch_lease_s, settings.max_attempts,
@@ -330,15 +344,14 @@ def _add_slice(rt: BatchRuntime, exam: str, chapter_id: str, slice_no: int, owne
         round_.no_room = claim.first_call
     if oversized:
         store.fail(claim, SliceReason.too_large,
-                   f"a batch request of {oversized[0]:,} bytes is over BATCH_MAX_BYTES "
-                   f"({round_.max_bytes:,}): raise it, or lower QUESTIONS_PER_CALL")
+                   f"{oversized[0]}: raise it, or lower QUESTIONS_PER_CALL")
         return
     if not isinstance(claim.first_call, int):
         store.release_held(owner, [(exam, chapter_id, slice_no)], count_attempt=False)
         return
     round_.add(claim.first_call, *first_line[0])
     for plan, body, size in calls.planned[1:]:
-        if not round_.fits(size):
+        if not round_.fits(size, _tokens(plan)):
             return
         try:
             booked = store.start_call(
@@ -350,7 +363,13 @@ def _add_slice(rt: BatchRuntime, exam: str, chapter_id: str, slice_no: int, owne
         if isinstance(booked, NoRoom):
             round_.no_room = booked
             return
-        round_.add(booked, body, size)
+        round_.add(booked, body, size, _tokens(plan))
+
+
+def _tokens(plan: CallPlan) -> int:
+    """A line's enqueued tokens, as providers count them against the model's limit: its
+    prompt and its max_tokens."""
+    return plan.prompt_tokens + (plan.max_tokens or 0)
 
 
 def _upload_and_create(rt: BatchRuntime, sub: str, exam: str, round_: _Round,

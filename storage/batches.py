@@ -186,6 +186,16 @@ class Batches(Leases):
                 K.c.prompt_tokens, K.c.completion_tokens, K.c.cached_tokens)
                 .where(K.c.worker == owner).order_by(K.c.id)).all())
 
+    def batch_enqueued_tokens(self, slug: str) -> int:
+        """The tokens the exam's batch calls in flight enqueue at the provider (each line's
+        prompt and max_tokens): what its live batches hold against BATCH_MAX_TOKENS."""
+        with self._read() as conn:
+            return int(conn.execute(select(
+                func.coalesce(func.sum(K.c.prompt_tokens + func.coalesce(K.c.max_tokens, 0)),
+                              0))
+                .where(K.c.exam == slug, K.c.outcome == CallOutcome.in_flight.value,
+                       K.c.worker.like(f"{OWNER_PREFIX}%"))).scalar_one())
+
     def held_slices(self, owner: str) -> list[tuple[str, str, int]]:
         """The slices `owner` holds the lease of (exam, chapter_id, slice_no)."""
         with self._read() as conn:

@@ -59,9 +59,11 @@ def _run_to_end(dep, timeout_s: float = 90) -> None:
     assert "17/17 questions" in done.stdout
 
 
+@pytest.mark.parametrize("database", ["sqlite", "postgres"])
 @pytest.mark.parametrize("step", ["after_upload", "before_create", "after_create"])
-def test_run_batch_killed_at_a_step_of_the_submission_resumes_exactly_once(deploy, mock, step):
-    dep = deploy(**BATCH_ENV)
+def test_run_batch_killed_at_a_step_of_the_submission_resumes_exactly_once(deploy, mock, step,
+                                                                           database):
+    dep = deploy(database, **BATCH_ENV)
     dep.syllabus("bx", CHAPTERS)
     proc = dep.spawn_cli("run", "bx", "--batch", EXAMFORGE_TEST_BATCH_CRASH=step)
     assert proc.wait(timeout=60) == -9, proc.stdout.read().decode() if proc.stdout else ""
@@ -79,8 +81,9 @@ def test_run_batch_killed_at_a_step_of_the_submission_resumes_exactly_once(deplo
     _check(dep, mock)
 
 
-def test_run_batch_killed_while_the_create_is_in_flight_adopts_the_batch(deploy, mock):
-    dep = deploy(**BATCH_ENV)
+@pytest.mark.parametrize("database", ["sqlite", "postgres"])
+def test_run_batch_killed_while_the_create_is_in_flight_adopts_the_batch(deploy, mock, database):
+    dep = deploy(database, **BATCH_ENV)
     dep.syllabus("bx", CHAPTERS)
     mock.configure(batch_create_delay_s=30)
     proc = dep.spawn_cli("run", "bx", "--batch")

@@ -458,6 +458,48 @@ def test_a_round_larger_than_the_size_limits_is_split_into_batches_within_them(
     assert len(paid) == len([c for c in calls if c.outcome == "used"]) == 5
 
 
+LINE_TOKENS = 1_700  # about what one line of these 3-question chapters enqueues
+
+
+def test_a_round_over_batch_max_tokens_is_split_and_no_batch_fails_for_the_limit(
+        make_settings, db_url, mock_llm, tmp_path, rt_of):
+    """BATCH_MAX_TOKENS below the model's enqueued-token limit: five one-call chapters whose
+    lines together exceed the limit go into several batches, one live at a time, none failed with
+    token_limit_exceeded (without the cap the one round fails, and would fail again at
+    every retry)."""
+    # The limit holds three lines, not five; the cap two and a half (a margin: the provider's
+    # tokenizer may count a little more than ours).
+    mock_llm.configure(batch_enqueued_token_limit=int(3.3 * LINE_TOKENS))
+    settings, store = _setup(make_settings, db_url, mock_llm, tmp_path,
+                             [(c, 3) for c in "abcde"],
+                             batch_max_tokens=int(2.5 * LINE_TOKENS))
+    rt = rt_of(settings, store)
+    # The cap holds the live batches together: a pass submits one batch of two lines, and
+    # the next batch waits until that one has ended.
+    run_pass(rt, ["bx"])
+    assert [b.requests for b in store.exam_batches("bx")] == [2]
+    _until_done(rt)
+    calls, questions, slices = _rows(store)
+    assert len(questions) == 15 and {s.state for s in slices} == {"done"}
+    batches = _provider_batches(mock_llm)
+    assert len(batches) >= 3 and {b["status"] for b in batches} == {"completed"}
+    assert [c.outcome for c in calls] == ["used"] * 5
+    ids = _each_custom_id_once(mock_llm)
+    assert sorted(ids) == sorted(f"call-{c.id}" for c in calls)
+
+
+def test_a_request_over_batch_max_tokens_fails_its_chapter_with_the_reason(
+        make_settings, db_url, mock_llm, tmp_path, rt_of):
+    settings, store = _setup(make_settings, db_url, mock_llm, tmp_path, [("a", 3)],
+                             batch_max_tokens=100)
+    rt = rt_of(settings, store)
+    run_pass(rt, ["bx"])
+    calls, questions, slices = _rows(store)
+    assert [s.state for s in slices] == ["failed"]
+    assert "over BATCH_MAX_TOKENS (100)" in slices[0].last_error
+    assert not calls and not questions and not _provider_batches(mock_llm)
+
+
 def test_a_request_larger_than_batch_max_bytes_fails_its_chapter_with_the_reason(
         make_settings, db_url, mock_llm, tmp_path, rt_of):
     """A line no batch file can hold (BATCH_MAX_BYTES below one request) is not retried
@@ -472,3 +514,41 @@ def test_a_request_larger_than_batch_max_bytes_fails_its_chapter_with_the_reason
     assert "over BATCH_MAX_BYTES (1,024)" in slices[0].last_error
     assert not calls and not questions and not _provider_batches(mock_llm)
     assert store.exam_batches("bx") == []
+
+
+def test_a_flex_tier_setting_leaves_batch_lines_at_the_batch_price(
+        make_settings, db_url, mock_llm, tmp_path, rt_of):
+    """LLM_SERVICE_TIER is for synchronous calls: batch lines are sent no service_tier (the
+    mock would refuse a flex line for capacity, as OpenAI's flex does) and each is booked at
+    the batch discount of its usage, as the mock bills it, not also at flex's half."""
+    mock_llm.configure(flex_unavailable_rate=1.0)
+    settings, store = _setup(make_settings, db_url, mock_llm, tmp_path, [("a", 5), ("b", 4)],
+                             llm_service_tier="flex", llm_price_prompt_per_mtok=1.0,
+                             llm_price_completion_per_mtok=4.0)
+    rt = rt_of(settings, store)
+    _until_done(rt)
+    calls, questions, _ = _rows(store)
+    assert len(questions) == 9 and [c.outcome for c in calls] == ["used", "used"]
+    for batch in _provider_batches(mock_llm):
+        content = httpx.get(f"{mock_llm.base_url}/files/{batch['input_file_id']}/content")
+        assert all("service_tier" not in json.loads(line)["body"]
+                   for line in content.text.splitlines() if line)
+    by_call = {int(u["custom_id"].split("-")[1]): u for u in _paid_batch_lines(mock_llm)}
+    for call in calls:
+        u = by_call[call.id]
+        assert call.cost_usd == pytest.approx(
+            (u["prompt_tokens"] * 1.0 + u["completion_tokens"] * 4.0) / 1e6 * 0.5)
+
+
+def test_the_rate_limits_do_not_hold_back_a_batch(make_settings, db_url, mock_llm, tmp_path,
+                                                  rt_of):
+    """Providers count batch requests apart from the synchronous rate limits: LLM_RPM and
+    LLM_TPM (one request and 10 tokens a minute here) hold back no line of a batch."""
+    settings, store = _setup(make_settings, db_url, mock_llm, tmp_path,
+                             [("a", 5), ("b", 5), ("c", 5), ("d", 5)], llm_rpm=1, llm_tpm=10)
+    rt = rt_of(settings, store)
+    assert run_pass(rt, ["bx"]).submitted == 1
+    assert [b.requests for b in store.exam_batches("bx")] == [4]
+    _until_done(rt, timeout_s=30)
+    calls, questions, _ = _rows(store)
+    assert len(questions) == 20 and [c.outcome for c in calls] == ["used"] * 4

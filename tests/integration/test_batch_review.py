@@ -203,6 +203,29 @@ def test_a_refusal_that_retrying_cannot_fix_pauses_the_exam(
     assert [(c.outcome, c.cost_usd) for c in calls] == [("failed", 0.0)] and not questions
 
 
+def test_a_create_refused_for_the_enqueued_token_limit_is_retried_never_paused(
+        make_settings, db_url, mock_llm, tmp_path, rt_of):
+    """A provider or gateway that refuses the create itself (rather than failing the batch
+    after accepting it) for the model's enqueued-token limit: retryable, a later round sends
+    the calls again, the exam is never paused."""
+    settings, store = _setup(make_settings, db_url, mock_llm, tmp_path, [("a", 5)],
+                             retry_base_s=0.01, retry_max_s=0.05)
+    rt = rt_of(settings, store)
+    api = rt.api
+    rt.api = _Refusing(api, "create", 400, {"error": {
+        "message": "Enqueued token limit reached for mock-model in organization org-x.",
+        "type": "invalid_request_error", "code": "token_limit_exceeded"}})
+    wait_for(lambda: (run_pass(rt, ["bx"]), rt.api.sent >= 2)[1], 20,
+             "the refused create to be retried in a later round")
+    assert store.status("bx").state != "paused"
+    rt.api = api
+    _until_done(rt)
+    calls, questions, _ = _rows(store)
+    refused = [c for c in calls if c.outcome == "failed"]
+    assert len(refused) >= 2 and all(c.cost_usd == 0 for c in refused)
+    assert len(questions) == 5 and [c.outcome for c in calls].count("used") == 1
+
+
 def test_a_second_batch_with_the_submissions_metadata_is_cancelled_at_recovery(
         make_settings, db_url, mock_llm, tmp_path, rt_of):
     # The create's reply is lost, and the provider (a gateway retrying the create, an SDK's

@@ -14,6 +14,7 @@ import pytest
 from helpers import wait_for, write_syllabus
 from sqlalchemy import select
 
+from producer.views import when
 from runner.batching import BatchRuntime, run_pass
 from examforge.syllabus import load_syllabus
 from storage import open_store
@@ -96,6 +97,11 @@ def test_status_shows_a_batch_in_flight_and_cancel_stops_it_keeping_what_it_fini
     code, text = _cli(capsys, "status", "bx")
     assert code == 0
     assert row.provider_batch_id in text and row.id in text and "in_progress" in text
+    # The table's columns: requests (total, completed, failed), created and expires.
+    header = next(line for line in text.splitlines() if "submission" in line)
+    assert all(col in header for col in ("requests", "completed", "failed", "created",
+                                         "expires")), text
+    assert when(row.created_at)[:10] in text and when(row.expires_at)[:10] in text
     assert "waiting on batch" in text
     assert f"waiting on the provider's batch {row.provider_batch_id} (in_progress" in text
     # status --json carries the batches and each waiting chapter's reason.

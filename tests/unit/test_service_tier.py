@@ -130,6 +130,60 @@ def test_a_call_is_priced_at_the_tier_its_reply_reports(make_settings, asked, re
     assert completion.service_tier == reported
 
 
+OPENAI = "https://api.openai.com/v1"
+
+
+def _data_price(model: str, tier: str) -> tuple[float, float]:
+    """(prompt, completion) USD per Mtok of `model` at `tier` in the bundled price data."""
+    from genai_prices import Usage, calc_price
+
+    mp = calc_price(Usage(input_tokens=0, output_tokens=0), model, provider_id="openai",
+                    price_context={"service_tier": tier}).model_price
+    return float(mp.input_mtok), float(mp.output_mtok)
+
+
+@pytest.mark.parametrize(("model", "tier"), [("gpt-4.1", "priority"), ("gpt-5-mini", "priority"),
+                                             ("o3", "flex")])
+def test_a_tier_is_priced_from_the_price_data_where_it_has_that_tiers_price(
+        make_settings, model, tier):
+    """genai-prices carries OpenAI's per-tier prices: priority is 1.7x to 2x standard
+    depending on the model (GPT-4.1: 1.75x), so a flat factor would book the wrong cost."""
+    prompt, completion = _data_price(model, tier)
+    client = LLMClient(make_settings(llm_model=model, llm_base_url=OPENAI, llm_service_tier=tier),
+                       transport=_replying(tier))
+    expected = (1000 * prompt + 500 * completion) / 1e6
+    assert client.complete(MESSAGES, max_tokens=10).cost_usd == pytest.approx(expected)
+    assert client.worst_case_usd(1000, 500) == pytest.approx(expected)
+    # The estimate prices the tier the same way (Settings.price_at).
+    settings = make_settings(llm_model=model, llm_base_url=OPENAI, llm_service_tier=tier)
+    assert settings.price_at(tier).cost_usd(1000, 500) == pytest.approx(expected)
+
+
+def test_gpt_4_1_priority_is_not_the_flat_factor(make_settings):
+    prompt, completion = _data_price("gpt-4.1", "priority")
+    standard = _data_price("gpt-4.1", "default")
+    assert prompt != pytest.approx(standard[0] * 2.0)  # the test above means something
+    client = LLMClient(make_settings(llm_model="gpt-4.1", llm_base_url=OPENAI,
+                                     llm_service_tier="priority"),
+                       transport=_replying("priority"))
+    assert client.complete(MESSAGES, max_tokens=10).cost_usd != pytest.approx(
+        (1000 * standard[0] + 500 * standard[1]) / 1e6 * 2.0)
+
+
+def test_a_tier_the_data_has_no_price_for_falls_back_to_the_factor(make_settings):
+    """The price data has no flex price for gpt-4o-mini, and LLM_PRICE_* are standard prices:
+    both are scaled by the tier's factor."""
+    standard = _data_price("gpt-4o-mini", "default")
+    client = LLMClient(make_settings(llm_model="gpt-4o-mini", llm_base_url=OPENAI,
+                                     llm_service_tier="flex"), transport=_replying("flex"))
+    assert client.complete(MESSAGES, max_tokens=10).cost_usd == pytest.approx(
+        (1000 * standard[0] + 500 * standard[1]) / 1e6 * 0.5)
+    client = LLMClient(make_settings(llm_model="gpt-4.1", llm_base_url=OPENAI,
+                                     llm_service_tier="priority", **PRICES),
+                       transport=_replying("priority"))
+    assert client.complete(MESSAGES, max_tokens=10).cost_usd == pytest.approx(0.002 * 2.0)
+
+
 def test_the_factors_are_settings(make_settings):
     client = LLMClient(make_settings(llm_service_tier="flex", llm_flex_price_factor=0.25,
                                      **PRICES), transport=_replying("flex"))
@@ -319,3 +373,21 @@ def test_the_estimate_is_at_the_tier_sent(make_settings, tmp_path):
     flex = estimate("ex", syllabus, make_settings(llm_service_tier="flex", **PRICES))
     assert flex.worst_usd == pytest.approx(auto.worst_usd / 2)
     assert flex.expected_usd == pytest.approx(auto.expected_usd / 2)
+
+
+# ---------------------------------------------------------------- batch mode with a tier set
+@pytest.mark.parametrize("tier", ["flex", "priority"])
+def test_batch_lines_carry_no_tier_and_are_booked_at_the_batch_price_alone(make_settings, tier):
+    """A batch is its own processing tier, billed at the Batch API's rates: LLM_SERVICE_TIER
+    is for synchronous calls. A batch line sent with a tier (and booked at that tier's price
+    times the batch discount: flex 0.25x, priority 1.0x) would be booked apart from what it
+    was reserved at, and from the bill."""
+    client = LLMClient(make_settings(llm_service_tier=tier, **PRICES), transport=_replying(None))
+    assert "service_tier" not in client.batch_body(MESSAGES, 10)
+    body = {"id": "x", "object": "chat.completion", "model": "m", "service_tier": tier,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "{}"},
+                         "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 1000, "completion_tokens": 500}}
+    standard = (1000 * 1.0 + 500 * 2.0) / 1e6
+    assert client.batch_completion(200, body).cost_usd == pytest.approx(standard * 0.5)
+    assert client.batch_worst_case_usd(1000, 500) == pytest.approx(standard * 0.5, rel=0.2)
