@@ -44,6 +44,9 @@ SLICE_KEY = (S.c.exam == bindparam("k_exam"), S.c.chapter_id == bindparam("k_cha
 # How the human text of a budget's pause starts (exam.pause_reason). What ends the pause is
 # decided by exam.pause_code (examforge.errors.PauseCode.budget), never by this text.
 BUDGET_PAUSE_PREFIX = "budget:"
+# The pause reason of an exam whose settled calls reached its budget.
+BUDGET_SPENT_REASON = (f"{BUDGET_PAUSE_PREFIX} the calls settled so far reached the exam's budget; "
+                       "raise it (enqueue --budget-usd) to go on")
 
 
 # The states in which a lease holder may still write its slice: running, and cancelled while

@@ -29,6 +29,7 @@ from examforge.errors import Rejection
 from examforge.neardup import Checker, Scope
 from examforge.output import Question as ParsedQuestion
 from storage import neardup
+from storage.base import BUDGET_SPENT_REASON
 from storage.types import CallPlan, Claimed, Committed, Planner, Steer, Usage
 
 # The parameters of ef_commit, in order, with their SQL types (cast in the text: psycopg
@@ -54,8 +55,13 @@ _PARAMS = (
     ("p_plan_reserve", "double precision"), ("p_plan_model", "varchar"),
     ("p_plan_price_known", "boolean"), ("p_attempt", "integer"),
 )
-COMMIT_SQL = "SELECT * FROM ef_commit({})".format(
-    ", ".join(f"%({name})s::{kind}" for name, kind in _PARAMS))
+# What every commit passes the same, as a literal in the text: psycopg caches a query's
+# parsing (placeholders) only for at most 50 parameters, and parsed this one's 51 again at
+# every commit (4% of a PostgreSQL worker's GIL samples, py-spy).
+_LITERALS = {"p_budget_reason": BUDGET_SPENT_REASON}
+COMMIT_SQL = "SELECT * FROM ef_commit({})".format(", ".join(
+    "'{}'::{}".format(_LITERALS[name].replace("'", "''").replace("%", "%%"), kind)
+    if name in _LITERALS else f"%({name})s::{kind}" for name, kind in _PARAMS))
 CLAIM_PARAMS = ("p_exam", "p_chapter", "p_slice", "p_owner", "p_lease", "p_max",
                 "p_crash_reason", "p_crash_detail", "p_budget_reason", "p_repeated_n",
                 "p_spec_fp", "p_first", "p_requested", "p_prompt_tokens", "p_max_tokens",
@@ -157,7 +163,7 @@ def prepare(url: str, claim: Claimed, stored: int, target: int, lease_s: float,
             call_id: int, questions: Sequence[ParsedQuestion], hashes: list[str], *,
             model: str, usage: Usage, note: str, plan_next: Planner | None,
             near_dup: Checker | None, signed: Sequence[neardup.Signed] | None,
-            steer: Steer | None, budget_reason: str, recent_default: int) -> Prepared | None:
+            steer: Steer | None, recent_default: int) -> Prepared | None:
     """The commit's parameters, prepared for the slice at `stored` of `target`; None when
     the general path must commit (the index cannot be trusted, nothing would be kept)."""
     p = Prepared()
@@ -237,7 +243,6 @@ def prepare(url: str, claim: Claimed, stored: int, target: int, lease_s: float,
         "p_completion_tokens": usage.completion_tokens, "p_cost": usage.cost_usd,
         "p_endpoint": usage.endpoint, "p_estimated": usage.estimated,
         "p_cached": usage.cached_tokens, "p_tier": usage.service_tier,
-        "p_budget_reason": budget_reason,
         "p_recent": recent, "p_newest": newest, "p_repeated_n": repeated_n,
         "p_sample": sample, "p_order_key": order_key(claim.exam),
         "p_plan_stored": after, "p_plan_first": None if plan is None else plan.first_number,

@@ -16,12 +16,11 @@ from examforge.output import normalise
 from examforge.sources import Passage
 from storage import fastpath, neardup
 from storage.grounding import read_passages
-from storage.base import (ACTIVE_STATES, HELD_STATES, SLICE_KEY, E, Q, S, capped_detail,
-                          lease_fence, slice_where)
-from storage.ledger import BUDGET_SPENT_REASON, CRASH_DETAIL, RECENT_QUESTIONS, Ledger
+from storage.base import (ACTIVE_STATES, BUDGET_SPENT_REASON, HELD_STATES, SLICE_KEY, E, Q, S,
+                          capped_detail, lease_fence, slice_where)
+from storage.ledger import CRASH_DETAIL, RECENT_QUESTIONS, Ledger
 from storage.types import (CallPlan, ChapterLevels, ChapterView, Claimed, FirstCall, NoRoom,
-                           NotClaimed,
-                           NotClaimedReason, Planner, Steer)
+                           NotClaimed, NotClaimedReason, Planner, Steer)
 from storage.models import CallReason, ChapterState, ExamState
 
 

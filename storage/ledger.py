@@ -18,7 +18,7 @@ from examforge.neardup import Checker, Scope
 from examforge.output import Question as ParsedQuestion
 from examforge.output import text_hash
 from storage import fastpath, neardup
-from storage.base import (BUDGET_PAUSE_PREFIX, IN_FLIGHT_CALL, SLICE_KEY, E, K, Q, S, StoreBase,
+from storage.base import (BUDGET_PAUSE_PREFIX, BUDGET_SPENT_REASON, IN_FLIGHT_CALL, SLICE_KEY, E, K, Q, S, StoreBase,
                           lease_fence)
 from storage.db import READ_ONLY
 from storage.models import CallOutcome, CallReason, ChapterState, ExamState, Verdict
@@ -37,8 +37,6 @@ CRASH_DETAIL = "its holder lost the lease mid-call (a crash, a freeze, a partiti
 # A commit that loses a race with another slice storing the same question checks again.
 _DUPLICATE_RACE_RETRIES = 3
 # Why a settled call paused its exam (Ledger._settle): a raised budget resumes it.
-BUDGET_SPENT_REASON = (f"{BUDGET_PAUSE_PREFIX} the calls settled so far reached the exam's budget; "
-                       "raise it (enqueue --budget-usd) to go on")
 
 
 def question_row(q: ParsedQuestion) -> dict[str, Any]:
@@ -449,7 +447,7 @@ class Ledger(StoreBase):
         prepared = fastpath.prepare(
             url, claim, stored, target, lease_s, call_id, questions, hashes, model=model,
             usage=usage, note=note, plan_next=plan_next, near_dup=near_dup, signed=signed,
-            steer=steer, budget_reason=BUDGET_SPENT_REASON, recent_default=RECENT_QUESTIONS)
+            steer=steer, recent_default=RECENT_QUESTIONS)
         if prepared is None:
             return None, plan_next
         if prepared.plan is not None or prepared.params["p_plan_stored"] < target:
