@@ -217,16 +217,19 @@ class Review(Verdicts):
             if current["version"] != version:
                 raise self._conflict(current, version)
             state = current["review"]
-            verb = "approved" if action == "approve" else "edited"
+            verb = {"approve": "approved", "reject": "rejected"}.get(action, "edited")
             if state == ReviewState.rejected.value:
                 if action == "reject":
                     return current  # already so
                 raise Conflict(f"question {question_id} of exam {slug} was rejected: it is "
                                f"out of its chapter and cannot be {verb}")
-            if current["withdrawn"] is not None and action != "reject":
+            if current["withdrawn"] is not None:
+                # Withdrawn for another reason (disputed by the blind solve): out of the bank
+                # already, counted there as that. Rejecting it too would count it twice,
+                # disputed in `status` and rejected in `review`.
                 raise Conflict(f"question {question_id} of exam {slug} was withdrawn from its "
                                f"chapter ({current['withdrawn']}) and a replacement takes its "
-                               f"number: it cannot be {verb}")
+                               f"number: it is out of the bank already and cannot be {verb}")
             values: dict[str, Any] = {}
             diff: dict[str, list[Any]] | None = None
             if action == "approve":

@@ -188,3 +188,20 @@ def test_a_rejected_question_is_not_counted_as_stored_by_a_dry_run(exam):
     texts = exam.stored_texts("ex")
     assert texts["a"] == ["What is a0?", "What is a2?", "What is a3?"]
     assert len(texts["b"]) == 2
+
+
+def test_a_question_withdrawn_as_disputed_cannot_be_rejected_too(exam):
+    """Out of the bank already: a reject would count it twice (disputed in status, rejected
+    in review). Refused like an approve or an edit, and nothing changes."""
+    qid = _ids(exam, "a")[1]
+    assert exam.withdraw("ex", [qid], "disputed").withdrawn == (qid,)
+    for act in (lambda: exam.reject("ex", qid, 1, "alice"),
+                lambda: exam.approve("ex", qid, 1, "alice"),
+                lambda: exam.edit("ex", qid, 1, "alice", {"question": "Other?"})):
+        with pytest.raises(Conflict, match="out of the bank already"):
+            act()
+    view = exam.review_question("ex", qid)
+    assert (view["review"], view["withdrawn"], view["version"]) == ("unreviewed", "disputed", 1)
+    assert exam.question_history("ex", qid) == []
+    summary = {c.chapter_id: c for c in exam.review_summary("ex")}
+    assert summary["a"].rejected == 0
