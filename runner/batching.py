@@ -574,18 +574,18 @@ def _recover(rt: BatchRuntime, row: BatchRow, result: PassResult) -> None:
                         extra={**fields, "batch": found["id"]})
             _submitted(rt, row.id, row.exam, found, result)
             return
-        why = None
+        given_up: str | None = None
         if row.cancel_requested:
-            why = "not sent: cancelled before its batch was created"
+            given_up = "not sent: cancelled before its batch was created"
         elif row.create_attempts >= MAX_CREATE_ATTEMPTS:
-            why = f"not sent: {row.create_attempts} creates, none listed by the provider"
+            given_up = f"not sent: {row.create_attempts} creates, none listed by the provider"
         elif content is None:
-            why = "not sent: its input file could not be read back to upload it again"
-        if why is not None:
-            rt.store.abandon_submission(row.id, why)
+            given_up = "not sent: its input file could not be read back to upload it again"
+        if given_up is not None:
+            rt.store.abandon_submission(row.id, given_up)
             result.abandoned += 1
             log.warning("submission abandoned; its slices go to a later round",
-                        extra={**fields, "why": why})
+                        extra={**fields, "why": given_up})
             return
         assert content is not None
         file_id = _upload_again(rt, row, content, result)
