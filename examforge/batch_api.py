@@ -1,5 +1,6 @@
 """OpenAI's Files and Batch API, as runner.batching uses it: upload a JSONL file, create a
-batch with metadata, retrieve it, list batches newest first, cancel it, download a file.
+batch with metadata, retrieve it, list batches newest first, cancel it, download and delete a
+file.
 
 The same endpoint, key and error table as the chat client (LLM_BASE_URL, LLM_API_KEY,
 examforge.classify): any provider or gateway with OpenAI's Batch API works by configuration
@@ -85,6 +86,18 @@ class BatchAPI:
             if not page.get("has_more") or not data:
                 return
             after = str(page.get("last_id") or data[-1]["id"])
+
+    def delete_file(self, file_id: str) -> bool:
+        """DELETE /files/{id}. True when deleted now, False when the provider has no such
+        file (deleted already, by an earlier recovery that stopped mid-way): either way it is
+        gone, and a create naming it is refused. Any other failure raises."""
+        try:
+            self._request("DELETE", f"files/{file_id}")
+        except ProviderError as exc:
+            if exc.status_code == 404:
+                return False
+            raise
+        return True
 
     def content(self, file_id: str) -> bytes:
         """GET /files/{id}/content: a batch's output or error file."""

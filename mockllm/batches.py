@@ -273,7 +273,11 @@ class BatchRunner:
             raise ApiError(400, f"Invalid value for 'completion_window': only '{COMPLETION_WINDOW}' is supported.",
                            "completion_window")
         metadata = _validate_metadata(body.get("metadata"))
-        stored = self.files.get(body["input_file_id"])
+        stored = self.files.find(body["input_file_id"])
+        if stored is None:
+            # A file never uploaded, or deleted since: refused like OpenAI, nothing created
+            # (a create sent late, after its input file was deleted, cannot run).
+            raise ApiError(404, f"No such File object: {body['input_file_id']}", "input_file_id")
         if stored.purpose != "batch":
             raise ApiError(400, f"The input file {stored.id} was uploaded with purpose '{stored.purpose}', "
                            "not 'batch'.", "input_file_id")

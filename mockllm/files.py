@@ -107,6 +107,10 @@ class FileStore:
         """A file the mock writes itself (a batch's output or errors)."""
         return self._add(filename, BATCH_OUTPUT, content)
 
+    def find(self, file_id: str) -> StoredFile | None:
+        """The file, or None when it was never uploaded or has been deleted."""
+        return self._files.get(file_id)
+
     def get(self, file_id: str) -> StoredFile:
         stored = self._files.get(file_id)
         if stored is None:
@@ -125,6 +129,8 @@ class FileStore:
         return list_page([f.to_dict() for f in files], limit, query.get("after"))
 
     def delete(self, file_id: str) -> dict[str, Any]:
+        """``DELETE /v1/files/{id}``: gone for good (a batch create naming it is refused); a
+        file never uploaded, or deleted already, is a 404."""
         self.get(file_id)
         del self._files[file_id]
         return {"id": file_id, "object": "file", "deleted": True}

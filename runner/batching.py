@@ -25,12 +25,15 @@ The submission protocol, exactly once across any crash:
 
 A submission whose submitter lease lapsed is recovered by another pass: in `creating` it lists
 the provider's batches newest first back to the submission's time and adopts the one whose
-metadata names it; only when there is none does it create again with the same file. In
-`uploaded` no create was ever sent (`creating` is written first): it creates. In `preparing`
+metadata names it; when there is none, it reads the input file back, deletes it at the
+provider (a create still on its way from a frozen submitter is refused from then on), lists
+again (adopting a create that landed before the delete), and only then uploads the lines
+under a new file id, records it (`uploaded`) and creates with it. In `uploaded` no create was
+ever sent naming the recorded file (`creating` is written first): it creates. In `preparing`
 nothing was uploaded: it is abandoned (calls booked not sent, $0; slices back to the next
-round). A create is therefore never sent twice for one submission without a listing in
-between that found nothing, and the listing comes only after the submitter's lease, longer
-than twice a request's timeout, has lapsed.
+round). A create naming a file is therefore sent once at most unless a listing in between
+found nothing, and no create naming an older file of the submission can be accepted after
+the delete that precedes a new file.
 """
 
 from __future__ import annotations
@@ -448,6 +451,15 @@ def _create(rt: BatchRuntime, sub: str, exam: str, file_id: str, result: PassRes
                         "once the submitter lease lapses",
                         extra={**fields, "error": str(exc)[:300]})
             return False
+        now = store.batch(sub)
+        if now is None or (now.lease_owner, now.input_file_id) != (rt.ident, file_id):
+            # Refused after a recovery took the submission over (this process was frozen
+            # past its lease): the recovery deleted the file this create named, and adopted,
+            # created again or abandoned on its own. Nothing was created; nothing to do.
+            log.warning("a late batch create was refused: its submission was taken over",
+                        extra={**fields, "state": now and now.state,
+                               "error": str(exc)[:300]})
+            return False
         why = f"not sent: the batch create was refused ({exc})"
         decision = decide(exc, streak=1, settings=settings, rand=random.random())
         store.abandon_submission(sub, why, retry_in_s=decision.delay_s or settings.retry_base_s)
@@ -545,18 +557,83 @@ def _recover(rt: BatchRuntime, row: BatchRow, result: PassResult) -> None:
         return
     if row.state == BatchState.creating.value:
         found = _find(rt, row)
+        content: bytes | None = None
+        if found is None:
+            # A create may still be on its way: its submitter frozen (not dead) between
+            # recording `creating` and sending it. Its file is deleted at the provider, so
+            # that such a create is refused from now on; a create that landed before the
+            # delete is in the second listing. The file's lines are read first, to upload
+            # them again under a new id (None when the provider does not give them back).
+            content = _read_input(rt, row)
+            if rt.api.delete_file(row.input_file_id):
+                log.warning("submission's batch not at the provider; its input file deleted",
+                            extra={**fields, "file": row.input_file_id})
+            found = _find(rt, row)
         if found is not None:
             log.warning("submission's batch found at the provider; adopted",
                         extra={**fields, "batch": found["id"]})
             _submitted(rt, row.id, row.exam, found, result)
             return
-        if row.create_attempts >= MAX_CREATE_ATTEMPTS:
-            rt.store.abandon_submission(
-                row.id, f"not sent: {row.create_attempts} creates, none listed by the provider")
+        given_up: str | None = None
+        if row.cancel_requested:
+            given_up = "not sent: cancelled before its batch was created"
+        elif row.create_attempts >= MAX_CREATE_ATTEMPTS:
+            given_up = f"not sent: {row.create_attempts} creates, none listed by the provider"
+        elif content is None:
+            given_up = "not sent: its input file could not be read back to upload it again"
+        if given_up is not None:
+            rt.store.abandon_submission(row.id, given_up)
             result.abandoned += 1
+            log.warning("submission abandoned; its slices go to a later round",
+                        extra={**fields, "why": given_up})
             return
-        log.warning("submission's batch not at the provider; creating it again", extra=fields)
+        assert content is not None
+        file_id = _upload_again(rt, row, content, result)
+        if file_id is None:
+            return
+        log.warning("submission's batch not at the provider; creating it again with a new "
+                    "file", extra={**fields, "file": file_id})
+        _create(rt, row.id, row.exam, file_id, result)
+        return
     _create(rt, row.id, row.exam, row.input_file_id, result)
+
+
+def _read_input(rt: BatchRuntime, row: BatchRow) -> bytes | None:
+    """The submission's input file as uploaded, or None when the provider refuses it (a 4xx:
+    gone, or a provider that does not give input files back). A failure that may pass (a
+    timeout, a 5xx) raises: nothing is deleted, the next pass tries again."""
+    assert row.input_file_id
+    try:
+        return rt.api.content(row.input_file_id)
+    except ProviderError as exc:
+        if sent_maybe(exc):
+            raise
+        log.warning("the submission's input file could not be read back", extra={
+            "exam": row.exam, "submission": row.id, "error": str(exc)[:300]})
+        return None
+
+
+def _upload_again(rt: BatchRuntime, row: BatchRow, content: bytes,
+                  result: PassResult) -> str | None:
+    """The submission's lines under a new file id, recorded (state `uploaded`: no create was
+    ever sent naming it) before any create. None when the upload failed (the submission is
+    abandoned, as a failed first upload) or the lease was lost."""
+    store, settings = rt.store, rt.settings
+    try:
+        file_id = rt.api.upload(f"examforge-{row.id}.jsonl", content)
+    except ProviderError as exc:
+        why = f"not sent: the batch file's upload failed ({exc})"
+        store.abandon_submission(row.id, why, retry_in_s=settings.retry_base_s)
+        result.abandoned += 1
+        log.warning("batch upload failed at recovery; its slices go to a later round",
+                    extra={"exam": row.exam, "submission": row.id, "error": str(exc)[:300]})
+        return None
+    if not store.submission_step(row.id, rt.ident, settings.batch_submit_lease_s,
+                                 state=BatchState.uploaded.value, input_file_id=file_id):
+        log.warning("lease lost at recovery after the upload; the next recovery takes it",
+                    extra={"exam": row.exam, "submission": row.id})
+        return None
+    return file_id
 
 
 def _find(rt: BatchRuntime, row: BatchRow) -> dict[str, Any] | None:

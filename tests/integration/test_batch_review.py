@@ -67,19 +67,43 @@ class _FrozenCreate:
         self._api = api
         self.resume = threading.Event()
         self.created: list[dict[str, Any]] = []
+        self.refused: list[Exception] = []
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._api, name)
 
     def create(self, input_file_id: str, metadata: dict[str, str]) -> dict[str, Any]:
+        from examforge.errors import ProviderError
+
         assert self.resume.wait(30)
-        batch = self._api.create(input_file_id, metadata)
+        try:
+            batch = self._api.create(input_file_id, metadata)
+        except ProviderError as exc:
+            self.refused.append(exc)
+            raise
         self.created.append(batch)
         return batch
 
 
-def test_a_late_create_after_the_submission_was_abandoned_is_cancelled(
-        make_settings, db_url, mock_llm, tmp_path, rt_of):
+def _batches_of_each_custom_id(mock: Any) -> dict[str, set[str]]:
+    """Every line the mock ran (paid or not), by custom_id: the batches it ran in."""
+    ran: dict[str, set[str]] = {}
+    for use in mock.usage():
+        if use.get("batch"):
+            ran.setdefault(use["custom_id"], set()).add(use["batch_id"])
+    return ran
+
+
+def _paid_unbooked(mock: Any, store: Any) -> list[str]:
+    calls, _, _ = _rows(store)
+    booked = {f"call-{c.id}" for c in calls if c.outcome in ("used", "wasted")}
+    return [u["custom_id"] for u in _paid_batch_lines(mock) if u["custom_id"] not in booked]
+
+
+def _frozen_then_recovered(make_settings, db_url, mock_llm, tmp_path, rt_of, *,
+                           cancel: bool):
+    """A submitter frozen before its create while another pass recovers the submission
+    (cancelled first when `cancel`); the frozen one then wakes and sends its create."""
     import threading
 
     settings, store = _setup(make_settings, db_url, mock_llm, tmp_path, [("a", 5)],
@@ -94,21 +118,133 @@ def test_a_late_create_after_the_submission_was_abandoned_is_cancelled(
                  store.exam_batches("bx")[0].state == BatchState.creating.value,
                  20, "the frozen submitter to record `creating`")
         (row,) = store.exam_batches("bx")
-        # Cancelled while the submitter is frozen: the recovery lists, finds nothing and
-        # abandons the submission instead of creating it.
-        store.request_batch_cancel("bx")
-        wait_for(lambda: (run_pass(other, ["bx"]),
-                          store.batch(row.id).state == BatchState.abandoned.value)[1],
-                 20, "the recovery to abandon the submission")
+        if cancel:
+            store.request_batch_cancel("bx")
+        ended = BatchState.abandoned.value if cancel else BatchState.submitted.value
+        wait_for(lambda: (run_pass(other, ["bx"]), store.batch(row.id).state == ended)[1],
+                 20, f"the recovery to leave the submission {ended}")
     finally:
         frozen.api.resume.set()
         thread.join(30)
-    assert len(frozen.api.created) == 1  # the late create reached the provider
-    late = frozen.api.created[0]["id"]
-    # Its calls are booked "not sent" ($0) and its slices went back: a live batch of them
-    # would be paid and never booked. The submitter that created it cancels it.
-    (batch,) = [b for b in _provider_batches(mock_llm) if b["id"] == late]
-    assert batch["status"] in ("cancelling", "cancelled")
+    assert not thread.is_alive()
+    return settings, store, frozen, other, row
+
+
+def test_a_frozen_submitters_late_create_is_refused_after_a_recovery_created_again(
+        make_settings, db_url, mock_llm, tmp_path, rt_of):
+    # The recovery lists nothing, deletes the submission's file, lists again, uploads the
+    # lines under a new file and creates with it. The frozen submitter's create names the
+    # deleted file: refused, so no custom_id runs in two batches and nothing is paid twice.
+    settings, store, frozen, other, row = _frozen_then_recovered(
+        make_settings, db_url, mock_llm, tmp_path, rt_of, cancel=False)
+    assert frozen.api.created == [] and len(frozen.api.refused) == 1
+    assert frozen.api.refused[0].status_code == 404  # type: ignore[attr-defined]
+    now = store.batch(row.id)
+    assert now is not None and now.input_file_id != row.input_file_id
+    assert now.create_attempts == 2  # the frozen one's (refused), then the recovery's
+    report = store.status("bx")
+    assert report.state != "paused", report.pause_reason  # a refusal of a taken-over create
+    _until_done(other)
+    batches = _provider_batches(mock_llm)
+    assert [b["id"] for b in batches] == [store.batch(row.id).provider_batch_id]
+    assert batches[0]["input_file_id"] == now.input_file_id
+    ran = _batches_of_each_custom_id(mock_llm)
+    assert ran and all(len(ids) == 1 for ids in ran.values()), ran
+    assert _paid_unbooked(mock_llm, store) == []
+    calls, questions, _ = _rows(store)
+    assert len(questions) == 5 and [c.outcome for c in calls] == ["used"]
+    assert len(_paid_batch_lines(mock_llm)) == 1
+
+
+def test_a_frozen_submitters_late_create_is_refused_after_its_submission_was_abandoned(
+        make_settings, db_url, mock_llm, tmp_path, rt_of):
+    # Cancelled while the submitter is frozen: the recovery lists, deletes the file, lists
+    # again, finds nothing and abandons the submission (calls booked not sent, slices given
+    # back). The late create names the deleted file: refused, so no batch of those calls
+    # is ever paid and left unbooked.
+    settings, store, frozen, other, row = _frozen_then_recovered(
+        make_settings, db_url, mock_llm, tmp_path, rt_of, cancel=True)
+    assert frozen.api.created == [] and len(frozen.api.refused) == 1
+    assert store.batch(row.id).state == BatchState.abandoned.value
+    assert store.status("bx").state != "paused"
+    # The slices went back: a later round (its own submission, new calls) does them.
+    assert not [b for b in _provider_batches(mock_llm)
+                if (b.get("metadata") or {}).get("examforge_submission") == row.id]
+    _until_done(other)
+    calls, questions, _ = _rows(store)
+    first = calls[0]
+    assert (first.outcome, first.cost_usd) == ("failed", 0.0)  # booked not sent
+    assert f"call-{first.id}" not in _batches_of_each_custom_id(mock_llm)
+    ran = _batches_of_each_custom_id(mock_llm)
+    assert all(len(ids) == 1 for ids in ran.values()), ran
+    assert _paid_unbooked(mock_llm, store) == []
+    assert len(questions) == 5
+
+
+class _Unanswered:
+    """A create that times out before it reaches the provider: sent maybe, as far as the
+    submitter knows. Keeps what it would have sent, for a test to send it later."""
+
+    def __init__(self, api: Any) -> None:
+        self._api = api
+        self.held: list[tuple[str, dict[str, str]]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._api, name)
+
+    def create(self, input_file_id: str, metadata: dict[str, str]) -> dict[str, Any]:
+        from examforge.errors import ErrorKind, RetryableProviderError
+
+        self.held.append((input_file_id, metadata))
+        err = RetryableProviderError("POST batches: timeout: ReadTimeout")
+        err.kind = ErrorKind.timeout
+        raise err
+
+
+class _CreateLandsAtDelete:
+    """The held create reaches the provider after the recovery's first listing, right before
+    its delete of the file: only the second listing can see it."""
+
+    def __init__(self, api: Any, held: list[tuple[str, dict[str, str]]]) -> None:
+        self._api, self.held = api, held
+        self.landed: list[dict[str, Any]] = []
+        self.deleted: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._api, name)
+
+    def delete_file(self, file_id: str) -> bool:
+        while self.held:
+            self.landed.append(self._api.create(*self.held.pop()))
+        self.deleted.append(file_id)
+        return self._api.delete_file(file_id)
+
+
+def test_a_create_landing_between_the_listing_and_the_delete_is_adopted_not_duplicated(
+        make_settings, db_url, mock_llm, tmp_path, rt_of):
+    settings, store = _setup(make_settings, db_url, mock_llm, tmp_path, [("a", 5)],
+                             batch_submit_lease_s=2.0, batch_http_timeout_s=1.0)
+    submitter = rt_of(settings, store)
+    submitter.api = _Unanswered(submitter.api)
+    run_pass(submitter, ["bx"])
+    (row,) = store.exam_batches("bx")
+    assert row.state == BatchState.creating.value and len(submitter.api.held) == 1
+    recovery = rt_of(settings, store)
+    recovery.api = _CreateLandsAtDelete(recovery.api, submitter.api.held)
+    wait_for(lambda: (run_pass(recovery, ["bx"]), store.batch(row.id).provider_batch_id)[1],
+             20, "the recovery to record a batch")
+    (late,) = recovery.api.landed
+    assert recovery.api.deleted == [row.input_file_id]
+    now = store.batch(row.id)
+    assert now.provider_batch_id == late["id"]  # adopted by the second listing
+    assert now.create_attempts == 1 and now.input_file_id == row.input_file_id  # no new file
+    assert [b["id"] for b in _provider_batches(mock_llm)] == [late["id"]]
+    _until_done(recovery)
+    ran = _batches_of_each_custom_id(mock_llm)
+    assert ran and all(ids == {late["id"]} for ids in ran.values()), ran
+    assert _paid_unbooked(mock_llm, store) == []
+    calls, questions, _ = _rows(store)
+    assert len(questions) == 5 and [c.outcome for c in calls] == ["used"]
 
 
 def test_booking_a_large_batch_keeps_the_submission_from_a_second_poller(

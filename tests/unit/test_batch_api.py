@@ -84,3 +84,26 @@ def test_a_timeout_may_have_created_the_batch(make_settings):
     with pytest.raises(RetryableProviderError) as info:
         api.create("file-1", {})
     assert info.value.kind is ErrorKind.timeout and sent_maybe(info.value)
+
+
+def test_delete_file_is_openais_delete_and_a_missing_file_counts_as_deleted(make_settings):
+    seen: list[httpx.Request] = []
+    replies = iter([
+        httpx.Response(200, json={"id": "file-1", "object": "file", "deleted": True}),
+        httpx.Response(404, json={"error": {"message": "No such File object: file-1",
+                                            "type": "invalid_request_error", "param": "id",
+                                            "code": None}}),
+        httpx.Response(503, json={"error": {"message": "overloaded", "type": "server_error"}}),
+    ])
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return next(replies)
+
+    api = _api(make_settings, handler)
+    assert api.delete_file("file-1") is True
+    assert api.delete_file("file-1") is False  # deleted already: gone all the same
+    with pytest.raises(RetryableProviderError):  # not known to be gone: the caller stops
+        api.delete_file("file-1")
+    assert [(r.method, str(r.url)) for r in seen] == [
+        ("DELETE", "https://api.openai.com/v1/files/file-1")] * 3

@@ -235,7 +235,7 @@ def test_the_enqueued_token_limit_fails_a_batch_after_it_was_accepted(server: Mo
         ({"metadata": {f"k{i}": "v" for i in range(17)}}, 400, "metadata"),
         ({"metadata": {"k" * 65: "v"}}, 400, "metadata"),
         ({"metadata": {"k": "v" * 513}}, 400, "metadata"),
-        ({"input_file_id": "file-missing"}, 404, "id"),
+        ({"input_file_id": "file-missing"}, 404, "input_file_id"),
         ({"input_file_id": None}, 400, "input_file_id"),
     ],
 )

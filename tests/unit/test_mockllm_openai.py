@@ -144,7 +144,19 @@ def test_files_and_batches_round_trip(server: MockServer, client: openai.OpenAI)
             "questions"])
         assert any(r["custom_id"] == custom_id and r["chapter"] == f"aws-saa/{chapter}" for r in server.usage())
     assert [b.id for b in client.batches.list(limit=10)] == [batch.id]
-    assert client.files.delete(uploaded.id).deleted is True
+    deleted = client.files.delete(uploaded.id)
+    assert (deleted.id, deleted.object, deleted.deleted) == (uploaded.id, "file", True)
+    with pytest.raises(openai.NotFoundError):
+        client.files.retrieve(uploaded.id)
+    # A create naming a deleted file is refused: no batch is made (a late create cannot run).
+    with pytest.raises(openai.NotFoundError) as refused:
+        client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
+                              completion_window="24h")
+    assert refused.value.body["type"] == "invalid_request_error"  # type: ignore[index]
+    assert refused.value.body["param"] == "input_file_id"  # type: ignore[index]
+    assert [b.id for b in client.batches.list(limit=10)] == [batch.id]
+    with pytest.raises(openai.NotFoundError):
+        client.files.delete(uploaded.id)
 
 
 def test_cancelling_a_batch_with_the_client(server: MockServer, client: openai.OpenAI) -> None:
