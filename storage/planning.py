@@ -111,8 +111,11 @@ class Planning(Ledger):
             for r in conn.execute(select(S).where(S.c.exam == slug)
                                   .order_by(S.c.chapter_id, S.c.slice_no).with_for_update()):
                 rows[r.chapter_id].append(r)
+            # The questions in the bank: a withdrawn one (rejected, disputed) is history, not
+            # a question a changed title, prompt or source would contradict.
             stored: dict[str, int] = dict(conn.execute(  # type: ignore[arg-type]
-                select(Q.c.chapter_id, func.count()).where(Q.c.exam == slug)
+                select(Q.c.chapter_id, func.count()).where(Q.c.exam == slug,
+                                                           Q.c.number.is_not(None))
                 .group_by(Q.c.chapter_id)).all())
             fresh: list[dict[str, Any]] = []
             changes: dict[tuple[str, ...], list[dict[str, Any]]] = defaultdict(list)

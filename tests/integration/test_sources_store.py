@@ -105,3 +105,21 @@ def test_the_migration_goes_down_and_up(db_url: str) -> None:
         command.upgrade(cfg, "0021")
         assert "sources" in {c["name"] for c in inspect(conn).get_columns("slice")}
     engine.dispose()
+
+
+def test_a_changed_file_counts_only_the_questions_in_the_bank(store: Any) -> None:
+    """Withdrawn questions (rejected, disputed) are history: the message counts the bank's,
+    and a chapter whose questions were all withdrawn takes the new file like an empty one."""
+    from examforge.output import Question
+
+    store.sync_exam("ex", _syllabus(), slice_questions=4, material=_material(_notes(2)))
+    store.import_questions("ex", {"a": [Question(f"What is {i}?", ("w", "x", "y", "z"), 0, "")
+                                        for i in range(3)]}, "test")
+    ids = [q["id"] for q in store.chapter_questions("ex", "a")[1]]
+    store.withdraw("ex", ids[:1], "rejected")
+    plan = store.sync_exam("ex", _syllabus(), slice_questions=4, material=_material(_notes(3)))
+    assert plan.skipped["a"].startswith("changed: source n.md differs") and \
+        "the 2 stored questions" in plan.skipped["a"], plan.skipped
+    store.withdraw("ex", ids[1:], "disputed")
+    plan = store.sync_exam("ex", _syllabus(), slice_questions=4, material=_material(_notes(3)))
+    assert "a" not in plan.skipped and len(store.chapter_passages("ex", "a")) == 3
