@@ -663,7 +663,10 @@ def cancel(slug: str, chapters: tuple[str, ...]) -> None:
         n = store.cancel(slug, list(chapters) or None)
     except UnknownChapter as exc:  # refused as a whole, like enqueue --regenerate
         raise UserError(f"--chapter: {exc}") from None
-    out.print(f"cancelled {plural(n, 'chapter')} of {slug}")
+    busy = store.cancelled_in_flight(slug, list(chapters) or None) if n else 0
+    out.print(f"cancelled {plural(n, 'chapter')} of {slug}" + (
+        f" ({busy} with a call in flight: its reply is paid for and kept when it comes, "
+        f"and may finish {'its chapter' if busy == 1 else 'their chapters'})" if busy else ""))
     if not chapters:
         # The exam's provider batches too (batch mode): a batch holds the slices of many
         # chapters, so only a cancel of the whole exam cancels them.

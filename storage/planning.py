@@ -322,6 +322,21 @@ class Planning(Ledger):
             self._settle_orphans(conn, slug, chapter_ids or None)
             return cancelled
 
+    def cancelled_in_flight(self, slug: str, chapter_ids: Sequence[str] | None = None) -> int:
+        """How many of the exam's cancelled chapters (of `chapter_ids`, or all) still have a
+        call in flight under a live lease: its reply is paid for, kept when it comes, and may
+        finish its chapter (`cancel` says so)."""
+        where = [K.c.exam == slug, K.c.outcome == CallOutcome.in_flight.value,
+                 S.c.state == ChapterState.cancelled.value]
+        if chapter_ids:
+            where.append(K.c.chapter_id.in_(list(chapter_ids)))
+        with self._read() as conn:
+            return int(conn.execute(
+                select(func.count(func.distinct(K.c.chapter_id)))
+                .select_from(K.join(S, (S.c.exam == K.c.exam) & (S.c.chapter_id == K.c.chapter_id)
+                                    & (S.c.slice_no == K.c.slice_no)))
+                .where(*where)).scalar_one())
+
     def pause_exam(self, slug: str, reason: str, code: PauseCode) -> bool:
         """Stop sending anything for the exam until a person acts (`resume`, or a raised budget
         for `PauseCode.budget`). Running calls finish and are kept. False if it was not active

@@ -272,3 +272,18 @@ def test_a_call_whose_lease_lapsed_before_its_send_is_not_sent(store, tmp_path):
     wait_lease_expired(store, "ex", "a")
     assert store.may_send(claim, call) is SendCheck.lost
     assert _in_flight(store) == 0
+
+
+def test_cancel_tells_which_cancelled_chapters_still_have_a_call_in_flight(store, tmp_path):
+    """`cancel` says how many chapters it cancelled that a live call may still finish: a
+    live holder's call is kept; a dead holder's is settled by the cancel and not counted."""
+    _sync(store, tmp_path, [("a", 20), ("b", 20), ("c", 20)])
+    live = store.claim("ex", "a", "live", 30.0, 8)
+    store.start_call(live, 1, 5, lease_s=30.0)
+    dead = store.claim("ex", "b", "dead", 1.0, 8)
+    store.start_call(dead, 1, 5, lease_s=1.0)
+    wait_lease_expired(store, "ex", "b")
+    assert store.cancel("ex") == 3
+    assert store.cancelled_in_flight("ex") == 1
+    assert store.cancelled_in_flight("ex", ["b", "c"]) == 0
+    assert store.cancelled_in_flight("ex", ["a"]) == 1

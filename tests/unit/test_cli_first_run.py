@@ -139,6 +139,16 @@ def test_a_redis_url_kombu_cannot_use_is_a_configuration_error_not_an_outage():
         check_broker(Celery(broker=url), settings)
 
 
+def test_cancel_says_which_chapters_a_call_in_flight_may_still_finish(env, capsys):
+    store = _exam(env, [("a", 5), ("b", 5)])
+    claim = store.claim("ex", "a", "live", 60.0, 8)
+    store.start_call(claim, 1, 5, lease_s=60.0)
+    code, stdout, _ = cli(capsys, "cancel", "ex")
+    assert code == 0 and stdout.strip() == (
+        "cancelled 2 chapters of ex (1 with a call in flight: its reply is paid for and kept "
+        "when it comes, and may finish its chapter)")
+
+
 def test_cancel_of_an_unknown_chapter_is_refused_and_cancels_nothing(env, capsys):
     store = _exam(env, [("a", 5), ("b", 5)])
     code, stdout, stderr = cli(capsys, "cancel", "ex", "--chapter", "a", "--chapter", "nope")
