@@ -96,3 +96,29 @@ def test_a_commit_whose_count_changed_under_it_is_numbered_from_the_real_count(p
     assert (committed.stored, committed.kept) == (1, (OTHER,))
     with store.engine.connect() as conn:
         assert conn.execute(select(Q.c.number)).scalars().all() == [1]
+
+
+def test_the_commits_arrays_keep_every_character(pg_store):
+    """The commit sends its arrays as PostgreSQL array literals (fastpath._text_array):
+    quotes, backslashes, braces, commas, a literal NULL and non-ASCII come back as sent."""
+    store, statements = pg_store
+    claim = store.claim("ex", "a", "w", 30.0, 8)
+    assert isinstance(claim, Claimed)
+    texts = ['Is "{a, b}" a set\\tuple?', "NULL", "Ünïcode: what is 1,5 € in ¥?",
+             "Line one\nline two, it's \\\\ two"]
+    call = store.start_call(claim, 1, len(texts), lease_s=30.0)
+    statements.clear()
+    committed = store.commit_batch(
+        claim, 30.0, call, [Question(t, (f'"{t}"', "b\\", "{c}", "NULL"), 3, f"why {t}")
+                            for t in texts],
+        model="m", usage=Usage(1, 1, 0.0), near_dup=Checker(), steer=Steer())
+    assert [s.split("(")[0] for s in statements] == ["SELECT * FROM ef_commit"]
+    assert committed.stored == len(texts)
+    with store.engine.connect() as conn:
+        rows = conn.execute(select(Q.c.question, Q.c.choices, Q.c.explanation, Q.c.answer_index)
+                            .order_by(Q.c.number)).all()
+    assert [r.question for r in rows] == texts
+    assert all(r.explanation == f"why {r.question}" for r in rows)
+    import json
+    for r in rows:
+        assert sorted(json.loads(r.choices)) == sorted([f'"{r.question}"', "b\\", "{c}", "NULL"])
