@@ -107,36 +107,67 @@ class WriterLock:
     """The process's SQLite writer turn, with a fast lane: a waiter that asks `urgent` (the
     lease heartbeat) goes before every other waiter, right after the current holder. With a
     plain Lock, one renewal among 128 threads that each wait to commit may wait for many of
-    their commits, and its leases lapse while it waits. threading has no such lock: two
-    Conditions on one mutex."""
+    their commits, and its leases lapse while it waits.
+
+    threading has no such lock; this one is made of plain Locks, whose hand-over is one wake
+    in C. (Two Conditions on one mutex did the same, and their hand-over, a Condition's
+    Python and a second wake to take the mutex back, was a fifth of a SQLite worker's GIL
+    time: bench/results-hot-path-profile.md.) The turn is `_turn`. The other writers pass
+    `_gate` one at a time, so at most one of them waits on `_turn`; an urgent waiter waits on
+    `_turn` directly, counted in `_urgent`. When the holder lets go, the turn goes to the
+    urgent waiter or to the one writer at the gate; that writer, finding an urgent waiter
+    counted, hands the turn back and waits (still at the gate) until every urgent waiter has
+    taken it. An urgent waiter that counts itself after a writer took the turn goes right
+    after that writer."""
 
     def __init__(self) -> None:
-        mutex = threading.Lock()
-        self._cond = threading.Condition(mutex)  # the other writers wait here
-        self._fast = threading.Condition(mutex)  # the urgent ones here
-        self._held = False
-        self._urgent = 0
+        self._turn = threading.Lock()
+        self._gate = threading.Lock()
+        self._urgent = 0  # urgent waiters that have not taken the turn yet
+        self._taken = threading.Condition(threading.Lock())  # _urgent fell
+        self._normal = _Turn(self, False)
+        self._fast = _Turn(self, True)
 
-    @contextlib.contextmanager
-    def hold(self, urgent: bool = False) -> Iterator[None]:
-        with self._cond:
-            if urgent:
-                self._urgent += 1
-                try:
-                    self._fast.wait_for(lambda: not self._held)
-                finally:
-                    self._urgent -= 1
-            else:
-                self._cond.wait_for(lambda: not self._held and not self._urgent)
-            self._held = True
+    def hold(self, urgent: bool = False) -> "_Turn":
+        return self._fast if urgent else self._normal
+
+    def _enter(self) -> None:
+        with self._gate:
+            self._turn.acquire()
+            while self._urgent:
+                self._turn.release()
+                with self._taken:
+                    self._taken.wait_for(lambda: not self._urgent)
+                self._turn.acquire()
+
+    def _enter_urgent(self) -> None:
+        with self._taken:
+            self._urgent += 1
         try:
-            yield
+            self._turn.acquire()
         finally:
-            with self._cond:
-                self._held = False
-                # One waiter woken, not all: 128 threads woken at every commit to find the
-                # turn taken cost more than the commit.
-                (self._fast if self._urgent else self._cond).notify()
+            with self._taken:
+                self._urgent -= 1
+                self._taken.notify_all()
+
+
+class _Turn:
+    """`with lock.hold(urgent):` one writer's turn (a plain object: a generator-based context
+    manager costs more than the locks)."""
+
+    __slots__ = ("_lock", "_urgent")
+
+    def __init__(self, lock: WriterLock, urgent: bool) -> None:
+        self._lock, self._urgent = lock, urgent
+
+    def __enter__(self) -> None:
+        if self._urgent:
+            self._lock._enter_urgent()
+        else:
+            self._lock._enter()
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock._turn.release()
 
 
 class StoreBase:
