@@ -272,7 +272,8 @@ class StoreBase:
         # PostgreSQL runs a paid call's steps in plain SQL, one round trip each
         # (storage.fastpath); the slices' counts its commit numbers on from, by holder
         # (Ledger._expect). SQLite keeps the general path: the same steps as SQL text in its
-        # write transaction measured slower (bench/results-hot-path-profile.md).
+        # write transaction measured slower (bench/results-hot-path-profile.md); its
+        # statements built once go to the sqlite3 cursor as compiled SQL instead (`_run`).
         self._fast_pg = engine.dialect.name == "postgresql"
         self._fast_commit = self._fast_pg
         self._expected: dict[str, tuple[int, int]] = {}
