@@ -35,6 +35,7 @@ import dataclasses
 import hashlib
 import random
 import re
+from functools import lru_cache
 
 from examforge.output import Question, normalise
 
@@ -60,9 +61,16 @@ def _rng(*parts: object) -> random.Random:
 def answer_position(exam: str, chapter_id: str, number: int) -> int:
     """The position (0..3) of the correct answer of question `number` of a chapter."""
     block, offset = divmod(number - 1, BLOCK)
+    return _block_order(exam, chapter_id, block)[offset]
+
+
+@lru_cache(maxsize=4096)
+def _block_order(exam: str, chapter_id: str, block: int) -> tuple[int, ...]:
+    """The answer positions of a block's four numbers (a seeded shuffle: drawn once for the
+    block's four questions, which a commit usually stores together)."""
     order = list(range(BLOCK))
     _rng("answer-positions", exam, chapter_id, block).shuffle(order)
-    return order[offset]
+    return tuple(order)
 
 
 def positional(q: Question) -> bool:

@@ -129,11 +129,13 @@ def _number(token: str) -> str:
     return str(int(value)) if value.is_integer() else repr(value)
 
 
+_NUMBER_WORD_RE = re.compile(r"\b(" + "|".join(_NUMBER_WORDS) + r")\b", re.IGNORECASE)
+
+
 def _words_to_digits(text: str) -> str:
     text = _COMPOUND_RE.sub(lambda m: str(_NUMBER_WORDS[m.group(1).lower()]
                                           + _NUMBER_WORDS[m.group(2).lower()]), text)
-    return re.sub(r"\b(" + "|".join(_NUMBER_WORDS) + r")\b",
-                  lambda m: str(_NUMBER_WORDS[m.group(1).lower()]), text, flags=re.IGNORECASE)
+    return _NUMBER_WORD_RE.sub(lambda m: str(_NUMBER_WORDS[m.group(1).lower()]), text)
 
 
 @dataclass(frozen=True)
@@ -274,6 +276,12 @@ def _hash32(data: bytes) -> int:
     return struct.unpack("<I", hashlib.blake2b(data, digest_size=4).digest())[0]
 
 
+@lru_cache(maxsize=65536)
+def _token_hash(token: str) -> int:
+    """`_hash32` of a token's UTF-8: the same stems recur in every question of a chapter."""
+    return _hash32(token.encode())
+
+
 def _fmix32(h):  # type: ignore[no-untyped-def]
     """MurmurHash3's 32-bit finalizer on an array of uint64 holding 32-bit values."""
     np = _numpy()
@@ -300,7 +308,7 @@ def minhash(sig: Signature):  # type: ignore[no-untyped-def]
     np = _numpy()
     a, b = _affine()
     tokens = sorted(sig.tokens)
-    hv = _fmix32(np.fromiter((_hash32(t.encode()) for t in tokens), dtype=np.uint64,
+    hv = _fmix32(np.fromiter((_token_hash(t) for t in tokens), dtype=np.uint64,
                              count=len(tokens)))
     return ((hv[:, None] * a + b) & np.uint64(_MASK32)).min(axis=0)
 
@@ -346,7 +354,7 @@ def band_keys_many(sigs: Sequence[Signature]) -> list[list[int]]:
     if not live:
         return out
     a, b = _affine()
-    hv = _fmix32(np.fromiter((_hash32(t.encode()) for i in live for t in lists[i]),
+    hv = _fmix32(np.fromiter((_token_hash(t) for i in live for t in lists[i]),
                              dtype=np.uint64, count=sum(sizes[i] for i in live)))
     starts = np.cumsum([0] + [sizes[i] for i in live[:-1]])
     mins = np.minimum.reduceat((hv[:, None] * a + b) & np.uint64(_MASK32), starts, axis=0)

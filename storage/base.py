@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import hashlib
 import threading
@@ -10,6 +11,7 @@ from typing import Any, Callable, Iterator, Sequence
 from sqlalchemy import and_, bindparam, case, func, literal_column, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import MultipleResultsFound, NoResultFound
 
 from examforge.errors import SliceReason
 from storage.db import READ_ONLY, db_now
@@ -110,36 +112,147 @@ class WriterLock:
     """The process's SQLite writer turn, with a fast lane: a waiter that asks `urgent` (the
     lease heartbeat) goes before every other waiter, right after the current holder. With a
     plain Lock, one renewal among 128 threads that each wait to commit may wait for many of
-    their commits, and its leases lapse while it waits. threading has no such lock: two
-    Conditions on one mutex."""
+    their commits, and its leases lapse while it waits.
+
+    threading has no such lock; this one is made of plain Locks, whose hand-over is one wake
+    in C. (Two Conditions on one mutex did the same, and their hand-over, a Condition's
+    Python and a second wake to take the mutex back, was a fifth of a SQLite worker's GIL
+    time: bench/results-hot-path-profile.md.) The turn is `_turn`. The other writers pass
+    `_gate` one at a time, so at most one of them waits on `_turn`; an urgent waiter waits on
+    `_turn` directly, counted in `_urgent`. When the holder lets go, the turn goes to the
+    urgent waiter or to the one writer at the gate; that writer, finding an urgent waiter
+    counted, hands the turn back and waits (still at the gate) until every urgent waiter has
+    taken it. An urgent waiter that counts itself after a writer took the turn goes right
+    after that writer."""
 
     def __init__(self) -> None:
-        mutex = threading.Lock()
-        self._cond = threading.Condition(mutex)  # the other writers wait here
-        self._fast = threading.Condition(mutex)  # the urgent ones here
-        self._held = False
-        self._urgent = 0
+        self._turn = threading.Lock()
+        self._gate = threading.Lock()
+        self._urgent = 0  # urgent waiters that have not taken the turn yet
+        self._taken = threading.Condition(threading.Lock())  # _urgent fell
+        self._normal = _Turn(self, False)
+        self._fast = _Turn(self, True)
 
-    @contextlib.contextmanager
-    def hold(self, urgent: bool = False) -> Iterator[None]:
-        with self._cond:
-            if urgent:
-                self._urgent += 1
-                try:
-                    self._fast.wait_for(lambda: not self._held)
-                finally:
-                    self._urgent -= 1
-            else:
-                self._cond.wait_for(lambda: not self._held and not self._urgent)
-            self._held = True
+    def hold(self, urgent: bool = False) -> "_Turn":
+        return self._fast if urgent else self._normal
+
+    def _enter(self) -> None:
+        with self._gate:
+            self._turn.acquire()
+            while self._urgent:
+                self._turn.release()
+                with self._taken:
+                    self._taken.wait_for(lambda: not self._urgent)
+                self._turn.acquire()
+
+    def _enter_urgent(self) -> None:
+        with self._taken:
+            self._urgent += 1
         try:
-            yield
+            self._turn.acquire()
         finally:
-            with self._cond:
-                self._held = False
-                # One waiter woken, not all: 128 threads woken at every commit to find the
-                # turn taken cost more than the commit.
-                (self._fast if self._urgent else self._cond).notify()
+            with self._taken:
+                self._urgent -= 1
+                self._taken.notify_all()
+
+
+class _Turn:
+    """`with lock.hold(urgent):` one writer's turn (a plain object: a generator-based context
+    manager costs more than the locks)."""
+
+    __slots__ = ("_lock", "_urgent")
+
+    def __init__(self, lock: WriterLock, urgent: bool) -> None:
+        self._lock, self._urgent = lock, urgent
+
+    def __enter__(self) -> None:
+        if self._urgent:
+            self._lock._enter_urgent()
+        else:
+            self._lock._enter()
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock._turn.release()
+
+
+class _Raw:
+    """A hot statement compiled once for SQLite's driver (StoreBase._run): its SQL text, the
+    order of its parameters, the values of the constants it binds, and the row type of what
+    it returns."""
+
+    __slots__ = ("sql", "names", "consts", "procs", "row", "result_procs")
+
+    def __init__(self, stmt: Any, dialect: Any) -> None:
+        compiled = stmt.compile(dialect=dialect)
+        unbound = {name: None for name, b in compiled.binds.items() if b.required}
+        # Expanding IN lists of constants rendered once: `state IN (?, ?)`.
+        expanded = compiled.construct_expanded_state(unbound)
+        self.sql: str = expanded.statement
+        self.names: tuple[str, ...] = tuple(expanded.positiontup or ())
+        self.consts: dict[str, Any] = {k: v for k, v in expanded.parameters.items()
+                                       if k not in unbound}
+        # Columns with a Python-side default that the statement leaves out: SQLAlchemy's
+        # execution fills them in at each execution; here, once (scalars only).
+        defaults = [(c, c.default) for c in compiled.insert_prefetch]
+        defaults += [(c, c.onupdate) for c in compiled.update_prefetch]
+        for column, default in defaults:
+            if not getattr(default, "is_scalar", False):
+                raise NotImplementedError(f"{column}: not a scalar default")
+            self.consts[column.key] = default.arg
+        processors = compiled._bind_processors
+        self.procs = tuple((i, processors[n]) for i, n in enumerate(self.names)
+                           if processors.get(n) is not None)
+        columns = compiled._result_columns
+        self.row: Any = (collections.namedtuple("Row", [c.keyname for c in columns],
+                                                rename=True) if columns else None)
+        self.result_procs = tuple(
+            (i, proc) for i, c in enumerate(columns)
+            if (proc := c.type._cached_result_processor(dialect, None)) is not None)
+
+    def args(self, params: dict[str, Any]) -> list[Any]:
+        consts = self.consts
+        values = [params[n] if n in params else consts[n] for n in self.names]
+        for i, proc in self.procs:
+            values[i] = proc(values[i])
+        return values
+
+
+class RawResult:
+    """The part of SQLAlchemy's Result the hot path uses, over rows already fetched."""
+
+    __slots__ = ("rowcount", "_rows")
+
+    def __init__(self, rowcount: int, rows: list[Any]) -> None:
+        self.rowcount, self._rows = rowcount, rows
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._rows)
+
+    def all(self) -> list[Any]:
+        return self._rows
+
+    def first(self) -> Any:
+        return self._rows[0] if self._rows else None
+
+    def one_or_none(self) -> Any:
+        if len(self._rows) > 1:
+            raise MultipleResultsFound("Multiple rows were found when one or none was required")
+        return self._rows[0] if self._rows else None
+
+    def one(self) -> Any:
+        if not self._rows:
+            raise NoResultFound("No row was found when one was required")
+        return self.one_or_none()
+
+    def scalar_one(self) -> Any:
+        return self.one()[0]
+
+    def scalar_one_or_none(self) -> Any:
+        row = self.one_or_none()
+        return None if row is None else row[0]
+
+    def scalars(self) -> "RawResult":
+        return RawResult(self.rowcount, [row[0] for row in self._rows])
 
 
 class StoreBase:
@@ -157,10 +270,13 @@ class StoreBase:
         # and SQLite's own locking only has to arbitrate between processes.
         self._writer = WriterLock() if engine.dialect.name == "sqlite" else None
         self._stmts: dict[str, Any] = {}
+        # SQLite's hot statements as SQL for its driver (`_run`); None on PostgreSQL.
+        self._raw: dict[str, _Raw] | None = {} if engine.dialect.name == "sqlite" else None
         # PostgreSQL runs a paid call's steps in plain SQL, one round trip each
         # (storage.fastpath); the slices' counts its commit numbers on from, by holder
         # (Ledger._expect). SQLite keeps the general path: the same steps as SQL text in its
-        # write transaction measured slower (bench/results-hot-path-profile.md).
+        # write transaction measured slower (bench/results-hot-path-profile.md); its
+        # statements built once go to the sqlite3 cursor as compiled SQL instead (`_run`).
         self._fast_pg = engine.dialect.name == "postgresql"
         self._fast_commit = self._fast_pg
         self._expected: dict[str, tuple[int, int]] = {}
@@ -179,6 +295,73 @@ class StoreBase:
         if stmt is None:
             stmt = self._stmts[name] = build()
         return stmt
+
+    def _run(self, conn: Connection, name: str, build: Callable[[], Any],
+             params: dict[str, Any] | None = None) -> Any:
+        """Execute the hot-path statement `name` (built once by `build`, as `_stmt`) with
+        `params`. PostgreSQL: through SQLAlchemy. SQLite: its SQL, compiled once, straight to
+        the sqlite3 cursor of `conn`'s connection, inside `conn`'s transaction: SQLAlchemy's
+        execution of an already compiled statement (its execution context, parameter and
+        result processing, events) cost about ten times what SQLite takes to run these
+        statements. What SQLAlchemy would do around it is kept: the engine's
+        `before_cursor_execute` listeners are called (counters, tests' fault injection), and
+        a driver error goes through SQLAlchemy's own handling (its exception types, the
+        `handle_error` hook that names a damaged database: storage.db). The result is a
+        RawResult (rows as named tuples)."""
+        if self._raw is None:
+            return conn.execute(self._stmt(name, build), params)
+        raw = self._raw.get(name)
+        if raw is None:
+            raw = self._raw[name] = _Raw(self._stmt(name, build), conn.dialect)
+        return self._raw_execute(conn, raw, params or {})
+
+    @staticmethod
+    def _raw_execute(conn: Connection, raw: _Raw, params: dict[str, Any] | list[dict[str, Any]]
+                     ) -> RawResult:
+        many = isinstance(params, list)
+        args: Any = ([raw.args(p) for p in params] if isinstance(params, list)
+                     else raw.args(params))
+        sql = raw.sql
+        cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+        try:
+            if conn.dispatch.before_cursor_execute:
+                for fn in conn.dispatch.before_cursor_execute:
+                    sql, args = fn(conn, cursor, sql, args, None, many)
+            if many:
+                cursor.executemany(sql, args)
+                return RawResult(cursor.rowcount, [])
+            cursor.execute(sql, args)
+            rows = cursor.fetchall() if raw.row is not None else []
+            count = cursor.rowcount
+        except Exception as exc:  # noqa: BLE001 - SQLAlchemy's handling decides, and raises
+            conn._handle_dbapi_exception(exc, sql, args, cursor, None)
+        finally:
+            cursor.close()
+        if raw.row is None:
+            return RawResult(count, rows)
+        if raw.result_procs:
+            rows = [list(r) for r in rows]
+            for r in rows:
+                for i, proc in raw.result_procs:
+                    r[i] = proc(r[i])
+        make = raw.row._make
+        return RawResult(count, [make(r) for r in rows])
+
+    def _run_many(self, conn: Connection, name: str, build: Callable[[], Any],
+                  rows: list[dict[str, Any]], *, returning: bool = False) -> list[Any]:
+        """`_run` for many parameter sets (an executemany); with `returning`, the first column
+        each row returned, in the order of `rows`."""
+        if self._raw is None:
+            result = conn.execute(self._stmt(name, build), rows)
+            return list(result.scalars().all()) if returning else []
+        raw = self._raw.get(name)
+        if raw is None:
+            raw = self._raw[name] = _Raw(self._stmt(name, build), conn.dialect)
+        if not returning:
+            self._raw_execute(conn, raw, rows)
+            return []
+        # sqlite3 returns no rows from an executemany: one statement each, in order.
+        return [self._raw_execute(conn, raw, row).scalar_one() for row in rows]
 
     @staticmethod
     def _questions_in_order(conn: Connection, exam: str) -> None:

@@ -95,7 +95,7 @@ class Leases(Ledger):
         key = {"k_exam": slug, "k_chapter": chapter_id, "k_slice": slice_no}
         with self._write() as conn:
             self._exam_first(conn, slug)
-            won = conn.execute(self._stmt("claim", self._claim_stmt), {
+            won = self._run(conn, "claim", self._claim_stmt, {
                 **key, "p_owner": owner, "p_lease": lease_s, "p_max": max_attempts}).rowcount
             if won != 1:
                 conn.execute(update(S).where(*slice_where(slug, chapter_id, slice_no))
@@ -111,8 +111,8 @@ class Leases(Ledger):
             # (its prompt, its tokens, the rate limiter) can take a second or more in a
             # worker that has just started, and the lease taken at the top of this
             # transaction would then be that much shorter by the time it is seen.
-            conn.execute(self._stmt("claim_restamp", lambda: update(S).where(*SLICE_KEY).values(
-                lease_expires_at=self._now + bindparam("p_lease"))), {**key, "p_lease": lease_s})
+            self._run(conn, "claim_restamp", lambda: update(S).where(*SLICE_KEY).values(
+                lease_expires_at=self._now + bindparam("p_lease")), {**key, "p_lease": lease_s})
             return dataclasses.replace(claimed, first_call=recorded)
 
     def _claim_fast(self, slug: str, chapter_id: str, owner: str, lease_s: float,
@@ -236,16 +236,16 @@ class Leases(Ledger):
     def _read_claimed(self, conn: Connection, slug: str, chapter_id: str, slice_no: int,
                       owner: str, steer: Steer | None, took_over: int) -> Claimed:
         key = {"k_exam": slug, "k_chapter": chapter_id, "k_slice": slice_no}
-        row = conn.execute(self._stmt("claimed_row", lambda: (
+        row = self._run(conn, "claimed_row", lambda: (
             select(S, E.c.title.label("exam_title"), E.c.index_epoch,
                    select(func.max(S2.c.first_number + S2.c.target - 1))
                    .where(S2.c.exam == S.c.exam, S2.c.chapter_id == S.c.chapter_id)
                    .scalar_subquery().label("chapter_target"))
-            .join(E, E.c.slug == S.c.exam).where(*SLICE_KEY))), key).one()
-        numbers_texts = conn.execute(self._stmt("chapter_texts", lambda: (
+            .join(E, E.c.slug == S.c.exam).where(*SLICE_KEY)), key).one()
+        numbers_texts = self._run(conn, "chapter_texts", lambda: (
             select(Q.c.number, Q.c.question)
             .where(Q.c.exam == bindparam("k_exam"), Q.c.chapter_id == bindparam("k_chapter"))
-            .order_by(Q.c.id))), key).all()
+            .order_by(Q.c.id)), key).all()
         last = row.first_number + row.target
         chapter_target = row.chapter_target
         claimed = Claimed(
@@ -274,12 +274,12 @@ class Leases(Ledger):
         levels = ChapterLevels.from_row(row.difficulty, row.bloom)
         if levels.difficulty is None:
             return levels
-        counts = conn.execute(self._stmt("slice_levels", lambda: (
+        counts = self._run(conn, "slice_levels", lambda: (
             select(Q.c.difficulty, func.count()).where(
                 Q.c.exam == bindparam("k_exam"), Q.c.chapter_id == bindparam("k_chapter"),
                 Q.c.number >= bindparam("k_first"),
                 Q.c.number < bindparam("k_first") + bindparam("k_target"),
-                Q.c.difficulty.is_not(None)).group_by(Q.c.difficulty))), {
+                Q.c.difficulty.is_not(None)).group_by(Q.c.difficulty)), {
             "k_exam": row.exam, "k_chapter": row.chapter_id, "k_first": row.first_number,
             "k_target": row.target}).all()
         return dataclasses.replace(levels, stored={d: n for d, n in counts})

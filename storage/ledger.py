@@ -39,12 +39,26 @@ _DUPLICATE_RACE_RETRIES = 3
 # Why a settled call paused its exam (Ledger._settle): a raised budget resumes it.
 
 
-def question_row(q: ParsedQuestion) -> dict[str, Any]:
-    """The columns of a question row that come from the question itself."""
-    return {"question": q.question, "choices": json.dumps(list(q.choices), ensure_ascii=False),
-            "answer_index": q.answer_index, "explanation": q.explanation,
-            "difficulty": q.difficulty, "bloom": q.bloom,
-            "source": q.source if q.passage is not None else None, "passage": q.passage}
+def question_row(q: ParsedQuestion, prefix: str = "") -> dict[str, Any]:
+    """The columns of a question row that come from the question itself (their names after
+    `prefix`)."""
+    return {f"{prefix}question": q.question,
+            f"{prefix}choices": json.dumps(list(q.choices), ensure_ascii=False),
+            f"{prefix}answer_index": q.answer_index, f"{prefix}explanation": q.explanation,
+            f"{prefix}difficulty": q.difficulty, f"{prefix}bloom": q.bloom,
+            f"{prefix}source": q.source if q.passage is not None else None,
+            f"{prefix}passage": q.passage}
+
+
+# The columns a commit writes of each question (the rest: their defaults).
+_QUESTION_COLUMNS = ("exam", "chapter_id", "number", "norm_hash", "model", "call_id",
+                     "created_at", "verdict", "question", "choices", "answer_index",
+                     "explanation", "difficulty", "bloom", "source", "passage")
+
+
+def _insert_questions() -> Any:
+    """A commit's insert of one question, its values bound as `q_<column>`."""
+    return insert(Q).values({c: bindparam(f"q_{c}") for c in _QUESTION_COLUMNS})
 
 
 class Ledger(StoreBase):
@@ -120,13 +134,13 @@ class Ledger(StoreBase):
         Their reply never came back, so each is booked at its worst case (its prompt and its
         max_tokens: the provider may have generated and billed all of it), marked estimated,
         and its reservation settled."""
-        rows = conn.execute(self._stmt("waste_orphans", lambda: (
+        rows = self._run(conn, "waste_orphans", lambda: (
             update(K).where(K.c.exam == bindparam("k_exam"),
                             K.c.chapter_id == bindparam("k_chapter"),
                             K.c.slice_no == bindparam("k_slice"),
                             K.c.outcome == CallOutcome.in_flight.value)
             .values(**self._crashed_values(self._now))
-            .returning(K.c.reserved_usd))),
+            .returning(K.c.reserved_usd)),
             {"k_exam": slug, "k_chapter": chapter_id, "k_slice": slice_no}).scalars().all()
         if rows:
             self._settle(conn, slug, reserved_usd=sum(rows), cost_usd=sum(rows))
@@ -144,7 +158,7 @@ class Ledger(StoreBase):
                 query = query.with_for_update(read=True, key_share=True)  # FOR KEY SHARE
             return query
 
-        return conn.execute(self._stmt("budgeted", build),
+        return self._run(conn, "budgeted", build,
                             {"k_exam": slug}).scalar_one_or_none() is not None
 
     def _exam_first(self, conn: Connection, slug: str) -> None:
@@ -165,7 +179,7 @@ class Ledger(StoreBase):
         that no further call is reserved (the reservation's check fails too) and nothing is
         sent until a person raises the budget."""
         if self._budgeted(conn, slug):
-            conn.execute(self._stmt("settle", self._settle_stmt),
+            self._run(conn, "settle", self._settle_stmt,
                          {"k_exam": slug, "p_reserved": reserved_usd, "p_cost": cost_usd})
 
     @staticmethod
@@ -192,9 +206,9 @@ class Ledger(StoreBase):
         for a call that had to wait for the rate limiter, or to shrink to fit the budget."""
         with self._write() as conn:
             self._exam_first(conn, claim.exam)
-            held = conn.execute(self._stmt("start_call_fence", lambda: (
+            held = self._run(conn, "start_call_fence", lambda: (
                 update(S).where(*SLICE_KEY, lease_fence(self._now, states=(ChapterState.running.value,)))
-                .values(lease_expires_at=self._now + bindparam("p_lease")))),
+                .values(lease_expires_at=self._now + bindparam("p_lease"))),
                 {**claim.fence_params(), "p_lease": lease_s}).rowcount
             if held != 1:
                 raise LeaseLost(f"lease on {claim.exam}/{claim.chapter_id} lost before a call")
@@ -237,10 +251,10 @@ class Ledger(StoreBase):
         names = ("exam", "chapter_id", "slice_no", "attempt", "first_number", "requested",
                  "worker", "prompt_tokens", "max_tokens", "reserved_usd", "model",
                  "price_known", "kind")
-        return conn.execute(self._stmt("start_call", lambda: (
+        return self._run(conn, "start_call", lambda: (
             insert(K).values(outcome=CallOutcome.in_flight.value, started_at=self._now,
                              **{n: bindparam(f"p_{n}") for n in names})
-            .returning(K.c.id))), {
+            .returning(K.c.id)), {
                 "p_exam": claim.exam, "p_chapter_id": claim.chapter_id,
                 "p_slice_no": claim.slice_no, "p_attempt": claim.attempt,
                 "p_first_number": plan.first_number, "p_requested": plan.requested,
@@ -262,11 +276,11 @@ class Ledger(StoreBase):
         params = {"p_status_code": None, "p_questions_stored": 0, "p_detail": None,
                   "p_reason": None, **{f"p_{k}": v for k, v in {**values, **booked}.items()},
                   "k_id": call_id}
-        row = conn.execute(self._stmt("finish_call", lambda: (
+        row = self._run(conn, "finish_call", lambda: (
             update(K).where(K.c.id == bindparam("k_id"),
                             K.c.outcome == CallOutcome.in_flight.value)
             .values(finished_at=self._now, **{n: bindparam(f"p_{n}") for n in _FINISHED})
-            .returning(K.c.exam, K.c.reserved_usd))), params).one_or_none()
+            .returning(K.c.exam, K.c.reserved_usd)), params).one_or_none()
         if row is not None:
             self._settle(conn, row.exam, reserved_usd=row.reserved_usd, cost_usd=usage.cost_usd)
             return True
@@ -318,8 +332,8 @@ class Ledger(StoreBase):
         else:
             conn = conn.execution_options(isolation_level="AUTOCOMMIT")
         with conn:
-            state = conn.execute(self._stmt("may_send", lambda: (
-                select(S.c.state).where(*SLICE_KEY, lease_fence(self._now, states=None)))),
+            state = self._run(conn, "may_send", lambda: (
+                select(S.c.state).where(*SLICE_KEY, lease_fence(self._now, states=None))),
                 claim.fence_params()).scalar_one_or_none()
         if state == ChapterState.running.value:
             return SendCheck.send
@@ -424,11 +438,11 @@ class Ledger(StoreBase):
         """The numbers of the range `first`..`first + target - 1` no question holds, lowest
         first: the range's count is `target` minus these. A withdrawn question holds none
         (its number is NULL), so its number is the first a replacement takes."""
-        taken = set(conn.execute(self._stmt("slice_numbers", lambda: (
+        taken = set(self._run(conn, "slice_numbers", lambda: (
             select(Q.c.number).where(
                 Q.c.exam == bindparam("k_exam"), Q.c.chapter_id == bindparam("k_chapter"),
                 Q.c.number >= bindparam("k_first"),
-                Q.c.number < bindparam("k_first") + bindparam("k_target")))),
+                Q.c.number < bindparam("k_first") + bindparam("k_target"))),
             {"k_exam": exam, "k_chapter": chapter_id, "k_first": first,
              "k_target": target}).scalars())
         return [n for n in range(first, first + target) if n not in taken]
@@ -496,11 +510,11 @@ class Ledger(StoreBase):
         # A slice cancelled while this call was in flight keeps its holder's lease until the
         # reply is committed (the call is paid for either way; see Planning.cancel): its
         # questions are stored, and no next call is planned.
-        held = conn.execute(self._stmt("fence", lambda: (
+        held = self._run(conn, "fence", lambda: (
             update(S)
             .where(*SLICE_KEY, lease_fence(self._now))
             .values(lease_expires_at=self._now + bindparam("p_lease"), updated_at=self._now)
-            .returning(S.c.target, S.c.first_number, S.c.updated_at, S.c.state))),
+            .returning(S.c.target, S.c.first_number, S.c.updated_at, S.c.state)),
             {**claim.fence_params(), "p_lease": lease_s}).one_or_none()
         if held is None:
             raise LeaseLost(f"lease on {claim.exam}/{claim.chapter_id}/{claim.slice_no} "
@@ -544,25 +558,26 @@ class Ledger(StoreBase):
         if kept:
             # The lowest free numbers of the range: a withdrawn question's number is one.
             rows = [
-                {"exam": claim.exam, "chapter_id": claim.chapter_id,
-                 "number": n, "norm_hash": h, "model": model,
-                 "call_id": call_id, "created_at": now, "verdict": pending,
-                 **question_row(balanced(q, claim.exam, claim.chapter_id, n))}
+                {"q_exam": claim.exam, "q_chapter_id": claim.chapter_id,
+                 "q_number": n, "q_norm_hash": h, "q_model": model,
+                 "q_call_id": call_id, "q_created_at": now, "q_verdict": pending,
+                 **question_row(balanced(q, claim.exam, claim.chapter_id, n), "q_")}
                 for n, (q, h) in zip(free, kept)]
             self._questions_in_order(conn, claim.exam)
             if signed is None:
-                conn.execute(self._stmt("insert_questions", lambda: insert(Q)), rows)
+                self._run_many(conn, "insert_questions", _insert_questions, rows)
             else:
-                ids = conn.execute(self._stmt("insert_questions_ids", lambda: insert(Q).returning(
-                    Q.c.id, sort_by_parameter_order=True)), rows).scalars().all()
+                ids = self._run_many(conn, "insert_questions_ids", lambda: _insert_questions()
+                                     .returning(Q.c.id, sort_by_parameter_order=True), rows,
+                                     returning=True)
                 neardup.index(conn, claim.exam, claim.chapter_id, ids, [signed[i] for i in keep])
             stored += len(kept)
             # The lease again from now: this transaction may have waited for the exam's
             # question order or the scope's check (behind another worker's commit), and the
             # row, locked since the fence, is still ours.
-            conn.execute(self._stmt("progress", lambda: update(S).where(*SLICE_KEY).values(
+            self._run(conn, "progress", lambda: update(S).where(*SLICE_KEY).values(
                 attempts_since_progress=0, last_error_code=None, last_error=None,
-                lease_expires_at=self._now + bindparam("p_lease"))),
+                lease_expires_at=self._now + bindparam("p_lease")),
                 {**key, "p_lease": lease_s})
             values: dict[str, Any] = {"outcome": CallOutcome.used.value, "reason": None,
                                       "detail": note or None, "questions_stored": len(kept)}
@@ -579,8 +594,8 @@ class Ledger(StoreBase):
             # Settled by a takeover in the meantime: the fence above makes that impossible
             # while we hold the lease, so this is a bug, not a race.
             raise LeaseLost(f"call {call_id} was already settled")
-        conn.execute(self._stmt("auth_reset", lambda: update(E).where(
-            E.c.slug == bindparam("k_exam"), E.c.auth_failures > 0).values(auth_failures=0)),
+        self._run(conn, "auth_reset", lambda: update(E).where(
+            E.c.slug == bindparam("k_exam"), E.c.auth_failures > 0).values(auth_failures=0),
             key)
         recent: tuple[str, ...] = ()
         if steer is not None:
@@ -599,8 +614,8 @@ class Ledger(StoreBase):
         if stored >= target and not verify:
             # Done, even if it was cancelled meanwhile: nothing is missing. Under VERIFY the
             # slice is done once its questions' verdicts are in (Verdicts.commit_verdicts).
-            conn.execute(self._stmt("slice_done", lambda: update(S).where(*SLICE_KEY).values(
-                state=ChapterState.done.value, lease_owner=None, lease_expires_at=None)), key)
+            self._run(conn, "slice_done", lambda: update(S).where(*SLICE_KEY).values(
+                state=ChapterState.done.value, lease_owner=None, lease_expires_at=None), key)
             return result
         if cancelled:
             # Let go, unless the holder has more calls of this slice in flight: a provider
@@ -613,8 +628,8 @@ class Ledger(StoreBase):
                 K.c.slice_no == claim.slice_no, K.c.worker == claim.owner,
                 K.c.outcome == CallOutcome.in_flight.value, K.c.id != call_id)).scalar_one()
             if not others:
-                conn.execute(self._stmt("slice_let_go", lambda: update(S).where(
-                    *SLICE_KEY).values(lease_owner=None, lease_expires_at=None)), key)
+                self._run(conn, "slice_let_go", lambda: update(S).where(
+                    *SLICE_KEY).values(lease_owner=None, lease_expires_at=None), key)
             return dataclasses.replace(result, cancelled=True)
         if not kept or verify:
             # Re-asked through the slow path, like any invalid output; under VERIFY the

@@ -3,11 +3,21 @@ before every writer that queued earlier."""
 
 from __future__ import annotations
 
+import sys
 import threading
 
 from helpers import wait_for
 
 from storage.base import WriterLock
+
+
+def _waiting(thread: threading.Thread) -> bool:
+    frame = sys._current_frames().get(thread.ident)  # type: ignore[arg-type]
+    while frame is not None:
+        if frame.f_code is WriterLock._enter.__code__:
+            return True
+        frame = frame.f_back
+    return False
 
 
 def test_an_urgent_waiter_goes_before_writers_that_queued_earlier() -> None:
@@ -30,8 +40,9 @@ def test_an_urgent_waiter_goes_before_writers_that_queued_earlier() -> None:
     queued = [threading.Thread(target=writer, args=(f"w{i}",)) for i in range(8)]
     for t in queued:
         t.start()
-    # Each normal writer is waiting on the condition (it cannot have the lock: it is held).
-    wait_for(lambda: len(lock._cond._waiters) == 8, 5, "eight writers to wait")  # type: ignore[attr-defined]
+    # Each normal writer is waiting for its turn (it cannot have it: it is held): inside
+    # WriterLock._enter, which returns only with the turn taken.
+    wait_for(lambda: all(_waiting(t) for t in queued), 5, "eight writers to wait")
     beat = threading.Thread(target=writer, args=("heartbeat", True))
     beat.start()
     wait_for(lambda: lock._urgent == 1, 5, "the heartbeat to wait")
