@@ -107,8 +107,11 @@ def test_a_reply_reporting_twice_its_reservation_pauses_the_exam_at_once(deploy,
         dep.status("exam")), 60, "the budget to pause the exam", interval_s=0.05)
     assert paused["pause_code"] == "budget", paused["pause_reason"]
     assert set(_in_flight(dep, "exam")) == {"b"}, "paused only once b's call had settled"
-    wait_for(lambda: dep.status("exam")["usage"]["calls_in_flight"] == 0, 30, "b to settle")
-    report = dep.status("exam")
+    # b's reply is committed, then its worker lets the slice go (a transaction after it):
+    # both, before the slices are looked at.
+    report = wait_for(lambda: (lambda r: r if r["usage"]["calls_in_flight"] == 0 and all(
+        c["lease_owner"] is None for c in r["chapter_list"]) else None)(dep.status("exam")),
+        30, "b to settle and its slice to be let go")
     assert report["state"] == "paused" and report["reserved_usd"] == 0
     calls = dep.calls("exam")
     assert [c["chapter_id"] for c in calls] == ["a", "b"] or \
