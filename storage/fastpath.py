@@ -78,7 +78,7 @@ CLAIM_SQL = ("SELECT * FROM ef_claim(%(p_exam)s::varchar, %(p_chapter)s::varchar
 # (Leases.fresh_view), with the fingerprint ef_claim checks that plan against.
 FRESH_SQL = """
 SELECT s.chapter_id, s.slice_no, s.target, s.first_number, s.title, s.prompt, s.difficulty,
-       s.bloom, c.chapter_target, e.title AS exam_title,
+       s.bloom, c.chapter_target, e.title AS exam_title, s.sources IS NOT NULL AS sourced,
        ef_spec_fp(e.title, s.title, s.prompt, s.target, s.first_number, c.chapter_target,
                   s.difficulty, s.bloom) AS fp
   FROM slice s
@@ -86,7 +86,7 @@ SELECT s.chapter_id, s.slice_no, s.target, s.first_number, s.title, s.prompt, s.
   JOIN (SELECT o.chapter_id, max(o.first_number + o.target - 1) AS chapter_target
           FROM slice o WHERE o.exam = %(exam)s GROUP BY o.chapter_id) c
     ON c.chapter_id = s.chapter_id
- WHERE s.exam = %(exam)s AND s.state IN ('pending', 'running') AND s.sources IS NULL
+ WHERE s.exam = %(exam)s AND s.state IN ('pending', 'running')
  LIMIT %(limit)s
 """
 START_CALL_SQL = (

@@ -64,11 +64,13 @@ class Leases(Ledger):
                 known = self._fresh[slug] = (now, self._read_fresh(slug))
             return known[1].get((chapter_id, slice_no))
 
-    def _read_fresh(self, slug: str) -> dict[tuple[str, int], tuple[ChapterView, str]]:
+    def _read_fresh(self, slug: str) -> dict[tuple[str, int], tuple[ChapterView, str] | None]:
+        """The exam's open slices; None for one with sources (its first prompt carries the
+        material the claim reads), known so that its claims do not read again."""
         with self.engine.connect() as conn:
             rows = conn.execution_options(isolation_level="AUTOCOMMIT").exec_driver_sql(
                 fastpath.FRESH_SQL, {"exam": slug, "limit": FRESH_MAX_SLICES}).all()
-        return {(r.chapter_id, r.slice_no): (ChapterView(
+        return {(r.chapter_id, r.slice_no): None if r.sourced else (ChapterView(
             slug, r.chapter_id, r.exam_title, r.title, r.prompt, 0, r.target, r.slice_no,
             r.first_number, r.chapter_target or r.target, (),
             ChapterLevels.from_row(r.difficulty, r.bloom)), r.fp) for r in rows}
