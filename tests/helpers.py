@@ -125,3 +125,28 @@ def fake_runtimes(make_settings: Callable[..., Any], **defaults: Any) -> Iterato
         for rt in built:
             rt.close()
             rt.store.engine.dispose()
+
+
+def mock_batches(base_url: str) -> list[dict[str, Any]]:
+    """Every batch the mock holds, newest first, paged as a client pages `GET /batches`."""
+    import httpx
+
+    out: list[dict[str, Any]] = []
+    after = None
+    while True:
+        page = httpx.get(base_url + "/batches",
+                         params={"limit": 100, **({"after": after} if after else {})}).json()
+        out += page["data"]
+        if not page["has_more"]:
+            return out
+        after = page["last_id"]
+
+
+def mock_custom_ids(base_url: str, batch: dict[str, Any]) -> list[str]:
+    """The custom_id of every line of a batch's input file, as the mock holds it."""
+    import json
+
+    import httpx
+
+    content = httpx.get(f"{base_url}/files/{batch['input_file_id']}/content").content
+    return [json.loads(line)["custom_id"] for line in content.decode().splitlines() if line]

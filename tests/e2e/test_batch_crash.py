@@ -9,14 +9,12 @@ create is in flight uses the mock's batch_create_delay_s and a SIGKILL from here
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-import httpx
 import pytest
 
 from harness import assert_stored_exactly_once, dump
-from helpers import wait_for
+from helpers import mock_batches, mock_custom_ids, wait_for
 
 CHAPTERS = [("a", 12), ("b", 5)]  # QUESTIONS_PER_CALL=5: a takes 3 calls, b 1
 TARGETS = dict(CHAPTERS)
@@ -24,19 +22,11 @@ BATCH_ENV = {"batch_poll_s": 0.3, "batch_submit_lease_s": 6, "batch_http_timeout
 
 
 def _batches(mock) -> list[dict[str, Any]]:
-    out, after = [], None
-    while True:
-        page = httpx.get(mock.base_url + "/batches",
-                         params={"limit": 100, **({"after": after} if after else {})}).json()
-        out += page["data"]
-        if not page["has_more"]:
-            return out
-        after = page["last_id"]
+    return mock_batches(mock.base_url)
 
 
 def _custom_ids(mock, batch: dict[str, Any]) -> list[str]:
-    content = httpx.get(f"{mock.base_url}/files/{batch['input_file_id']}/content").content
-    return [json.loads(line)["custom_id"] for line in content.decode().splitlines() if line]
+    return mock_custom_ids(mock.base_url, batch)
 
 
 def _check(dep, mock) -> None:

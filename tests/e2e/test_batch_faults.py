@@ -7,14 +7,13 @@ mock bills at the discount, batch by batch as the batch objects' `usage` says.""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import httpx
 import pytest
 
 from harness import assert_stored_exactly_once, dump
-from helpers import wait_for
+from helpers import mock_batches, mock_custom_ids, wait_for
 
 CHAPTERS = [(c, 5) for c in "abcd"]  # QUESTIONS_PER_CALL=5: one line a chapter
 TARGETS = dict(CHAPTERS)
@@ -22,14 +21,7 @@ PRICES = {"llm_price_prompt_per_mtok": 1.0, "llm_price_completion_per_mtok": 4.0
 
 
 def _batches(mock) -> list[dict[str, Any]]:
-    out, after = [], None
-    while True:
-        page = httpx.get(mock.base_url + "/batches",
-                         params={"limit": 100, **({"after": after} if after else {})}).json()
-        out += page["data"]
-        if not page["has_more"]:
-            return out
-        after = page["last_id"]
+    return mock_batches(mock.base_url)
 
 
 def _ours(mock) -> list[dict[str, Any]]:
@@ -37,8 +29,7 @@ def _ours(mock) -> list[dict[str, Any]]:
 
 
 def _custom_ids(mock, batch: dict[str, Any]) -> list[str]:
-    content = httpx.get(f"{mock.base_url}/files/{batch['input_file_id']}/content").content
-    return [json.loads(line)["custom_id"] for line in content.decode().splitlines() if line]
+    return mock_custom_ids(mock.base_url, batch)
 
 
 @pytest.mark.parametrize("database", ["sqlite", "postgres"])
