@@ -33,6 +33,7 @@ from examforge.errors import (
 from runner.heartbeat import LeaseKeeper
 from examforge.levels import Levels, ask
 from examforge.llm import Admission, Completion, LLMClient
+from examforge import neardup
 from examforge.neardup import Checker, Scope
 from examforge.output import Question, normalise, parse_questions
 from examforge.prompt import build_messages
@@ -123,7 +124,8 @@ class Runtime:
         return rt
 
     def warm_up(self) -> None:
-        """Load the tokenizers before the first claim. Loading one takes 1 to 2.5 s on two
+        """Load the tokenizers (and what the near-duplicate check imports) before the first
+        claim. Loading one takes 1 to 2.5 s on two
         busy cores; left to the first call's planning, that time is spent inside the claim's
         transaction (which plans the first call), holding the slice row, and on SQLite the
         one write lock, while leases run: in the chaos test, long enough for a new worker's
@@ -134,6 +136,7 @@ class Runtime:
                 count_text("warm-up", model)
             except Exception as exc:  # the first call loads it, or says why it cannot
                 log.warning("tokenizer for %s not loaded in advance: %s", model, exc)
+        neardup.warm_up()
 
     def solver(self) -> LLMClient:
         """The blind solver's client (VERIFY_MODEL at VERIFY_BASE_URL): built on the

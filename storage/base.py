@@ -255,6 +255,24 @@ class RawResult:
         return RawResult(self.rowcount, [row[0] for row in self._rows])
 
 
+_RAW_OF: dict[int, tuple[Any, _Raw]] = {}
+
+
+def execute_hot(conn: Connection, stmt: Any, params: dict[str, Any] | list[dict[str, Any]]
+                ) -> Any:
+    """`StoreBase._run` for the hot statements that live outside the store's classes
+    (storage.neardup's check, index and steering reads, run at every commit): `stmt`, built
+    once by its module, straight to SQLite's cursor (compiled once, keyed by the statement
+    object, which its module keeps); through SQLAlchemy on PostgreSQL. A list of parameter
+    sets is an executemany (no rows returned)."""
+    if conn.dialect.name != "sqlite":
+        return conn.execute(stmt, params)
+    held = _RAW_OF.get(id(stmt))
+    if held is None or held[0] is not stmt:
+        held = _RAW_OF[id(stmt)] = (stmt, _Raw(stmt, conn.dialect))
+    return StoreBase._raw_execute(conn, held[1], params)
+
+
 class StoreBase:
     """The engine and the helpers every part of the store uses."""
 

@@ -50,6 +50,7 @@ from sqlalchemy.engine import Connection
 
 from examforge.neardup import (Checker, Scope, Signature, band_keys, band_keys_many,
                                signature)
+from storage.base import execute_hot
 from storage.models import DedupLock, Exam, Question, QuestionSig, new_epoch
 from storage.types import Steer
 
@@ -256,13 +257,13 @@ def _candidates(conn: Connection, exam: str, chapter_id: str, scope: Scope,
     chapter being committed: its questions are deleted only with its slices, whose rows the
     commit's fence holds (a regeneration waits for the commit, or the fence fails). Deleting
     any question changes the exam's epoch, which rebuilds the index at the next check."""
-    epoch = conn.execute(_statement("epoch", scope, ""), {"exam": exam}).scalar_one_or_none()
+    epoch = execute_hot(conn, _statement("epoch", scope, ""), {"exam": exam}).scalar_one_or_none()
     key = "" if scope is Scope.exam else chapter_id
     where = (str(conn.engine.url), exam, key)
     idx = INDEXES.get(where, epoch)
     with idx.lock:
-        idx.add(conn.execute(_statement("since", scope, ""),
-                             {"exam": exam, "chapter": chapter_id, "after": idx.max_id}))
+        idx.add(execute_hot(conn, _statement("since", scope, ""),
+                            {"exam": exam, "chapter": chapter_id, "after": idx.max_id}))
         mine = [idx.lookup(s.keys) if s is not None else set() for s in batch]
         grown = idx.size != idx.counted
         sigs = idx.sigs
@@ -399,7 +400,7 @@ def index(conn: Connection, exam: str, chapter_id: str, ids: Sequence[int],
         rows.append({"question_id": qid, "exam": exam, "chapter_id": chapter_id,
                      "tokens": tokens, "key_terms": key_terms, "repeats": 0,
                      "bands": s.blob()})
-    conn.execute(_INSERT_SIG, rows)
+    execute_hot(conn, _INSERT_SIG, rows)
 
 
 _INSERT_SIG = insert(QS)
@@ -498,16 +499,17 @@ def steering(conn: Connection, exam: str, chapter_id: str, limit: int,
     if limit <= 0:
         return Steering()
     key = {"exam": exam, "chapter": chapter_id}
-    repeated = list(conn.execute(_steer_statement("repeated"), {**key, "n": limit // 2}))
-    newest = list(conn.execute(_steer_statement("newest"), {**key, "n": max(1, limit // 4)}))
+    repeated = list(execute_hot(conn, _steer_statement("repeated"), {**key, "n": limit // 2}))
+    newest = list(execute_hot(conn, _steer_statement("newest"),
+                              {**key, "n": max(1, limit // 4)}))
     first, last = numbers
     room = limit - len(repeated) - len(newest)
     sample: list[tuple[int, str]] = []
     if room > 0 and last >= first and len(newest) >= max(1, limit // 4):
         # (A chapter with fewer than that stored has them all in `newest` already.)
         drawn = sample_numbers(numbers, limit, seed)[:room * 2]
-        rows = conn.execute(_steer_statement("sample", conn.dialect.name),
-                            {**key, "numbers": _values(conn.dialect.name, drawn)}).all()
+        rows = execute_hot(conn, _steer_statement("sample", conn.dialect.name),
+                           {**key, "numbers": _values(conn.dialect.name, drawn)}).all()
         # In the order drawn, not the database's (its index order would favour the chapter's
         # first numbers), leaving out what the other parts list.
         listed = {qid for qid, _ in (*newest, *repeated)}

@@ -184,6 +184,16 @@ def test_numbers_are_compared_by_value_not_by_spelling() -> None:
     assert a == b and {"1000", "7", "99.9", "250"} <= a.keys
 
 
+def test_number_words_in_any_case_and_compounds_become_one_number() -> None:
+    a = nd.signature("Twenty-Five users in Sixty-One regions, twelve zones, sixteen racks")
+    b = nd.signature("25 users in 61 regions, 12 zones, 16 racks")
+    c = nd.signature("twenty five users in sixty one regions, a dozen zones, sixteen racks")
+    assert a == b == c and {"25", "61", "12", "16"} <= a.keys
+    # A number word inside another word is a word: "often" holds "ten", "someone" "one".
+    assert nd.signature("Someone often forgets") == nd.signature("someone often forgets")
+    assert not {"10", "1"} & nd.signature("Someone often forgets").keys
+
+
 def test_a_swapped_fact_is_not_a_near_duplicate_but_a_spelled_out_one_is() -> None:
     ssh = nd.signature("What is the default port used by SSH?")
     https = nd.signature("What is the default port used by HTTPS?")
