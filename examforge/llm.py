@@ -49,7 +49,7 @@ from examforge.ratelimit import EndpointLimit, Limiter, Limits, LocalLimiter, ac
 from examforge.reply_schema import response_format, schema_text
 from examforge.settings import Settings
 from examforge.tokens import PROMPT_MARGIN  # noqa: F401  (re-exported: it was defined here)
-from examforge.tokens import count_messages, count_text, reserve_prompt_tokens
+from examforge.tokens import count_messages, count_part, count_text, reserve_prompt_tokens
 
 log = logging.getLogger(__name__)
 # A 429 that names no Retry-After still holds every worker back this long.
@@ -240,7 +240,7 @@ class LLMClient:
         reply's JSON schema, the schema's tokens too (providers put it into the prompt)."""
         count = count_messages(messages, ep.model)
         if self.response_format_of(ep.name) == "json_schema":
-            count += count_text(schema_text(), ep.model)
+            count += count_part(schema_text(), ep.model)
         return count
 
     # ------------------------------------------------------------------ batch lines

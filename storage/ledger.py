@@ -597,6 +597,17 @@ class Ledger(StoreBase):
         self._run(conn, "auth_reset", lambda: update(E).where(
             E.c.slug == bindparam("k_exam"), E.c.auth_failures > 0).values(auth_failures=0),
             key)
+        result = Committed(stored=stored, target=target,
+                           duplicates=len(questions) - len(kept) - surplus,
+                           recent=(), kept=tuple(q.question for q, _ in kept),
+                           near_duplicates=near, surplus=surplus)
+        if stored >= target and not verify:
+            # Done, even if it was cancelled meanwhile: nothing is missing. Under VERIFY the
+            # slice is done once its questions' verdicts are in (Verdicts.commit_verdicts).
+            # No next prompt: nothing to read for its list.
+            self._run(conn, "slice_done", lambda: update(S).where(*SLICE_KEY).values(
+                state=ChapterState.done.value, lease_owner=None, lease_expires_at=None), key)
+            return result
         recent: tuple[str, ...] = ()
         if steer is not None:
             recent = neardup.steered(conn, steer, claim.exam, claim.chapter_id,
@@ -607,16 +618,7 @@ class Ledger(StoreBase):
                 select(Q.c.question).where(Q.c.exam == claim.exam,
                                            Q.c.chapter_id == claim.chapter_id)
                 .order_by(Q.c.id.desc()).limit(RECENT_QUESTIONS)).scalars().all()))
-        result = Committed(stored=stored, target=target,
-                           duplicates=len(questions) - len(kept) - surplus,
-                           recent=recent, kept=tuple(q.question for q, _ in kept),
-                           near_duplicates=near, surplus=surplus)
-        if stored >= target and not verify:
-            # Done, even if it was cancelled meanwhile: nothing is missing. Under VERIFY the
-            # slice is done once its questions' verdicts are in (Verdicts.commit_verdicts).
-            self._run(conn, "slice_done", lambda: update(S).where(*SLICE_KEY).values(
-                state=ChapterState.done.value, lease_owner=None, lease_expires_at=None), key)
-            return result
+        result = dataclasses.replace(result, recent=recent)
         if cancelled:
             # Let go, unless the holder has more calls of this slice in flight: a provider
             # batch (runner.batching) may hold several lines of one slice, each paid for,
