@@ -53,6 +53,16 @@ _POSITIONAL_RE = re.compile(
     r"(?i:\b(options?|choices?|answers?)) [A-D]\b")
 
 
+def _may_refer(text: str) -> bool:
+    """Whether `text` has what every match of _LETTER_REF_RE starts with (a parenthesis or
+    one of its words): substring tests in C, a tenth of the regex's scan of a text with
+    none, which is most explanations."""
+    if "(" in text:
+        return True
+    lower = text.lower()
+    return any(word in lower for word in ("option", "choice", "answer", "alternative"))
+
+
 def _rng(*parts: object) -> random.Random:
     digest = hashlib.sha256("\x1f".join(map(str, parts)).encode()).digest()
     return random.Random(int.from_bytes(digest[:8], "big"))
@@ -95,9 +105,11 @@ def balanced(q: Question, exam: str, chapter_id: str, number: int) -> Question:
     choices = [*wrong[:position], right, *wrong[position:]]
     # old index -> new index, by identity of the choice (choices are distinct texts).
     moved = {old: choices.index(text) for old, text in enumerate(q.choices)}
-    explanation = _LETTER_REF_RE.sub(
-        lambda m: m.group("lead") + LETTERS[moved[LETTERS.index(m.group("letter"))]],
-        q.explanation)
+    explanation = q.explanation
+    if _may_refer(explanation):
+        explanation = _LETTER_REF_RE.sub(
+            lambda m: m.group("lead") + LETTERS[moved[LETTERS.index(m.group("letter"))]],
+            explanation)
     return dataclasses.replace(q, choices=tuple(choices),  # type: ignore[arg-type]
                                answer_index=position,
                                explanation=explanation)
