@@ -290,6 +290,7 @@ class StoreBase:
         self._stmts: dict[str, Any] = {}
         # SQLite's hot statements as SQL for its driver (`_run`); None on PostgreSQL.
         self._raw: dict[str, _Raw] | None = {} if engine.dialect.name == "sqlite" else None
+        self._pg_texts: dict[str, tuple[str, dict[str, Any]]] = {}
         # PostgreSQL runs a paid call's steps in plain SQL, one round trip each
         # (storage.fastpath); the slices' counts its commit numbers on from, by holder
         # (Ledger._expect). SQLite keeps the general path: the same steps as SQL text in its
@@ -364,6 +365,50 @@ class StoreBase:
                     r[i] = proc(r[i])
         make = raw.row._make
         return RawResult(count, [make(r) for r in rows])
+
+    def _pg_text(self, name: str, build: Callable[[], Any], params: dict[str, Any]
+                 ) -> tuple[str, dict[str, Any]]:
+        """A hot-path statement `name` (built once by `build`, as `_stmt`) as PostgreSQL SQL
+        text in psycopg's style, compiled once, with `params` and the constants it binds:
+        what `_auto` runs."""
+        held = self._pg_texts.get(name)
+        if held is None:
+            compiled = self._stmt(name, build).compile(dialect=self.engine.dialect)
+            consts = {k: v for k, v in compiled.params.items()
+                      if not compiled.binds[k].required}
+            held = self._pg_texts[name] = (compiled.string, consts)
+        return held[0], {**held[1], **params}
+
+    @staticmethod
+    def _auto(engine: Engine, sql: str, params: dict[str, Any]) -> RawResult:
+        """One statement of the PostgreSQL hot path (storage.fastpath's SQL text, in psycopg's
+        `%(name)s` style) in autocommit, on psycopg's own cursor and unprepared: one round
+        trip, never two. SQLAlchemy's execution of it (its context and result objects) cost a
+        tenth of a PostgreSQL worker's CPU per call, and psycopg's automatic preparation (at
+        a statement's fifth use on each connection) a round trip of its own; preparing buys
+        these statements nothing, since each is one call of a function whose queries the
+        server caches per session anyway. What SQLAlchemy does around an execution is kept,
+        as in `_raw_execute`: autocommit set and reset by the pool, the engine's
+        `before_cursor_execute` listeners, its handling of a driver error. Rows are named
+        tuples."""
+        from psycopg.rows import namedtuple_row
+
+        with engine.connect() as conn:
+            conn = conn.execution_options(isolation_level="AUTOCOMMIT")
+            cursor = conn.connection.driver_connection.cursor(  # type: ignore[union-attr]
+                row_factory=namedtuple_row)
+            try:
+                if conn.dispatch.before_cursor_execute:
+                    for fn in conn.dispatch.before_cursor_execute:
+                        sql, params = fn(conn, cursor, sql, params, None, False)
+                cursor.execute(sql, params, prepare=False)
+                rows = cursor.fetchall() if cursor.description is not None else []
+                return RawResult(cursor.rowcount, rows)
+            except Exception as exc:  # noqa: BLE001 - SQLAlchemy's handling decides, and raises
+                conn._handle_dbapi_exception(exc, sql, params, cursor, None)
+                raise  # not reached: the handler raises
+            finally:
+                cursor.close()
 
     def _run_many(self, conn: Connection, name: str, build: Callable[[], Any],
                   rows: list[dict[str, Any]], *, returning: bool = False) -> list[Any]:

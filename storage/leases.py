@@ -67,9 +67,8 @@ class Leases(Ledger):
     def _read_fresh(self, slug: str) -> dict[tuple[str, int], tuple[ChapterView, str] | None]:
         """The exam's open slices; None for one with sources (its first prompt carries the
         material the claim reads), known so that its claims do not read again."""
-        with self.engine.connect() as conn:
-            rows = conn.execution_options(isolation_level="AUTOCOMMIT").exec_driver_sql(
-                fastpath.FRESH_SQL, {"exam": slug, "limit": FRESH_MAX_SLICES}).all()
+        rows = self._auto(self.engine, fastpath.FRESH_SQL,
+                          {"exam": slug, "limit": FRESH_MAX_SLICES}).all()
         return {(r.chapter_id, r.slice_no): None if r.sourced else (ChapterView(
             slug, r.chapter_id, r.exam_title, r.title, r.prompt, 0, r.target, r.slice_no,
             r.first_number, r.chapter_target or r.target, (),
@@ -136,9 +135,8 @@ class Leases(Ledger):
                 None if plan is None else plan.reserve_usd,
                 None if plan is None else plan.model,
                 None if plan is None else plan.price_known)
-        with self.engine.connect() as conn:
-            row = conn.execution_options(isolation_level="AUTOCOMMIT").exec_driver_sql(
-                fastpath.CLAIM_SQL, dict(zip(fastpath.CLAIM_PARAMS, args))).one()
+        row = self._auto(self.engine, fastpath.CLAIM_SQL,
+                         dict(zip(fastpath.CLAIM_PARAMS, args))).one()
         if row.status != "ok":
             return None
         claimed = self._claimed_of(row, slug, chapter_id, slice_no, owner, steer)
@@ -197,15 +195,13 @@ class Leases(Ledger):
         """Record a planned call in one round trip (ef_start_call); the general path when the
         budget has no room (it settles dead holders' calls first and says why); None when
         the lease is gone (the caller's slow path finds that out and stops)."""
-        with self.engine.connect() as conn:
-            row = conn.execution_options(isolation_level="AUTOCOMMIT").exec_driver_sql(
-                fastpath.START_CALL_SQL, {
-                    "p_exam": claim.exam, "p_chapter": claim.chapter_id,
-                    "p_slice": claim.slice_no, "p_owner": claim.owner, "p_lease": lease_s,
-                    "p_attempt": claim.attempt, "p_first": plan.first_number,
-                    "p_requested": plan.requested, "p_prompt_tokens": plan.prompt_tokens,
-                    "p_max_tokens": plan.max_tokens, "p_reserve": plan.reserve_usd,
-                    "p_model": plan.model, "p_price_known": plan.price_known}).one()
+        row = self._auto(self.engine, fastpath.START_CALL_SQL, {
+            "p_exam": claim.exam, "p_chapter": claim.chapter_id,
+            "p_slice": claim.slice_no, "p_owner": claim.owner, "p_lease": lease_s,
+            "p_attempt": claim.attempt, "p_first": plan.first_number,
+            "p_requested": plan.requested, "p_prompt_tokens": plan.prompt_tokens,
+            "p_max_tokens": plan.max_tokens, "p_reserve": plan.reserve_usd,
+            "p_model": plan.model, "p_price_known": plan.price_known}).one()
         if row.status == "ok":
             return int(row.call_id)
         if row.status == "lost":
@@ -355,10 +351,8 @@ class Leases(Ledger):
             return set()
         if self._fast_pg:
             # One statement in autocommit: one round trip (storage.fastpath.RENEW_SQL).
-            with self._heartbeat_engine().connect() as conn:
-                return set(conn.execution_options(isolation_level="AUTOCOMMIT")
-                           .exec_driver_sql(fastpath.RENEW_SQL, {
-                               "owners": list(owners), "lease": lease_s}).scalars().all())
+            return set(self._auto(self._heartbeat_engine(), fastpath.RENEW_SQL, {
+                "owners": list(owners), "lease": lease_s}).scalars().all())
         live = lease_fence(self._now, owner=S.c.lease_owner.in_(owners))
         with self._write(self._heartbeat_engine(), urgent=True) as conn:
             if conn.dialect.name != "postgresql":  # one writer at a time: nothing to skip

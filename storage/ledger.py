@@ -326,15 +326,17 @@ class Ledger(StoreBase):
         # One statement needs no snapshot: on PostgreSQL it runs in autocommit (one round
         # trip: no BEGIN before it, no ROLLBACK after); on SQLite a deferred read that never
         # waits for the writer's lock.
-        conn = self.engine.connect()
-        if self.engine.dialect.name != "postgresql":
-            conn = conn.execution_options(**{READ_ONLY: True})
+        def build() -> Any:
+            return select(S.c.state).where(*SLICE_KEY, lease_fence(self._now, states=None))
+
+        if self.engine.dialect.name == "postgresql":
+            state = self._auto(self.engine, *self._pg_text("may_send", build,
+                                                           claim.fence_params())
+                               ).scalar_one_or_none()
         else:
-            conn = conn.execution_options(isolation_level="AUTOCOMMIT")
-        with conn:
-            state = self._run(conn, "may_send", lambda: (
-                select(S.c.state).where(*SLICE_KEY, lease_fence(self._now, states=None))),
-                claim.fence_params()).scalar_one_or_none()
+            with self.engine.connect().execution_options(**{READ_ONLY: True}) as conn:
+                state = self._run(conn, "may_send", build,
+                                  claim.fence_params()).scalar_one_or_none()
         if state == ChapterState.running.value:
             return SendCheck.send
         return self.not_sent(claim, call_id)
@@ -471,9 +473,7 @@ class Ledger(StoreBase):
             def plan_next(view: ChapterView) -> CallPlan | None:
                 return plan if (view.stored, view.target) == when else None
         try:
-            with self.engine.connect() as conn:
-                row = conn.execution_options(isolation_level="AUTOCOMMIT").exec_driver_sql(
-                    fastpath.COMMIT_SQL, prepared.params).one()
+            row = self._auto(self.engine, fastpath.COMMIT_SQL, prepared.params).one()
         except IntegrityError:
             return None, plan_next  # a duplicate stored meanwhile: the general path checks
         except SQLAlchemyError as exc:
