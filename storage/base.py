@@ -382,15 +382,16 @@ class StoreBase:
     @staticmethod
     def _auto(engine: Engine, sql: str, params: dict[str, Any]) -> RawResult:
         """One statement of the PostgreSQL hot path (storage.fastpath's SQL text, in psycopg's
-        `%(name)s` style) in autocommit, on psycopg's own cursor and unprepared: one round
-        trip, never two. SQLAlchemy's execution of it (its context and result objects) cost a
-        tenth of a PostgreSQL worker's CPU per call, and psycopg's automatic preparation (at
-        a statement's fifth use on each connection) a round trip of its own; preparing buys
-        these statements nothing, since each is one call of a function whose queries the
-        server caches per session anyway. What SQLAlchemy does around an execution is kept,
-        as in `_raw_execute`: autocommit set and reset by the pool, the engine's
-        `before_cursor_execute` listeners, its handling of a driver error. Rows are named
-        tuples."""
+        `%(name)s` style) in autocommit, on psycopg's own cursor: one round trip.
+        SQLAlchemy's execution of it (its context and result objects) cost about a tenth of
+        a PostgreSQL worker's CPU per call. Prepared at its first use on a connection (a
+        round trip once in the connection's life; psycopg's default waits for the fifth
+        use): unprepared, the server parses and plans each call again (measured: more of the
+        database server's CPU per call at 128 slots, where the machine's two cores are the
+        limit). What
+        SQLAlchemy does around an execution is kept, as in `_raw_execute`: autocommit set
+        and reset by the pool, the engine's `before_cursor_execute` listeners, its handling
+        of a driver error. Rows are named tuples."""
         from psycopg.rows import namedtuple_row
 
         with engine.connect() as conn:
@@ -401,7 +402,7 @@ class StoreBase:
                 if conn.dispatch.before_cursor_execute:
                     for fn in conn.dispatch.before_cursor_execute:
                         sql, params = fn(conn, cursor, sql, params, None, False)
-                cursor.execute(sql, params, prepare=False)
+                cursor.execute(sql, params, prepare=True)
                 rows = cursor.fetchall() if cursor.description is not None else []
                 return RawResult(cursor.rowcount, rows)
             except Exception as exc:  # noqa: BLE001 - SQLAlchemy's handling decides, and raises
