@@ -22,7 +22,8 @@ The counters (none is a hook of examforge's own):
   psycopg skips a COMMIT or ROLLBACK on an idle connection without calling either, so
   those are not counted (`driver_waits`, psycopg's waits on the server, counted them: it
   is kept beside as the old, higher figure). Connecting is not counted (the pool keeps
-  connections); `connections` is.
+  connections); `connections` is. `prepares`: the round trips among those that prepared a
+  statement on a connection (psycopg's, once per statement in a connection's life).
 PostgreSQL's own view (`pg_stat_database` xact_commit + xact_rollback of a database only this
 run uses) is read by the bench part (bench/parts/dbcost.py) as a cross-check of the
 transactions, from outside the process.
@@ -120,6 +121,16 @@ def install() -> None:
         enqueue_sync(self)
 
     _pipeline_base.BasePipeline._enqueue_sync = counted_sync  # type: ignore[method-assign]
+    send_prepare = _cursor_base.BaseCursor._send_prepare
+
+    def counted_prepare(self: Any, *args: Any, **kwargs: Any) -> None:
+        # A prepare outside a pipeline is a round trip of its own (counted above too): once
+        # per statement in a connection's life, not per call.
+        if not self._conn._pipeline:
+            count("prepares")
+        send_prepare(self, *args, **kwargs)
+
+    _cursor_base.BaseCursor._send_prepare = counted_prepare  # type: ignore[method-assign]
 
 
 def main(argv: list[str]) -> int:

@@ -76,6 +76,9 @@ def count_run(ctx: Context, db: str, slug: str, targets: list[int], qpc: int
         if usage.code != 0:
             raise RuntimeError(f"producer run ({db}) exit {usage.code}: {err[-800:]}")
         counts = json.loads(out.read_text())["counts"]
+        for group in counts.values():
+            if "round_trips" in group:  # what a call costs; a prepare is once a connection
+                group["trips_per_call"] = group["round_trips"] - group.get("prepares", 0)
         paid, _probes = ctx.mock.calls_for(slug)
         server_xacts = None
         if pg_db is not None:
@@ -163,7 +166,9 @@ def run(ctx: Context) -> PartResult:
             f"{r['qpc']} per call)", str(r["paid"]),
             fmt(per_call(r, "chapter", "sql")),
             fmt(per_call(r, "chapter", "driver_statements")) if r["db"] == "sqlite" else "–",
-            fmt(per_call(r, "chapter", "round_trips")) if r["db"] == "postgresql" else "–",
+            (f"{fmt(per_call(r, 'chapter', 'round_trips'))} "
+             f"({r['counts'].get('chapter', {}).get('prepares', 0)} prepares)")
+            if r["db"] == "postgresql" else "–",
             fmt(per_call(r, "chapter", "transactions")),
             fmt(per_call(r, "chapter", "commits")),
             (f"{hb.get('sql', 0)} / {hb.get('round_trips', hb.get('driver_statements', 0))} / "
@@ -181,17 +186,19 @@ def run(ctx: Context) -> PartResult:
                 "none: a count per paid call", "round trips",
                 note=f"{fmt(per_call(r, 'chapter', 'sql'))} statements and "
                      f"{fmt(per_call(r, 'chapter', 'transactions'))} transactions per paid "
-                     "call, what the run paid once included"))
+                     "call, what the run paid once included: "
+                     f"{r['counts'].get('chapter', {}).get('prepares', 0)} prepares (each "
+                     "statement once on each connection) and the reads once per exam"))
             r2 = doubled[r["workload"]]
-            extra = marginal(r, r2, "round_trips")
+            extra = marginal(r, r2, "trips_per_call")
             part.figures.append(Figure(
                 f"PostgreSQL round trips per paid call, {r['workload']} chapters: each "
                 "further call (heartbeat apart)", extra, 1.0, "none: a count per paid call",
                 "round trips", "≤ 2", target_max=TARGET_ROUND_TRIPS,
-                note=f"the run with twice the chapters against the run: "
-                     f"{r2['counts'].get('chapter', {}).get('round_trips', 0)} - "
-                     f"{r['counts'].get('chapter', {}).get('round_trips', 0)} round trips over "
-                     f"{r2['paid']} - {r['paid']} paid calls"))
+                note=f"the run with twice the chapters against the run, prepares apart: "
+                     f"{r2['counts'].get('chapter', {}).get('trips_per_call', 0)} - "
+                     f"{r['counts'].get('chapter', {}).get('trips_per_call', 0)} round trips "
+                     f"over {r2['paid']} - {r['paid']} paid calls"))
         else:
             part.figures.append(Figure(
                 f"SQLite statements per paid call, {r['workload']} chapters (heartbeat apart)",
@@ -213,7 +220,7 @@ def run(ctx: Context) -> PartResult:
         "chapter threads' counts (claim, ledger, commit, plan) over the calls the mock was "
         "paid for. *SQL*: statements through SQLAlchemy; *SQLite statements*: every statement "
         "the SQLite library ran (BEGIN and COMMIT included, an executemany once per row); "
-        "*round trips*: real exchanges with the server (a query, BEGIN, COMMIT, a prepare, a pipeline sync; psycopg's idle no-op COMMIT or ROLLBACK not counted); "
+        "*round trips*: real exchanges with the server (a query, BEGIN, COMMIT, a prepare, a pipeline sync; psycopg's idle no-op COMMIT or ROLLBACK not counted), with the prepares among them (once per statement on each connection); "
         "*transactions*: SQLAlchemy's begins (read snapshots included), *commits* of them. "
         "The heartbeat (`lease-keeper` thread, every "
         f"{HEARTBEAT_S} s here) is shown as SQL / round trips (SQLite: statements) / "

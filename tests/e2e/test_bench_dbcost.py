@@ -62,7 +62,8 @@ def test_the_counter_reports_consistent_counts_per_paid_call(mock, tmp_path, red
 
 
 # What a process reads once per exam on the chapter threads, not per call: the open slices'
-# specs (Leases.fresh_view) and the history that sizes max_tokens (examforge.sizing).
+# specs (Leases.fresh_view) and the history that sizes max_tokens (examforge.sizing, read
+# again every 50 calls).
 ONCE_PER_PROCESS = 2
 
 
@@ -72,5 +73,12 @@ def test_a_paid_call_costs_two_round_trips_on_postgresql(mock, tmp_path, redis_u
     before a send of the calls the commits recorded), plus the process's reads once per exam,
     which a run of many chapters spreads thin (bench/results-overhead-dbcost.md)."""
     r = _count(mock, tmp_path, redis_url, "postgresql")
-    trips = r["counts"]["chapter"]["round_trips"]
+    chapter = r["counts"]["chapter"]
+    trips = chapter["round_trips"] - chapter.get("prepares", 0)
+    assert trips == chapter["trips_per_call"]
     assert r["paid"] == 5 and trips <= 2 * r["paid"] + ONCE_PER_PROCESS, r["counts"]
+    # A prepare is once per statement on each connection (the fresh view, the claim, the
+    # start of a call, the commit, the read before a send): bounded by the connections, not
+    # by the calls.
+    connections = sum(g.get("connections", 0) for g in r["counts"].values())
+    assert 0 < chapter["prepares"] <= 5 * connections, r["counts"]
