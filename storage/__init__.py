@@ -3,9 +3,10 @@
 Two paths to the database:
 
 - The per-call path on PostgreSQL, in plain SQL (storage.fastpath). Each step of a paid call
-  is one statement sent as text through the driver (psycopg prepares it on the server once
-  per connection), in autocommit: one round trip, one transaction, and no lock held while
-  the worker thinks. The claim (`ef_claim`: the lease, the previous holder's calls settled,
+  is one statement sent as text on psycopg's own cursor (`StoreBase._auto`: SQLAlchemy's
+  execution around it cost about a tenth of the worker's CPU per call; psycopg prepares it
+  on the server at its first use on a connection), in autocommit: one round trip, one
+  transaction, and no lock held while the worker thinks. The claim (`ef_claim`: the lease, the previous holder's calls settled,
   what the first prompt needs, the chapter's course material, and the first call's record
   when the worker planned it before the claim from the slice's spec, `Leases.fresh_view`), a
   call's record with its budget reservation (`ef_start_call`), the read before the send of
@@ -28,7 +29,10 @@ Two paths to the database:
   the general path's per-call statements (`StoreBase._run`) are compiled once and run on
   the sqlite3 cursor inside SQLAlchemy's transaction, keeping its event listeners and its
   error handling (the damaged-database hook), because SQLAlchemy's execution of an
-  already compiled statement cost about ten times what SQLite takes to run it.
+  already compiled statement cost about ten times what SQLite takes to run it. The
+  near-duplicate check's reads, its index rows and the steering reads, which live in
+  storage.neardup rather than in the store's classes, take the same shortcut
+  (`storage.base.execute_hot`).
 """
 
 import sqlite3
