@@ -125,11 +125,11 @@ class Runtime:
 
     def warm_up(self) -> None:
         """Load the tokenizers (and what the near-duplicate check imports) before the first
-        claim. Loading one takes 1 to 2.5 s on two
-        busy cores; left to the first call's planning, that time is spent inside the claim's
-        transaction (which plans the first call), holding the slice row, and on SQLite the
-        one write lock, while leases run: in the chaos test, long enough for a new worker's
-        first lease to lapse before its first beat."""
+        claim. Loading one takes 1 to 2.5 s on two busy cores; left to the first call's
+        planning, that time is spent inside the claim's transaction (which plans the first
+        call), holding the slice row, and on SQLite the one write lock, while leases run: in
+        the chaos test, long enough for a new worker's first lease to lapse before its first
+        beat."""
         settings = self.settings
         for model in {settings.llm_model, settings.llm_fallback_model or settings.llm_model}:
             try:

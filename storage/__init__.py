@@ -6,21 +6,23 @@ Two paths to the database:
   is one statement sent as text on psycopg's own cursor (`StoreBase._auto`: SQLAlchemy's
   execution around it cost about a tenth of the worker's CPU per call; psycopg prepares it
   on the server at its first use on a connection), in autocommit: one round trip, one
-  transaction, and no lock held while the worker thinks. The claim (`ef_claim`: the lease, the previous holder's calls settled,
-  what the first prompt needs, the chapter's course material, and the first call's record
-  when the worker planned it before the claim from the slice's spec, `Leases.fresh_view`), a
-  call's record with its budget reservation (`ef_start_call`), the read before the send of
-  a call a commit recorded (`may_send`), the commit (`ef_commit`: the questions, their
-  near-duplicate signatures, the call's usage and settlement, the steering reads and the
-  next call's record) and the heartbeat (a data-modifying CTE). A chapter of N calls takes
-  2N round trips: the claim with its first call, N commits, N - 1 reads before a send. The
-  functions are installed by migrations 0025 and 0026. What needs Python is prepared before the commit,
-  optimistically, and the function checks that it still holds; when it does not (a changed
-  count or target, a duplicate, a near-duplicate index that is behind, a cancelled slice, a
-  budget without room, a claim not won, a commit under VERIFY) it writes nothing more than the fence's lease
-  extension and says so, and the step goes through the general path below. Why: building
-  and running a dozen SQLAlchemy statements in transactions per call was a third of a
-  worker's CPU and about 27-33 round trips per paid call (bench/results-hot-path-profile.md).
+  transaction, and no lock held while the worker thinks. The claim (`ef_claim`: the lease,
+  the previous holder's calls settled, what the first prompt needs, the chapter's course
+  material, and the first call's record when the worker planned it before the claim from the
+  slice's spec, `Leases.fresh_view`), a call's record with its budget reservation
+  (`ef_start_call`), the read before the send of a call a commit recorded (`may_send`), the
+  commit (`ef_commit`: the questions, their near-duplicate signatures, the call's usage and
+  settlement, the steering reads and the next call's record) and the heartbeat (a
+  data-modifying CTE). A chapter of N calls takes 2N round trips: the claim with its first
+  call, N commits, N - 1 reads before a send. The functions are installed by migrations 0025
+  and 0026. What needs Python is prepared before the commit, optimistically, and the
+  function checks that it still holds; when it does not (a changed count or target, a
+  duplicate, a near-duplicate index that is behind, a cancelled slice, a budget without
+  room, a claim not won, a commit under VERIFY) it writes nothing more than the fence's
+  lease extension and says so, and the step goes through the general path below. Why:
+  building and running a dozen SQLAlchemy statements in transactions per call was a third of
+  a worker's CPU and about 27-33 round trips per paid call
+  (bench/results-hot-path-profile.md).
 - Everything else, and all of SQLite, through SQLAlchemy Core and SQLModel: the schema, the
   migrations, planning, reports, housekeeping, and the general claim and commit
   (storage.leases, storage.ledger `Ledger._commit`), whose statements are built once

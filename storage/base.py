@@ -388,10 +388,9 @@ class StoreBase:
         round trip once in the connection's life; psycopg's default waits for the fifth
         use): unprepared, the server parses and plans each call again (measured: more of the
         database server's CPU per call at 128 slots, where the machine's two cores are the
-        limit). What
-        SQLAlchemy does around an execution is kept, as in `_raw_execute`: autocommit set
-        and reset by the pool, the engine's `before_cursor_execute` listeners, its handling
-        of a driver error. Rows are named tuples."""
+        limit). What SQLAlchemy does around an execution is kept, as in `_raw_execute`:
+        autocommit set and reset by the pool, the engine's `before_cursor_execute`
+        listeners, its handling of a driver error. Rows are named tuples."""
         from psycopg.rows import namedtuple_row
 
         with engine.connect() as conn:
