@@ -242,14 +242,18 @@ class Planning(Ledger):
                       requeue: tuple[RequeueReason, str] | None = None) -> None:
         """Record that a message is about to be published for each slice. With `requeue`
         (a code and its detail), the reconciler is re-publishing them: count it and say why."""
-        values: dict[str, Any] = {"enqueued_at": self._now, "enqueue_epoch": epoch}
-        if requeue is not None:
-            code, why = requeue
-            values.update(requeues=S.c.requeues + 1, requeued_at=self._now,
-                          requeue_code=code.value, requeue_reason=why[:500])
         if not slices:
             return
         with self._write() as conn:
+            # One moment for the whole enqueue, read once: the clock moves between the rows of
+            # one statement (clock_timestamp() on PostgreSQL, 'now' per step on SQLite), and
+            # `lost_messages` orders one enqueue's slices by position, not by those drifts.
+            now = conn.execute(select(self._now)).scalar_one()
+            values: dict[str, Any] = {"enqueued_at": now, "enqueue_epoch": epoch}
+            if requeue is not None:
+                code, why = requeue
+                values.update(requeues=S.c.requeues + 1, requeued_at=now,
+                              requeue_code=code.value, requeue_reason=why[:500])
             # One statement run for every slice (executemany: pipelined by psycopg), each a
             # lookup by primary key. A `(chapter_id, slice_no) IN (...)` list of 1,000 was
             # checked against every slice of the exam on PostgreSQL: 14 s at 20,000 slices,

@@ -7,6 +7,7 @@ service skips its tests with the reason."""
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import sys
@@ -65,6 +66,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "large" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _root_logging_restored() -> Iterator[None]:
+    """A command run in process (`producer.cli.main`) sets the root logger up with a handler on
+    the sys.stderr of that moment, which is pytest's capture of that one test. Left in place, a
+    later test's log line is written into a closed file ("--- Logging error ---")."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
 
 
 @pytest.fixture

@@ -15,6 +15,7 @@ from helpers import wait_backoff_over, wait_lease_expired, write_syllabus
 from storage import Store, connect, migrate
 from storage.db import SCHEMA_REVISION
 from storage.models import CallOutcome
+from storage.base import S
 from storage.store import Claimed, NoRoom, NotClaimed, Orphan, RequeueReason, Usage
 
 
@@ -236,6 +237,24 @@ def test_orphans_finds_picked_chapters_without_a_live_lease_and_lost_epochs(stor
         Orphan("ex", "c", RequeueReason.broker_epoch_changed)]
     store.mark_enqueued("ex", [("a", 0), ("b", 0), ("c", 0)], "epoch-2")
     assert store.orphans(grace_s=0, epoch="epoch-2") == []
+
+
+def test_one_enqueue_is_one_moment_so_a_lagging_replica_loses_its_last_published(
+        store, tmp_path):
+    """A lagging replica lacks the newest pushes: the last published of an enqueue. Every
+    slice of one enqueue carries the same time, however long the statement runs, so the loss
+    is found in position order (the database clock moves between the rows of a statement:
+    clock_timestamp() on PostgreSQL, 'now' per step on SQLite)."""
+    chapters = [f"c{i:02}" for i in range(40)]
+    _sync(store, tmp_path, [(c, 5) for c in chapters])
+    store.mark_enqueued("ex", [(c, 0) for c in chapters], "epoch-1")
+    with store.engine.connect() as conn:
+        stamps = conn.execute(select(func.count(func.distinct(S.c.enqueued_at)))
+                              .where(S.c.exam == "ex")).scalar_one()
+    assert stamps == 1
+    audit = store.lost_messages(min_age_s=0, queued=30, unacked=[])
+    assert (audit.waiting, audit.queued) == (40, 30)
+    assert [c for _, c, _ in audit.lost] == chapters[:29:-1]  # c39 down to c30
 
 
 def test_cancel_keeps_the_reply_of_the_call_in_flight_and_sends_nothing_more(store, tmp_path):
