@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import fcntl
 import hashlib
+import os
 import threading
+import time
 from typing import Any, Callable, Iterator, Sequence
 
 from sqlalchemy import and_, bindparam, case, func, literal_column, select, text, update
@@ -14,7 +17,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import MultipleResultsFound, NoResultFound
 
 from examforge.errors import SliceReason
-from storage.db import READ_ONLY, db_now
+from storage.db import READ_ONLY, SQLITE_BUSY_TIMEOUT_S, db_now
 from storage.models import (Call, CallOutcome, ChapterState, Exam, Question, QuestionEdit,
                             RequeueReason, Slice)
 
@@ -175,6 +178,77 @@ class _Turn:
         self._lock._turn.release()
 
 
+class FileTurn:
+    """The SQLite writer's turn between processes: an exclusive flock(2) on a file beside the
+    database (`<database>-writer`), taken after the process's own `WriterLock` and held for
+    the write transaction.
+
+    SQLite's own write lock is a POSIX lock that its busy handler waits for by sleeping and
+    polling (1, 2, 5, ... up to 100 ms between tries), so two worker processes that each
+    commit a few hundred times a second mostly sleep past the moment the other let go. A
+    process blocked in flock is woken by the kernel as the holder unlocks. At most one
+    thread of a process waits here (the others wait in `WriterLock`), so this file only
+    arbitrates between processes; SQLite's lock still guards the database against every
+    other writer (the sqlite3 shell, an older examforge). The file is opened again in a
+    forked child (the lock belongs to the open file, which a fork would share), and its
+    descriptor is only used under `WriterLock`, so opening it needs no lock of its own."""
+
+    __slots__ = ("path", "_fd", "_pid", "_held")
+    GIVE_UP_S = float(SQLITE_BUSY_TIMEOUT_S)
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._fd = -1
+        self._pid = 0
+        self._held = False
+
+    def __enter__(self) -> None:
+        if self._pid != os.getpid():
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            self._pid = os.getpid()
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            self._held = True
+            return
+        except BlockingIOError:
+            pass
+        # Linux has no flock with a timeout, and a blocking one would wait for ever on a
+        # holder that hangs (SIGSTOP, a stuck thread), where SQLite's lock gives up after
+        # its busy timeout. So: tried every 0.2 ms (a few µs of CPU each, for the one waiting
+        # thread), and past SQLite's busy timeout the transaction goes on without the turn
+        # and SQLite's lock decides, as without this file.
+        deadline = time.monotonic() + self.GIVE_UP_S
+        while time.monotonic() < deadline:
+            time.sleep(0.0002)
+            try:
+                fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                self._held = True
+                return
+            except BlockingIOError:
+                continue
+        self._held = False
+
+    def __exit__(self, *exc: object) -> None:
+        if self._held:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+    def __del__(self) -> None:
+        if self._pid == os.getpid() and self._fd >= 0:
+            os.close(self._fd)
+
+
+def file_turn(engine: Engine) -> FileTurn | None:
+    """The turn between processes for a SQLite file database; None for PostgreSQL and for a
+    database in memory (one process only)."""
+    if engine.dialect.name != "sqlite":
+        return None
+    database = engine.url.database or ""
+    if database in ("", ":memory:") or database.startswith("file:") or \
+            "mode=memory" in str(engine.url):
+        return None
+    return FileTurn(os.path.abspath(database) + "-writer")
+
+
 class _Raw:
     """A hot statement compiled once for SQLite's driver (StoreBase._run): its SQL text, the
     order of its parameters, the values of the constants it binds, and the row type of what
@@ -287,6 +361,8 @@ class StoreBase:
         # (sleeping and retrying) until the holder commits; with it they take turns in order,
         # and SQLite's own locking only has to arbitrate between processes.
         self._writer = WriterLock() if engine.dialect.name == "sqlite" else None
+        self._files: contextlib.AbstractContextManager[None] = (
+            file_turn(engine) or contextlib.nullcontext())
         self._stmts: dict[str, Any] = {}
         # SQLite's hot statements as SQL for its driver (`_run`); None on PostgreSQL.
         self._raw: dict[str, _Raw] | None = {} if engine.dialect.name == "sqlite" else None
@@ -450,7 +526,7 @@ class StoreBase:
             with engine.begin() as conn:
                 yield conn
             return
-        with self._writer.hold(urgent), engine.begin() as conn:
+        with self._writer.hold(urgent), self._files, engine.begin() as conn:
             yield conn
 
     def _read(self) -> Connection:

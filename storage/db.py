@@ -24,6 +24,10 @@ READ_ONLY = "examforge_read_only"
 _MIGRATION_LOCK_ID = 0x65786166
 
 
+# How long a SQLite writer waits for the database's write lock before "database is locked".
+SQLITE_BUSY_TIMEOUT_S = 60
+
+
 def connect(url: str, *, pool_size: int = 10) -> Engine:
     """An engine for `url`. SQLite gets WAL, a busy timeout and `BEGIN IMMEDIATE` transactions."""
     try:
@@ -35,8 +39,8 @@ def connect(url: str, *, pool_size: int = 10) -> Engine:
         raise ConfigError(f"DATABASE_URL: not a database URL: {url!r}") from None
     if parsed.get_backend_name() == "sqlite":
         engine = create_engine(
-            url, connect_args={"timeout": 60, "check_same_thread": False}, pool_size=pool_size
-        )
+            url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_S, "check_same_thread": False},
+            pool_size=pool_size)
         _make_sqlite_transactions_immediate(engine)
     else:
         engine = create_engine(
@@ -107,7 +111,7 @@ def _make_sqlite_transactions_immediate(engine: Engine) -> None:
         cur = dbapi_conn.cursor()
         cur.execute("PRAGMA journal_mode=WAL")
         cur.execute("PRAGMA synchronous=NORMAL")
-        cur.execute("PRAGMA busy_timeout=60000")
+        cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_S * 1000}")
         cur.execute("PRAGMA foreign_keys=ON")
         cur.close()
 
