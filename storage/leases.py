@@ -29,6 +29,10 @@ S2 = S.alias("other_slice")
 # among them makes a new read.
 FRESH_MAX_SLICES = 20_000
 FRESH_REREAD_S = 5.0
+# A view not read again for this long is dropped at the next read of any exam's, so a worker
+# that serves exam after exam for months keeps only the recent ones' (an active exam's view
+# is then read again: one statement every FRESH_FORGET_S).
+FRESH_FORGET_S = 300.0
 
 
 class Leases(Ledger):
@@ -61,6 +65,9 @@ class Leases(Ledger):
             known = self._fresh.get(slug)
             if known is None or ((chapter_id, slice_no) not in known[1]
                                  and now - known[0] >= FRESH_REREAD_S):
+                for stale in [s for s, (at, _) in self._fresh.items()
+                              if now - at >= FRESH_FORGET_S]:
+                    del self._fresh[stale]
                 known = self._fresh[slug] = (now, self._read_fresh(slug))
             return known[1].get((chapter_id, slice_no))
 

@@ -150,6 +150,24 @@ def test_a_slice_added_later_is_read_again_and_finished_ones_are_not_offered(
     assert store.fresh_view("ex", "b", 0) is None
 
 
+def test_views_not_read_for_a_while_are_forgotten_at_the_next_read(pg_store, monkeypatch):
+    """A worker that serves exam after exam keeps only the recent exams' views."""
+    store, _ = pg_store
+    store.sync_exam("other", _syllabus([{"id": "x", "title": "X", "questions": 5}]),
+                    slice_questions=50)
+    assert store.fresh_view("ex", "a", 0) is not None
+    assert store.fresh_view("other", "x", 0) is not None
+    assert set(store._fresh) == {"ex", "other"}
+    monkeypatch.setattr(leases_module, "FRESH_FORGET_S", 0.0)
+    assert store.fresh_view("other", "x", 0) is not None  # known: no read, nothing dropped
+    assert set(store._fresh) == {"ex", "other"}
+    store.sync_exam("third", _syllabus([{"id": "y", "title": "Y", "questions": 5}]),
+                    slice_questions=50)
+    assert store.fresh_view("third", "y", 0) is not None  # a read: the old views go
+    assert set(store._fresh) == {"third"}
+    assert store.fresh_view("ex", "a", 0) is not None  # and come back when needed
+
+
 def test_sqlite_plans_inside_its_claim_instead(tmp_path):
     engine = connect(f"sqlite:///{tmp_path / 'x.db'}")
     migrate(engine)
