@@ -347,6 +347,47 @@ def execute_hot(conn: Connection, stmt: Any, params: dict[str, Any] | list[dict[
     return StoreBase._raw_execute(conn, held[1], params)
 
 
+def _on_cursor(conn: Connection, cursor: Any, sql: str, args: Any, many: bool,
+               run: Callable[[Any, str, Any], Any]) -> Any:
+    """`run(cursor, sql, args)` on a driver's cursor with what SQLAlchemy does around an
+    execution: the engine's `before_cursor_execute` listeners (the tests' statement counts,
+    bench/dbcount.py) and its handling of a driver error (a lost connection invalidates the
+    pool's; the error is raised as SQLAlchemy's). `Connection._handle_dbapi_exception` is
+    SQLAlchemy's own, not public: the store's tests fail first if an upgrade changes it."""
+    try:
+        if conn.dispatch.before_cursor_execute:
+            for fn in conn.dispatch.before_cursor_execute:
+                sql, args = fn(conn, cursor, sql, args, None, many)
+        return run(cursor, sql, args)
+    except Exception as exc:  # noqa: BLE001 - SQLAlchemy's handling decides, and raises
+        conn._handle_dbapi_exception(exc, sql, args, cursor, None)
+        raise  # not reached: the handler raises
+    finally:
+        cursor.close()
+
+
+def _executemany(cursor: Any, sql: str, args: Any) -> int:
+    cursor.executemany(sql, args)
+    return int(cursor.rowcount)
+
+
+def _fetch_all(cursor: Any, sql: str, args: Any) -> tuple[int, list[Any]]:
+    cursor.execute(sql, args)
+    rows = cursor.fetchall()
+    return cursor.rowcount, rows  # after the rows: sqlite3 counts a RETURNING's as it reads
+
+
+def _fetch_none(cursor: Any, sql: str, args: Any) -> tuple[int, list[Any]]:
+    cursor.execute(sql, args)
+    return cursor.rowcount, []
+
+
+def _fetch_prepared(cursor: Any, sql: str, args: Any) -> tuple[int, list[Any]]:
+    cursor.execute(sql, args, prepare=True)
+    rows = cursor.fetchall() if cursor.description is not None else []
+    return cursor.rowcount, rows
+
+
 class StoreBase:
     """The engine and the helpers every part of the store uses."""
 
@@ -416,22 +457,12 @@ class StoreBase:
         many = isinstance(params, list)
         args: Any = ([raw.args(p) for p in params] if isinstance(params, list)
                      else raw.args(params))
-        sql = raw.sql
         cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
-        try:
-            if conn.dispatch.before_cursor_execute:
-                for fn in conn.dispatch.before_cursor_execute:
-                    sql, args = fn(conn, cursor, sql, args, None, many)
-            if many:
-                cursor.executemany(sql, args)
-                return RawResult(cursor.rowcount, [])
-            cursor.execute(sql, args)
-            rows = cursor.fetchall() if raw.row is not None else []
-            count = cursor.rowcount
-        except Exception as exc:  # noqa: BLE001 - SQLAlchemy's handling decides, and raises
-            conn._handle_dbapi_exception(exc, sql, args, cursor, None)
-        finally:
-            cursor.close()
+        if many:
+            count = _on_cursor(conn, cursor, raw.sql, args, True, _executemany)
+            return RawResult(count, [])
+        count, rows = _on_cursor(conn, cursor, raw.sql, args, False,
+                                 _fetch_all if raw.row is not None else _fetch_none)
         if raw.row is None:
             return RawResult(count, rows)
         if raw.result_procs:
@@ -473,18 +504,8 @@ class StoreBase:
             conn = conn.execution_options(isolation_level="AUTOCOMMIT")
             cursor = conn.connection.driver_connection.cursor(  # type: ignore[union-attr]
                 row_factory=namedtuple_row)
-            try:
-                if conn.dispatch.before_cursor_execute:
-                    for fn in conn.dispatch.before_cursor_execute:
-                        sql, params = fn(conn, cursor, sql, params, None, False)
-                cursor.execute(sql, params, prepare=True)
-                rows = cursor.fetchall() if cursor.description is not None else []
-                return RawResult(cursor.rowcount, rows)
-            except Exception as exc:  # noqa: BLE001 - SQLAlchemy's handling decides, and raises
-                conn._handle_dbapi_exception(exc, sql, params, cursor, None)
-                raise  # not reached: the handler raises
-            finally:
-                cursor.close()
+            count, rows = _on_cursor(conn, cursor, sql, params, False, _fetch_prepared)
+            return RawResult(count, rows)
 
     def _run_many(self, conn: Connection, name: str, build: Callable[[], Any],
                   rows: list[dict[str, Any]], *, returning: bool = False) -> list[Any]:
