@@ -93,3 +93,9 @@ def test_every_write_of_a_store_takes_the_turn(tmp_path):
     child.join(10)
     assert child.exitcode == 0 and entered_at.value >= released_at
     store.engine.dispose()
+
+
+def test_a_turn_it_cannot_open_leaves_the_writers_to_sqlites_lock(tmp_path):
+    turn = FileTurn(str(tmp_path / "no-such-folder" / "db-writer"))
+    with turn:  # no error: the file is an optimisation, SQLite's lock is the guarantee
+        pass
