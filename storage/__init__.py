@@ -35,6 +35,10 @@ Two paths to the database:
   near-duplicate check's reads, its index rows and the steering reads, which live in
   storage.neardup rather than in the store's classes, take the same shortcut
   (`storage.base.execute_hot`).
+
+SQLite's writers take turns before `BEGIN IMMEDIATE` rather than sleep in its busy handler:
+a process's threads on `storage.base.WriterLock`, processes on `storage.base.FileTurn` (an
+flock on `<database>-writer`).
 """
 
 import sqlite3

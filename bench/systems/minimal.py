@@ -49,7 +49,9 @@ app = make_app(os.environ.get("BROKER_URL", "redis://127.0.0.1:6379/12"),
                int(os.environ.get("WORKER_PREFETCH_MULTIPLIER", "1")))
 
 _local = threading.local()
-_write_lock = threading.Lock()
+# Re-entrant: `chapter`'s failure handler holds it while `_db` may still have to open the
+# thread's connection, which takes it too (a plain Lock deadlocked the worker there).
+_write_lock = threading.RLock()
 _client_lock = threading.Lock()
 _client: Any = None
 
@@ -58,9 +60,9 @@ def _db() -> sqlite3.Connection:
     conn = getattr(_local, "conn", None)
     if conn is None:
         conn = sqlite3.connect(os.environ["MINIMAL_DB"], timeout=60, check_same_thread=False)
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA synchronous=NORMAL")
-        with _write_lock:
+        with _write_lock:  # 32 threads opening at once: switching to WAL one at a time
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
             conn.execute(_SCHEMA)
             conn.commit()
         _local.conn = conn
