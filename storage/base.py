@@ -212,12 +212,8 @@ class FileTurn:
         if self._fd < 0:
             self._held = False
             return
-        try:
-            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            self._held = True
+        if self._try():
             return
-        except BlockingIOError:
-            pass
         # Linux has no flock with a timeout, and a blocking one would wait for ever on a
         # holder that hangs (SIGSTOP, a stuck thread), where SQLite's lock gives up after
         # its busy timeout. So: tried every 0.2 ms (a few µs of CPU each, for the one waiting
@@ -226,13 +222,16 @@ class FileTurn:
         deadline = time.monotonic() + self.GIVE_UP_S
         while time.monotonic() < deadline:
             time.sleep(0.0002)
-            try:
-                fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                self._held = True
+            if self._try():
                 return
-            except BlockingIOError:
-                continue
-        self._held = False
+
+    def _try(self) -> bool:
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            self._held = True
+        except BlockingIOError:
+            self._held = False
+        return self._held
 
     def __exit__(self, *exc: object) -> None:
         if self._held:
