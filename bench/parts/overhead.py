@@ -40,15 +40,17 @@ def run(ctx: Context) -> PartResult:
     ctx.mock.set_latency(0.0)
     try:
         by_round: list[dict[str, Result]] = []
-        for round_no in range(rounds):
+        # With --profile, py-spy records a round of its own after the measured ones: it costs
+        # the worker CPU, so that round counts for no figure.
+        for round_no in range(rounds + (ctx.profile_dir is not None)):
             by_round.append({})
             for run_name, app, database in SYSTEMS:
-                # py-spy only in the last round: it costs the worker CPU of its own.
-                profile = round_no == rounds - 1 and ctx.profile_dir is not None
                 by_round[-1][run_name] = _run_one(ctx, part, run_name, app, database,
-                                                  targets, calls, profile, round_no)
+                                                  targets, calls, round_no == rounds,
+                                                  round_no)
     finally:
         ctx.mock.set_latency(0.5)
+    by_round = by_round[:rounds]
     ratios = [_ratio(r["examforge"], r["minimal"]) for r in by_round]
     pg_ratios = [_ratio(r["examforge-pg"], r["minimal"]) for r in by_round]
     results = by_round[sorted(range(rounds), key=lambda i: ratios[i] or 0.0)[rounds // 2]]
@@ -97,7 +99,8 @@ def _run_one(ctx: Context, part: PartResult, run_name: str, app: str, database: 
                 profilers[kind] = (_start_profile(cluster.pids[0], out, extra), out)
             time.sleep(1.0)  # py-spy attached before the first message
         result = part.add_run(cluster.run(f"over-{run_name}", targets, calls),
-                              round=round_no + 1, variant=run_name)
+                              round=round_no + 1, variant=run_name,
+                              profiled=profile and app == "examforge")
         for kind, (profiler, out) in profilers.items():
             profiler.send_signal(signal.SIGINT)  # py-spy writes its file and exits
             profiler.wait(timeout=60)
