@@ -173,8 +173,11 @@ def test_a_second_delivery_while_the_first_runs_makes_no_call(env):
 
 
 def test_heartbeat_keeps_the_lease_through_a_call_longer_than_several_ttls(env):
-    rt, fake = env([("a", 5)], lease_s=0.8, heartbeat_s=0.2)
-    fake.script = [lambda req, n: (time.sleep(2.5), fake.valid(n, "a"))[1]]
+    # Three TTLs of call. A lease of 1.5 s, six beats long: one of 0.8 s was lost once in a
+    # full fast-tier run, where a stall of 0.6 s anywhere in the process (another test's
+    # leftover threads, a collection) sat between the claim and the first beat.
+    rt, fake = env([("a", 5)], lease_s=1.5, heartbeat_s=0.25)
+    fake.script = [lambda req, n: (time.sleep(4.5), fake.valid(n, "a"))[1]]
     assert process_chapter(rt, "ex", "a").outcome == "done"
     assert _status(rt)["questions"]["done"] == 5
 
