@@ -39,6 +39,12 @@ def _port_open(host: str, port: int) -> bool:
         return False
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    import schema_template
+
+    schema_template.install()
+
+
 def _large_selected(config: pytest.Config) -> bool:
     # EXAMFORGE_SLOW is the variable's old name, from when `slow` meant what `large` means.
     return bool(os.environ.get("EXAMFORGE_LARGE") or os.environ.get("EXAMFORGE_SLOW")

@@ -1,0 +1,153 @@
+"""The migrated schema, replayed: how this test process brings an empty database to head.
+
+The tests create about 600 empty databases in one run and migrate each (`storage.migrate`, the
+`store` fixtures, the local runner). Alembic's steps cost 0.2 s a database on SQLite and 0.4 s
+on PostgreSQL, 220 s of a 10-minute fast tier. Here the first upgrade of an empty database to
+head on each dialect is Alembic's own, run once on a scratch database; what it made is dumped
+(sqlite3's `iterdump`, PostgreSQL's `pg_dump --inserts`), and every later upgrade of an empty
+database to head replays that dump in the caller's transaction, under the caller's locks.
+
+Only an upgrade of an *empty* database to *head*, and only in this process: a migration test
+upgrading to a revision, a database with a table in it, and every worker and CLI process of
+tests/e2e run Alembic itself. Set EXAMFORGE_TEST_ALEMBIC=1 to run Alembic everywhere. Written
+here because neither Alembic nor pytest has a template for a migrated database.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import sqlite3
+import subprocess
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Iterator
+
+_lock = threading.Lock()
+_making = threading.local()  # set while this thread runs Alembic to make a dump
+_dumps: dict[str, Any] = {}  # dialect -> SQLite's statements or PostgreSQL's script
+_original: Any = None
+
+
+def _empty(connection: Any) -> bool:
+    from sqlalchemy import inspect
+
+    return not inspect(connection).get_table_names()
+
+
+@contextlib.contextmanager
+def alembic_only() -> Iterator[None]:
+    """Inside: this thread's upgrades are Alembic's own."""
+    before = getattr(_making, "on", False)
+    _making.on = True
+    try:
+        yield
+    finally:
+        _making.on = before
+
+
+def sqlite_schema(path: Path) -> list[str]:
+    """What a SQLite database holds, as the statements that make it again."""
+    raw = sqlite3.connect(path)
+    try:
+        skip = ("BEGIN TRANSACTION;", "COMMIT;", "PRAGMA ")
+        return [s for s in raw.iterdump() if not s.startswith(skip)]
+    finally:
+        raw.close()
+
+
+def pg_schema(url: Any) -> str:
+    """What a PostgreSQL database holds (`url`, an SQLAlchemy URL), as one SQL script."""
+    pg_dump = shutil.which("pg_dump") or sorted(
+        Path("/usr/lib/postgresql").glob("*/bin/pg_dump"))[-1]
+    env = {**os.environ, **({"PGPASSWORD": url.password} if url.password else {})}
+    out = subprocess.run(
+        [str(pg_dump), "--inserts", "--no-owner", "--no-privileges", "--no-comments",
+         "-h", url.host or "127.0.0.1", "-p", str(url.port or 5432),
+         "-U", url.username or "postgres", url.database],
+        capture_output=True, text=True, check=True, env=env).stdout
+    # Its SETs and set_config would change the caller's session (search_path to ''); every
+    # name in the dump is schema-qualified, so they are not needed. \restrict and
+    # \unrestrict are psql's commands (pg_dump since 15.14), not SQL.
+    lines = [line for line in out.splitlines()
+             if not line.startswith(("--", "SET ", "SELECT pg_catalog.set_config(", "\\"))]
+    return "\n".join(line for line in lines if line.strip())
+
+
+def _sqlite_dump() -> list[str]:
+    from storage import connect, migrate
+
+    folder = Path(tempfile.mkdtemp(prefix="ef-schema-"))
+    try:
+        engine = connect(f"sqlite:///{folder / 'template.db'}")
+        with alembic_only():
+            migrate(engine)
+        engine.dispose()
+        return sqlite_schema(folder / "template.db")
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _pg_dump(url: Any) -> str:
+    import psycopg
+
+    from storage import connect, migrate
+
+    admin = url.set(database="postgres").render_as_string(hide_password=False)
+    admin = admin.replace("postgresql+psycopg://", "postgresql://")
+    name = f"ef_schema_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        target = url.set(database=name)
+        engine = connect(target.render_as_string(hide_password=False))
+        with alembic_only():
+            migrate(engine)
+        engine.dispose()
+        return pg_schema(target)
+    finally:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def _upgrade(config: Any, revision: str, *args: Any, **kwargs: Any) -> Any:
+    connection = config.attributes.get("connection")
+    if (getattr(_making, "on", False) or revision != "head" or connection is None or args
+            or kwargs or not _empty(connection)):
+        return _original(config, revision, *args, **kwargs)
+    dialect = connection.dialect.name
+    with _lock:
+        dump = _dumps.get(dialect)
+    if dump is None:
+        if dialect not in ("sqlite", "postgresql"):
+            return _original(config, revision, *args, **kwargs)
+        made = _sqlite_dump() if dialect == "sqlite" else _pg_dump(connection.engine.url)
+        with _lock:
+            dump = _dumps.setdefault(dialect, made)
+    if dialect == "sqlite":
+        for statement in dump:
+            connection.exec_driver_sql(statement)
+    else:  # one script, in the caller's transaction (psycopg sends it as one query)
+        connection.connection.driver_connection.execute(dump)
+    # What migration 0015 writes once per database: its own random id, not the template's.
+    connection.exec_driver_sql(
+        "UPDATE database_identity SET database_id = ?, created_at = ?" if dialect == "sqlite"
+        else "UPDATE database_identity SET database_id = %s, created_at = %s",
+        (uuid.uuid4().hex, time.time()))
+    return None
+
+
+def install() -> None:
+    """Route alembic.command.upgrade through the replay (storage.migrate looks it up at each
+    call). A no-op with EXAMFORGE_TEST_ALEMBIC=1."""
+    global _original
+    if os.environ.get("EXAMFORGE_TEST_ALEMBIC") or _original is not None:
+        return
+    from alembic import command
+
+    _original = command.upgrade
+    command.upgrade = _upgrade
