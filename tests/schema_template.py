@@ -60,13 +60,19 @@ def sqlite_schema(path: Path) -> list[str]:
         raw.close()
 
 
+def _pg_dump_binary() -> str | None:
+    found = shutil.which("pg_dump") or next(
+        iter(sorted(Path("/usr/lib/postgresql").glob("*/bin/pg_dump"), reverse=True)), None)
+    return str(found) if found else None
+
+
 def pg_schema(url: Any) -> str:
     """What a PostgreSQL database holds (`url`, an SQLAlchemy URL), as one SQL script."""
-    pg_dump = shutil.which("pg_dump") or sorted(
-        Path("/usr/lib/postgresql").glob("*/bin/pg_dump"))[-1]
+    pg_dump = _pg_dump_binary()
+    assert pg_dump, "pg_dump is not installed"
     env = {**os.environ, **({"PGPASSWORD": url.password} if url.password else {})}
     out = subprocess.run(
-        [str(pg_dump), "--inserts", "--no-owner", "--no-privileges", "--no-comments",
+        [pg_dump, "--inserts", "--no-owner", "--no-privileges", "--no-comments",
          "-h", url.host or "127.0.0.1", "-p", str(url.port or 5432),
          "-U", url.username or "postgres", url.database],
         capture_output=True, text=True, check=True, env=env).stdout
@@ -123,11 +129,18 @@ def _upgrade(config: Any, revision: str, *args: Any, **kwargs: Any) -> Any:
     with _lock:
         dump = _dumps.get(dialect)
     if dump is None:
-        if dialect not in ("sqlite", "postgresql"):
-            return _original(config, revision, *args, **kwargs)
-        made = _sqlite_dump() if dialect == "sqlite" else _pg_dump(connection.engine.url)
+        if dialect not in ("sqlite", "postgresql") or (
+                dialect == "postgresql" and _pg_dump_binary() is None):
+            return _original(config, revision, *args, **kwargs)  # Alembic, every time
+        made: list[str] | str | bool
+        try:
+            made = _sqlite_dump() if dialect == "sqlite" else _pg_dump(connection.engine.url)
+        except subprocess.CalledProcessError:  # a pg_dump older than the server: Alembic
+            made = False
         with _lock:
             dump = _dumps.setdefault(dialect, made)
+    if dump is False:
+        return _original(config, revision, *args, **kwargs)
     if dialect == "sqlite":
         for statement in dump:
             connection.exec_driver_sql(statement)
