@@ -98,26 +98,32 @@ def _sqlite_dump() -> list[str]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _pg_dump(url: Any) -> str:
+@contextlib.contextmanager
+def scratch_pg_database(url: Any) -> Iterator[Any]:
+    """A new, empty database on `url`'s server (an SQLAlchemy URL), dropped on the way out."""
     import psycopg
 
-    from storage import connect, migrate
-
-    admin = url.set(database="postgres").render_as_string(hide_password=False)
-    admin = admin.replace("postgresql+psycopg://", "postgresql://")
+    admin = url.set(drivername="postgresql", database="postgres").render_as_string(
+        hide_password=False)
     name = f"ef_schema_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(admin, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
     try:
-        target = url.set(database=name)
+        yield url.set(database=name)
+    finally:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def _pg_dump(url: Any) -> str:
+    from storage import connect, migrate
+
+    with scratch_pg_database(url) as target:
         engine = connect(target.render_as_string(hide_password=False))
         with alembic_only():
             migrate(engine)
         engine.dispose()
         return pg_schema(target)
-    finally:
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def _upgrade(config: Any, revision: str, *args: Any, **kwargs: Any) -> Any:

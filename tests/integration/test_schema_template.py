@@ -3,30 +3,11 @@ Alembic makes: every table, index, trigger, function and row, on both databases.
 
 from __future__ import annotations
 
-import os
-import uuid
-
-import psycopg
-import pytest
 from sqlalchemy import inspect
 from sqlalchemy.engine import make_url
 
 import schema_template
 from storage import connect, migrate
-
-PG_ADMIN_URL = os.environ.get("EXAMFORGE_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
-
-
-def _pg_database() -> str:
-    name = f"ef_test_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    return name
-
-
-def _drop(name: str) -> None:
-    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def _is_identity(line: str) -> bool:
@@ -90,17 +71,14 @@ def test_the_replay_makes_alembics_schema_on_sqlite(tmp_path):
 
 def test_the_replay_makes_alembics_schema_on_postgresql(pg_url):
     base = make_url(pg_url.replace("postgresql://", "postgresql+psycopg://", 1))
-    other = _pg_database()
-    try:
+    with schema_template.scratch_pg_database(base) as other:
         _migrated(base.render_as_string(hide_password=False), alembic=False)
-        _migrated(base.set(database=other).render_as_string(hide_password=False), alembic=True)
+        _migrated(other.render_as_string(hide_password=False), alembic=True)
         replayed = schema_template.pg_schema(base)
-        made = schema_template.pg_schema(base.set(database=other))
-        assert "CREATE FUNCTION public.ef_claim" in made and "alembic_version" in made
-        assert _identities(replayed.splitlines()) != _identities(made.splitlines())
-        assert _pg_canonical(replayed) == _pg_canonical(made)
-    finally:
-        _drop(other)
+        made = schema_template.pg_schema(other)
+    assert "CREATE FUNCTION public.ef_claim" in made and "alembic_version" in made
+    assert _identities(replayed.splitlines()) != _identities(made.splitlines())
+    assert _pg_canonical(replayed) == _pg_canonical(made)
 
 
 def test_a_database_with_a_table_or_a_revision_goes_through_alembic(tmp_path):
