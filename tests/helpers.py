@@ -150,3 +150,31 @@ def mock_custom_ids(base_url: str, batch: dict[str, Any]) -> list[str]:
 
     content = httpx.get(f"{base_url}/files/{batch['input_file_id']}/content").content
     return [json.loads(line)["custom_id"] for line in content.decode().splitlines() if line]
+
+
+def fake_redis_connection_class(server: Any) -> type:
+    """A redis-py connection class that talks to fakeredis `server`, for putting under kombu
+    (`kombu.transport.redis.Channel.connection_class`) in the unit tier.
+
+    fakeredis replaces redis-py's `read_response` with its own, which does not push the
+    connection's next health check forward as redis-py's does. kombu sets a health-check
+    interval, and redis-py 8.2 pipelines its handshake (CLIENT SETINFO twice, SELECT) with a
+    health check before each send: with the check never pushed forward, the second send's PING
+    read the first SETINFO's "OK" ("Bad response from PING health check"). Doing what redis-py's
+    own read_response does makes the fake work on 8.1 and 8.2 alike;
+    tests/unit/test_fake_redis_connection.py checks exactly that handshake on the installed
+    client."""
+    import fakeredis
+
+    class Connection(fakeredis.FakeRedisConnection):  # type: ignore[misc]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs["server"] = server
+            super().__init__(*args, **kwargs)
+
+        def read_response(self, *args: Any, **kwargs: Any) -> Any:
+            response = super().read_response(*args, **kwargs)
+            if self.health_check_interval:
+                self.next_health_check = time.monotonic() + self.health_check_interval
+            return response
+
+    return Connection

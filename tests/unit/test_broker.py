@@ -13,7 +13,7 @@ from kombu.transport import redis as kombu_redis
 
 from examforge.errors import BrokerUnavailable
 from examforge.syllabus import load_syllabus
-from helpers import write_syllabus
+from helpers import fake_redis_connection_class, write_syllabus
 from storage import open_store
 from tasks.broker import broker_epoch, check_broker, publish_slices
 from tasks.config import celery_config
@@ -23,13 +23,7 @@ from tasks.reconcile import reconcile_once
 @pytest.fixture
 def fake_server(monkeypatch):
     server = fakeredis.FakeServer()
-
-    class Connection(fakeredis.FakeRedisConnection):
-        def __init__(self, *args, **kwargs):
-            kwargs["server"] = server
-            super().__init__(*args, **kwargs)
-
-    monkeypatch.setattr(kombu_redis.Channel, "connection_class", Connection)
+    monkeypatch.setattr(kombu_redis.Channel, "connection_class", fake_redis_connection_class(server))
     return server
 
 
