@@ -249,10 +249,6 @@ def _short(text: str, limit: int = 120) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
-
-
 def status(slug: str, as_json: bool, watch: bool, interval_s: float) -> None:
     settings = _settings()
     store = _read_store(settings)
@@ -479,8 +475,7 @@ def run(slug: str, concurrency: int, budget_usd: float | None, dry_run: bool,
         _run_batch(settings, store, slug)
         return
     rt = Runtime.build(settings, store)
-    # SIGTERM stops like Ctrl-C: running calls finish and commit, nothing new is paid for.
-    signal.signal(signal.SIGTERM, _interrupt)
+    interrupted = _stop_on_signals(rt)
     # The same view as `status --watch`, on stderr (stdout gets the summary).
     with LiveView(err, interval_s=5.0) as view:
         def tick() -> None:
@@ -493,6 +488,9 @@ def run(slug: str, concurrency: int, budget_usd: float | None, dry_run: bool,
         finally:
             view.show(store.status(slug))
     rt.close()
+    if interrupted.is_set():
+        err.print("interrupted: every committed batch is kept; run the same command to resume")
+        sys.exit(130)
     failed = {ref: r for ref, r in results.items() if r.outcome == "failed"}
     for (chapter_id, slice_no), result in failed.items():
         err.print(f"failed {slug}/{chapter_id} slice {slice_no}: {result.detail}")
@@ -502,6 +500,31 @@ def run(slug: str, concurrency: int, budget_usd: float | None, dry_run: bool,
               + _cancelled_note(report.chapters.cancelled, slug))
     if failed:
         sys.exit(1)
+
+
+def _stop_on_signals(rt: Any) -> threading.Event:
+    """Ctrl-C (and SIGTERM) in `run`: the first sets the runtime's stop flag, so that nothing
+    new is paid for and the running slices hand back after the call each is in (committed, or
+    booked); a second abandons those calls at once, as a crash would: the next run's claim
+    books them at their worst case. The handler only sets flags: see runner.local._drain."""
+    import os
+
+    interrupted = threading.Event()
+
+    def on_signal(signum: int, frame: object) -> None:
+        if interrupted.is_set():
+            err.print("abandoned the calls in flight (the next run books them at their worst "
+                      "case); run the same command to resume")
+            sys.stderr.flush()
+            os._exit(130)
+        interrupted.set()
+        rt.stopping.set()
+        err.print(f"finishing {plural(rt.keeper.held(), 'call')} in flight; Ctrl-C again to "
+                  "abandon them (they are booked at their worst case)")
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    return interrupted
 
 
 def _cancelled_note(cancelled: int, slug: str) -> str:

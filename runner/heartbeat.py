@@ -41,6 +41,11 @@ class LeaseKeeper:
                 self._thread.start()
         return lost
 
+    def held(self) -> int:
+        """How many leases this process holds now: its running slices. Read without the lock
+        (a dict's length is one atomic read), so that a signal handler may ask."""
+        return len(self._held)
+
     def drop(self, owner: str) -> None:
         with self._lock:
             self._held.pop(owner, None)

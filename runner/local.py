@@ -30,6 +30,7 @@ def run_local(rt: Runtime, exam: str, slices: list[Slice], concurrency: int,
     with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="chapter") as pool:
         try:
             _loop(rt, exam, pool, ready, running, results, concurrency, on_progress, more)
+            _drain(running, results, on_progress)
         except BaseException:
             # Ctrl-C, SIGTERM or a crash: running chapters finish the call they are in, commit
             # it and stop; the pool's exit waits for exactly that, no more paid calls.
@@ -43,9 +44,12 @@ def _loop(rt: Runtime, exam: str, pool: ThreadPoolExecutor,
           results: dict[Slice, ChapterResult], concurrency: int,
           on_progress: Callable[[], None] | None,
           more: Callable[[], list[Slice]] | None = None) -> None:
-    """Submit ready chapters, collect results, re-schedule retries at their delay."""
+    """Submit ready chapters, collect results, re-schedule retries at their delay, until
+    nothing is left or `rt.stopping` is set (Ctrl-C, SIGTERM, a server's shutdown): then
+    nothing more is submitted, and `_drain` waits for the running slices, which hand back
+    after the call each is in."""
     seq = len(ready) + len(running) + len(results)
-    while True:
+    while not rt.stopping.is_set():
         if more is not None:
             live = {ref for _, _, ref in ready} | set(running.values())
             for ref in more():
@@ -77,5 +81,19 @@ def _loop(rt: Runtime, exam: str, pool: ThreadPoolExecutor,
                 heapq.heappush(ready, (time.monotonic() + (result.retry_in_s or 1.0), seq, ref))
             else:
                 results[ref] = result
+        if on_progress:
+            on_progress()
+
+
+def _drain(running: dict[Future[ChapterResult], Slice], results: dict[Slice, ChapterResult],
+           on_progress: Callable[[], None] | None) -> None:
+    """Wait for the running slices after a stop (each ends after the call it is in, committed
+    or booked) and keep their results: a stop is a flag the loop reads, never an exception
+    raised into whatever the main thread was doing (a KeyboardInterrupt raised inside a
+    finaliser or a library's cleanup is printed and dropped by Python, and the stop with it)."""
+    while running:
+        finished, _ = wait(running, timeout=1.0, return_when=FIRST_COMPLETED)
+        for fut in finished:
+            results[running.pop(fut)] = fut.result()
         if on_progress:
             on_progress()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import signal
+import threading
 import time
 
 import pytest
@@ -210,10 +211,12 @@ def test_ctrl_c_in_local_run_stops_paying_after_the_running_calls(deploy, mock):
     # No deadline on the machine's speed (this test once timed out on a busy machine): what
     # shows the stop waited for the running calls and no more is that no call reached the
     # mock after the signal, and that the process exits; a chapter that went on would make
-    # 5 more calls each.
+    # 5 more calls each. The signal only sets a flag the run's loop reads (runner.local), so
+    # where the main thread was when it came does not matter.
     assert run.wait(120) == 130
     output = run.stdout.read().decode()  # type: ignore[union-attr]
     assert "Traceback" not in output and "run the same command to resume" in output
+    assert "finishing 2 calls in flight; Ctrl-C again to abandon them" in output
     assert mock.stats()["calls_total"] == stats["calls_total"]  # none started after Ctrl-C
     usage = dep.status("demo")["usage"]
     calls = dep.calls("demo")
@@ -224,3 +227,30 @@ def test_ctrl_c_in_local_run_stops_paying_after_the_running_calls(deploy, mock):
     assert all((c["detail"] or "").startswith("not sent:") and not c["cost_usd"]
                for c in unsent), dump(calls)
     assert usage["calls"] == usage["calls_used"] + len(unsent)
+
+
+def test_a_second_ctrl_c_abandons_the_calls_in_flight_and_the_next_run_books_them(deploy, mock):
+    mock.configure(latency_s=60.0)  # the calls in flight could not end by themselves in time
+    dep = deploy("sqlite", llm_timeout_s=120, lease_s=2)
+    dep.syllabus("demo", [("ch-0", 5), ("ch-1", 5)])  # one call each
+    run = dep.spawn_cli("run", "demo", "--concurrency", "2")
+    wait_for(lambda: mock.stats()["inflight"] == 2, 60, "two calls at the mock")
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(
+        raw.decode() for raw in run.stdout), daemon=True)  # type: ignore[union-attr]
+    reader.start()
+    run.send_signal(signal.SIGINT)
+    wait_for(lambda: any("Ctrl-C again" in line for line in lines), 60, "the first stop's line")
+    run.send_signal(signal.SIGINT)
+    assert run.wait(30) == 130  # the calls it abandoned had 60 s to go
+    reader.join(10)
+    assert any("abandoned the calls in flight" in line for line in lines), lines
+    assert not any("Traceback" in line for line in lines), lines
+    mock.configure(latency_s=0.01)
+    again = dep.cli("run", "demo", timeout=120)
+    assert again.returncode == 0, again.stdout + again.stderr
+    usage = dep.status("demo")["usage"]
+    assert usage["calls_in_flight"] == 0, dump(dep.calls("demo"))
+    # The two abandoned calls are booked (wasted, at their worst case), and nothing else was.
+    assert usage["calls_wasted"] == 2 and usage["calls_used"] == 2, dump(dep.calls("demo"))
+    assert_stored_exactly_once(dep, "demo", {"ch-0": 5, "ch-1": 5})
