@@ -21,7 +21,17 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
 PG_ADMIN_URL = os.environ.get("EXAMFORGE_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
-REDIS_TEST_URL = os.environ.get("EXAMFORGE_TEST_REDIS", "redis://127.0.0.1:6379/9")
+
+
+def _redis_test_db() -> int:
+    """Database 9 of the machine's Redis; under pytest-xdist each worker process has its own
+    (gw0 is 1, gw1 is 2, ...: Redis has 16), since the `redis_url` fixture empties it."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    return 1 + int(worker[2:]) % 15 if worker.startswith("gw") else 9
+
+
+REDIS_TEST_URL = os.environ.get("EXAMFORGE_TEST_REDIS",
+                                f"redis://127.0.0.1:6379/{_redis_test_db()}")
 
 
 def _service_missing(what: str, reason: str) -> None:
@@ -118,7 +128,8 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 @pytest.fixture
 def redis_url() -> str:
-    """The machine's real Redis, database 9, emptied for the test."""
+    """The machine's real Redis, this process's database (REDIS_TEST_URL), emptied for the
+    test."""
     import redis
 
     client = redis.Redis.from_url(REDIS_TEST_URL, socket_connect_timeout=2)
@@ -149,7 +160,7 @@ def make_settings(tmp_path: Path) -> Callable[..., Any]:
     def make(**overrides: Any) -> Any:
         base: dict[str, Any] = {
             "database_url": f"sqlite:///{tmp_path / 'examforge.db'}",
-            "broker_url": "redis://127.0.0.1:6379/9",
+            "broker_url": REDIS_TEST_URL,
             "exams_dir": tmp_path / "exams",
             "llm_base_url": "http://mock.invalid/v1",
             "llm_api_key": "sk-test",
