@@ -38,7 +38,13 @@ from producer.syllabi import file_syllabus, resolve
 from producer.views import status_dict, summary_dict, when
 from producer.words import plural
 from storage import Store, connect, open_existing_store, open_store
-from storage.db import SCHEMA_REVISION, backup_sqlite, current_revision, database_error
+from storage.db import (
+    SCHEMA_REVISION,
+    backup_sqlite,
+    current_revision,
+    database_error,
+    shown_url,
+)
 from storage.models import ExamMode
 from storage.reports import ExamReport, VerificationCounts, batch_counts, batch_status
 
@@ -728,7 +734,7 @@ def backup(path: Path) -> None:
 
 
 def _shown_url(settings: Settings) -> str:
-    return make_url(settings.database_url).render_as_string(hide_password=True)
+    return shown_url(settings.database_url)
 
 
 def import_(slug: str, file: Path) -> None:
