@@ -73,6 +73,10 @@ class ErrorKind(str, Enum):
     batch_expired = "batch_expired"
     batch_cancelled = "batch_cancelled"
     batch_token_limit = "batch_token_limit"
+    # A finished batch whose output or error file is gone at the provider (purged, deleted):
+    # its lines ran and were billed, and their replies can never be read. Booked at their
+    # worst case (runner.batching.BATCH_FILE_TRIES).
+    batch_output_lost = "batch_output_lost"
 
 
 @dataclass(frozen=True)

@@ -265,18 +265,27 @@ class LLMClient:
         prompt = reserve_prompt_tokens(prompt_tokens, self._primary.model)
         return self._primary.price.cost_usd(prompt, max_tokens) * self._settings.llm_batch_discount
 
-    def batch_completion(self, status_code: int, body: object,
-                         count_prompt: Callable[[], int] = lambda: 0) -> Completion:
+    def batch_completion(self, status_code: int, body: object, prompt_tokens: int,
+                         max_tokens: int | None = None) -> Completion:
         """An output line's response as a Completion at the batch price; raises the
         ProviderError a synchronous reply of that status and body would (ReplyUnusable for a
-        broken envelope, with its billed usage at the batch price)."""
+        broken envelope, with its billed usage at the batch price). A line without usage is
+        booked as the synchronous path books a reply without it: `prompt_tokens` (the client's
+        own count of the line's prompt, recorded with the call) and the body as received, at
+        most `max_tokens` of it; never 0."""
         ep, discount = self._batch_endpoint(), self._settings.llm_batch_discount
         raw = json.dumps(body).encode() if not isinstance(body, (bytes, str)) else (
             body.encode() if isinstance(body, str) else body)
         response = httpx.Response(status_code, content=raw)
         try:
-            completion = _translate(response, raw, ep, count_prompt)
+            completion = _translate(response, raw, ep, lambda: prompt_tokens)
         except ProviderError as exc:
+            if isinstance(exc, ReplyUnusable) and exc.billed is None:
+                got = count_text(raw.decode("utf-8", "replace"), ep.model)
+                completion_tokens = got if max_tokens is None else min(got, max_tokens)
+                exc.billed = Billed(prompt_tokens, completion_tokens,
+                                    _sent_price(ep).cost_usd(prompt_tokens, completion_tokens),
+                                    estimated=True)
             if exc.billed is not None:
                 exc.billed = dataclasses.replace(exc.billed,
                                                  cost_usd=exc.billed.cost_usd * discount)
