@@ -3,6 +3,7 @@
 - `<!-- settings-table -->` becomes the table of every setting: its environment name, default
   and description from `examforge.settings.Settings`, and the processes that read it from
   `examforge.settings_readers`.
+- The benchmark plots of bench/ are added to the site's files.
 - `[OAD(openapi.json)]` is pointed at the OpenAPI document of the app `producer serve` runs,
   written to a temporary file at the start of the build; neoteroi-mkdocs's OAD plugin then
   renders it. Nothing is fetched from the network.
@@ -82,6 +83,16 @@ def on_pre_build(config: Any) -> None:
     folder = Path(tempfile.mkdtemp(prefix="examforge-docs-"))
     _openapi_path = folder / "openapi.json"
     _openapi_path.write_text(json.dumps(openapi_document(), indent=1), encoding="utf-8")
+
+
+def on_files(files: Any, config: Any) -> Any:
+    """The benchmark plots (made by `python -m bench` in bench/) go into the site as they are."""
+    from mkdocs.structure.files import File
+
+    for plot in sorted((ROOT / "bench").glob("plot-*.png")):
+        files.append(File(f"bench/{plot.name}", src_dir=str(ROOT), dest_dir=config["site_dir"],
+                          use_directory_urls=config["use_directory_urls"]))
+    return files
 
 
 @event_priority(50)  # before the OAD plugin's own on_page_markdown
