@@ -14,6 +14,7 @@ The CLI reference needs no hook: mkdocs-click reads the click group `producer.cl
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -63,7 +64,7 @@ def settings_table() -> str:
         readers = ", ".join(READ_BY.get(name, ("?",)))
         if name in RECORDED_ON_EXAM:
             readers += " (recorded on the exam)"
-        description = _cell(field.description or "")
+        description = _cell(field.description or "–")
         rows.append(f"| `{env_name(name)}` | {_default(field)} | {readers} | {description} |")
     return "\n".join(rows)
 
@@ -93,6 +94,13 @@ def on_files(files: Any, config: Any) -> Any:
         files.append(File(f"bench/{plot.name}", src_dir=str(ROOT), dest_dir=config["site_dir"],
                           use_directory_urls=config["use_directory_urls"]))
     return files
+
+
+def on_post_build(config: Any) -> None:
+    global _openapi_path
+    if _openapi_path is not None:
+        shutil.rmtree(_openapi_path.parent, ignore_errors=True)
+        _openapi_path = None
 
 
 @event_priority(50)  # before the OAD plugin's own on_page_markdown
