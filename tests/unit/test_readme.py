@@ -81,3 +81,14 @@ def test_every_relative_link_in_readme_leads_to_a_file_and_docs_links_to_a_page_
 def test_every_page_of_the_site_is_in_the_nav():
     nav = _mkdocs_nav()
     assert set(PAGES) == nav, (set(PAGES) ^ nav)
+
+
+HISTORY = re.compile(r"\bissues? #?\d+|\bformerly\b|\bmigrations? \d{4}|\bbefore the reordering\b|"
+                     r"\bUpgrading to\b", re.IGNORECASE)
+
+
+def test_history_lives_in_the_changelog_only():
+    # README and the docs say what is true today; what changed, and when, is CHANGELOG.md's.
+    for name, text in {"README.md": README, **PAGES}.items():
+        found = HISTORY.findall(text)
+        assert not found, f"{name} tells history ({found}): move it to CHANGELOG.md"
