@@ -1,5 +1,5 @@
-"""The benchmark commands README quotes still run, on a tiny workload: a broken benchmark
-would leave README's figures without a command that reproduces them."""
+"""The benchmark commands docs/explanations/benchmarks.md quotes still run, on a tiny workload:
+a broken benchmark would leave its figures without a command that reproduces them."""
 
 from __future__ import annotations
 
