@@ -729,7 +729,7 @@ def backup(path: Path) -> None:
     settings = _settings()
     size = backup_sqlite(settings.database_url, path)
     out.print(f"backed up {_shown_url(settings)} to {path} ({size:,} bytes, quick_check ok); "
-              "to restore it, see README, Operations: Backup and restore", markup=False,
+              "to restore it, see docs/how-to/backup-and-restore.md", markup=False,
               soft_wrap=True)
 
 

@@ -196,11 +196,11 @@ def _damaged(shown: str, reason: str, done: str = "") -> DatabaseCorrupt:
         return DatabaseCorrupt(
             f"database {shown} is damaged or is no SQLite database at all ({reason}): check "
             f"that DATABASE_URL names the right file; if it does, {done}stop the workers and "
-            "restore the last backup (README, Operations: Backup and restore); python -m "
+            "restore the last backup (docs/how-to/backup-and-restore.md); python -m "
             "producer doctor checks it")
     return DatabaseCorrupt(f"database {shown} is damaged ({reason}): {done}stop the workers "
-                           "and restore the last backup (README, Operations: Backup and "
-                           "restore); python -m producer doctor checks it")
+                           "and restore the last backup (docs/how-to/backup-and-"
+                           "restore.md); python -m producer doctor checks it")
 
 
 def check_reachable(engine: Engine) -> None:
@@ -242,7 +242,7 @@ def backup_sqlite(url: str, target: Path) -> int:
     shown = shown_url(parsed)
     if parsed.get_backend_name() != "sqlite":
         raise ConfigError(f"backup copies a SQLite database; {shown} is PostgreSQL: use "
-                          "pg_dump -Fc (README, Operations: Backup and restore)")
+                          "pg_dump -Fc (docs/how-to/backup-and-restore.md)")
     if parsed.database in (None, "", ":memory:") or not Path(parsed.database).is_file():
         raise ConfigError(f"DATABASE_URL: {shown}: no database file to back up")
     source_path = Path(parsed.database).resolve()
