@@ -301,6 +301,15 @@ class ExamStopped(PermanentProviderError):
     paused with the reason, and `producer resume SLUG` continues it."""
 
 
+class EndpointUnreachable(ExamStopped):
+    """Raised when the model endpoint (and its fallback, if any) refused or dropped every
+    connection for LLM_UNREACHABLE_PAUSE_S, across calls: the exam is paused (pause code
+    `unreachable`) with the endpoint named, and `producer resume SLUG` continues it once the
+    endpoint is back. Nothing was sent, so nothing was paid."""
+
+    default_kind = ErrorKind.connection
+
+
 class AuthError(ExamStopped):
     """Raised when the provider rejects the API key (401/403)."""
 
@@ -338,6 +347,9 @@ class PauseCode(str, Enum):
     budget = "budget"  # nothing more fits in its budget: a raised budget resumes it
     provider = "provider"  # the provider refused every call (quota, model): `resume` after the fix
     auth = "auth"  # AUTH_FAILURE_LIMIT auth failures in a row: `resume` after the key is fixed
+    # The model endpoint refused or dropped every connection for LLM_UNREACHABLE_PAUSE_S:
+    # `resume` once it is back.
+    unreachable = "unreachable"
     manual = "manual"  # paused for another reason (an older database's pause with no code)
 
 

@@ -216,6 +216,12 @@ class Settings(BaseSettings):
         60.0, ge=0,
         description="After the primary was unreachable, send calls straight to the fallback this long.",
     )
+    llm_unreachable_pause_s: float = Field(
+        60.0, gt=0,
+        description="An endpoint (and its fallback) that refused or dropped every connection "
+                    "this long, across calls, pauses the exam (pause code unreachable), naming "
+                    "it; resume once it is back.",
+    )
     budget_usd: float | None = Field(
         None, gt=0, allow_inf_nan=False,  # inf would print as Infinity in status --json
         description="Default budget of a new exam (enqueue/run --budget-usd sets one)."

@@ -68,6 +68,7 @@ READ_BY: dict[str, tuple[Process, ...]] = {
     "llm_fallback_rpm": ("worker",),
     "llm_fallback_tpm": ("worker",),
     "llm_fallback_hold_s": ("worker",),
+    "llm_unreachable_pause_s": ("worker",),
     "budget_usd": ("enqueue",),
     "questions_per_call": ("enqueue", "worker", "beat"),
     "slice_questions": ("enqueue", "CLI"),

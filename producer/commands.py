@@ -24,7 +24,14 @@ from rich.table import Table
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 
-from examforge.errors import DatabaseCorrupt, NoSchema, PauseCode, UnknownChapter, UserError
+from examforge.errors import (
+    DatabaseCorrupt,
+    NoSchema,
+    PauseCode,
+    SliceReason,
+    UnknownChapter,
+    UserError,
+)
 from examforge.estimate import estimate
 from examforge.logs import setup_logging
 from examforge.settings import Settings, load_settings
@@ -262,8 +269,10 @@ def status(slug: str, as_json: bool, watch: bool, interval_s: float) -> None:
         if as_json:
             raise UserError("--watch and --json: choose one")
         report = live_watch(lambda: store.status(slug), out, interval_s)
-        if report.chapters.failed:
-            sys.exit(1)
+        from producer import exits
+
+        if exits.of_report(report) != exits.DONE:
+            sys.exit(exits.of_report(report))
         return
     report = store.status(slug)
     if as_json:
@@ -324,7 +333,9 @@ def _print_status(report: ExamReport) -> None:
     if len(shown) > STATUS_TABLE_ROWS:
         shown = sorted(shown, key=lambda c: c.state == "done")[:STATUS_TABLE_ROWS]
     for c in shown:
-        error = _short(f"{when(c.last_error_at)} {c.last_error}") if c.last_error else ""
+        # A slice handed back at a shutdown (Ctrl-C, a worker stopping) met no error.
+        error = _short(f"{when(c.last_error_at)} {c.last_error}") if c.last_error and \
+            c.last_error_code != SliceReason.handed_back.value else ""
         slices = f"{c.slices_done}/{len(c.slices)}"
         running = sum(1 for s in c.slices if s.state == "running")
         if running and len(c.slices) > 1:
@@ -504,8 +515,19 @@ def run(slug: str, concurrency: int, budget_usd: float | None, dry_run: bool,
     out.print(f"{report.questions.done}/{report.questions.target} questions; "
               f"{report.chapters.done}/{report.chapters.total} chapters done"
               + _cancelled_note(report.chapters.cancelled, slug))
-    if failed:
-        sys.exit(1)
+    _exit_as_the_exam_ended(report, slug)
+
+
+def _exit_as_the_exam_ended(report: ExamReport, slug: str) -> None:
+    """`run` exits 0 only when its exam ended done (producer.exits); a pause says why, once."""
+    from producer import exits
+
+    code = exits.of_report(report)
+    if report.state == "paused":
+        err.print(f"paused: {report.pause_reason}; fix the cause, then run: python -m producer "
+                  f"resume {slug}", markup=False)
+    if code != exits.DONE:
+        sys.exit(code)
 
 
 def _stop_on_signals(rt: Any) -> threading.Event:
@@ -563,8 +585,7 @@ def _run_batch(settings: Settings, store: Store, slug: str) -> None:
                 report = store.status(slug)
                 view.show(report)
                 if report.state == "paused":
-                    raise UserError(f"exam {slug} is paused ({report.pause_reason}); fix the "
-                                    f"cause, then run: python -m producer resume {slug}")
+                    break  # said once below, with its exit code
                 if report.finished and not store.live_batches(slug):
                     break
                 wait = store.next_batch_wait(slug)
@@ -584,7 +605,7 @@ def _run_batch(settings: Settings, store: Store, slug: str) -> None:
         for chapter in report.chapter_list:
             if chapter.state == "failed":
                 err.print(f"failed {slug}/{chapter.id}: {chapter.last_error}")
-        sys.exit(1)
+    _exit_as_the_exam_ended(report, slug)
 
 
 def reconcile() -> None:

@@ -217,6 +217,8 @@ def test_ctrl_c_in_local_run_stops_paying_after_the_running_calls(deploy, mock):
     output = run.stdout.read().decode()  # type: ignore[union-attr]
     assert "Traceback" not in output and "run the same command to resume" in output
     assert "finishing 2 calls in flight; Ctrl-C again to abandon them" in output
+    table = dep.cli("status", "demo").stdout
+    assert "handed back" not in table, table  # a stop is not an error
     assert mock.stats()["calls_total"] == stats["calls_total"]  # none started after Ctrl-C
     usage = dep.status("demo")["usage"]
     calls = dep.calls("demo")
