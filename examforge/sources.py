@@ -230,50 +230,22 @@ def html_sections(text: str) -> list[Section]:
 
 
 def pdf_sections(data: bytes, label: str, pages: tuple[int, int] | None) -> list[Section]:
-    """One section per page ("page N", the page's number in the file). Refused: an
-    encrypted or unreadable PDF, more pages than MAX_PDF_PAGES, pages the file lacks, and a
-    PDF with no extractable text (scanned pages are images)."""
-    import logging
+    """One section per page ("page N", the page's number in the file), extracted in a child
+    process under a work budget (examforge.pdf_extract: CPU a page and a file, memory, and
+    characters of text). Refused: an encrypted or unreadable PDF, more pages than
+    MAX_PDF_PAGES, pages the file lacks, a file over the budget, and a PDF with no extractable
+    text (scanned pages are images)."""
+    from examforge.pdf_extract import extract
 
-    from pypdf import PdfReader
-
-    # pypdf logs what it repairs in a damaged file as warnings: the refusal below says it in
-    # one line instead.
-    pdf_log = logging.getLogger("pypdf")
-    level = pdf_log.level
-    pdf_log.setLevel(logging.ERROR)
-    try:
-        return _pdf_sections(PdfReader, data, label, pages)
-    finally:
-        pdf_log.setLevel(level)
-
-
-def _pdf_sections(PdfReader: Any, data: bytes, label: str, pages: tuple[int, int] | None
-                  ) -> list[Section]:
-    try:
-        reader = PdfReader(io.BytesIO(data))
-        if reader.is_encrypted:
-            raise SourceError(f"{label}: encrypted PDF; export it without a password")
-        count = len(reader.pages)
-    except SourceError:
-        raise
-    except Exception as exc:  # pypdf raises many kinds for a damaged file
-        raise SourceError(f"{label}: unreadable PDF ({type(exc).__name__}: "
-                          f"{_one_line(str(exc))})") from None
+    answer = extract(data, pages, MAX_PDF_PAGES)
+    if "error" in answer:
+        raise SourceError(f"{label}: {_one_line(str(answer['error']))}")
+    count = int(answer["count"])
     if count > MAX_PDF_PAGES:
         raise SourceError(f"{label}: {count} pages, more than the {MAX_PDF_PAGES} allowed")
-    first, last = pages or (1, count)
-    if last > count:
-        raise SourceError(f"{label}: pages {first}-{last} asked, the PDF has {count}")
-    sections: list[Section] = []
-    for number in range(first, last + 1):
-        try:
-            text = reader.pages[number - 1].extract_text() or ""
-        except Exception as exc:
-            raise SourceError(f"{label}: unreadable PDF page {number} ({type(exc).__name__}: "
-                              f"{_one_line(str(exc))})") from None
-        if text.strip():
-            sections.append((f"page {number}", text))
+    if pages is not None and pages[1] > count:
+        raise SourceError(f"{label}: pages {pages[0]}-{pages[1]} asked, the PDF has {count}")
+    sections: list[Section] = [(where, text) for where, text in answer["sections"]]
     if not sections:
         raise SourceError(f"{label}: no extractable text in the PDF (scanned pages are "
                           "images; run OCR on it first, or give the text as notes)")
@@ -301,6 +273,12 @@ def sections_of(spec: SourceSpec, data: bytes, label: str) -> list[Section]:
         sections = [(None, text)] if text.strip() else []
     if not sections:
         raise SourceError(f"{label}: no text in it")
+    from examforge.pdf_extract import MAX_SOURCE_CHARS
+
+    chars = sum(len(text) for _, text in sections)
+    if chars > MAX_SOURCE_CHARS:
+        raise SourceError(f"{label}: {chars:,} characters of text, more than the "
+                          f"{MAX_SOURCE_CHARS:,} allowed; split it")
     return sections
 
 

@@ -112,6 +112,11 @@ def _existing_store(settings: Settings) -> Store | None:
         return None
 
 
+def _warn(line: str) -> None:
+    """A warning on stderr, as written (no rich markup: it may quote a file name)."""
+    err.print(line, markup=False, highlight=False)
+
+
 def _warn_unpriced(settings: Settings) -> None:
     """A $0 bill must never be a surprise: say so on every command that starts work."""
     for model in settings.unpriced_models():
@@ -140,7 +145,7 @@ def _dry_run(settings: Settings, slug: str, syllabus: Syllabus, budget_usd: floa
     if any(ch.sources for ch in syllabus.chapters):
         store = None if file_syllabus(settings, slug) else _existing_store(settings)
         material = {cid: m.passages for cid, m in
-                    exam_material(settings, slug, syllabus, store).items()}
+                    exam_material(settings, slug, syllabus, store, _warn).items()}
     est = estimate(slug, syllabus, settings, stored=stored,
                    completion_per_question=per_question, batch=batch, material=material)
     budget = budget_usd if budget_usd is not None else budget
@@ -232,7 +237,8 @@ def enqueue(slug: str, regenerate: tuple[str, ...], budget_usd: float | None, dr
         restarted.extend(store.restart_cancelled(slug))
 
     plan = enqueue_exam(settings, store, slug, syllabus, regenerate=regenerate,
-                        budget_usd=budget_usd, before_write=before_write, batch=batch)
+                        budget_usd=budget_usd, before_write=before_write, batch=batch,
+                        warn=_warn)
     for chapter_id in restarted:
         out.print(f"restarted {slug}/{chapter_id} (was cancelled)")
     per_chapter: dict[str, int] = {}
@@ -476,7 +482,7 @@ def run(slug: str, concurrency: int, budget_usd: float | None, dry_run: bool,
         return
     store = _store(settings)
     from producer.grounding import exam_material
-    material = exam_material(settings, slug, syllabus, store)  # refused before any write
+    material = exam_material(settings, slug, syllabus, store, _warn)  # refused before a write
     _warn_unpriced(settings)
     _warn_verify_batch(settings, bool(batch))
     for chapter_id in store.restart_cancelled(slug):  # as enqueue: run undoes `cancel`

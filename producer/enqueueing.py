@@ -16,7 +16,8 @@ if TYPE_CHECKING:
 def enqueue_exam(settings: Settings, store: Store, slug: str, syllabus: Syllabus, *,
                  regenerate: Sequence[str] = (), budget_usd: float | None = None,
                  before_write: Callable[[], None] | None = None,
-                 batch: bool | None = None) -> EnqueuePlan:
+                 batch: bool | None = None,
+                 warn: Callable[[str], None] | None = None) -> EnqueuePlan:
     """Check the broker, record the exam and cut its chapters into slices (`sync_exam`),
     then publish one message per unfinished slice. The broker is checked before anything is
     written; `before_write` runs between the two (the CLI's warnings). With `batch` (default
@@ -29,7 +30,7 @@ def enqueue_exam(settings: Settings, store: Store, slug: str, syllabus: Syllabus
     from tasks.broker import broker_epoch, check_broker, publish_work
 
     # The chapters' sources read (and refused, with nothing written) before anything else.
-    material = exam_material(settings, slug, syllabus, store)
+    material = exam_material(settings, slug, syllabus, store, warn)
     check_broker(app, settings)  # before writing anything
     if before_write is not None:
         before_write()
