@@ -322,6 +322,9 @@ class Settings(BaseSettings):
         30.0, gt=0, le=3600,
         description="How long a run's hand-off may take: a sweep launches a run stored this "
                     "long ago and never launched, and a hand-off's claim lapses after it.")
+    api_upload_total_bytes: int = Field(
+        20_000_000, ge=1, description="The most the sources uploaded for one exam may hold "
+                                      "together (bytes); an upload past it is answered 413.")
 
     # --- batch mode (issue 18; runner.batching, README "Batch mode")
     llm_batch: bool = Field(

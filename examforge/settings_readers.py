@@ -97,6 +97,7 @@ READ_BY: dict[str, tuple[Process, ...]] = {
     "worker_prefetch_multiplier": ("worker",),
     "db_pool_size": _ALL,
     "api_tokens": ("serve",),
+    "api_upload_total_bytes": ("serve",),
     "api_idempotency_ttl_s": ("serve", "CLI"),
     "api_sse_heartbeat_s": ("serve",),
     "api_sse_poll_s": ("serve",),

@@ -104,6 +104,21 @@ class Grounding(StoreBase):
                 created_at=now, updated_at=now).on_conflict_do_nothing())
             return True
 
+    def sources_size(self, slug: str, excluding: str | None = None) -> int:
+        """The bytes the exam's uploaded sources hold together (less `excluding`'s, which an
+        upload replaces)."""
+        query = select(func.coalesce(func.sum(F.c.size), 0)).where(F.c.exam == slug)
+        if excluding is not None:
+            query = query.where(F.c.name != excluding)
+        with self._read() as conn:
+            return int(conn.execute(query).scalar_one())
+
+    def delete_source(self, slug: str, name: str) -> bool:
+        """Remove an uploaded source; False when there was none by that name."""
+        with self._write() as conn:
+            return conn.execute(delete(F).where(F.c.exam == slug, F.c.name == name)
+                                ).rowcount > 0
+
     def source_file(self, slug: str, name: str) -> bytes | None:
         with self._read() as conn:
             data = conn.execute(select(F.c.data).where(F.c.exam == slug, F.c.name == name)
