@@ -109,6 +109,9 @@ class RequeueReason(str, Enum):
     worker_vanished = "worker_vanished"  # a worker took the message, then its lease expired
     broker_epoch_changed = "broker_epoch_changed"  # the broker lost every message it had
     message_lost = "message_lost"  # the queue lost this chapter's message, the epoch survived
+    # A reviewer's rejection reopened a done slice during an open run (Store.unqueued_slices)
+    # and no message was published for it.
+    reopened = "reopened"
     legacy = "legacy"  # written before the code existed (migration 0024): see the detail
 
 

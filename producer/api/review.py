@@ -10,11 +10,13 @@ its bearer token (`producer.api.runs.client_of`), never the token itself.
 
 from __future__ import annotations
 
+import logging
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Depends, Header, Path, Request
 from fastapi.responses import JSONResponse
 
+from examforge.errors import InfrastructureError
 from examforge.syllabus import NAME_PATTERN
 from producer.api import schemas
 from producer.api.problems import problem, responses
@@ -22,6 +24,7 @@ from producer.api.runs import client_of
 from producer.views import when
 
 router = APIRouter(tags=["review"])
+log = logging.getLogger("examforge.api")
 
 Slug = Annotated[str, Path(pattern=NAME_PATTERN, max_length=64,
                            description="The exam's slug ([a-z0-9-], up to 64)")]
@@ -144,8 +147,25 @@ def reject(slug: Slug, question_id: QuestionId, request: Request, c: Ctx,
     version = _version(if_match, body.version if body else None)
     if isinstance(version, JSONResponse):
         return version
-    return _answer(c.store.reject(slug, question_id, version, _client(request, c),
-                                  note=body.note if body else None))
+    answer = c.store.reject(slug, question_id, version, _client(request, c),
+                            note=body.note if body else None)
+    _hand_on_reopened(c, slug)
+    return _answer(answer)
+
+
+def _hand_on_reopened(c: Any, slug: str) -> None:
+    """A rejection during an open run: the slice it reopened is handed on (published, or
+    given to this process's run in --local), so the run generates the number and ends.
+    Without an open run the next run or `enqueue` generates it. A failure is the
+    reconciler's (or the --local sweep's) to repair: the rejection is committed."""
+    refs = [(chapter_id, slice_no) for _, chapter_id, slice_no in c.store.unqueued_slices(slug)]
+    if not refs:
+        return
+    try:
+        c.work.resume(slug, refs)
+    except InfrastructureError as exc:
+        log.warning("reopened slices not handed on: %s (the reconciler will)", exc,
+                    extra={"exam": slug})
 
 
 @router.patch("/exams/{slug}/questions/{question_id}", response_model=schemas.ReviewQuestion,
