@@ -91,14 +91,17 @@ _batch_option = click.option(
 @cli.command()
 @click.argument("slug")
 @click.option("--regenerate", "regenerate", multiple=True, metavar="CHAPTER",
-              help="Delete a changed chapter's questions and generate it again (repeatable).")
+              help="Cut a changed chapter again (repeatable): its approved and edited "
+                   "questions are kept and marked stale for review, the rest generated again.")
+@click.option("--discard-reviewed", is_flag=True,
+              help="With --regenerate: delete the approved, edited and rejected questions too.")
 @_budget_option
 @_dry_run_option
 @click.option("--json", "as_json", is_flag=True, help="With --dry-run: one JSON object.")
 @_batch_option
 @_dispatch
-def enqueue(slug: str, regenerate: tuple[str, ...], budget_usd: float | None, dry_run: bool,
-            as_json: bool, batch: bool | None) -> None:
+def enqueue(slug: str, regenerate: tuple[str, ...], discard_reviewed: bool,
+            budget_usd: float | None, dry_run: bool, as_json: bool, batch: bool | None) -> None:
     """Record the exam, cut its chapters into slices, enqueue one task per unfinished slice
     (with --batch: one batch pass, which submits them to the provider's Batch API)."""
 
