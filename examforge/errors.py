@@ -13,7 +13,8 @@
     │   ├── Conflict                 the request conflicts with the exam's state (409)
     │   │   ├── ChapterBusy          an import names a chapter a worker is generating
     │   │   ├── ExamRunning          prune asked of an exam with chapters still running
-    │   │   └── VersionConflict      a review saved from a version that is no longer current
+    │   │   ├── VersionConflict      a review saved from a version that is no longer current
+    │   │   └── DuplicateEdit        an edit would make a question the bank already has
     │   └── ConfigError              a setting is invalid
     │       └── NoSchema             the database has no examforge schema (a read-only command)
     ├── InfrastructureError          a service we depend on is down: one line, exit 3
@@ -150,6 +151,16 @@ class ChapterBusy(Conflict):
 
 class ExamRunning(Conflict):
     """Raised when pruning is asked of an exam that has pending or running chapters."""
+
+
+class DuplicateEdit(Conflict):
+    """Raised when an edit's text is the same (normalised) as, or a near-duplicate of,
+    another question of the bank: nothing is changed; `other_id` and `other_number` name
+    that question."""
+
+    def __init__(self, message: str, other_id: int, other_number: int | None) -> None:
+        super().__init__(message)
+        self.other_id, self.other_number = other_id, other_number
 
 
 class VersionConflict(Conflict):

@@ -17,6 +17,7 @@ from fastapi import APIRouter, Body, Depends, Header, Path, Request
 from fastapi.responses import JSONResponse
 
 from examforge.errors import InfrastructureError
+from examforge.neardup import Checker, Scope
 from examforge.syllabus import NAME_PATTERN
 from producer.api import schemas
 from producer.api.problems import problem, responses
@@ -86,7 +87,10 @@ def review_summary(slug: Slug, c: Ctx) -> Any:
     (null when this database has no verdicts)."""
     chapters = [ch.as_dict() for ch in c.store.review_summary(slug)]
     totals = {name: sum(ch[name] or 0 for ch in chapters)
-              for name in ("questions", "unreviewed", "approved", "rejected", "disputed")}
+              for name in ("questions", "unreviewed", "approved", "rejected", "disputed",
+                           "stale")}
+    if any(ch["unverified"] is not None for ch in chapters):
+        totals["unverified"] = sum(ch["unverified"] or 0 for ch in chapters)
     return {"exam": slug, "chapters": chapters, "totals": totals}
 
 
@@ -175,10 +179,14 @@ def edit(slug: Slug, question_id: QuestionId, request: Request, c: Ctx,
     """Edit the question as it is at the version named: the fields given (`question`,
     `choices`, `answer_index`, `explanation`, `difficulty`, `bloom`) replace the stored ones,
     validated as a generated question is; the history keeps each one's value before. An
-    approved question edited is unreviewed again. 409 when it changed since."""
+    approved question edited is unreviewed again. 409 when it changed since, and when its
+    new text is one the bank has, exactly or nearly (`duplicate_of` names that question). A
+    changed text, choice or key makes its verdict `pending`: it is solved again."""
     version = _version(if_match, body.version)
     if isinstance(version, JSONResponse):
         return version
     changes = {name: getattr(body, name) for name in body.model_fields_set
                if name != "version"}
-    return _answer(c.store.edit(slug, question_id, version, _client(request, c), changes))
+    checker = Checker(c.settings.near_dup_threshold, Scope(c.settings.near_dup_scope))
+    return _answer(c.store.edit(slug, question_id, version, _client(request, c), changes,
+                                near_dup=checker))
