@@ -14,7 +14,8 @@
     │   │   ├── ChapterBusy          an import names a chapter a worker is generating
     │   │   ├── ExamRunning          prune asked of an exam with chapters still running
     │   │   ├── VersionConflict      a review saved from a version that is no longer current
-    │   │   └── DuplicateEdit        an edit would make a question the bank already has
+    │   │   ├── DuplicateEdit        an edit would make a question the bank already has
+    │   │   └── NothingApproved      export --approved-only of an exam with none approved
     │   └── ConfigError              a setting is invalid
     │       └── NoSchema             the database has no examforge schema (a read-only command)
     ├── InfrastructureError          a service we depend on is down: one line, exit 3
@@ -161,6 +162,14 @@ class DuplicateEdit(Conflict):
     def __init__(self, message: str, other_id: int, other_number: int | None) -> None:
         super().__init__(message)
         self.other_id, self.other_number = other_id, other_number
+
+
+class NothingApproved(Conflict):
+    """Raised when `export --approved-only` (`?approved_only=true`) is asked of an exam none
+    of whose questions a reviewer approved: an empty bank is not a success (exit 1, 409);
+    no file is written."""
+
+    exit_code = 1
 
 
 class VersionConflict(Conflict):

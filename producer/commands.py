@@ -439,7 +439,8 @@ def _print_status(report: ExamReport) -> None:
 
 def export(slug: str, fmt: str, target: str | None, approved_only: bool = False) -> None:
     from examforge.banks import BankChapter, BankExam
-    from producer.export import check_target, default_name
+    from examforge.errors import NothingApproved
+    from producer.export import check_target, default_name, nothing_approved
     from producer.export import export as write
 
     if target is not None:
@@ -448,6 +449,8 @@ def export(slug: str, fmt: str, target: str | None, approved_only: bool = False)
     store = _read_store(settings)
     if not store.exam_exists(slug):
         store.questions(slug)  # raises UnknownExam with the usual message
+    if approved_only and not store.approved_in_bank(slug):
+        raise NothingApproved(nothing_approved(slug))
     target = target or str(settings.exams_dir / slug / default_name(fmt))
 
     def outline() -> BankExam:

@@ -197,6 +197,16 @@ class Review(Verdicts):
                 .order_by(Q.c.withdrawn_number, Q.c.id)).all()
         return title, [_row_view(r) for r in (*in_bank, *gone)]
 
+    def approved_in_bank(self, slug: str) -> int:
+        """How many of the exam's questions in the bank a reviewer approved: what `export
+        --approved-only` writes."""
+        with self._read() as conn:
+            self._require_exam(conn, slug)
+            return int(conn.execute(select(func.count()).select_from(Q.join(S, _in_range()))
+                                    .where(Q.c.exam == slug,
+                                           Q.c.review == ReviewState.approved.value)
+                                    ).scalar_one())
+
     def review_question(self, slug: str, question_id: int) -> dict[str, Any]:
         with self._read() as conn:
             return self._current(conn, slug, question_id)
