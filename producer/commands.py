@@ -341,7 +341,8 @@ def _verdicts(v: VerificationCounts) -> str:
     if v.withdrawn:
         disputed += (" (replaced)" if v.withdrawn == v.disputed
                      else f" ({v.withdrawn} replaced)")
-    return f"{v.agreed} agreed, {disputed}, {v.pending} pending"
+    return (f"{v.agreed} agreed, {disputed}, {v.pending} pending"
+            + (f", {v.unverified} unverified" if v.unverified else ""))
 
 
 def _print_status(report: ExamReport) -> None:
@@ -468,26 +469,43 @@ def review(slug: str, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps({
             "exam": slug, "chapters": [c.as_dict() for c in chapters],
-            "totals": {name: sum(getattr(c, name) or 0 for c in chapters)
-                       for name in ("questions", "unreviewed", "approved", "rejected",
-                                    "disputed")}}, ensure_ascii=False))
+            "totals": _review_totals(chapters)}, ensure_ascii=False))
         return
     verdicts = any(c.disputed is not None for c in chapters)
+    verified = any(c.unverified is not None for c in chapters)
     table = Table(title=f"review of {slug}")
-    for col in ("chapter", "questions", "disputed", "unreviewed", "approved", "rejected"):
+    columns = ["chapter", "questions", "disputed", "unreviewed", "approved", "rejected",
+               "stale"] + (["unverified"] if verified else [])
+    for col in columns:
         table.add_column(col, justify="left" if col == "chapter" else "right")
     for c in chapters:
         table.add_row(c.chapter_id, f"{c.questions}/{c.target}",
                       "-" if c.disputed is None else str(c.disputed), str(c.unreviewed),
-                      str(c.approved), str(c.rejected))
+                      str(c.approved), str(c.rejected), str(c.stale),
+                      *([str(c.unverified or 0)] if verified else []))
     out.print(table)
-    left = sum(c.unreviewed for c in chapters)
+    left = sum(c.unreviewed + c.stale for c in chapters)
+    stale = sum(c.stale for c in chapters)
     rejected = sum(c.rejected for c in chapters)
+    unverified = sum(c.unverified or 0 for c in chapters)
     missing = sum(max(0, c.target - c.questions) for c in chapters)
     out.print(f"{plural(left, 'question')} to review"
+              + (f" ({stale} stale: reviewed before --regenerate)" if stale else "")
+              + (f"; {unverified} unverified (no blind-solve verdict yet)" if unverified
+                 else "")
               + (f"; {rejected} rejected" if rejected else "")
               + (f"; {missing} missing (the next enqueue generates them)" if missing else "")
               + ("" if verdicts else "; no blind-solve verdicts in this database"))
+
+
+def _review_totals(chapters: Sequence[Any]) -> dict[str, int]:
+    """`review --json`'s totals, as the API's GET /exams/SLUG/review has them."""
+    totals = {name: sum(getattr(c, name) or 0 for c in chapters)
+              for name in ("questions", "unreviewed", "approved", "rejected", "disputed",
+                           "stale")}
+    if any(c.unverified is not None for c in chapters):
+        totals["unverified"] = sum(c.unverified or 0 for c in chapters)
+    return totals
 
 
 def run(slug: str, concurrency: int, budget_usd: float | None, dry_run: bool,

@@ -172,6 +172,9 @@ class VerificationOut(BaseModel):
     disputed: int
     pending: int
     withdrawn: int
+    unverified: int = Field(default=0, description=(
+        "In the bank with no verdict (never solved) in an exam whose questions are "
+        "verified."))
 
 
 class ChapterStatus(BaseModel):

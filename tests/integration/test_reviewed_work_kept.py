@@ -173,3 +173,25 @@ def test_an_edited_key_voids_the_verdict(exam):
     kept = exam.edit("ex", q[1]["id"], 1, "bob", {"explanation": "clearer"})
     assert (kept["verdict"], kept["solved_index"]) == ("agreed", 1)
     assert json.loads(json.dumps(kept))["stale"] is None
+
+
+def test_status_and_review_count_the_unverified_questions_of_a_verified_exam(exam):
+    """The review tells the whole truth: 5 verdicts for 6 questions is not "verified"."""
+    from producer.commands import _verdicts
+
+    q = _items(exam)
+    assert exam.status("ex").verification is None  # never verified: nothing to count
+    assert exam.review_summary("ex")[0].unverified is None
+    with exam.engine.begin() as conn:
+        conn.execute(update(Q).where(Q.c.exam == "ex", Q.c.id != q[6]["id"]).values(
+            verdict="agreed", solved_index=1))
+        conn.execute(update(Q).where(Q.c.id == q[5]["id"]).values(verdict="pending",
+                                                                  solved_index=None))
+    v = exam.status("ex").verification
+    assert (v.agreed, v.pending, v.unverified) == (4, 1, 1)
+    assert _verdicts(v) == "4 agreed, 0 disputed, 1 pending, 1 unverified"
+    assert exam.status("ex").as_dict()["verification"]["unverified"] == 1
+    assert exam.review_summary("ex")[0].unverified == 2  # no verdict booked: pending or none
+    items = _items(exam)
+    assert (items[1]["solved_index"], items[5]["solved_index"], items[6]["solved_index"]) == (
+        1, None, None)
