@@ -158,8 +158,9 @@ def reject(slug: Slug, question_id: QuestionId, request: Request, c: Ctx,
 
 
 def _hand_on_reopened(c: Any, slug: str) -> None:
-    """A rejection during an open run: the slice it reopened is handed on (published, or
-    given to this process's run in --local), so the run generates the number and ends.
+    """A rejection (or an edit that voided a verdict) during an open run: the slice it
+    reopened is handed on (published, or given to this process's run in --local), so the
+    run generates the number (or solves the question again) and ends.
     Without an open run the next run or `enqueue` generates it. A failure is the
     reconciler's (or the --local sweep's) to repair: the rejection is committed."""
     refs = [(chapter_id, slice_no) for _, chapter_id, slice_no in c.store.unqueued_slices(slug)]
@@ -188,5 +189,8 @@ def edit(slug: Slug, question_id: QuestionId, request: Request, c: Ctx,
     changes = {name: getattr(body, name) for name in body.model_fields_set
                if name != "version"}
     checker = Checker(c.settings.near_dup_threshold, Scope(c.settings.near_dup_scope))
-    return _answer(c.store.edit(slug, question_id, version, _client(request, c), changes,
-                                near_dup=checker))
+    answer = c.store.edit(slug, question_id, version, _client(request, c), changes,
+                          near_dup=checker)
+    if answer["verdict"] == "pending":  # to be solved again: during a run, by the run
+        _hand_on_reopened(c, slug)
+    return _answer(answer)

@@ -15,6 +15,7 @@ import pytest
 from api_support import TOKEN
 from celery import Celery
 from fastapi.testclient import TestClient
+from sqlalchemy import func, select
 from kombu.transport import redis as kombu_redis
 
 from examforge.errors import BrokerUnavailable
@@ -161,4 +162,60 @@ def test_the_reconciler_publishes_what_a_failed_publish_left(celery_api, fake_ce
     assert rt.store.unqueued_slices() == []
     assert rt.store.status("rej").chapter_list[0].requeue_code == "reopened"
     _work(rt, broker, 1)
+    assert client.get(f"/runs/{run['id']}").json()["state"] == "done"
+
+
+@pytest.fixture
+def verified_celery_api(make_settings, mock_llm, db_url, monkeypatch) -> Iterator[Any]:
+    """celery_api with the workers under VERIFY=flag."""
+    import tasks.broker
+    from producer.api import create_app
+    from runner.pipeline import Runtime
+    from storage import open_store
+
+    broker = FakeBroker()
+    monkeypatch.setattr(tasks.broker, "check_broker", lambda app, settings: None)
+    monkeypatch.setattr(tasks.broker, "broker_epoch", lambda app, settings: "epoch-1")
+    monkeypatch.setattr(tasks.broker, "publish_slices", broker.publish)
+    settings = make_settings(database_url=db_url, llm_base_url=mock_llm.base_url,
+                             api_tokens=TOKEN, verify="flag")
+    store = open_store(db_url)
+    rt = Runtime.build(settings, store)
+    with TestClient(create_app(settings, local=False)) as client:
+        client.headers.update({"Authorization": f"Bearer {TOKEN}"})
+        yield client, broker, rt
+    rt.close()
+    store.engine.dispose()
+
+
+def test_an_edited_key_during_a_run_is_solved_again_as_a_booked_call(verified_celery_api):
+    """Defect 5 through the run: the verdict goes back to pending, the slice is handed on,
+    and the worker's blind solve books a new verdict for the new key, paid as a call."""
+    from runner.pipeline import process_chapter
+    from storage.base import K
+
+    client, broker, rt = verified_celery_api
+    assert client.put("/exams/rej", json=SYLLABUS).status_code == 201
+    run = client.post("/exams/rej/runs", headers={"Idempotency-Key": "k"}).json()
+    process_chapter(rt, "rej", "a", 0)
+    q = client.get("/exams/rej/chapters/a/questions").json()["items"][0]
+    assert q["verdict"] in ("agreed", "disputed") and q["solved_index"] is not None
+    moved = (q["answer_index"] + 1) % 4
+    r = client.patch(f"/exams/rej/questions/{q['id']}",
+                     json={"version": q["version"], "answer_index": moved})
+    assert r.status_code == 200, r.text
+    assert (r.json()["verdict"], r.json()["solved_index"]) == ("pending", None)
+    assert broker.published[2:] == [("rej", "a", 0)]
+
+    with rt.store.engine.connect() as conn:
+        solves = conn.execute(select(func.count()).select_from(K).where(
+            K.c.exam == "rej", K.c.kind == "solve")).scalar_one()
+    _work(rt, broker, 1)
+    now = client.get(f"/exams/rej/questions/{q['id']}").json()
+    # Solved again, for the key it has now: the solver's pick stands beside it.
+    assert now["verdict"] in ("agreed", "disputed") and now["solved_index"] is not None
+    assert now["verdict"] == ("agreed" if now["solved_index"] == moved else "disputed")
+    with rt.store.engine.connect() as conn:
+        assert conn.execute(select(func.count()).select_from(K).where(
+            K.c.exam == "rej", K.c.kind == "solve")).scalar_one() > solves
     assert client.get(f"/runs/{run['id']}").json()["state"] == "done"
