@@ -44,6 +44,9 @@ class ChapterRegeneration:
     generates: list[int] = field(default_factory=list)
     kept_ids: list[int] = field(default_factory=list)  # in the bank, marked stale
     kept_texts: list[str] = field(default_factory=list)  # theirs, for the dry run's estimate
+    # A kept question numbered past a lowered target: moved to a free number of the range
+    # (question id -> new number), so it stays in the bank, in view.
+    renumbered: dict[int, int] = field(default_factory=dict)
     deleted_ids: list[int] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
@@ -119,7 +122,12 @@ def plan_chapter(conn: Connection, slug: str, chapter_id: str, questions: int, c
             plan.deleted_ids.append(r.id)
     plan.keeps = {s: plan.keeps[s] for s in KEPT_STATES if s in plan.keeps}
     plan.deletes = {s: plan.deletes[s] for s in DELETED_STATES if s in plan.deletes}
-    plan.generates = [n for n in range(1, questions + 1) if n not in taken]
+    free = [n for n in range(1, questions + 1) if n not in taken]
+    numbers = {r.id: r.number for r in rows}
+    for qid in plan.kept_ids:
+        if numbers[qid] > questions and free:
+            plan.renumbered[qid] = free.pop(0)
+    plan.generates = free
     return plan
 
 
@@ -133,6 +141,8 @@ def apply_chapter(conn: Connection, slug: str, plan: ChapterRegeneration, now: f
         conn.execute(delete(QE).where(QE.c.exam == slug, QE.c.question_id.in_(chunk)))
         conn.execute(delete(Q).where(Q.c.exam == slug, Q.c.id.in_(chunk)))
     neardup.forget_questions(conn, slug, ids)
+    for qid, number in plan.renumbered.items():
+        conn.execute(update(Q).where(Q.c.id == qid).values(number=number))
     for qid in plan.kept_ids:
         row = conn.execute(select(Q.c.number, Q.c.review, Q.c.version).where(
             Q.c.id == qid)).one()

@@ -195,3 +195,13 @@ def test_status_and_review_count_the_unverified_questions_of_a_verified_exam(exa
     items = _items(exam)
     assert (items[1]["solved_index"], items[5]["solved_index"], items[6]["solved_index"]) == (
         1, None, None)
+
+
+def test_a_kept_question_past_a_lowered_target_moves_into_the_range(exam, tmp_path):
+    q = _items(exam)
+    exam.approve("ex", q[6]["id"], 1, "alice")
+    done = exam.sync_exam("ex", _syllabus(tmp_path, questions=3), regenerate=["a"]
+                          ).regenerated["a"]
+    assert done.keeps == {"approved": [6]} and done.generates == [2, 3]
+    items = _items(exam)
+    assert items[1]["id"] == q[6]["id"] and items[1]["review"] == "stale"
