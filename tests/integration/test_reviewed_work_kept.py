@@ -205,3 +205,18 @@ def test_a_kept_question_past_a_lowered_target_moves_into_the_range(exam, tmp_pa
     assert done.keeps == {"approved": [6]} and done.generates == [2, 3]
     items = _items(exam)
     assert items[1]["id"] == q[6]["id"] and items[1]["review"] == "stale"
+
+
+def test_migration_0027_adds_the_stale_column_and_back(exam):
+    from alembic import command
+    from sqlalchemy import inspect
+
+    from storage import migrate
+    from storage.db import alembic_config
+
+    engine = exam.engine
+    with engine.begin() as conn:
+        command.downgrade(alembic_config(conn), "0026")
+    assert "stale" not in {c["name"] for c in inspect(engine).get_columns("question")}
+    migrate(engine)
+    assert {q["stale"] for q in exam.chapter_questions("ex", "a")[1]} == {None}
