@@ -220,3 +220,25 @@ def test_migration_0027_adds_the_stale_column_and_back(exam):
     assert "stale" not in {c["name"] for c in inspect(engine).get_columns("question")}
     migrate(engine)
     assert {q["stale"] for q in exam.chapter_questions("ex", "a")[1]} == {None}
+
+
+def test_a_changed_source_is_named_on_the_questions_it_leaves_stale(store):
+    from examforge.sources import ChapterMaterial, read_material
+    from examforge.syllabus import Syllabus
+
+    syllabus = Syllabus.model_validate({"title": "T", "chapters": [
+        {"id": "a", "title": "A", "questions": 3, "sources": ["notes/n.md"]}]})
+
+    def material(text: str) -> dict[str, ChapterMaterial]:
+        return {"a": read_material(["notes/n.md"], lambda name: text.encode(), str)}
+
+    store.sync_exam("ex", syllabus, material=material("# One\n\nFirst version of the notes."))
+    store.import_questions("ex", {"a": [
+        Question(t, ("w", "x", "y", "z"), 0, "why") for t in TEXTS[:3]]}, "test")
+    first = _items(store)[1]
+    store.approve("ex", first["id"], 1, "alice")
+    changed = material("# One\n\nSecond version of the notes.")
+    done = store.sync_exam("ex", syllabus, ["a"], material=changed).regenerated["a"]
+    assert done.change == "source notes/n.md differs (its file's hash changed)"
+    kept = _items(store)[1]
+    assert (kept["id"], kept["review"], kept["stale"]) == (first["id"], "stale", done.change)
