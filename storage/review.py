@@ -53,6 +53,8 @@ from storage.verdicts import Verdicts
 EDITABLE = ("question", "choices", "answer_index", "explanation", "difficulty", "bloom")
 # Those that make it another question to the blind solve: its verdict is void.
 SOLVED_FIELDS = ("question", "choices", "answer_index")
+# The near-duplicate check of an edit unless the caller passes the settings' own.
+DEFAULT_CHECKER = Checker()
 # The review actions, as question_edit.action names them.
 ACTIONS = ("approve", "reject", "edit")
 MAX_NOTE_CHARS = 2000
@@ -243,20 +245,22 @@ class Review(Verdicts):
         return self._act(slug, question_id, version, client, "reject", note=note)
 
     def edit(self, slug: str, question_id: int, version: int, client: str,
-             changes: Mapping[str, Any], *, near_dup: Checker | None = None) -> dict[str, Any]:
+             changes: Mapping[str, Any], *,
+             near_dup: Checker | None = DEFAULT_CHECKER) -> dict[str, Any]:
         """Change the fields in `changes` (EDITABLE) of the question as it is at `version`,
         validated as a generated question is (four distinct choices, an answer 0-3, known
         levels). Fields given with their current value are no change; no change at all
         changes nothing (not even the version). A new text is refused (DuplicateEdit) when
         the chapter has it already, or a near-duplicate of it (`near_dup`:
-        NEAR_DUP_THRESHOLD and NEAR_DUP_SCOPE; Checker() when not given). A changed text,
-        choice or key voids the blind solve's verdict: it is `pending` again."""
+        NEAR_DUP_THRESHOLD and NEAR_DUP_SCOPE; None: NEAR_DUP_SCOPE=off, exact repeats
+        only). A changed text, choice or key voids the blind solve's verdict: it is
+        `pending` again."""
         unknown = sorted(set(changes) - set(EDITABLE))
         if unknown:
             raise BadEdit(f"{unknown[0]}: not a field an edit can change "
                           f"({', '.join(EDITABLE)})")
         return self._act(slug, question_id, version, client, "edit", changes=changes,
-                         near_dup=near_dup or Checker())
+                         near_dup=near_dup)
 
     def _act(self, slug: str, question_id: int, version: int, client: str, action: str,
              *, changes: Mapping[str, Any] | None = None,
@@ -304,7 +308,6 @@ class Review(Verdicts):
                     values["stale"] = None
                     diff["review"] = [state, ReviewState.unreviewed.value]
                 if "question" in diff:
-                    assert near_dup is not None
                     signed = self._new_text(conn, current, diff["question"][1], near_dup)
                     values["norm_hash"] = text_hash(diff["question"][1])
                 if current["verdict"] is not None and set(diff) & set(SOLVED_FIELDS):
@@ -352,7 +355,7 @@ class Review(Verdicts):
                      .order_by(S.c.slice_no).with_for_update()).all()
 
     def _new_text(self, conn: Connection, current: Mapping[str, Any], text: str,
-                  near_dup: Checker) -> neardup.Signed:
+                  near_dup: Checker | None) -> neardup.Signed:
         """Refuse an edit's text that the bank has (DuplicateEdit, naming the other
         question), exactly (the chapter's `norm_hash`) or nearly (the scope's signatures);
         the new text's signature, to index."""
@@ -370,6 +373,8 @@ class Review(Verdicts):
         title = conn.execute(select(S.c.title).where(
             S.c.exam == slug, S.c.chapter_id == chapter_id).limit(1)).scalar() or ""
         signed = neardup.Signed.of(text, title)
+        if near_dup is None:  # NEAR_DUP_SCOPE=off: the signature is kept right all the same
+            return signed
         # Lock order as a worker's commit: the exam row, the slices, then the scope's.
         neardup.lock(conn, slug, chapter_id, near_dup.scope)
         hits = neardup.near_of(conn, slug, chapter_id, near_dup, signed, qid)

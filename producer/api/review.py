@@ -188,7 +188,8 @@ def edit(slug: Slug, question_id: QuestionId, request: Request, c: Ctx,
         return version
     changes = {name: getattr(body, name) for name in body.model_fields_set
                if name != "version"}
-    checker = Checker(c.settings.near_dup_threshold, Scope(c.settings.near_dup_scope))
+    scope = c.settings.near_dup_scope
+    checker = None if scope == "off" else Checker(c.settings.near_dup_threshold, Scope(scope))
     answer = c.store.edit(slug, question_id, version, _client(request, c), changes,
                           near_dup=checker)
     if answer["verdict"] == "pending":  # to be solved again: during a run, by the run

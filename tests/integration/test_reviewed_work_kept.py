@@ -242,3 +242,30 @@ def test_a_changed_source_is_named_on_the_questions_it_leaves_stale(store):
     assert done.change == "source notes/n.md differs (its file's hash changed)"
     kept = _items(store)[1]
     assert (kept["id"], kept["review"], kept["stale"]) == (first["id"], "stale", done.change)
+
+
+@pytest.mark.parametrize("scope", ["off", "exam"])
+def test_an_edit_through_the_api_follows_near_dup_scope(make_settings, db_url, scope):
+    """NEAR_DUP_SCOPE=off: exact repeats are still refused (409 naming the question), a
+    reworded one is stored; exam: a near-duplicate in another chapter is refused too."""
+    from api_support import api
+
+    from storage import open_store
+
+    store = open_store(db_url)
+    store.sync_exam("ex", load_syllabus(write_syllabus(
+        make_settings().exams_dir, "ex", [("a", 2), ("b", 1)]), max_questions=1000))
+    store.import_questions("ex", {
+        "a": [Question(t, ("w", "x", "y", "z"), 0, "why") for t in TEXTS[:2]],
+        "b": [Question(TEXTS[2], ("w", "x", "y", "z"), 0, "why")]}, "test")
+    a1, a2 = store.chapter_questions("ex", "a")[1]
+    store.engine.dispose()
+    with api(make_settings, database_url=db_url, near_dup_scope=scope) as client:
+        exact = client.patch(f"/exams/ex/questions/{a2['id']}",
+                             json={"version": 1, "question": TEXTS[0].upper()})
+        assert exact.status_code == 409, exact.text
+        assert exact.json()["duplicate_of"] == {"id": a1["id"], "number": 1}
+        reworded = "Which layer of the OSI model routes the packets between two networks?"
+        near = client.patch(f"/exams/ex/questions/{a2['id']}",
+                            json={"version": 1, "question": reworded})
+        assert near.status_code == (200 if scope == "off" else 409), near.text
