@@ -144,7 +144,8 @@ def exams(as_json: bool, limit: int, after: str | None, every: bool) -> None:
                    "EXAMS_DIR/SLUG/generated.jsonl, .json, .csv, .xml, .gift.txt, .apkg, "
                    ".qti.zip")
 @click.option("--approved-only", is_flag=True,
-              help="Only the questions a reviewer approved (see `review`).")
+              help="Only the questions a reviewer approved (see `review`); exit 1, writing "
+                   "nothing, when none is.")
 def export(slug: str, fmt: str, target: str | None, approved_only: bool) -> None:
     """Write every stored question of an exam (atomically); a rejected one never."""
     # JSON Lines, JSON and CSV from a SQLite file take the plain-driver path first
@@ -163,8 +164,9 @@ def export(slug: str, fmt: str, target: str | None, approved_only: bool) -> None
 @click.option("--json", "as_json", is_flag=True, help="One JSON object on stdout.")
 @_dispatch
 def review(slug: str, as_json: bool) -> None:
-    """The review of an exam per chapter: questions unreviewed, approved, rejected, and
-    disputed by the blind solve. Reviewers approve, reject and edit in the page (serve)."""
+    """The review of an exam per chapter: questions unreviewed, approved, rejected, stale
+    (reviewed before --regenerate), disputed by the blind solve and, in a verified exam,
+    unverified. Reviewers approve, reject and edit in the page (serve)."""
 
 
 @cli.command()
