@@ -13,7 +13,9 @@
     │   ├── Conflict                 the request conflicts with the exam's state (409)
     │   │   ├── ChapterBusy          an import names a chapter a worker is generating
     │   │   ├── ExamRunning          prune asked of an exam with chapters still running
-    │   │   └── VersionConflict      a review saved from a version that is no longer current
+    │   │   ├── VersionConflict      a review saved from a version that is no longer current
+    │   │   ├── DuplicateEdit        an edit would make a question the bank already has
+    │   │   └── NothingApproved      export --approved-only of an exam with none approved
     │   └── ConfigError              a setting is invalid
     │       └── NoSchema             the database has no examforge schema (a read-only command)
     ├── InfrastructureError          a service we depend on is down: one line, exit 3
@@ -154,6 +156,24 @@ class ChapterBusy(Conflict):
 
 class ExamRunning(Conflict):
     """Raised when pruning is asked of an exam that has pending or running chapters."""
+
+
+class DuplicateEdit(Conflict):
+    """Raised when an edit's text is the same (normalised) as, or a near-duplicate of,
+    another question of the bank: nothing is changed; `other_id` and `other_number` name
+    that question."""
+
+    def __init__(self, message: str, other_id: int, other_number: int | None) -> None:
+        super().__init__(message)
+        self.other_id, self.other_number = other_id, other_number
+
+
+class NothingApproved(Conflict):
+    """Raised when `export --approved-only` (`?approved_only=true`) is asked of an exam none
+    of whose questions a reviewer approved: an empty bank is not a success (exit 1, 409);
+    no file is written."""
+
+    exit_code = 1
 
 
 class VersionConflict(Conflict):

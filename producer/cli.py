@@ -91,14 +91,17 @@ _batch_option = click.option(
 @cli.command()
 @click.argument("slug")
 @click.option("--regenerate", "regenerate", multiple=True, metavar="CHAPTER",
-              help="Delete a changed chapter's questions and generate it again (repeatable).")
+              help="Cut a changed chapter again (repeatable): its approved and edited "
+                   "questions are kept and marked stale for review, the rest generated again.")
+@click.option("--discard-reviewed", is_flag=True,
+              help="With --regenerate: delete the approved, edited and rejected questions too.")
 @_budget_option
 @_dry_run_option
 @click.option("--json", "as_json", is_flag=True, help="With --dry-run: one JSON object.")
 @_batch_option
 @_dispatch
-def enqueue(slug: str, regenerate: tuple[str, ...], budget_usd: float | None, dry_run: bool,
-            as_json: bool, batch: bool | None) -> None:
+def enqueue(slug: str, regenerate: tuple[str, ...], discard_reviewed: bool,
+            budget_usd: float | None, dry_run: bool, as_json: bool, batch: bool | None) -> None:
     """Record the exam, cut its chapters into slices, enqueue one task per unfinished slice
     (with --batch: one batch pass, which submits them to the provider's Batch API)."""
 
@@ -141,7 +144,8 @@ def exams(as_json: bool, limit: int, after: str | None, every: bool) -> None:
                    "EXAMS_DIR/SLUG/generated.jsonl, .json, .csv, .xml, .gift.txt, .apkg, "
                    ".qti.zip")
 @click.option("--approved-only", is_flag=True,
-              help="Only the questions a reviewer approved (see `review`).")
+              help="Only the questions a reviewer approved (see `review`); exit 1, writing "
+                   "nothing, when none is.")
 def export(slug: str, fmt: str, target: str | None, approved_only: bool) -> None:
     """Write every stored question of an exam (atomically); a rejected one never."""
     # JSON Lines, JSON and CSV from a SQLite file take the plain-driver path first
@@ -160,8 +164,9 @@ def export(slug: str, fmt: str, target: str | None, approved_only: bool) -> None
 @click.option("--json", "as_json", is_flag=True, help="One JSON object on stdout.")
 @_dispatch
 def review(slug: str, as_json: bool) -> None:
-    """The review of an exam per chapter: questions unreviewed, approved, rejected, and
-    disputed by the blind solve. Reviewers approve, reject and edit in the page (serve)."""
+    """The review of an exam per chapter: questions unreviewed, approved, rejected, stale
+    (reviewed before --regenerate), disputed by the blind solve and, in a verified exam,
+    unverified. Reviewers approve, reject and edit in the page (serve)."""
 
 
 @cli.command()

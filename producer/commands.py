@@ -15,7 +15,7 @@ import signal
 import sys
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 import click
 from rich.console import Console
@@ -134,7 +134,8 @@ def _warn_verify_batch(settings: Settings, batch: bool) -> None:
 
 
 def _dry_run(settings: Settings, slug: str, syllabus: Syllabus, budget_usd: float | None,
-             as_json: bool = False, batch: bool = False) -> None:
+             as_json: bool = False, batch: bool = False, regenerate: Sequence[str] = (),
+             discard_reviewed: bool = False) -> None:
     _warn_verify_batch(settings, batch)
     stored, per_question, budget, cancelled = _read_only_state(settings, slug)
     from producer.grounding import exam_material
@@ -142,21 +143,30 @@ def _dry_run(settings: Settings, slug: str, syllabus: Syllabus, budget_usd: floa
     # The sources are read (and refused) as enqueue reads them; each prompt carries its
     # slice's share, counted in the estimate.
     material = {}
+    read: Any = {}
     if any(ch.sources for ch in syllabus.chapters):
         store = None if file_syllabus(settings, slug) else _existing_store(settings)
-        material = {cid: m.passages for cid, m in
-                    exam_material(settings, slug, syllabus, store, _warn).items()}
+        read = exam_material(settings, slug, syllabus, store, _warn)
+        material = {cid: m.passages for cid, m in read.items()}
+    regenerated = _regeneration_preview(settings, slug, syllabus, regenerate,
+                                        discard_reviewed, read)
+    for chapter_id, regeneration in regenerated.items():
+        # What the chapter still has once regenerated: the questions it keeps in the bank.
+        stored[chapter_id] = regeneration.kept_texts
     est = estimate(slug, syllabus, settings, stored=stored,
                    completion_per_question=per_question, batch=batch, material=material)
     budget = budget_usd if budget_usd is not None else budget
     if as_json:
         click.echo(json.dumps({**est.as_dict(), "budget_usd": budget,
-                               "mode": "batch" if batch else "sync"}))
+                               "mode": "batch" if batch else "sync",
+                               "regenerate": [r.as_dict() for r in regenerated.values()]}))
         return
     p = est.price
     already = sum(c.stored for c in est.chapters)
     out.print(f"dry run of {slug}{' in batch mode' if batch else ''}: nothing was sent or "
               "written", soft_wrap=True)
+    for regeneration in regenerated.values():
+        click.echo("\n".join(regeneration.lines(slug)))
     out.print(f"  questions to generate: {est.questions} in "
               f"{sum(1 for c in est.chapters if c.calls)} of {len(est.chapters)} chapters "
               f"({already} already stored)", soft_wrap=True)
@@ -191,6 +201,31 @@ def _dry_run(settings: Settings, slug: str, syllabus: Syllabus, budget_usd: floa
     _warn_unpriced(settings)
 
 
+def _regeneration_preview(settings: Settings, slug: str, syllabus: Syllabus,
+                          regenerate: Sequence[str], discard_reviewed: bool,
+                          material: Any) -> dict[str, Any]:
+    """What `--regenerate` would keep, delete and generate per chapter, read without
+    creating or migrating the database (empty when it holds no such exam)."""
+    if not regenerate:
+        return {}
+    url = make_url(settings.database_url)
+    if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:") \
+            and not Path(url.database).exists():
+        return {}
+    engine = connect(settings.database_url, pool_size=1)
+    try:
+        if current_revision(engine) != SCHEMA_REVISION:
+            return {}
+        store = Store(engine)
+        if not store.exam_exists(slug):
+            return {}
+        return store.regeneration_preview(slug, syllabus, regenerate,
+                                          discard_reviewed=discard_reviewed,
+                                          material=material or None)
+    finally:
+        engine.dispose()
+
+
 def _read_only_state(settings: Settings, slug: str) -> tuple[
         dict[str, list[str]], float | None, float | None, list[str]]:
     """What the database already holds for a dry run, without creating or migrating it:
@@ -215,16 +250,19 @@ def _read_only_state(settings: Settings, slug: str) -> tuple[
         engine.dispose()
 
 
-def enqueue(slug: str, regenerate: tuple[str, ...], budget_usd: float | None, dry_run: bool,
-            as_json: bool, batch: bool | None) -> None:
+def enqueue(slug: str, regenerate: tuple[str, ...], discard_reviewed: bool,
+            budget_usd: float | None, dry_run: bool, as_json: bool, batch: bool | None) -> None:
     settings = _settings()
     syllabus = _syllabus(settings, slug)
     unknown = [c for c in regenerate if c not in {ch.id for ch in syllabus.chapters}]
     if unknown:
         raise UserError(f"--regenerate: chapter {unknown[0]!r} is not in the syllabus of {slug}")
+    if discard_reviewed and not regenerate:
+        raise UserError("--discard-reviewed applies to --regenerate CHAPTER only")
     batch = settings.llm_batch if batch is None else batch
     if dry_run:
-        _dry_run(settings, slug, syllabus, budget_usd, as_json, batch=batch)
+        _dry_run(settings, slug, syllabus, budget_usd, as_json, batch=batch,
+                 regenerate=regenerate, discard_reviewed=discard_reviewed)
         return
     store = _store(settings)
     restarted: list[str] = []
@@ -238,7 +276,9 @@ def enqueue(slug: str, regenerate: tuple[str, ...], budget_usd: float | None, dr
 
     plan = enqueue_exam(settings, store, slug, syllabus, regenerate=regenerate,
                         budget_usd=budget_usd, before_write=before_write, batch=batch,
-                        warn=_warn)
+                        discard_reviewed=discard_reviewed, warn=_warn)
+    for regeneration in plan.regenerated.values():
+        click.echo("\n".join(regeneration.lines(slug)))
     for chapter_id in restarted:
         out.print(f"restarted {slug}/{chapter_id} (was cancelled)")
     per_chapter: dict[str, int] = {}
@@ -321,7 +361,8 @@ def _verdicts(v: VerificationCounts) -> str:
     if v.withdrawn:
         disputed += (" (replaced)" if v.withdrawn == v.disputed
                      else f" ({v.withdrawn} replaced)")
-    return f"{v.agreed} agreed, {disputed}, {v.pending} pending"
+    return (f"{v.agreed} agreed, {disputed}, {v.pending} pending"
+            + (f", {v.unverified} unverified" if v.unverified else ""))
 
 
 def _print_status(report: ExamReport) -> None:
@@ -421,7 +462,8 @@ def _print_status(report: ExamReport) -> None:
 
 def export(slug: str, fmt: str, target: str | None, approved_only: bool = False) -> None:
     from examforge.banks import BankChapter, BankExam
-    from producer.export import check_target, default_name
+    from examforge.errors import NothingApproved
+    from producer.export import check_target, default_name, nothing_approved
     from producer.export import export as write
 
     if target is not None:
@@ -430,6 +472,8 @@ def export(slug: str, fmt: str, target: str | None, approved_only: bool = False)
     store = _read_store(settings)
     if not store.exam_exists(slug):
         store.questions(slug)  # raises UnknownExam with the usual message
+    if approved_only and not store.approved_in_bank(slug):
+        raise NothingApproved(nothing_approved(slug))
     target = target or str(settings.exams_dir / slug / default_name(fmt))
 
     def outline() -> BankExam:
@@ -447,26 +491,43 @@ def review(slug: str, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps({
             "exam": slug, "chapters": [c.as_dict() for c in chapters],
-            "totals": {name: sum(getattr(c, name) or 0 for c in chapters)
-                       for name in ("questions", "unreviewed", "approved", "rejected",
-                                    "disputed")}}, ensure_ascii=False))
+            "totals": _review_totals(chapters)}, ensure_ascii=False))
         return
     verdicts = any(c.disputed is not None for c in chapters)
+    verified = any(c.unverified is not None for c in chapters)
     table = Table(title=f"review of {slug}")
-    for col in ("chapter", "questions", "disputed", "unreviewed", "approved", "rejected"):
+    columns = ["chapter", "questions", "disputed", "unreviewed", "approved", "rejected",
+               "stale"] + (["unverified"] if verified else [])
+    for col in columns:
         table.add_column(col, justify="left" if col == "chapter" else "right")
     for c in chapters:
         table.add_row(c.chapter_id, f"{c.questions}/{c.target}",
                       "-" if c.disputed is None else str(c.disputed), str(c.unreviewed),
-                      str(c.approved), str(c.rejected))
+                      str(c.approved), str(c.rejected), str(c.stale),
+                      *([str(c.unverified or 0)] if verified else []))
     out.print(table)
-    left = sum(c.unreviewed for c in chapters)
+    left = sum(c.unreviewed + c.stale for c in chapters)
+    stale = sum(c.stale for c in chapters)
     rejected = sum(c.rejected for c in chapters)
+    unverified = sum(c.unverified or 0 for c in chapters)
     missing = sum(max(0, c.target - c.questions) for c in chapters)
     out.print(f"{plural(left, 'question')} to review"
+              + (f" ({stale} stale: reviewed before --regenerate)" if stale else "")
+              + (f"; {unverified} unverified (no blind-solve verdict yet)" if unverified
+                 else "")
               + (f"; {rejected} rejected" if rejected else "")
               + (f"; {missing} missing (the next enqueue generates them)" if missing else "")
               + ("" if verdicts else "; no blind-solve verdicts in this database"))
+
+
+def _review_totals(chapters: Sequence[Any]) -> dict[str, int]:
+    """`review --json`'s totals, as the API's GET /exams/SLUG/review has them."""
+    totals = {name: sum(getattr(c, name) or 0 for c in chapters)
+              for name in ("questions", "unreviewed", "approved", "rejected", "disputed",
+                           "stale")}
+    if any(c.unverified is not None for c in chapters):
+        totals["unverified"] = sum(c.unverified or 0 for c in chapters)
+    return totals
 
 
 def run(slug: str, concurrency: int, budget_usd: float | None, dry_run: bool,

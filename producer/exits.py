@@ -1,7 +1,8 @@
 """The exit codes of every command, in one table (docs/reference/cli.md, "Exit codes").
 
     0    done: the exam ended with every chapter done (or the command did what it was asked)
-    1    some chapters failed (their errors are printed), or a `doctor` check failed
+    1    some chapters failed (their errors are printed), a `doctor` check failed, or
+         `export --approved-only` found nothing approved (no file is written)
     2    input or configuration: one line names the file, field or setting
     3    a service is down (the database, the broker)
     4    the database is damaged

@@ -111,6 +111,9 @@ def export(database_url: str, exams_dir: Path, slug: str, fmt: str,
                 return None
             if conn.execute("SELECT 1 FROM exam WHERE slug = ?", (slug,)).fetchone() is None:
                 return None
+            if approved_only and conn.execute(
+                    QUERY.format(review=REVIEWED[True]) + " LIMIT 1", (slug,)).fetchone() is None:
+                return None  # nothing approved: the store's path refuses it, in one line
         except sqlite3.Error:
             return None
         if target is not None:

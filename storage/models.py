@@ -109,6 +109,9 @@ class RequeueReason(str, Enum):
     worker_vanished = "worker_vanished"  # a worker took the message, then its lease expired
     broker_epoch_changed = "broker_epoch_changed"  # the broker lost every message it had
     message_lost = "message_lost"  # the queue lost this chapter's message, the epoch survived
+    # A reviewer's rejection reopened a done slice during an open run (Store.unqueued_slices)
+    # and no message was published for it.
+    reopened = "reopened"
     legacy = "legacy"  # written before the code existed (migration 0024): see the detail
 
 
@@ -265,6 +268,9 @@ class Question(SQLModel, table=True):
     version: int = Field(default=1, sa_column_kwargs={"server_default": "1"})
     reviewed_by: Optional[str] = Field(default=None, max_length=64)
     reviewed_at: Optional[float] = None
+    # Why a question reviewed before `enqueue --regenerate` (kept, review `stale`) may no
+    # longer match its chapter: the change named (migration 0027); NULL otherwise.
+    stale: Optional[str] = Field(default=None, sa_column=Column(Text))
 
 
 class ReviewState(str, Enum):
@@ -273,6 +279,9 @@ class ReviewState(str, Enum):
     unreviewed = "unreviewed"  # as generated, or edited since it was approved
     approved = "approved"  # `export --approved-only` writes it
     rejected = "rejected"  # withdrawn from its chapter's numbering: the next enqueue replaces it
+    # Approved or edited before its chapter was regenerated (`enqueue --regenerate`): kept,
+    # not approved any more; `question.stale` names the change. Approve, edit or reject it.
+    stale = "stale"
 
 
 class QuestionEdit(SQLModel, table=True):

@@ -20,7 +20,8 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from sqlalchemy.exc import DBAPIError
 
 from examforge.banks import BankChapter, BankExam, write_bank
-from examforge.errors import Conflict, ExamforgeError, ExportInterrupted, UnknownExam
+from examforge.errors import (Conflict, ExamforgeError, ExportInterrupted, NothingApproved,
+                              UnknownExam)
 from examforge.syllabus import NAME_PATTERN, Syllabus, check_name, load_syllabus, parse_syllabus
 from producer.api import review, schemas
 from producer.api.events import stream
@@ -33,6 +34,7 @@ from producer.export import (
     WRITERS,
     bank_questions,
     default_name,
+    nothing_approved,
 )
 from producer.syllabi import file_syllabus, resolve
 from producer.views import status_dict, summary_dict, when
@@ -417,10 +419,14 @@ def export(slug: Slug, request: Request, c: Ctx,
     """Every stored question but the rejected ones (export's writers: the same content as
     the CLI's), or with `approved_only` the approved ones. The table
     formats are streamed; a bank is built whole first (spooled to disk when large), so that a
-    stored question no bank can hold is a 409 problem, not a download cut short."""
+    stored question no bank can hold is a 409 problem, not a download cut short.
+    `approved_only` of an exam with no approved question is a 409 problem too: an empty
+    bank is not a download."""
     check_name(slug, "exam slug")
     if not c.store.exam_exists(slug):
         raise UnknownExam(f"unknown exam {slug!r}: not in the database (start a run first)")
+    if approved_only and not c.store.approved_in_bank(slug):
+        raise NothingApproved(nothing_approved(slug))  # 409: an empty bank is no success
     headers = {"Content-Disposition":
                f'attachment; filename="{slug}{default_name(format).removeprefix("generated")}"'}
     if request.method == "HEAD":  # the headers a GET would have, and nothing read
