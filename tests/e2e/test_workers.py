@@ -236,11 +236,23 @@ def test_a_second_ctrl_c_abandons_the_calls_in_flight_and_the_next_run_books_the
     dep = deploy("sqlite", llm_timeout_s=120, lease_s=2)
     dep.syllabus("demo", [("ch-0", 5), ("ch-1", 5)])  # one call each
     run = dep.spawn_cli("run", "demo", "--concurrency", "2")
-    wait_for(lambda: mock.stats()["inflight"] == 2, 60, "two calls at the mock")
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(
         raw.decode() for raw in run.stdout), daemon=True)  # type: ignore[union-attr]
     reader.start()
+
+    def both_at_the_mock() -> bool:
+        assert run.poll() is None, (run.returncode, lines)
+        return mock.stats()["inflight"] == 2
+
+    try:
+        wait_for(both_at_the_mock, 60, "two calls at the mock")
+    except BaseException:
+        run.kill()
+        reader.join(10)
+        print("run's output:", "".join(lines), "\nmock:", mock.stats(), "\ncalls:",
+              dump(dep.calls("demo")))
+        raise
     run.send_signal(signal.SIGINT)
     wait_for(lambda: any("Ctrl-C again" in line for line in lines), 60, "the first stop's line")
     run.send_signal(signal.SIGINT)
