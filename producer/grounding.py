@@ -67,7 +67,7 @@ def _exam_material(settings: Settings, slug: str, syllabus: Syllabus,
         root = settings.exams_dir
         folder = root / slug
         return read_exam_material(chapters, lambda name: read_file_under(folder, root, name),
-                                  lambda name: str(folder / name))
+                                  lambda name: str(folder / name), store)
 
     def uploaded(name: str) -> bytes:
         data = store.source_file(slug, name) if store is not None else None
@@ -76,4 +76,5 @@ def _exam_material(settings: Settings, slug: str, syllabus: Syllabus,
                               f"PUT /exams/{slug}/sources/{name}")
         return data
 
-    return read_exam_material(chapters, uploaded, lambda name: uploaded_label(slug, name))
+    return read_exam_material(chapters, uploaded, lambda name: uploaded_label(slug, name),
+                              store)

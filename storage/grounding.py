@@ -12,10 +12,11 @@ from sqlalchemy.engine import Connection
 from examforge.errors import SourceError
 from examforge.sources import MAX_UPLOADS_PER_EXAM, Passage
 from storage.base import Q, StoreBase
-from storage.models import PassageRow, SourceFile
+from storage.models import PassageRow, SourceFile, SourceText
 
 P = PassageRow.__table__  # type: ignore[attr-defined]
 F = SourceFile.__table__  # type: ignore[attr-defined]
+T = SourceText.__table__  # type: ignore[attr-defined]
 
 
 def write_passages(conn: Connection, slug: str, chapter_id: str,
@@ -79,6 +80,28 @@ class Grounding(StoreBase):
         the exam that have passages; what `status` shows as the material covered."""
         with self._read() as conn:
             return coverage(conn, slug)
+
+    # --- sources' text, extracted once per content ---------------------------------------
+
+    def source_text(self, key: str) -> list[tuple[str | None, str]] | None:
+        """The sections extracted before from the source `key` names (its bytes' hash and
+        how it is read), or None."""
+        import json
+
+        with self._read() as conn:
+            raw = conn.execute(select(T.c.sections).where(T.c.key == key)).scalar()
+        return None if raw is None else [(where, text) for where, text in json.loads(raw)]
+
+    def keep_source_text(self, key: str, sections: Sequence[tuple[str | None, str]]) -> None:
+        """Keep what was extracted (a second writer of the same key changes nothing)."""
+        import json
+
+        with self._write() as conn:
+            now = conn.execute(select(self._now)).scalar_one()
+            conn.execute(self._insert(T).values(
+                key=key, sections=json.dumps([list(s) for s in sections]),
+                chars=sum(len(text) for _, text in sections), created_at=now
+            ).on_conflict_do_nothing())
 
     # --- sources uploaded through the API --------------------------------------------------
 

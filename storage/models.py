@@ -529,6 +529,19 @@ class PassageRow(SQLModel, table=True):
     text: str = Field(sa_column=Column(Text, nullable=False))
 
 
+class SourceText(SQLModel, table=True):
+    """A source's text as extracted once (examforge.sources.sections_of), by the hash of its
+    bytes and how it is read (its kind and, for a PDF, the pages listed): `enqueue`, `run` and
+    `POST /runs` read a file again only when its bytes change (migration 0028)."""
+
+    __tablename__ = "source_text"
+
+    key: str = Field(primary_key=True, max_length=96)
+    sections: str = Field(sa_column=Column(Text, nullable=False))  # JSON [[where, text], ...]
+    chars: int
+    created_at: float
+
+
 class SourceFile(SQLModel, table=True):
     """A source file of an exam made through the API (PUT /exams/SLUG/sources/NAME): its
     bytes, kept in the database so that every replica and worker reads the same one, and

@@ -210,7 +210,7 @@ async def put_source(slug: Slug, name: str, request: Request, c: Ctx) -> Any:
 
 def _put_source(c: Any, slug: str, name: str, raw: bytes) -> Any:
     from examforge.errors import SourceError
-    from examforge.sources import MAX_UPLOAD_BYTES, file_hash, parse_entry, sections_of
+    from examforge.sources import MAX_UPLOAD_BYTES, cached_sections, file_hash, parse_entry
     from producer.grounding import uploaded_label
 
     try:
@@ -232,7 +232,8 @@ def _put_source(c: Any, slug: str, name: str, raw: bytes) -> Any:
         return problem(413, f"{uploaded_label(slug, name)}: the exam's uploads would hold "
                             f"{total} bytes, more than API_UPLOAD_TOTAL_BYTES="
                             f"{c.settings.api_upload_total_bytes}")
-    sections_of(spec, raw, uploaded_label(slug, name))  # refused now, not at the run
+    # Refused now, not at the run; the text is kept for the run to reuse.
+    cached_sections(spec, raw, uploaded_label(slug, name), c.store)
     created = c.store.put_source(slug, name, raw)
     return JSONResponse({"exam": slug, "source": name, "bytes": len(raw),
                          "sha256": file_hash(raw)}, status_code=201 if created else 200)
