@@ -34,7 +34,8 @@ MAX_SOURCE_CHARS = 2_000_000  # characters of text from one file (a 500-page boo
 
 
 class _PageTooCostly(Exception):
-    pass
+    """Raised in the child, by its timer, when one page's text costs more than PDF_PAGE_CPU_S
+    of CPU; caught next to it (a private control flow, outside the error tree)."""
 
 
 def _on_alarm(signum: int, frame: Any) -> None:

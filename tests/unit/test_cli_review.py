@@ -100,7 +100,7 @@ def test_run_cut_short_by_cancel_says_so(env, capsys, monkeypatch):  # noqa: F81
 
     monkeypatch.setattr(runner.local, "run_local", cancelled_meanwhile)
     code, out, err = cli(capsys, "run", "ex")
-    assert code == 0, err
+    assert code == 7, err  # producer.exits.CANCELLED: only a finished exam exits 0
     assert out.strip().endswith(
         "0/5 questions; 0/2 chapters done, 2 chapters cancelled "
         "(python -m producer run ex restarts them)"), out
