@@ -203,10 +203,17 @@ def test_ctrl_c_in_local_run_stops_paying_after_the_running_calls(deploy, mock):
     # call is written before it is sent): with 2 threads, no other call can start until one
     # of these ends, 4 s on.
     def both_at_the_mock() -> dict | None:
+        assert run.poll() is None, run.stdout.read().decode()  # type: ignore[union-attr]
         stats = mock.stats()
         return stats if stats["inflight"] == 2 else None
 
-    stats = wait_for(both_at_the_mock, 60, "two calls at the mock")
+    try:
+        stats = wait_for(both_at_the_mock, 60, "two calls at the mock")
+    except BaseException:
+        run.kill()
+        print("run's output:", run.stdout.read().decode(),  # type: ignore[union-attr]
+              "\nmock:", mock.stats(), "\ncalls:", dump(dep.calls("demo")))
+        raise
     run.send_signal(signal.SIGINT)
     # No deadline on the machine's speed (this test once timed out on a busy machine): what
     # shows the stop waited for the running calls and no more is that no call reached the
