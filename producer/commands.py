@@ -32,12 +32,8 @@ from examforge.errors import (
     UnknownChapter,
     UserError,
 )
-from examforge.estimate import estimate
 from examforge.logs import setup_logging
 from examforge.settings import Settings, load_settings
-from examforge.syllabus import Syllabus
-from producer.batches import cancel_batches
-from producer.enqueueing import enqueue_exam
 from producer.live import LiveView, duration
 from producer.live import watch as live_watch
 from producer.prune import report_lines as prune_report_lines
@@ -56,6 +52,7 @@ from storage.models import ExamMode
 from storage.reports import ExamReport, VerificationCounts, batch_counts, batch_status
 
 if TYPE_CHECKING:
+    from examforge.syllabus import Syllabus
     from producer.prune import Duration
 
 
@@ -138,6 +135,7 @@ def _dry_run(settings: Settings, slug: str, syllabus: Syllabus, budget_usd: floa
              discard_reviewed: bool = False) -> None:
     _warn_verify_batch(settings, batch)
     stored, per_question, budget, cancelled = _read_only_state(settings, slug)
+    from examforge.estimate import estimate
     from producer.grounding import exam_material
 
     # The sources are read (and refused) as enqueue reads them; each prompt carries its
@@ -273,6 +271,8 @@ def enqueue(slug: str, regenerate: tuple[str, ...], discard_reviewed: bool,
         # As the API's new run: start means "generate what is missing", so enqueue undoes
         # `cancel` (resume and retry leave cancelled chapters alone).
         restarted.extend(store.restart_cancelled(slug))
+
+    from producer.enqueueing import enqueue_exam
 
     plan = enqueue_exam(settings, store, slug, syllabus, regenerate=regenerate,
                         budget_usd=budget_usd, before_write=before_write, batch=batch,
@@ -787,6 +787,8 @@ def cancel(slug: str, chapters: tuple[str, ...]) -> None:
     if not chapters:
         # The exam's provider batches too (batch mode): a batch holds the slices of many
         # chapters, so only a cancel of the whole exam cancels them.
+        from producer.batches import cancel_batches
+
         for line in cancel_batches(settings, store, slug).lines(slug):
             out.print(line, markup=False, soft_wrap=True)
 
