@@ -12,6 +12,10 @@ median. One untimed round first writes the bytecode caches (PYTHONDONTWRITEBYTEC
 dropped, as a deployment has its .pyc files). `--before DIR` runs `python -m producer` from
 DIR (its code first on sys.path) with this interpreter, so both sides share the installed
 libraries; the database is seeded by this checkout's code (both must read its schema).
+
+`--instructions` also counts the instructions of one launch of each command under valgrind
+(callgrind): a figure the machine's load does not move, where seconds on a shared 2-core
+machine move by 2x from one minute to the next (about a minute per launch).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import argparse
 import datetime
 import os
 import platform
+import re
 import shlex
 import statistics
 import subprocess
@@ -66,8 +71,22 @@ def launch(root: Path, argv: list[str], env: dict[str, str]) -> tuple[float, flo
     return wall, usage.ru_utime + usage.ru_stime
 
 
-def measure(sides: dict[str, Path], runs: int, workdir: Path
-            ) -> dict[tuple[str, str], list[tuple[float, float]]]:
+def instructions(root: Path, argv: list[str], env: dict[str, str]) -> float:
+    """Millions of instructions one launch of `python -m producer ARGV` executes (callgrind)."""
+    result = subprocess.run(
+        ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable,
+         "-m", "producer", *argv], cwd=root, env={**env, "PYTHONPATH": str(root)},
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=900)
+    found = re.search(r"Collected : (\d+)", result.stderr)
+    if result.returncode != 0 or found is None:
+        raise RuntimeError(f"valgrind {' '.join(argv)}: exit {result.returncode}: "
+                           f"{result.stderr[-800:]}")
+    return int(found.group(1)) / 1e6
+
+
+def measure(sides: dict[str, Path], runs: int, workdir: Path, count: bool = False
+            ) -> tuple[dict[tuple[str, str], list[tuple[float, float]]],
+                       dict[tuple[str, str], float]]:
     from bench.seed import seed_exam
 
     db = workdir / "examforge.db"
@@ -83,11 +102,14 @@ def measure(sides: dict[str, Path], runs: int, workdir: Path
                 result = launch(root, argv, env)
                 if timed:
                     got[(side, name)].append(result)
-    return got
+    counted = {(side, name): instructions(root, argv, env)
+               for name, argv in cmds.items() for side, root in sides.items()} if count else {}
+    return got, counted
 
 
-def report(sides: dict[str, Path], runs: int, got: dict[tuple[str, str], list[tuple[float, float]]],
-           argv: list[str]) -> str:
+def report(sides: dict[str, Path], runs: int,
+           got: dict[tuple[str, str], list[tuple[float, float]]],
+           counted: dict[tuple[str, str], float], argv: list[str]) -> str:
     names = list(commands(Path(".")))
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     lines = [
@@ -103,12 +125,16 @@ def report(sides: dict[str, Path], runs: int, got: dict[tuple[str, str], list[tu
         f"{CHAPTERS} chapters (bench.seed). Median of {runs} launches of each command, "
         "launch to exit, in rounds (each round runs every command once); CPU is user + "
         "system of the same launches. Issue 28's target: at most 0.5 s for status, exams, "
-        "review and export.",
+        "review and export."
+        + (" M instructions: one launch of each under valgrind (callgrind), which the "
+           "machine's load does not move." if counted else ""),
         "",
     ]
     head = ["command"]
     for side in sides:
         head += [f"{side}: s", f"{side}: CPU s", f"{side}: × --version"]
+        if counted:
+            head += [f"{side}: M instructions", f"{side}: instr. × --version"]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name in names:
         row = [f"`{name}`"]
@@ -118,6 +144,9 @@ def report(sides: dict[str, Path], runs: int, got: dict[tuple[str, str], list[tu
             base = statistics.median(w for w, _ in got[(side, "--version")])
             row += [f"{statistics.median(walls):.2f}", f"{statistics.median(cpus):.2f}",
                     f"{statistics.median(walls) / base:.1f}"]
+            if counted:
+                row += [f"{counted[(side, name)]:,.0f}",
+                        f"{counted[(side, name)] / counted[(side, '--version')]:.1f}"]
         lines.append("| " + " | ".join(row) + " |")
     lines += ["", "Every launch, s: " + "; ".join(
         f"{side} `{name}` " + " ".join(f"{w:.2f}" for w, _ in got[(side, name)])
@@ -139,12 +168,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--before", type=Path, default=None, metavar="DIR",
                    help="another checkout measured in the same rounds (the 'before' column)")
     p.add_argument("--results", type=Path, default=DEFAULT_RESULTS)
+    p.add_argument("--instructions", action="store_true",
+                   help="also count each command's instructions under valgrind (one launch)")
     args = p.parse_args(argv)
     sides = {"this": ROOT} if args.before is None else {"before": args.before.resolve(),
                                                         "after": ROOT}
     with tempfile.TemporaryDirectory(prefix="ef-launch-") as tmp:
-        got = measure(sides, args.runs, Path(tmp))
-    text = report(sides, args.runs, got, sys.argv[1:] if argv is None else argv)
+        got, counted = measure(sides, args.runs, Path(tmp), args.instructions)
+    text = report(sides, args.runs, got, counted, sys.argv[1:] if argv is None else argv)
     args.results.write_text(text)
     print(text, end="")
     return 0
