@@ -126,10 +126,17 @@ def status(slug: str, as_json: bool, watch: bool, interval_s: float) -> None:
 @click.option("--after", metavar="CURSOR",
               help="The page after this cursor: the `next` of the page before.")
 @click.option("--all", "every", is_flag=True, help="Every exam on one page (no limit).")
-@_dispatch
 def exams(as_json: bool, limit: int, after: str | None, every: bool) -> None:
     """The exams in the database, newest first, a page at a time: state, chapters,
     questions, cost, last change."""
+    # One page of a SQLite file takes the plain-driver path first (producer/read_sqlite.py:
+    # no SQLAlchemy to import); anything else, and every error, goes the store's way.
+    from producer import read_sqlite
+
+    if not read_sqlite.exams(as_json, limit, after, every):
+        from producer import commands
+
+        commands.invoke("exams", as_json, limit, after, every)
 
 
 @cli.command()

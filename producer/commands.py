@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 import click
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 from sqlalchemy.engine import make_url
@@ -37,6 +36,8 @@ from examforge.settings import Settings, load_settings
 from producer.live import LiveView, duration
 from producer.live import watch as live_watch
 from producer.prune import report_lines as prune_report_lines
+from producer.read_sqlite import console as _console
+from producer.read_sqlite import print_exams
 from producer.syllabi import file_syllabus, resolve
 from producer.views import status_dict, summary_dict, when
 from producer.words import plural
@@ -64,15 +65,6 @@ def invoke(command: str, *args: Any, **params: Any) -> None:
         globals()[command](*args, **params)
     except OperationalError as exc:
         raise database_error(exc) from None
-
-
-def _console(stderr: bool = False) -> Console:
-    """Lines never wrap (they are read by scripts, logs and `| tee` as often as by people);
-    off a terminal, tables are as wide as their cells (a width that never binds), so no cell
-    is cut mid-phrase, where rich would wrap at 80 columns."""
-    stream = sys.stderr if stderr else sys.stdout
-    return Console(stderr=stderr, highlight=False, soft_wrap=True,
-                   width=None if stream.isatty() else 100_000)
 
 
 err = _console(stderr=True)
@@ -329,24 +321,10 @@ def status(slug: str, as_json: bool, watch: bool, interval_s: float) -> None:
 
 
 def exams(as_json: bool, limit: int, after: str | None, every: bool) -> None:
+    # A SQLite file's single page goes producer/read_sqlite.py's way first (producer/cli.py);
+    # the printing is the same function.
     page = _read_store(_settings()).exam_page(limit=None if every else limit, after=after)
-    summaries = page.items
-    if as_json:
-        click.echo(json.dumps({"items": [summary_dict(e) for e in summaries],
-                               "next": page.next}, ensure_ascii=False))
-        return
-    title = plural(len(summaries), "exam") + (" on this page" if page.next or after else "")
-    table = Table(title=title)
-    for col in ("exam", "title", "state", "chapters", "questions", "cost", "last change"):
-        table.add_column(col)
-    for e in summaries:
-        table.add_row(e.exam, e.title, e.state, f"{e.chapters.done}/{e.chapters.target}",
-                      f"{e.questions.done}/{e.questions.target}", f"${e.cost_usd:.4f}",
-                      when(e.updated_at) or "-")
-    out.print(table)
-    if page.next:
-        same = "" if limit == 100 else f" --limit {limit}"  # the next page, the same size
-        out.print(f"more: python -m producer exams{same} --after {page.next} (or --all)")
+    print_exams([summary_dict(e) for e in page.items], page.next, after, limit, as_json, out)
 
 
 # The chapters `status` draws in its table: rich lays a table out in time linear in its
