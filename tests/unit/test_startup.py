@@ -139,16 +139,20 @@ def _median_launch_s(argv: tuple[str, ...], env: dict[str, str], runs: int = 5) 
     return statistics.median(walls)
 
 
-# Generous: issue 28 asks for 0.5 s against --version's 0.12 s (about 4x) on an idle
-# machine; this only fails on a gross regression (Celery and Alembic alone add ~3x).
-READ_OVER_VERSION_MAX = 12.0
+# Generous bounds, medians of five launches against `--version`'s: issue 28 asks for 0.5 s
+# against its 0.12 s (about 4x) on an idle machine. `exams` on SQLite takes the plain-driver
+# path (about 3x, bench/results-launch.md); `status` still imports the store (about 8x): its
+# bound only fails on a gross regression (Celery and Alembic alone would add about 8x).
+BOUNDS = {("exams",): 8.0, ("status", "small"): 15.0}
 
 
 @pytest.mark.slow
 def test_a_read_command_takes_a_few_times_what_version_takes(small_exam):
     env = _env(DATABASE_URL=small_exam)
     env.pop("PYTHONDONTWRITEBYTECODE", None)  # as a deployment: with its .pyc files
-    _median_launch_s(("status", "small"), env, runs=1)  # writes the bytecode caches
+    for argv in BOUNDS:
+        _median_launch_s(argv, env, runs=1)  # writes the bytecode caches
     version = _median_launch_s(("--version",), env)
-    status = _median_launch_s(("status", "small"), env)
-    assert status < READ_OVER_VERSION_MAX * version, (status, version)
+    for argv, bound in BOUNDS.items():
+        took = _median_launch_s(argv, env)
+        assert took < bound * version, (argv, took, version)
