@@ -100,7 +100,7 @@ def test_batch_settings_and_the_create_timeout_below_the_submitter_lease(clean_e
     "http://localhost", "http://mock-llm:59999/", "http://0.0.0.0:1/a_b/c~d.e",
     "http://10.255.249.200/v1", "https://a-b.c-d.example/v1/"])
 def test_the_model_url_check_without_httpx_accepts_only_what_httpx_accepts(url):
-    """A plain URL skips httpx's parse (the import costs a read command a fifth of its
+    """A plain URL skips httpx's parse (the import costs a read command a seventh of its
     start-up); what the plain form takes, httpx takes with an http(s) scheme and a host."""
     import httpx
 
