@@ -6,11 +6,11 @@ deeper reads `os.environ`.
 
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-import httpx
 from pydantic import (
     Field,
     SecretStr,
@@ -32,6 +32,16 @@ MAX_TOKENS_OVERHEAD = 100
 # later with a traceback about a module that is not installed (MySQLdb, asyncpg, psycopg2).
 SUPPORTED_DATABASE_SCHEMES = ("sqlite", "sqlite+pysqlite", "postgresql+psycopg")
 SUPPORTED_DATABASE_URLS = "sqlite:///PATH or postgresql://USER@HOST:PORT/DB"
+# An http(s) URL of a plain form that httpx.URL always accepts (a lower-case host name or a
+# dotted IPv4 address without leading zeros, a port below 60000, a path of unreserved
+# characters): checked without importing httpx, about a seventh of the start-up of a command
+# that reads SQLite (`exams`, `export`). Anything else is checked by httpx itself
+# (tests/unit/test_settings.py holds the two to the same answers).
+_PLAIN_HTTP_URL = re.compile(
+    r"https?://(?:(?:[a-z0-9-]+\.)*[a-z][a-z0-9-]*"
+    r"|(?:(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])\.){3}"
+    r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9]))"
+    r"(?::(?:[1-9][0-9]{0,3}|[1-5][0-9]{4}))?(?:/[A-Za-z0-9._~/-]*)?")
 # Celery's broker is usually Redis; any transport kombu knows is accepted. These are checked
 # without importing kombu (a tenth of a second every command would pay).
 _COMMON_BROKER_SCHEMES = ("redis", "rediss", "sentinel", "amqp", "amqps", "pyamqp", "memory")
@@ -439,6 +449,10 @@ class Settings(BaseSettings):
         # repeated in the message: a key pasted into the wrong variable would be printed.
         if not v and info.field_name == "llm_fallback_base_url":
             return None  # empty: no fallback
+        if _PLAIN_HTTP_URL.fullmatch(v or ""):
+            return v
+        import httpx
+
         try:
             url = httpx.URL(v or "")
         except httpx.InvalidURL:

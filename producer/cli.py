@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any, Callable, TypeVar, cast
 
 import click
 
-import mockllm.cli
 from examforge.errors import ExamforgeError
 from producer.prune import DurationType
 
@@ -127,10 +126,17 @@ def status(slug: str, as_json: bool, watch: bool, interval_s: float) -> None:
 @click.option("--after", metavar="CURSOR",
               help="The page after this cursor: the `next` of the page before.")
 @click.option("--all", "every", is_flag=True, help="Every exam on one page (no limit).")
-@_dispatch
 def exams(as_json: bool, limit: int, after: str | None, every: bool) -> None:
     """The exams in the database, newest first, a page at a time: state, chapters,
     questions, cost, last change."""
+    # One page of a SQLite file takes the plain-driver path first (producer/read_sqlite.py:
+    # no SQLAlchemy to import); anything else, and every error, goes the store's way.
+    from producer import read_sqlite
+
+    if not read_sqlite.exams(as_json, limit, after, every):
+        from producer import commands
+
+        commands.invoke("exams", as_json, limit, after, every)
 
 
 @cli.command()
@@ -290,11 +296,18 @@ def serve(host: str, port: int, local: bool, no_auth: bool) -> None:
 @click.pass_context
 def mock_llm(ctx: click.Context) -> None:
     """Run the OpenAI-compatible mock server (see python -m mockllm --help)."""
+    import mockllm.cli
+
     sys.exit(mockllm.cli.main(list(ctx.args)))
 
 
 def main(argv: list[str] | None = None) -> int:
     """Errors are one line on stderr (the commands' own are raised as ExamforgeError)."""
+    if not (sys.argv[1:] if argv is None else argv):
+        # No command: the help, exit 0 (click 8.2 raises it as a usage error, exit 2).
+        ctx = cli.context_class(cli, info_name="python -m producer", **cli.context_settings)
+        click.echo(cli.get_help(ctx))
+        return 0
     try:
         cli.main(args=argv, prog_name="python -m producer", standalone_mode=False)
     except click.exceptions.Abort:

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 import click
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 from sqlalchemy.engine import make_url
@@ -32,15 +31,13 @@ from examforge.errors import (
     UnknownChapter,
     UserError,
 )
-from examforge.estimate import estimate
 from examforge.logs import setup_logging
 from examforge.settings import Settings, load_settings
-from examforge.syllabus import Syllabus
-from producer.batches import cancel_batches
-from producer.enqueueing import enqueue_exam
 from producer.live import LiveView, duration
 from producer.live import watch as live_watch
 from producer.prune import report_lines as prune_report_lines
+from producer.read_sqlite import console as _console
+from producer.read_sqlite import print_exams
 from producer.syllabi import file_syllabus, resolve
 from producer.views import status_dict, summary_dict, when
 from producer.words import plural
@@ -56,6 +53,7 @@ from storage.models import ExamMode
 from storage.reports import ExamReport, VerificationCounts, batch_counts, batch_status
 
 if TYPE_CHECKING:
+    from examforge.syllabus import Syllabus
     from producer.prune import Duration
 
 
@@ -67,15 +65,6 @@ def invoke(command: str, *args: Any, **params: Any) -> None:
         globals()[command](*args, **params)
     except OperationalError as exc:
         raise database_error(exc) from None
-
-
-def _console(stderr: bool = False) -> Console:
-    """Lines never wrap (they are read by scripts, logs and `| tee` as often as by people);
-    off a terminal, tables are as wide as their cells (a width that never binds), so no cell
-    is cut mid-phrase, where rich would wrap at 80 columns."""
-    stream = sys.stderr if stderr else sys.stdout
-    return Console(stderr=stderr, highlight=False, soft_wrap=True,
-                   width=None if stream.isatty() else 100_000)
 
 
 err = _console(stderr=True)
@@ -138,6 +127,7 @@ def _dry_run(settings: Settings, slug: str, syllabus: Syllabus, budget_usd: floa
              discard_reviewed: bool = False) -> None:
     _warn_verify_batch(settings, batch)
     stored, per_question, budget, cancelled = _read_only_state(settings, slug)
+    from examforge.estimate import estimate
     from producer.grounding import exam_material
 
     # The sources are read (and refused) as enqueue reads them; each prompt carries its
@@ -274,6 +264,8 @@ def enqueue(slug: str, regenerate: tuple[str, ...], discard_reviewed: bool,
         # `cancel` (resume and retry leave cancelled chapters alone).
         restarted.extend(store.restart_cancelled(slug))
 
+    from producer.enqueueing import enqueue_exam
+
     plan = enqueue_exam(settings, store, slug, syllabus, regenerate=regenerate,
                         budget_usd=budget_usd, before_write=before_write, batch=batch,
                         discard_reviewed=discard_reviewed, warn=_warn)
@@ -329,24 +321,10 @@ def status(slug: str, as_json: bool, watch: bool, interval_s: float) -> None:
 
 
 def exams(as_json: bool, limit: int, after: str | None, every: bool) -> None:
+    # A SQLite file's single page goes producer/read_sqlite.py's way first (producer/cli.py);
+    # the printing is the same function.
     page = _read_store(_settings()).exam_page(limit=None if every else limit, after=after)
-    summaries = page.items
-    if as_json:
-        click.echo(json.dumps({"items": [summary_dict(e) for e in summaries],
-                               "next": page.next}, ensure_ascii=False))
-        return
-    title = plural(len(summaries), "exam") + (" on this page" if page.next or after else "")
-    table = Table(title=title)
-    for col in ("exam", "title", "state", "chapters", "questions", "cost", "last change"):
-        table.add_column(col)
-    for e in summaries:
-        table.add_row(e.exam, e.title, e.state, f"{e.chapters.done}/{e.chapters.target}",
-                      f"{e.questions.done}/{e.questions.target}", f"${e.cost_usd:.4f}",
-                      when(e.updated_at) or "-")
-    out.print(table)
-    if page.next:
-        same = "" if limit == 100 else f" --limit {limit}"  # the next page, the same size
-        out.print(f"more: python -m producer exams{same} --after {page.next} (or --all)")
+    print_exams([summary_dict(e) for e in page.items], page.next, after, limit, as_json, out)
 
 
 # The chapters `status` draws in its table: rich lays a table out in time linear in its
@@ -787,6 +765,8 @@ def cancel(slug: str, chapters: tuple[str, ...]) -> None:
     if not chapters:
         # The exam's provider batches too (batch mode): a batch holds the slices of many
         # chapters, so only a cancel of the whole exam cancels them.
+        from producer.batches import cancel_batches
+
         for line in cancel_batches(settings, store, slug).lines(slug):
             out.print(line, markup=False, soft_wrap=True)
 
