@@ -165,7 +165,9 @@ def _assert_paid_once_but_the_killed_calls(dep, mock, targets, in_flight):
     calls = dep.calls("demo")
     used = [k for k in calls if k["outcome"] == "used"]
     wasted = [k for k in calls if k["outcome"] != "used"]
-    assert mock.stats()["calls_total"] == len(calls) == len(used) + len(wasted)
+    # A call is recorded before it is sent: the killed server may have recorded one it never
+    # sent (booked wasted by the taker, since nobody can know), never sent one unrecorded.
+    assert len(used) <= mock.stats()["calls_total"] <= len(calls) == len(used) + len(wasted)
     assert len(used) == _calls_needed(targets)
     assert len(wasted) <= in_flight
     assert {k["outcome"] for k in wasted} <= {"wasted"}

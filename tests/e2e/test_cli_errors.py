@@ -203,7 +203,8 @@ def test_enqueue_of_a_paused_exam_points_to_resume(deploy, mock):
     mock.configure(api_key="sk-right")
     dep = deploy()
     dep.syllabus("demo", [("a", 5), ("b", 5)])
-    assert dep.cli("run", "demo").returncode == 1  # 401: the chapter fails, the exam pauses
+    # 401: the chapter fails and the exam pauses; a pause is exit 5 (producer.exits)
+    assert dep.cli("run", "demo").returncode == 5
     result = dep.cli("enqueue", "demo")
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines() == [
