@@ -46,16 +46,16 @@ def test_hook(step: str) -> None:
 
 
 def solve_pending(rt: Any, claim: Claimed, check: Callable[[], None],
-                  lost: threading.Event, call: Call, stored: int, target: int
-                  ) -> Judged | None:
+                  lost: threading.Event, call: Call, stored: int, target: int, *,
+                  replace: bool = False) -> Judged | None:
     """Solve every pending question of the claimed slice and book the verdicts (`rt`: the
     worker's runner.pipeline.Runtime, not imported: the pipeline imports this); returns the
     slice as the last booking left it (done, cancelled, or still short of its target), or
     None when a cancel came before a solve was sent (nothing more is sent). `stored` and
-    `target`: the slice as the caller last read it, for when nothing is pending."""
+    `target`: the slice as the caller last read it, for when nothing is pending. `replace`:
+    the exam's policy is `replace` (a disputed question is withdrawn)."""
     store, settings = rt.store, rt.settings
     solver = rt.solver()
-    replace = settings.verify == "replace"
     unreadable = 0
     judged: Judged | None = None
     while True:

@@ -21,7 +21,7 @@ from storage.base import (ACTIVE_STATES, BUDGET_SPENT_REASON, HELD_STATES, SLICE
 from storage.ledger import CRASH_DETAIL, RECENT_QUESTIONS, Ledger
 from storage.types import (CallPlan, ChapterLevels, ChapterView, Claimed, FirstCall, NoRoom,
                            NotClaimed, NotClaimedReason, Planner, Steer)
-from storage.models import CallReason, ChapterState, ExamState
+from storage.models import CallReason, ChapterState, ExamState, VerifyPolicy
 
 
 S2 = S.alias("other_slice")
@@ -37,6 +37,14 @@ FRESH_FORGET_S = 300.0
 
 class Leases(Ledger):
     """Claim, renew, release and fail chapters."""
+
+    def verify_policy(self, slug: str) -> str:
+        """The exam's blind-solve policy (exam.verify: off, flag or replace), which a worker
+        follows whatever its own VERIFY says; `off` for an exam not in the database."""
+        with self._read() as conn:
+            policy = self._run(conn, "verify_policy", lambda: select(E.c.verify).where(
+                E.c.slug == bindparam("k_exam")), {"k_exam": slug}).scalar_one_or_none()
+        return policy or VerifyPolicy.off.value
 
     def mark_picked(self, slug: str, chapter_id: str, slice_no: int = 0) -> None:
         """A worker received this slice's message. `claim` notes it itself, in its own
