@@ -33,9 +33,15 @@ def _sync(store, tmp_path, n=5, **policy):
     return store.sync_exam("ex", load_syllabus(path, max_questions=1000), **policy)
 
 
-def _committed_pending(store, tmp_path, n=5):
+# Where a kill leaves the slice (runner.verify's steps; solve_answered leaves the database
+# as solve_recorded does: the reply never reached it).
+STEPS = ["after_commit", "solve_recorded"]
+
+
+def _committed_pending(store, tmp_path, n=5, step="after_commit"):
     """An exam under `flag` whose only slice has its range full, every verdict pending:
-    where a holder killed between its commit and its blind solve leaves it."""
+    where a holder killed between its commit and its blind solve leaves it (with
+    `solve_recorded`, its solve call recorded, in flight)."""
     _sync(store, tmp_path, n, default_verify="flag")
     claim = store.claim("ex", "a", "doomed", 30.0, 8)
     assert isinstance(claim, Claimed)
@@ -45,6 +51,8 @@ def _committed_pending(store, tmp_path, n=5):
     committed = store.commit_batch(claim, 30.0, call, questions, model="m",
                                    usage=Usage(10, 20, 0.001), verify=True)
     assert committed.stored == n and _slice(store).state == "running"
+    if step == "solve_recorded":
+        store.start_call(claim, 1, n, lease_s=30.0, kind="solve")
     return claim
 
 
@@ -88,9 +96,10 @@ def _solves(mock):
     return httpx.get(mock.base_url + "/_stats").json()["solves"]
 
 
+@pytest.mark.parametrize("step", STEPS)
 def test_after_a_crash_planning_enqueues_the_pending_verdicts_and_a_worker_solves_them_once(
-        store, tmp_path, make_settings, db_url, mock):
-    _committed_pending(store, tmp_path)
+        store, tmp_path, make_settings, db_url, mock, step):
+    _committed_pending(store, tmp_path, step=step)
     _die(store)
     # enqueue, run and POST /runs plan through sync_exam: the slice is work, not done.
     plan = _sync(store, tmp_path)
@@ -104,9 +113,11 @@ def test_after_a_crash_planning_enqueues_the_pending_verdicts_and_a_worker_solve
     assert _solves(mock) == 1 and _slice(store).state == "done"
 
 
+@pytest.mark.parametrize("step", STEPS)
 def test_the_reconciler_republishes_a_slice_a_dead_run_left_with_verdicts_pending(
-        store, tmp_path, make_settings, db_url, mock):
-    _committed_pending(store, tmp_path)  # a `producer run` (never enqueued), then killed
+        store, tmp_path, make_settings, db_url, mock, step):
+    # A `producer run` (never enqueued), then killed.
+    _committed_pending(store, tmp_path, step=step)
     assert store.orphans(0.0, None) == []  # its lease is live: not an orphan
     _die(store)
     orphans = store.orphans(0.0, None)
