@@ -260,3 +260,50 @@ def estimate(slug: str, syllabus: Syllabus, settings: Settings, *,
                 avoid = (avoid + [placeholder] * want)[-20:]
         est.chapters.append(ch)
     return est
+
+
+@dataclass(frozen=True)
+class ReplaceWorstCase:
+    """What one slice can spend under VERIFY=replace before it stops, when the solver
+    disputes every key (`replace_worst_case`)."""
+
+    rounds: int  # generation calls, each followed by one blind solve of its questions
+    questions: int  # generated, solved and withdrawn
+    generation_usd: float  # each generation call at its worst case
+    solve_usd: float  # each solve at its worst case
+
+    @property
+    def calls(self) -> int:
+        return 2 * self.rounds
+
+    @property
+    def usd(self) -> float:
+        return self.generation_usd + self.solve_usd
+
+
+def replace_worst_case(settings: Settings, target: int, generation_prompt_tokens: int,
+                       solve_prompt_tokens: int) -> ReplaceWorstCase:
+    """The worst case of one slice of `target` questions under VERIFY=replace whose solver
+    disputes every key (runner.verify.check_disputes): each round asks for
+    q = min(QUESTIONS_PER_CALL, target) questions (every number is free again: each key was
+    disputed and withdrawn) and solves them in one call, so the disputes in a row reach
+    VERIFY_MAX_DISPUTED_IN_ROW after ceil(K / q) rounds, and the exam pauses: 2 * ceil(K / q)
+    paid calls. In dollars, each call at its worst case, what the budget reserves for it:
+    its prompt (the largest of its kind, `*_prompt_tokens`, with the reservation margin) and
+    all of its max_tokens, at the generation and the solver's prices. Re-asks after invalid
+    output (up to MAX_REASKS in a row) would add generation calls; a reply always usable is
+    assumed here.
+
+    Under a budget no call is sent whose worst case does not fit, and a call that does not
+    fit asks for fewer questions, down to one: the slice then spends at most the budget, in
+    at most 2 * VERIFY_MAX_DISPUTED_IN_ROW calls (rounds of one question each)."""
+    q = max(1, min(settings.questions_per_call, target, verify.SOLVE_MAX_QUESTIONS))
+    rounds = -(-settings.verify_max_disputed_in_row // q)
+    price = settings.price_at(settings.service_tier)
+    generation = price.cost_usd(
+        reserve_prompt_tokens(generation_prompt_tokens, settings.llm_model),
+        settings.max_tokens(q))
+    vs = settings.verify_settings()
+    solve = vs.price_at(vs.service_tier).cost_usd(
+        reserve_prompt_tokens(solve_prompt_tokens, vs.llm_model), verify.max_tokens(q))
+    return ReplaceWorstCase(rounds, rounds * q, rounds * generation, rounds * solve)

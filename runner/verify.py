@@ -24,7 +24,7 @@ import threading
 from typing import Any, Callable
 
 from examforge import verify
-from examforge.errors import BudgetExceeded, LeaseLost, OutputInvalid
+from examforge.errors import BudgetExceeded, LeaseLost, OutputInvalid, SolverDisputes
 from examforge.llm import Admission, Completion, LLMClient
 from examforge.retry import HandBack
 from storage.models import CallKind, CallOutcome, CallReason
@@ -43,6 +43,27 @@ def test_hook(step: str) -> None:
     (tests/e2e/test_verify_crash.py). Unset in production: a no-op."""
     if os.environ.get("EXAMFORGE_TEST_VERIFY_CRASH") == step:
         os.kill(os.getpid(), 9)
+
+
+def check_disputes(settings: Any, claim: Claimed, judged: Judged) -> None:
+    """Stop a slice whose replacements keep being disputed (VERIFY=replace): raise
+    SolverDisputes, which pauses the exam (PauseCode.disputes), once the slice's solves
+    (since its last `resume`) disputed VERIFY_MAX_DISPUTED_IN_ROW keys in a row, or more
+    than VERIFY_MAX_DISPUTED_SHARE of at least that many. Each disputed key is withdrawn and
+    generated again, each a paid call that counts as progress: without this, a solver (or a
+    generator) that is always wrong spends without end. The reason says what to check."""
+    in_row, share = settings.verify_max_disputed_in_row, settings.verify_max_disputed_share
+    solved, disputed = judged.solved_keys, judged.disputed_keys
+    if judged.disputed_in_row >= in_row:
+        bound = f"{judged.disputed_in_row} in a row"
+    elif solved >= in_row and disputed > share * solved:
+        bound = f"more than {share:.0%}"
+    else:
+        return
+    raise SolverDisputes(
+        f"the solver disputed {disputed} of {solved} keys ({bound}) in "
+        f"{claim.exam}/{claim.chapter_id} slice {claim.slice_no}: check VERIFY_MODEL (the "
+        "blind solver; default: LLM_MODEL) and LLM_MODEL (the keys), then run resume")
 
 
 def solve_pending(rt: Any, claim: Claimed, check: Callable[[], None],
@@ -128,6 +149,8 @@ def solve_pending(rt: Any, claim: Claimed, check: Callable[[], None],
                 "exam": claim.exam, "chapter": claim.chapter_id, "slice": claim.slice_no,
                 "disputed": judged.disputed, "agreed": judged.agreed,
                 "withdrawn": judged.withdrawn})
+            if replace:
+                check_disputes(settings, claim, judged)
         if judged.done or judged.cancelled:
             return judged
     if judged is not None:

@@ -228,6 +228,10 @@ class Slice(SQLModel, table=True):
     requeues: int = 0
     requeued_at: Optional[float] = None
     requeue_code: Optional[str] = Field(default=None, max_length=32)
+    # The blind solver's disputes are counted over the slice's questions with a higher id
+    # (migration 0027): `resume` of an exam its disputes paused moves it past every question
+    # stored, so each slice counts afresh (runner.verify, VERIFY_MAX_DISPUTED_*).
+    disputes_from: Optional[int] = None
     requeue_reason: Optional[str] = Field(default=None, sa_column=Column(Text))
     # Why its last attempt ended early, as a code (examforge.errors.SliceReason), and the
     # free-text detail beside it (migration 0024); readers decide by the code, never the text.

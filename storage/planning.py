@@ -304,6 +304,14 @@ class Planning(Ledger):
         (every unfinished one: a paused exam's messages may have been consumed meanwhile)."""
         with self._write() as conn:
             self._require_exam(conn, slug)
+            code = conn.execute(select(E.c.pause_code).where(E.c.slug == slug)
+                                .with_for_update()).scalar_one()
+            if code == PauseCode.disputes.value:
+                # Each slice counts its solver's disputes afresh from here (the person has
+                # checked VERIFY_MODEL): past every question stored so far.
+                conn.execute(update(S).where(S.c.exam == slug).values(
+                    disputes_from=select(func.coalesce(func.max(Q.c.id), 0))
+                    .where(Q.c.exam == slug).scalar_subquery()))
             conn.execute(update(E).where(E.c.slug == slug).values(
                 state=ExamState.active.value, pause_reason=None, pause_code=None,
                 auth_failures=0, updated_at=self._now))

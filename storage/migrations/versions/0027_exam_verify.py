@@ -10,6 +10,11 @@ is the exam's now (storage.models.VerifyPolicy), recorded by `enqueue --verify`,
 questions show: `replace` when one was withdrawn as disputed, `flag` when one has a verdict,
 else `off`.
 
+Under `replace` a solver that disputes every key made a slice replace its questions without
+end (each commit counts as progress): `slice.disputes_from` is where the count of a slice's
+disputed keys starts (a question id), moved past every question by `resume` of an exam
+those disputes paused (PauseCode.disputes).
+
 A slice is done only when its range is full and none of its verdicts is pending. Older
 planning marked such slices done (a crash between a commit and its blind solve left them
 pending for ever): they are pending again, so the next run, enqueue or reconciler pass
@@ -38,6 +43,8 @@ def upgrade() -> None:
                          AND q.verdict IS NOT NULL) THEN 'flag'
             ELSE 'off' END
     """)
+    # Where a slice's count of disputed keys starts (a question id; NULL: its first).
+    op.add_column('slice', sa.Column('disputes_from', sa.Integer(), nullable=True))
     # The policy a run of the API asked for, recorded on its exam when it is launched.
     op.add_column('run', sa.Column('verify', sa.String(length=16), nullable=True))
     op.execute("""
@@ -52,4 +59,5 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     op.drop_column('run', 'verify')
+    op.drop_column('slice', 'disputes_from')
     op.drop_column('exam', 'verify')
