@@ -186,13 +186,11 @@ def process_chapter(rt: Runtime, exam: str, chapter_id: str, slice_no: int = 0) 
     calls = _Calls(rt, check)
     try:
         calls.size(exam)
-        # The exam's policy, never this worker's VERIFY (storage.models.VerifyPolicy).
-        policy = store.verify_policy(exam)
-        # Under VERIFY the claim plans no call: the slice's pending blind solves (a dead
-        # holder's) come first, and a call recorded now would wait, unsent, behind them.
-        planning = policy == "off"
+        # The claim plans the first call, except under a verifying policy (the exam's, read
+        # by the claim: never this worker's VERIFY) for a slice with questions stored: its
+        # pending blind solves (a dead holder's) come first (storage.leases._solves_first).
         first = None
-        fresh = store.fresh_view(exam, chapter_id, slice_no) if planning else None
+        fresh = store.fresh_view(exam, chapter_id, slice_no)
         if fresh is not None:
             # PostgreSQL: planned before the claim for the slice as its spec says with
             # nothing stored; the claim's own statement records it if that is what it finds.
@@ -201,7 +199,7 @@ def process_chapter(rt: Runtime, exam: str, chapter_id: str, slice_no: int = 0) 
                 first = FirstCall(planned_first, fresh[1])
         claim = store.claim(exam, chapter_id, new_owner(), settings.lease_s,
                             settings.max_attempts, slice_no=slice_no,
-                            plan_first=calls.replan if planning else None,
+                            plan_first=calls.replan,
                             steer=steer_of(settings), first=first)
     except BaseException:
         calls.discard()
@@ -217,7 +215,7 @@ def process_chapter(rt: Runtime, exam: str, chapter_id: str, slice_no: int = 0) 
     lost = rt.keeper.hold(claim.owner)
     run = _Run()
     try:
-        if not _generate(rt, claim, lost, run, calls, policy):
+        if not _generate(rt, claim, lost, run, calls, claim.verify):
             return ChapterResult(Outcome.skipped, "cancelled", calls=run.calls)
         return ChapterResult(Outcome.done, calls=run.calls)
     except BaseException as exc:
@@ -588,7 +586,7 @@ def _generate(rt: Runtime, claim: Claimed, lost: threading.Event, run: _Run,
                                                    client), stored, target,
                              replace=policy == "replace")
 
-    if verifying:
+    if verifying and stored > 0:
         # Questions a dead holder stored and never had solved come first (the takeover).
         judged = solve()
         if judged is None or judged.cancelled or judged.done:
