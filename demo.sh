@@ -42,7 +42,18 @@ elif [ -z "${DATABASE_URL:-}" ] && [ -e demo-run/examforge.db ]; then
 fi
 
 [ -x .venv/bin/python ] || python3 -m venv .venv
-.venv/bin/python -m pip install -q -e '.[dev]'
+# Installed through the lock, with pip's progress shown (the first install takes a minute or
+# two). The stamp in .venv holds a hash of what the install read: a rerun with the same
+# pyproject.toml and lock skips it (a new .venv has no stamp).
+STAMP=.venv/examforge-install.sha256
+wanted="$(cat pyproject.toml requirements/lock.txt | sha256sum | cut -d' ' -f1)"
+if [ "$(cat "$STAMP" 2>/dev/null)" = "$wanted" ]; then
+  echo "demo.sh: .venv is up to date (pyproject.toml and requirements/lock.txt unchanged since its install): install skipped"
+else
+  echo "demo.sh: installing examforge into .venv, pinned by requirements/lock.txt..."
+  .venv/bin/python -m pip install -c requirements/lock.txt -e '.[dev]'
+  echo "$wanted" >"$STAMP"
+fi
 PY="$PWD/.venv/bin/python"
 
 mkdir -p demo-run

@@ -13,7 +13,9 @@
     │   ├── Conflict                 the request conflicts with the exam's state (409)
     │   │   ├── ChapterBusy          an import names a chapter a worker is generating
     │   │   ├── ExamRunning          prune asked of an exam with chapters still running
-    │   │   └── VersionConflict      a review saved from a version that is no longer current
+    │   │   ├── VersionConflict      a review saved from a version that is no longer current
+    │   │   ├── DuplicateEdit        an edit would make a question the bank already has
+    │   │   └── NothingApproved      export --approved-only of an exam with none approved
     │   └── ConfigError              a setting is invalid
     │       └── NoSchema             the database has no examforge schema (a read-only command)
     ├── InfrastructureError          a service we depend on is down: one line, exit 3
@@ -74,6 +76,10 @@ class ErrorKind(str, Enum):
     batch_expired = "batch_expired"
     batch_cancelled = "batch_cancelled"
     batch_token_limit = "batch_token_limit"
+    # A finished batch whose output or error file is gone at the provider (purged, deleted):
+    # its lines ran and were billed, and their replies can never be read. Booked at their
+    # worst case (runner.batching.BATCH_FILE_TRIES).
+    batch_output_lost = "batch_output_lost"
 
 
 @dataclass(frozen=True)
@@ -151,6 +157,24 @@ class ChapterBusy(Conflict):
 
 class ExamRunning(Conflict):
     """Raised when pruning is asked of an exam that has pending or running chapters."""
+
+
+class DuplicateEdit(Conflict):
+    """Raised when an edit's text is the same (normalised) as, or a near-duplicate of,
+    another question of the bank: nothing is changed; `other_id` and `other_number` name
+    that question."""
+
+    def __init__(self, message: str, other_id: int, other_number: int | None) -> None:
+        super().__init__(message)
+        self.other_id, self.other_number = other_id, other_number
+
+
+class NothingApproved(Conflict):
+    """Raised when `export --approved-only` (`?approved_only=true`) is asked of an exam none
+    of whose questions a reviewer approved: an empty bank is not a success (exit 1, 409);
+    no file is written."""
+
+    exit_code = 1
 
 
 class VersionConflict(Conflict):
@@ -298,6 +322,15 @@ class ExamStopped(PermanentProviderError):
     paused with the reason, and `producer resume SLUG` continues it."""
 
 
+class EndpointUnreachable(ExamStopped):
+    """Raised when the model endpoint (and its fallback, if any) refused or dropped every
+    connection for LLM_UNREACHABLE_PAUSE_S, across calls: the exam is paused (pause code
+    `unreachable`) with the endpoint named, and `producer resume SLUG` continues it once the
+    endpoint is back. Nothing was sent, so nothing was paid."""
+
+    default_kind = ErrorKind.connection
+
+
 class AuthError(ExamStopped):
     """Raised when the provider rejects the API key (401/403)."""
 
@@ -344,6 +377,9 @@ class PauseCode(str, Enum):
     budget = "budget"  # nothing more fits in its budget: a raised budget resumes it
     provider = "provider"  # the provider refused every call (quota, model): `resume` after the fix
     auth = "auth"  # AUTH_FAILURE_LIMIT auth failures in a row: `resume` after the key is fixed
+    # The model endpoint refused or dropped every connection for LLM_UNREACHABLE_PAUSE_S:
+    # `resume` once it is back.
+    unreachable = "unreachable"
     manual = "manual"  # paused for another reason (an older database's pause with no code)
     # The blind solver kept disputing a slice's keys under VERIFY=replace (SolverDisputes):
     # `resume` after checking VERIFY_MODEL (and LLM_MODEL); it counts that slice afresh.

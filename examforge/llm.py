@@ -33,6 +33,7 @@ from examforge.errors import (
     Billed,
     CapacityUnavailable,
     DeadlineExceeded,
+    EndpointUnreachable,
     ErrorKind,
     ModelNotFound,
     PermanentProviderError,
@@ -176,6 +177,9 @@ class LLMClient:
         self._primary_down_until = float("-inf")  # -inf: the primary is not known to be down
         self._lock = threading.Lock()
         self._refusals_in_row = 0  # flex's "resource unavailable" 429s since the last reply
+        # When this process's calls began to find no endpoint that answers (every connection
+        # refused or dropped before a reply), across calls; None while one answers.
+        self._unreachable_since: float | None = None
         self._models = (self._primary.model,) + ((self._fallback.model,) if self._fallback
                                                    else ())
         # The response_format each endpoint is sent now: LLM_RESPONSE_FORMAT's, lowered once
@@ -265,18 +269,27 @@ class LLMClient:
         prompt = reserve_prompt_tokens(prompt_tokens, self._primary.model)
         return self._primary.price.cost_usd(prompt, max_tokens) * self._settings.llm_batch_discount
 
-    def batch_completion(self, status_code: int, body: object,
-                         count_prompt: Callable[[], int] = lambda: 0) -> Completion:
+    def batch_completion(self, status_code: int, body: object, prompt_tokens: int,
+                         max_tokens: int | None = None) -> Completion:
         """An output line's response as a Completion at the batch price; raises the
         ProviderError a synchronous reply of that status and body would (ReplyUnusable for a
-        broken envelope, with its billed usage at the batch price)."""
+        broken envelope, with its billed usage at the batch price). A line without usage is
+        booked as the synchronous path books a reply without it: `prompt_tokens` (the client's
+        own count of the line's prompt, recorded with the call) and the body as received, at
+        most `max_tokens` of it; never 0."""
         ep, discount = self._batch_endpoint(), self._settings.llm_batch_discount
         raw = json.dumps(body).encode() if not isinstance(body, (bytes, str)) else (
             body.encode() if isinstance(body, str) else body)
         response = httpx.Response(status_code, content=raw)
         try:
-            completion = _translate(response, raw, ep, count_prompt)
+            completion = _translate(response, raw, ep, lambda: prompt_tokens)
         except ProviderError as exc:
+            if isinstance(exc, ReplyUnusable) and exc.billed is None:
+                got = count_text(raw.decode("utf-8", "replace"), ep.model)
+                completion_tokens = got if max_tokens is None else min(got, max_tokens)
+                exc.billed = Billed(prompt_tokens, completion_tokens,
+                                    _sent_price(ep).cost_usd(prompt_tokens, completion_tokens),
+                                    estimated=True)
             if exc.billed is not None:
                 exc.billed = dataclasses.replace(exc.billed,
                                                  cost_usd=exc.billed.cost_usd * discount)
@@ -367,7 +380,42 @@ class LLMClient:
     # ------------------------------------------------------------------ the call
     def complete(self, messages: list[dict[str, str]], *, max_tokens: int | None = None,
                  admission: Admission | None = None) -> Completion:
-        """One paid call. Raises a ProviderError subclass on any failure."""
+        """One paid call. Raises a ProviderError subclass on any failure; EndpointUnreachable
+        once every connection of this process's calls, to the endpoint and its fallback, has
+        been refused or dropped before a reply for LLM_UNREACHABLE_PAUSE_S."""
+        try:
+            completion = self._complete(messages, max_tokens=max_tokens, admission=admission)
+        except ProviderError as exc:
+            if exc.kind in (ErrorKind.connection, ErrorKind.timeout) and exc.billed is None \
+                    and not isinstance(exc, DeadlineExceeded):
+                self._no_answer(exc)
+            else:
+                self._unreachable_since = None  # an endpoint answered, if with an error
+            raise
+        self._unreachable_since = None
+        return completion
+
+    def _no_answer(self, exc: ProviderError) -> None:
+        """Another call that no endpoint answered: past LLM_UNREACHABLE_PAUSE_S since the first
+        of them, the exam pauses (examforge.retry), naming the endpoints."""
+        now = self._clock()
+        with self._lock:
+            if self._unreachable_since is None:
+                self._unreachable_since = now
+            down_s = now - self._unreachable_since
+        limit = self._settings.llm_unreachable_pause_s
+        if down_s < limit:
+            return
+        where = str(self._primary.http.base_url) + (
+            f" and the fallback {self._fallback.http.base_url}" if self._fallback else "")
+        err = EndpointUnreachable(
+            f"the model endpoint {where} refused or dropped every connection for "
+            f"{down_s:.0f} s ({exc}): check that it is running and LLM_BASE_URL; then "
+            "python -m producer resume SLUG")
+        raise _at(err, self._primary) from exc
+
+    def _complete(self, messages: list[dict[str, str]], *, max_tokens: int | None,
+                  admission: Admission | None) -> Completion:
         if admission is None:
             admission = self.admit(messages, max_tokens, max_wait_s=float("inf"))
         admission.used = True
@@ -378,7 +426,9 @@ class LLMClient:
                 completion = self._post(self._primary, messages, max_tokens, admission.tokens)
             except _Unreachable as exc:
                 if fallback is None:
-                    raise _at(RetryableProviderError(str(exc)), self._primary) from exc.__cause__
+                    unreachable = RetryableProviderError(str(exc))
+                    unreachable.kind = ErrorKind.connection
+                    raise _at(unreachable, self._primary) from exc.__cause__
                 with self._lock:
                     self._primary_down_until = self._clock() + self._settings.llm_fallback_hold_s
                 log.warning("primary model endpoint unreachable; using the fallback",
@@ -400,7 +450,9 @@ class LLMClient:
             return self._post(fallback, messages, max_tokens, tokens)
         except _Unreachable as exc:
             where = "fallback; primary held off" if skipped else "primary and fallback"
-            raise _at(RetryableProviderError(f"{exc} ({where})"), fallback) from exc.__cause__
+            unreachable = RetryableProviderError(f"{exc} ({where})")
+            unreachable.kind = ErrorKind.connection
+            raise _at(unreachable, fallback) from exc.__cause__
 
     def _may_try_primary(self, *, peek: bool = False) -> bool:
         """False while the primary is held off. When a hold ends, one call probes the primary

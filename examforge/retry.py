@@ -14,6 +14,7 @@ procrastinate's RetryStrategy does, so the policy reads as one table and is test
       flight (live leases)
     BudgetExceeded, none        pause      no               -  (raise the budget to resume)
     QuotaExceeded, ModelNotFound pause     no               -  (`resume` after the fix)
+    EndpointUnreachable         pause      no               -  (`resume` once it is back)
     AuthError                   fail+pause yes              -  (pauses after AUTH_FAILURE_LIMIT)
     other RetryableProviderError release   yes              backoff(streak), >= Retry-After
     PermanentProviderError      fail       yes              -
@@ -37,6 +38,7 @@ from examforge.errors import (
     AuthError,
     BudgetExceeded,
     CapacityUnavailable,
+    EndpointUnreachable,
     ExamStopped,
     LeaseLost,
     OutputInvalid,
@@ -120,6 +122,9 @@ def decide(error: BaseException, *, streak: int, settings: Settings,
     if isinstance(error, AuthError):
         return Decision(Action.fail, SliceReason.auth, str(error),
                         pause_exam_after=settings.auth_failure_limit)
+    if isinstance(error, EndpointUnreachable):
+        return Decision(Action.pause, SliceReason.stopped, str(error), count_attempt=False,
+                        pause_code=PauseCode.unreachable)
     if isinstance(error, ExamStopped):
         return Decision(Action.pause, SliceReason.stopped, f"{error.kind.value}: {error}",
                         count_attempt=False,

@@ -6,11 +6,11 @@ deeper reads `os.environ`.
 
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-import httpx
 from pydantic import (
     Field,
     SecretStr,
@@ -32,6 +32,16 @@ MAX_TOKENS_OVERHEAD = 100
 # later with a traceback about a module that is not installed (MySQLdb, asyncpg, psycopg2).
 SUPPORTED_DATABASE_SCHEMES = ("sqlite", "sqlite+pysqlite", "postgresql+psycopg")
 SUPPORTED_DATABASE_URLS = "sqlite:///PATH or postgresql://USER@HOST:PORT/DB"
+# An http(s) URL of a plain form that httpx.URL always accepts (a lower-case host name or a
+# dotted IPv4 address without leading zeros, a port below 60000, a path of unreserved
+# characters): checked without importing httpx, about a seventh of the start-up of a command
+# that reads SQLite (`exams`, `export`). Anything else is checked by httpx itself
+# (tests/unit/test_settings.py holds the two to the same answers).
+_PLAIN_HTTP_URL = re.compile(
+    r"https?://(?:(?:[a-z0-9-]+\.)*[a-z][a-z0-9-]*"
+    r"|(?:(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])\.){3}"
+    r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9]))"
+    r"(?::(?:[1-9][0-9]{0,3}|[1-5][0-9]{4}))?(?:/[A-Za-z0-9._~/-]*)?")
 # Celery's broker is usually Redis; any transport kombu knows is accepted. These are checked
 # without importing kombu (a tenth of a second every command would pay).
 _COMMON_BROKER_SCHEMES = ("redis", "rediss", "sentinel", "amqp", "amqps", "pyamqp", "memory")
@@ -216,6 +226,12 @@ class Settings(BaseSettings):
         60.0, ge=0,
         description="After the primary was unreachable, send calls straight to the fallback this long.",
     )
+    llm_unreachable_pause_s: float = Field(
+        60.0, gt=0,
+        description="An endpoint (and its fallback) that refused or dropped every connection "
+                    "this long, across calls, pauses the exam (pause code unreachable), naming "
+                    "it; resume once it is back.",
+    )
     budget_usd: float | None = Field(
         None, gt=0, allow_inf_nan=False,  # inf would print as Infinity in status --json
         description="Default budget of a new exam (enqueue/run --budget-usd sets one)."
@@ -316,6 +332,9 @@ class Settings(BaseSettings):
         30.0, gt=0, le=3600,
         description="How long a run's hand-off may take: a sweep launches a run stored this "
                     "long ago and never launched, and a hand-off's claim lapses after it.")
+    api_upload_total_bytes: int = Field(
+        20_000_000, ge=1, description="The most the sources uploaded for one exam may hold "
+                                      "together (bytes); an upload past it is answered 413.")
 
     # --- batch mode (issue 18; runner.batching, README "Batch mode")
     llm_batch: bool = Field(
@@ -442,6 +461,10 @@ class Settings(BaseSettings):
         # repeated in the message: a key pasted into the wrong variable would be printed.
         if not v and info.field_name == "llm_fallback_base_url":
             return None  # empty: no fallback
+        if _PLAIN_HTTP_URL.fullmatch(v or ""):
+            return v
+        import httpx
+
         try:
             url = httpx.URL(v or "")
         except httpx.InvalidURL:

@@ -26,7 +26,7 @@ import re
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
 
 from examforge.errors import SourceError
 from examforge.output import Question
@@ -230,50 +230,22 @@ def html_sections(text: str) -> list[Section]:
 
 
 def pdf_sections(data: bytes, label: str, pages: tuple[int, int] | None) -> list[Section]:
-    """One section per page ("page N", the page's number in the file). Refused: an
-    encrypted or unreadable PDF, more pages than MAX_PDF_PAGES, pages the file lacks, and a
-    PDF with no extractable text (scanned pages are images)."""
-    import logging
+    """One section per page ("page N", the page's number in the file), extracted in a child
+    process under a work budget (examforge.pdf_extract: CPU a page and a file, memory, and
+    characters of text). Refused: an encrypted or unreadable PDF, more pages than
+    MAX_PDF_PAGES, pages the file lacks, a file over the budget, and a PDF with no extractable
+    text (scanned pages are images)."""
+    from examforge.pdf_extract import extract
 
-    from pypdf import PdfReader
-
-    # pypdf logs what it repairs in a damaged file as warnings: the refusal below says it in
-    # one line instead.
-    pdf_log = logging.getLogger("pypdf")
-    level = pdf_log.level
-    pdf_log.setLevel(logging.ERROR)
-    try:
-        return _pdf_sections(PdfReader, data, label, pages)
-    finally:
-        pdf_log.setLevel(level)
-
-
-def _pdf_sections(PdfReader: Any, data: bytes, label: str, pages: tuple[int, int] | None
-                  ) -> list[Section]:
-    try:
-        reader = PdfReader(io.BytesIO(data))
-        if reader.is_encrypted:
-            raise SourceError(f"{label}: encrypted PDF; export it without a password")
-        count = len(reader.pages)
-    except SourceError:
-        raise
-    except Exception as exc:  # pypdf raises many kinds for a damaged file
-        raise SourceError(f"{label}: unreadable PDF ({type(exc).__name__}: "
-                          f"{_one_line(str(exc))})") from None
+    answer = extract(data, pages, MAX_PDF_PAGES)
+    if "error" in answer:
+        raise SourceError(f"{label}: {_one_line(str(answer['error']))}")
+    count = int(answer["count"])
     if count > MAX_PDF_PAGES:
         raise SourceError(f"{label}: {count} pages, more than the {MAX_PDF_PAGES} allowed")
-    first, last = pages or (1, count)
-    if last > count:
-        raise SourceError(f"{label}: pages {first}-{last} asked, the PDF has {count}")
-    sections: list[Section] = []
-    for number in range(first, last + 1):
-        try:
-            text = reader.pages[number - 1].extract_text() or ""
-        except Exception as exc:
-            raise SourceError(f"{label}: unreadable PDF page {number} ({type(exc).__name__}: "
-                              f"{_one_line(str(exc))})") from None
-        if text.strip():
-            sections.append((f"page {number}", text))
+    if pages is not None and pages[1] > count:
+        raise SourceError(f"{label}: pages {pages[0]}-{pages[1]} asked, the PDF has {count}")
+    sections: list[Section] = [(where, text) for where, text in answer["sections"]]
     if not sections:
         raise SourceError(f"{label}: no extractable text in the PDF (scanned pages are "
                           "images; run OCR on it first, or give the text as notes)")
@@ -301,6 +273,12 @@ def sections_of(spec: SourceSpec, data: bytes, label: str) -> list[Section]:
         sections = [(None, text)] if text.strip() else []
     if not sections:
         raise SourceError(f"{label}: no text in it")
+    from examforge.pdf_extract import MAX_SOURCE_CHARS
+
+    chars = sum(len(text) for _, text in sections)
+    if chars > MAX_SOURCE_CHARS:
+        raise SourceError(f"{label}: {chars:,} characters of text, more than the "
+                          f"{MAX_SOURCE_CHARS:,} allowed; split it")
     return sections
 
 
@@ -367,34 +345,75 @@ def file_hash(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()[:16]
 
 
+class TextCache(Protocol):
+    """Where extracted text is kept by content (storage's `source_text`): a source is parsed
+    once, and read again only when its bytes change."""
+
+    def source_text(self, key: str) -> list[Section] | None: ...
+
+    def keep_source_text(self, key: str, sections: Sequence[Section]) -> None: ...
+
+
+def text_key(spec: SourceSpec, data: bytes) -> str:
+    """What a source's extracted text depends on: its bytes, how its kind is read, and the
+    pages listed. TEXT_VERSION changes when extraction changes, so that old text is not
+    reused."""
+    kind = Path(spec.name).suffix.lower()
+    pages = f"{spec.pages[0]}-{spec.pages[1]}" if spec.pages else "all"
+    return f"v{TEXT_VERSION}:{hashlib.sha256(data).hexdigest()}:{kind}:{pages}"
+
+
+# Bump when sections_of reads a kind of file differently (a new extractor, another cap).
+TEXT_VERSION = 1
+
+
+def cached_sections(spec: SourceSpec, data: bytes, label: str,
+                    cache: TextCache | None) -> list[Section]:
+    """sections_of, through `cache` when there is one: a refusal is never kept, so a file
+    refused once is checked again (its limits may have been raised since)."""
+    if cache is None:
+        return sections_of(spec, data, label)
+    key = text_key(spec, data)
+    found = cache.source_text(key)
+    if found is not None:
+        return found
+    sections = sections_of(spec, data, label)
+    cache.keep_source_text(key, sections)
+    return sections
+
+
 def read_material(entries: Sequence[str], read: Callable[[str], bytes],
-                  label: Callable[[str], str]) -> ChapterMaterial:
+                  label: Callable[[str], str], cache: TextCache | None = None
+                  ) -> ChapterMaterial:
     """A chapter's material from its `sources`: `read(name)` gives a file's bytes (raising
-    SourceError naming it when it cannot), `label(name)` names it in messages."""
+    SourceError naming it when it cannot), `label(name)` names it in messages; `cache` keeps
+    what was extracted by content."""
     hashes: dict[str, str] = {}
     passages: list[Passage] = []
     for entry in entries:
         spec = parse_entry(entry)
         data = read(spec.name)
         hashes[entry] = file_hash(data)
-        for where, text in cut_passages(sections_of(spec, data, label(spec.name))):
+        for where, text in cut_passages(cached_sections(spec, data, label(spec.name),
+                                                        cache)):
             passages.append(Passage(len(passages) + 1, spec.name, where, text))
     return ChapterMaterial(hashes, tuple(passages))
 
 
 def read_exam_material(chapters: Iterable[tuple[str, Sequence[str] | None]],
-                       read: Callable[[str], bytes], label: Callable[[str], str]
-                       ) -> dict[str, ChapterMaterial]:
+                       read: Callable[[str], bytes], label: Callable[[str], str],
+                       cache: TextCache | None = None) -> dict[str, ChapterMaterial]:
     """Every chapter's material ({chapter id: material}; a chapter without sources gets an
     empty one). Each file is read once however many chapters list it."""
-    cache: dict[str, bytes] = {}
+    files: dict[str, bytes] = {}
 
-    def cached(name: str) -> bytes:
-        if name not in cache:
-            cache[name] = read(name)
-        return cache[name]
+    def once(name: str) -> bytes:
+        if name not in files:
+            files[name] = read(name)
+        return files[name]
 
-    return {cid: read_material(entries or (), cached, label) for cid, entries in chapters}
+    return {cid: read_material(entries or (), once, label, cache)
+            for cid, entries in chapters}
 
 
 def read_file_under(folder: Path, root: Path, name: str) -> bytes:

@@ -442,6 +442,12 @@ class BatchRunner:
             batch.output_file_id = self.files.write_output(f"{batch.id}_output.jsonl", jsonl(outputs)).id
         if failures:
             batch.error_file_id = self.files.write_output(f"{batch.id}_error.jsonl", jsonl(failures)).id
+        config = self._config
+        if config.batch_output_lost > 0 and (outputs or failures):
+            config.batch_output_lost -= 1
+            for file_id in (batch.output_file_id, batch.error_file_id):
+                if file_id is not None:
+                    self.files.delete(file_id)
 
     async def _execute(self, batch: Batch, task: _Task) -> tuple[dict[str, Any], bool]:
         """One request of a batch through the chat logic: (its output line, whether it succeeded)."""
@@ -488,5 +494,9 @@ class BatchRunner:
         engine.log(key, call.model, 200, outcome, call=call, completion=completion, delivered=True)
         batch.input_tokens += call.prompt_tokens
         batch.output_tokens += completion.completion_tokens
-        return line(200, completion.payload, call.request_id), True
+        payload = completion.payload
+        if state.config.batch_usage_dropped > 0:
+            state.config.batch_usage_dropped -= 1
+            payload = {k: v for k, v in payload.items() if k != "usage"}
+        return line(200, payload, call.request_id), True
 

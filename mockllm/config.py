@@ -192,6 +192,15 @@ class MockConfig:
         default=0,
         metadata=_help("the next N POST /v1/files with purpose batch fail with a 500 server_error and store "
                        "nothing (each consumes one)"))
+    batch_output_lost: int = field(
+        default=0,
+        metadata=_help("the next N batches that finish lose their output and error files as they are "
+                       "written (the provider's retention purged them): the batch names the files, and "
+                       "GET /v1/files/{id}/content answers 404 (each consumes one)"))
+    batch_usage_dropped: int = field(
+        default=0,
+        metadata=_help("the next N successful batch output lines carry no usage in their body (billed all "
+                       "the same; each consumes one)"))
 
     def __post_init__(self) -> None:
         # Normalising here means both the constructor and dataclasses.replace
@@ -242,6 +251,8 @@ class MockConfig:
         self.batch_create_delay_s = _non_negative_float(self.batch_create_delay_s, "batch_create_delay_s")
         self.batch_create_lost = _int_at_least(self.batch_create_lost, "batch_create_lost", 0)
         self.batch_upload_fail = _int_at_least(self.batch_upload_fail, "batch_upload_fail", 0)
+        self.batch_output_lost = _int_at_least(self.batch_output_lost, "batch_output_lost", 0)
+        self.batch_usage_dropped = _int_at_least(self.batch_usage_dropped, "batch_usage_dropped", 0)
 
     def updated(self, updates: dict[str, Any]) -> MockConfig:
         """Return a validated copy with ``updates`` applied; raise ValueError on bad input."""

@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any, Callable, TypeVar, cast
 
 import click
 
-import mockllm.cli
 from examforge.errors import ExamforgeError
 from producer.prune import DurationType
 
@@ -97,15 +96,19 @@ _batch_option = click.option(
 @cli.command()
 @click.argument("slug")
 @click.option("--regenerate", "regenerate", multiple=True, metavar="CHAPTER",
-              help="Delete a changed chapter's questions and generate it again (repeatable).")
+              help="Cut a changed chapter again (repeatable): its approved and edited "
+                   "questions are kept and marked stale for review, the rest generated again.")
+@click.option("--discard-reviewed", is_flag=True,
+              help="With --regenerate: delete the approved, edited and rejected questions too.")
 @_budget_option
 @_dry_run_option
 @click.option("--json", "as_json", is_flag=True, help="With --dry-run: one JSON object.")
 @_batch_option
 @_verify_option
 @_dispatch
-def enqueue(slug: str, regenerate: tuple[str, ...], budget_usd: float | None, dry_run: bool,
-            as_json: bool, batch: bool | None, verify: str | None) -> None:
+def enqueue(slug: str, regenerate: tuple[str, ...], discard_reviewed: bool,
+            budget_usd: float | None, dry_run: bool, as_json: bool, batch: bool | None,
+            verify: str | None) -> None:
     """Record the exam, cut its chapters into slices, enqueue one task per unfinished slice
     (with --batch: one batch pass, which submits them to the provider's Batch API)."""
 
@@ -131,10 +134,17 @@ def status(slug: str, as_json: bool, watch: bool, interval_s: float) -> None:
 @click.option("--after", metavar="CURSOR",
               help="The page after this cursor: the `next` of the page before.")
 @click.option("--all", "every", is_flag=True, help="Every exam on one page (no limit).")
-@_dispatch
 def exams(as_json: bool, limit: int, after: str | None, every: bool) -> None:
     """The exams in the database, newest first, a page at a time: state, chapters,
     questions, cost, last change."""
+    # One page of a SQLite file takes the plain-driver path first (producer/read_sqlite.py:
+    # no SQLAlchemy to import); anything else, and every error, goes the store's way.
+    from producer import read_sqlite
+
+    if not read_sqlite.exams(as_json, limit, after, every):
+        from producer import commands
+
+        commands.invoke("exams", as_json, limit, after, every)
 
 
 @cli.command()
@@ -148,7 +158,8 @@ def exams(as_json: bool, limit: int, after: str | None, every: bool) -> None:
                    "EXAMS_DIR/SLUG/generated.jsonl, .json, .csv, .xml, .gift.txt, .apkg, "
                    ".qti.zip")
 @click.option("--approved-only", is_flag=True,
-              help="Only the questions a reviewer approved (see `review`).")
+              help="Only the questions a reviewer approved (see `review`); exit 1, writing "
+                   "nothing, when none is.")
 def export(slug: str, fmt: str, target: str | None, approved_only: bool) -> None:
     """Write every stored question of an exam (atomically); a rejected one never."""
     # JSON Lines, JSON and CSV from a SQLite file take the plain-driver path first
@@ -167,8 +178,9 @@ def export(slug: str, fmt: str, target: str | None, approved_only: bool) -> None
 @click.option("--json", "as_json", is_flag=True, help="One JSON object on stdout.")
 @_dispatch
 def review(slug: str, as_json: bool) -> None:
-    """The review of an exam per chapter: questions unreviewed, approved, rejected, and
-    disputed by the blind solve. Reviewers approve, reject and edit in the page (serve)."""
+    """The review of an exam per chapter: questions unreviewed, approved, rejected, stale
+    (reviewed before --regenerate), disputed by the blind solve and, in a verified exam,
+    unverified. Reviewers approve, reject and edit in the page (serve)."""
 
 
 @cli.command()
@@ -293,11 +305,18 @@ def serve(host: str, port: int, local: bool, no_auth: bool) -> None:
 @click.pass_context
 def mock_llm(ctx: click.Context) -> None:
     """Run the OpenAI-compatible mock server (see python -m mockllm --help)."""
+    import mockllm.cli
+
     sys.exit(mockllm.cli.main(list(ctx.args)))
 
 
 def main(argv: list[str] | None = None) -> int:
     """Errors are one line on stderr (the commands' own are raised as ExamforgeError)."""
+    if not (sys.argv[1:] if argv is None else argv):
+        # No command: the help, exit 0 (click 8.2 raises it as a usage error, exit 2).
+        ctx = cli.context_class(cli, info_name="python -m producer", **cli.context_settings)
+        click.echo(cli.get_help(ctx))
+        return 0
     try:
         cli.main(args=argv, prog_name="python -m producer", standalone_mode=False)
     except click.exceptions.Abort:

@@ -15,34 +15,45 @@ import signal
 import sys
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 import click
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 
-from examforge.errors import DatabaseCorrupt, NoSchema, PauseCode, UnknownChapter, UserError
-from examforge.estimate import estimate
+from examforge.errors import (
+    DatabaseCorrupt,
+    NoSchema,
+    PauseCode,
+    SliceReason,
+    UnknownChapter,
+    UserError,
+)
 from examforge.logs import setup_logging
 from examforge.settings import Settings, load_settings
-from examforge.syllabus import Syllabus
-from producer.batches import cancel_batches
-from producer.enqueueing import enqueue_exam
 from producer.live import LiveView, duration
 from producer.live import watch as live_watch
 from producer.prune import report_lines as prune_report_lines
+from producer.read_sqlite import console as _console
+from producer.read_sqlite import print_exams
 from producer.syllabi import file_syllabus, resolve
 from producer.views import status_dict, summary_dict, when
 from producer.words import plural
 from storage import Store, connect, open_existing_store, open_store
-from storage.db import SCHEMA_REVISION, backup_sqlite, current_revision, database_error
+from storage.db import (
+    SCHEMA_REVISION,
+    backup_sqlite,
+    current_revision,
+    database_error,
+    shown_url,
+)
 from storage.models import ExamMode
 from storage.reports import ExamReport, VerificationCounts, batch_counts, batch_status
 
 if TYPE_CHECKING:
+    from examforge.syllabus import Syllabus
     from producer.prune import Duration
 
 
@@ -54,15 +65,6 @@ def invoke(command: str, *args: Any, **params: Any) -> None:
         globals()[command](*args, **params)
     except OperationalError as exc:
         raise database_error(exc) from None
-
-
-def _console(stderr: bool = False) -> Console:
-    """Lines never wrap (they are read by scripts, logs and `| tee` as often as by people);
-    off a terminal, tables are as wide as their cells (a width that never binds), so no cell
-    is cut mid-phrase, where rich would wrap at 80 columns."""
-    stream = sys.stderr if stderr else sys.stdout
-    return Console(stderr=stderr, highlight=False, soft_wrap=True,
-                   width=None if stream.isatty() else 100_000)
 
 
 err = _console(stderr=True)
@@ -99,6 +101,11 @@ def _existing_store(settings: Settings) -> Store | None:
         return None
 
 
+def _warn(line: str) -> None:
+    """A warning on stderr, as written (no rich markup: it may quote a file name)."""
+    err.print(line, markup=False, highlight=False)
+
+
 def _warn_unpriced(settings: Settings) -> None:
     """A $0 bill must never be a surprise: say so on every command that starts work."""
     for model in settings.unpriced_models():
@@ -117,7 +124,8 @@ def _warn_verify_batch(policy: str, batch: bool) -> None:
 
 
 def _dry_run(settings: Settings, slug: str, syllabus: Syllabus, budget_usd: float | None,
-             as_json: bool = False, batch: bool = False, verify: str | None = None) -> None:
+             as_json: bool = False, batch: bool = False, regenerate: Sequence[str] = (),
+             discard_reviewed: bool = False, verify: str | None = None) -> None:
     stored, per_question, budget, cancelled = _read_only_state(settings, slug)
     # The policy the run would follow: the one given, else the exam's, else (a new exam)
     # this process's VERIFY; and the solves it owes for questions already stored.
@@ -131,27 +139,37 @@ def _dry_run(settings: Settings, slug: str, syllabus: Syllabus, budget_usd: floa
             for chapter_id, n in unverified.items():
                 owed[chapter_id] = owed.get(chapter_id, 0) + n
     _warn_verify_batch(policy, batch)
+    from examforge.estimate import estimate
     from producer.grounding import exam_material
 
     # The sources are read (and refused) as enqueue reads them; each prompt carries its
     # slice's share, counted in the estimate.
     material = {}
+    read: Any = {}
     if any(ch.sources for ch in syllabus.chapters):
         store = None if file_syllabus(settings, slug) else _existing_store(settings)
-        material = {cid: m.passages for cid, m in
-                    exam_material(settings, slug, syllabus, store).items()}
+        read = exam_material(settings, slug, syllabus, store, _warn)
+        material = {cid: m.passages for cid, m in read.items()}
+    regenerated = _regeneration_preview(settings, slug, syllabus, regenerate,
+                                        discard_reviewed, read)
+    for chapter_id, regeneration in regenerated.items():
+        # What the chapter still has once regenerated: the questions it keeps in the bank.
+        stored[chapter_id] = regeneration.kept_texts
     est = estimate(slug, syllabus, settings, stored=stored,
                    completion_per_question=per_question, batch=batch, material=material,
                    verify=policy, owed=owed)
     budget = budget_usd if budget_usd is not None else budget
     if as_json:
         click.echo(json.dumps({**est.as_dict(), "budget_usd": budget,
-                               "mode": "batch" if batch else "sync"}))
+                               "mode": "batch" if batch else "sync",
+                               "regenerate": [r.as_dict() for r in regenerated.values()]}))
         return
     p = est.price
     already = sum(c.stored for c in est.chapters)
     out.print(f"dry run of {slug}{' in batch mode' if batch else ''}: nothing was sent or "
               "written", soft_wrap=True)
+    for regeneration in regenerated.values():
+        click.echo("\n".join(regeneration.lines(slug)))
     out.print(f"  questions to generate: {est.questions} in "
               f"{sum(1 for c in est.chapters if c.calls)} of {len(est.chapters)} chapters "
               f"({already} already stored)", soft_wrap=True)
@@ -206,6 +224,31 @@ def _read_only_owed(settings: Settings, slug: str
         engine.dispose()
 
 
+def _regeneration_preview(settings: Settings, slug: str, syllabus: Syllabus,
+                          regenerate: Sequence[str], discard_reviewed: bool,
+                          material: Any) -> dict[str, Any]:
+    """What `--regenerate` would keep, delete and generate per chapter, read without
+    creating or migrating the database (empty when it holds no such exam)."""
+    if not regenerate:
+        return {}
+    url = make_url(settings.database_url)
+    if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:") \
+            and not Path(url.database).exists():
+        return {}
+    engine = connect(settings.database_url, pool_size=1)
+    try:
+        if current_revision(engine) != SCHEMA_REVISION:
+            return {}
+        store = Store(engine)
+        if not store.exam_exists(slug):
+            return {}
+        return store.regeneration_preview(slug, syllabus, regenerate,
+                                          discard_reviewed=discard_reviewed,
+                                          material=material or None)
+    finally:
+        engine.dispose()
+
+
 def _read_only_state(settings: Settings, slug: str) -> tuple[
         dict[str, list[str]], float | None, float | None, list[str]]:
     """What the database already holds for a dry run, without creating or migrating it:
@@ -230,16 +273,20 @@ def _read_only_state(settings: Settings, slug: str) -> tuple[
         engine.dispose()
 
 
-def enqueue(slug: str, regenerate: tuple[str, ...], budget_usd: float | None, dry_run: bool,
-            as_json: bool, batch: bool | None, verify: str | None = None) -> None:
+def enqueue(slug: str, regenerate: tuple[str, ...], discard_reviewed: bool,
+            budget_usd: float | None, dry_run: bool, as_json: bool, batch: bool | None,
+            verify: str | None = None) -> None:
     settings = _settings()
     syllabus = _syllabus(settings, slug)
     unknown = [c for c in regenerate if c not in {ch.id for ch in syllabus.chapters}]
     if unknown:
         raise UserError(f"--regenerate: chapter {unknown[0]!r} is not in the syllabus of {slug}")
+    if discard_reviewed and not regenerate:
+        raise UserError("--discard-reviewed applies to --regenerate CHAPTER only")
     batch = settings.llm_batch if batch is None else batch
     if dry_run:
-        _dry_run(settings, slug, syllabus, budget_usd, as_json, batch=batch, verify=verify)
+        _dry_run(settings, slug, syllabus, budget_usd, as_json, batch=batch,
+                 regenerate=regenerate, discard_reviewed=discard_reviewed, verify=verify)
         return
     store = _store(settings)
     restarted: list[str] = []
@@ -253,9 +300,13 @@ def enqueue(slug: str, regenerate: tuple[str, ...], budget_usd: float | None, dr
         # `cancel` (resume and retry leave cancelled chapters alone).
         restarted.extend(store.restart_cancelled(slug))
 
+    from producer.enqueueing import enqueue_exam
+
     plan = enqueue_exam(settings, store, slug, syllabus, regenerate=regenerate,
                         budget_usd=budget_usd, before_write=before_write, batch=batch,
-                        verify=verify)
+                        verify=verify, discard_reviewed=discard_reviewed, warn=_warn)
+    for regeneration in plan.regenerated.values():
+        click.echo("\n".join(regeneration.lines(slug)))
     for chapter_id in restarted:
         out.print(f"restarted {slug}/{chapter_id} (was cancelled)")
     per_chapter: dict[str, int] = {}
@@ -305,8 +356,10 @@ def status(slug: str, as_json: bool, watch: bool, interval_s: float) -> None:
         if as_json:
             raise UserError("--watch and --json: choose one")
         report = live_watch(lambda: store.status(slug), out, interval_s)
-        if report.chapters.failed:
-            sys.exit(1)
+        from producer import exits
+
+        if exits.of_report(report) != exits.DONE:
+            sys.exit(exits.of_report(report))
         return
     report = store.status(slug)
     if as_json:
@@ -317,24 +370,10 @@ def status(slug: str, as_json: bool, watch: bool, interval_s: float) -> None:
 
 
 def exams(as_json: bool, limit: int, after: str | None, every: bool) -> None:
+    # A SQLite file's single page goes producer/read_sqlite.py's way first (producer/cli.py);
+    # the printing is the same function.
     page = _read_store(_settings()).exam_page(limit=None if every else limit, after=after)
-    summaries = page.items
-    if as_json:
-        click.echo(json.dumps({"items": [summary_dict(e) for e in summaries],
-                               "next": page.next}, ensure_ascii=False))
-        return
-    title = plural(len(summaries), "exam") + (" on this page" if page.next or after else "")
-    table = Table(title=title)
-    for col in ("exam", "title", "state", "chapters", "questions", "cost", "last change"):
-        table.add_column(col)
-    for e in summaries:
-        table.add_row(e.exam, e.title, e.state, f"{e.chapters.done}/{e.chapters.target}",
-                      f"{e.questions.done}/{e.questions.target}", f"${e.cost_usd:.4f}",
-                      when(e.updated_at) or "-")
-    out.print(table)
-    if page.next:
-        same = "" if limit == 100 else f" --limit {limit}"  # the next page, the same size
-        out.print(f"more: python -m producer exams{same} --after {page.next} (or --all)")
+    print_exams([summary_dict(e) for e in page.items], page.next, after, limit, as_json, out)
 
 
 # The chapters `status` draws in its table: rich lays a table out in time linear in its
@@ -349,7 +388,8 @@ def _verdicts(v: VerificationCounts) -> str:
     if v.withdrawn:
         disputed += (" (replaced)" if v.withdrawn == v.disputed
                      else f" ({v.withdrawn} replaced)")
-    return f"{v.agreed} agreed, {disputed}, {v.pending} pending"
+    return (f"{v.agreed} agreed, {disputed}, {v.pending} pending"
+            + (f", {v.unverified} unverified" if v.unverified else ""))
 
 
 def _print_status(report: ExamReport) -> None:
@@ -367,7 +407,9 @@ def _print_status(report: ExamReport) -> None:
     if len(shown) > STATUS_TABLE_ROWS:
         shown = sorted(shown, key=lambda c: c.state == "done")[:STATUS_TABLE_ROWS]
     for c in shown:
-        error = _short(f"{when(c.last_error_at)} {c.last_error}") if c.last_error else ""
+        # A slice handed back at a shutdown (Ctrl-C, a worker stopping) met no error.
+        error = _short(f"{when(c.last_error_at)} {c.last_error}") if c.last_error and \
+            c.last_error_code != SliceReason.handed_back.value else ""
         slices = f"{c.slices_done}/{len(c.slices)}"
         running = sum(1 for s in c.slices if s.state == "running")
         if running and len(c.slices) > 1:
@@ -448,7 +490,8 @@ def _print_status(report: ExamReport) -> None:
 
 def export(slug: str, fmt: str, target: str | None, approved_only: bool = False) -> None:
     from examforge.banks import BankChapter, BankExam
-    from producer.export import check_target, default_name
+    from examforge.errors import NothingApproved
+    from producer.export import check_target, default_name, nothing_approved
     from producer.export import export as write
 
     if target is not None:
@@ -457,6 +500,8 @@ def export(slug: str, fmt: str, target: str | None, approved_only: bool = False)
     store = _read_store(settings)
     if not store.exam_exists(slug):
         store.questions(slug)  # raises UnknownExam with the usual message
+    if approved_only and not store.approved_in_bank(slug):
+        raise NothingApproved(nothing_approved(slug))
     target = target or str(settings.exams_dir / slug / default_name(fmt))
 
     def outline() -> BankExam:
@@ -474,26 +519,43 @@ def review(slug: str, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps({
             "exam": slug, "chapters": [c.as_dict() for c in chapters],
-            "totals": {name: sum(getattr(c, name) or 0 for c in chapters)
-                       for name in ("questions", "unreviewed", "approved", "rejected",
-                                    "disputed")}}, ensure_ascii=False))
+            "totals": _review_totals(chapters)}, ensure_ascii=False))
         return
     verdicts = any(c.disputed is not None for c in chapters)
+    verified = any(c.unverified is not None for c in chapters)
     table = Table(title=f"review of {slug}")
-    for col in ("chapter", "questions", "disputed", "unreviewed", "approved", "rejected"):
+    columns = ["chapter", "questions", "disputed", "unreviewed", "approved", "rejected",
+               "stale"] + (["unverified"] if verified else [])
+    for col in columns:
         table.add_column(col, justify="left" if col == "chapter" else "right")
     for c in chapters:
         table.add_row(c.chapter_id, f"{c.questions}/{c.target}",
                       "-" if c.disputed is None else str(c.disputed), str(c.unreviewed),
-                      str(c.approved), str(c.rejected))
+                      str(c.approved), str(c.rejected), str(c.stale),
+                      *([str(c.unverified or 0)] if verified else []))
     out.print(table)
-    left = sum(c.unreviewed for c in chapters)
+    left = sum(c.unreviewed + c.stale for c in chapters)
+    stale = sum(c.stale for c in chapters)
     rejected = sum(c.rejected for c in chapters)
+    unverified = sum(c.unverified or 0 for c in chapters)
     missing = sum(max(0, c.target - c.questions) for c in chapters)
     out.print(f"{plural(left, 'question')} to review"
+              + (f" ({stale} stale: reviewed before --regenerate)" if stale else "")
+              + (f"; {unverified} unverified (no blind-solve verdict yet)" if unverified
+                 else "")
               + (f"; {rejected} rejected" if rejected else "")
               + (f"; {missing} missing (the next enqueue generates them)" if missing else "")
               + ("" if verdicts else "; no blind-solve verdicts in this database"))
+
+
+def _review_totals(chapters: Sequence[Any]) -> dict[str, int]:
+    """`review --json`'s totals, as the API's GET /exams/SLUG/review has them."""
+    totals = {name: sum(getattr(c, name) or 0 for c in chapters)
+              for name in ("questions", "unreviewed", "approved", "rejected", "disputed",
+                           "stale")}
+    if any(c.unverified is not None for c in chapters):
+        totals["unverified"] = sum(c.unverified or 0 for c in chapters)
+    return totals
 
 
 def run(slug: str, concurrency: int, budget_usd: float | None, dry_run: bool,
@@ -509,7 +571,7 @@ def run(slug: str, concurrency: int, budget_usd: float | None, dry_run: bool,
         return
     store = _store(settings)
     from producer.grounding import exam_material
-    material = exam_material(settings, slug, syllabus, store)  # refused before any write
+    material = exam_material(settings, slug, syllabus, store, _warn)  # refused before a write
     _warn_unpriced(settings)
     _warn_verify_batch(verify or syllabus.verify or store.verification_owed(slug)[0]
                        or settings.verify, bool(batch))
@@ -552,8 +614,19 @@ def run(slug: str, concurrency: int, budget_usd: float | None, dry_run: bool,
     out.print(f"{report.questions.done}/{report.questions.target} questions; "
               f"{report.chapters.done}/{report.chapters.total} chapters done"
               + _cancelled_note(report.chapters.cancelled, slug))
-    if failed:
-        sys.exit(1)
+    _exit_as_the_exam_ended(report, slug)
+
+
+def _exit_as_the_exam_ended(report: ExamReport, slug: str) -> None:
+    """`run` exits 0 only when its exam ended done (producer.exits); a pause says why, once."""
+    from producer import exits
+
+    code = exits.of_report(report)
+    if report.state == "paused":
+        err.print(f"paused: {report.pause_reason}; fix the cause, then run: python -m producer "
+                  f"resume {slug}", markup=False)
+    if code != exits.DONE:
+        sys.exit(code)
 
 
 def _stop_on_signals(rt: Any) -> threading.Event:
@@ -611,8 +684,7 @@ def _run_batch(settings: Settings, store: Store, slug: str) -> None:
                 report = store.status(slug)
                 view.show(report)
                 if report.state == "paused":
-                    raise UserError(f"exam {slug} is paused ({report.pause_reason}); fix the "
-                                    f"cause, then run: python -m producer resume {slug}")
+                    break  # said once below, with its exit code
                 if report.finished and not store.live_batches(slug):
                     break
                 wait = store.next_batch_wait(slug)
@@ -632,7 +704,7 @@ def _run_batch(settings: Settings, store: Store, slug: str) -> None:
         for chapter in report.chapter_list:
             if chapter.state == "failed":
                 err.print(f"failed {slug}/{chapter.id}: {chapter.last_error}")
-        sys.exit(1)
+    _exit_as_the_exam_ended(report, slug)
 
 
 def reconcile() -> None:
@@ -747,6 +819,8 @@ def cancel(slug: str, chapters: tuple[str, ...]) -> None:
     if not chapters:
         # The exam's provider batches too (batch mode): a batch holds the slices of many
         # chapters, so only a cancel of the whole exam cancels them.
+        from producer.batches import cancel_batches
+
         for line in cancel_batches(settings, store, slug).lines(slug):
             out.print(line, markup=False, soft_wrap=True)
 
@@ -777,12 +851,12 @@ def backup(path: Path) -> None:
     settings = _settings()
     size = backup_sqlite(settings.database_url, path)
     out.print(f"backed up {_shown_url(settings)} to {path} ({size:,} bytes, quick_check ok); "
-              "to restore it, see README, Operations: Backup and restore", markup=False,
+              "to restore it, see docs/how-to/backup-and-restore.md", markup=False,
               soft_wrap=True)
 
 
 def _shown_url(settings: Settings) -> str:
-    return make_url(settings.database_url).render_as_string(hide_password=True)
+    return shown_url(settings.database_url)
 
 
 def import_(slug: str, file: Path) -> None:

@@ -73,7 +73,7 @@ def _integrity(engine: Engine) -> Finding:
     more = f" (+{len(lines) - _QUICK_CHECK_LINES} more)" if len(lines) > _QUICK_CHECK_LINES \
         else ""
     return Finding(Level.fail, DAMAGED, f"quick_check failed: {shown}{more}; stop the workers "
-                   "and restore the last backup (README, Operations: Backup and restore)")
+                   "and restore the last backup (docs/how-to/backup-and-restore.md)")
 
 
 def _broker(settings: Settings) -> list[Finding]:

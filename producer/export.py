@@ -153,6 +153,13 @@ def bank_questions(rows: Rows) -> Iterator[banks.BankQuestion]:
             verdict=str(r.get("verdict") or ""))
 
 
+def nothing_approved(slug: str) -> str:
+    """What `export --approved-only` (and the API's 409) says of an exam with no approved
+    question: no file is written."""
+    return (f"exam {slug} has no approved question: nothing to export with --approved-only "
+            f"(approve questions in the review first: python -m producer review {slug})")
+
+
 def default_name(fmt: str) -> str:
     """The file an export goes to in the exam's folder when no `-o` is given."""
     return "generated" + (banks.FORMATS[fmt].suffix if fmt in banks.FORMATS else f".{fmt}")

@@ -86,12 +86,9 @@ def rows(conn: sqlite3.Connection, slug: str,
                "source": source, "verdict": verdict, "model": model, "created_at": last_iso}
 
 
-def export(database_url: str, exams_dir: Path, slug: str, fmt: str,
-           target: str | None, approved_only: bool = False) -> int | None:
-    """Write the export and return how many questions, or None when this path does not apply
-    (nothing written then)."""
-    if fmt not in TABLE_FORMATS:
-        return None
+def open_snapshot(database_url: str) -> sqlite3.Connection | None:
+    """The SQLite file of `database_url` in a read transaction, if it exists and has the
+    schema revision of this code; None otherwise (the caller takes the store's path)."""
     path = sqlite_path(database_url)
     if path is None or not path.is_file():
         return None
@@ -105,12 +102,31 @@ def export(database_url: str, exams_dir: Path, slug: str, fmt: str,
         return None
     try:
         conn.execute("BEGIN")
+        revision = conn.execute("SELECT version_num FROM alembic_version").fetchone()
+    except sqlite3.Error:
+        revision = None
+    if revision is None or head is None or str(revision[0]) != head:
+        conn.close()
+        return None
+    return conn
+
+
+def export(database_url: str, exams_dir: Path, slug: str, fmt: str,
+           target: str | None, approved_only: bool = False) -> int | None:
+    """Write the export and return how many questions, or None when this path does not apply
+    (nothing written then)."""
+    if fmt not in TABLE_FORMATS:
+        return None
+    conn = open_snapshot(database_url)
+    if conn is None:
+        return None
+    try:
         try:
-            revision = conn.execute("SELECT version_num FROM alembic_version").fetchone()
-            if revision is None or head is None or str(revision[0]) != head:
-                return None
             if conn.execute("SELECT 1 FROM exam WHERE slug = ?", (slug,)).fetchone() is None:
                 return None
+            if approved_only and conn.execute(
+                    QUERY.format(review=REVIEWED[True]) + " LIMIT 1", (slug,)).fetchone() is None:
+                return None  # nothing approved: the store's path refuses it, in one line
         except sqlite3.Error:
             return None
         if target is not None:

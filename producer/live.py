@@ -45,12 +45,15 @@ def eta_s(report: ExamReport) -> float | None:
     """Time left at the rate of the last minute (of the time since the first call, in the
     first minute: a count over 20 s is not a rate per 60 s); None while too young to tell
     (ETA_AFTER_S), when nothing was stored in that window, and when nothing more will come
-    (the exam is cancelled, failed or paused: no work is pending or running, or none is sent)."""
+    (the exam is cancelled, failed or paused: no work is pending or running, or none is sent),
+    and while nothing runs at all."""
     left = report.questions.target - report.questions.done
     if left <= 0:
         return 0.0
     if report.finished or report.state == "paused" or report.questions_last_minute <= 0:
         return None
+    if not report.chapters.running and not report.usage.calls_in_flight:
+        return None  # nothing runs (a `run` stopped by Ctrl-C, no worker): no time to tell
     if report.elapsed_s is None or report.elapsed_s < ETA_AFTER_S:
         return None
     return left / (report.questions_last_minute / min(60.0, report.elapsed_s))
@@ -78,10 +81,21 @@ def plain_line(report: ExamReport) -> str:
             f"({pct:.0f}%); chapters {ch.done}/{ch.total} done, {ch.running} running, "
             f"{ch.pending} pending, {ch.failed} failed, {ch.cancelled} cancelled; "
             f"{report.questions_last_minute}/min, ETA {duration(eta) if eta is not None else '-'}"
-            f"; calls {u.calls_used} used, {u.calls_wasted} wasted, {u.calls_failed} failed, "
+            f"; calls {u.calls_used} used, {u.calls_wasted} wasted, {u.calls_failed} failed"
+            f"{_last_cause(report)}, "
             f"{u.calls_in_flight} in flight; tokens {u.prompt_tokens}+{u.completion_tokens}; "
             f"{_money(report)}; elapsed {duration(report.elapsed_s)}"
             + "".join(f"; {text}" for text in _waiting(report)))
+
+
+def _last_cause(report: ExamReport) -> str:
+    """Why the latest call that went wrong did, for the plain line: " (last: connection:
+    ConnectError ...)", or nothing."""
+    if not report.usage.calls_failed or not report.recent_errors:
+        return ""
+    last = report.recent_errors[0]
+    why = f"{last.reason or ''}: {last.detail or ''}".strip(": ")
+    return f" (last: {why[:80]})" if why else ""
 
 
 def _waiting(report: ExamReport) -> list[str]:

@@ -2,18 +2,11 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
 from typing import Any
 
+from producer.words import when
 from storage.types import BatchRow
 from storage.reports import ExamReport, ExamSummary, batch_counts, batch_status, waiting_text
-
-
-def when(epoch: float | None) -> str | None:
-    """An epoch on the database's clock as ISO 8601 UTC, to the second."""
-    if epoch is None:
-        return None
-    return datetime.fromtimestamp(epoch, timezone.utc).isoformat(timespec="seconds")
 
 
 def status_dict(report: ExamReport) -> dict[str, Any]:

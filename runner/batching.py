@@ -93,6 +93,12 @@ RENEW_EVERY = 50
 LINE_URL = "/v1/chat/completions"
 
 
+# A finished batch's output or error file that the provider answers 404 (or 410) for is
+# asked again at this many passes of one process (BATCH_POLL_S apart) before its lines are
+# booked at their worst case: a file listed by a batch but not yet readable is given time.
+BATCH_FILE_TRIES = 3
+
+
 @dataclass
 class BatchRuntime:
     """What a batch pass needs, built once per process."""
@@ -109,6 +115,9 @@ class BatchRuntime:
     # Submissions whose create went unanswered in this process: their submitter lease is
     # left to lapse (not released), so no listing decides before that create has ended.
     unanswered: set[str] = field(default_factory=set)
+    # Submissions whose output or error file the provider answered 404 for, and how many
+    # passes of this process have asked (BATCH_FILE_TRIES).
+    missing_files: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def build(cls, settings: Settings, store: Store, client: LLMClient | None = None,
@@ -719,10 +728,28 @@ def process_results(rt: BatchRuntime, row: BatchRow, batch: dict[str, Any],
     store, settings, api, client = rt.store, rt.settings, rt.api, rt.client
     owner = row.owner
     lines: dict[str, dict[str, Any]] = {}
+    lost: list[str] = []
     for file_id in (batch.get("error_file_id"), batch.get("output_file_id")):
         if file_id:
-            for entry in parse_jsonl(api.content(str(file_id))):
+            try:
+                content = api.content(str(file_id))
+            except ProviderError as fetch_error:
+                if fetch_error.status_code not in (404, 410):
+                    raise
+                lost.append(str(file_id))
+                continue
+            for entry in parse_jsonl(content):
                 lines[str(entry.get("custom_id"))] = entry
+    if lost:
+        tries = rt.missing_files[row.id] = rt.missing_files.get(row.id, 0) + 1
+        if tries < BATCH_FILE_TRIES:
+            raise RetryableProviderError(
+                f"batch {batch.get('id')}: file {', '.join(lost)} not found at the provider "
+                f"(try {tries} of {BATCH_FILE_TRIES})", status_code=404)
+        log.error("a finished batch's files are gone at the provider; its unread lines are "
+                  "booked at their worst case and their slices given back for another round",
+                  extra={"exam": row.exam, "submission": row.id, "batch": batch.get("id"),
+                         "files": lost})
     status = str(batch.get("status"))
     batch_error = _batch_error(rt, batch) if status == "failed" else None
     claims: dict[tuple[str, str, int], Claimed | None] = {}
@@ -768,6 +795,24 @@ def process_results(rt: BatchRuntime, row: BatchRow, batch: dict[str, Any],
             booked_prompt += usage.prompt_tokens
             booked_completion += usage.completion_tokens
             continue
+        if line is None and lost:
+            # Its reply was in a file the provider no longer has: the line ran and was
+            # billed, so it is booked at its worst case (as a reply cut off is), and its
+            # slice goes back for another round, counted against the attempt cap.
+            worst = client.batch_worst_case_usd(call.prompt_tokens, call.max_tokens or 0)
+            gone = RetryableProviderError(
+                f"the batch's {'output' if batch.get('output_file_id') in lost else 'error'} "
+                f"file is gone at the provider ({batch.get('id')}): the reply was paid and "
+                "cannot be read")
+            gone.kind = ErrorKind.batch_output_lost
+            store.finish_call(call.id, CallOutcome.wasted, gone.kind, str(gone),
+                              usage=Usage(call.prompt_tokens, call.max_tokens or 0, worst,
+                                          "primary", True))
+            booked_prompt += call.prompt_tokens
+            booked_completion += call.max_tokens or 0
+            _note_error(rt, outcomes[key], gone)
+            outcomes[key].count_attempt = True
+            continue
         if response is not None:
             exc: ProviderError = client.batch_error(int(response.get("status_code") or 0),
                                                     response.get("body") or {})
@@ -798,7 +843,10 @@ def process_results(rt: BatchRuntime, row: BatchRow, batch: dict[str, Any],
                 "ledger_prompt": booked_prompt, "ledger_completion": booked_completion})
     store.finish_submission(row.id, provider_status=status, usage=theirs_usage,
                             counts=batch.get("request_counts") or None,
-                            detail=None if batch_error is None else str(batch_error))
+                            detail=str(batch_error) if batch_error is not None else (
+                                f"files gone at the provider ({', '.join(lost)}): unread "
+                                "lines booked at their worst case" if lost else None))
+    rt.missing_files.pop(row.id, None)
     result.processed += 1
     log.info("batch results booked", extra={"exam": row.exam, "submission": row.id,
                                             "batch": batch.get("id"), "status": status})
@@ -826,7 +874,7 @@ def _commit_line(rt: BatchRuntime, call: Any, body: Any, claim: Claimed | None,
     usage booked)."""
     store, client = rt.store, rt.client
     try:
-        completion = client.batch_completion(200, body)
+        completion = client.batch_completion(200, body, call.prompt_tokens, call.max_tokens)
     except ProviderError as exc:
         billed = exc.billed
         usage = Usage(billed.prompt_tokens, billed.completion_tokens, billed.cost_usd,

@@ -52,6 +52,7 @@ from storage.db import (
     corruption,
     current_revision,
     migrate,
+    shown_url,
 )
 from storage.store import Store
 
@@ -70,7 +71,7 @@ def open_existing_store(database_url: str, *, pool_size: int = 10) -> Store:
     read pointed at the wrong database (the shared `postgres` one, a SQLite path relative
     to another directory) changes nothing there. NoSchema (exit 2) says what is missing."""
     engine = connect(database_url, pool_size=pool_size)
-    shown = engine.url.render_as_string(hide_password=True)
+    shown = shown_url(engine.url)
     fix = "(python -m producer migrate creates it, as enqueue, run and the workers do)"
     database = engine.url.database
     if engine.dialect.name == "sqlite" and database not in (None, "", ":memory:"):

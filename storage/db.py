@@ -18,7 +18,7 @@ from examforge.settings import check_database_url
 MIGRATIONS_DIR = Path(__file__).with_name("migrations")
 # The newest migration. Checked against Alembic's own head by a test, so it cannot drift; it
 # saves importing Alembic (a tenth of a short command's CPU) when the schema is current.
-SCHEMA_REVISION = "0027"
+SCHEMA_REVISION = "0029"
 READ_ONLY = "examforge_read_only"
 # Any fixed number: serialises concurrent `upgrade` runs on PostgreSQL.
 _MIGRATION_LOCK_ID = 0x65786166
@@ -139,12 +139,21 @@ _CONFIG_MISTAKES = (
 )
 
 
+def shown_url(url: URL | str) -> str:
+    """A database URL as the user wrote it in DATABASE_URL, for messages: the password masked,
+    and PostgreSQL's driver name (`postgresql+psycopg://`, which examforge puts in place of a
+    plain `postgresql://` or `postgres://`) left out."""
+    parsed = make_url(url) if isinstance(url, str) else url
+    text = parsed.render_as_string(hide_password=True)
+    return text.replace("postgresql+psycopg://", "postgresql://", 1)
+
+
 def database_error(exc: DBAPIError, url: URL | None = None) -> ConfigError | DatabaseUnavailable:
     """What a failed connection means, in one line: a ConfigError (exit 2) for a database or
     user that does not exist or a SQLite file that cannot be created, DatabaseUnavailable
     (exit 3) for a database that is down or refuses for a while."""
     reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc).splitlines()[0]
-    shown = url.render_as_string(hide_password=True) if url is not None else None
+    shown = shown_url(url) if url is not None else None
     if any(p.search(reason) for p in _CONFIG_MISTAKES):
         return ConfigError(f"DATABASE_URL: {shown}: {reason}" if shown else
                            f"DATABASE_URL: {reason}")
@@ -176,7 +185,7 @@ def corruption(exc: BaseException, url: URL | None = None) -> DatabaseCorrupt | 
         reason = first  # a driver without sqlite_errorcode (Python < 3.11)
     else:
         return None
-    return _damaged(url.render_as_string(hide_password=True) if url is not None
+    return _damaged(shown_url(url) if url is not None
                     else "DATABASE_URL", reason)
 
 
@@ -187,11 +196,11 @@ def _damaged(shown: str, reason: str, done: str = "") -> DatabaseCorrupt:
         return DatabaseCorrupt(
             f"database {shown} is damaged or is no SQLite database at all ({reason}): check "
             f"that DATABASE_URL names the right file; if it does, {done}stop the workers and "
-            "restore the last backup (README, Operations: Backup and restore); python -m "
+            "restore the last backup (docs/how-to/backup-and-restore.md); python -m "
             "producer doctor checks it")
     return DatabaseCorrupt(f"database {shown} is damaged ({reason}): {done}stop the workers "
-                           "and restore the last backup (README, Operations: Backup and "
-                           "restore); python -m producer doctor checks it")
+                           "and restore the last backup (docs/how-to/backup-and-"
+                           "restore.md); python -m producer doctor checks it")
 
 
 def check_reachable(engine: Engine) -> None:
@@ -200,7 +209,7 @@ def check_reachable(engine: Engine) -> None:
     if engine.dialect.name == "sqlite" and database not in (None, "", ":memory:") \
             and not Path(database).parent.is_dir():
         # SQLite says only "unable to open database file": name what is missing.
-        raise ConfigError(f"DATABASE_URL: {engine.url.render_as_string(hide_password=True)}: "
+        raise ConfigError(f"DATABASE_URL: {shown_url(engine.url)}: "
                           f"no such directory {Path(database).parent.resolve()} (create it, or "
                           "point DATABASE_URL elsewhere)")
     try:
@@ -230,10 +239,10 @@ def backup_sqlite(url: str, target: Path) -> int:
     import tempfile
 
     parsed = make_url(check_database_url(url))
-    shown = parsed.render_as_string(hide_password=True)
+    shown = shown_url(parsed)
     if parsed.get_backend_name() != "sqlite":
         raise ConfigError(f"backup copies a SQLite database; {shown} is PostgreSQL: use "
-                          "pg_dump -Fc (README, Operations: Backup and restore)")
+                          "pg_dump -Fc (docs/how-to/backup-and-restore.md)")
     if parsed.database in (None, "", ":memory:") or not Path(parsed.database).is_file():
         raise ConfigError(f"DATABASE_URL: {shown}: no database file to back up")
     source_path = Path(parsed.database).resolve()

@@ -12,10 +12,11 @@ from sqlalchemy.engine import Connection
 from examforge.errors import SourceError
 from examforge.sources import MAX_UPLOADS_PER_EXAM, Passage
 from storage.base import Q, StoreBase
-from storage.models import PassageRow, SourceFile
+from storage.models import PassageRow, SourceFile, SourceText
 
 P = PassageRow.__table__  # type: ignore[attr-defined]
 F = SourceFile.__table__  # type: ignore[attr-defined]
+T = SourceText.__table__  # type: ignore[attr-defined]
 
 
 def write_passages(conn: Connection, slug: str, chapter_id: str,
@@ -80,6 +81,28 @@ class Grounding(StoreBase):
         with self._read() as conn:
             return coverage(conn, slug)
 
+    # --- sources' text, extracted once per content ---------------------------------------
+
+    def source_text(self, key: str) -> list[tuple[str | None, str]] | None:
+        """The sections extracted before from the source `key` names (its bytes' hash and
+        how it is read), or None."""
+        import json
+
+        with self._read() as conn:
+            raw = conn.execute(select(T.c.sections).where(T.c.key == key)).scalar()
+        return None if raw is None else [(where, text) for where, text in json.loads(raw)]
+
+    def keep_source_text(self, key: str, sections: Sequence[tuple[str | None, str]]) -> None:
+        """Keep what was extracted (a second writer of the same key changes nothing)."""
+        import json
+
+        with self._write() as conn:
+            now = conn.execute(select(self._now)).scalar_one()
+            conn.execute(self._insert(T).values(
+                key=key, sections=json.dumps([list(s) for s in sections]),
+                chars=sum(len(text) for _, text in sections), created_at=now
+            ).on_conflict_do_nothing())
+
     # --- sources uploaded through the API --------------------------------------------------
 
     def put_source(self, slug: str, name: str, data: bytes) -> bool:
@@ -103,6 +126,21 @@ class Grounding(StoreBase):
                 exam=slug, name=name, data=data, sha256=digest, size=len(data),
                 created_at=now, updated_at=now).on_conflict_do_nothing())
             return True
+
+    def sources_size(self, slug: str, excluding: str | None = None) -> int:
+        """The bytes the exam's uploaded sources hold together (less `excluding`'s, which an
+        upload replaces)."""
+        query = select(func.coalesce(func.sum(F.c.size), 0)).where(F.c.exam == slug)
+        if excluding is not None:
+            query = query.where(F.c.name != excluding)
+        with self._read() as conn:
+            return int(conn.execute(query).scalar_one())
+
+    def delete_source(self, slug: str, name: str) -> bool:
+        """Remove an uploaded source; False when there was none by that name."""
+        with self._write() as conn:
+            return conn.execute(delete(F).where(F.c.exam == slug, F.c.name == name)
+                                ).rowcount > 0
 
     def source_file(self, slug: str, name: str) -> bytes | None:
         with self._read() as conn:

@@ -9,6 +9,7 @@ from pathlib import Path
 from sqlalchemy import select
 
 from storage.base import StoreBase
+from storage.db import shown_url
 from storage.models import DatabaseIdentity
 
 I = DatabaseIdentity.__table__  # type: ignore[attr-defined]
@@ -32,4 +33,4 @@ class Identity(StoreBase):
         url = self.engine.url
         if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
             return f"sqlite:///{Path(url.database).resolve()}"
-        return url.render_as_string(hide_password=True)
+        return shown_url(url)

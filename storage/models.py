@@ -69,7 +69,7 @@ class Verdict(str, Enum):
 
 
 class VerifyPolicy(str, Enum):
-    """An exam's blind-solve policy (exam.verify, migration 0027): recorded on the exam by
+    """An exam's blind-solve policy (exam.verify, migration 0029): recorded on the exam by
     `enqueue --verify`, `run --verify` or the API (the enqueuing process's VERIFY for a new
     exam that names none), and followed by every worker, whatever its own VERIFY says."""
 
@@ -124,6 +124,9 @@ class RequeueReason(str, Enum):
     # Never enqueued (its `producer run` or `serve --local` died), and verdicts of its range
     # still pending: owed blind solves that no message would ever bring to a worker.
     verdicts_pending = "verdicts_pending"
+    # A reviewer's rejection reopened a done slice during an open run (Store.unqueued_slices)
+    # and no message was published for it.
+    reopened = "reopened"
     legacy = "legacy"  # written before the code existed (migration 0024): see the detail
 
 
@@ -176,7 +179,7 @@ class Exam(SQLModel, table=True):
     # ExamMode: `sync` or `batch` (migration 0018).
     mode: str = Field(default=ExamMode.sync.value, max_length=16,
                       sa_column_kwargs={"server_default": ExamMode.sync.value})
-    # VerifyPolicy: the blind solve the exam's questions get (migration 0027). The exam's,
+    # VerifyPolicy: the blind solve the exam's questions get (migration 0029). The exam's,
     # not a worker's environment: what describes the work belongs to the exam row.
     verify: str = Field(default=VerifyPolicy.off.value, max_length=16,
                         sa_column_kwargs={"server_default": VerifyPolicy.off.value})
@@ -229,7 +232,7 @@ class Slice(SQLModel, table=True):
     requeued_at: Optional[float] = None
     requeue_code: Optional[str] = Field(default=None, max_length=32)
     # The blind solver's disputes are counted over the slice's questions with a higher id
-    # (migration 0027): `resume` of an exam its disputes paused moves it past every question
+    # (migration 0029): `resume` of an exam its disputes paused moves it past every question
     # stored, so each slice counts afresh (runner.verify, VERIFY_MAX_DISPUTED_*).
     disputes_from: Optional[int] = None
     requeue_reason: Optional[str] = Field(default=None, sa_column=Column(Text))
@@ -288,6 +291,9 @@ class Question(SQLModel, table=True):
     version: int = Field(default=1, sa_column_kwargs={"server_default": "1"})
     reviewed_by: Optional[str] = Field(default=None, max_length=64)
     reviewed_at: Optional[float] = None
+    # Why a question reviewed before `enqueue --regenerate` (kept, review `stale`) may no
+    # longer match its chapter: the change named (migration 0027); NULL otherwise.
+    stale: Optional[str] = Field(default=None, sa_column=Column(Text))
 
 
 class ReviewState(str, Enum):
@@ -296,6 +302,9 @@ class ReviewState(str, Enum):
     unreviewed = "unreviewed"  # as generated, or edited since it was approved
     approved = "approved"  # `export --approved-only` writes it
     rejected = "rejected"  # withdrawn from its chapter's numbering: the next enqueue replaces it
+    # Approved or edited before its chapter was regenerated (`enqueue --regenerate`): kept,
+    # not approved any more; `question.stale` names the change. Approve, edit or reject it.
+    stale = "stale"
 
 
 class QuestionEdit(SQLModel, table=True):
@@ -431,7 +440,7 @@ class Run(SQLModel, table=True):
     # set to when the run is launched, by its request or later by the sweep.
     batch: bool = Field(default=False, sa_column=Column(
         Boolean, nullable=False, default=False, server_default=false()))
-    # The blind-solve policy the run asked for ({"verify": ...}; migration 0027), recorded
+    # The blind-solve policy the run asked for ({"verify": ...}; migration 0029), recorded
     # on its exam when the run is launched; NULL: the exam keeps its own.
     verify: Optional[str] = Field(default=None, max_length=16)
     # GET /runs/ID as it was when the run was first seen final, JSON (migration 0012): a
@@ -544,6 +553,19 @@ class PassageRow(SQLModel, table=True):
     source: str = Field(sa_column=Column(Text, nullable=False))  # the file's name
     location: Optional[str] = Field(default=None, sa_column=Column(Text))  # page or heading
     text: str = Field(sa_column=Column(Text, nullable=False))
+
+
+class SourceText(SQLModel, table=True):
+    """A source's text as extracted once (examforge.sources.sections_of), by the hash of its
+    bytes and how it is read (its kind and, for a PDF, the pages listed): `enqueue`, `run` and
+    `POST /runs` read a file again only when its bytes change (migration 0028)."""
+
+    __tablename__ = "source_text"
+
+    key: str = Field(primary_key=True, max_length=96)
+    sections: str = Field(sa_column=Column(Text, nullable=False))  # JSON [[where, text], ...]
+    chars: int
+    created_at: float
 
 
 class SourceFile(SQLModel, table=True):

@@ -309,6 +309,15 @@ def _statement(name: str, scope: Scope, dialect: str) -> Any:
     return stmt
 
 
+def near_of(conn: Connection, exam: str, chapter_id: str, checker: Checker, new: Signed,
+            exclude_id: int) -> list[int]:
+    """The stored questions of the scope `new` is a near-duplicate of, but `exclude_id`
+    (an edited question is compared with every question but itself), lowest id first."""
+    candidates, stored = _candidates(conn, exam, chapter_id, checker.scope, [new])
+    return [qid for qid in sorted(candidates[0])
+            if qid != exclude_id and qid in stored and checker.is_near(new.sig, stored[qid])]
+
+
 def check(conn: Connection, exam: str, chapter_id: str, checker: Checker,
           batch: Sequence[Signed | None]) -> Verdict:
     """Which questions of `batch` are new: not a near-duplicate of a stored question of the
@@ -424,6 +433,17 @@ def forget(conn: Connection, exam: str, chapter_ids: Sequence[str] | None = None
     conn.execute(update(E).where(E.c.slug == exam).values(index_epoch=new_epoch()))
     if chapter_ids is None:
         conn.execute(delete(DL).where(DL.c.exam == exam))
+
+
+def forget_questions(conn: Connection, exam: str, question_ids: Sequence[int]) -> None:
+    """Drop the index rows of some of an exam's questions (deleted, or their text changed by
+    an edit); the exam's new index epoch makes every process rebuild its in-memory index."""
+    if not question_ids:
+        return
+    ids = list(question_ids)
+    for i in range(0, len(ids), 500):
+        conn.execute(delete(QS).where(QS.c.exam == exam, QS.c.question_id.in_(ids[i:i + 500])))
+    conn.execute(update(E).where(E.c.slug == exam).values(index_epoch=new_epoch()))
 
 
 def _steer_statement(name: str, dialect: str = "") -> Any:

@@ -14,13 +14,13 @@ from sqlalchemy.engine import Connection
 from examforge.errors import PauseCode, UnknownChapter
 from examforge.syllabus import Chapter as SyllabusChapter
 from examforge.syllabus import Syllabus, slice_ranges
-from storage import neardup
 from examforge.sources import ChapterMaterial
-from storage.base import ACTIVE_STATES, QE, E, K, Q, S
+from storage.base import ACTIVE_STATES, E, K, Q, S
 from storage.grounding import forget_passages, write_passages
 from storage.ledger import Ledger
 from storage.models import (CallOutcome, ChapterState, ExamState, RequeueReason, Verdict,
                             VerifyPolicy)
+from storage.regeneration import ChapterRegeneration, apply_chapter, plan_chapter
 
 
 # A slice as the producer publishes it: (chapter_id, slice_no).
@@ -37,6 +37,8 @@ class EnqueuePlan:
     exam_paused: str | None = None
     verify: str = VerifyPolicy.off.value  # the exam's blind-solve policy, as recorded
     to_solve: int = 0  # stored questions never solved, made pending by a verifying policy
+    # --regenerate: what each chapter cut afresh kept, deleted and generates.
+    regenerated: dict[str, ChapterRegeneration] = field(default_factory=dict)
 
 
 class Planning(Ledger):
@@ -73,14 +75,18 @@ class Planning(Ledger):
         material: Mapping[str, ChapterMaterial] | None = None,
         verify: VerifyPolicy | str | None = None,
         default_verify: VerifyPolicy | str = VerifyPolicy.off, batch_mode: bool = False,
+        discard_reviewed: bool = False,
     ) -> EnqueuePlan:
         """Record the exam and its chapters' slices; decide which slices need a task.
 
         A new chapter is cut into slices of `slice_questions` (SLICE_QUESTIONS) questions; a
         chapter's slices keep their ranges for life (their questions are numbered within
         them), so a raised target adds slices for the new numbers and a lowered one trims the
-        ranges past it. `--regenerate` deletes a chapter's questions and slices and cuts it
-        again.
+        ranges past it. `--regenerate` cuts a chapter again: its slices and unreviewed
+        questions are deleted, its approved and edited ones kept and marked stale (and its
+        rejected ones kept out of the bank, for the record), unless `discard_reviewed`
+        (storage.regeneration); `plan.regenerated` says what each kept, deleted and
+        generates.
 
         `budget_usd` sets the exam's budget (a raised one resumes an exam its budget paused);
         a new exam given none gets `default_budget_usd` (BUDGET_USD).
@@ -169,6 +175,9 @@ class Planning(Ledger):
                            else chapter_rows[0].sources if chapter_rows else None)
                 if wipe:
                     wiped.append(ch.id)
+                    plan.regenerated[ch.id] = plan_chapter(
+                        conn, slug, ch.id, ch.questions,
+                        _change_of(ch, chapter_rows[0], known), discard_reviewed)
                     rows[ch.id] = []
                 next_no = max((r.slice_no for r in rows.get(ch.id, [])), default=-1) + 1
                 for i, (first, count) in enumerate(
@@ -187,10 +196,9 @@ class Planning(Ledger):
                     if row_values:
                         changes[tuple(sorted(row_values))].append(
                             {"_cid": ch.id, "_sno": r.slice_no, **row_values})
+            for chapter_id in wiped:
+                apply_chapter(conn, slug, plan.regenerated[chapter_id], now)
             for chunk in _chunks(wiped, 500):
-                neardup.forget(conn, slug, chunk)
-                conn.execute(delete(Q).where(Q.c.exam == slug, Q.c.chapter_id.in_(chunk)))
-                conn.execute(delete(QE).where(QE.c.exam == slug, QE.c.chapter_id.in_(chunk)))
                 conn.execute(delete(S).where(S.c.exam == slug, S.c.chapter_id.in_(chunk)))
                 forget_passages(conn, slug, chunk)
             for chapter_id, known in grounded:
@@ -247,6 +255,28 @@ class Planning(Ledger):
                 # scrapes.
                 conn.execute(update(E).where(E.c.slug == slug).values(updated_at=now))
         return plan
+
+    def regeneration_preview(self, slug: str, syllabus: Syllabus, chapter_ids: Iterable[str],
+                             *, discard_reviewed: bool = False,
+                             material: Mapping[str, ChapterMaterial] | None = None
+                             ) -> dict[str, ChapterRegeneration]:
+        """What `--regenerate` of `chapter_ids` would keep, delete and generate (the dry
+        run), read as the real command reads it; nothing is written. A chapter with no
+        slices yet is generated as a new one and not listed."""
+        wanted = set(chapter_ids)
+        out: dict[str, ChapterRegeneration] = {}
+        with self._read() as conn:
+            for ch in syllabus.chapters:
+                if ch.id not in wanted:
+                    continue
+                head = conn.execute(select(S).where(S.c.exam == slug, S.c.chapter_id == ch.id)
+                                    .order_by(S.c.slice_no).limit(1)).first()
+                if head is None:
+                    continue
+                known = material.get(ch.id) if material is not None else None
+                out[ch.id] = plan_chapter(conn, slug, ch.id, ch.questions,
+                                          _change_of(ch, head, known), discard_reviewed)
+        return out
 
     def set_budget(self, slug: str, budget_usd: float) -> None:
         """Set the exam's budget; a raised one resumes an exam that its budget paused."""
@@ -442,6 +472,17 @@ def _plan_structure(ch: SyllabusChapter, position: int, rows: list[Any], stored:
     if values:
         values["updated_at"] = now
     return None, values, end + 1, False
+
+
+def _change_of(ch: SyllabusChapter, head: Any, material: ChapterMaterial | None) -> str:
+    """What changed in a chapter since its slices were cut, in words: why its kept
+    questions are stale after a regeneration."""
+    changes = []
+    if head.spec_hash != ch.spec_hash:
+        changes.append("its title or prompt changed")
+    if material is not None and head.sources != material.hashes_json:
+        changes.append(_changed_source(head.sources, material.hashes))
+    return "; ".join(changes) or "regenerated with no change to its title, prompt or sources"
 
 
 def _changed_source(before: str | None, now: dict[str, str]) -> str:

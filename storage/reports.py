@@ -205,16 +205,21 @@ class VerificationCounts:
     disputed: int = 0
     pending: int = 0
     withdrawn: int = 0
+    # In the bank with no verdict at all (never solved: stored in batch mode, imported, or
+    # by a worker without VERIFY) in an exam whose questions are verified (issue 27).
+    unverified: int = 0
 
     def add(self, other: "VerificationCounts") -> None:
         self.agreed += other.agreed
         self.disputed += other.disputed
         self.pending += other.pending
         self.withdrawn += other.withdrawn
+        self.unverified += other.unverified
 
 
 def verification_counts(conn: Connection, slug: str) -> dict[str, VerificationCounts]:
-    """{chapter id: its VerificationCounts} for the chapters with a verified question."""
+    """{chapter id: its VerificationCounts} for the chapters with a verified question, or,
+    in an exam with one, a question of the bank never verified."""
     counts: dict[str, VerificationCounts] = {}
     for chapter_id, verdict, withdrawn, n in conn.execute(
             select(Q.c.chapter_id, Q.c.verdict, Q.c.withdrawn.is_not(None), func.count())
@@ -231,6 +236,12 @@ def verification_counts(conn: Connection, slug: str) -> dict[str, VerificationCo
             c.agreed += n
         elif verdict == Verdict.pending.value:
             c.pending += n
+    if counts:  # a verified exam: the questions of its bank never solved count too
+        for chapter_id, n in conn.execute(
+                select(Q.c.chapter_id, func.count()).where(
+                    Q.c.exam == slug, Q.c.number.is_not(None), Q.c.verdict.is_(None))
+                .group_by(Q.c.chapter_id)):
+            counts.setdefault(chapter_id, VerificationCounts()).unverified += n
     return counts
 
 

@@ -13,6 +13,21 @@ edit's `before` values are the text as generated. An edit of an approved questio
 unreviewed again: what was approved is not what is stored any more. A rejected question is
 final: it is withdrawn from its chapter's numbering (`_withdraw_rejected`), so the next
 enqueue generates a replacement for its number, and it is never exported.
+
+An edit of the text, the choices or the key is a new question to the checks (issue 27): it
+is refused (DuplicateEdit, 409) when its text is one the bank has, exactly (`norm_hash`) or
+nearly (storage.neardup); its hash and near-duplicate signature are replaced; and a verdict
+of the blind solve, made for what it was, goes back to `pending`, so the question is solved
+again (a done slice holding it is pending again, as after a rejection) and no export shows a
+verdict made for another key. A question kept `stale` by `enqueue --regenerate`
+(storage.regeneration) is approved again, edited or rejected like any other; an approve or
+an edit clears the change it names.
+
+Lock order: the exam row (a budgeted exam's, Ledger._exam_first), then the slices of the
+question's chapter (FOR UPDATE, on PostgreSQL), then the question. A worker's commit holds
+its slice's row from its fence to its end, so a rejection racing a slice's final commit
+either waits for it (and sees the slice done, which it reopens) or goes first (and the
+commit counts the withdrawn number as free): never a done slice with a gap.
 """
 
 from __future__ import annotations
@@ -24,15 +39,22 @@ from typing import Any, Mapping
 from sqlalchemy import and_, func, insert, select, update
 from sqlalchemy.engine import Connection
 
-from examforge.errors import BadEdit, Conflict, UnknownChapter, UnknownQuestion, VersionConflict
-from examforge.output import ItemInvalid, check_item
+from examforge.errors import (BadEdit, Conflict, DuplicateEdit, UnknownChapter,
+                              UnknownQuestion, VersionConflict)
+from examforge.neardup import Checker
+from examforge.output import ItemInvalid, check_item, text_hash
 from examforge.syllabus import BLOOM_LEVELS, DIFFICULTIES
+from storage import neardup
 from storage.base import QE, E, Q, S
-from storage.models import ReviewState, Verdict, Withdrawn
+from storage.models import ChapterState, ReviewState, Verdict, Withdrawn
 from storage.verdicts import Verdicts
 
 # The fields an edit may change, in the order they are shown.
 EDITABLE = ("question", "choices", "answer_index", "explanation", "difficulty", "bloom")
+# Those that make it another question to the blind solve: its verdict is void.
+SOLVED_FIELDS = ("question", "choices", "answer_index")
+# The near-duplicate check of an edit unless the caller passes the settings' own.
+DEFAULT_CHECKER = Checker()
 # The review actions, as question_edit.action names them.
 ACTIONS = ("approve", "reject", "edit")
 MAX_NOTE_CHARS = 2000
@@ -52,6 +74,11 @@ class ChapterReview:
     approved: int
     rejected: int
     disputed: int | None
+    # Approved or edited before `--regenerate` cut the chapter again: to review again.
+    stale: int = 0
+    # In the bank with no verdict booked (none yet, or pending), in an exam whose questions
+    # are verified (None when none of them ever was).
+    unverified: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -79,9 +106,14 @@ def _row_view(r: Any) -> dict[str, Any]:
             "difficulty": r.difficulty, "bloom": r.bloom, "model": r.model,
             "created_at": r.created_at,
             "verdict": r.verdict,
+            # The blind solve's choice (an index into `choices`), beside the key; None
+            # while no verdict is booked (never verified, or pending).
+            "solved_index": (r.solved_index if r.verdict in (Verdict.agreed.value,
+                                                             Verdict.disputed.value)
+                             else None),
             "source": source,
             "review": r.review, "version": r.version, "reviewed_by": r.reviewed_by,
-            "reviewed_at": r.reviewed_at, "edited": bool(r.edits)}
+            "reviewed_at": r.reviewed_at, "edited": bool(r.edits), "stale": r.stale}
 
 
 class Review(Verdicts):
@@ -95,7 +127,7 @@ class Review(Verdicts):
                 Q.c.answer_index, Q.c.explanation, Q.c.difficulty, Q.c.bloom, Q.c.model,
                 Q.c.created_at, Q.c.review, Q.c.version, Q.c.reviewed_by, Q.c.reviewed_at,
                 Q.c.withdrawn, Q.c.withdrawn_number, edits]
-        cols += [Q.c.verdict, Q.c.source]
+        cols += [Q.c.verdict, Q.c.source, Q.c.solved_index, Q.c.stale]
         return cols
 
     def review_summary(self, slug: str) -> list[ChapterReview]:
@@ -123,6 +155,13 @@ class Review(Verdicts):
                     Q.c.exam == slug, Q.c.verdict == Verdict.disputed.value,
                     Q.c.review != ReviewState.rejected.value)
                 .group_by(Q.c.chapter_id))}
+            verified = conn.execute(select(Q.c.id).where(
+                Q.c.exam == slug, Q.c.verdict.is_not(None)).limit(1)).first() is not None
+            unverified = {c: int(n) for c, n in conn.execute(
+                select(Q.c.chapter_id, func.count()).select_from(Q.join(S, _in_range()))
+                .where(Q.c.exam == slug, Q.c.verdict.is_(None)
+                       | (Q.c.verdict == Verdict.pending.value))
+                .group_by(Q.c.chapter_id))}
         out = []
         for ch in chapters:
             unreviewed = counts.get((ch.chapter_id, ReviewState.unreviewed.value), 0)
@@ -132,7 +171,9 @@ class Review(Verdicts):
                 chapter_id=ch.chapter_id, title=ch.title, target=int(ch.target or 0),
                 questions=in_bank, unreviewed=unreviewed, approved=approved,
                 rejected=int(rejected.get(ch.chapter_id, 0)),
-                disputed=None if disputed is None else disputed.get(ch.chapter_id, 0)))
+                disputed=None if disputed is None else disputed.get(ch.chapter_id, 0),
+                stale=counts.get((ch.chapter_id, ReviewState.stale.value), 0),
+                unverified=unverified.get(ch.chapter_id, 0) if verified else None))
         return out
 
     def chapter_questions(self, slug: str, chapter_id: str) -> tuple[str, list[dict[str, Any]]]:
@@ -157,6 +198,16 @@ class Review(Verdicts):
                     Q.c.number.is_(None) | (Q.c.review == ReviewState.rejected.value))
                 .order_by(Q.c.withdrawn_number, Q.c.id)).all()
         return title, [_row_view(r) for r in (*in_bank, *gone)]
+
+    def approved_in_bank(self, slug: str) -> int:
+        """How many of the exam's questions in the bank a reviewer approved: what `export
+        --approved-only` writes."""
+        with self._read() as conn:
+            self._require_exam(conn, slug)
+            return int(conn.execute(select(func.count()).select_from(Q.join(S, _in_range()))
+                                    .where(Q.c.exam == slug,
+                                           Q.c.review == ReviewState.approved.value)
+                                    ).scalar_one())
 
     def review_question(self, slug: str, question_id: int) -> dict[str, Any]:
         with self._read() as conn:
@@ -194,25 +245,33 @@ class Review(Verdicts):
         return self._act(slug, question_id, version, client, "reject", note=note)
 
     def edit(self, slug: str, question_id: int, version: int, client: str,
-             changes: Mapping[str, Any]) -> dict[str, Any]:
+             changes: Mapping[str, Any], *,
+             near_dup: Checker | None = DEFAULT_CHECKER) -> dict[str, Any]:
         """Change the fields in `changes` (EDITABLE) of the question as it is at `version`,
         validated as a generated question is (four distinct choices, an answer 0-3, known
         levels). Fields given with their current value are no change; no change at all
-        changes nothing (not even the version)."""
+        changes nothing (not even the version). A new text is refused (DuplicateEdit) when
+        the chapter has it already, or a near-duplicate of it (`near_dup`:
+        NEAR_DUP_THRESHOLD and NEAR_DUP_SCOPE; None: NEAR_DUP_SCOPE=off, exact repeats
+        only). A changed text, choice or key voids the blind solve's verdict: it is
+        `pending` again."""
         unknown = sorted(set(changes) - set(EDITABLE))
         if unknown:
             raise BadEdit(f"{unknown[0]}: not a field an edit can change "
                           f"({', '.join(EDITABLE)})")
-        return self._act(slug, question_id, version, client, "edit", changes=changes)
+        return self._act(slug, question_id, version, client, "edit", changes=changes,
+                         near_dup=near_dup)
 
     def _act(self, slug: str, question_id: int, version: int, client: str, action: str,
              *, changes: Mapping[str, Any] | None = None,
-             note: str | None = None) -> dict[str, Any]:
+             note: str | None = None, near_dup: Checker | None = None) -> dict[str, Any]:
         if note is not None and len(note) > MAX_NOTE_CHARS:
             raise BadEdit(f"note: over {MAX_NOTE_CHARS} characters")
         with self._write() as conn:
-            # The lock order of every writer of an exam (Ledger._exam_first): its row first.
+            # The lock order of every writer of an exam (Ledger._exam_first): its row first,
+            # then the slices (see the module's docstring), then the question.
             self._exam_first(conn, slug)
+            self._lock_chapter_slices(conn, slug, question_id)
             current = self._current(conn, slug, question_id)
             if current["version"] != version:
                 raise self._conflict(current, version)
@@ -232,19 +291,31 @@ class Review(Verdicts):
                                f"number: it is out of the bank already and cannot be {verb}")
             values: dict[str, Any] = {}
             diff: dict[str, list[Any]] | None = None
+            signed: neardup.Signed | None = None
             if action == "approve":
                 if state == ReviewState.approved.value:
                     return current
                 values["review"] = ReviewState.approved.value
+                values["stale"] = None
             elif action == "reject":
                 values["review"] = ReviewState.rejected.value
             else:
                 diff, values = _edit_values(current, changes or {})
                 if not diff:
                     return current
-                if state == ReviewState.approved.value:
+                if state in (ReviewState.approved.value, ReviewState.stale.value):
                     values["review"] = ReviewState.unreviewed.value
+                    values["stale"] = None
                     diff["review"] = [state, ReviewState.unreviewed.value]
+                if "question" in diff:
+                    signed = self._new_text(conn, current, diff["question"][1], near_dup)
+                    values["norm_hash"] = text_hash(diff["question"][1])
+                if current["verdict"] is not None and set(diff) & set(SOLVED_FIELDS):
+                    # Made for another question: solved again (a booked call, under the
+                    # exam's policy); its slice is pending again below.
+                    values.update(verdict=Verdict.pending.value, solved_index=None,
+                                  verify_call_id=None)
+                    diff["verdict"] = [current["verdict"], Verdict.pending.value]
             now = conn.execute(select(self._now)).scalar_one()
             done = conn.execute(update(Q).where(
                 Q.c.id == question_id, Q.c.exam == slug, Q.c.version == version).values(
@@ -259,8 +330,74 @@ class Review(Verdicts):
                 changes=None if diff is None else json.dumps(diff, ensure_ascii=False)))
             if action == "reject":
                 self._withdraw_rejected(conn, slug, [question_id])
+            if signed is not None:
+                # Its signature is the new text's: the old one would let a repeat of the new
+                # text in, and refuse one of the old.
+                neardup.forget_questions(conn, slug, [question_id])
+                neardup.index(conn, slug, current["chapter_id"], [question_id], [signed])
+            if values.get("verdict") == Verdict.pending.value and current["number"] is not None:
+                self._reopen_slice_of(conn, slug, current["chapter_id"], current["number"])
             conn.execute(update(E).where(E.c.slug == slug).values(updated_at=now))
             return self._current(conn, slug, question_id)
+
+    def _lock_chapter_slices(self, conn: Connection, slug: str, question_id: int) -> None:
+        """Hold the slices of the question's chapter (FOR UPDATE, PostgreSQL) until the
+        action commits: a worker's commit holds its slice's row from its fence on, so the
+        action waits for a commit in progress and reads the slice as it left it, or the
+        commit waits for the action and counts what it changed. Without it, a rejection
+        could read a slice as running while its final commit, which had counted the
+        rejected question, marked it done: a done slice with a gap (issue 27, defect 9)."""
+        chapter_id = conn.execute(select(Q.c.chapter_id).where(
+            Q.c.id == question_id, Q.c.exam == slug)).scalar()
+        if chapter_id is None or self.engine.dialect.name != "postgresql":
+            return
+        conn.execute(select(S.c.slice_no).where(S.c.exam == slug, S.c.chapter_id == chapter_id)
+                     .order_by(S.c.slice_no).with_for_update()).all()
+
+    def _new_text(self, conn: Connection, current: Mapping[str, Any], text: str,
+                  near_dup: Checker | None) -> neardup.Signed:
+        """Refuse an edit's text that the bank has (DuplicateEdit, naming the other
+        question), exactly (the chapter's `norm_hash`) or nearly (the scope's signatures);
+        the new text's signature, to index."""
+        slug, chapter_id, qid = current["exam"], current["chapter_id"], current["id"]
+        same = conn.execute(select(Q.c.id, Q.c.number, Q.c.withdrawn_number).where(
+            Q.c.exam == slug, Q.c.chapter_id == chapter_id, Q.c.norm_hash == text_hash(text),
+            Q.c.id != qid).limit(1)).first()
+        if same is not None:
+            where = (f"number {same.number}" if same.number is not None else
+                     f"withdrawn, it had number {same.withdrawn_number}")
+            raise DuplicateEdit(f"question {same.id} of chapter {chapter_id} ({where}) has "
+                                "this text already: nothing was changed", same.id,
+                                same.number if same.number is not None
+                                else same.withdrawn_number)
+        title = conn.execute(select(S.c.title).where(
+            S.c.exam == slug, S.c.chapter_id == chapter_id).limit(1)).scalar() or ""
+        signed = neardup.Signed.of(text, title)
+        if near_dup is None:  # NEAR_DUP_SCOPE=off: the signature is kept right all the same
+            return signed
+        # Lock order as a worker's commit: the exam row, the slices, then the scope's.
+        neardup.lock(conn, slug, chapter_id, near_dup.scope)
+        hits = neardup.near_of(conn, slug, chapter_id, near_dup, signed, qid)
+        if hits:
+            other = conn.execute(select(Q.c.id, Q.c.chapter_id, Q.c.number).where(
+                Q.c.id.in_(hits), Q.c.number.is_not(None)).order_by(Q.c.id).limit(1)).first()
+            if other is not None:
+                raise DuplicateEdit(
+                    f"question {other.id} of chapter {other.chapter_id} (number "
+                    f"{other.number}) is a near-duplicate of this text: nothing was changed",
+                    other.id, other.number)
+        return signed
+
+    def _reopen_slice_of(self, conn: Connection, slug: str, chapter_id: str,
+                         number: int) -> None:
+        """The done slice whose range holds `number` is pending again, with no enqueue
+        recorded (as a rejection leaves it): a question of it awaits its blind solve."""
+        conn.execute(update(S).where(
+            S.c.exam == slug, S.c.chapter_id == chapter_id, S.c.first_number <= number,
+            S.c.first_number + S.c.target > number, S.c.state == ChapterState.done.value)
+            .values(state=ChapterState.pending.value, attempts_since_progress=0,
+                    not_before_at=None, enqueued_at=None, enqueue_epoch=None,
+                    updated_at=self._now))
 
     def _withdraw_rejected(self, conn: Connection, slug: str, question_ids: list[int]) -> None:
         """Take rejected questions out of their chapter's numbering in the rejecting

@@ -25,11 +25,12 @@ from sqlalchemy import and_, case, func, select, update
 from sqlalchemy.engine import Connection
 
 from examforge.errors import IdempotencyKeyReused, PauseCode
-from storage.base import ACTIVE_STATES, E, K, Q, S
+from storage.base import ACTIVE_SLICE, ACTIVE_STATES, E, K, Q, S
 from storage.models import (
     FINAL_RUN_STATES,
     CallOutcome,
     ChapterState,
+    ExamMode,
     ExamState,
     Run,
     RunState,
@@ -230,6 +231,27 @@ class Runs(Ledger):
                 select(S.c.chapter_id, S.c.slice_no)
                 .where(S.c.exam == slug, S.c.state.in_(ACTIVE_STATES))
                 .order_by(S.c.position, S.c.chapter_id, S.c.slice_no))]
+
+    def unqueued_slices(self, slug: str | None = None) -> list[tuple[str, str, int]]:
+        """The slices of exams with an open run (launched, neither final nor cancelled) that
+        wait for work no message will bring: pending, not enqueued since they were reopened
+        (a reviewer's rejection, `Store.withdraw`, reopens a done slice with no enqueue
+        recorded, for the next `enqueue`), held by no live lease, of an active exam in sync
+        mode. The run asked for what is missing: it would otherwise say `running` for ever.
+        (exam, chapter_id, slice_no), in syllabus order; of `slug` only, when given."""
+        open_run = select(R.c.id).where(
+            R.c.exam == S.c.exam, R.c.launched_at.is_not(None), R.c.state.is_(None),
+            R.c.cancelled_at.is_(None)).exists()
+        where = [ACTIVE_SLICE, S.c.state == ChapterState.pending.value,
+                 S.c.enqueued_at.is_(None),
+                 E.c.state == ExamState.active.value, E.c.mode == ExamMode.sync.value,
+                 S.c.lease_owner.is_(None) | (S.c.lease_expires_at <= self._now), open_run]
+        if slug is not None:
+            where.append(S.c.exam == slug)
+        with self._read() as conn:
+            return [(r.exam, r.chapter_id, r.slice_no) for r in conn.execute(
+                select(S.c.exam, S.c.chapter_id, S.c.slice_no).join(E, E.c.slug == S.c.exam)
+                .where(*where).order_by(S.c.exam, S.c.position, S.c.chapter_id, S.c.slice_no))]
 
     @staticmethod
     def _window(conn: Connection, run: RunRow) -> tuple[Any, ...]:

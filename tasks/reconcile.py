@@ -14,6 +14,8 @@
 - Every other call in flight whose holder has no live lease, whatever its slice's state now
   (done by an import, trimmed, regenerated, failed, or pending for a claim that may never
   come): booked the same way, so no reservation outlives its call.
+- Slices of an exam with an open run that a reviewer's rejection reopened and that no
+  message will bring to a worker (`Store.unqueued_slices`): published, so the run ends.
 - Active exams with a budget that has no room left, work left and no call in flight: paused
   with a reason naming the budget, instead of waiting for room that cannot come.
 
@@ -57,6 +59,13 @@ def reconcile_once(settings: Settings, store: Store, app: Celery) -> dict[str, i
         by_reason[orphan.reason].append((orphan.exam, orphan.chapter_id, orphan.slice_no))
     for reason, chapters in by_reason.items():
         _requeue(settings, store, app, epoch, chapters, reason, _WHY[reason])
+    # Reopened by a reviewer during an open run, and no message published for them (the
+    # API hands them on when it rejects; this is what a failed publish leaves): the run
+    # would say `running` for ever with nothing left to do.
+    reopened = store.unqueued_slices()
+    if reopened:
+        _requeue(settings, store, app, epoch, reopened, RequeueReason.reopened,
+                 "a reviewer's rejection reopened it during an open run")
     lost = 0
     if holdings is not None and RequeueReason.broker_epoch_changed not in by_reason:
         # Published at least two passes ago, so its message had time to reach the broker.
@@ -67,7 +76,8 @@ def reconcile_once(settings: Settings, store: Store, app: Celery) -> dict[str, i
                    "waiting in it")
             _requeue(settings, store, app, epoch, audit.lost, RequeueReason.message_lost, why)
             lost = len(audit.lost)
-    return {"requeued": len(orphans) + lost, "requeued_lost": lost, "failed_at_cap": failed,
+    return {"requeued": len(orphans) + lost + len(reopened), "requeued_lost": lost,
+            "requeued_reopened": len(reopened), "failed_at_cap": failed,
             "settled_cancelled": settled, "settled_orphans": orphaned,
             "paused_budget": len(paused)}
 

@@ -20,6 +20,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
+pytest_plugins = ["speed_guard"]
+
 PG_ADMIN_URL = os.environ.get("EXAMFORGE_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 
 

@@ -23,6 +23,7 @@ from examforge.errors import (
     BadEdit,
     BadImportLine,
     Conflict,
+    DuplicateEdit,
     DatabaseCorrupt,
     ExamforgeError,
     IdempotencyKeyReused,
@@ -114,6 +115,9 @@ def install(app: FastAPI, router: APIRouter) -> None:
         if isinstance(exc, (SyllabusError, IdempotencyKeyReused, BadCursor, BadImportLine,
                             BadEdit)):
             return problem(422, str(exc))
+        if isinstance(exc, DuplicateEdit):
+            return problem(409, str(exc), duplicate_of={"id": exc.other_id,
+                                                        "number": exc.other_number})
         if isinstance(exc, Conflict):
             return problem(409, str(exc))
         if isinstance(exc, DatabaseCorrupt):

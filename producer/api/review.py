@@ -10,11 +10,14 @@ its bearer token (`producer.api.runs.client_of`), never the token itself.
 
 from __future__ import annotations
 
+import logging
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Depends, Header, Path, Request
 from fastapi.responses import JSONResponse
 
+from examforge.errors import InfrastructureError
+from examforge.neardup import Checker, Scope
 from examforge.syllabus import NAME_PATTERN
 from producer.api import schemas
 from producer.api.problems import problem, responses
@@ -22,6 +25,7 @@ from producer.api.runs import client_of
 from producer.views import when
 
 router = APIRouter(tags=["review"])
+log = logging.getLogger("examforge.api")
 
 Slug = Annotated[str, Path(pattern=NAME_PATTERN, max_length=64,
                            description="The exam's slug ([a-z0-9-], up to 64)")]
@@ -83,7 +87,10 @@ def review_summary(slug: Slug, c: Ctx) -> Any:
     (null when this database has no verdicts)."""
     chapters = [ch.as_dict() for ch in c.store.review_summary(slug)]
     totals = {name: sum(ch[name] or 0 for ch in chapters)
-              for name in ("questions", "unreviewed", "approved", "rejected", "disputed")}
+              for name in ("questions", "unreviewed", "approved", "rejected", "disputed",
+                           "stale")}
+    if any(ch["unverified"] is not None for ch in chapters):
+        totals["unverified"] = sum(ch["unverified"] or 0 for ch in chapters)
     return {"exam": slug, "chapters": chapters, "totals": totals}
 
 
@@ -144,8 +151,26 @@ def reject(slug: Slug, question_id: QuestionId, request: Request, c: Ctx,
     version = _version(if_match, body.version if body else None)
     if isinstance(version, JSONResponse):
         return version
-    return _answer(c.store.reject(slug, question_id, version, _client(request, c),
-                                  note=body.note if body else None))
+    answer = c.store.reject(slug, question_id, version, _client(request, c),
+                            note=body.note if body else None)
+    _hand_on_reopened(c, slug)
+    return _answer(answer)
+
+
+def _hand_on_reopened(c: Any, slug: str) -> None:
+    """A rejection (or an edit that voided a verdict) during an open run: the slice it
+    reopened is handed on (published, or given to this process's run in --local), so the
+    run generates the number (or solves the question again) and ends.
+    Without an open run the next run or `enqueue` generates it. A failure is the
+    reconciler's (or the --local sweep's) to repair: the rejection is committed."""
+    refs = [(chapter_id, slice_no) for _, chapter_id, slice_no in c.store.unqueued_slices(slug)]
+    if not refs:
+        return
+    try:
+        c.work.resume(slug, refs)
+    except InfrastructureError as exc:
+        log.warning("reopened slices not handed on: %s (the reconciler will)", exc,
+                    extra={"exam": slug})
 
 
 @router.patch("/exams/{slug}/questions/{question_id}", response_model=schemas.ReviewQuestion,
@@ -155,10 +180,18 @@ def edit(slug: Slug, question_id: QuestionId, request: Request, c: Ctx,
     """Edit the question as it is at the version named: the fields given (`question`,
     `choices`, `answer_index`, `explanation`, `difficulty`, `bloom`) replace the stored ones,
     validated as a generated question is; the history keeps each one's value before. An
-    approved question edited is unreviewed again. 409 when it changed since."""
+    approved question edited is unreviewed again. 409 when it changed since, and when its
+    new text is one the bank has, exactly or nearly (`duplicate_of` names that question). A
+    changed text, choice or key makes its verdict `pending`: it is solved again."""
     version = _version(if_match, body.version)
     if isinstance(version, JSONResponse):
         return version
     changes = {name: getattr(body, name) for name in body.model_fields_set
                if name != "version"}
-    return _answer(c.store.edit(slug, question_id, version, _client(request, c), changes))
+    scope = c.settings.near_dup_scope
+    checker = None if scope == "off" else Checker(c.settings.near_dup_threshold, Scope(scope))
+    answer = c.store.edit(slug, question_id, version, _client(request, c), changes,
+                          near_dup=checker)
+    if answer["verdict"] == "pending":  # to be solved again: during a run, by the run
+        _hand_on_reopened(c, slug)
+    return _answer(answer)

@@ -20,7 +20,8 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from sqlalchemy.exc import DBAPIError
 
 from examforge.banks import BankChapter, BankExam, write_bank
-from examforge.errors import Conflict, ExamforgeError, ExportInterrupted, UnknownExam
+from examforge.errors import (Conflict, ExamforgeError, ExportInterrupted, NothingApproved,
+                              UnknownExam)
 from examforge.syllabus import NAME_PATTERN, Syllabus, check_name, load_syllabus, parse_syllabus
 from producer.api import review, schemas
 from producer.api.events import stream
@@ -33,6 +34,7 @@ from producer.export import (
     WRITERS,
     bank_questions,
     default_name,
+    nothing_approved,
 )
 from producer.syllabi import file_syllabus, resolve
 from producer.views import status_dict, summary_dict, when
@@ -190,23 +192,25 @@ def _put_exam(c: Any, slug: str, raw: bytes) -> Any:
 @router.put("/exams/{slug}/sources/{name:path}", response_model=schemas.SourceStored,
             status_code=200, tags=["exams"],
             responses={201: {"description": "Created", "model": schemas.SourceStored},
-                       **responses(401, 409, 413, 422)},
+                       **responses(401, 404, 409, 413, 422)},
             openapi_extra={"requestBody": {"required": True, "content": {
                 "application/octet-stream": {"schema": {"type": "string",
                                                         "format": "binary"}}}}})
 async def put_source(slug: Slug, name: str, request: Request, c: Ctx) -> Any:
     """Upload a source file of an API exam (a chapter's `sources` names it: `notes/ch1.md`,
     `guide.pdf`): the file's bytes as the body, at most 1 MB. It is checked as enqueue
-    checks a file (type, text, an encrypted or scanned PDF, the page cap) and kept in the
-    database: the server never reads a path a client names. 201 when created, 200 when
-    replaced; 422 for a name that is not a plain relative path (`..`, an absolute path)."""
+    checks a file (type, text, an encrypted or scanned PDF, the page cap, the work of reading
+    it) and kept in the database: the server never reads a path a client names. 201 when
+    created, 200 when replaced; 404 for an exam with no syllabus (put it first); 413 past 1 MB
+    or past API_UPLOAD_TOTAL_BYTES for the exam's uploads together; 422 for a name that is
+    not a plain relative path (`..`, an absolute path)."""
     raw = await request.body()  # whole already: BodyLimit read it, up to 1 MB
     return await run_in_threadpool(_put_source, c, slug, name, raw)
 
 
 def _put_source(c: Any, slug: str, name: str, raw: bytes) -> Any:
     from examforge.errors import SourceError
-    from examforge.sources import MAX_UPLOAD_BYTES, file_hash, parse_entry, sections_of
+    from examforge.sources import MAX_UPLOAD_BYTES, cached_sections, file_hash, parse_entry
     from producer.grounding import uploaded_label
 
     try:
@@ -219,13 +223,37 @@ def _put_source(c: Any, slug: str, name: str, raw: bytes) -> Any:
     if file_syllabus(c.settings, slug) is not None:
         raise Conflict(f"exam {slug} has a syllabus file in EXAMS_DIR; put its sources in "
                        "its folder instead")
+    resolve(c.settings, slug, c.store)  # 404 (UnknownExam) before any work: PUT the syllabus
     if len(raw) > MAX_UPLOAD_BYTES:
         return problem(413, f"{uploaded_label(slug, name)}: {len(raw)} bytes, larger than "
                             f"the {MAX_UPLOAD_BYTES} allowed")
-    sections_of(spec, raw, uploaded_label(slug, name))  # refused now, not at the run
+    total = c.store.sources_size(slug, excluding=name) + len(raw)
+    if total > c.settings.api_upload_total_bytes:
+        return problem(413, f"{uploaded_label(slug, name)}: the exam's uploads would hold "
+                            f"{total} bytes, more than API_UPLOAD_TOTAL_BYTES="
+                            f"{c.settings.api_upload_total_bytes}")
+    # Refused now, not at the run; the text is kept for the run to reuse.
+    cached_sections(spec, raw, uploaded_label(slug, name), c.store)
     created = c.store.put_source(slug, name, raw)
     return JSONResponse({"exam": slug, "source": name, "bytes": len(raw),
                          "sha256": file_hash(raw)}, status_code=201 if created else 200)
+
+
+@router.delete("/exams/{slug}/sources/{name:path}", status_code=204, tags=["exams"],
+               responses=responses(401, 404, 409, 422))
+def delete_source(slug: Slug, name: str, c: Ctx) -> Response:
+    """Remove an uploaded source. 404 when the exam has no upload by that name; 409 while a
+    run of the exam is open (its work reads the sources)."""
+    from producer.grounding import uploaded_label
+
+    if c.store.source_file(slug, name) is None:
+        return problem(404, f"{uploaded_label(slug, name)}: no such upload")
+    if any(run.exam == slug for run in c.store.open_runs()) and c.store.exam_exists(slug) \
+            and not c.store.status(slug).finished:
+        raise Conflict(f"{uploaded_label(slug, name)}: a run of exam {slug} is open and reads "
+                       "its sources; cancel it or wait for it to end")
+    c.store.delete_source(slug, name)
+    return Response(status_code=204)
 
 
 @router.get("/exams/{slug}/sources", response_model=schemas.SourceList, tags=["exams"],
@@ -394,10 +422,14 @@ def export(slug: Slug, request: Request, c: Ctx,
     """Every stored question but the rejected ones (export's writers: the same content as
     the CLI's), or with `approved_only` the approved ones. The table
     formats are streamed; a bank is built whole first (spooled to disk when large), so that a
-    stored question no bank can hold is a 409 problem, not a download cut short."""
+    stored question no bank can hold is a 409 problem, not a download cut short.
+    `approved_only` of an exam with no approved question is a 409 problem too: an empty
+    bank is not a download."""
     check_name(slug, "exam slug")
     if not c.store.exam_exists(slug):
         raise UnknownExam(f"unknown exam {slug!r}: not in the database (start a run first)")
+    if approved_only and not c.store.approved_in_bank(slug):
+        raise NothingApproved(nothing_approved(slug))  # 409: an empty bank is no success
     headers = {"Content-Disposition":
                f'attachment; filename="{slug}{default_name(format).removeprefix("generated")}"'}
     if request.method == "HEAD":  # the headers a GET would have, and nothing read

@@ -179,6 +179,9 @@ class VerificationOut(BaseModel):
     disputed: int
     pending: int
     withdrawn: int
+    unverified: int = Field(default=0, description=(
+        "In the bank with no verdict (never solved) in an exam whose questions are "
+        "verified."))
 
 
 class ChapterStatus(BaseModel):
@@ -292,19 +295,29 @@ class ReviewQuestion(BaseModel):
     verdict: str | None = Field(
         description="The blind solve's verdict (pending, agreed, disputed); null when it was "
                     "not verified.")
+    solved_index: int | None = Field(
+        default=None, description="The choice the blind solve picked (an index into "
+                                  "`choices`), beside the key `answer_index`; null while no "
+                                  "verdict is booked.")
     source: Any = Field(description="The passage of the course's material it cites (file, "
                                     "page or heading, passage); null when none.")
     withdrawn: str | None = Field(
         description="Why it left its chapter's numbering (rejected, or disputed under "
                     "VERIFY=replace; `number` is the one it had and a replacement takes), or "
                     "null while it is in the bank.")
-    review: str = Field(description="unreviewed, approved or rejected")
+    review: str = Field(description="unreviewed, approved, rejected, or stale (approved or "
+                                    "edited before `enqueue --regenerate` cut its chapter "
+                                    "again: `stale` names the change)")
     version: int = Field(description="Bumped by every review action; a change names the "
                                      "version it was made from (If-Match or `version`).")
     reviewed_by: str | None = Field(description="The client that acted last (a hash of its "
                                                 "bearer token), or null.")
     reviewed_at: str | None
     edited: bool = Field(description="A reviewer changed its text (see its history).")
+    stale: str | None = Field(
+        default=None, description="Why a question reviewed before its chapter was "
+                                  "regenerated may no longer match it (the change named); null "
+                                  "otherwise.")
 
 
 class ReviewChapter(BaseModel):
@@ -324,6 +337,12 @@ class ChapterReviewOut(BaseModel):
     rejected: int
     disputed: int | None = Field(description="Disputed by the blind solve; null when this "
                                              "database has no verdicts.")
+    stale: int = Field(default=0, description="Approved or edited before `--regenerate`: "
+                                              "to review again.")
+    unverified: int | None = Field(
+        default=None, description="In the bank with no verdict booked (none, or pending) in "
+                                  "an exam whose questions are verified; null when none ever "
+                                  "was.")
 
 
 class ReviewSummary(BaseModel):

@@ -38,8 +38,9 @@ class Work(Protocol):
         to whoever does them."""
 
     def resume(self, slug: str, slices: list[tuple[str, int]]) -> None:
-        """Work on an open run's unfinished slices again (--local only: Celery's reconciler
-        re-publishes what its messages lost)."""
+        """Work on an open run's unfinished slices again: in --local, those the sweep finds
+        (after a restart, or a thread that stopped); in both modes, the slices a rejection
+        during the run reopened (Celery's reconciler re-publishes what messages lost)."""
 
     def close(self) -> None: ...
 
@@ -65,7 +66,15 @@ class CeleryWork:
                             batch=batch, verify=verify)
 
     def resume(self, slug: str, slices: list[tuple[str, int]]) -> None:
-        pass
+        """Publish the slices' messages (marked enqueued first): what a rejection during an
+        open run hands on. The reconciler re-publishes what a failed publish leaves
+        (`Store.unqueued_slices`) and what the broker lost."""
+        if not slices:
+            return
+        from tasks import app
+        from tasks.broker import broker_epoch, publish_work
+
+        publish_work(app, self.store, slug, slices, broker_epoch(app, self.settings))
 
     def close(self) -> None:
         pass

@@ -5,7 +5,7 @@ CI runs a small version on SQLite and PostgreSQL. The large one:
 
     CHAOS_CHAPTERS=300 CHAOS_SEED=7 python -m pytest tests/e2e/test_chaos.py -k postgres -s
 
-prints its figures (the README quotes them).
+prints its figures (docs/explanations/tests.md quotes them).
 """
 
 from __future__ import annotations

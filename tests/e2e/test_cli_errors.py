@@ -223,3 +223,22 @@ def test_doctor_fails_on_a_key_the_model_endpoint_rejects(deploy, mock):
         doctor.stdout, doctor.stdout
     right = dep.cli("doctor", LLM_API_KEY="sk-right")
     assert "ok   model endpoint:" in right.stdout, right.stdout
+
+
+def test_run_against_an_endpoint_that_refuses_every_connection_pauses_and_says_why_once(deploy):
+    from services import free_port
+
+    port = free_port()  # nothing listens there: every connection is refused at once
+    dep = deploy("sqlite", llm_base_url=f"http://127.0.0.1:{port}/v1",
+                 llm_unreachable_pause_s=2)
+    dep.syllabus("exam", [("a", 10), ("b", 10)])
+    run = dep.cli("run", "exam", timeout=120)
+    assert run.returncode == 5, (run.returncode, run.stdout, run.stderr)  # paused
+    assert "Traceback" not in run.stderr + run.stdout
+    said = [line for line in run.stderr.splitlines() if line.startswith("paused: ")]
+    assert len(said) == 1, run.stderr
+    assert f"http://127.0.0.1:{port}/v1" in said[0] and "refused or dropped every" in said[0]
+    assert "python -m producer resume exam" in said[0]
+    status = dep.status("exam")
+    assert status["state"] == "paused" and status["pause_code"] == "unreachable", status
+    assert status["cost_usd"] == 0 and status["usage"]["calls_in_flight"] == 0

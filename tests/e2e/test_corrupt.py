@@ -21,7 +21,7 @@ from helpers import wait_for
 
 pytestmark = pytest.mark.e2e
 
-EXIT_DAMAGED = 4  # README: exit codes; examforge.errors.DatabaseCorrupt.exit_code
+EXIT_DAMAGED = 4  # docs/reference/cli.md: exit codes; examforge.errors.DatabaseCorrupt.exit_code
 
 
 def _db_path(dep: Any) -> Path:
@@ -204,7 +204,7 @@ def test_postgresql_data_corruption_is_one_line_and_exit_4(deploy):
     dep.store.engine.dispose()
     url = dep.env["DATABASE_URL"]
     _damaged_views(url, "slice", "question")
-    shown = url.replace("postgresql://", "postgresql+psycopg://")
+    shown = url  # as typed in DATABASE_URL: no driver name
     for command in (["status", "ex"], ["enqueue", "ex"], ["export", "ex"]):
         line = _assert_one_line(dep.cli(*command), shown)
         assert "SQLSTATE XX001: invalid page in block 7" in line, line
@@ -274,7 +274,7 @@ def _stored(path: Path, slug: str) -> dict[str, int]:
 
 
 def test_a_backup_taken_mid_run_restores_and_enqueue_pays_only_for_the_rest(deploy, mock):
-    """The README's way back: `backup` while the workers write; later, stop the workers,
+    """The documented way back (docs/how-to/backup-and-restore.md): `backup` while the workers write; later, stop the workers,
     put the copy in place of the file, run `enqueue` again. The second run pays for exactly
     the batches the copy did not hold, and every question is stored once."""
     mock.configure(latency_s=0.25)

@@ -117,7 +117,7 @@ def test_a_reply_reporting_twice_its_reservation_pauses_the_exam_at_once(deploy,
     assert [c["chapter_id"] for c in calls] == ["a", "b"] or \
         sorted(c["chapter_id"] for c in calls) == ["a", "b"], dump(calls)
     assert all(c["cost_usd"] >= 2 * c["reserved_usd"] > 0 for c in calls), dump(calls)
-    # The bound README states: spent passes the budget only by what the calls in flight cost
+    # The bound docs/how-to/budgets-and-limits.md states: spent passes the budget only by what the calls in flight cost
     # beyond their reservations.
     overshoot = sum(max(0.0, c["cost_usd"] - c["reserved_usd"]) for c in calls)
     assert budget < report["spent_usd"] <= budget + overshoot + 1e-9, dump(report)

@@ -39,7 +39,7 @@ def _finish(dep: Deployment, mock, lost: int) -> None:
     dep.worker(4)
     dep.beat()
     report = dep.wait_done("exam", 90)
-    # The README's recovery table quotes this (RECONCILE_INTERVAL_S=1 here).
+    # The recovery table (docs/explanations/guarantees.md) quotes this (RECONCILE_INTERVAL_S=1 here).
     print("\nLOST " + json.dumps({"lost": lost, "workers_start_to_done_s":
                                   round(time.monotonic() - started, 1)}))
     assert report["chapters"]["done"] == CHAPTERS, dump(report) + dep.worker_logs()

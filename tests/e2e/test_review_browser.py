@@ -1,11 +1,15 @@
 """The review view of the page in a real headless browser (Debian's chromium through its
 chromedriver) against a real `python -m producer serve --local` and the mock: a reviewer
 approves, edits and rejects questions, and a save made from a version another reviewer has
-changed since is refused (409) and shown, with nothing overwritten. The database is checked
-after each step; the view's picture is README's docs/review.png."""
+changed since is refused (409) and shown, with nothing overwritten; the solver's choice is
+shown beside the key, a rejected question moves under the chapter's withdrawn heading with
+no action button, and after its chapter is regenerated the approved and edited questions
+show as stale with the change named (issue 27). The database is checked after each step;
+the view's picture is README's docs/review.png."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from typing import Any
@@ -57,8 +61,10 @@ def test_a_review_in_the_page(deploy, mock, browser):  # noqa: F811
     from storage.base import Q
 
     with store.engine.begin() as conn:
-        conn.execute(update(Q).where(Q.c.exam == SLUG).values(verdict="agreed"))
-        conn.execute(update(Q).where(Q.c.id == third["id"]).values(verdict="disputed"))
+        conn.execute(update(Q).where(Q.c.exam == SLUG).values(verdict="agreed",
+                                                              solved_index=Q.c.answer_index))
+        conn.execute(update(Q).where(Q.c.id == third["id"]).values(
+            verdict="disputed", solved_index=(third["answer_index"] + 1) % 4))
     me, other = client_of(f"Bearer {TOKEN}", True), client_of(f"Bearer {OTHER}", True)
 
     # Open the page, give the token, open the exam's review.
@@ -76,6 +82,13 @@ def test_a_review_in_the_page(deploy, mock, browser):  # noqa: F811
     assert _el(row, ".rq-text").text == first["question"]
     assert _el(row, ".rq-verdict").text == "solve: agreed"
     assert _el(_row(browser, third["id"]), ".rq-verdict").text == "solve: disputed"
+    # The solver's choice beside the key (issue 27: the review tells the whole truth).
+    letter = "ABCD"
+    assert _el(_row(browser, third["id"]), ".rq-solved").text == (
+        f"solver chose {letter[(third['answer_index'] + 1) % 4]}, "
+        f"key {letter[third['answer_index']]}")
+    assert _el(row, ".rq-solved").text == (
+        f"solver chose {letter[first['answer_index']]}, key {letter[first['answer_index']]}")
     assert _el(row, ".rq-levels").text == f"{first['difficulty']} · {first['bloom']}"
     assert first["difficulty"] in ("easy", "hard") and first["bloom"] in ("understand", "apply")
     assert _el(row, "li.correct").text.endswith(first["choices"][first["answer_index"]])
@@ -109,6 +122,11 @@ def test_a_review_in_the_page(deploy, mock, browser):  # noqa: F811
     assert _attr(browser, third["id"], "withdrawn") == "rejected"
     assert _el(_row(browser, third["id"]), ".rq-approve").get_attribute("disabled") is not None
     assert store.review_question(SLUG, third["id"])["withdrawn"] == "rejected"
+    # Under the chapter's withdrawn heading, by the number it had, with no action button.
+    withdrawn = _el(browser, '.r-chapter[data-chapter="ch-1"] .r-withdrawn-part')
+    assert withdrawn.is_displayed() and "Withdrawn" in withdrawn.text
+    assert [_el(r, ".rq-num").text for r in _els(withdrawn, "article.rq")] == ["#3"]
+    assert not _el(_row(browser, third["id"]), ".rq-actions").is_displayed()
     wait_for(lambda: "1 rejected" in _el(browser, "#r-totals").text, 10, "the counts")
 
     # A conflicting save: the page opens the edit at version 1, another reviewer saves the
@@ -150,6 +168,39 @@ def test_a_review_in_the_page(deploy, mock, browser):  # noqa: F811
     assert now["question"] == "My conflicting wording?"
     assert now["explanation"] == "The other reviewer's explanation."
     assert [h["client"] for h in store.question_history(SLUG, fourth["id"])] == [other, me]
+
+    # The chapter's title changes and it is regenerated (`enqueue --regenerate ch-1`): the
+    # approved and edited questions stay, shown stale with the change named; the rejected
+    # one stays under the withdrawn heading; approving a stale one again clears it.
+    from examforge.syllabus import parse_syllabus
+
+    changed = parse_syllabus(json.dumps({"title": "Operations basics", "chapters": [
+        {"id": cid, "title": f"Chapter {cid}" + (", revised" if cid == "ch-1" else ""),
+         "questions": n} for cid, n in CHAPTERS]}).encode(), "syllabus.json",
+        max_questions=1000)
+    done = store.sync_exam(SLUG, changed, regenerate=["ch-1"]).regenerated["ch-1"]
+    assert done.keeps == {"approved": [1], "edited": [2, 4], "rejected": [3]}
+    _el(card, ".show-review").click()  # the view is read again: its rows are made anew
+
+    def shown_stale() -> bool:
+        rows = _els(browser, f'article.rq[data-id="{first["id"]}"][data-review="stale"]')
+        return len(_els(browser, "article.rq")) == 6 and bool(rows)
+
+    wait_for(shown_stale, 20, "the stale view")
+    for q in (first, second, fourth):
+        row = _row(browser, q["id"])
+        assert _el(row, ".rq-state").text == "stale"
+        assert "its title or prompt changed" in _el(row, ".rq-stale").text
+        assert _el(row, ".rq-approve").is_enabled() and _el(row, ".rq-edit").is_enabled()
+    assert "3 stale" in _el(browser, "#r-totals").text
+    withdrawn = _el(browser, '.r-chapter[data-chapter="ch-1"] .r-withdrawn-part')
+    assert [_el(r, ".rq-num").text for r in _els(withdrawn, "article.rq")] == ["#3"]
+    assert not _el(_row(browser, third["id"]), ".rq-actions").is_displayed()
+    _el(_row(browser, first["id"]), ".rq-approve").click()
+    wait_for(lambda: _attr(browser, first["id"], "review") == "approved", 10, "approved again")
+    assert not _el(_row(browser, first["id"]), ".rq-stale").is_displayed()
+    now = store.review_question(SLUG, first["id"])
+    assert (now["review"], now["stale"]) == ("approved", None)
 
 
 def _save_screenshot(driver: Any, path: Any) -> None:

@@ -35,7 +35,7 @@ def test_a_20000_chapter_syllabus_under_1_mb_is_enqueued_and_reported(deploy):
     assert redis.Redis.from_url(dep.env["BROKER_URL"]).llen(dep.env["TASK_QUEUE"]) == CHAPTERS
     status = dep.cli("status", "big", timeout=300)
     assert status.returncode == 0, status.stderr
-    # The table stops at 1,000 rows (README: Hostile or odd input) and says where the rest is.
+    # The table stops at 1,000 rows (docs/reference/syllabus.md: limits) and says where the rest is.
     assert "(19,000 more chapters not shown: the table has 1,000 rows, unfinished chapters " \
            "first; python -m producer status big --json lists every one)" in status.stdout
     assert f"chapters: 0/{CHAPTERS} done, 0 running, {CHAPTERS} pending" in status.stdout

@@ -46,7 +46,8 @@ def test_course_notes_to_a_reviewed_moodle_bank(deploy, mock, database):
     # status shows the verdicts without the review page.
     status = json.loads(dep.cli("status", "course", "--json").stdout)
     assert status["verification"] == {"agreed": 15, "disputed": len(disputed), "pending": 0,
-                                      "withdrawn": len(disputed)}, status["verification"]
+                                      "withdrawn": len(disputed), "unverified": 0
+                                      }, status["verification"]
     text = dep.cli("status", "course").stdout
     assert f"verification: 15 agreed, {len(disputed)} disputed (replaced), 0 pending" in text
     # Paid calls: every call the mock billed is in the ledger, each generation batch solved

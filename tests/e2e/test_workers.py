@@ -203,10 +203,17 @@ def test_ctrl_c_in_local_run_stops_paying_after_the_running_calls(deploy, mock):
     # call is written before it is sent): with 2 threads, no other call can start until one
     # of these ends, 4 s on.
     def both_at_the_mock() -> dict | None:
+        assert run.poll() is None, run.stdout.read().decode()  # type: ignore[union-attr]
         stats = mock.stats()
         return stats if stats["inflight"] == 2 else None
 
-    stats = wait_for(both_at_the_mock, 60, "two calls at the mock")
+    try:
+        stats = wait_for(both_at_the_mock, 60, "two calls at the mock")
+    except BaseException:
+        run.kill()
+        print("run's output:", run.stdout.read().decode(),  # type: ignore[union-attr]
+              "\nmock:", mock.stats(), "\ncalls:", dump(dep.calls("demo")))
+        raise
     run.send_signal(signal.SIGINT)
     # No deadline on the machine's speed (this test once timed out on a busy machine): what
     # shows the stop waited for the running calls and no more is that no call reached the
@@ -217,6 +224,8 @@ def test_ctrl_c_in_local_run_stops_paying_after_the_running_calls(deploy, mock):
     output = run.stdout.read().decode()  # type: ignore[union-attr]
     assert "Traceback" not in output and "run the same command to resume" in output
     assert "finishing 2 calls in flight; Ctrl-C again to abandon them" in output
+    table = dep.cli("status", "demo").stdout
+    assert "handed back" not in table, table  # a stop is not an error
     assert mock.stats()["calls_total"] == stats["calls_total"]  # none started after Ctrl-C
     usage = dep.status("demo")["usage"]
     calls = dep.calls("demo")
@@ -234,11 +243,23 @@ def test_a_second_ctrl_c_abandons_the_calls_in_flight_and_the_next_run_books_the
     dep = deploy("sqlite", llm_timeout_s=120, lease_s=2)
     dep.syllabus("demo", [("ch-0", 5), ("ch-1", 5)])  # one call each
     run = dep.spawn_cli("run", "demo", "--concurrency", "2")
-    wait_for(lambda: mock.stats()["inflight"] == 2, 60, "two calls at the mock")
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(
         raw.decode() for raw in run.stdout), daemon=True)  # type: ignore[union-attr]
     reader.start()
+
+    def both_at_the_mock() -> bool:
+        assert run.poll() is None, (run.returncode, lines)
+        return mock.stats()["inflight"] == 2
+
+    try:
+        wait_for(both_at_the_mock, 60, "two calls at the mock")
+    except BaseException:
+        run.kill()
+        reader.join(10)
+        print("run's output:", "".join(lines), "\nmock:", mock.stats(), "\ncalls:",
+              dump(dep.calls("demo")))
+        raise
     run.send_signal(signal.SIGINT)
     wait_for(lambda: any("Ctrl-C again" in line for line in lines), 60, "the first stop's line")
     run.send_signal(signal.SIGINT)

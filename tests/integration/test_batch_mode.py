@@ -552,3 +552,62 @@ def test_the_rate_limits_do_not_hold_back_a_batch(make_settings, db_url, mock_ll
     _until_done(rt, timeout_s=30)
     calls, questions, _ = _rows(store)
     assert len(questions) == 20 and [c.outcome for c in calls] == ["used"] * 4
+
+
+def test_a_line_without_usage_is_booked_at_the_clients_own_count(make_settings, db_url,
+                                                                 mock_llm, tmp_path, rt_of):
+    # Two lines, the first without usage: booked at the prompt the client counted when it
+    # planned the call (with the schema and framing it reserves for: at least the bill) and
+    # the reply as received, never 0, and flagged as our count.
+    mock_llm.configure(batch_usage_dropped=1)
+    settings, store = _setup(make_settings, db_url, mock_llm, tmp_path, [("a", 5), ("b", 4)],
+                             llm_price_prompt_per_mtok=1.0, llm_price_completion_per_mtok=4.0)
+    _until_done(rt_of(settings, store))
+    calls, questions, _ = _rows(store)
+    assert len(questions) == 9 and [c.outcome for c in calls] == ["used", "used"]
+    paid = {int(u["custom_id"].split("-")[1]): u
+            for u in mock_llm.usage() if u.get("batch") and u["billed"]}
+    estimated = [c for c in calls if c.usage_estimated]
+    assert len(estimated) == 1, [(c.id, c.usage_estimated) for c in calls]
+    for call in calls:
+        billed = paid[call.id]
+        if call.usage_estimated:
+            assert call.prompt_tokens >= billed["prompt_tokens"] > 0
+            assert call.completion_tokens >= billed["completion_tokens"] > 0
+        else:
+            assert (call.prompt_tokens, call.completion_tokens) == (
+                billed["prompt_tokens"], billed["completion_tokens"])
+        assert call.cost_usd > 0
+
+
+def test_a_finished_batch_whose_files_are_gone_is_booked_at_its_worst_case_and_sent_again(
+        make_settings, db_url, mock_llm, tmp_path, rt_of):
+    from runner.batching import BATCH_FILE_TRIES
+
+    mock_llm.configure(batch_output_lost=1)
+    settings, store = _setup(make_settings, db_url, mock_llm, tmp_path, [("a", 5), ("b", 4)],
+                             llm_price_prompt_per_mtok=1.0, llm_price_completion_per_mtok=4.0)
+    rt = rt_of(settings, store)
+    _until_done(rt)
+    calls, questions, slices = _rows(store)
+    # The two lines of the first batch ran and were billed, and their replies are gone: booked
+    # wasted at their worst case (the prompt and max_tokens at the batch price), not $0 and
+    # not in flight; the slices went to a second round, which stored the exam once.
+    assert len(questions) == 9 and {s.state for s in slices} == {"done"}
+    lost = [c for c in calls if c.reason == "batch_output_lost"]
+    assert len(lost) == 2 and all(c.outcome == "wasted" for c in lost), [tuple(c) for c in calls]
+    for call in lost:
+        # The call's reservation: its prompt (with the reservation's margin) and max_tokens.
+        worst = rt.client.batch_worst_case_usd(call.prompt_tokens, call.max_tokens)
+        assert call.cost_usd == pytest.approx(worst) and call.completion_tokens == call.max_tokens
+        assert worst >= (call.prompt_tokens * 1.0 + call.max_tokens * 4.0) / 1e6 * 0.5
+    # Nothing in flight; the second round's lines (it may send spares after a failed round)
+    # are booked like any.
+    assert all(c.outcome in ("used", "wasted") for c in calls), [tuple(c) for c in calls]
+    batches = store.exam_batches("bx")
+    gone = [b for b in batches if "files gone at the provider" in (b.detail or "")]
+    assert len(batches) >= 2 and len(gone) == 1, [(b.provider_status, b.detail) for b in batches]
+    assert {b.state for b in batches} == {BatchState.done.value}
+    billed = [u for u in mock_llm.usage() if u.get("batch") and u["billed"]]
+    assert len(billed) == len(calls)  # what the provider billed, and the ledger booked each
+    assert BATCH_FILE_TRIES >= 2

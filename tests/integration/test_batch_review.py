@@ -1,4 +1,4 @@
-"""Batch mode under an adversarial review: the promises README's "Batch mode" section makes,
+"""Batch mode under an adversarial review: the promises docs/how-to/batch-and-flex.md makes,
 tried against providers and timings the happy path does not meet."""
 
 from __future__ import annotations

@@ -93,7 +93,7 @@ def test_0017_indexes_a_database_that_already_holds_history(db_url):
 def test_a_reconcile_pass_reads_only_active_rows_on_postgresql(pg_url):
     """At 20,000 done slices, no statement of a reconcile pass scans the slice, call or exam
     table whole: each reads them through a partial index, or by primary key from a row such an
-    index gave (the planner's choice at a million is the same: bench/history.py, README)."""
+    index gave (the planner's choice at a million is the same: bench/history.py, docs/explanations/benchmarks.md)."""
     from storage import open_store
 
     store = open_store(pg_url)

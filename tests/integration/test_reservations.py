@@ -267,8 +267,10 @@ def test_a_cancel_after_the_commit_recorded_the_next_call_stops_its_send(store, 
 
 def test_a_call_whose_lease_lapsed_before_its_send_is_not_sent(store, tmp_path):
     _sync(store, tmp_path, [("a", 20)])
-    claim = store.claim("ex", "a", "frozen", 1.0, 8)
-    call = store.start_call(claim, 1, 5, lease_s=1.0)
+    # A lease of 3 s: on a loaded machine a second can pass between the claim and the call's
+    # record, and the record itself refuses a lapsed lease (another test's subject).
+    claim = store.claim("ex", "a", "frozen", 3.0, 8)
+    call = store.start_call(claim, 1, 5, lease_s=3.0)
     wait_lease_expired(store, "ex", "a")
     assert store.may_send(claim, call) is SendCheck.lost
     assert _in_flight(store) == 0

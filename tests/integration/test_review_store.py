@@ -162,7 +162,10 @@ def test_regenerate_and_prune_drop_the_history(exam, tmp_path):
     qid = _ids(exam, "a")[0]
     exam.approve("ex", qid, 1, "alice")
     path = write_syllabus(tmp_path / "exams", "ex", [("a", 4), ("b", 2)])
-    exam.sync_exam("ex", load_syllabus(path, max_questions=1000), regenerate={"a"})
+    # --discard-reviewed: the reviewed questions go too (without it they are kept,
+    # tests/integration/test_reviewed_work_kept.py).
+    exam.sync_exam("ex", load_syllabus(path, max_questions=1000), regenerate={"a"},
+                   discard_reviewed=True)
     with exam.engine.connect() as conn:
         assert conn.execute(select(QE.c.id).where(QE.c.chapter_id == "a")).all() == []
 

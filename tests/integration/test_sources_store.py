@@ -123,3 +123,37 @@ def test_a_changed_file_counts_only_the_questions_in_the_bank(store: Any) -> Non
     store.withdraw("ex", ids[1:], "disputed")
     plan = store.sync_exam("ex", _syllabus(), slice_questions=4, material=_material(_notes(3)))
     assert "a" not in plan.skipped and len(store.chapter_passages("ex", "a")) == 3
+
+
+def test_a_source_is_parsed_once_per_content_and_again_when_it_changes(
+        store: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1] / "unit"))
+    from pdf_samples import text_pdf
+
+    import examforge.pdf_extract as pdf_extract
+    from examforge.sources import read_exam_material
+
+    children: list[int] = []
+    real = pdf_extract.extract
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        children.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(pdf_extract, "extract", counted)
+    files = {"g.pdf": text_pdf(["Page one about routing.", "Page two about switching."])}
+    chapters = [("a", ["g.pdf"]), ("b", ["g.pdf#pages=2"])]
+
+    def read() -> dict[str, ChapterMaterial]:
+        return read_exam_material(chapters, lambda name: files[name], str, store)
+
+    first = read()
+    assert len(children) == 2  # the whole file, and its page 2: two ways of reading it
+    again = read()
+    assert len(children) == 2 and again == first  # from the store: no child, the same text
+    files["g.pdf"] = text_pdf(["Page one, edited.", "Page two about switching."])
+    changed = read()
+    assert len(children) == 4
+    assert "edited" in changed["a"].passages[0].text
+    assert changed["b"].passages == first["b"].passages  # its page did not change

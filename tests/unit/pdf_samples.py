@@ -69,3 +69,39 @@ def encrypted_pdf(pages: list[str]) -> bytes:
 
 def damaged_pdf() -> bytes:
     return b"%PDF-1.4\n1 0 obj\n<< /Type /Catalog /Pages 9 0 R >>\nendobj\ngarbage" * 3
+
+
+def _pdf(objects: list[bytes]) -> bytes:
+    out = io.BytesIO()
+    out.write(b"%PDF-1.4\n")
+    offsets = []
+    for number, body in enumerate(objects, 1):
+        offsets.append(out.tell())
+        out.write(f"{number} 0 obj\n".encode() + body + b"\nendobj\n")
+    xref = out.tell()
+    out.write(f"xref\n0 {len(objects) + 1}\n0000000000 65535 f \n".encode())
+    for offset in offsets:
+        out.write(f"{offset:010d} 00000 n \n".encode())
+    out.write(f"trailer\n<< /Size {len(objects) + 1} /Root 1 0 R >>\nstartxref\n{xref}\n%%EOF\n"
+              .encode())
+    return out.getvalue()
+
+
+def operator_bomb(pages: int = 20, operators: int = 300_000) -> bytes:
+    """A few kilobytes that cost minutes to extract: `pages` pages sharing one Flate-compressed
+    content stream of `operators` text operators (the same short show-text, which compresses to
+    almost nothing). Each page parses the whole stream again."""
+    import zlib
+
+    stream = b"BT /F1 1 Tf " + b"(a) Tj " * operators + b"ET"
+    packed = zlib.compress(stream, 9)
+    kids = " ".join(f"{5 + i} 0 R" for i in range(pages))
+    objects = [b"<< /Type /Catalog /Pages 2 0 R >>",
+               f"<< /Type /Pages /Kids [{kids}] /Count {pages} >>".encode(),
+               b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
+               b"<< /Length %d /Filter /FlateDecode >>\nstream\n" % len(packed) + packed
+               + b"\nendstream"]
+    for _ in range(pages):
+        objects.append(b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 842] "
+                       b"/Resources << /Font << /F1 3 0 R >> >> /Contents 4 0 R >>")
+    return _pdf(objects)

@@ -124,7 +124,8 @@ def test_the_openapi_document_declares_models_and_problems(make_settings):
                 ("/runs/{run_id}", "get"), ("/runs/{run_id}/cancel", "post"),
                 ("/runs/{run_id}/events", "get"), ("/exams/{slug}/questions", "get"),
                 ("/exams/{slug}/export", "get"), ("/healthz", "get"), ("/metrics", "get"),
-                ("/exams/{slug}/sources/{name}", "put"), ("/exams/{slug}/sources", "get"),
+                ("/exams/{slug}/sources/{name}", "put"), ("/exams/{slug}/sources/{name}", "delete"),
+                ("/exams/{slug}/sources", "get"),
                 # The review (producer/api/review.py).
                 ("/exams/{slug}/review", "get"),
                 ("/exams/{slug}/chapters/{chapter_id}/questions", "get"),

@@ -79,3 +79,42 @@ def test_uploads_are_checked_capped_and_a_run_reads_them_from_the_database(
         (tmp_path / "exams" / "filed" / "syllabus.json").write_text(
             '{"title": "F", "chapters": [{"id": "a", "title": "A", "questions": 1}]}')
         assert c.put("/exams/filed/sources/n.md", content=b"notes").status_code == 409
+
+
+def test_an_upload_needs_the_exams_syllabus_first(make_settings: Any) -> None:
+    with api(make_settings) as c:
+        r = c.put("/exams/nosuch/sources/notes/a.md", content=NOTES.encode())
+        assert r.status_code == 404 and "nosuch" in r.json()["detail"], r.text
+        assert c.get("/exams/nosuch/sources").json() == {"items": []}
+
+
+def test_the_uploads_of_an_exam_have_a_total_and_a_413_past_it(make_settings: Any) -> None:
+    small = NOTES.encode()[:1000]
+    with api(make_settings, api_upload_total_bytes=1500) as c:
+        assert c.put("/exams/demo", json=SYLLABUS).status_code == 201
+        assert c.put("/exams/demo/sources/notes/a.md", content=small).status_code == 201
+        r = c.put("/exams/demo/sources/other.md", content=small)
+        assert r.status_code == 413 and "API_UPLOAD_TOTAL_BYTES=1500" in r.json()["detail"]
+        # Replacing a file counts its new size, not both.
+        assert c.put("/exams/demo/sources/notes/a.md", content=small).status_code == 200
+        assert [i["name"] for i in c.get("/exams/demo/sources").json()["items"]] == [
+            "notes/a.md"]
+
+
+def test_an_upload_can_be_deleted_but_not_while_a_run_reads_it(
+        make_settings: Any, mock_llm: Any) -> None:
+    mock_llm.configure(latency_s=1.0)
+    with api(make_settings, mock_llm, questions_per_call=3, slice_questions=3) as c:
+        assert c.put("/exams/demo", json=SYLLABUS).status_code == 201
+        assert c.put("/exams/demo/sources/notes/a.md", content=NOTES.encode()).status_code == 201
+        assert c.put("/exams/demo/sources/guide.pdf",
+                     content=text_pdf(["Guide page one."])).status_code == 201
+        run = c.post("/exams/demo/runs", headers={"Idempotency-Key": "k1"})
+        assert run.status_code in (201, 202), run.text
+        r = c.delete("/exams/demo/sources/guide.pdf")
+        assert r.status_code == 409 and "run" in r.json()["detail"], r.text
+        wait_run(c, run.json()["id"], timeout_s=60)
+        assert c.delete("/exams/demo/sources/guide.pdf").status_code == 204
+        assert c.delete("/exams/demo/sources/guide.pdf").status_code == 404
+        assert [i["name"] for i in c.get("/exams/demo/sources").json()["items"]] == [
+            "notes/a.md"]

@@ -92,16 +92,16 @@ def test_reconcile_re_enqueues_only_the_orphans(app, fake_server, make_settings)
     epoch = broker_epoch(celery, settings)
     store.mark_enqueued("exam", [("a", 0), ("b", 0), ("c", 0)], epoch)
     assert reconcile_once(settings, store, celery) == {
-        "requeued": 0, "requeued_lost": 0, "failed_at_cap": 0, "settled_cancelled": 0,
-        "settled_orphans": 0, "paused_budget": 0}
+        "requeued": 0, "requeued_lost": 0, "requeued_reopened": 0, "failed_at_cap": 0,
+        "settled_cancelled": 0, "settled_orphans": 0, "paused_budget": 0}
     store.mark_picked("exam", "a")  # picked up by a worker that then died before claiming
     object.__setattr__(settings, "heartbeat_s", 0.01)
     import time
 
     time.sleep(0.05)
     assert reconcile_once(settings, store, celery) == {
-        "requeued": 1, "requeued_lost": 0, "failed_at_cap": 0, "settled_cancelled": 0,
-        "settled_orphans": 0, "paused_budget": 0}
+        "requeued": 1, "requeued_lost": 0, "requeued_reopened": 0, "failed_at_cap": 0,
+        "settled_cancelled": 0, "settled_orphans": 0, "paused_budget": 0}
     assert [m["headers"]["id"] for m in _queue(fake_server)] == ["examforge:exam:a:0"]
     fakeredis.FakeRedis(server=fake_server).flushall()  # the broker lost everything
     assert reconcile_once(settings, store, celery)["requeued"] == 3

@@ -269,6 +269,16 @@ def test_a_database_in_a_directory_that_does_not_exist_says_which(env, capsys, t
                     "point DATABASE_URL at the file")
 
 
+@pytest.mark.parametrize("typed", ["postgresql://me:s3cret@127.0.0.1:1/exams",
+                                   "postgres://me:s3cret@127.0.0.1:1/exams"])
+def test_a_database_error_names_the_url_as_typed_with_its_password_masked(env, capsys, typed):
+    # Port 1: nothing listens, so the connection is refused at once (no service needed).
+    code, stdout, stderr = cli(capsys, "status", "ex", DATABASE_URL=typed)
+    assert code != 0 and "Traceback" not in stderr, stderr
+    assert "postgresql://me:***@127.0.0.1:1/exams" in stderr, stderr
+    assert "+psycopg" not in stderr and "s3cret" not in stdout + stderr, stderr
+
+
 def test_doctor_says_how_to_start_a_local_model_server_that_is_not_running(env, capsys):
     from examforge.settings import Settings
     from producer.doctor import _model_endpoint

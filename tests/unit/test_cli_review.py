@@ -41,7 +41,7 @@ def test_review_counts_per_chapter(env, capsys):  # noqa: F811
         "target": 3, "questions": 2, "unreviewed": 0, "approved": 2, "rejected": 1,
         "disputed": 0}
     assert data["totals"] == {"questions": 4, "unreviewed": 2, "approved": 2, "rejected": 1,
-                              "disputed": 0}
+                              "disputed": 0, "stale": 0}
     code, out, err = cli(capsys, "review", "ex")
     assert code == 0, err
     assert "2 questions to review; 1 rejected; 1 missing (the next enqueue generates them)" \
@@ -100,7 +100,7 @@ def test_run_cut_short_by_cancel_says_so(env, capsys, monkeypatch):  # noqa: F81
 
     monkeypatch.setattr(runner.local, "run_local", cancelled_meanwhile)
     code, out, err = cli(capsys, "run", "ex")
-    assert code == 0, err
+    assert code == 7, err  # producer.exits.CANCELLED: only a finished exam exits 0
     assert out.strip().endswith(
         "0/5 questions; 0/2 chapters done, 2 chapters cancelled "
         "(python -m producer run ex restarts them)"), out

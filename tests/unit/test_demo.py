@@ -29,6 +29,10 @@ esac
 @pytest.fixture
 def demo(tmp_path: Path) -> Path:
     shutil.copy(ROOT / "demo.sh", tmp_path / "demo.sh")
+    # What the install stamp hashes (stand-ins: the stamp compares, it does not parse).
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'examforge'\n")
+    (tmp_path / "requirements").mkdir()
+    (tmp_path / "requirements" / "lock.txt").write_text("click==8.5.1\n")
     fake = tmp_path / ".venv" / "bin" / "python"
     fake.parent.mkdir(parents=True)
     fake.write_text(FAKE_PYTHON)
@@ -96,3 +100,43 @@ def test_fresh_refuses_to_touch_a_database_it_does_not_own(demo):
     assert result.returncode == 2 and "DATABASE_URL is set" in result.stderr
     assert (demo / "demo-run" / "examforge.db").read_text() == "kept"
     assert calls(demo) == ""
+
+
+INSTALL = "-m pip install -c requirements/lock.txt -e .[dev]"
+
+
+def test_the_install_goes_through_the_lock_shows_progress_and_a_rerun_skips_it(demo):
+    first = run(demo, "--local")
+    assert first.returncode == 0, first.stderr
+    assert calls(demo).count(INSTALL) == 1
+    assert " -q" not in calls(demo)  # pip's own progress is shown, not silenced
+    assert "installing examforge into .venv, pinned by requirements/lock.txt" in first.stdout
+    assert "install skipped" not in first.stdout
+
+    second = run(demo, "--local")  # nothing changed: no install, and it says so
+    assert second.returncode == 0, second.stderr
+    assert calls(demo).count(INSTALL) == 1
+    assert "demo.sh: .venv is up to date (pyproject.toml and requirements/lock.txt " \
+        "unchanged since its install): install skipped" in second.stdout
+
+    (demo / "requirements" / "lock.txt").write_text("click==8.5.2\n")  # a new lock
+    third = run(demo, "--local")
+    assert third.returncode == 0, third.stderr
+    assert calls(demo).count(INSTALL) == 2 and "install skipped" not in third.stdout
+    (demo / "pyproject.toml").write_text("[project]\nname = 'examforge'\nversion = '2'\n")
+    assert run(demo, "--local").returncode == 0
+    assert calls(demo).count(INSTALL) == 3
+    assert "install skipped" in run(demo, "--local").stdout
+    assert calls(demo).count(INSTALL) == 3
+
+
+def test_a_failed_install_leaves_no_stamp_and_the_next_run_installs_again(demo):
+    fake = demo / ".venv" / "bin" / "python"
+    fake.write_text(FAKE_PYTHON.replace("case \"$*\" in", "case \"$*\" in\n  *pip*) exit 1 ;;"))
+    failed = run(demo, "--local")
+    assert failed.returncode != 0
+    assert not (demo / ".venv" / "examforge-install.sha256").exists()
+    fake.write_text(FAKE_PYTHON)
+    again = run(demo, "--local")
+    assert again.returncode == 0, again.stderr
+    assert calls(demo).count(INSTALL) == 2

@@ -33,6 +33,13 @@ def test_no_eta_once_nothing_more_will_come():
     assert eta_s(report(600, pending=0, running=0, last_minute=40)) == 0.0
 
 
+def test_no_eta_while_nothing_runs():
+    # A `run` stopped by Ctrl-C: chapters pending, none running, no call in flight, and the
+    # questions of the last minute still counted. Nothing will come until something runs.
+    assert eta_s(report(100, pending=3, running=0, last_minute=40)) is None
+    assert eta_s(report(100, pending=3, running=1, last_minute=40)) is not None
+
+
 def test_eta_holds_steady_from_the_first_seconds():
     # A steady 2 questions a second from the first call: in the first minute the last minute
     # holds only what the elapsed seconds stored. Read as a full minute's count, the ETA fell

@@ -561,3 +561,39 @@ def test_cached_tokens_are_read_and_priced(client_for: Callable[..., tuple[LLMCl
     assert completion.cached_tokens == cached and not completion.usage_estimated
     assert completion.cost_usd == pytest.approx(
         ((2000 - cached) * 2.0 + cached * 0.5 + 100 * 8.0) / 1e6)
+
+
+def test_an_endpoint_that_answers_no_connection_for_the_stated_time_pauses_the_exam(
+        make_settings: Callable[..., Any]) -> None:
+    from examforge.errors import EndpointUnreachable, ErrorKind, PauseCode
+    from examforge.retry import Action, decide
+
+    now, answering = [0.0], [False]
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if answering[0]:
+            return httpx.Response(200, json=_envelope())
+        raise httpx.ConnectError("refused", request=request)
+
+    settings = make_settings(llm_api_key=KEY, llm_unreachable_pause_s=30)
+    client = LLMClient(settings, transport=httpx.MockTransport(handler), clock=lambda: now[0])
+    try:
+        for t in (0.0, 10.0, 29.0):  # refused, within the stated time: retried as today
+            now[0] = t
+            err = complete_error(client)
+            assert type(err) is RetryableProviderError and err.kind is ErrorKind.connection
+        now[0] = 31.0
+        err = complete_error(client)
+        assert isinstance(err, EndpointUnreachable), err
+        assert "http://mock.invalid/v1" in str(err) and "31 s" in str(err), str(err)
+        decision = decide(err, streak=1, settings=settings, rand=0.0)
+        assert decision.action is Action.pause and decision.pause_code is PauseCode.unreachable
+        assert not decision.count_attempt
+        # One reply, and the count starts again: a refusal later is an ordinary retry.
+        answering[0] = True
+        client.complete(MESSAGES)
+        answering[0] = False
+        now[0] = 100.0
+        assert type(complete_error(client)) is RetryableProviderError
+    finally:
+        client.close()

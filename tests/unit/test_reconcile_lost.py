@@ -163,7 +163,8 @@ def test_a_broker_that_lost_its_epoch_is_handled_once_not_twice(env, fake_server
     _enqueue(celery, settings, store, ["a", "b"])
     _redis(fake_server).flushall()
     result = reconcile_once(settings, store, celery)
-    assert result == {"requeued": 2, "requeued_lost": 0, "failed_at_cap": 0,
+    assert result == {"requeued": 2, "requeued_lost": 0, "requeued_reopened": 0,
+                      "failed_at_cap": 0,
                       "settled_cancelled": 0, "settled_orphans": 0, "paused_budget": 0}
     assert _ids(fake_server) == ["a", "b"]
     reasons = {c["requeue_code"] for c in store.status("exam").as_dict()["chapter_list"]}

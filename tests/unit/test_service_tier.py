@@ -389,5 +389,5 @@ def test_batch_lines_carry_no_tier_and_are_booked_at_the_batch_price_alone(make_
                          "finish_reason": "stop"}],
             "usage": {"prompt_tokens": 1000, "completion_tokens": 500}}
     standard = (1000 * 1.0 + 500 * 2.0) / 1e6
-    assert client.batch_completion(200, body).cost_usd == pytest.approx(standard * 0.5)
+    assert client.batch_completion(200, body, 900).cost_usd == pytest.approx(standard * 0.5)
     assert client.batch_worst_case_usd(1000, 500) == pytest.approx(standard * 0.5, rel=0.2)

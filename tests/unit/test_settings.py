@@ -93,3 +93,41 @@ def test_batch_settings_and_the_create_timeout_below_the_submitter_lease(clean_e
         Settings(_env_file=None, batch_http_timeout_s=200, batch_submit_lease_s=300)
     with pytest.raises(ValidationError):
         Settings(_env_file=None, batch_max_requests=50_001)
+
+
+@pytest.mark.parametrize("url", [
+    "http://127.0.0.1:8089/v1", "https://api.openai.com/v1", "http://ollama:11434/v1",
+    "http://localhost", "http://mock-llm:59999/", "http://0.0.0.0:1/a_b/c~d.e",
+    "http://10.255.249.200/v1", "https://a-b.c-d.example/v1/"])
+def test_the_model_url_check_without_httpx_accepts_only_what_httpx_accepts(url):
+    """A plain URL skips httpx's parse (the import costs a read command a seventh of its
+    start-up); what the plain form takes, httpx takes with an http(s) scheme and a host."""
+    import httpx
+
+    from examforge.settings import _PLAIN_HTTP_URL
+
+    assert _PLAIN_HTTP_URL.fullmatch(url)
+    parsed = httpx.URL(url)
+    assert parsed.scheme in ("http", "https") and parsed.host
+
+
+@pytest.mark.parametrize("url", [
+    "http://01.2.3.4/v1", "http://256.1.1.1/", "http://host:65536/", "http://Host/v1",
+    "http://host:0/", "http://user@host/", "http://host/v1?x=1", "http://[::1]:8089/v1",
+    "http://host/v1 ", "http://host./v1"])
+def test_any_other_model_url_is_left_to_httpx(clean_env, url):
+    from examforge.settings import _PLAIN_HTTP_URL
+
+    assert not _PLAIN_HTTP_URL.fullmatch(url)
+    import httpx
+
+    try:
+        parsed: httpx.URL | None = httpx.URL(url)
+    except httpx.InvalidURL:
+        parsed = None
+    valid = parsed is not None and parsed.scheme in ("http", "https") and bool(parsed.host)
+    if valid:
+        assert Settings(_env_file=None, llm_base_url=url).llm_base_url == url
+    else:
+        with pytest.raises(ValidationError, match="llm_base_url"):
+            Settings(_env_file=None, llm_base_url=url)

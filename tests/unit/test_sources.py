@@ -399,3 +399,83 @@ def test_batch_mode_carries_the_material_and_stores_the_citations(
     assert {r["source"].rsplit(" ", 1)[-1] for r in rows[:5]} == {"p1", "p2"}
     assert {r["source"].rsplit(" ", 1)[-1] for r in rows[5:]} == {"p3", "p4"}
     store.engine.dispose()
+
+
+_MEASURE = r"""
+import json, resource, sys, time
+sys.path.insert(0, sys.argv[1])
+from pdf_samples import operator_bomb, text_pdf
+from examforge.errors import SourceError
+from examforge.sources import parse_entry, sections_of
+kind = sys.argv[2]
+if kind == "book":
+    lines = "\n".join(f"Line {i}: the TCP handshake opens a connection in three steps." for i in range(45))
+    data = text_pdf([f"Page {p}\n" + lines for p in range(200)])
+else:
+    pages, operators = map(int, kind.split("x"))
+    data = operator_bomb(pages, operators)
+start = time.monotonic()
+try:
+    answer = {"sections": len(sections_of(parse_entry("notes.pdf"), data, "notes.pdf"))}
+except SourceError as exc:
+    answer = {"refused": str(exc)}
+child = resource.getrusage(resource.RUSAGE_CHILDREN)
+answer.update(bytes=len(data), wall_s=time.monotonic() - start,
+              child_cpu_s=child.ru_utime + child.ru_stime, child_mb=child.ru_maxrss / 1024)
+print(json.dumps(answer))
+"""
+
+
+def _measure(kind: str) -> dict:
+    import json
+    import subprocess
+    import sys
+
+    here = str(Path(__file__).resolve().parent)
+    done = subprocess.run([sys.executable, "-c", _MEASURE, here, kind], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+@pytest.mark.parametrize("kind", ["20x300000", "1x1000000"],
+                         ids=["20-pages-sharing-one-stream", "one-page"])
+def test_a_pdf_whose_extraction_costs_minutes_is_refused_within_its_work_budget(kind):
+    # Today's caps (bytes, pages) let both through; unbounded, the first took minutes of CPU
+    # and the second 50 s and 320 MB. The child that extracts is given a second of CPU a page.
+    result = _measure(kind)
+    assert result["bytes"] < 20_000, result
+    assert "refused" in result, result
+    assert result["refused"].startswith("notes.pdf: page 1 takes more than 1 s of CPU"), result
+    assert result["child_cpu_s"] < 5 and result["child_mb"] < 300, result
+
+
+def test_a_real_sized_course_pdf_passes_its_work_budget():
+    result = _measure("book")  # 200 pages of 45 lines
+    assert result.get("sections") == 200, result
+    assert result["child_mb"] < 300, result
+
+
+def test_material_far_beyond_what_the_questions_can_cite_is_warned_about(env: Settings,
+                                                                        capsys: Any) -> None:
+    # 60 passages for 5 questions (each cites one): 92 % can never be cited. Said in one line
+    # naming the chapter and the share, by the dry run and by a run, which go on.
+    _exam(env, [{"id": "a", "title": "A", "questions": 5, "sources": ["n.md"]},
+                {"id": "b", "title": "B", "questions": 5, "sources": ["small.md"]}],
+          {"n.md": _notes(60).encode(), "small.md": _notes(4).encode()})
+    code, out, err = cli(capsys, "enqueue", "ex", "--dry-run")
+    assert code == 0, err
+    warned = [line for line in err.splitlines() if line.startswith("warning: chapter")]
+    assert warned == [line for line in warned if "chapter a:" in line] and len(warned) == 1, err
+    assert "60 passages for 5 questions" in warned[0] and "92% of the material" in warned[0]
+
+
+def test_html_deeply_nested_or_with_too_much_text_is_bounded() -> None:
+    from examforge.pdf_extract import MAX_SOURCE_CHARS
+
+    nested = ("<div>" * 200_000 + "<p>Deep text about routing.</p>" + "</div>" * 200_000)
+    sections = sections_of(parse_entry("deep.html"), nested.encode(), "deep.html")
+    assert "Deep text about routing." in "".join(text for _, text in sections)
+    huge = "<p>" + "word " * (MAX_SOURCE_CHARS // 5 + 10) + "</p>"
+    with pytest.raises(SourceError, match=r"^huge\.html: [\d,]+ characters of text, more than"):
+        sections_of(parse_entry("huge.html"), huge.encode(), "huge.html")

@@ -553,7 +553,7 @@ def test_spec_hash_distinguishes_prompt_values() -> None:
     assert _spec(title="ab", prompt="c").spec_hash != _spec(title="a", prompt="bc").spec_hash
 
 
-# ---- stated limits (issue 16, item 14; README: Hostile or odd input) -----------------------
+# ---- stated limits (issue 16, item 14; docs/reference/syllabus.md) -----------------------
 
 def _many(n: int) -> bytes:
     """n chapters as short as a real one's: 938 KB for 20,000, the issue's syllabus."""

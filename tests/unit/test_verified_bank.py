@@ -130,7 +130,8 @@ def test_every_export_carries_the_verdict_and_status_shows_the_verdicts(
         in out, out
     code, out, err = cli(capsys, "status", "ex", "--json")
     data = json.loads(out)
-    assert data["verification"] == {"agreed": 15, "disputed": n, "pending": 0, "withdrawn": n}
+    assert data["verification"] == {"agreed": 15, "disputed": n, "pending": 0, "withdrawn": n,
+                                    "unverified": 0}
     by = {c["id"]: c["verification"] for c in data["chapter_list"]}
     assert by["a"]["agreed"] == 10 and by["b"]["agreed"] == 5
     assert by["a"]["disputed"] + by["b"]["disputed"] == n

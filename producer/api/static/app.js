@@ -589,7 +589,13 @@ async function showReview(slug) {
       $("#r-chapters").append(block);
       const { data } = await api(`/exams/${encodeURIComponent(slug)}/chapters/${encodeURIComponent(ch.chapter_id)}/questions`);
       if (review.exam !== slug) return;
-      for (const q of data.items) $(".r-questions", block).append(reviewRow(q));
+      // The bank first; the questions withdrawn from it (rejected, or disputed under
+      // VERIFY=replace) under their own heading, by the number they had.
+      for (const q of data.items) {
+        const where = q.withdrawn ? ".r-withdrawn" : ".r-questions";
+        $(where, block).append(reviewRow(q));
+      }
+      $(".r-withdrawn-part", block).hidden = !data.items.some((q) => q.withdrawn);
     }
     renderCounts(summary);
     $("#review").scrollIntoView({ block: "start" });
@@ -606,13 +612,17 @@ function renderCounts(summary) {
   const t = summary.totals;
   $("#r-totals").textContent = `${t.questions} in the bank: ${t.unreviewed} to review, ` +
     `${t.approved} approved · ${t.rejected} rejected` +
-    (t.disputed ? ` · ${t.disputed} disputed by the blind solve` : "");
+    (t.stale ? ` · ${t.stale} stale (reviewed before the chapter was regenerated)` : "") +
+    (t.disputed ? ` · ${t.disputed} disputed by the blind solve` : "") +
+    (t.unverified ? ` · ${t.unverified} unverified (no blind-solve verdict yet)` : "");
   for (const ch of summary.chapters) {
     const block = document.querySelector(`.r-chapter[data-chapter="${CSS.escape(ch.chapter_id)}"]`);
     if (!block) continue;
     $(".r-counts", block).textContent = `${ch.questions}/${ch.target} in the bank · ` +
       `${ch.unreviewed} to review · ${ch.approved} approved · ${ch.rejected} rejected` +
-      (ch.disputed === null ? "" : ` · ${ch.disputed} disputed`);
+      (ch.stale ? ` · ${ch.stale} stale` : "") +
+      (ch.disputed === null ? "" : ` · ${ch.disputed} disputed`) +
+      (ch.unverified ? ` · ${ch.unverified} unverified` : "");
   }
 }
 
@@ -664,6 +674,14 @@ function renderQuestion(entry) {
   const verdict = $(".rq-verdict", node);
   verdict.textContent = q.verdict ? `solve: ${q.verdict}` : "";
   verdict.dataset.verdict = q.verdict || "";
+  // The solver's choice beside the key: what a reviewer weighs a disputed question by.
+  const solved = $(".rq-solved", node);
+  solved.textContent = q.solved_index === null || q.solved_index === undefined ? "" :
+    `solver chose ${String.fromCharCode(65 + q.solved_index)}, key ${String.fromCharCode(65 + q.answer_index)}`;
+  const stale = $(".rq-stale", node);
+  stale.textContent = q.stale ? `stale: ${q.stale} since it was reviewed; approve it again, ` +
+    "edit or reject it" : "";
+  stale.hidden = !q.stale;
   $(".rq-levels", node).textContent = [q.difficulty, q.bloom].filter(Boolean).join(" · ");
   const who = q.reviewed_by ? ` · by ${q.reviewed_by.slice(0, 8)} ${q.reviewed_at || ""}` : "";
   $(".rq-version", node).textContent = `v${q.version}${q.edited ? " · edited" : ""}${who}`;
@@ -679,10 +697,19 @@ function renderQuestion(entry) {
   $(".rq-expl", node).textContent = q.explanation;
   const source = sourceText(q.source);
   $(".rq-source", node).textContent = source ? `source: ${source}` : "";
+  // A withdrawn question (rejected, or disputed and replaced) is out of the bank for good:
+  // no action applies to it, so it shows none.
   const final = q.review === "rejected" || Boolean(q.withdrawn);
+  $(".rq-actions", node).hidden = final;
   $(".rq-approve", node).disabled = final || q.review === "approved";
-  $(".rq-reject", node).disabled = q.review === "rejected";
+  $(".rq-reject", node).disabled = final;
   $(".rq-edit", node).disabled = final;
+  if (final && entry.editing) closeEdit(entry);
+  const block = node.closest(".r-chapter");
+  if (final && block && !node.closest(".r-withdrawn")) {  // rejected just now: out of the bank
+    $(".r-withdrawn", block).append(node);
+    $(".r-withdrawn-part", block).hidden = false;
+  }
 }
 
 function openEdit(entry) {
@@ -707,6 +734,13 @@ function closeEdit(entry) {
 }
 
 function showConflict(entry, err, what) {
+  if (err.problem && err.problem.duplicate_of) {
+    // Not a version conflict: the text is one the bank has. The form keeps the reviewer's.
+    const box = $(".rq-conflict", entry.node);
+    box.textContent = `Not saved (409): ${err.problem.detail}`;
+    box.hidden = false;
+    return;
+  }
   const current = err.problem && err.problem.question;
   const mine = what === "edit" ? entry.base : entry.q.version;
   if (current) entry.q = current;

@@ -1,8 +1,8 @@
 """exam.verify: the exam's blind-solve policy (off, flag, replace), and no slice done while
 verdicts of its range are pending
 
-Revision ID: 0027
-Revises: 0026
+Revision ID: 0029
+Revises: 0028
 VERIFY was read by each worker from its own environment, so an exam enqueued with
 VERIFY=replace beside workers started without it came out unverified (issue 27). The policy
 is the exam's now (storage.models.VerifyPolicy), recorded by `enqueue --verify`, `run
@@ -32,8 +32,8 @@ from alembic import op
 import sqlalchemy as sa
 
 
-revision = '0027'
-down_revision = '0026'
+revision = '0029'
+down_revision = '0028'
 branch_labels = None
 depends_on = None
 
