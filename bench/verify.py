@@ -91,7 +91,7 @@ def run_mode(mode: str, workdir: Path, questions: int, wrong_key_rate: float,
                             llm_base_url=mock.base_url, exams_dir=exams, verify=mode,
                             questions_per_call=10, near_dup_scope="off", **PRICES)
         store = open_store(settings.database_url)
-        store.sync_exam("vb", load_syllabus(path, max_questions=100_000))
+        store.sync_exam("vb", load_syllabus(path, max_questions=100_000), verify=mode)
         rt = Runtime.build(settings, store)
         try:
             with store.engine.connect() as conn:

@@ -39,6 +39,7 @@
     │           ├── QuotaExceeded    insufficient_quota, 402, a credit balance too low
     │           └── ModelNotFound    the provider does not know LLM_MODEL
     ├── BudgetExceeded               the next call's worst case does not fit in the budget
+    ├── SolverDisputes               the blind solver keeps disputing a slice's keys (replace)
     ├── OutputInvalid                the model answered, but not with usable questions
     └── LeaseLost                    another worker owns the chapter now; our result is void
 """
@@ -360,6 +361,15 @@ class BudgetExceeded(ExamforgeError):
         self.others_in_flight = others_in_flight
 
 
+class SolverDisputes(ExamforgeError):
+    """Raised when the blind solver disputed too many of a slice's keys under
+    VERIFY=replace: VERIFY_MAX_DISPUTED_IN_ROW in a row, or more than
+    VERIFY_MAX_DISPUTED_SHARE of at least that many. Each disputed key is withdrawn and
+    replaced, and each replacement is a paid call: a solver (or a generator) that is wrong
+    every time would spend without end. The exam pauses (PauseCode.disputes) until a person
+    checks VERIFY_MODEL and LLM_MODEL and runs `resume`."""
+
+
 class PauseCode(str, Enum):
     """Why an exam is paused, as stored in exam.pause_code beside the human text of
     exam.pause_reason: what ends the pause depends on it, so it is never read from the text."""
@@ -371,6 +381,9 @@ class PauseCode(str, Enum):
     # `resume` once it is back.
     unreachable = "unreachable"
     manual = "manual"  # paused for another reason (an older database's pause with no code)
+    # The blind solver kept disputing a slice's keys under VERIFY=replace (SolverDisputes):
+    # `resume` after checking VERIFY_MODEL (and LLM_MODEL); it counts that slice afresh.
+    disputes = "disputes"
 
 
 class SliceReason(str, Enum):
@@ -393,6 +406,7 @@ class SliceReason(str, Enum):
     too_large = "too_large"  # a batch request no batch file can hold (BATCH_MAX_BYTES)
     not_sent = "not_sent"  # its provider batch was abandoned before it was created
     attempt_cap = "attempt_cap"  # MAX_ATTEMPTS attempts without progress: failed
+    disputes = "disputes"  # the solver kept disputing its keys (replace): the exam is paused
     unexpected = "unexpected"  # not the provider's: the database down, a bug
     legacy = "legacy"  # written before the code existed (migration 0024): the detail says all
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 from examforge import verify
+from examforge import verify as verify_mod
 from examforge.prices import Price
 from examforge.prompt import build_messages
 from examforge.sources import Passage, slice_material, slice_passages
@@ -73,6 +74,7 @@ class Solves:
     prompt_tokens: int = 0
     max_completion_tokens: int = 0
     questions: int = 0
+    owed: int = 0  # of `questions`, those already stored whose solve is owed
 
     @property
     def expected_completion_tokens(self) -> int:
@@ -89,7 +91,7 @@ class Solves:
 
     def as_dict(self) -> dict[str, object]:
         return {"mode": self.mode, "model": self.model, "calls": self.calls,
-                "questions": self.questions, "prompt_tokens": self.prompt_tokens,
+                "questions": self.questions, "owed": self.owed, "prompt_tokens": self.prompt_tokens,
                 "max_completion_tokens": self.max_completion_tokens,
                 "expected_completion_tokens": self.expected_completion_tokens,
                 "price": {"prompt_per_mtok": self.price.prompt_per_mtok,
@@ -168,12 +170,18 @@ class Estimate:
 def estimate(slug: str, syllabus: Syllabus, settings: Settings, *,
              stored: dict[str, list[str]] | None = None,
              completion_per_question: float | None = None, batch: bool = False,
-             material: Mapping[str, Sequence[Passage]] | None = None) -> Estimate:
+             material: Mapping[str, Sequence[Passage]] | None = None,
+             verify: str | None = None, owed: Mapping[str, int] | None = None) -> Estimate:
     """`stored`: the questions already stored per chapter (nothing is asked for those);
     `completion_per_question`: what this database's calls have used so far, if any; `batch`:
     the exam goes through the provider's Batch API (priced at LLM_BATCH_DISCOUNT, primary
     endpoint only, as runner.batching books and reserves it); `material`: each chapter's
-    passages (examforge.sources), whose slice's share each prompt carries, as the pipeline's."""
+    passages (examforge.sources), whose slice's share each prompt carries, as the pipeline's.
+    `verify`: the exam's blind-solve policy (default VERIFY); `owed`: per chapter, the stored
+    questions whose blind solve is still owed under it (pending verdicts, and the questions
+    stored unverified that a raised policy makes pending), priced as the solve calls that
+    runner.verify sends for them (up to SOLVE_MAX_QUESTIONS a call)."""
+    verify = settings.verify if verify is None else verify
     stored = stored or {}
     placeholder = _placeholder([q for texts in stored.values() for q in texts])
     model = settings.llm_model
@@ -198,11 +206,20 @@ def estimate(slug: str, syllabus: Syllabus, settings: Settings, *,
         models=(model,) + ((settings.llm_fallback_model or model,)
                            if settings.llm_fallback_base_url else ()))
     solver = None
-    if settings.verify != "off" and not batch:  # batch mode sends no blind solve
+    if verify != "off" and not batch:  # batch mode sends no blind solve
         vs = settings.verify_settings()
-        est.verify = Solves(settings.verify, vs.llm_model,
-                            vs.price_at(vs.service_tier))
+        est.verify = Solves(verify, vs.llm_model, vs.price_at(vs.service_tier))
         solver = est.verify
+        for chapter_id, n in sorted((owed or {}).items()):
+            while n > 0:  # the solves owed for questions already stored
+                want = min(n, verify_mod.SOLVE_MAX_QUESTIONS)
+                solver.calls += 1
+                solver.questions += want
+                solver.owed += want
+                solver.prompt_tokens += count_messages(verify_mod.build_messages(
+                    [verify_mod.item(placeholder, _CHOICES)] * want, []), solver.model)
+                solver.max_completion_tokens += verify_mod.max_tokens(want)
+                n -= want
     for chapter in syllabus.chapters:
         texts = list(stored.get(chapter.id, []))
         ch = ChapterEstimate(chapter.id, stored=len(texts), target=chapter.questions)
@@ -236,10 +253,57 @@ def estimate(slug: str, syllabus: Syllabus, settings: Settings, *,
                     cited = sorted(share[(have + i) % len(share)] for i in range(want)) \
                         if share else []
                     solver.prompt_tokens += count_messages(
-                        verify.build_messages([verify.item(placeholder, _CHOICES)] * want,
+                        verify_mod.build_messages([verify_mod.item(placeholder, _CHOICES)] * want,
                                               cited), solver.model)
-                    solver.max_completion_tokens += verify.max_tokens(want)
+                    solver.max_completion_tokens += verify_mod.max_tokens(want)
                 have += want
                 avoid = (avoid + [placeholder] * want)[-20:]
         est.chapters.append(ch)
     return est
+
+
+@dataclass(frozen=True)
+class ReplaceWorstCase:
+    """What one slice can spend under VERIFY=replace before it stops, when the solver
+    disputes every key (`replace_worst_case`)."""
+
+    rounds: int  # generation calls, each followed by one blind solve of its questions
+    questions: int  # generated, solved and withdrawn
+    generation_usd: float  # each generation call at its worst case
+    solve_usd: float  # each solve at its worst case
+
+    @property
+    def calls(self) -> int:
+        return 2 * self.rounds
+
+    @property
+    def usd(self) -> float:
+        return self.generation_usd + self.solve_usd
+
+
+def replace_worst_case(settings: Settings, target: int, generation_prompt_tokens: int,
+                       solve_prompt_tokens: int) -> ReplaceWorstCase:
+    """The worst case of one slice of `target` questions under VERIFY=replace whose solver
+    disputes every key (runner.verify.check_disputes): each round asks for
+    q = min(QUESTIONS_PER_CALL, target) questions (every number is free again: each key was
+    disputed and withdrawn) and solves them in one call, so the disputes in a row reach
+    VERIFY_MAX_DISPUTED_IN_ROW after ceil(K / q) rounds, and the exam pauses: 2 * ceil(K / q)
+    paid calls. In dollars, each call at its worst case, what the budget reserves for it:
+    its prompt (the largest of its kind, `*_prompt_tokens`, with the reservation margin) and
+    all of its max_tokens, at the generation and the solver's prices. Re-asks after invalid
+    output (up to MAX_REASKS in a row) would add generation calls; a reply always usable is
+    assumed here.
+
+    Under a budget no call is sent whose worst case does not fit, and a call that does not
+    fit asks for fewer questions, down to one: the slice then spends at most the budget, in
+    at most 2 * VERIFY_MAX_DISPUTED_IN_ROW calls (rounds of one question each)."""
+    q = max(1, min(settings.questions_per_call, target, verify.SOLVE_MAX_QUESTIONS))
+    rounds = -(-settings.verify_max_disputed_in_row // q)
+    price = settings.price_at(settings.service_tier)
+    generation = price.cost_usd(
+        reserve_prompt_tokens(generation_prompt_tokens, settings.llm_model),
+        settings.max_tokens(q))
+    vs = settings.verify_settings()
+    solve = vs.price_at(vs.service_tier).cost_usd(
+        reserve_prompt_tokens(solve_prompt_tokens, vs.llm_model), verify.max_tokens(q))
+    return ReplaceWorstCase(rounds, rounds * q, rounds * generation, rounds * solve)

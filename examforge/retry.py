@@ -47,6 +47,7 @@ from examforge.errors import (
     RateLimited,
     RetryableProviderError,
     SliceReason,
+    SolverDisputes,
 )
 from examforge.settings import Settings
 
@@ -114,6 +115,10 @@ def decide(error: BaseException, *, streak: int, settings: Settings,
                             count_attempt=False)
         return Decision(Action.pause, SliceReason.budget, str(error), count_attempt=False,
                         pause_code=PauseCode.budget)
+    if isinstance(error, SolverDisputes):
+        # Nothing a retry can fix: a person checks the solver and the generator.
+        return Decision(Action.pause, SliceReason.disputes, str(error), count_attempt=False,
+                        pause_code=PauseCode.disputes)
     if isinstance(error, AuthError):
         return Decision(Action.fail, SliceReason.auth, str(error),
                         pause_exam_after=settings.auth_failure_limit)

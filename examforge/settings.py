@@ -389,6 +389,18 @@ class Settings(BaseSettings):
                     "(disputed questions are stored marked as such); replace (disputed "
                     "questions are withdrawn from the count and the exports, kept for review, "
                     "and replacements are generated up to the target).")
+    verify_max_disputed_in_row: int = Field(
+        20, ge=1,
+        description="Under VERIFY=replace, a slice whose blind solves disputed this many keys "
+                    "in a row (counted since the last `resume`) pauses its exam (pause code "
+                    "`disputes`): each disputed key is replaced by a paid call, and a solver "
+                    "or generator that is always wrong would spend without end. Read by the "
+                    "workers.")
+    verify_max_disputed_share: float = Field(
+        0.8, gt=0, le=1,
+        description="Under VERIFY=replace, a slice with at least VERIFY_MAX_DISPUTED_IN_ROW "
+                    "keys solved (since the last `resume`) of which more than this share were "
+                    "disputed pauses its exam (pause code `disputes`). Read by the workers.")
     verify_model: str | None = Field(
         None, description="The solver's model; default LLM_MODEL.")
     verify_base_url: str | None = Field(

@@ -115,6 +115,8 @@ READ_BY: dict[str, tuple[Process, ...]] = {
     "batch_http_timeout_s": ("beat", "CLI"),
     "batch_clock_skew_s": ("beat",),
     "verify": ("enqueue",),
+    "verify_max_disputed_in_row": ("worker",),
+    "verify_max_disputed_share": ("worker",),
     "verify_model": ("enqueue", "worker"),
     "verify_base_url": ("worker",),
     "verify_api_key": ("worker",),

@@ -13,7 +13,7 @@ import math
 import re
 from enum import Enum
 from pathlib import Path
-from typing import Any, Iterator, Union
+from typing import Any, Iterator, Literal, Union
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -202,6 +202,10 @@ class Syllabus(BaseModel):
 
     title: str = Field(max_length=MAX_TITLE_CHARS)
     chapters: list[Chapter] = Field(min_length=1, max_length=MAX_CHAPTERS)
+    # The exam's blind-solve policy (storage.models.VerifyPolicy), recorded on the exam at
+    # every enqueue or run of this syllabus unless `--verify` (or a run's `verify`) says
+    # otherwise; absent: the exam keeps its own (a new exam: VERIFY, else off).
+    verify: Literal["off", "flag", "replace"] | None = None
 
     @field_validator("title")
     @classmethod

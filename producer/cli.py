@@ -81,6 +81,12 @@ _dry_run_option = click.option(
 _EXPORT_FORMATS = ("jsonl", "json", "csv", "moodle-xml", "gift", "anki", "qti")
 
 
+_verify_option = click.option(
+    "--verify", type=click.Choice(("off", "flag", "replace")), default=None,
+    help="The exam's blind-solve policy, recorded on the exam and followed by every worker: "
+         "off, flag (disputed keys marked) or replace (disputed questions replaced); flag "
+         "or replace also solves the questions stored unverified. Default: the exam's own; "
+         "for a new exam, VERIFY, else off.")
 _batch_option = click.option(
     "--batch/--no-batch", "batch", default=None,
     help="Generate through the provider's Batch API (about half the price, results within "
@@ -98,9 +104,11 @@ _batch_option = click.option(
 @_dry_run_option
 @click.option("--json", "as_json", is_flag=True, help="With --dry-run: one JSON object.")
 @_batch_option
+@_verify_option
 @_dispatch
 def enqueue(slug: str, regenerate: tuple[str, ...], discard_reviewed: bool,
-            budget_usd: float | None, dry_run: bool, as_json: bool, batch: bool | None) -> None:
+            budget_usd: float | None, dry_run: bool, as_json: bool, batch: bool | None,
+            verify: str | None) -> None:
     """Record the exam, cut its chapters into slices, enqueue one task per unfinished slice
     (with --batch: one batch pass, which submits them to the provider's Batch API)."""
 
@@ -182,9 +190,10 @@ def review(slug: str, as_json: bool) -> None:
 @_budget_option
 @_dry_run_option
 @_batch_option
+@_verify_option
 @_dispatch
 def run(slug: str, concurrency: int, budget_usd: float | None, dry_run: bool,
-        batch: bool | None) -> None:
+        batch: bool | None, verify: str | None) -> None:
     """Generate an exam in this process, with no broker (resumable)."""
 
 

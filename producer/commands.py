@@ -114,19 +114,31 @@ def _warn_unpriced(settings: Settings) -> None:
                   markup=False, soft_wrap=True)
 
 
-def _warn_verify_batch(settings: Settings, batch: bool) -> None:
-    """Batch mode sends no blind solve: say so when VERIFY asks for one."""
-    if batch and settings.verify != "off":
-        err.print(f"warning: VERIFY={settings.verify} does not apply in batch mode: the "
-                  "questions a provider batch generates are stored unverified",
+def _warn_verify_batch(policy: str, batch: bool) -> None:
+    """Batch mode sends no blind solve: say so when the exam's policy asks for one."""
+    if batch and policy != "off":
+        err.print(f"warning: the exam's blind-solve policy ({policy}) does not apply in batch "
+                  "mode: the questions a provider batch generates are stored unverified "
+                  "(a later enqueue --verify in sync mode solves them)",
                   markup=False, soft_wrap=True)
 
 
 def _dry_run(settings: Settings, slug: str, syllabus: Syllabus, budget_usd: float | None,
              as_json: bool = False, batch: bool = False, regenerate: Sequence[str] = (),
-             discard_reviewed: bool = False) -> None:
-    _warn_verify_batch(settings, batch)
+             discard_reviewed: bool = False, verify: str | None = None) -> None:
     stored, per_question, budget, cancelled = _read_only_state(settings, slug)
+    # The policy the run would follow: the one given, else the exam's, else (a new exam)
+    # this process's VERIFY; and the solves it owes for questions already stored.
+    recorded, pending, unverified = _read_only_owed(settings, slug)
+    verify = verify or syllabus.verify
+    policy = verify or recorded or settings.verify
+    owed: dict[str, int] = {}
+    if policy != "off":
+        owed = dict(pending)
+        if verify is not None:
+            for chapter_id, n in unverified.items():
+                owed[chapter_id] = owed.get(chapter_id, 0) + n
+    _warn_verify_batch(policy, batch)
     from examforge.estimate import estimate
     from producer.grounding import exam_material
 
@@ -144,7 +156,8 @@ def _dry_run(settings: Settings, slug: str, syllabus: Syllabus, budget_usd: floa
         # What the chapter still has once regenerated: the questions it keeps in the bank.
         stored[chapter_id] = regeneration.kept_texts
     est = estimate(slug, syllabus, settings, stored=stored,
-                   completion_per_question=per_question, batch=batch, material=material)
+                   completion_per_question=per_question, batch=batch, material=material,
+                   verify=policy, owed=owed)
     budget = budget_usd if budget_usd is not None else budget
     if as_json:
         click.echo(json.dumps({**est.as_dict(), "budget_usd": budget,
@@ -172,7 +185,9 @@ def _dry_run(settings: Settings, slug: str, syllabus: Syllabus, budget_usd: floa
               soft_wrap=True)
     if est.verify is not None:
         v = est.verify
-        out.print(f"  blind solves (VERIFY={v.mode}): {v.calls} calls of {v.model}, "
+        out.print(f"  blind solves (policy {v.mode}): {v.calls} calls of {v.model}"
+                  + (f" ({v.owed} stored questions owed a solve among them)" if v.owed
+                     else "") + ", "
                   f"{v.prompt_tokens:,} prompt tokens, up to {v.max_completion_tokens:,} "
                   f"completion tokens: worst case ${v.worst_usd:.4f}, expected "
                   f"${v.expected_usd:.4f} (included below"
@@ -189,6 +204,24 @@ def _dry_run(settings: Settings, slug: str, syllabus: Syllabus, budget_usd: floa
                    est.expected_usd <= budget else "does not fit: the exam will pause")
         out.print(f"  budget: ${budget:.4f}: {verdict}", soft_wrap=True)
     _warn_unpriced(settings)
+
+
+def _read_only_owed(settings: Settings, slug: str
+                    ) -> tuple[str | None, dict[str, int], dict[str, int]]:
+    """The exam's recorded blind-solve policy and its questions pending a solve and stored
+    unverified, by chapter (Store.verification_owed), without creating or migrating the
+    database: (None, {}, {}) when it has no such exam."""
+    url = make_url(settings.database_url)
+    if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:") \
+            and not Path(url.database).exists():
+        return None, {}, {}
+    engine = connect(settings.database_url, pool_size=1)
+    try:
+        if current_revision(engine) != SCHEMA_REVISION:
+            return None, {}, {}
+        return Store(engine).verification_owed(slug)
+    finally:
+        engine.dispose()
 
 
 def _regeneration_preview(settings: Settings, slug: str, syllabus: Syllabus,
@@ -241,7 +274,8 @@ def _read_only_state(settings: Settings, slug: str) -> tuple[
 
 
 def enqueue(slug: str, regenerate: tuple[str, ...], discard_reviewed: bool,
-            budget_usd: float | None, dry_run: bool, as_json: bool, batch: bool | None) -> None:
+            budget_usd: float | None, dry_run: bool, as_json: bool, batch: bool | None,
+            verify: str | None = None) -> None:
     settings = _settings()
     syllabus = _syllabus(settings, slug)
     unknown = [c for c in regenerate if c not in {ch.id for ch in syllabus.chapters}]
@@ -252,14 +286,16 @@ def enqueue(slug: str, regenerate: tuple[str, ...], discard_reviewed: bool,
     batch = settings.llm_batch if batch is None else batch
     if dry_run:
         _dry_run(settings, slug, syllabus, budget_usd, as_json, batch=batch,
-                 regenerate=regenerate, discard_reviewed=discard_reviewed)
+                 regenerate=regenerate, discard_reviewed=discard_reviewed, verify=verify)
         return
     store = _store(settings)
     restarted: list[str] = []
 
     def before_write() -> None:  # once the broker answered, before the exam is synced
         _warn_unpriced(settings)
-        _warn_verify_batch(settings, bool(batch))
+        # As a dry run: the policy given, else the exam's, else (a new exam) VERIFY.
+        _warn_verify_batch(verify or syllabus.verify or store.verification_owed(slug)[0]
+                           or settings.verify, bool(batch))
         # As the API's new run: start means "generate what is missing", so enqueue undoes
         # `cancel` (resume and retry leave cancelled chapters alone).
         restarted.extend(store.restart_cancelled(slug))
@@ -268,7 +304,7 @@ def enqueue(slug: str, regenerate: tuple[str, ...], discard_reviewed: bool,
 
     plan = enqueue_exam(settings, store, slug, syllabus, regenerate=regenerate,
                         budget_usd=budget_usd, before_write=before_write, batch=batch,
-                        discard_reviewed=discard_reviewed, warn=_warn)
+                        verify=verify, discard_reviewed=discard_reviewed, warn=_warn)
     for regeneration in plan.regenerated.values():
         click.echo("\n".join(regeneration.lines(slug)))
     for chapter_id in restarted:
@@ -284,15 +320,28 @@ def enqueue(slug: str, regenerate: tuple[str, ...], discard_reviewed: bool,
              + (f" ({per_chapter[chapter_id]} slices)" if per_chapter[chapter_id] > 1 else "")
              for chapter_id in plan.to_enqueue]
     lines += [f"skipped   {slug}/{chapter_id}: {why}" for chapter_id, why in plan.skipped.items()]
+    lines.append(_policy_line(plan))
     lines.append(f"{len(plan.to_enqueue)} {verb}, {len(plan.skipped)} skipped")
     if batch and plan.slices:
-        lines.append(f"batch mode: one batch pass was published; beat sends the next every "
-                     f"BATCH_POLL_S ({settings.batch_poll_s:g}s), so run beat (celery -A tasks "
-                     f"beat) beside the workers; status shows the batches")
+        # BATCH_POLL_S is beat's setting, read where beat runs: its value is not quoted
+        # from this shell, which may hold another (a message never quotes a value another
+        # process may hold differently).
+        lines.append("batch mode: one batch pass was published; beat sends the next every "
+                     "BATCH_POLL_S as beat's environment sets it, so run beat (celery -A "
+                     "tasks beat) beside the workers; status shows the batches")
     click.echo("\n".join(lines))
     if plan.exam_paused:
         raise UserError(f"exam {slug} is paused ({plan.exam_paused}); "
                         f"fix the cause, then run: python -m producer resume {slug}")
+
+
+def _policy_line(plan: Any) -> str:
+    """The exam's blind-solve policy as enqueue and run recorded it, and the stored
+    questions it made owed a solve."""
+    line = f"blind solves: {plan.verify} (the exam's policy; every worker follows it)"
+    if plan.to_solve:
+        line += f"; {plural(plan.to_solve, 'stored question')} to solve once each"
+    return line
 
 
 def _short(text: str, limit: int = 120) -> str:
@@ -386,6 +435,7 @@ def _print_status(report: ExamReport) -> None:
               + (f" ({waiting} of them waiting on a provider batch)" if waiting else "")
               + f", {ch.pending} pending, {ch.failed} failed, {ch.cancelled} cancelled")
     out.print(f"questions: {q.done}/{q.target}")
+    out.print(f"blind solves: {report.verify} (the exam's policy; every worker follows it)")
     if report.verification is not None:
         out.print(f"verification: {_verdicts(report.verification)}")
     if report.started_at is not None:
@@ -509,7 +559,7 @@ def _review_totals(chapters: Sequence[Any]) -> dict[str, int]:
 
 
 def run(slug: str, concurrency: int, budget_usd: float | None, dry_run: bool,
-        batch: bool | None) -> None:
+        batch: bool | None, verify: str | None = None) -> None:
     from runner.local import run_local
     from runner.pipeline import Runtime
 
@@ -517,18 +567,22 @@ def run(slug: str, concurrency: int, budget_usd: float | None, dry_run: bool,
     syllabus = _syllabus(settings, slug)
     batch = settings.llm_batch if batch is None else batch
     if dry_run:
-        _dry_run(settings, slug, syllabus, budget_usd, batch=batch)
+        _dry_run(settings, slug, syllabus, budget_usd, batch=batch, verify=verify)
         return
     store = _store(settings)
     from producer.grounding import exam_material
     material = exam_material(settings, slug, syllabus, store, _warn)  # refused before a write
     _warn_unpriced(settings)
-    _warn_verify_batch(settings, bool(batch))
+    _warn_verify_batch(verify or syllabus.verify or store.verification_owed(slug)[0]
+                       or settings.verify, bool(batch))
     for chapter_id in store.restart_cancelled(slug):  # as enqueue: run undoes `cancel`
         err.print(f"restarted {slug}/{chapter_id} (was cancelled)")
     plan = store.sync_exam(slug, syllabus, budget_usd=budget_usd,
                            default_budget_usd=settings.budget_usd,
-                           slice_questions=settings.slice_questions, material=material)
+                           slice_questions=settings.slice_questions, material=material,
+                           verify=verify, default_verify=settings.verify,
+                           batch_mode=bool(batch))
+    err.print(_policy_line(plan))
     if plan.exam_paused:
         raise UserError(f"exam {slug} is paused ({plan.exam_paused}); "
                         f"fix the cause, then run: python -m producer resume {slug}")

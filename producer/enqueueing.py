@@ -16,15 +16,17 @@ if TYPE_CHECKING:
 def enqueue_exam(settings: Settings, store: Store, slug: str, syllabus: Syllabus, *,
                  regenerate: Sequence[str] = (), budget_usd: float | None = None,
                  before_write: Callable[[], None] | None = None,
-                 batch: bool | None = None, discard_reviewed: bool = False,
+                 batch: bool | None = None, verify: str | None = None,
+                 discard_reviewed: bool = False,
                  warn: Callable[[str], None] | None = None) -> EnqueuePlan:
     """Check the broker, record the exam and cut its chapters into slices (`sync_exam`),
     then publish one message per unfinished slice. The broker is checked before anything is
     written; `before_write` runs between the two (the CLI's warnings). With `batch` (default
     LLM_BATCH) the exam is generated through the provider's Batch API: no chapter task is
     published, one batch pass is (runner.batching); without, it goes back to sync mode.
-    `regenerate` keeps each chapter's reviewed questions unless `discard_reviewed`
-    (storage.regeneration)."""
+    `verify` sets the exam's blind-solve policy (None: the exam keeps its own; a new exam
+    gets this process's VERIFY). `regenerate` keeps each chapter's reviewed questions unless
+    `discard_reviewed` (storage.regeneration)."""
     # Celery only here: the CLI's commands and a `serve --local` import this module and must
     # not pay Celery's start-up (about 0.3 s) unless they publish.
     from producer.grounding import exam_material
@@ -39,6 +41,8 @@ def enqueue_exam(settings: Settings, store: Store, slug: str, syllabus: Syllabus
     plan = store.sync_exam(slug, syllabus, regenerate, budget_usd=budget_usd,
                            default_budget_usd=settings.budget_usd,
                            slice_questions=settings.slice_questions, material=material,
+                           verify=verify, default_verify=settings.verify,
+                           batch_mode=settings.llm_batch if batch is None else batch,
                            discard_reviewed=discard_reviewed)
     batch = settings.llm_batch if batch is None else batch
     store.set_exam_mode(slug, ExamMode.batch if batch else ExamMode.sync)

@@ -117,7 +117,8 @@ def import_file(settings: Settings, store: Store, slug: str, path: Path) -> Impo
                        "in the database; run enqueue first to record a changed syllabus")
     if syllabus is not None:
         store.sync_exam(slug, syllabus, default_budget_usd=settings.budget_usd,
-                        slice_questions=settings.slice_questions)
+                        slice_questions=settings.slice_questions,
+                        default_verify=settings.verify)
     return store.import_questions(slug, file.by_chapter(), source=str(path),
                                   near_dup=near_dup_checker(settings))
 

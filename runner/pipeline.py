@@ -186,11 +186,11 @@ def process_chapter(rt: Runtime, exam: str, chapter_id: str, slice_no: int = 0) 
     calls = _Calls(rt, check)
     try:
         calls.size(exam)
-        # Under VERIFY the claim plans no call: the slice's pending blind solves (a dead
-        # holder's) come first, and a call recorded now would wait, unsent, behind them.
-        planning = settings.verify == "off"
+        # The claim plans the first call, except under a verifying policy (the exam's, read
+        # by the claim: never this worker's VERIFY) for a slice with questions stored: its
+        # pending blind solves (a dead holder's) come first (storage.leases._solves_first).
         first = None
-        fresh = store.fresh_view(exam, chapter_id, slice_no) if planning else None
+        fresh = store.fresh_view(exam, chapter_id, slice_no)
         if fresh is not None:
             # PostgreSQL: planned before the claim for the slice as its spec says with
             # nothing stored; the claim's own statement records it if that is what it finds.
@@ -199,7 +199,7 @@ def process_chapter(rt: Runtime, exam: str, chapter_id: str, slice_no: int = 0) 
                 first = FirstCall(planned_first, fresh[1])
         claim = store.claim(exam, chapter_id, new_owner(), settings.lease_s,
                             settings.max_attempts, slice_no=slice_no,
-                            plan_first=calls.replan if planning else None,
+                            plan_first=calls.replan,
                             steer=steer_of(settings), first=first)
     except BaseException:
         calls.discard()
@@ -215,7 +215,7 @@ def process_chapter(rt: Runtime, exam: str, chapter_id: str, slice_no: int = 0) 
     lost = rt.keeper.hold(claim.owner)
     run = _Run()
     try:
-        if not _generate(rt, claim, lost, run, calls):
+        if not _generate(rt, claim, lost, run, calls, claim.verify):
             return ChapterResult(Outcome.skipped, "cancelled", calls=run.calls)
         return ChapterResult(Outcome.done, calls=run.calls)
     except BaseException as exc:
@@ -569,23 +569,24 @@ class _Calls:
 
 
 def _generate(rt: Runtime, claim: Claimed, lost: threading.Event, run: _Run,
-              calls: _Calls) -> bool:
+              calls: _Calls, policy: str = "off") -> bool:
     """Call the model batch by batch until the chapter has its questions (True), or until a
     commit finds the slice cancelled while its call ran (False: that call's questions are
-    stored, and no more is sent)."""
+    stored, and no more is sent). `policy`: the exam's blind-solve policy."""
     settings, store = rt.settings, rt.store
     stored, known = claim.stored, set(claim.known)
     invalid_in_row = 0
     target = claim.target
     planned = claim.first_call
-    verifying = settings.verify != "off"
+    verifying = policy != "off"
 
     def solve() -> Judged | None:
         return solve_pending(rt, claim, calls.check, lost, lambda client, call_id, messages,
                              cap, admission: _call(rt, call_id, messages, cap, admission,
-                                                   client), stored, target)
+                                                   client), stored, target,
+                             replace=policy == "replace")
 
-    if verifying:
+    if verifying and stored > 0:
         # Questions a dead holder stored and never had solved come first (the takeover).
         judged = solve()
         if judged is None or judged.cancelled or judged.done:

@@ -24,7 +24,7 @@ import threading
 from typing import Any, Callable
 
 from examforge import verify
-from examforge.errors import BudgetExceeded, LeaseLost, OutputInvalid
+from examforge.errors import BudgetExceeded, LeaseLost, OutputInvalid, SolverDisputes
 from examforge.llm import Admission, Completion, LLMClient
 from examforge.retry import HandBack
 from storage.models import CallKind, CallOutcome, CallReason
@@ -45,17 +45,38 @@ def test_hook(step: str) -> None:
         os.kill(os.getpid(), 9)
 
 
+def check_disputes(settings: Any, claim: Claimed, judged: Judged) -> None:
+    """Stop a slice whose replacements keep being disputed (VERIFY=replace): raise
+    SolverDisputes, which pauses the exam (PauseCode.disputes), once the slice's solves
+    (since its last `resume`) disputed VERIFY_MAX_DISPUTED_IN_ROW keys in a row, or more
+    than VERIFY_MAX_DISPUTED_SHARE of at least that many. Each disputed key is withdrawn and
+    generated again, each a paid call that counts as progress: without this, a solver (or a
+    generator) that is always wrong spends without end. The reason says what to check."""
+    in_row, share = settings.verify_max_disputed_in_row, settings.verify_max_disputed_share
+    solved, disputed = judged.solved_keys, judged.disputed_keys
+    if judged.disputed_in_row >= in_row:
+        bound = f"{judged.disputed_in_row} in a row"
+    elif solved >= in_row and disputed > share * solved:
+        bound = f"more than {share:.0%}"
+    else:
+        return
+    raise SolverDisputes(
+        f"the solver disputed {disputed} of {solved} keys ({bound}) in "
+        f"{claim.exam}/{claim.chapter_id} slice {claim.slice_no}: check VERIFY_MODEL (the "
+        "blind solver; default: LLM_MODEL) and LLM_MODEL (the keys), then run resume")
+
+
 def solve_pending(rt: Any, claim: Claimed, check: Callable[[], None],
-                  lost: threading.Event, call: Call, stored: int, target: int
-                  ) -> Judged | None:
+                  lost: threading.Event, call: Call, stored: int, target: int, *,
+                  replace: bool = False) -> Judged | None:
     """Solve every pending question of the claimed slice and book the verdicts (`rt`: the
     worker's runner.pipeline.Runtime, not imported: the pipeline imports this); returns the
     slice as the last booking left it (done, cancelled, or still short of its target), or
     None when a cancel came before a solve was sent (nothing more is sent). `stored` and
-    `target`: the slice as the caller last read it, for when nothing is pending."""
+    `target`: the slice as the caller last read it, for when nothing is pending. `replace`:
+    the exam's policy is `replace` (a disputed question is withdrawn)."""
     store, settings = rt.store, rt.settings
     solver = rt.solver()
-    replace = settings.verify == "replace"
     unreadable = 0
     judged: Judged | None = None
     while True:
@@ -128,6 +149,8 @@ def solve_pending(rt: Any, claim: Claimed, check: Callable[[], None],
                 "exam": claim.exam, "chapter": claim.chapter_id, "slice": claim.slice_no,
                 "disputed": judged.disputed, "agreed": judged.agreed,
                 "withdrawn": judged.withdrawn})
+            if replace:
+                check_disputes(settings, claim, judged)
         if judged.done or judged.cancelled:
             return judged
     if judged is not None:

@@ -19,7 +19,7 @@ from sqlalchemy.exc import MultipleResultsFound, NoResultFound
 from examforge.errors import SliceReason
 from storage.db import READ_ONLY, SQLITE_BUSY_TIMEOUT_S, db_now
 from storage.models import (Call, CallOutcome, ChapterState, Exam, Question, QuestionEdit,
-                            RequeueReason, Slice)
+                            RequeueReason, Slice, Verdict)
 
 E = Exam.__table__  # type: ignore[attr-defined]
 S = Slice.__table__  # type: ignore[attr-defined]
@@ -570,15 +570,23 @@ class StoreBase:
             Q.c.exam == slug, Q.c.chapter_id == chapter_id)).scalar_one()
 
     @staticmethod
-    def _slice_rows(conn: Connection, slug: str, *columns: Any) -> list[Any]:
+    def _slice_rows(conn: Connection, slug: str, *columns: Any, pending: bool = False
+                    ) -> list[Any]:
         """Every slice of the exam with `columns` and the count of questions in its range
-        (`stored`), in syllabus order."""
+        (`stored`), in syllabus order. With `pending`, also `pending`: the verdicts of its
+        range still pending, counted only when the exam's policy verifies (exam.verify is
+        not `off`: under `off` nothing solves them, so they are not work)."""
         in_range = and_(Q.c.exam == S.c.exam, Q.c.chapter_id == S.c.chapter_id,
                         Q.c.number >= S.c.first_number,
                         Q.c.number < S.c.first_number + S.c.target)
         cols = (S.c.chapter_id, S.c.slice_no, S.c.position, *columns)
+        counts = [func.count(Q.c.id).label("stored")]
+        if pending:
+            counts.append(func.coalesce(func.sum(case(
+                (Q.c.verdict == _literal(Verdict.pending.value), 1), else_=0)), 0)
+                .label("pending"))
         return list(conn.execute(
-            select(*cols, func.count(Q.c.id).label("stored"))
+            select(*cols, *counts)
             .select_from(S.outerjoin(Q, in_range)).where(S.c.exam == slug)
             .group_by(*cols).order_by(S.c.position, S.c.chapter_id, S.c.slice_no)))
 

@@ -21,7 +21,7 @@ from storage.base import (ACTIVE_STATES, BUDGET_SPENT_REASON, HELD_STATES, SLICE
 from storage.ledger import CRASH_DETAIL, RECENT_QUESTIONS, Ledger
 from storage.types import (CallPlan, ChapterLevels, ChapterView, Claimed, FirstCall, NoRoom,
                            NotClaimed, NotClaimedReason, Planner, Steer)
-from storage.models import CallReason, ChapterState, ExamState
+from storage.models import CallReason, ChapterState, ExamState, VerifyPolicy
 
 
 S2 = S.alias("other_slice")
@@ -33,6 +33,14 @@ FRESH_REREAD_S = 5.0
 # that serves exam after exam for months keeps only the recent ones' (an active exam's view
 # is then read again: one statement every FRESH_FORGET_S).
 FRESH_FORGET_S = 300.0
+
+
+def _solves_first(claimed: Claimed) -> bool:
+    """Whether the holder's blind solves may come before its first call: under a verifying
+    policy, a slice with questions in its range may have verdicts pending (a dead holder's),
+    which are solved first; a call recorded now would wait, unsent, behind them. (A slice
+    with nothing stored has none: its first call is planned in the claim, as under `off`.)"""
+    return claimed.verify != VerifyPolicy.off.value and claimed.stored > 0
 
 
 class Leases(Ledger):
@@ -112,7 +120,7 @@ class Leases(Ledger):
             took_over = self._waste_orphaned_calls(conn, slug, chapter_id, slice_no)
             claimed = self._read_claimed(conn, slug, chapter_id, slice_no, owner, steer,
                                          took_over)
-            if plan_first is None:
+            if plan_first is None or _solves_first(claimed):
                 return claimed
             recorded = self._start_planned(conn, claimed, plan_first(claimed.view()))
             # The lease again from now, the transaction's last step: planning the first call
@@ -147,7 +155,7 @@ class Leases(Ledger):
         if row.status != "ok":
             return None
         claimed = self._claimed_of(row, slug, chapter_id, slice_no, owner, steer)
-        if plan_first is None:
+        if plan_first is None or (_solves_first(claimed) and row.first_status is None):
             return claimed
         if plan is not None and row.first_status is not None:
             # Recorded in the claim's statement (ok), or not: the lease is gone, or the
@@ -196,7 +204,8 @@ class Leases(Ledger):
             levels=levels, index_epoch=row.index_epoch,
             passages=tuple(Passage(*p) for p in zip(
                 row.passage_seqs or (), row.passage_sources or (),
-                row.passage_locations or (), row.passage_texts or ())))
+                row.passage_locations or (), row.passage_texts or ())),
+            verify=row.exam_verify or "off")
 
     def _start_fast(self, claim: Claimed, lease_s: float, plan: CallPlan) -> int | NoRoom | None:
         """Record a planned call in one round trip (ef_start_call); the general path when the
@@ -243,6 +252,7 @@ class Leases(Ledger):
         key = {"k_exam": slug, "k_chapter": chapter_id, "k_slice": slice_no}
         row = self._run(conn, "claimed_row", lambda: (
             select(S, E.c.title.label("exam_title"), E.c.index_epoch,
+                   E.c.verify.label("exam_verify"),
                    select(func.max(S2.c.first_number + S2.c.target - 1))
                    .where(S2.c.exam == S.c.exam, S2.c.chapter_id == S.c.chapter_id)
                    .scalar_subquery().label("chapter_target"))
@@ -270,6 +280,7 @@ class Leases(Ledger):
             # The course material its prompts carry, in the claim's own transaction.
             passages=(read_passages(conn, slug, chapter_id) if row.sources is not None
                       else ()),
+            verify=row.exam_verify or "off",
         )
         return claimed
 

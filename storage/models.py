@@ -68,6 +68,18 @@ class Verdict(str, Enum):
     disputed = "disputed"  # the solver chose another choice
 
 
+class VerifyPolicy(str, Enum):
+    """An exam's blind-solve policy (exam.verify, migration 0029): recorded on the exam by
+    `enqueue --verify`, `run --verify` or the API (the enqueuing process's VERIFY for a new
+    exam that names none), and followed by every worker, whatever its own VERIFY says."""
+
+    off = "off"  # no blind solve
+    flag = "flag"  # each new question solved; a disputed one stays, marked
+    # Each new question solved; a disputed one is withdrawn and replaced. (Not `replace`:
+    # that name is str.replace on a str enum.)
+    replace_disputed = "replace"
+
+
 class CallOutcome(str, Enum):
     in_flight = "in_flight"  # recorded before the request is sent
     used = "used"  # its questions were committed
@@ -109,6 +121,9 @@ class RequeueReason(str, Enum):
     worker_vanished = "worker_vanished"  # a worker took the message, then its lease expired
     broker_epoch_changed = "broker_epoch_changed"  # the broker lost every message it had
     message_lost = "message_lost"  # the queue lost this chapter's message, the epoch survived
+    # Never enqueued (its `producer run` or `serve --local` died), and verdicts of its range
+    # still pending: owed blind solves that no message would ever bring to a worker.
+    verdicts_pending = "verdicts_pending"
     # A reviewer's rejection reopened a done slice during an open run (Store.unqueued_slices)
     # and no message was published for it.
     reopened = "reopened"
@@ -164,6 +179,10 @@ class Exam(SQLModel, table=True):
     # ExamMode: `sync` or `batch` (migration 0018).
     mode: str = Field(default=ExamMode.sync.value, max_length=16,
                       sa_column_kwargs={"server_default": ExamMode.sync.value})
+    # VerifyPolicy: the blind solve the exam's questions get (migration 0029). The exam's,
+    # not a worker's environment: what describes the work belongs to the exam row.
+    verify: str = Field(default=VerifyPolicy.off.value, max_length=16,
+                        sa_column_kwargs={"server_default": VerifyPolicy.off.value})
 
 
 class Slice(SQLModel, table=True):
@@ -212,6 +231,10 @@ class Slice(SQLModel, table=True):
     requeues: int = 0
     requeued_at: Optional[float] = None
     requeue_code: Optional[str] = Field(default=None, max_length=32)
+    # The blind solver's disputes are counted over the slice's questions with a higher id
+    # (migration 0029): `resume` of an exam its disputes paused moves it past every question
+    # stored, so each slice counts afresh (runner.verify, VERIFY_MAX_DISPUTED_*).
+    disputes_from: Optional[int] = None
     requeue_reason: Optional[str] = Field(default=None, sa_column=Column(Text))
     # Why its last attempt ended early, as a code (examforge.errors.SliceReason), and the
     # free-text detail beside it (migration 0024); readers decide by the code, never the text.
@@ -417,6 +440,9 @@ class Run(SQLModel, table=True):
     # set to when the run is launched, by its request or later by the sweep.
     batch: bool = Field(default=False, sa_column=Column(
         Boolean, nullable=False, default=False, server_default=false()))
+    # The blind-solve policy the run asked for ({"verify": ...}; migration 0029), recorded
+    # on its exam when the run is launched; NULL: the exam keeps its own.
+    verify: Optional[str] = Field(default=None, max_length=16)
     # GET /runs/ID as it was when the run was first seen final, JSON (migration 0012): a
     # later run of the exam never changes what a finished one says of itself.
     final_view: Optional[str] = Field(default=None, sa_column=Column(Text))

@@ -18,8 +18,9 @@ from examforge.sources import ChapterMaterial
 from storage.base import ACTIVE_STATES, E, K, Q, S
 from storage.grounding import forget_passages, write_passages
 from storage.ledger import Ledger
+from storage.models import (CallOutcome, ChapterState, ExamState, RequeueReason, Verdict,
+                            VerifyPolicy)
 from storage.regeneration import ChapterRegeneration, apply_chapter, plan_chapter
-from storage.models import CallOutcome, ChapterState, ExamState, RequeueReason
 
 
 # A slice as the producer publishes it: (chapter_id, slice_no).
@@ -34,6 +35,8 @@ class EnqueuePlan:
     slices: list[SliceRef] = field(default_factory=list)  # their slices that need a task
     skipped: dict[str, str] = field(default_factory=dict)  # chapter -> why
     exam_paused: str | None = None
+    verify: str = VerifyPolicy.off.value  # the exam's blind-solve policy, as recorded
+    to_solve: int = 0  # stored questions never solved, made pending by a verifying policy
     # --regenerate: what each chapter cut afresh kept, deleted and generates.
     regenerated: dict[str, ChapterRegeneration] = field(default_factory=dict)
 
@@ -42,7 +45,7 @@ class Planning(Ledger):
     """Exams, chapters and their slices as the producer sees them."""
 
     def _ensure_exam(self, conn: Connection, slug: str, title: str, now: float,
-                     budget_usd: float | None) -> None:
+                     budget_usd: float | None, verify: str = VerifyPolicy.off.value) -> None:
         """Create the exam's row if it is missing, and hold it (FOR NO KEY UPDATE on
         PostgreSQL) until the transaction ends.
 
@@ -55,7 +58,8 @@ class Planning(Ledger):
             conn.execute(
                 self._insert(E)
                 .values(slug=slug, title=title, state=ExamState.active.value,
-                        auth_failures=0, created_at=now, updated_at=now, budget_usd=budget_usd)
+                        auth_failures=0, created_at=now, updated_at=now, budget_usd=budget_usd,
+                        verify=verify)
                 .on_conflict_do_nothing()
             )
             held = conn.execute(select(E.c.slug).where(E.c.slug == slug)
@@ -69,6 +73,8 @@ class Planning(Ledger):
         budget_usd: float | None = None, default_budget_usd: float | None = None,
         slice_questions: int = DEFAULT_SLICE_QUESTIONS,
         material: Mapping[str, ChapterMaterial] | None = None,
+        verify: VerifyPolicy | str | None = None,
+        default_verify: VerifyPolicy | str = VerifyPolicy.off, batch_mode: bool = False,
         discard_reviewed: bool = False,
     ) -> EnqueuePlan:
         """Record the exam and its chapters' slices; decide which slices need a task.
@@ -90,15 +96,31 @@ class Planning(Ledger):
         source files changed (by hash) since its questions were stored is left as it is,
         like a changed title, until `--regenerate`. None (import) leaves passages alone.
 
+        `verify` sets the exam's blind-solve policy (storage.models.VerifyPolicy); a new exam
+        given none gets `default_verify` (the enqueuing process's VERIFY), and an existing
+        one keeps its own. A policy that verifies (given now, or already the exam's) makes
+        every stored question never solved (verdict NULL: stored under `off`, or by a
+        provider batch) pending: its solve is then work, like every pending verdict
+        (`plan.to_solve` counts them). Lowering a policy deletes no verdict; under `off`
+        pending verdicts are not work (nothing solves them), nor in `batch_mode` (a provider
+        batch sends no blind solve; the exam's questions are stored unverified).
+
         Safe under concurrent calls: rows are created with INSERT .. ON CONFLICT DO NOTHING and
         changed under the slices' row locks.
         """
         regenerate = set(regenerate)
         plan = EnqueuePlan()
+        if verify is None:
+            verify = syllabus.verify  # the syllabus's own policy, if it names one
         with self._write() as conn:
             now = conn.execute(select(self._now)).scalar_one()
             self._ensure_exam(conn, slug, syllabus.title, now,
-                              budget_usd if budget_usd is not None else default_budget_usd)
+                              budget_usd if budget_usd is not None else default_budget_usd,
+                              VerifyPolicy(default_verify).value)
+            if verify is not None:
+                conn.execute(update(E).where(E.c.slug == slug,
+                                             E.c.verify != VerifyPolicy(verify).value)
+                             .values(verify=VerifyPolicy(verify).value, updated_at=now))
             conn.execute(update(E).where(E.c.slug == slug, E.c.title != syllabus.title)
                          .values(title=syllabus.title, updated_at=now))
             if budget_usd is not None:
@@ -107,9 +129,18 @@ class Planning(Ledger):
                 # Calls of dead holders (a trimmed, regenerated or any other slice with no
                 # live lease) are settled here, not left reserved (`_settle_orphans`).
                 self._settle_orphans(conn, slug)
-            exam = conn.execute(select(E.c.state, E.c.pause_reason).where(E.c.slug == slug)).one()
+            exam = conn.execute(select(E.c.state, E.c.pause_reason, E.c.verify)
+                                .where(E.c.slug == slug)).one()
             if exam.state == ExamState.paused.value:
                 plan.exam_paused = exam.pause_reason or "paused"
+            plan.verify = exam.verify
+            verifying = exam.verify != VerifyPolicy.off.value and not batch_mode
+            if verifying and verify is not None:
+                # The questions stored unverified are owed a solve under this policy: each
+                # is solved once, by its slice's holder (runner.verify), as a booked call.
+                plan.to_solve = conn.execute(update(Q).where(
+                    Q.c.exam == slug, Q.c.number.is_not(None), Q.c.verdict.is_(None))
+                    .values(verdict=Verdict.pending.value)).rowcount
             # In bulk: a few reads of the whole exam and the changes grouped into executemany
             # statements (a 10,000-chapter exam is a handful of statements, not 40,000).
             # First the structure: which slices exist, with which ranges and chapter fields.
@@ -180,8 +211,11 @@ class Planning(Ledger):
             for chunk in _chunks(fresh, 500):
                 conn.execute(self._insert(S).on_conflict_do_nothing(), chunk)
             # Then the work: each slice's state from what its range holds.
+            # A slice is done when its range is full and, under a verifying policy, none of
+            # its verdicts is pending: a pending verdict is work (its blind solve is owed).
             slices: dict[str, list[Any]] = defaultdict(list)
-            for r in self._slice_rows(conn, slug, S.c.target, S.c.state, S.c.lease_owner):
+            for r in self._slice_rows(conn, slug, S.c.target, S.c.state, S.c.lease_owner,
+                                      S.c.lease_expires_at, pending=True):
                 slices[r.chapter_id].append(r)
             states: dict[tuple[str, ...], list[dict[str, Any]]] = defaultdict(list)
             for ch in syllabus.chapters:
@@ -191,7 +225,7 @@ class Planning(Ledger):
                 wanted: list[SliceRef] = []
                 reasons: set[str] = set()
                 for r in slices.get(ch.id, []):
-                    why, values = _plan_slice(r)
+                    why, values = _plan_slice(r, now, r.pending if verifying else 0)
                     if values:
                         states[tuple(sorted(values))].append(
                             {"_cid": ch.id, "_sno": r.slice_no, "updated_at": now, **values})
@@ -205,7 +239,10 @@ class Planning(Ledger):
                 elif wanted:
                     plan.skipped[ch.id] = f"exam paused: {plan.exam_paused}"
                 else:
-                    plan.skipped[ch.id] = "cancelled" if "cancelled" in reasons else "done"
+                    plan.skipped[ch.id] = (
+                        "cancelled" if "cancelled" in reasons else
+                        "running: a worker holds it and finishes it" if "running" in reasons
+                        else "done")
             for columns, batch in states.items():
                 conn.execute(update(S).where(S.c.exam == slug,
                                              S.c.chapter_id == bindparam("_cid"),
@@ -297,6 +334,14 @@ class Planning(Ledger):
         (every unfinished one: a paused exam's messages may have been consumed meanwhile)."""
         with self._write() as conn:
             self._require_exam(conn, slug)
+            code = conn.execute(select(E.c.pause_code).where(E.c.slug == slug)
+                                .with_for_update()).scalar_one()
+            if code == PauseCode.disputes.value:
+                # Each slice counts its solver's disputes afresh from here (the person has
+                # checked VERIFY_MODEL): past every question stored so far.
+                conn.execute(update(S).where(S.c.exam == slug).values(
+                    disputes_from=select(func.coalesce(func.max(Q.c.id), 0))
+                    .where(Q.c.exam == slug).scalar_subquery()))
             conn.execute(update(E).where(E.c.slug == slug).values(
                 state=ExamState.active.value, pause_reason=None, pause_code=None,
                 auth_failures=0, updated_at=self._now))
@@ -460,17 +505,26 @@ def _levels(ch: SyllabusChapter) -> dict[str, str | None]:
             "bloom": None if ch.bloom is None else json.dumps(ch.bloom)}
 
 
-def _plan_slice(row: Any) -> tuple[str | None, dict[str, Any]]:
+def _plan_slice(row: Any, now: float, pending: int) -> tuple[str | None, dict[str, Any]]:
     """What enqueue does with one slice: (why it is not enqueued, or None; the columns that
-    change)."""
+    change). `pending` counts the verdicts of its range still pending (0 when the exam's
+    policy verifies nothing).
+
+    A slice is done only when its range is full and none of its verdicts is pending; and a
+    live holder's lease is never cleared here (its holder is in a call or a solve that is
+    paid for: it books the slice done itself, under its lease)."""
+    live = row.lease_owner is not None and (row.lease_expires_at or 0) > now
     if row.state == ChapterState.cancelled.value:
         return "cancelled", {}
-    if row.stored >= row.target:
+    if row.stored >= row.target and not pending:
+        if live:
+            return "running", {}
         if row.state != ChapterState.done.value or row.lease_owner is not None:
             return "done", {"state": ChapterState.done.value, "lease_owner": None,
                             "lease_expires_at": None}
         return "done", {}
     if row.state in (ChapterState.done.value, ChapterState.failed.value):
-        # More questions asked for, or a failed slice enqueued again by the user.
+        # More questions asked for, a failed slice enqueued again by the user, or (marked
+        # done by an older examforge) verdicts still pending.
         return None, {"state": ChapterState.pending.value, "attempts_since_progress": 0}
     return None, {}

@@ -10,10 +10,11 @@ from sqlalchemy import and_, func, or_, select, tuple_, update
 
 from examforge.errors import PauseCode, SliceReason
 from storage.base import (ACTIVE_SLICE, BUDGET_PAUSE_PREFIX, HELD_CANCELLED, IN_FLIGHT_CALL,
-                          E, K, S)
+                          E, K, Q, S)
 from storage.base import capped_detail, slice_where
 from storage.leases import Leases
-from storage.models import CallOutcome, ChapterState, ExamMode, ExamState, RequeueReason
+from storage.models import (CallOutcome, ChapterState, ExamMode, ExamState, RequeueReason,
+                            Verdict, VerifyPolicy)
 
 
 @dataclass(frozen=True)
@@ -48,32 +49,50 @@ class Recovery(Leases):
         ended more than `grace_s` ago, and either its message was consumed by a worker that
         then vanished (picked after its last enqueue), or the broker
         lost its message (the broker's epoch changed since it was enqueued). Chapters never
-        enqueued (a changed chapter awaiting --regenerate) are left alone.
+        enqueued (a changed chapter awaiting --regenerate) are left alone, except one that a
+        worker took (a `producer run`, a `serve --local`) and left with verdicts of its range
+        pending, under a policy that verifies: those blind solves are owed, and no message
+        would bring them to a worker (RequeueReason.verdicts_pending).
         """
         now = self._now
         vanished = and_(S.c.picked_at.is_not(None), S.c.picked_at >= S.c.enqueued_at,
                         func.coalesce(S.c.lease_expires_at, S.c.picked_at) <= now - grace_s)
+        # (The exam's policy is checked on the rows read: a condition on exam.verify, all
+        # but a few `off`, makes PostgreSQL's planner start from a scan of the exam table.)
+        owed = and_(S.c.enqueued_at.is_(None), S.c.picked_at.is_not(None),
+                    func.coalesce(S.c.lease_expires_at, S.c.picked_at) <= now - grace_s,
+                    select(Q.c.id).where(
+                        Q.c.exam == S.c.exam, Q.c.chapter_id == S.c.chapter_id,
+                        Q.c.number >= S.c.first_number,
+                        Q.c.number < S.c.first_number + S.c.target,
+                        Q.c.verdict == Verdict.pending.value).exists())
         lost = [vanished]
         if epoch is not None:
             lost.append(or_(S.c.enqueue_epoch.is_(None), S.c.enqueue_epoch != epoch))
+        free = [
+            E.c.state == ExamState.active.value,
+            ACTIVE_SLICE,
+            # A batch-mode exam's slices are the batch runner's: no chapter task.
+            E.c.mode == ExamMode.sync.value,
+            or_(S.c.lease_owner.is_(None), S.c.lease_expires_at <= now - grace_s),
+            or_(S.c.not_before_at.is_(None), S.c.not_before_at <= now - grace_s),
+        ]
+        pick = (select(S.c.exam, S.c.chapter_id, S.c.slice_no, S.c.position, E.c.verify,
+                       vanished.label("vanished")).join(E, E.c.slug == S.c.exam)
+                .order_by(S.c.exam, S.c.position, S.c.slice_no))
         with self._read() as conn:
-            rows = conn.execute(
-                select(S.c.exam, S.c.chapter_id, S.c.slice_no, vanished.label("vanished"))
-                .join(E, E.c.slug == S.c.exam)
-                .where(
-                    E.c.state == ExamState.active.value,
-                    ACTIVE_SLICE,
-                    # A batch-mode exam's slices are the batch runner's: no chapter task.
-                    E.c.mode == ExamMode.sync.value,
-                    S.c.enqueued_at.is_not(None),  # never enqueued: left out on purpose
-                    or_(S.c.lease_owner.is_(None), S.c.lease_expires_at <= now - grace_s),
-                    or_(S.c.not_before_at.is_(None), S.c.not_before_at <= now - grace_s),
-                    or_(*lost),
-                )
-                .order_by(S.c.exam, S.c.position, S.c.slice_no)).all()
-        return [Orphan(r.exam, r.chapter_id,
-                       RequeueReason.worker_vanished if r.vanished
-                       else RequeueReason.broker_epoch_changed, r.slice_no) for r in rows]
+            # Two reads, not one with an OR between them: each keeps its own plan through
+            # the active slices' index (test_history_scale).
+            rows = conn.execute(pick.where(
+                *free, S.c.enqueued_at.is_not(None),  # never enqueued: left out on purpose
+                or_(*lost))).all()
+            owing = conn.execute(pick.where(*free, owed)).all()
+        found = [(r, RequeueReason.worker_vanished if r.vanished
+                  else RequeueReason.broker_epoch_changed) for r in rows]
+        found += [(r, RequeueReason.verdicts_pending) for r in owing
+                  if r.verify != VerifyPolicy.off.value]
+        found.sort(key=lambda f: (f[0].exam, f[0].position, f[0].slice_no))
+        return [Orphan(r.exam, r.chapter_id, reason, r.slice_no) for r, reason in found]
 
     def lost_messages(self, *, min_age_s: float, queued: int,
                       unacked: Iterable[SliceKey]) -> LostAudit:

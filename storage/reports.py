@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Iterator, Sequence
 
-from sqlalchemy import and_, case, func, literal, select, tuple_, union_all
+from sqlalchemy import and_, case, func, literal, or_, select, tuple_, union_all
 from sqlalchemy.engine import Connection
 
 from examforge.errors import BadCursor
@@ -377,6 +377,9 @@ class ExamReport:
     pause_code: str | None = None
     # The chapters' VerificationCounts summed; None when no question was verified.
     verification: VerificationCounts | None = None
+    # Its blind-solve policy (storage.models.VerifyPolicy: off, flag, replace), which every
+    # worker follows.
+    verify: str = "off"
 
     @property
     def finished(self) -> bool:
@@ -410,6 +413,20 @@ class Reports(StoreBase):
         for chapter_id, text in rows:
             out.setdefault(chapter_id, []).append(text)
         return out
+
+    def verification_owed(self, slug: str) -> tuple[str | None, dict[str, int], dict[str, int]]:
+        """The exam's recorded blind-solve policy (None: not in the database) and, by
+        chapter, the questions in its bank whose verdict is pending and those stored
+        unverified (verdict NULL): what a dry run prices as solves still owed."""
+        with self._read() as conn:
+            policy = conn.execute(select(E.c.verify).where(E.c.slug == slug)).scalar_one_or_none()
+            rows = conn.execute(select(Q.c.chapter_id, Q.c.verdict, func.count()).where(
+                Q.c.exam == slug, Q.c.number.is_not(None),
+                or_(Q.c.verdict.is_(None), Q.c.verdict == Verdict.pending.value))
+                .group_by(Q.c.chapter_id, Q.c.verdict)).all()
+        pending = {c: n for c, v, n in rows if v is not None}
+        unverified = {c: n for c, v, n in rows if v is None}
+        return policy, pending, unverified
 
     def completion_tokens_per_question(self) -> float | None:
         """What this database's calls have really used per question stored (None before any
@@ -707,7 +724,7 @@ class Reports(StoreBase):
             recent_errors=[RecentError(r.finished_at, r.chapter_id, r.slice_no, r.outcome,
                                        r.reason, r.detail) for r in errors],
             mode=getattr(exam, "mode", None) or "sync", batches=batches,
-            verification=verification)
+            verification=verification, verify=getattr(exam, "verify", None) or "off")
 
     @staticmethod
     def _chapter_report(chapter_id: str, rows: list[Any], now: float,

@@ -61,6 +61,7 @@ class RunRow:
     batch: bool
     created_at: float
     updated_at: float
+    verify: str | None = None  # the blind-solve policy it asked for (None: the exam's)
 
 
 @dataclass(frozen=True)
@@ -143,8 +144,8 @@ class Runs(Ledger):
     # --- runs --------------------------------------------------------------------------
 
     def create_run(self, slug: str, key: str, fingerprint: str,
-                   budget_usd: float | None, client: str = "", batch: bool = False
-                   ) -> tuple[RunRow, bool]:
+                   budget_usd: float | None, client: str = "", batch: bool = False,
+                   verify: str | None = None) -> tuple[RunRow, bool]:
         """The run of `client`'s `key`: a new one (True) or the one an identical earlier
         request made (False). The UNIQUE key decides between concurrent requests: INSERT ..
         ON CONFLICT DO NOTHING inserts for one of them, and the others read its row once it
@@ -156,7 +157,8 @@ class Runs(Ledger):
             new_id = conn.execute(
                 self._insert(R).values(exam=slug, client=client, idempotency_key=key,
                                        fingerprint=fingerprint, budget_usd=budget_usd,
-                                       batch=batch, call_floor=floor, created_at=now, updated_at=now)
+                                       batch=batch, verify=verify, call_floor=floor,
+                                       created_at=now, updated_at=now)
                 .on_conflict_do_nothing().returning(R.c.id)).scalar()
             row = _row(conn.execute(select(R).where(R.c.client == client,
                                                     R.c.idempotency_key == key)).one())

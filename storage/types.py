@@ -193,6 +193,9 @@ class Claimed:
     index_epoch: int | None = None
     # The chapter's passages, read by the claim when the slice has sources.
     passages: tuple[Passage, ...] = ()
+    # The exam's blind-solve policy (exam.verify: off, flag, replace), read by the claim:
+    # the holder follows it, whatever its own VERIFY says.
+    verify: str = "off"
 
     def view(self, stored: int | None = None, target: int | None = None) -> ChapterView:
         return ChapterView(self.exam, self.chapter_id, self.exam_title, self.title, self.prompt,

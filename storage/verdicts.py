@@ -9,6 +9,7 @@ numbers are generated, once each."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
@@ -53,6 +54,12 @@ class Judged:
     pending: int = 0  # verdicts of the slice's range still pending
     done: bool = False  # the slice is complete and let go
     cancelled: bool = False  # cancelled meanwhile: the lease is let go
+    # With `withdraw_disputed`: the slice's keys solved since its disputes were last counted
+    # afresh (slice.disputes_from), those disputed, and the disputed ones at the end, in a row
+    # (newest first): what bounds a solver that keeps disputing (runner.verify).
+    solved_keys: int = 0
+    disputed_keys: int = 0
+    disputed_in_row: int = 0
 
 
 @dataclass(frozen=True)
@@ -171,16 +178,40 @@ class Verdicts(Ledger):
             Q.c.number >= first, Q.c.number < first + target,
             Q.c.verdict == Verdict.pending.value)).scalar_one()
         result = Judged(stored, target, agreed, disputed, withdrawn, pending)
+        if withdraw_disputed and disputed:
+            result = self._dispute_window(conn, claim, first, target, result)
         if stored >= target and not pending:
             conn.execute(update(S).where(*SLICE_KEY).values(
                 state=ChapterState.done.value, lease_owner=None, lease_expires_at=None), key)
-            return Judged(stored, target, agreed, disputed, withdrawn, pending, done=True)
+            return dataclasses.replace(result, done=True)
         if state == ChapterState.cancelled.value:
             conn.execute(update(S).where(*SLICE_KEY).values(
                 lease_owner=None, lease_expires_at=None), key)
-            return Judged(stored, target, agreed, disputed, withdrawn, pending,
-                             cancelled=True)
+            return dataclasses.replace(result, cancelled=True)
         return result
+
+    @staticmethod
+    def _dispute_window(conn: Connection, claim: Claimed, first: int, target: int,
+                        judged: Judged) -> Judged:
+        """The slice's solved keys since slice.disputes_from: how many, how many disputed,
+        and how many disputed in a row at the newest end (by question id: the order they
+        were generated and solved in). Its questions are those numbered in its range and
+        those withdrawn from it (withdrawn_number in its range)."""
+        start = select(func.coalesce(S.c.disputes_from, 0)).where(
+            S.c.exam == claim.exam, S.c.chapter_id == claim.chapter_id,
+            S.c.slice_no == claim.slice_no).scalar_subquery()
+        number = func.coalesce(Q.c.number, Q.c.withdrawn_number)
+        verdicts = conn.execute(select(Q.c.verdict).where(
+            Q.c.exam == claim.exam, Q.c.chapter_id == claim.chapter_id,
+            number >= first, number < first + target, Q.c.id > start,
+            Q.c.verdict.in_([Verdict.agreed.value, Verdict.disputed.value]))
+            .order_by(Q.c.id.desc())).scalars().all()
+        in_row = next((i for i, v in enumerate(verdicts) if v != Verdict.disputed.value),
+                      len(verdicts))
+        return dataclasses.replace(
+            judged, solved_keys=len(verdicts),
+            disputed_keys=sum(1 for v in verdicts if v == Verdict.disputed.value),
+            disputed_in_row=in_row)
 
     def withdraw(self, exam: str, question_ids: Iterable[int],
                  reason: Withdrawn | str) -> Withdrawal:

@@ -84,6 +84,8 @@ def reconcile_once(settings: Settings, store: Store, app: Celery) -> dict[str, i
 
 _WHY = {
     RequeueReason.worker_vanished: "a worker took its message, then lost its lease",
+    RequeueReason.verdicts_pending: "its run stopped with blind solves of its questions "
+                                    "owed (verdicts pending), and no message would bring them",
     RequeueReason.broker_epoch_changed: "the broker lost its data (restart without "
                                         "persistence, FLUSHALL)",
 }

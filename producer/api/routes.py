@@ -276,7 +276,7 @@ def get_exam(slug: Slug, c: Ctx) -> Any:
     return {"exam": slug, "title": syllabus.title, "state": "new", "pause_reason": None,
             "pause_code": None, "chapters": zero,
             "questions": {"done": 0, "target": sum(ch.questions for ch in syllabus.chapters)},
-            "cost_usd": 0.0, "budget_usd": None,
+            "cost_usd": 0.0, "budget_usd": None, "verify": syllabus.verify,
             "chapter_list": [{"id": ch.id, "title": ch.title, "state": "new",
                               "questions": {"done": 0, "target": ch.questions}}
                              for ch in syllabus.chapters]}
@@ -298,8 +298,10 @@ def post_run(slug: Slug, c: Ctx, request: Request,
                             "printable ASCII characters, one per distinct request)")
     budget = body.budget_usd if body is not None else None
     batch = body.batch if body is not None else None
+    verify = body.verify if body is not None else None
     run, _ = start_run(c, slug, key, budget,
-                       client_of(request.headers.get("authorization"), c.auth), batch=batch)
+                       client_of(request.headers.get("authorization"), c.auth), batch=batch,
+                       verify=verify)
     return JSONResponse(run_view(c, run), status_code=202,
                         headers={"Location": f"/runs/{run.id}"})
 

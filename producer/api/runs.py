@@ -52,13 +52,17 @@ def parse_key(value: str | None) -> str | None:
     return key
 
 
-def fingerprint(slug: str, budget_usd: float | None, batch: bool = False) -> str:
+def fingerprint(slug: str, budget_usd: float | None, batch: bool = False,
+                verify: str | None = None) -> str:
     """What a request asked, as a hash: the key's request must match it. `batch` is the
     mode the request resolves to (its `batch`, else LLM_BATCH), in the hash only when true,
-    so that the runs stored before batch mode keep their fingerprints."""
+    and `verify` only when given, so that the runs stored before them keep their
+    fingerprints."""
     asked: dict[str, Any] = {"exam": slug, "budget_usd": budget_usd}
     if batch:
         asked["batch"] = True
+    if verify is not None:
+        asked["verify"] = verify
     blob = json.dumps(asked, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()
 
@@ -151,7 +155,8 @@ def client_of(authorization: str | None, auth: bool) -> str:
 
 
 def start_run(ctx: Context, slug: str, key: str, budget_usd: float | None,
-              client: str = "", batch: bool | None = None) -> tuple[RunRow, bool]:
+              client: str = "", batch: bool | None = None, verify: str | None = None
+              ) -> tuple[RunRow, bool]:
     """The run of `client`'s `key` for this request (True if this request made it), its work
     handed on if it has not been yet: by this request, or by a repeat of the key when the
     first one died or the broker refused it. BrokerUnavailable (503) leaves the run queued."""
@@ -161,8 +166,8 @@ def start_run(ctx: Context, slug: str, key: str, budget_usd: float | None,
     exam_material(ctx.settings, slug, syllabus, store)  # bad sources: 422, before any write
     store.forget_idempotency_keys(ctx.settings.api_idempotency_ttl_s)
     batch = ctx.settings.llm_batch if batch is None else batch
-    run, created = store.create_run(slug, key, fingerprint(slug, budget_usd, batch),
-                                    budget_usd, client, batch=batch)
+    run, created = store.create_run(slug, key, fingerprint(slug, budget_usd, batch, verify),
+                                    budget_usd, client, batch=batch, verify=verify)
     if run.launched_at is None:
         try:
             launch(ctx, run, syllabus)
@@ -193,7 +198,8 @@ def launch(ctx: Context, run: RunRow, syllabus: Syllabus | None = None) -> bool:
             if older.id < run.id and older.state is None:
                 run_view(ctx, older)
         store.prepare_run(run.exam)
-        ctx.work.start(run.exam, syllabus, run.budget_usd, batch=run.batch)
+        ctx.work.start(run.exam, syllabus, run.budget_usd, batch=run.batch,
+                       verify=run.verify)
     except BaseException:
         store.release_launch(run.id)
         raise

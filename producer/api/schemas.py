@@ -84,6 +84,13 @@ class RunRequest(BaseModel):
                     "raised one resumes an exam its budget paused. Default: the exam's, or "
                     "BUDGET_USD for a new exam.")
 
+    verify: Literal["off", "flag", "replace"] | None = Field(
+        None,
+        description="The exam's blind-solve policy (as enqueue --verify), recorded on the "
+                    "exam and followed by every worker; flag or replace also solves the "
+                    "questions stored unverified, once each. Default: the syllabus's "
+                    "`verify`, else the exam's own, else (a new exam) the server's VERIFY.")
+
 
 class RunOut(BaseModel):
     """A run: the exam's progress and state since POST /exams/SLUG/runs made it."""
@@ -222,6 +229,10 @@ class ExamStatus(BaseModel):
     verification: VerificationOut | None = Field(default=None, description=(
         "The blind solve's verdicts (VERIFY) over its chapters (each chapter has its own "
         "`verification`); null when no question was verified."))
+    verify: str | None = Field(default=None, description=(
+        "Its blind-solve policy: off, flag or replace, recorded on the exam (enqueue "
+        "--verify, a run's or the syllabus's `verify`) and followed by every worker; for a "
+        "`new` exam, the syllabus's `verify` (null: none named)."))
 
 
 class Question(BaseModel):

@@ -32,9 +32,10 @@ class Work(Protocol):
         """Raise BrokerUnavailable if the work could not be handed on now."""
 
     def start(self, slug: str, syllabus: Syllabus, budget_usd: float | None,
-              batch: bool = False) -> EnqueuePlan:
-        """Record the exam's slices, set its mode (batch: the provider's Batch API) and hand
-        the unfinished ones to whoever does them."""
+              batch: bool = False, verify: str | None = None) -> EnqueuePlan:
+        """Record the exam's slices, set its mode (batch: the provider's Batch API) and its
+        blind-solve policy (`verify`; None keeps the exam's), and hand the unfinished ones
+        to whoever does them."""
 
     def resume(self, slug: str, slices: list[tuple[str, int]]) -> None:
         """Work on an open run's unfinished slices again: in --local, those the sweep finds
@@ -59,10 +60,10 @@ class CeleryWork:
         check_broker(app, self.settings)
 
     def start(self, slug: str, syllabus: Syllabus, budget_usd: float | None,
-              batch: bool = False) -> EnqueuePlan:
+              batch: bool = False, verify: str | None = None) -> EnqueuePlan:
         # batch: one batch pass is published (the workers' examforge.batches), no chapter task.
         return enqueue_exam(self.settings, self.store, slug, syllabus, budget_usd=budget_usd,
-                            batch=batch)
+                            batch=batch, verify=verify)
 
     def resume(self, slug: str, slices: list[tuple[str, int]]) -> None:
         """Publish the slices' messages (marked enqueued first): what a rejection during an
@@ -108,14 +109,15 @@ class LocalWork:
         pass
 
     def start(self, slug: str, syllabus: Syllabus, budget_usd: float | None,
-              batch: bool = False) -> EnqueuePlan:
+              batch: bool = False, verify: str | None = None) -> EnqueuePlan:
         from producer.grounding import exam_material
 
         material = exam_material(self.settings, slug, syllabus, self.store)
         plan = self.store.sync_exam(slug, syllabus, budget_usd=budget_usd,
                                     default_budget_usd=self.settings.budget_usd,
                                     slice_questions=self.settings.slice_questions,
-                                    material=material)
+                                    material=material, verify=verify,
+                                    default_verify=self.settings.verify, batch_mode=batch)
         self.store.set_exam_mode(slug, ExamMode.batch if batch else ExamMode.sync)
         if plan.exam_paused is None:
             self.resume(slug, plan.slices)

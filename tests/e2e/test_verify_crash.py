@@ -1,19 +1,28 @@
 """VERIFY with real processes: `producer run` SIGKILLed at each step of a blind solve, then
-run again. Whatever the step, no verdict is lost, every question is solved, the mock is paid
-for a solve again only when the killed one was already in flight (sent), and every paid call
-is in the ledger. The kills use EXAMFORGE_TEST_VERIFY_CRASH (runner.verify.test_hook: the
-process SIGKILLs itself at that step)."""
+resumed by one of the four entry points (`run`, `enqueue` with a worker, `POST /runs` of a
+`serve --local`, a reconciler pass with a worker). Whatever the step, no verdict is lost,
+every pending verdict is solved exactly once, the mock is paid for a solve again only when
+the killed one was already in flight (sent), and every paid call is in the ledger. The kills
+use EXAMFORGE_TEST_VERIFY_CRASH (runner.verify.test_hook: the process SIGKILLs itself at
+that step).
+
+Each step meets one entry point here (and each entry point one step: a Latin square, not
+the 16 pairs): what each entry point does with every state a kill leaves is proved on both
+databases at the integration tier (tests/integration/test_pending_verdicts.py)."""
 
 from __future__ import annotations
 
 import json
 
+import httpx
 import pytest
 from sqlalchemy import select
 
+from apiserver import ApiServer
 from harness import assert_stored_exactly_once, dump
+from helpers import wait_for
 from mockllm.questions import true_index
-from storage.base import Q
+from storage.base import Q, S
 
 PRICES = {"llm_price_prompt_per_mtok": 1.0, "llm_price_completion_per_mtok": 4.0}
 # The first batch's questions are committed pending; the kill comes at the step named.
@@ -33,10 +42,39 @@ def _paid_generations(mock):
     return [u for u in mock.usage() if u["chapter"] != "blind-solve" and u["paid"]]
 
 
-@pytest.mark.parametrize("database,step", [("sqlite", s) for s in STEPS]
-                         + [("postgres", "solve_answered")])
+def _resume(dep, entry):
+    """Go on after the kill through `entry`, until the exam is done."""
+    if entry == "run":
+        done = dep.cli("run", "vx", timeout=90)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return
+    if entry == "enqueue":
+        enq = dep.cli("enqueue", "vx")
+        assert enq.returncode == 0, enq.stdout + enq.stderr
+        dep.worker(2)
+    elif entry == "api":
+        server = ApiServer.start(dep, "--local")
+        with server.client() as c:
+            r = c.post("/exams/vx/runs", headers={"Idempotency-Key": "after-kill"})
+            assert r.status_code == 202, r.text
+    else:  # a reconciler pass (beat's), with a worker for what it publishes
+        dep.worker(2)
+        dep.beat()
+    report = dep.wait_done("vx", timeout_s=90)
+    assert report["chapters"]["done"] == 1, dump(report) + dep.worker_logs()
+
+
+# Each step once, each entry point at least once; the steps that leave verdicts pending
+# meet the three entry points that are not `run`. `verdicts_committed` leaves none pending
+# (a never-enqueued slice with nothing owed is the reconciler's to leave alone).
+MATRIX = [("sqlite", "after_commit", "reconcile"), ("sqlite", "solve_recorded", "enqueue"),
+          ("sqlite", "solve_answered", "api"), ("sqlite", "verdicts_committed", "run"),
+          ("postgres", "solve_answered", "reconcile")]
+
+
+@pytest.mark.parametrize("database,step,entry", MATRIX)
 def test_a_run_killed_at_a_step_of_a_blind_solve_resumes_exactly_once(deploy, mock, database,
-                                                                      step):
+                                                                      step, entry):
     mock.configure(wrong_key_rate=0.3, seed=11)
     dep = deploy(database, verify="replace", budget_usd=5, **PRICES)
     dep.syllabus("vx", [("a", 10)])
@@ -54,10 +92,16 @@ def test_a_run_killed_at_a_step_of_a_blind_solve_resumes_exactly_once(deploy, mo
     else:
         assert not pending and [c["outcome"] for c in solves] == ["used"]
     first_verdicts = {q["id"]: q["verdict"] for q in _questions(dep) if q["verdict"] != "pending"}
+    solves_before = mock.stats()["solves"]
 
-    done = dep.cli("run", "vx", timeout=90)
-    assert done.returncode == 0, done.stdout + done.stderr
+    # The entry point's own environment verifies nothing: the exam's policy rules.
+    dep.env["VERIFY"] = "off"
+    _resume(dep, entry)
     assert_stored_exactly_once(dep, "vx", {"a": 10})
+    if entry == "reconcile" and step != "verdicts_committed":
+        with dep.store.engine.connect() as conn:
+            code = conn.execute(select(S.c.requeue_code).where(S.c.exam == "vx")).scalar()
+        assert code == "verdicts_pending"
     questions = _questions(dep)
     calls = dep.calls("vx")
     numbered = [q for q in questions if q["number"] is not None]
@@ -82,6 +126,10 @@ def test_a_run_killed_at_a_step_of_a_blind_solve_resumes_exactly_once(deploy, mo
     # never paid.
     assert len(_paid_solves(mock)) == len(used) + (1 if step == "solve_answered" else 0), \
         dump(calls)
+    # Solved exactly once after the kill: one solve per batch booked since (the mock counts
+    # every solve it answered).
+    booked_before = 1 if step == "verdicts_committed" else 0
+    assert mock.stats()["solves"] - solves_before == len(used) - booked_before, dump(calls)
     generated = [c for c in calls if c["kind"] is None and c["outcome"] == "used"]
     assert len(_paid_generations(mock)) == len(generated), dump(calls)
     exam = dep.status("vx")

@@ -36,7 +36,8 @@ def _run(make_settings, db_url, mock, chapters, **overrides):
                              **{**PRICES, **overrides})
     store = open_store(settings.database_url)
     path = write_syllabus(settings.exams_dir, "ex", chapters)
-    store.sync_exam("ex", load_syllabus(path, max_questions=1000), budget_usd=5.0)
+    store.sync_exam("ex", load_syllabus(path, max_questions=1000), budget_usd=5.0,
+                    default_verify=settings.verify)
     rt = Runtime.build(settings, store)
     try:
         for chapter, _ in chapters:
@@ -148,7 +149,8 @@ def test_with_sources_each_question_is_solved_with_the_passage_it_cites(
     store = open_store(settings.database_url)
     syllabus = Syllabus.model_validate({"title": "T", "chapters": [
         {"id": "a", "title": "A", "questions": 10, "sources": ["n.md"]}]})
-    plan = store.sync_exam("ex", syllabus, slice_questions=10, budget_usd=5.0, material={
+    plan = store.sync_exam("ex", syllabus, slice_questions=10, budget_usd=5.0, verify="flag",
+                           material={
         "a": read_material(["n.md"], lambda name: notes.encode(), str)})
     rt = Runtime.build(settings, store)
     requests: list[str] = []

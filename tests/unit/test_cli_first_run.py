@@ -370,7 +370,7 @@ def test_a_dry_run_counts_the_blind_solves_of_verify_and_their_cost(env, capsys)
                                                abs=1.5e-6)
     code, stdout, _ = cli(capsys, "enqueue", "ex", "--dry-run", VERIFY="flag",
                           VERIFY_MODEL="gpt-4o-mini", **prices)
-    assert code == 0 and "blind solves (VERIFY=flag)" in stdout and "gpt-4o-mini" in stdout, \
+    assert code == 0 and "blind solves (policy flag)" in stdout and "gpt-4o-mini" in stdout, \
         stdout
 
 
@@ -378,5 +378,5 @@ def test_verify_in_batch_mode_is_said_not_to_apply(env, capsys):
     write_syllabus(Path(env["EXAMS_DIR"]), "ex", [("a", 5)])
     code, stdout, stderr = cli(capsys, "enqueue", "ex", "--dry-run", "--batch", VERIFY="flag")
     assert code == 0, stdout
-    assert "VERIFY=flag does not apply in batch mode" in stderr
+    assert "policy (flag) does not apply in batch mode" in stderr
     assert "blind solves" not in stdout

@@ -166,6 +166,10 @@ function render(entry) {
   meter.hidden = budget === null;
   if (budget !== null) $(".fill", meter).style.width = `${Math.min(100, (100 * spent) / budget)}%`;
   $(".run", node).textContent = run ? `· run ${run.id}` : "";
+  // The exam's blind-solve policy, which every worker follows (off, flag, replace).
+  const policy = exam.verify ?? null;
+  $(".verify", node).textContent = policy ? `· blind solves: ${policy}` : "";
+  $(".verify", node).dataset.verify = policy ?? "";
   $(".run", node).dataset.run = run ? run.id : "";
   const reason = run?.pause_reason ?? (runState === "paused" ? exam.pause_reason : null);
   const code = run?.pause_reason ? run.pause_code : (runState === "paused" ? exam.pause_code : null);
