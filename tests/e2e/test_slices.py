@@ -121,7 +121,9 @@ def test_a_target_raised_mid_run_adds_slices_that_run_beside_the_others(deploy, 
 
 
 def test_cancel_with_slices_in_flight_stops_every_slice_and_keeps_what_is_stored(deploy, mock):
-    mock.configure(latency_s=1.0)
+    # 2 s a call (the deadline is 3 s): each slice (five calls) outlasts the cancel's start on a
+    # loaded machine (at 1 s, a cancel that took 5 s to start found the chapter done).
+    mock.configure(latency_s=2.0)
     dep = deploy("sqlite", questions_per_call=5, slice_questions=25)
     dep.syllabus("stop", [("c", 100)])
     dep.worker(16)
