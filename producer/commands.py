@@ -544,7 +544,7 @@ def review(slug: str, as_json: bool) -> None:
               + (f"; {unverified} unverified (no blind-solve verdict yet)" if unverified
                  else "")
               + (f"; {rejected} rejected" if rejected else "")
-              + (f"; {missing} missing (the next enqueue generates them)" if missing else "")
+              + (f"; {missing} missing (the next run or enqueue generates them)" if missing else "")
               + ("" if verdicts else "; no blind-solve verdicts in this database"))
 
 

@@ -44,7 +44,7 @@ def test_review_counts_per_chapter(env, capsys):  # noqa: F811
                               "disputed": 0, "stale": 0}
     code, out, err = cli(capsys, "review", "ex")
     assert code == 0, err
-    assert "2 questions to review; 1 rejected; 1 missing (the next enqueue generates them)" \
+    assert "2 questions to review; 1 rejected; 1 missing (the next run or enqueue generates them)" \
         in out, out
     assert_one_line(*cli(capsys, "review", "nope")[::2], "nope")
 
