@@ -37,6 +37,7 @@ def _run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
         env={**os.environ, "PYTHONPATH": str(TESTS)}, timeout=120)
 
 
+@pytest.mark.slow  # each starts a pytest of its own
 @pytest.mark.parametrize("args", [(), ("-n", "2")], ids=["serial", "xdist"])
 def test_an_unmarked_test_over_the_limit_fails_the_run_by_name(tmp_path, args):
     result = _run(tmp_path, *args)
@@ -47,6 +48,7 @@ def test_an_unmarked_test_over_the_limit_fails_the_run_by_name(tmp_path, args):
     assert "suite time: " in result.stdout and "of its budget of 1000 s" in result.stdout
 
 
+@pytest.mark.slow
 def test_a_run_within_the_limit_passes(tmp_path):
     result = _run(tmp_path, "-k", "not unmarked")
     assert result.returncode == 0, result.stdout + result.stderr
