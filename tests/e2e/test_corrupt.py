@@ -277,7 +277,9 @@ def test_a_backup_taken_mid_run_restores_and_enqueue_pays_only_for_the_rest(depl
     """The documented way back (docs/how-to/backup-and-restore.md): `backup` while the workers write; later, stop the workers,
     put the copy in place of the file, run `enqueue` again. The second run pays for exactly
     the batches the copy did not hold, and every question is stored once."""
-    mock.configure(latency_s=0.25)
+    # 1 s a call: the rest of the run (about 8 s on 3 threads) outlasts the backup command's
+    # start on a loaded machine (at 0.25 s the run once ended before the copy was taken).
+    mock.configure(latency_s=1.0)
     dep = deploy(questions_per_call=QPC)
     targets = {f"c{i}": 10 for i in range(16)}  # 32 calls of 5
     dep.syllabus("ex", list(targets.items()))
