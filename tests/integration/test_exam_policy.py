@@ -22,6 +22,7 @@ from examforge.settings import Settings, load_settings
 from helpers import write_syllabus
 from mockllm import MockConfig, MockServer
 from storage.base import Q
+from test_cli_first_run import cli  # the CLI in this process, one helper for both tiers
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
 
@@ -49,27 +50,6 @@ def env(monkeypatch, tmp_path, db_url, redis_url, mock):
     load_settings.cache_clear()
     yield values
     load_settings.cache_clear()
-
-
-def cli(capsys, *args, **env):
-    """(exit code, stdout, stderr) of `python -m producer ARGS` in this process."""
-    from producer.cli import main
-
-    mp = pytest.MonkeyPatch()
-    root = logging.getLogger()
-    mp.setattr(root, "handlers", list(root.handlers))
-    mp.setattr(root, "level", root.level)
-    try:
-        for name, value in env.items():
-            mp.setenv(name, value)
-        load_settings.cache_clear()
-        capsys.readouterr()
-        code = main(list(args))
-        captured = capsys.readouterr()
-    finally:
-        mp.undo()
-        load_settings.cache_clear()
-    return code, captured.out, captured.err
 
 
 def _work(env, **settings):
