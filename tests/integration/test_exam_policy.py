@@ -9,7 +9,6 @@ setting beat reads in its own environment."""
 from __future__ import annotations
 
 import json
-import logging
 import sys
 import time
 from pathlib import Path
