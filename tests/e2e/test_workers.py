@@ -74,7 +74,9 @@ def test_sigkill_mid_chapters_then_a_new_worker_completes_without_repeating_batc
     wasted = [c for c in calls if c["outcome"] == "wasted"]
     assert len(wasted) == in_flight_at_kill
     assert all(c["reason"] == CallReason.crash_before_commit for c in wasted)
-    assert mock.stats()["calls_total"] == len(calls)
+    # A call is booked before it is sent, so a kill between the two leaves one the provider
+    # never saw: of those in flight at the kill, any may be missing at the provider, no other.
+    assert len(calls) - in_flight_at_kill <= mock.stats()["calls_total"] <= len(calls)
 
 
 def test_a_task_delivered_twice_while_it_runs_makes_one_set_of_calls(deploy, mock):
