@@ -9,6 +9,9 @@ Under pytest-xdist the reports reach the controller, which does both."""
 
 from __future__ import annotations
 
+import json
+import os
+import resource
 import time
 from typing import Any
 
@@ -29,6 +32,27 @@ def pytest_configure(config: pytest.Config) -> None:
     config._examforge_too_slow = []  # type: ignore[attr-defined]
     config._examforge_started = time.monotonic()  # type: ignore[attr-defined]
     _CONFIG["config"] = config
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+    """With EXAMFORGE_CPU_LOG=FILE, each test's CPU (this process and the children it reaped:
+    workers, CLI runs) is appended to FILE as a JSON line, to find where the suite's CPU goes
+    (`python tests/cpu_report.py FILE` sums it)."""
+    path = os.environ.get("EXAMFORGE_CPU_LOG")
+    if not path:
+        return (yield)
+    def cpu() -> float:
+        own, kids = resource.getrusage(resource.RUSAGE_SELF), \
+            resource.getrusage(resource.RUSAGE_CHILDREN)
+        return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+    started, wall = cpu(), time.monotonic()
+    try:
+        return (yield)
+    finally:
+        with open(path, "a", encoding="utf-8") as out:
+            out.write(json.dumps({"test": item.nodeid, "cpu_s": round(cpu() - started, 2),
+                                  "wall_s": round(time.monotonic() - wall, 2)}) + "\n")
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
