@@ -130,7 +130,9 @@ def test_a_deep_backlog_is_never_re_published(deploy, mock, tmp_path):
     broker = PrivateRedis(tmp_path).start()
     try:
         mock.configure(latency_s=0.02)
-        dep = deploy("sqlite", broker_url=broker.url, reconcile_interval_s=1)
+        # Leases of 15 s: the test is about waiting messages, and a lease lost to a starved
+        # heartbeat on an overloaded machine (4 s, load 11) is a re-publish it rightly makes.
+        dep = deploy("sqlite", broker_url=broker.url, reconcile_interval_s=1, lease_s=15)
         dep.syllabus("exam", [(f"ch-{i:04d}", 1) for i in range(chapters)])
         assert dep.cli("enqueue", "exam", timeout=120).returncode == 0
         dep.worker(4)
