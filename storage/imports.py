@@ -27,7 +27,7 @@ from examforge.output import text_hash
 from storage import neardup
 from storage.base import E, K, Q, S
 from storage.ledger import Ledger, question_row
-from storage.models import CallOutcome, ChapterState
+from storage.models import CallOutcome, ChapterState, Verdict, VerifyPolicy
 
 # What an imported question says of its origin (Question.model, Call.model, Call.worker).
 IMPORT_MODEL = "import"
@@ -137,11 +137,16 @@ class Imports(Ledger):
             # of them belongs to a dead holder. Settled now, before the slices it was for are
             # filled and done (Ledger._settle_orphans).
             self._settle_orphans(conn, slug, wanted)
+            # Under a policy that verifies, a question bought elsewhere never had a blind
+            # solve: it is owed one (a pending verdict is work: the next run of its slice
+            # solves it once), as a question stored before the policy was raised is.
+            verifying = conn.execute(select(E.c.verify).where(E.c.slug == slug)
+                                     ).scalar_one() != VerifyPolicy.off.value
             result = ImportResult(slug, [])
             for chapter_id in wanted:
                 result.chapters.append(self._import_chapter(
                     conn, slug, chapter_id, questions[chapter_id], ranges[chapter_id],
-                    source, now, near_dup))
+                    source, now, near_dup, verifying))
         return result
 
     def _refuse_busy(self, conn: Connection, slug: str, chapter_ids: Sequence[str]) -> None:
@@ -176,7 +181,8 @@ class Imports(Ledger):
 
     def _import_chapter(self, conn: Connection, slug: str, chapter_id: str,
                         questions: Sequence[ParsedQuestion], ranges: list[_Range],
-                        source: str, now: float, near_dup: Checker | None) -> ChapterImport:
+                        source: str, now: float, near_dup: Checker | None,
+                        verifying: bool = False) -> ChapterImport:
         report = ChapterImport(chapter_id)
         # Rows stored before norm_hash existed have none: compare their text instead.
         stored = {h or text_hash(text) for h, text in conn.execute(
@@ -236,7 +242,8 @@ class Imports(Ledger):
             ids = conn.execute(insert(Q).returning(Q.c.id, sort_by_parameter_order=True), [
                 {"exam": slug, "chapter_id": chapter_id, "number": n,
                  "norm_hash": h, "model": IMPORT_MODEL, "call_id": call_id, "created_at": now,
-                 **question_row(known_levels(balanced(q, slug, chapter_id, n)))}
+                 **question_row(known_levels(balanced(q, slug, chapter_id, n))),
+                 **({"verdict": Verdict.pending.value} if verifying else {})}
                 for n, (q, h) in zip(numbers, batch)]).scalars().all()
             # Indexed like generated questions, so that the model's repeats of them are caught.
             neardup.index(conn, slug, chapter_id, ids, [signed[h] for _, h in batch])

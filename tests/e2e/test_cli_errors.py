@@ -211,3 +211,14 @@ def test_run_against_an_endpoint_that_refuses_every_connection_pauses_and_says_w
     status = dep.status("exam")
     assert status["state"] == "paused" and status["pause_code"] == "unreachable", status
     assert status["cost_usd"] == 0 and status["usage"]["calls_in_flight"] == 0
+    # The endpoint fixed (here: the mock), `resume` as the line says, then the same `run`:
+    # the exam finishes, and the provider is paid for exactly the calls it needs.
+    fixed = {"LLM_BASE_URL": dep.mock.base_url}
+    resumed = dep.cli("resume", "exam", **fixed)
+    assert resumed.returncode == 0, resumed.stderr
+    assert dep.status("exam")["state"] != "paused"
+    run = dep.cli("run", "exam", timeout=120, **fixed)
+    assert run.returncode == 0, (run.returncode, run.stdout, run.stderr)
+    status = dep.status("exam")
+    assert status["questions"]["done"] == 20 and status["pause_code"] is None, status
+    assert dep.mock.stats()["calls_total"] == 4  # 20 questions, 5 a call

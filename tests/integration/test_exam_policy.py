@@ -170,3 +170,30 @@ def test_enqueue_batch_quotes_no_value_of_a_setting_beat_reads(env, capsys):
     code, out, err = cli(capsys, "enqueue", "ex", "--batch", BATCH_POLL_S="7")
     assert code == 0, out + err
     assert "BATCH_POLL_S" in out and "7s" not in out and "(7" not in out, out
+
+
+def test_questions_imported_into_a_verified_exam_are_solved_once_by_its_next_run(
+        env, capsys, mock, tmp_path):
+    # Bought elsewhere, they never had a blind solve: under the exam's policy (flag, recorded
+    # at enqueue) they are owed one, like questions stored before the policy was raised.
+    write_syllabus(Path(env["EXAMS_DIR"]), "ex", [("a", 10)])
+    assert cli(capsys, "enqueue", "ex", "--verify", "flag")[0] == 0
+    lines = [json.dumps({"chapter_id": "a", "question": f"Imported question {i} about "
+                         f"topic {i * 7}?", "choices": ["w", "x", "y", "z"],
+                         "answer_index": i % 4, "explanation": "because"})
+             for i in range(6)]
+    (tmp_path / "bought.jsonl").write_text("\n".join(lines) + "\n")
+    code, out, err = cli(capsys, "import", "ex", str(tmp_path / "bought.jsonl"))
+    assert code == 0 and "imported 6" in out, out + err
+    status = _status(capsys)
+    assert status["verify"] == "flag"  # the import kept the exam's policy
+    assert status["verification"]["pending"] == 6, status["verification"]
+    code, out, err = cli(capsys, "enqueue", "ex")  # the rest, and the owed solves
+    assert code == 0, out + err
+    store = _work(env)  # a worker without VERIFY of its own: the exam's policy rules
+    assert None not in _verdicts(store) and "pending" not in _verdicts(store)
+    assert len(_verdicts(store)) == 10
+    solved = _solves(mock)
+    _work(env)  # nothing is owed twice
+    assert _solves(mock) == solved
+    assert _status(capsys)["verification"]["pending"] == 0
