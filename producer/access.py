@@ -115,13 +115,15 @@ def cli_actor() -> str:
 @contextlib.contextmanager
 def audited(store: Any, actor: str, action: str, exam: str | None,
             details: dict[str, Any] | None = None) -> Iterator[dict[str, Any]]:
-    """Record `action` once its block ends: `ok`, or `failed` with the error (raised on).
-    The block may add to the yielded details, or set `outcome` (e.g. `refused`)."""
+    """Record `action` once its block ends: `ok`; `refused` for a user's error (a bad
+    input, a conflict: the API's 4xx); `failed` for any other error (raised on, in both
+    cases, with the error in the details). The block may add to the yielded details, or
+    set `outcome` itself."""
     note: dict[str, Any] = {"details": dict(details or {}), "outcome": "ok"}
     try:
         yield note
     except BaseException as exc:
-        note["outcome"] = "failed"
+        note["outcome"] = "refused" if isinstance(exc, UserError) else "failed"
         note["details"]["error"] = f"{type(exc).__name__}: {exc}"[:500]
         raise
     finally:
