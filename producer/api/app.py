@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any, AsyncIterator
 
 from fastapi import Depends, FastAPI
-from fastapi.routing import APIRoute
 from fastapi.staticfiles import StaticFiles
 from starlette.concurrency import run_in_threadpool
 
@@ -144,10 +143,9 @@ def _declare_security(app: FastAPI, spec: dict[str, Any]) -> None:
     spec["components"]["securitySchemes"] = {"bearer": {
         "type": "http", "scheme": "bearer", "description": _ROLES_TEXT}}
     roles: dict[tuple[str, str], Role | None] = {}
-    for route in app.routes:
-        if isinstance(route, APIRoute):
-            for method in route.methods or ():
-                roles[(route.path_format, method.lower())] = auth.required_role(route.endpoint)
+    for route in auth.api_routes(app):
+        for method in route.methods or ():
+            roles[(route.path_format, method.lower())] = auth.required_role(route.endpoint)
     problem_ref = {problems.PROBLEM_JSON: {"schema": {"$ref": "#/components/schemas/Problem"}}}
     for path, ops in spec.get("paths", {}).items():
         for method, op in ops.items():

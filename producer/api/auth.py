@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Iterator, TypeVar
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
 
 from examforge.errors import UnknownExam
 from examforge.settings import Settings
@@ -63,6 +64,17 @@ def public(endpoint: F) -> F:
     """A route that needs no token (the probe)."""
     endpoint.public = True  # type: ignore[attr-defined]
     return endpoint
+
+
+def api_routes(router: Any) -> Iterator[APIRoute]:
+    """Every APIRoute of `router` (an app or a router), those of included routers too:
+    FastAPI keeps an included router as one entry of `routes` (`original_router`), not as
+    its routes."""
+    for route in getattr(router, "routes", ()):
+        if isinstance(route, APIRoute):
+            yield route
+        elif getattr(route, "original_router", None) is not None:
+            yield from api_routes(route.original_router)
 
 
 def required_role(endpoint: Any) -> Role | None:
