@@ -981,7 +981,7 @@ def _scope_text(exams: list[str] | None) -> str:
 
 def token_list(as_json: bool, revoked: bool) -> None:
     rows = _read_store(_settings()).tokens(revoked=revoked)
-    items = [{"name": t.name, "role": t.role, "exams": t.exams,
+    items: list[dict[str, Any]] = [{"name": t.name, "role": t.role, "exams": t.exams,
               "created_at": when(t.created_at), "created_by": t.created_by,
               "last_used_at": when(t.last_used_at), "revoked_at": when(t.revoked_at)}
              for t in rows]

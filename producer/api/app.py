@@ -59,7 +59,6 @@ def create_app(settings: Settings, local: bool = False, *, no_auth: bool = False
                               "Errors are RFC 9457 problem documents.")
     app.state.ctx = ctx
     problems.install(app, routes.router)
-    auth.install(app)
     app.include_router(routes.router, dependencies=[Depends(auth.authorize)])
     app.mount("/", StaticFiles(directory=STATIC_DIR, html=True), name="page")
     app.add_middleware(BodyLimit)

@@ -7,7 +7,8 @@ by `authorize`, one dependency on every route of the API: the route declares the
 needs (`requires`; a route that declares none needs admin, so a new route is closed until
 someone decides), and a route with an exam (`{slug}`, or a run's exam) is 404 to a token
 that does not see that exam, as if it did not exist, before the role is even looked at.
-Beyond the role is 403, a problem document naming the role needed.
+Beyond the role is 403 (examforge.errors.Forbidden), a problem document naming the
+role needed (`required_role`).
 """
 
 from __future__ import annotations
@@ -16,36 +17,31 @@ import logging
 import time
 from typing import Any, Callable, Iterator, TypeVar
 
-from fastapi import APIRouter, FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi import APIRouter, Request
 from fastapi.routing import APIRoute
 
-from examforge.errors import UnknownExam
+from examforge.errors import Forbidden, UnknownExam
 from examforge.settings import Settings
 from producer.access import (NO_AUTH, TOKEN_PREFIX, TOKEN_TOUCH_S, Principal, Role, same_hash,
                              token_hash)
 from producer.api import schemas
 from producer.api.middleware import bearer_token, token_ok
-from producer.api.problems import problem, responses
+from producer.api.problems import responses
 
 log = logging.getLogger("examforge.api")
 F = TypeVar("F", bound=Callable[..., Any])
 router = APIRouter(tags=["access"])
 
 
-class Forbidden(Exception):
-    """Raised when a token's role (or its exam scope) is short of what a route needs."""
-
-    def __init__(self, needed: Role, principal: Principal, every_exam: bool = False) -> None:
-        self.needed, self.principal, self.every_exam = needed, principal, every_exam
-        if every_exam:
-            detail = (f"this covers every exam: it needs a {needed.value} token without an "
-                      f"exam scope; token {principal.name} sees only "
-                      f"{', '.join(sorted(principal.exams or ()))}")
-        else:
-            detail = (f"this needs the {needed.value} role; token {principal.name} is a "
-                      f"{principal.role.value}")
-        super().__init__(detail)
+def _forbidden(needed: Role, principal: Principal, every_exam: bool = False) -> Forbidden:
+    if every_exam:
+        detail = (f"this covers every exam: it needs a {needed.value} token without an exam "
+                  f"scope; token {principal.name} sees only "
+                  f"{', '.join(sorted(principal.exams or ()))}")
+    else:
+        detail = (f"this needs the {needed.value} role; token {principal.name} is a "
+                  f"{principal.role.value}")
+    return Forbidden(detail, needed.value, every_exam)
 
 
 def requires(role: Role, *, every_exam: bool = False) -> Callable[[F], F]:
@@ -156,18 +152,10 @@ def authorize(request: Request) -> None:
             raise UnknownExam(f"no run {request.path_params['run_id']}")
         raise UnknownExam(f"unknown exam {exam!r}")
     if not principal.role.allows(needed):
-        raise Forbidden(needed, principal)
-    if getattr(route.endpoint, "every_exam", False) and principal.exams is not None:
-        raise Forbidden(needed, principal, every_exam=True)
-
-
-def install(app: FastAPI) -> None:
-    """The 403 problem document."""
-
-    @app.exception_handler(Forbidden)
-    async def _forbidden(request: Request, exc: Forbidden) -> JSONResponse:
-        return problem(403, str(exc), required_role=exc.needed.value,
-                       **({"required_scope": "every exam"} if exc.every_exam else {}))
+        raise _forbidden(needed, principal)
+    if getattr(getattr(route, "endpoint", None), "every_exam", False) and \
+            principal.exams is not None:
+        raise _forbidden(needed, principal, every_exam=True)
 
 
 @router.get("/me", response_model=schemas.Me, responses=responses(401))
