@@ -64,7 +64,7 @@ def create_app(settings: Settings, local: bool = False, *, no_auth: bool = False
     app.add_middleware(BodyLimit)
     if not no_auth:
         # Outermost: a request without a token is refused before its body is even read.
-        app.add_middleware(BearerAuth, resolve=auth.Resolver(settings, store),
+        app.add_middleware(BearerAuth, resolver=auth.Resolver(settings, store),
                            static_dir=STATIC_DIR)
     _declare_problem(app, settings)
     return app

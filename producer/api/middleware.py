@@ -64,13 +64,13 @@ def token_ok(header: bytes | None, tokens: list[bytes]) -> bool:
 
 class BearerAuth:
     """401 for every request without a valid token, except the public paths and the
-    page's static files. `resolve` (producer.api.auth.Resolver) names the caller of a
-    header, or None; it may read the database, so it runs in the thread pool. The caller
-    is handed on in the request's state (`principal`), for the routes' `authorize`."""
+    page's static files. `resolver` (producer.api.auth.Resolver) names the caller of a
+    header, or None: `flat_token` from memory, `named_token` from the database (so in the
+    thread pool). The caller is handed on in the request's state (`principal`), for the
+    routes' `authorize`."""
 
-    def __init__(self, app: ASGIApp, resolve: Callable[[bytes | None], Any],
-                 static_dir: Path) -> None:
-        self.app, self.resolve, self.static_dir = app, resolve, static_dir.resolve()
+    def __init__(self, app: ASGIApp, resolver: Any, static_dir: Path) -> None:
+        self.app, self.resolver, self.static_dir = app, resolver, static_dir.resolve()
 
     def _public(self, scope: Scope) -> bool:
         path = scope.get("path", "")
@@ -87,7 +87,8 @@ class BearerAuth:
             return
         header = dict(scope.get("headers") or []).get(b"authorization")
         try:
-            principal = await run_in_threadpool(self.resolve, header)
+            principal = self.resolver.flat_token(header) or await run_in_threadpool(
+                self.resolver.named_token, header)
         except Exception as exc:  # the database did not answer: no way to check the token
             log.error("token check failed: %s", type(exc).__name__)
             await _answer(send, 503, "the token cannot be checked now: the database did not "
