@@ -10,6 +10,7 @@
     │   ├── BadCursor                a page cursor no page gave
     │   ├── BadImportLine            a line of an import file is invalid: nothing imported
     │   ├── IdempotencyKeyReused     an Idempotency-Key came back with another request
+    │   ├── Forbidden                a token's role or exam scope falls short (the API's 403)
     │   ├── Conflict                 the request conflicts with the exam's state (409)
     │   │   ├── ChapterBusy          an import names a chapter a worker is generating
     │   │   ├── ExamRunning          prune asked of an exam with chapters still running
@@ -133,6 +134,15 @@ class UnknownQuestion(UserError):
 class BadEdit(UserError):
     """Raised when a review's edit names a field it cannot change or a value a question
     cannot hold (two equal choices, an answer out of range, an unknown level)."""
+
+
+class Forbidden(UserError):
+    """Raised when a token's role, or its exam scope, falls short of what a request needs
+    (the API's 403, naming the role needed)."""
+
+    def __init__(self, message: str, required_role: str, every_exam: bool = False) -> None:
+        super().__init__(message)
+        self.required_role, self.every_exam = required_role, every_exam
 
 
 class BadCursor(UserError):

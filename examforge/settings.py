@@ -310,8 +310,10 @@ class Settings(BaseSettings):
     # The HTTP API (python -m producer serve, issue 11).
     api_tokens: SecretStr = Field(
         SecretStr(""),
-        description="Comma-separated bearer tokens the API accepts; never logged. Unset: serve "
-                    "refuses to start unless bound to loopback with --no-auth.",
+        description="Comma-separated bearer tokens the API accepts, each an admin of every "
+                    "exam; never logged. Prefer named tokens (`producer token add`), which "
+                    "have a role and an exam scope. With neither, serve refuses to start "
+                    "unless bound to loopback with --no-auth.",
     )
     api_idempotency_ttl_s: float = Field(
         86400.0, ge=86400.0,

@@ -297,7 +297,66 @@ def prune(older_than: Duration, dry_run: bool, slug: str | None) -> None:
               help="Accept requests without a token; only on a loopback address.")
 @_dispatch
 def serve(host: str, port: int, local: bool, no_auth: bool) -> None:
-    """The HTTP API and its page (FastAPI under uvicorn): API_TOKENS are the bearer tokens."""
+    """The HTTP API and its page (FastAPI under uvicorn). Bearer tokens: the named ones of
+    `token add`, and API_TOKENS (admin)."""
+
+
+_ROLES = ("reader", "reviewer", "operator", "admin")
+
+
+@cli.group()
+def token() -> None:
+    """Named bearer tokens of the API (serve), each with a role and, optionally, the exams
+    it may see. Roles, each including the one before: reader (reads exams, questions, runs,
+    exports, metrics), reviewer (+ approves, rejects, edits), operator (+ syllabi, sources,
+    runs, budgets), admin (+ the audit, on every exam)."""
+
+
+@token.command("add")
+@click.argument("name")
+@click.option("--role", type=click.Choice(_ROLES), required=True, help="What the token may do.")
+@click.option("--exam", "exams", multiple=True, metavar="SLUG",
+              help="Only this exam (repeatable); any other is 404 to the token. Default: every "
+                   "exam.")
+@_dispatch
+def token_add(name: str, role: str, exams: tuple[str, ...]) -> None:
+    """Create a token named NAME (the history and the audit show it) and print it once,
+    alone on the last line of stdout: only its hash is stored."""
+
+
+@token.command("list")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object on stdout.")
+@click.option("--revoked", is_flag=True, help="The revoked tokens too.")
+@_dispatch
+def token_list(as_json: bool, revoked: bool) -> None:
+    """The named tokens: name, role, exams, created, last used (to within a minute). Never
+    a token itself."""
+
+
+@token.command("revoke")
+@click.argument("name")
+@_dispatch
+def token_revoke(name: str) -> None:
+    """End the live token NAME: refused from the next request on, by every serve."""
+
+
+@cli.command()
+@click.option("--exam", "slug", default=None, metavar="SLUG", help="Only this exam's rows.")
+@click.option("--since", default=None, metavar="WHEN",
+              help="Only rows since then: an ISO 8601 time (2026-12-01T09:00Z) or a duration "
+                   "ago (30m, 12h, 7d).")
+@click.option("--json", "as_json", is_flag=True,
+              help='JSON on stdout: {"items": [...], "next": CURSOR or null}.')
+@click.option("--limit", type=click.IntRange(1, 100_000), default=100, show_default=True,
+              help="Rows on the page.")
+@click.option("--after", metavar="CURSOR",
+              help="The page after this cursor: the `next` of the page before.")
+@_dispatch
+def audit(slug: str | None, since: str | None, as_json: bool, limit: int,
+          after: str | None) -> None:
+    """Who started, cancelled, resumed or retried work, set a budget, put a syllabus or
+    source, or added or revoked a token: newest first, a page at a time. The command line
+    acts as cli:<user>; the API as the token's name."""
 
 
 @cli.command("mock-llm", add_help_option=False,  # --help is the mock's own, listing every option

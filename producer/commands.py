@@ -302,9 +302,13 @@ def enqueue(slug: str, regenerate: tuple[str, ...], discard_reviewed: bool,
 
     from producer.enqueueing import enqueue_exam
 
-    plan = enqueue_exam(settings, store, slug, syllabus, regenerate=regenerate,
-                        budget_usd=budget_usd, before_write=before_write, batch=batch,
-                        verify=verify, discard_reviewed=discard_reviewed, warn=_warn)
+    with _audited(store, "run.start", slug, {"command": "enqueue", "budget_usd": budget_usd,
+                                             "batch": batch, "verify": verify,
+                                             "regenerate": list(regenerate) or None}):
+        plan = enqueue_exam(settings, store, slug, syllabus, regenerate=regenerate,
+                            budget_usd=budget_usd, before_write=before_write, batch=batch,
+                            verify=verify, discard_reviewed=discard_reviewed, warn=_warn)
+    _audit_budget(store, slug, budget_usd)
     for regeneration in plan.regenerated.values():
         click.echo("\n".join(regeneration.lines(slug)))
     for chapter_id in restarted:
@@ -570,18 +574,10 @@ def run(slug: str, concurrency: int, budget_usd: float | None, dry_run: bool,
         _dry_run(settings, slug, syllabus, budget_usd, batch=batch, verify=verify)
         return
     store = _store(settings)
-    from producer.grounding import exam_material
-    material = exam_material(settings, slug, syllabus, store, _warn)  # refused before a write
-    _warn_unpriced(settings)
-    _warn_verify_batch(verify or syllabus.verify or store.verification_owed(slug)[0]
-                       or settings.verify, bool(batch))
-    for chapter_id in store.restart_cancelled(slug):  # as enqueue: run undoes `cancel`
-        err.print(f"restarted {slug}/{chapter_id} (was cancelled)")
-    plan = store.sync_exam(slug, syllabus, budget_usd=budget_usd,
-                           default_budget_usd=settings.budget_usd,
-                           slice_questions=settings.slice_questions, material=material,
-                           verify=verify, default_verify=settings.verify,
-                           batch_mode=bool(batch))
+    with _audited(store, "run.start", slug, {"command": "run", "budget_usd": budget_usd,
+                                             "batch": batch, "verify": verify}):
+        plan = _start_local(settings, store, slug, syllabus, budget_usd, batch, verify)
+    _audit_budget(store, slug, budget_usd)
     err.print(_policy_line(plan))
     if plan.exam_paused:
         raise UserError(f"exam {slug} is paused ({plan.exam_paused}); "
@@ -615,6 +611,41 @@ def run(slug: str, concurrency: int, budget_usd: float | None, dry_run: bool,
               f"{report.chapters.done}/{report.chapters.total} chapters done"
               + _cancelled_note(report.chapters.cancelled, slug))
     _exit_as_the_exam_ended(report, slug)
+
+
+def _start_local(settings: Settings, store: Store, slug: str, syllabus: Syllabus,
+                 budget_usd: float | None, batch: bool, verify: str | None) -> Any:
+    """`run`'s start: the exam recorded and its slices cut, as enqueue does."""
+    from producer.grounding import exam_material
+    material = exam_material(settings, slug, syllabus, store, _warn)  # refused before a write
+    _warn_unpriced(settings)
+    _warn_verify_batch(verify or syllabus.verify or store.verification_owed(slug)[0]
+                       or settings.verify, bool(batch))
+    for chapter_id in store.restart_cancelled(slug):  # as enqueue: run undoes `cancel`
+        err.print(f"restarted {slug}/{chapter_id} (was cancelled)")
+    return store.sync_exam(slug, syllabus, budget_usd=budget_usd,
+                           default_budget_usd=settings.budget_usd,
+                           slice_questions=settings.slice_questions, material=material,
+                           verify=verify, default_verify=settings.verify,
+                           batch_mode=bool(batch))
+
+
+def _audited(store: Store, action: str, slug: str | None,
+             details: dict[str, Any] | None = None) -> Any:
+    """The audit of a command's action, as the local user (producer.access.audited)."""
+    from producer.access import audited, cli_actor
+
+    return audited(store, cli_actor(), action, slug,
+                   {k: v for k, v in (details or {}).items() if v is not None})
+
+
+def _audit_budget(store: Store, slug: str, budget_usd: float | None) -> None:
+    """A budget given to enqueue or run: recorded on its own, as the API's (`audit
+    --exam SLUG` then lists every change of it)."""
+    if budget_usd is not None:
+        from producer.access import cli_actor
+
+        store.record_audit(cli_actor(), "budget.set", slug, {"budget_usd": budget_usd}, "ok")
 
 
 def _exit_as_the_exam_ended(report: ExamReport, slug: str) -> None:
@@ -731,8 +762,10 @@ def resume(slug: str) -> None:
     store = _store(settings)
     check_broker(app, settings)
     _warn_unpriced(settings)
-    slices = store.resume(slug)
-    publish_work(app, store, slug, slices, broker_epoch(app, settings) if slices else None)
+    with _audited(store, "run.resume", slug) as note:
+        slices = store.resume(slug)
+        publish_work(app, store, slug, slices, broker_epoch(app, settings) if slices else None)
+        note["details"]["slices"] = len(slices)
     chapters = len({chapter_id for chapter_id, _ in slices})
     out.print(f"resumed {slug}: {plural(chapters, 'chapter')} enqueued "
               f"({plural(len(slices), 'slice')})")
@@ -760,8 +793,10 @@ def retry(slug: str, chapters: tuple[str, ...]) -> None:
     if unknown:
         raise UserError(f"--chapter: chapter {unknown[0]!r} is not in exam {slug}")
     check_broker(app, settings)  # before changing anything
-    slices = store.retry_failed(slug, list(chapters) or None)
-    publish_work(app, store, slug, slices, broker_epoch(app, settings) if slices else None)
+    with _audited(store, "run.retry", slug, {"chapters": list(chapters) or None}) as note:
+        slices = store.retry_failed(slug, list(chapters) or None)
+        publish_work(app, store, slug, slices, broker_epoch(app, settings) if slices else None)
+        note["details"]["slices"] = len(slices)
     n = len({chapter_id for chapter_id, _ in slices})
     out.print(f"retrying {n} failed {'chapter' if n == 1 else 'chapters'} of {slug} "
               f"({plural(len(slices), 'slice')})")
@@ -808,10 +843,12 @@ def _print_batches(report: ExamReport) -> None:
 def cancel(slug: str, chapters: tuple[str, ...]) -> None:
     settings = _settings()
     store = _store(settings)
-    try:
-        n = store.cancel(slug, list(chapters) or None)
-    except UnknownChapter as exc:  # refused as a whole, like enqueue --regenerate
-        raise UserError(f"--chapter: {exc}") from None
+    with _audited(store, "run.cancel", slug, {"chapters": list(chapters) or None}) as note:
+        try:
+            n = store.cancel(slug, list(chapters) or None)
+        except UnknownChapter as exc:  # refused as a whole, like enqueue --regenerate
+            raise UserError(f"--chapter: {exc}") from None
+        note["details"]["cancelled"] = n
     busy = store.cancelled_in_flight(slug, list(chapters) or None) if n else 0
     out.print(f"cancelled {plural(n, 'chapter')} of {slug}" + (
         f" ({busy} with a call in flight: its reply is paid for and kept when it comes, "
@@ -889,6 +926,110 @@ def serve(host: str, port: int, local: bool, no_auth: bool) -> None:
     from producer.api.serve import check_binding, serve as run_server
 
     settings = _settings()
-    check_binding(settings, host, no_auth)
+    check_binding(settings, host, no_auth, _live_tokens(settings))
     _warn_unpriced(settings)
     run_server(settings, host, port, local=local, no_auth=no_auth)
+
+
+def _live_tokens(settings: Settings) -> int:
+    """How many named tokens the database has (0 when it has no schema yet: never created
+    here, serve's own refusal must leave nothing behind)."""
+    if settings.api_token_list():
+        return 0  # not needed: API_TOKENS is enough
+    store = _existing_store(settings)
+    if store is None:
+        return 0
+    try:
+        return store.live_token_count()
+    finally:
+        store.engine.dispose()
+
+
+# --- tokens and the audit -------------------------------------------------------------
+
+
+def token_add(name: str, role: str, exams: tuple[str, ...]) -> None:
+    from examforge.syllabus import check_name
+    from producer.access import check_token_name, cli_actor, new_token, token_hash
+
+    check_token_name(name)
+    if role == "admin" and exams:
+        raise UserError("--exam: an admin token covers every exam; give it another role to "
+                        "scope it to exams")
+    for slug in exams:
+        try:
+            check_name(slug, "--exam")
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
+    store = _store(_settings())
+    secret = new_token()
+    scope = sorted(set(exams)) or None
+    with _audited(store, "token.add", scope[0] if scope and len(scope) == 1 else None,
+                  {"name": name, "role": role, "exams": scope}):
+        row = store.add_token(name, role, scope, token_hash(secret), cli_actor())
+        if row is None:
+            raise UserError(f"a live token is named {name!r}: revoke it first (python -m "
+                            f"producer token revoke {name}), or choose another name")
+    click.echo(f"token {name} added: {role} of {_scope_text(scope)}. It is shown once, "
+               "below: keep it now (only its hash is stored).")
+    click.echo(secret)
+
+
+def _scope_text(exams: list[str] | None) -> str:
+    return "every exam" if exams is None else ", ".join(exams)
+
+
+def token_list(as_json: bool, revoked: bool) -> None:
+    rows = _read_store(_settings()).tokens(revoked=revoked)
+    items: list[dict[str, Any]] = [{"name": t.name, "role": t.role, "exams": t.exams,
+              "created_at": when(t.created_at), "created_by": t.created_by,
+              "last_used_at": when(t.last_used_at), "revoked_at": when(t.revoked_at)}
+             for t in rows]
+    if as_json:
+        click.echo(json.dumps({"items": items}, indent=2))
+        return
+    if not items:
+        out.print("no named tokens (python -m producer token add NAME --role ROLE)")
+        return
+    table = Table(title=f"{len(items)} tokens")
+    for col in ("name", "role", "exams", "created", "last used") + (("revoked",) if revoked
+                                                                      else ()):
+        table.add_column(col)
+    for t in items:
+        table.add_row(escape(t["name"]), t["role"], escape(_scope_text(t["exams"])),
+                      t["created_at"] or "-", t["last_used_at"] or "never",
+                      *((t["revoked_at"] or "-",) if revoked else ()))
+    out.print(table)
+
+
+def token_revoke(name: str) -> None:
+    store = _store(_settings())
+    with _audited(store, "token.revoke", None, {"name": name}):
+        row = store.revoke_token(name)
+        if row is None:
+            raise UserError(f"no live token is named {name!r} (python -m producer token list)")
+    out.print(f"revoked token {name} ({row.role}): refused from its next request on",
+              markup=False)
+
+
+def audit(slug: str | None, since: str | None, as_json: bool, limit: int,
+          after: str | None) -> None:
+    from producer.audit import audit_dict, since_epoch_s
+
+    store = _read_store(_settings())
+    rows, cursor = store.audit_page(exam=slug, since=since_epoch_s(since, store), limit=limit,
+                                    after=after)
+    items = [audit_dict(r) for r in rows]
+    if as_json:
+        click.echo(json.dumps({"items": items, "next": cursor}, indent=2, ensure_ascii=False))
+        return
+    table = Table(title=f"audit{' of ' + slug if slug else ''}: {len(items)} rows")
+    for col in ("at", "who", "action", "exam", "outcome", "details"):
+        table.add_column(col)
+    for r in items:
+        details = json.dumps(r["details"], ensure_ascii=False) if r["details"] else ""
+        table.add_row(r["at"] or "-", escape(r["actor"]), r["action"], r["exam"] or "-",
+                      r["outcome"], escape(_short(details)))
+    out.print(table)
+    if cursor is not None:
+        out.print(f"more: python -m producer audit --after {cursor}", markup=False)

@@ -446,6 +446,9 @@ class Run(SQLModel, table=True):
     # GET /runs/ID as it was when the run was first seen final, JSON (migration 0012): a
     # later run of the exam never changes what a finished one says of itself.
     final_view: Optional[str] = Field(default=None, sa_column=Column(Text))
+    # Who started it: the token's name (migration 0030); NULL for the runs before, which
+    # only have `client`, a hash.
+    started_by: Optional[str] = Field(default=None, max_length=64)
     created_at: float
     updated_at: float
 
@@ -582,3 +585,44 @@ class SourceFile(SQLModel, table=True):
     size: int
     created_at: float
     updated_at: float
+
+
+class ApiToken(SQLModel, table=True):
+    """A named bearer token of the API with a role and, optionally, the exams it may see
+    (migration 0030). Only the SHA-256 of the token is kept (producer.access explains why a
+    plain hash is enough): the database never holds a credential. A revoked token keeps its
+    row, so that the history that names it still reads; a name is unique among the live
+    tokens only, so a person's leaked token can be revoked and issued again under the same
+    name."""
+
+    __tablename__ = "api_token"
+    __table_args__ = (Index("uq_api_token_live_name", "name", unique=True,
+                            **partial("revoked_at IS NULL")),)
+
+    id: Optional[int] = Field(default=None, primary_key=True)
+    name: str = Field(max_length=64)
+    role: str = Field(max_length=16)  # reader, reviewer, operator, admin
+    exams: Optional[str] = Field(default=None, sa_column=Column(Text))  # JSON list; NULL: all
+    token_hash: str = Field(max_length=64, unique=True)
+    created_by: str = Field(default="", max_length=96)
+    created_at: float
+    last_used_at: Optional[float] = None  # to within TOKEN_TOUCH_S (a write per minute)
+    revoked_at: Optional[float] = None
+
+
+class AuditEvent(SQLModel, table=True):
+    """One action that spends or changes access (migration 0030): a run started, cancelled
+    or resumed, a budget set, a syllabus or source put or deleted, a token added or revoked;
+    who (a token's name, or `cli:<user>`), when (the database's clock), the exam, details
+    (JSON) and the outcome (ok, refused, failed). Read newest first, in keyset pages by id."""
+
+    __tablename__ = "audit"
+    __table_args__ = (Index("ix_audit_exam", "exam", "id"),)
+
+    id: Optional[int] = Field(default=None, primary_key=True)
+    at: float = Field(index=True)
+    actor: str = Field(max_length=96)
+    action: str = Field(max_length=32)
+    exam: Optional[str] = Field(default=None, max_length=64)
+    details: Optional[str] = Field(default=None, sa_column=Column(Text))
+    outcome: str = Field(max_length=16)

@@ -480,9 +480,12 @@ class Reports(StoreBase):
         """Every exam in the database, newest first (`exam_page` without a limit)."""
         return self.exam_page(limit=None).items
 
-    def exam_page(self, limit: int | None = EXAM_PAGE, after: str | None = None) -> ExamPage:
+    def exam_page(self, limit: int | None = EXAM_PAGE, after: str | None = None,
+                  only: Sequence[str] | None = None) -> ExamPage:
         """The exams after the cursor `after` (None: from the newest), at most `limit` (None:
-        all), newest first, with the cursor of the next page (None on the last).
+        all), newest first, with the cursor of the next page (None on the last); `only`:
+        those of these slugs (a token's exam scope), filtered in the query, so pages stay
+        full.
 
         Keyset pages by (created_at, slug), from `ix_exam_created`: an exam recorded while a
         client pages comes before its first page, so no exam is skipped or listed twice. The
@@ -494,12 +497,15 @@ class Reports(StoreBase):
             if after is not None:
                 created, slug = decode_cursor(after)
                 query = query.where(tuple_(E.c.created_at, E.c.slug) < (created, slug))
+            if only is not None:
+                query = query.where(E.c.slug.in_(list(only)))
             if limit is not None:
                 query = query.limit(limit + 1)
             exams = conn.execute(query).all()
             more = limit is not None and len(exams) > limit
             exams = exams[:limit] if limit is not None else exams
-            items = self._summaries(conn, exams, whole=limit is None and after is None)
+            items = self._summaries(conn, exams,
+                                    whole=limit is None and after is None and only is None)
         return ExamPage(items, encode_cursor(exams[-1].created_at, exams[-1].slug)
                         if more else None)
 

@@ -62,6 +62,7 @@ class RunRow:
     created_at: float
     updated_at: float
     verify: str | None = None  # the blind-solve policy it asked for (None: the exam's)
+    started_by: str | None = None  # the token's name (None: a run from before 0030)
 
 
 @dataclass(frozen=True)
@@ -145,7 +146,8 @@ class Runs(Ledger):
 
     def create_run(self, slug: str, key: str, fingerprint: str,
                    budget_usd: float | None, client: str = "", batch: bool = False,
-                   verify: str | None = None) -> tuple[RunRow, bool]:
+                   verify: str | None = None,
+                   started_by: str | None = None) -> tuple[RunRow, bool]:
         """The run of `client`'s `key`: a new one (True) or the one an identical earlier
         request made (False). The UNIQUE key decides between concurrent requests: INSERT ..
         ON CONFLICT DO NOTHING inserts for one of them, and the others read its row once it
@@ -158,6 +160,7 @@ class Runs(Ledger):
                 self._insert(R).values(exam=slug, client=client, idempotency_key=key,
                                        fingerprint=fingerprint, budget_usd=budget_usd,
                                        batch=batch, verify=verify, call_floor=floor,
+                                       started_by=started_by,
                                        created_at=now, updated_at=now)
                 .on_conflict_do_nothing().returning(R.c.id)).scalar()
             row = _row(conn.execute(select(R).where(R.c.client == client,

@@ -19,7 +19,7 @@ It is split by concept, one module each: `planning` (what the producer records a
 batches), `recovery` (what the reconciler finds), `reports` (status and exports), `imports`
 (questions paid for elsewhere), `runs` (the HTTP API's runs and stored syllabi), `verdicts` (questions withdrawn from
 the numbering, the blind solve's verdicts), `review` (a person's approve, reject and edit,
-with versions and history) and
+with versions and history), `access` (the API's named tokens and the audit) and
 `housekeeping` (pruning finished exams), on top of `base`
 (the tables, the database clock and the lease fence) and `types` (the value types they take
 and return, re-exported here).
@@ -27,6 +27,7 @@ and return, re-exported here).
 
 from __future__ import annotations
 
+from storage.access import Access, AuditRow, TokenRow
 from storage.base import ACTIVE_STATES, BUDGET_PAUSE_PREFIX, E, K, Q, S, slice_where
 from storage.batches import Batches
 from storage.grounding import Grounding
@@ -47,11 +48,11 @@ from storage.types import (BatchRow, CallPlan, ChapterView, Claimed, Committed, 
 
 
 class Store(Planning, Recovery, Reports, Imports, Housekeeping, Runs, Identity, Batches,
-            Grounding, Review):
+            Grounding, Review, Access):
     """All database access for exams, chapters, questions and calls."""
 
 
-__all__ = ["ACTIVE_STATES", "BUDGET_PAUSE_PREFIX", "BatchRow", "Batches", "ChapterReview", "Review", "DEFAULT_SLICE_QUESTIONS", "CallPlan", "FirstCall",
+__all__ = ["ACTIVE_STATES", "Access", "AuditRow", "TokenRow", "BUDGET_PAUSE_PREFIX", "BatchRow", "Batches", "ChapterReview", "Review", "DEFAULT_SLICE_QUESTIONS", "CallPlan", "FirstCall",
            "ChapterView", "Claimed", "Committed", "E", "EnqueuePlan", "Grounding", "K", "LostAudit",
            "NoRoom", "NotClaimed", "NotClaimedReason", "Orphan", "Planner", "Q",
            "RequeueReason", "RunActivity", "RunEvent", "RunRow", "S", "SendCheck", "SliceKey", "SliceRef",

@@ -9,14 +9,15 @@ import threading
 from pathlib import Path
 from typing import Any, AsyncIterator
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from fastapi.staticfiles import StaticFiles
 from starlette.concurrency import run_in_threadpool
 
 from examforge.errors import DatabaseCorrupt
 from examforge.settings import Settings
 from examforge.syllabus import NAME_PATTERN
-from producer.api import problems, routes
+from producer.api import auth, problems, routes
+from producer.access import Role
 from producer.api.context import Context
 from producer.api.metrics import StoreMetrics
 from producer.api.middleware import PUBLIC_PATHS, BearerAuth, BodyLimit
@@ -31,11 +32,12 @@ log = logging.getLogger("examforge.api")
 
 def create_app(settings: Settings, local: bool = False, *, no_auth: bool = False) -> FastAPI:
     """The API on `settings`' database. `local`: runs are worked on in this process (no
-    broker), else enqueued to Celery. Requests need a bearer token of API_TOKENS unless
-    `no_auth` (the CLI allows that only on a loopback address) or no token is set."""
+    broker), else enqueued to Celery. Requests need a bearer token, a named one (`producer
+    token add`) or one of API_TOKENS, unless `no_auth` (the CLI allows that only on a
+    loopback address): without a token anywhere, every request is refused (401)."""
     store = open_store(settings.database_url, pool_size=settings.db_pool_size)
     work: Work = LocalWork(settings, store) if local else CeleryWork(settings, store)
-    ctx = Context(settings, store, work, auth=bool(settings.api_token_list()) and not no_auth)
+    ctx = Context(settings, store, work, auth=not no_auth)
     ctx.metrics = metrics = StoreMetrics(store)
 
     @contextlib.asynccontextmanager
@@ -57,13 +59,13 @@ def create_app(settings: Settings, local: bool = False, *, no_auth: bool = False
                               "Errors are RFC 9457 problem documents.")
     app.state.ctx = ctx
     problems.install(app, routes.router)
-    app.include_router(routes.router)
+    app.include_router(routes.router, dependencies=[Depends(auth.authorize)])
     app.mount("/", StaticFiles(directory=STATIC_DIR, html=True), name="page")
     app.add_middleware(BodyLimit)
-    tokens = settings.api_token_list()
-    if tokens and not no_auth:
+    if not no_auth:
         # Outermost: a request without a token is refused before its body is even read.
-        app.add_middleware(BearerAuth, tokens=tokens, static_dir=STATIC_DIR)
+        app.add_middleware(BearerAuth, resolver=auth.Resolver(settings, store),
+                           static_dir=STATIC_DIR)
     _declare_problem(app, settings)
     return app
 
@@ -111,14 +113,7 @@ def _declare_problem(app: FastAPI, settings: Settings) -> None:
             spec.setdefault("components", {}).setdefault("schemas", {})["Problem"] = \
                 Problem.model_json_schema()
             _tighten(spec, settings)
-            # The bearer token, declared so that /docs can send one ("Authorize"); the
-            # middleware (BearerAuth) is what enforces it, on every path but the public ones.
-            spec["components"]["securitySchemes"] = {"bearer": {
-                "type": "http", "scheme": "bearer",
-                "description": "A token of API_TOKENS"}}
-            for route, path in spec.get("paths", {}).items():
-                for op in path.values():
-                    op["security"] = [] if route in PUBLIC_PATHS else [{"bearer": []}]
+            _declare_security(app, spec)
             for path in spec.get("paths", {}).values():
                 for op in path.values():
                     for code, resp in list(op.get("responses", {}).items()):
@@ -130,6 +125,45 @@ def _declare_problem(app: FastAPI, settings: Settings) -> None:
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
+
+
+_ROLES_TEXT = ("A named token (`producer token add NAME --role ROLE [--exam SLUG]`) or one "
+               "of API_TOKENS (admin). Roles, each including the one before: reader (reads "
+               "exams, questions, runs, exports, metrics), reviewer (+ approve, reject, "
+               "edit), operator (+ syllabi, sources, runs, budgets), admin (+ the audit; "
+               "every exam). A token with exams sees only those: any other is 404.")
+
+
+def _declare_security(app: FastAPI, spec: dict[str, Any]) -> None:
+    """The bearer token as a security scheme, so that /docs can send one ("Authorize"), and
+    on each operation the role it needs (`x-required-role`, also in its description) and
+    the 401, 403 and 404 it can answer. The middleware (BearerAuth) and `auth.authorize`
+    are what enforce them."""
+    spec["components"]["securitySchemes"] = {"bearer": {
+        "type": "http", "scheme": "bearer", "description": _ROLES_TEXT}}
+    roles: dict[tuple[str, str], Role | None] = {}
+    for route in auth.api_routes(app):
+        for method in route.methods or ():
+            roles[(route.path_format, method.lower())] = auth.required_role(route.endpoint)
+    problem_ref = {problems.PROBLEM_JSON: {"schema": {"$ref": "#/components/schemas/Problem"}}}
+    for path, ops in spec.get("paths", {}).items():
+        for method, op in ops.items():
+            role = None if path in PUBLIC_PATHS else roles.get((path, method), Role.admin)
+            if role is None:
+                op["security"] = []
+                continue
+            op["security"] = [{"bearer": []}]
+            op["x-required-role"] = role.value
+            op["description"] = (op.get("description", "").rstrip() + "\n\n"
+                                 f"Needs a token with the **{role.value}** role.").lstrip()
+            found = op.setdefault("responses", {})
+            found.setdefault("401", {"description": "No valid bearer token",
+                                     "content": problem_ref})
+            found.setdefault("403", {"description": f"The token's role is short of {role.value}",
+                                     "content": problem_ref})
+            if "{slug}" in path or "{run_id}" in path:
+                found.setdefault("404", {"description": "Not found, or an exam the token does "
+                                                        "not see", "content": problem_ref})
 
 
 async def _sweep_forever(ctx: Context) -> None:

@@ -8,10 +8,15 @@ an oversized body is refused before anything parses it.
 from __future__ import annotations
 
 import hmac
+import logging
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
+from starlette.concurrency import run_in_threadpool
+
 from producer.api.problems import PROBLEM_JSON, problem_bytes
+
+log = logging.getLogger("examforge.api")
 
 Scope = dict[str, Any]
 Message = dict[str, Any]
@@ -34,16 +39,23 @@ async def _answer(send: Send, status: int, detail: str,
     await send({"type": "http.response.body", "body": body})
 
 
+def bearer_token(header: bytes | None) -> bytes | None:
+    """The token of `Authorization: Bearer <token>`, or None."""
+    if not header:
+        return None
+    scheme, _, given = header.partition(b" ")
+    if scheme.lower() != b"bearer" or not given.strip():
+        return None
+    return given.strip()
+
+
 def token_ok(header: bytes | None, tokens: list[bytes]) -> bool:
     """Whether `Authorization: Bearer <token>` names one of `tokens`. Every token is
     compared, in constant time each, so the time taken says nothing of which nearly
     matched."""
-    if not header or not tokens:
+    given = bearer_token(header)
+    if given is None or not tokens:
         return False
-    scheme, _, given = header.partition(b" ")
-    if scheme.lower() != b"bearer" or not given.strip():
-        return False
-    given = given.strip()
     found = False
     for token in tokens:
         found |= hmac.compare_digest(given, token)
@@ -52,10 +64,13 @@ def token_ok(header: bytes | None, tokens: list[bytes]) -> bool:
 
 class BearerAuth:
     """401 for every request without a valid token, except the public paths and the
-    page's static files."""
+    page's static files. `resolver` (producer.api.auth.Resolver) names the caller of a
+    header, or None: `flat_token` from memory, `named_token` from the database (so in the
+    thread pool). The caller is handed on in the request's state (`principal`), for the
+    routes' `authorize`."""
 
-    def __init__(self, app: ASGIApp, tokens: list[bytes], static_dir: Path) -> None:
-        self.app, self.tokens, self.static_dir = app, tokens, static_dir.resolve()
+    def __init__(self, app: ASGIApp, resolver: Any, static_dir: Path) -> None:
+        self.app, self.resolver, self.static_dir = app, resolver, static_dir.resolve()
 
     def _public(self, scope: Scope) -> bool:
         path = scope.get("path", "")
@@ -71,7 +86,16 @@ class BearerAuth:
             await self.app(scope, receive, send)
             return
         header = dict(scope.get("headers") or []).get(b"authorization")
-        if token_ok(header, self.tokens):
+        try:
+            principal = self.resolver.flat_token(header) or await run_in_threadpool(
+                self.resolver.named_token, header)
+        except Exception as exc:  # the database did not answer: no way to check the token
+            log.error("token check failed: %s", type(exc).__name__)
+            await _answer(send, 503, "the token cannot be checked now: the database did not "
+                                     "answer")
+            return
+        if principal is not None:
+            scope["state"] = {**(scope.get("state") or {}), "principal": principal}
             await self.app(scope, receive, send)
             return
         await _answer(send, 401, "a valid bearer token is required",

@@ -26,6 +26,7 @@ from examforge.errors import (
     DuplicateEdit,
     DatabaseCorrupt,
     ExamforgeError,
+    Forbidden,
     IdempotencyKeyReused,
     InfrastructureError,
     RunNotLaunched,
@@ -108,6 +109,9 @@ def install(app: FastAPI, router: APIRouter) -> None:
     async def _ours(request: Request, exc: ExamforgeError) -> JSONResponse:
         if isinstance(exc, (UnknownExam, UnknownChapter, UnknownQuestion)):
             return problem(404, str(exc))
+        if isinstance(exc, Forbidden):
+            extra: dict[str, Any] = {"required_scope": "every exam"} if exc.every_exam else {}
+            return problem(403, str(exc), required_role=exc.required_role, **extra)
         if isinstance(exc, VersionConflict):
             # The current version and question, so that a client can show what changed.
             return problem(409, str(exc), headers={"ETag": f'"{exc.version}"'},

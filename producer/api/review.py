@@ -4,8 +4,9 @@ state, and approve, reject and edit (storage/review.py).
 Every action names the version of the question it was made from, as `If-Match: "N"` (the
 `ETag` a read gave) or `"version": N` in the body. A version that is no longer current is
 `409` with the current `version` and `question` in the problem document: nothing changed,
-never a silent overwrite. No version at all is `428`. Who acted is the API client: a hash of
-its bearer token (`producer.api.runs.client_of`), never the token itself.
+never a silent overwrite. No version at all is `428`. Who acted is the API client: its
+bearer token's name (for a token of API_TOKENS, a hash of it: `producer.api.runs.client_of`),
+never the token itself.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from examforge.neardup import Checker, Scope
 from examforge.syllabus import NAME_PATTERN
 from producer.api import schemas
 from producer.api.problems import problem, responses
-from producer.api.runs import client_of
+from producer.access import Role
+from producer.api.auth import caller, requires
 from producer.views import when
 
 router = APIRouter(tags=["review"])
@@ -76,11 +78,13 @@ def _version(if_match: str | None, body_version: int | None) -> int | JSONRespon
 
 
 def _client(request: Request, c: Any) -> str:
-    return client_of(request.headers.get("authorization"), c.auth)
+    """Who acts, as the history names them: the token's name."""
+    return caller(request).name
 
 
 @router.get("/exams/{slug}/review", response_model=schemas.ReviewSummary,
             responses=responses(401, 404, 422))
+@requires(Role.reader)
 def review_summary(slug: Slug, c: Ctx) -> Any:
     """Each chapter's questions by review state (`review SLUG --json`): in the bank (up to
     the chapter's target), unreviewed, approved, rejected, and disputed by the blind solve
@@ -96,6 +100,7 @@ def review_summary(slug: Slug, c: Ctx) -> Any:
 
 @router.get("/exams/{slug}/chapters/{chapter_id}/questions",
             response_model=schemas.ReviewChapter, responses=responses(401, 404, 422))
+@requires(Role.reader)
 def chapter_questions(slug: Slug, chapter_id: ChapterId, c: Ctx) -> Any:
     """The chapter's questions for review, by number, each with its verdict, source, levels,
     review state and version; then those rejected (out of the bank, kept for the record)."""
@@ -107,6 +112,7 @@ def chapter_questions(slug: Slug, chapter_id: ChapterId, c: Ctx) -> Any:
 @router.get("/exams/{slug}/questions/{question_id}", response_model=schemas.ReviewQuestion,
             responses={**responses(401, 404, 422), 200: {"description": "The question",
                                                          "headers": _ETAG}})
+@requires(Role.reader)
 def get_question(slug: Slug, question_id: QuestionId, c: Ctx) -> Any:
     """One question with its review state; its `ETag` is its version."""
     return _answer(c.store.review_question(slug, question_id))
@@ -114,8 +120,9 @@ def get_question(slug: Slug, question_id: QuestionId, c: Ctx) -> Any:
 
 @router.get("/exams/{slug}/questions/{question_id}/history",
             response_model=schemas.ReviewHistory, responses=responses(401, 404, 422))
+@requires(Role.reader)
 def question_history(slug: Slug, question_id: QuestionId, c: Ctx) -> Any:
-    """Every review action on the question, oldest first: who (the client), when, the
+    """Every review action on the question, oldest first: who (the token's name), when, the
     version it made, and for an edit each field it changed, before and after (the first
     edit's `before` is the text as generated)."""
     items = [{**h, "at": when(h["at"])} for h in c.store.question_history(slug, question_id)]
@@ -129,6 +136,7 @@ _ACTION_RESPONSES: dict[int | str, dict[str, Any]] = {
 
 @router.post("/exams/{slug}/questions/{question_id}/approve",
              response_model=schemas.ReviewQuestion, responses=_ACTION_RESPONSES)
+@requires(Role.reviewer)
 def approve(slug: Slug, question_id: QuestionId, request: Request, c: Ctx,
             if_match: IfMatch = None,
             body: Annotated[schemas.ReviewAction | None, Body()] = None) -> Any:
@@ -142,6 +150,7 @@ def approve(slug: Slug, question_id: QuestionId, request: Request, c: Ctx,
 
 @router.post("/exams/{slug}/questions/{question_id}/reject",
              response_model=schemas.ReviewQuestion, responses=_ACTION_RESPONSES)
+@requires(Role.reviewer)
 def reject(slug: Slug, question_id: QuestionId, request: Request, c: Ctx,
            if_match: IfMatch = None,
            body: Annotated[schemas.ReviewAction | None, Body()] = None) -> Any:
@@ -175,6 +184,7 @@ def _hand_on_reopened(c: Any, slug: str) -> None:
 
 @router.patch("/exams/{slug}/questions/{question_id}", response_model=schemas.ReviewQuestion,
               responses=_ACTION_RESPONSES)
+@requires(Role.reviewer)
 def edit(slug: Slug, question_id: QuestionId, request: Request, c: Ctx,
          body: Annotated[schemas.ReviewEdit, Body()], if_match: IfMatch = None) -> Any:
     """Edit the question as it is at the version named: the fields given (`question`,

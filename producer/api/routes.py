@@ -23,7 +23,9 @@ from examforge.banks import BankChapter, BankExam, write_bank
 from examforge.errors import (Conflict, ExamforgeError, ExportInterrupted, NothingApproved,
                               UnknownExam)
 from examforge.syllabus import NAME_PATTERN, Syllabus, check_name, load_syllabus, parse_syllabus
-from producer.api import review, schemas
+from producer.access import Role, audited
+from producer.api import audit, auth, review, schemas
+from producer.api.auth import caller, public, requires
 from producer.api.events import stream
 from producer.api.problems import problem, responses
 from producer.api.runs import client_of, parse_key, run_view, start_run
@@ -67,6 +69,7 @@ def _syllabus_schema() -> dict[str, Any]:
 
 @router.get("/healthz", response_model=schemas.Health, tags=["probes"],
             responses=responses(503))
+@public
 def healthz(c: Ctx) -> Any:
     """The database answers, and the broker (not used by serve --local)."""
 
@@ -89,6 +92,7 @@ def healthz(c: Ctx) -> Any:
             response_class=Response,
             openapi_extra={"responses": {"200": {"content": {"text/plain": {
                 "schema": {"type": "string"}}}}}})
+@requires(Role.reader, every_exam=True)
 def metrics(c: Ctx) -> Response:
     """Prometheus metrics, read from the database at each scrape (what may have moved since
     the last one: producer.api.metrics)."""
@@ -98,7 +102,8 @@ def metrics(c: Ctx) -> Response:
 
 @router.get("/exams", response_model=schemas.ExamList, tags=["exams"],
             responses=responses(401, 422))
-def list_exams(c: Ctx,
+@requires(Role.reader)
+def list_exams(c: Ctx, request: Request,
                limit: Annotated[int, Query(ge=1, le=1000,
                                            description="Exams on the page.")] = EXAM_PAGE,
                after: Annotated[str | None, Query(
@@ -107,11 +112,13 @@ def list_exams(c: Ctx,
     """The exams in the database, newest first, a page at a time (`next`: the cursor of the
     next page, null on the last); then, on the last page, the syllabi never run (state new):
     stored ones, and the files of EXAMS_DIR (a file that does not load is left out here; GET
-    /exams/SLUG says why)."""
-    page = c.store.exam_page(limit=limit, after=after)
+    /exams/SLUG says why). A token with exams lists those only."""
+    principal = caller(request)
+    only = None if principal.exams is None else sorted(principal.exams)
+    page = c.store.exam_page(limit=limit, after=after, only=only)
     items = [{**summary_dict(e), "source": _source(c, e.exam)} for e in page.items]
     if page.next is None:
-        items += _never_run(c)
+        items += [e for e in _never_run(c) if principal.sees(e["exam"])]
     return {"items": items, "next": page.next}
 
 
@@ -169,12 +176,27 @@ def _source(c: Any, slug: str) -> str:
                        **responses(401, 409, 413, 422)},
             openapi_extra={"requestBody": {"required": True, "content": {
                 "application/json": {"schema": _syllabus_schema()}}}})
+@requires(Role.operator)
 async def put_exam(slug: Slug, request: Request, c: Ctx) -> Any:
     """Store the exam's syllabus (the JSON of syllabus.json, validated by the same code, with
     the same messages): 201 when created, 200 when replaced. Refused (409) for an exam whose
     syllabus is a file in EXAMS_DIR."""
     raw = await request.body()  # whole already: BodyLimit read it, up to 1 MB
-    return await run_in_threadpool(_put_exam, c, slug, raw)
+    return await run_in_threadpool(_audited, c, request, "syllabus.put", slug,
+                                   {"bytes": len(raw)}, _put_exam, c, slug, raw)
+
+
+def _audited(c: Any, request: Request, action: str, exam: str | None,
+             details: dict[str, Any] | None, act: Any, *args: Any) -> Any:
+    """`act(*args)`, recorded in the audit as the caller's: a problem it answers with is
+    `refused`, an error it raises `failed`."""
+    with audited(c.store, caller(request).name, action, exam, details) as note:
+        answer = act(*args)
+        status = getattr(answer, "status_code", 200)
+        if status >= 400:
+            note["outcome"] = "refused"
+            note["details"]["status"] = status
+        return answer
 
 
 def _put_exam(c: Any, slug: str, raw: bytes) -> Any:
@@ -196,6 +218,7 @@ def _put_exam(c: Any, slug: str, raw: bytes) -> Any:
             openapi_extra={"requestBody": {"required": True, "content": {
                 "application/octet-stream": {"schema": {"type": "string",
                                                         "format": "binary"}}}}})
+@requires(Role.operator)
 async def put_source(slug: Slug, name: str, request: Request, c: Ctx) -> Any:
     """Upload a source file of an API exam (a chapter's `sources` names it: `notes/ch1.md`,
     `guide.pdf`): the file's bytes as the body, at most 1 MB. It is checked as enqueue
@@ -205,7 +228,9 @@ async def put_source(slug: Slug, name: str, request: Request, c: Ctx) -> Any:
     or past API_UPLOAD_TOTAL_BYTES for the exam's uploads together; 422 for a name that is
     not a plain relative path (`..`, an absolute path)."""
     raw = await request.body()  # whole already: BodyLimit read it, up to 1 MB
-    return await run_in_threadpool(_put_source, c, slug, name, raw)
+    return await run_in_threadpool(_audited, c, request, "source.put", slug,
+                                   {"source": name[:255], "bytes": len(raw)}, _put_source, c,
+                                   slug, name, raw)
 
 
 def _put_source(c: Any, slug: str, name: str, raw: bytes) -> Any:
@@ -241,9 +266,15 @@ def _put_source(c: Any, slug: str, name: str, raw: bytes) -> Any:
 
 @router.delete("/exams/{slug}/sources/{name:path}", status_code=204, tags=["exams"],
                responses=responses(401, 404, 409, 422))
-def delete_source(slug: Slug, name: str, c: Ctx) -> Response:
+@requires(Role.operator)
+def delete_source(slug: Slug, name: str, c: Ctx, request: Request) -> Response:
     """Remove an uploaded source. 404 when the exam has no upload by that name; 409 while a
     run of the exam is open (its work reads the sources)."""
+    return _audited(c, request, "source.delete", slug, {"source": name[:255]},  # type: ignore[no-any-return]
+                    _delete_source, c, slug, name)
+
+
+def _delete_source(c: Any, slug: str, name: str) -> Response:
     from producer.grounding import uploaded_label
 
     if c.store.source_file(slug, name) is None:
@@ -258,6 +289,7 @@ def delete_source(slug: Slug, name: str, c: Ctx) -> Response:
 
 @router.get("/exams/{slug}/sources", response_model=schemas.SourceList, tags=["exams"],
             responses=responses(401, 422))
+@requires(Role.reader)
 def list_sources(slug: Slug, c: Ctx) -> Any:
     """The sources uploaded for an API exam: name, size, hash."""
     return {"items": [{"name": r["name"], "bytes": r["size"], "sha256": r["sha256"][:16]}
@@ -266,6 +298,7 @@ def list_sources(slug: Slug, c: Ctx) -> Any:
 
 @router.get("/exams/{slug}", response_model=schemas.ExamStatus, tags=["exams"],
             responses=responses(401, 404, 422))
+@requires(Role.reader)
 def get_exam(slug: Slug, c: Ctx) -> Any:
     """The exam's status (`status --json`); a syllabus stored and never run is `new`."""
     if c.store.exam_exists(slug):
@@ -284,6 +317,7 @@ def get_exam(slug: Slug, c: Ctx) -> Any:
 
 @router.post("/exams/{slug}/runs", response_model=schemas.RunOut, status_code=202,
              tags=["runs"], responses=responses(400, 401, 404, 413, 422, 503))
+@requires(Role.operator)
 def post_run(slug: Slug, c: Ctx, request: Request,
              idempotency_key: Annotated[str | None, Header(
                  alias="Idempotency-Key",
@@ -299,15 +333,24 @@ def post_run(slug: Slug, c: Ctx, request: Request,
     budget = body.budget_usd if body is not None else None
     batch = body.batch if body is not None else None
     verify = body.verify if body is not None else None
-    run, _ = start_run(c, slug, key, budget,
-                       client_of(request.headers.get("authorization"), c.auth), batch=batch,
-                       verify=verify)
+    who = caller(request).name
+    details = {"budget_usd": budget, "batch": batch, "verify": verify}
+    with audited(c.store, who, "run.start", slug, details) as note:
+        run, created = start_run(c, slug, key, budget,
+                                 client_of(request.headers.get("authorization"), c.auth),
+                                 batch=batch, verify=verify, started_by=who)
+        note["details"].update(run=run.id, repeat=not created)
+    if budget is not None and created:
+        # The budget is the exam's from now on: its own row, so `audit` finds every change.
+        c.store.record_audit(who, "budget.set", slug, {"budget_usd": budget, "run": run.id},
+                             "ok")
     return JSONResponse(run_view(c, run), status_code=202,
                         headers={"Location": f"/runs/{run.id}"})
 
 
 @router.get("/exams/{slug}/runs", response_model=schemas.RunList, tags=["runs"],
             responses=responses(401, 404, 422))
+@requires(Role.reader)
 def list_runs(slug: Slug, c: Ctx) -> Any:
     """The exam's runs, newest first (the last 20)."""
     runs = c.store.exam_runs(slug)
@@ -329,13 +372,15 @@ def _run(c: Any, run_id: int) -> Any:
 
 @router.get("/runs/{run_id}", response_model=schemas.RunOut, tags=["runs"],
             responses=responses(401, 404, 422))
+@requires(Role.reader)
 def get_run(run_id: RunId, c: Ctx) -> Any:
     return run_view(c, _run(c, run_id))
 
 
 @router.post("/runs/{run_id}/cancel", response_model=schemas.RunOut, tags=["runs"],
              responses=responses(401, 404, 409, 422))
-def cancel_run(run_id: RunId, c: Ctx) -> Any:
+@requires(Role.operator)
+def cancel_run(run_id: RunId, c: Ctx, request: Request) -> Any:
     """Cancel the run: its exam's unfinished slices are cancelled at once, so no new call
     starts. A call already in flight (at most one per running slice) is paid for either way:
     its holder keeps the lease until its reply is committed, and then stops; the stream's
@@ -343,15 +388,17 @@ def cancel_run(run_id: RunId, c: Ctx) -> Any:
     that ended otherwise is 409. Closing a connection never cancels anything: only this
     does."""
     run = _run(c, run_id)
-    view = run_view(c, run)
-    if view["state"] == "cancelled":
-        return view
-    if view["state"] in ("done", "failed"):
-        raise Conflict(f"run {run_id} has ended ({view['state']}): nothing to cancel")
-    c.store.cancel_run(run)
-    # Its exam's provider batches too (batch mode): marked first, so that a provider that
-    # cannot be reached now is asked by the batch runner's next poll.
-    cancel_batches(c.settings, c.store, run.exam)
+    with audited(c.store, caller(request).name, "run.cancel", run.exam, {"run": run_id}) as note:
+        view = run_view(c, run)
+        if view["state"] == "cancelled":
+            note["details"]["already"] = True
+            return view
+        if view["state"] in ("done", "failed"):
+            raise Conflict(f"run {run_id} has ended ({view['state']}): nothing to cancel")
+        c.store.cancel_run(run)
+        # Its exam's provider batches too (batch mode): marked first, so that a provider
+        # that cannot be reached now is asked by the batch runner's next poll.
+        cancel_batches(c.settings, c.store, run.exam)
     return run_view(c, run)
 
 
@@ -365,6 +412,7 @@ def cancel_run(run_id: RunId, c: Ctx) -> Any:
                                               "id": {"type": "string"},
                                               "retry": {"type": "integer"}}}}}},
                        204: {"description": "The final event was already received"}})
+@requires(Role.reader)
 def run_events(run_id: RunId, c: Ctx,
                last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None
                ) -> Response:
@@ -376,6 +424,7 @@ def run_events(run_id: RunId, c: Ctx,
 
 @router.get("/exams/{slug}/questions", response_model=schemas.QuestionPage, tags=["questions"],
             responses=responses(401, 404, 422))
+@requires(Role.reader)
 def questions(slug: Slug, c: Ctx,
               limit: Annotated[int, Query(ge=1, le=1000)] = 100,
               after: Annotated[int, Query(ge=0, le=2**62,
@@ -411,6 +460,7 @@ _BINARY_BODY = {"schema": {"type": "string", "format": "binary"}}
                     "text/plain": {"schema": {"type": "string"}},
                     "application/octet-stream": _BINARY_BODY,
                     "application/zip": _BINARY_BODY}}})
+@requires(Role.reader)
 def export(slug: Slug, request: Request, c: Ctx,
            format: Annotated[str, Query(
                pattern=_FORMAT_PATTERN,
@@ -538,6 +588,8 @@ def _stream_export(store: Any, slug: str, fmt: str,
 
 
 router.include_router(review.router)
+router.include_router(auth.router)
+router.include_router(audit.router)
 
 
 def _head_routes() -> None:

@@ -95,7 +95,7 @@ def run_view(ctx: Context, run: RunRow) -> dict[str, Any]:
     store = ctx.store
     run = store.run(run.id) or run
     if run.final_view is not None:  # what it said when it ended; later runs change nothing
-        return dict(json.loads(run.final_view))
+        return {"started_by": _started_by(run), **json.loads(run.final_view)}
     try:
         report = store.status(run.exam)
     except UnknownExam:  # its request has not recorded the exam yet
@@ -127,6 +127,7 @@ def run_view(ctx: Context, run: RunRow) -> dict[str, Any]:
             "questions": questions, "chapters": chapters, "cost_usd": activity.cost_usd,
             "budget_usd": budget, "spent_usd": spent, "created_at": when(run.created_at),
             "updated_at": when(changed), "batch": run.batch, "state_detail": detail,
+            "started_by": _started_by(run),
             "batches": [batch_dict(b) for b in batches]}
     if report is not None and state in FINAL_RUN_STATES and (
             run.launched_at is not None or run.cancelled_at is not None) and (
@@ -140,8 +141,14 @@ def run_view(ctx: Context, run: RunRow) -> dict[str, Any]:
         store.record_run_state(run.id, state, at=changed, view=json.dumps(view))
         kept = store.run(run.id)
         if kept is not None and kept.final_view is not None:
-            return dict(json.loads(kept.final_view))
+            return {"started_by": _started_by(kept), **json.loads(kept.final_view)}
     return view
+
+
+def _started_by(run: RunRow) -> str | None:
+    """Who started the run: its token's name; for a run from before names (0030), the hash
+    of its token, where one is known."""
+    return run.started_by or run.client or None
 
 
 def client_of(authorization: str | None, auth: bool) -> str:
@@ -155,8 +162,8 @@ def client_of(authorization: str | None, auth: bool) -> str:
 
 
 def start_run(ctx: Context, slug: str, key: str, budget_usd: float | None,
-              client: str = "", batch: bool | None = None, verify: str | None = None
-              ) -> tuple[RunRow, bool]:
+              client: str = "", batch: bool | None = None, verify: str | None = None,
+              started_by: str | None = None) -> tuple[RunRow, bool]:
     """The run of `client`'s `key` for this request (True if this request made it), its work
     handed on if it has not been yet: by this request, or by a repeat of the key when the
     first one died or the broker refused it. BrokerUnavailable (503) leaves the run queued."""
@@ -167,7 +174,8 @@ def start_run(ctx: Context, slug: str, key: str, budget_usd: float | None,
     store.forget_idempotency_keys(ctx.settings.api_idempotency_ttl_s)
     batch = ctx.settings.llm_batch if batch is None else batch
     run, created = store.create_run(slug, key, fingerprint(slug, budget_usd, batch, verify),
-                                    budget_usd, client, batch=batch, verify=verify)
+                                    budget_usd, client, batch=batch, verify=verify,
+                                    started_by=started_by)
     if run.launched_at is None:
         try:
             launch(ctx, run, syllabus)

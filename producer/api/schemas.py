@@ -116,6 +116,9 @@ class RunOut(BaseModel):
     batches: list[BatchOut] = Field(
         default_factory=list, description="The provider batches of its exam submitted since "
                                           "the run began, newest first.")
+    started_by: str | None = Field(
+        None, description="Who started it: the token's name (a run from before names: a "
+                          "hash of its token; null without auth).")
 
 
 class RunList(BaseModel):
@@ -390,3 +393,29 @@ class ReviewEdit(BaseModel):
     difficulty: Literal["easy", "medium", "hard"] | None = None
     bloom: Literal["remember", "understand", "apply", "analyze", "evaluate",
                    "create"] | None = None
+
+
+class Me(BaseModel):
+    """GET /me: the caller."""
+
+    name: str = Field(description="The token's name (a token of API_TOKENS: a hash of it).")
+    role: str = Field(description="reader, reviewer, operator or admin")
+    exams: list[str] | None = Field(description="The exams it may see; null: every exam.")
+
+
+class AuditItem(BaseModel):
+    id: int
+    at: str | None = Field(description="When, ISO 8601 (UTC).")
+    actor: str = Field(description="Who: a token's name, or cli:<user> for the command line.")
+    action: str = Field(description="run.start, run.cancel, run.resume, run.retry, "
+                                    "budget.set, syllabus.put, source.put, source.delete, "
+                                    "token.add, token.revoke")
+    exam: str | None
+    details: dict[str, Any] | None
+    outcome: str = Field(description="ok, refused (answered with a 4xx problem) or failed")
+
+
+class AuditPage(BaseModel):
+    items: list[AuditItem]
+    next: str | None = Field(description="The cursor of the next page (`after`), null on the "
+                                         "last.")

@@ -22,15 +22,18 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def check_binding(settings: Settings, host: str, no_auth: bool) -> None:
+def check_binding(settings: Settings, host: str, no_auth: bool, named_tokens: int = 0) -> None:
     """Without tokens the API would be open to whoever reaches it: allowed only when bound
-    to a loopback address and asked for with --no-auth. ConfigError (exit 2) otherwise."""
+    to a loopback address and asked for with --no-auth. Without any token (none named in the
+    database, `named_tokens`, and API_TOKENS unset) it would refuse every request: said now.
+    ConfigError (exit 2) otherwise."""
     if no_auth and not is_loopback(host):
         raise ConfigError(f"--no-auth is only allowed on a loopback address (--host "
                           f"127.0.0.1), not {host}: set API_TOKENS instead")
-    if not no_auth and not settings.api_token_list():
-        raise ConfigError("API_TOKENS is not set: set it (comma-separated bearer tokens), or "
-                          "bind to a loopback address with --no-auth")
+    if not no_auth and not settings.api_token_list() and not named_tokens:
+        raise ConfigError("API_TOKENS is not set and the database has no named token: add "
+                          "one (python -m producer token add NAME --role ROLE) or set "
+                          "API_TOKENS, or bind to a loopback address with --no-auth")
 
 
 def serve(settings: Settings, host: str, port: int, *, local: bool, no_auth: bool) -> None:

@@ -95,8 +95,9 @@ def _serve(tmp_path, *args, **env):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("args,env,message", [
-    ((), {}, "error: API_TOKENS is not set: set it (comma-separated bearer tokens), or bind "
-             "to a loopback address with --no-auth"),
+    ((), {}, "error: API_TOKENS is not set and the database has no named token: add one "
+             "(python -m producer token add NAME --role ROLE) or set API_TOKENS, or bind to "
+             "a loopback address with --no-auth"),
     (("--host", "0.0.0.0", "--no-auth"), {},
      "error: --no-auth is only allowed on a loopback address (--host 127.0.0.1), not 0.0.0.0: "
      "set API_TOKENS instead"),
@@ -104,8 +105,9 @@ def _serve(tmp_path, *args, **env):
      "error: --no-auth is only allowed on a loopback address (--host 127.0.0.1), not 0.0.0.0: "
      "set API_TOKENS instead"),
     (("--host", "0.0.0.0"), {"API_TOKENS": " , "},
-     "error: API_TOKENS is not set: set it (comma-separated bearer tokens), or bind "
-     "to a loopback address with --no-auth")])
+     "error: API_TOKENS is not set and the database has no named token: add one "
+     "(python -m producer token add NAME --role ROLE) or set API_TOKENS, or bind to "
+     "a loopback address with --no-auth")])
 def test_serve_refuses_to_run_open(tmp_path, args, env, message):
     result = _serve(tmp_path, *args, **env)
     assert result.returncode == 2

@@ -658,6 +658,12 @@ function reviewRow(q) {
   return node;
 }
 
+// Who reviewed: a token's name in full; a hash (a token of API_TOKENS, or a row from
+// before names) by its first 8 digits, as the page always showed it.
+function reviewer(name) {
+  return /^[0-9a-f]{32}$/.test(name) ? name.slice(0, 8) : name;
+}
+
 function renderQuestion(entry) {
   const { node, q } = entry;
   node.dataset.id = q.id;
@@ -683,7 +689,7 @@ function renderQuestion(entry) {
     "edit or reject it" : "";
   stale.hidden = !q.stale;
   $(".rq-levels", node).textContent = [q.difficulty, q.bloom].filter(Boolean).join(" · ");
-  const who = q.reviewed_by ? ` · by ${q.reviewed_by.slice(0, 8)} ${q.reviewed_at || ""}` : "";
+  const who = q.reviewed_by ? ` · by ${reviewer(q.reviewed_by)} ${q.reviewed_at || ""}` : "";
   $(".rq-version", node).textContent = `v${q.version}${q.edited ? " · edited" : ""}${who}`;
   $(".rq-text", node).textContent = q.question;
   const ol = $(".rq-choices", node);
@@ -747,7 +753,7 @@ function showConflict(entry, err, what) {
   renderQuestion(entry);
   const box = $(".rq-conflict", entry.node);
   const now = current ? current.version : err.problem && err.problem.version;
-  const by = current && current.reviewed_by ? ` by ${current.reviewed_by.slice(0, 8)}` : "";
+  const by = current && current.reviewed_by ? ` by ${reviewer(current.reviewed_by)}` : "";
   box.textContent = `Conflict (409): not saved. Someone saved this question${by} since you ` +
     `opened it (you had version ${mine}, it is now version ${now}). What is shown is the ` +
     `current version` + (what === "edit" ? "; your text is still in the form: save again " +
