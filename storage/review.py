@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from sqlalchemy import and_, func, insert, select, update
 from sqlalchemy.engine import Connection
@@ -59,6 +59,8 @@ DEFAULT_CHECKER = Checker()
 ACTIONS = ("approve", "reject", "edit")
 MAX_NOTE_CHARS = 2000
 MAX_TEXT_CHARS = 20_000  # an edited question, choice or explanation
+# The review's filters, in the order the page shows them (`in_filter`).
+FILTERS = ("disputed", "unreviewed", "edited", "stale", "approved", "rejected")
 
 
 @dataclass
@@ -114,6 +116,39 @@ def _row_view(r: Any) -> dict[str, Any]:
             "source": source,
             "review": r.review, "version": r.version, "reviewed_by": r.reviewed_by,
             "reviewed_at": r.reviewed_at, "edited": bool(r.edits), "stale": r.stale}
+
+
+def in_filter(q: Mapping[str, Any], name: str) -> bool:
+    """Whether a review question (`_row_view`) is one the filter `name` (FILTERS) shows.
+    Every filter but `rejected` selects from the bank: a question withdrawn as disputed
+    (VERIFY=replace) is history, no reviewer's work, and shows unfiltered only."""
+    if name == "rejected":
+        return bool(q["review"] == ReviewState.rejected.value)
+    if q["withdrawn"] is not None or q["review"] == ReviewState.rejected.value:
+        return False
+    if name == "disputed":
+        return bool(q["verdict"] == Verdict.disputed.value)
+    if name == "edited":
+        return bool(q["edited"])
+    return bool(q["review"] == name)  # unreviewed, approved, stale: its review state
+
+
+def filter_counts(items: list[dict[str, Any]]) -> dict[str, int]:
+    """How many of `items` each filter shows."""
+    return {name: sum(1 for q in items if in_filter(q, name)) for name in FILTERS}
+
+
+@dataclass(frozen=True)
+class Approval:
+    """What a bulk approve did to one question: `status` 200 (approved, or already so),
+    404 (no such question in the exam) or 409 (changed since `version`, or out of the bank);
+    `question` as it is now (None for a 404)."""
+
+    id: int
+    version: int
+    status: int
+    detail: str | None = None
+    question: dict[str, Any] | None = None
 
 
 class Review(Verdicts):
@@ -271,74 +306,111 @@ class Review(Verdicts):
             # The lock order of every writer of an exam (Ledger._exam_first): its row first,
             # then the slices (see the module's docstring), then the question.
             self._exam_first(conn, slug)
-            self._lock_chapter_slices(conn, slug, question_id)
-            current = self._current(conn, slug, question_id)
-            if current["version"] != version:
-                raise self._conflict(current, version)
-            state = current["review"]
-            verb = {"approve": "approved", "reject": "rejected"}.get(action, "edited")
-            if state == ReviewState.rejected.value:
-                if action == "reject":
-                    return current  # already so
-                raise Conflict(f"question {question_id} of exam {slug} was rejected: it is "
-                               f"out of its chapter and cannot be {verb}")
-            if current["withdrawn"] is not None:
-                # Withdrawn for another reason (disputed by the blind solve): out of the bank
-                # already, counted there as that. Rejecting it too would count it twice,
-                # disputed in `status` and rejected in `review`.
-                raise Conflict(f"question {question_id} of exam {slug} was withdrawn from its "
-                               f"chapter ({current['withdrawn']}) and a replacement takes its "
-                               f"number: it is out of the bank already and cannot be {verb}")
-            values: dict[str, Any] = {}
-            diff: dict[str, list[Any]] | None = None
-            signed: neardup.Signed | None = None
-            if action == "approve":
-                if state == ReviewState.approved.value:
-                    return current
-                values["review"] = ReviewState.approved.value
-                values["stale"] = None
-            elif action == "reject":
-                values["review"] = ReviewState.rejected.value
-            else:
-                diff, values = _edit_values(current, changes or {})
-                if not diff:
-                    return current
-                if state in (ReviewState.approved.value, ReviewState.stale.value):
-                    values["review"] = ReviewState.unreviewed.value
-                    values["stale"] = None
-                    diff["review"] = [state, ReviewState.unreviewed.value]
-                if "question" in diff:
-                    signed = self._new_text(conn, current, diff["question"][1], near_dup)
-                    values["norm_hash"] = text_hash(diff["question"][1])
-                if current["verdict"] is not None and set(diff) & set(SOLVED_FIELDS):
-                    # Made for another question: solved again (a booked call, under the
-                    # exam's policy); its slice is pending again below.
-                    values.update(verdict=Verdict.pending.value, solved_index=None,
-                                  verify_call_id=None)
-                    diff["verdict"] = [current["verdict"], Verdict.pending.value]
-            now = conn.execute(select(self._now)).scalar_one()
-            done = conn.execute(update(Q).where(
-                Q.c.id == question_id, Q.c.exam == slug, Q.c.version == version).values(
-                    **values, version=Q.c.version + 1, reviewed_by=client,
-                    reviewed_at=now)).rowcount
-            if done != 1:  # another writer's commit got in between our read and this
-                raise self._conflict(self._current(conn, slug, question_id), version)
-            conn.execute(insert(QE).values(
-                question_id=question_id, exam=slug, chapter_id=current["chapter_id"],
-                number=current["number"], action=action, version=version + 1,
-                client=client, at=now, note=note,
-                changes=None if diff is None else json.dumps(diff, ensure_ascii=False)))
+            return self._act_in(conn, slug, question_id, version, client, action,
+                                changes=changes, note=note, near_dup=near_dup)
+
+    def approve_many(self, slug: str, items: Sequence[tuple[int, int]],
+                     client: str) -> list[Approval]:
+        """Approve each (question id, version read) in one transaction, each as `approve`
+        does: one that changed since its version (VersionConflict), is out of the bank
+        (Conflict) or is not the exam's (UnknownQuestion) is left as it is and answered so,
+        with the question as it is now; the others are approved. One transaction, not one
+        per question: a chapter's 500 approvals are one commit, in `approve`'s lock order."""
+        out: list[Approval] = []
+        with self._write() as conn:
+            self._require_exam(conn, slug)
+            self._exam_first(conn, slug)
+            for question_id, version in items:
+                out.append(self._approve_one(conn, slug, question_id, version, client))
+        return out
+
+    def _approve_one(self, conn: Connection, slug: str, question_id: int, version: int,
+                     client: str) -> Approval:
+        # Each refusal below is raised before its question's UPDATE, or after one that
+        # changed no row: nothing for the transaction to undo.
+        try:
+            view = self._act_in(conn, slug, question_id, version, client, "approve")
+        except VersionConflict as exc:
+            return Approval(question_id, version, 409, str(exc), dict(exc.question))
+        except Conflict as exc:
+            return Approval(question_id, version, 409, str(exc),
+                            self._current(conn, slug, question_id))
+        except UnknownQuestion as exc:
+            return Approval(question_id, version, 404, str(exc))
+        return Approval(question_id, version, 200, None, view)
+
+    def _act_in(self, conn: Connection, slug: str, question_id: int, version: int,
+                client: str, action: str, *, changes: Mapping[str, Any] | None = None,
+                note: str | None = None, near_dup: Checker | None = None) -> dict[str, Any]:
+        """One review action in the caller's transaction, which holds the exam's row."""
+        self._lock_chapter_slices(conn, slug, question_id)
+        current = self._current(conn, slug, question_id)
+        if current["version"] != version:
+            raise self._conflict(current, version)
+        state = current["review"]
+        verb = {"approve": "approved", "reject": "rejected"}.get(action, "edited")
+        if state == ReviewState.rejected.value:
             if action == "reject":
-                self._withdraw_rejected(conn, slug, [question_id])
-            if signed is not None:
-                # Its signature is the new text's: the old one would let a repeat of the new
-                # text in, and refuse one of the old.
-                neardup.forget_questions(conn, slug, [question_id])
-                neardup.index(conn, slug, current["chapter_id"], [question_id], [signed])
-            if values.get("verdict") == Verdict.pending.value and current["number"] is not None:
-                self._reopen_slice_of(conn, slug, current["chapter_id"], current["number"])
-            conn.execute(update(E).where(E.c.slug == slug).values(updated_at=now))
-            return self._current(conn, slug, question_id)
+                return current  # already so
+            raise Conflict(f"question {question_id} of exam {slug} was rejected: it is "
+                           f"out of its chapter and cannot be {verb}")
+        if current["withdrawn"] is not None:
+            # Withdrawn for another reason (disputed by the blind solve): out of the bank
+            # already, counted there as that. Rejecting it too would count it twice,
+            # disputed in `status` and rejected in `review`.
+            raise Conflict(f"question {question_id} of exam {slug} was withdrawn from its "
+                           f"chapter ({current['withdrawn']}) and a replacement takes its "
+                           f"number: it is out of the bank already and cannot be {verb}")
+        values: dict[str, Any] = {}
+        diff: dict[str, list[Any]] | None = None
+        signed: neardup.Signed | None = None
+        if action == "approve":
+            if state == ReviewState.approved.value:
+                return current
+            values["review"] = ReviewState.approved.value
+            values["stale"] = None
+        elif action == "reject":
+            values["review"] = ReviewState.rejected.value
+        else:
+            diff, values = _edit_values(current, changes or {})
+            if not diff:
+                return current
+            if state in (ReviewState.approved.value, ReviewState.stale.value):
+                values["review"] = ReviewState.unreviewed.value
+                values["stale"] = None
+                diff["review"] = [state, ReviewState.unreviewed.value]
+            if "question" in diff:
+                signed = self._new_text(conn, current, diff["question"][1], near_dup)
+                values["norm_hash"] = text_hash(diff["question"][1])
+            if current["verdict"] is not None and set(diff) & set(SOLVED_FIELDS):
+                # Made for another question: solved again (a booked call, under the
+                # exam's policy); its slice is pending again below.
+                values.update(verdict=Verdict.pending.value, solved_index=None,
+                              verify_call_id=None)
+                diff["verdict"] = [current["verdict"], Verdict.pending.value]
+        now = conn.execute(select(self._now)).scalar_one()
+        done = conn.execute(update(Q).where(
+            Q.c.id == question_id, Q.c.exam == slug, Q.c.version == version).values(
+                **values, version=Q.c.version + 1, reviewed_by=client,
+                reviewed_at=now)).rowcount
+        if done != 1:  # another writer's commit got in between our read and this
+            raise self._conflict(self._current(conn, slug, question_id), version)
+        conn.execute(insert(QE).values(
+            question_id=question_id, exam=slug, chapter_id=current["chapter_id"],
+            number=current["number"], action=action, version=version + 1,
+            client=client, at=now, note=note,
+            changes=None if diff is None else json.dumps(diff, ensure_ascii=False)))
+        if action == "reject":
+            self._withdraw_rejected(conn, slug, [question_id])
+        if signed is not None:
+            # Its signature is the new text's: the old one would let a repeat of the new
+            # text in, and refuse one of the old.
+            neardup.forget_questions(conn, slug, [question_id])
+            neardup.index(conn, slug, current["chapter_id"], [question_id], [signed])
+        if values.get("verdict") == Verdict.pending.value and current["number"] is not None:
+            self._reopen_slice_of(conn, slug, current["chapter_id"], current["number"])
+        conn.execute(update(E).where(E.c.slug == slug).values(updated_at=now))
+        return self._current(conn, slug, question_id)
 
     def _lock_chapter_slices(self, conn: Connection, slug: str, question_id: int) -> None:
         """Hold the slices of the question's chapter (FOR UPDATE, PostgreSQL) until the

@@ -320,10 +320,24 @@ class ReviewQuestion(BaseModel):
                                   "otherwise.")
 
 
+class ReviewCounts(BaseModel):
+    """How many of the chapter's questions each filter shows."""
+
+    disputed: int = Field(description="In the bank, disputed by the blind solve.")
+    unreviewed: int = Field(description="In the bank, not reviewed (or edited since).")
+    edited: int = Field(description="In the bank, changed by a reviewer.")
+    stale: int = Field(description="In the bank, reviewed before `--regenerate`.")
+    approved: int = Field(description="In the bank, approved.")
+    rejected: int = Field(description="Rejected: out of the bank, by the number they had.")
+
+
 class ReviewChapter(BaseModel):
     exam: str
     chapter_id: str
     title: str
+    filter: str | None = Field(default=None, description="The filter asked for; null: all.")
+    counts: ReviewCounts = Field(description="Each filter's count over the whole chapter, "
+                                             "whichever filter `items` follow.")
     items: list[ReviewQuestion]
 
 
@@ -374,6 +388,45 @@ class ReviewAction(BaseModel):
     version: int | None = Field(None, ge=1, le=2**62, strict=True,
                                 description="The version read (or If-Match).")
     note: str | None = Field(None, max_length=2000, description="Why (kept in the history).")
+
+
+class BulkApproveItem(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    id: int = Field(ge=1, le=2**62, strict=True, description="The question's id.")
+    version: int = Field(ge=1, le=2**62, strict=True,
+                         description="The version the reviewer read (its ETag's number).")
+
+
+class BulkApprove(BaseModel):
+    """POST /exams/SLUG/review/approve's body: each question to approve with the version
+    it was read at, as a filter of the review showed them."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    items: list[BulkApproveItem] = Field(min_length=1, max_length=1000,
+                                         description="Up to 1000 questions, each once.")
+
+
+class BulkApproveResult(BaseModel):
+    """What the bulk approve did to one question: as its own `approve` would have answered."""
+
+    id: int
+    status: Literal[200, 404, 409] = Field(description=(
+        "200: approved (or approved already); 409: not approved, because it changed since "
+        "the version sent (`version` is the current one) or is out of the bank (rejected, "
+        "withdrawn); 404: not a question of this exam."))
+    result: Literal["approved", "conflict", "not_found"]
+    version: int | None = Field(description="The question's current version (null: 404); "
+                                            "send it to approve it as it is now.")
+    detail: str | None = Field(description="Why it was not approved (null when it was).")
+    question: ReviewQuestion | None = Field(description="The question as it is now (null: "
+                                                        "404).")
+
+
+class BulkApproveOut(BaseModel):
+    items: list[BulkApproveResult] = Field(description="One per question sent, in order.")
+    approved: int = Field(description="How many are approved now (status 200).")
 
 
 class ReviewEdit(BaseModel):
