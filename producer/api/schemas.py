@@ -269,6 +269,16 @@ class QuestionPage(BaseModel):
     next: int | None
 
 
+class Me(BaseModel):
+    """Who the caller is: GET /me."""
+
+    name: str = Field(description="The token's name.")
+    role: Literal["reader", "reviewer", "operator", "admin"] = Field(description=(
+        "What it may do, each role including the one before: reader reads; reviewer also "
+        "approves, rejects and edits; operator also runs, budgets and uploads; admin all."))
+    exams: list[str] | None = Field(description="The exams it may see; null: every exam.")
+
+
 class Health(BaseModel):
     status: str
     database: str
