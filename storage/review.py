@@ -36,7 +36,7 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping, Sequence
 
-from sqlalchemy import and_, func, insert, select, update
+from sqlalchemy import and_, case, exists, func, insert, select, update
 from sqlalchemy.engine import Connection
 
 from examforge.errors import (BadEdit, Conflict, DuplicateEdit, UnknownChapter,
@@ -118,24 +118,15 @@ def _row_view(r: Any) -> dict[str, Any]:
             "reviewed_at": r.reviewed_at, "edited": bool(r.edits), "stale": r.stale}
 
 
-def in_filter(q: Mapping[str, Any], name: str) -> bool:
-    """Whether a review question (`_row_view`) is one the filter `name` (FILTERS) shows.
-    Every filter but `rejected` selects from the bank: a question withdrawn as disputed
-    (VERIFY=replace) is history, no reviewer's work, and shows unfiltered only."""
-    if name == "rejected":
-        return bool(q["review"] == ReviewState.rejected.value)
-    if q["withdrawn"] is not None or q["review"] == ReviewState.rejected.value:
-        return False
+def _bank_filter(name: str) -> Any:
+    """The condition a question of the bank meets to be shown by the filter `name` (FILTERS
+    but `rejected`, which shows rejected questions, out of the bank). A question withdrawn
+    as disputed (VERIFY=replace) is history, no reviewer's work: no filter shows it."""
     if name == "disputed":
-        return bool(q["verdict"] == Verdict.disputed.value)
+        return Q.c.verdict == Verdict.disputed.value
     if name == "edited":
-        return bool(q["edited"])
-    return bool(q["review"] == name)  # unreviewed, approved, stale: its review state
-
-
-def filter_counts(items: list[dict[str, Any]]) -> dict[str, int]:
-    """How many of `items` each filter shows."""
-    return {name: sum(1 for q in items if in_filter(q, name)) for name in FILTERS}
+        return exists().where(QE.c.question_id == Q.c.id, QE.c.action == "edit")
+    return Q.c.review == ReviewState(name).value  # unreviewed, approved, stale
 
 
 @dataclass(frozen=True)
@@ -211,28 +202,49 @@ class Review(Verdicts):
                 unverified=unverified.get(ch.chapter_id, 0) if verified else None))
         return out
 
-    def chapter_questions(self, slug: str, chapter_id: str) -> tuple[str, list[dict[str, Any]]]:
+    def chapter_questions(self, slug: str, chapter_id: str, only: str | None = None
+                          ) -> tuple[str, list[dict[str, Any]]]:
         """The chapter's title and its questions for review, by number: those in the bank
         (up to its target), then those withdrawn from it (rejected by a reviewer, or disputed
         by the blind solve under VERIFY=replace), kept for the record, by the number they
-        had."""
+        had. With `only` (FILTERS), the questions that filter shows."""
         with self._read() as conn:
             self._require_exam(conn, slug)
             title = conn.execute(select(S.c.title).where(
                 S.c.exam == slug, S.c.chapter_id == chapter_id).limit(1)).scalar()
             if title is None:
                 raise UnknownChapter(f"chapter {chapter_id!r} is not a chapter of exam {slug}")
-            in_bank = conn.execute(
+            rejected = Q.c.review == ReviewState.rejected.value
+            in_bank = [] if only == "rejected" else conn.execute(
                 select(*self._columns()).select_from(Q.join(S, _in_range()))
-                .where(Q.c.exam == slug, Q.c.chapter_id == chapter_id,
-                       Q.c.review != ReviewState.rejected.value)
+                .where(Q.c.exam == slug, Q.c.chapter_id == chapter_id, ~rejected,
+                       *([_bank_filter(only)] if only else []))
                 .order_by(Q.c.number)).all()
-            gone = conn.execute(
+            gone = [] if only not in (None, "rejected") else conn.execute(
                 select(*self._columns()).where(
                     Q.c.exam == slug, Q.c.chapter_id == chapter_id,
-                    Q.c.number.is_(None) | (Q.c.review == ReviewState.rejected.value))
+                    rejected if only else Q.c.number.is_(None) | rejected)
                 .order_by(Q.c.withdrawn_number, Q.c.id)).all()
         return title, [_row_view(r) for r in (*in_bank, *gone)]
+
+    def filter_counts(self, slug: str, chapter_id: str | None = None
+                      ) -> dict[str, dict[str, int]]:
+        """{chapter id: {filter: how many questions it shows}} for every chapter of the exam
+        (or the one named) that has questions, in one query: what `chapter_questions(only=)`
+        would list, counted."""
+        in_bank = S.c.slice_no.is_not(None) & (Q.c.review != ReviewState.rejected.value)
+        conditions = [in_bank & _bank_filter(name) if name != "rejected"
+                      else Q.c.review == ReviewState.rejected.value for name in FILTERS]
+        query = (select(Q.c.chapter_id,
+                        *(func.sum(case((cond, 1), else_=0)) for cond in conditions))
+                 .select_from(Q.outerjoin(S, _in_range())).where(Q.c.exam == slug)
+                 .group_by(Q.c.chapter_id))
+        if chapter_id is not None:
+            query = query.where(Q.c.chapter_id == chapter_id)
+        with self._read() as conn:
+            self._require_exam(conn, slug)
+            rows = conn.execute(query).all()
+        return {r[0]: {name: int(n or 0) for name, n in zip(FILTERS, r[1:])} for r in rows}
 
     def approved_in_bank(self, slug: str) -> int:
         """How many of the exam's questions in the bank a reviewer approved: what `export

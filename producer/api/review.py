@@ -25,7 +25,7 @@ from producer.api import schemas
 from producer.api.problems import problem, responses
 from producer.api.runs import client_of
 from producer.views import when
-from storage.review import FILTERS, filter_counts, in_filter
+from storage.review import FILTERS
 
 router = APIRouter(tags=["review"])
 log = logging.getLogger("examforge.api")
@@ -41,6 +41,9 @@ IfMatch = Annotated[str | None, Header(
                 "`version` in the body")]
 _ETAG = {"ETag": {"description": 'The question\'s version, quoted ("3")',
                   "schema": {"type": "string"}}}
+
+
+_NO_COUNTS = dict.fromkeys(FILTERS, 0)  # a chapter with no question yet
 
 
 def _ctx(request: Request) -> Any:
@@ -87,14 +90,19 @@ def _client(request: Request, c: Any) -> str:
 def review_summary(slug: Slug, c: Ctx) -> Any:
     """Each chapter's questions by review state (`review SLUG --json`): in the bank (up to
     the chapter's target), unreviewed, approved, rejected, and disputed by the blind solve
-    (null when this database has no verdicts)."""
+    (null when this database has no verdicts); and `filters`, what each filter of the
+    chapter's questions shows, per chapter and in all."""
     chapters = [ch.as_dict() for ch in c.store.review_summary(slug)]
     totals = {name: sum(ch[name] or 0 for ch in chapters)
               for name in ("questions", "unreviewed", "approved", "rejected", "disputed",
                            "stale")}
     if any(ch["unverified"] is not None for ch in chapters):
         totals["unverified"] = sum(ch["unverified"] or 0 for ch in chapters)
-    return {"exam": slug, "chapters": chapters, "totals": totals}
+    counts = c.store.filter_counts(slug)
+    for ch in chapters:
+        ch["filters"] = counts.get(ch["chapter_id"], _NO_COUNTS)
+    filters = {name: sum(ch["filters"][name] for ch in chapters) for name in FILTERS}
+    return {"exam": slug, "chapters": chapters, "totals": totals, "filters": filters}
 
 
 FilterName = Literal["disputed", "unreviewed", "edited", "stale", "approved", "rejected"]
@@ -112,10 +120,10 @@ def chapter_questions(slug: Slug, chapter_id: ChapterId, c: Ctx, only: Filter = 
     review state and version; then those withdrawn (rejected, or disputed under
     VERIFY=replace: out of the bank, kept for the record by the number they had). With
     `filter`, only those it shows; `counts` gives every filter's count either way."""
-    title, items = c.store.chapter_questions(slug, chapter_id)
-    shown = items if only is None else [q for q in items if in_filter(q, only)]
+    title, items = c.store.chapter_questions(slug, chapter_id, only)
+    counts = c.store.filter_counts(slug, chapter_id).get(chapter_id, _NO_COUNTS)
     return {"exam": slug, "chapter_id": chapter_id, "title": title, "filter": only,
-            "counts": filter_counts(items), "items": [question_out(q) for q in shown]}
+            "counts": counts, "items": [question_out(q) for q in items]}
 
 
 @router.get("/exams/{slug}/questions/{question_id}", response_model=schemas.ReviewQuestion,

@@ -367,12 +367,17 @@ class ChapterReviewOut(BaseModel):
         default=None, description="In the bank with no verdict booked (none, or pending) in "
                                   "an exam whose questions are verified; null when none ever "
                                   "was.")
+    filters: ReviewCounts | None = Field(default=None, description=(
+        "How many of its questions each filter (`?filter=`) shows."))
 
 
 class ReviewSummary(BaseModel):
     exam: str
     chapters: list[ChapterReviewOut]
     totals: dict[str, int]
+    filters: ReviewCounts | None = Field(default=None, description=(
+        "How many questions each filter of the chapters' questions (`?filter=`) shows, "
+        "over every chapter."))
 
 
 class ReviewEvent(BaseModel):

@@ -92,6 +92,12 @@ def test_each_filter_shows_its_questions_and_every_count(client):
     # Another chapter counts its own.
     assert client.get(f"/exams/{SLUG}/chapters/b/questions").json()["counts"] == {
         "disputed": 0, "unreviewed": 2, "edited": 0, "stale": 0, "approved": 0, "rejected": 0}
+    # The summary counts the same, per chapter and in all: what the page's filters show.
+    summary = client.get(f"/exams/{SLUG}/review").json()
+    counts = {n: len(i) for n, i in expected.items()}
+    assert [c["filters"] for c in summary["chapters"]] == [
+        counts, {**dict.fromkeys(counts, 0), "unreviewed": 2}]
+    assert summary["filters"] == {**counts, "unreviewed": counts["unreviewed"] + 2}
     bad = client.get(f"/exams/{SLUG}/chapters/a/questions", params={"filter": "pending"})
     assert bad.status_code == 422 and "filter" in bad.text
 
@@ -105,6 +111,7 @@ def test_a_question_withdrawn_as_disputed_is_in_no_filter_but_all(client):
         assert first not in [q["id"] for q in _items(client, only=name)], name
     page = client.get(f"/exams/{SLUG}/chapters/a/questions").json()
     assert page["counts"]["disputed"] == 0 and page["counts"]["unreviewed"] == 5
+    assert client.get(f"/exams/{SLUG}/review").json()["filters"]["unreviewed"] == 7
     assert [q["withdrawn"] for q in page["items"]][-1] == "disputed"
 
 
