@@ -134,7 +134,8 @@ def test_the_openapi_document_declares_models_and_problems(make_settings):
                 ("/exams/{slug}/questions/{question_id}", "patch"),
                 ("/exams/{slug}/questions/{question_id}/history", "get"),
                 ("/exams/{slug}/questions/{question_id}/approve", "post"),
-                ("/exams/{slug}/questions/{question_id}/reject", "post")}
+                ("/exams/{slug}/questions/{question_id}/reject", "post"),
+                ("/exams/{slug}/review/approve", "post")}
     assert {(p, m) for p, ops in paths.items() for m in ops} == expected
     for (path, method) in expected:
         op = paths[path][method]
