@@ -1065,10 +1065,9 @@ function enter() {
   $("#login").hidden = true;
   $("#app").hidden = false;
   $("#who").hidden = false;
-  // Not awaited: until the role is known the page offers no action (applyRole), and the
-  // exams and the review need not wait a round trip for it.
-  loadMe().catch(notice);
-  loadExams();
+  // The exams' cards once the role is known, so that a card never shows a control its role
+  // lacks for a moment; the review need not wait for it (it offers no action until then).
+  loadMe().then(() => loadExams(), notice);
   // A reload or a shared link (#review=SLUG&filter=NAME) opens the same review view.
   const hash = new URLSearchParams(location.hash.slice(1));
   if (hash.get("review")) showReview(hash.get("review"), hash.get("filter") || "");
