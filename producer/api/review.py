@@ -24,7 +24,7 @@ from examforge.syllabus import NAME_PATTERN
 from producer.api import schemas
 from producer.api.problems import problem, responses
 from producer.api.runs import client_of
-from producer.views import when
+from producer.views import review_dict, when
 from storage.review import FILTERS
 
 router = APIRouter(tags=["review"])
@@ -92,17 +92,7 @@ def review_summary(slug: Slug, c: Ctx) -> Any:
     the chapter's target), unreviewed, approved, rejected, and disputed by the blind solve
     (null when this database has no verdicts); and `filters`, what each filter of the
     chapter's questions shows, per chapter and in all."""
-    chapters = [ch.as_dict() for ch in c.store.review_summary(slug)]
-    totals = {name: sum(ch[name] or 0 for ch in chapters)
-              for name in ("questions", "unreviewed", "approved", "rejected", "disputed",
-                           "stale")}
-    if any(ch["unverified"] is not None for ch in chapters):
-        totals["unverified"] = sum(ch["unverified"] or 0 for ch in chapters)
-    counts = c.store.filter_counts(slug)
-    for ch in chapters:
-        ch["filters"] = counts.get(ch["chapter_id"], _NO_COUNTS)
-    filters = {name: sum(ch["filters"][name] for ch in chapters) for name in FILTERS}
-    return {"exam": slug, "chapters": chapters, "totals": totals, "filters": filters}
+    return review_dict(c.store, slug)
 
 
 FilterName = Literal["disputed", "unreviewed", "edited", "stale", "approved", "rejected"]
