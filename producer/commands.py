@@ -39,7 +39,7 @@ from producer.prune import report_lines as prune_report_lines
 from producer.read_sqlite import console as _console
 from producer.read_sqlite import print_exams
 from producer.syllabi import file_syllabus, resolve
-from producer.views import status_dict, summary_dict, when
+from producer.views import review_dict, status_dict, summary_dict, when
 from producer.words import plural
 from storage import Store, connect, open_existing_store, open_store
 from storage.db import (
@@ -519,12 +519,10 @@ def export(slug: str, fmt: str, target: str | None, approved_only: bool = False)
 
 def review(slug: str, as_json: bool) -> None:
     store = _read_store(_settings())
-    chapters = store.review_summary(slug)
     if as_json:
-        click.echo(json.dumps({
-            "exam": slug, "chapters": [c.as_dict() for c in chapters],
-            "totals": _review_totals(chapters)}, ensure_ascii=False))
+        click.echo(json.dumps(review_dict(store, slug), ensure_ascii=False))
         return
+    chapters = store.review_summary(slug)
     verdicts = any(c.disputed is not None for c in chapters)
     verified = any(c.unverified is not None for c in chapters)
     table = Table(title=f"review of {slug}")
@@ -550,16 +548,6 @@ def review(slug: str, as_json: bool) -> None:
               + (f"; {rejected} rejected" if rejected else "")
               + (f"; {missing} missing (the next run or enqueue generates them)" if missing else "")
               + ("" if verdicts else "; no blind-solve verdicts in this database"))
-
-
-def _review_totals(chapters: Sequence[Any]) -> dict[str, int]:
-    """`review --json`'s totals, as the API's GET /exams/SLUG/review has them."""
-    totals = {name: sum(getattr(c, name) or 0 for c in chapters)
-              for name in ("questions", "unreviewed", "approved", "rejected", "disputed",
-                           "stale")}
-    if any(c.unverified is not None for c in chapters):
-        totals["unverified"] = sum(c.unverified or 0 for c in chapters)
-    return totals
 
 
 def run(slug: str, concurrency: int, budget_usd: float | None, dry_run: bool,

@@ -7,6 +7,7 @@ from typing import Any
 from producer.words import when
 from storage.types import BatchRow
 from storage.reports import ExamReport, ExamSummary, batch_counts, batch_status, waiting_text
+from storage.review import FILTERS
 
 
 def status_dict(report: ExamReport) -> dict[str, Any]:
@@ -43,3 +44,19 @@ def summary_dict(e: ExamSummary) -> dict[str, Any]:
             "chapters": {"done": e.chapters.done, "total": e.chapters.target},
             "questions": {"done": e.questions.done, "target": e.questions.target},
             "cost_usd": e.cost_usd, "updated_at": when(e.updated_at)}
+
+
+def review_dict(store: Any, slug: str) -> dict[str, Any]:
+    """`review SLUG --json`, which is GET /exams/SLUG/review: each chapter's questions by
+    review state and each review filter's count, with totals over the chapters."""
+    chapters = [c.as_dict() for c in store.review_summary(slug)]
+    totals = {name: sum(c[name] or 0 for c in chapters)
+              for name in ("questions", "unreviewed", "approved", "rejected", "disputed",
+                           "stale")}
+    if any(c["unverified"] is not None for c in chapters):
+        totals["unverified"] = sum(c["unverified"] or 0 for c in chapters)
+    counts = store.filter_counts(slug)
+    for c in chapters:  # a chapter with no question yet has none to count
+        c["filters"] = counts.get(c["chapter_id"], dict.fromkeys(FILTERS, 0))
+    filters = {name: sum(c["filters"][name] for c in chapters) for name in FILTERS}
+    return {"exam": slug, "chapters": chapters, "totals": totals, "filters": filters}

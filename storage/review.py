@@ -34,9 +34,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
-from sqlalchemy import and_, func, insert, select, update
+from sqlalchemy import and_, case, exists, func, insert, select, update
 from sqlalchemy.engine import Connection
 
 from examforge.errors import (BadEdit, Conflict, DuplicateEdit, UnknownChapter,
@@ -59,6 +59,8 @@ DEFAULT_CHECKER = Checker()
 ACTIONS = ("approve", "reject", "edit")
 MAX_NOTE_CHARS = 2000
 MAX_TEXT_CHARS = 20_000  # an edited question, choice or explanation
+# The review's filters, in the order the page shows them (`in_filter`).
+FILTERS = ("disputed", "unreviewed", "edited", "stale", "approved", "rejected")
 
 
 @dataclass
@@ -114,6 +116,30 @@ def _row_view(r: Any) -> dict[str, Any]:
             "source": source,
             "review": r.review, "version": r.version, "reviewed_by": r.reviewed_by,
             "reviewed_at": r.reviewed_at, "edited": bool(r.edits), "stale": r.stale}
+
+
+def _bank_filter(name: str) -> Any:
+    """The condition a question of the bank meets to be shown by the filter `name` (FILTERS
+    but `rejected`, which shows rejected questions, out of the bank). A question withdrawn
+    as disputed (VERIFY=replace) is history, no reviewer's work: no filter shows it."""
+    if name == "disputed":
+        return Q.c.verdict == Verdict.disputed.value
+    if name == "edited":
+        return exists().where(QE.c.question_id == Q.c.id, QE.c.action == "edit")
+    return Q.c.review == ReviewState(name).value  # unreviewed, approved, stale
+
+
+@dataclass(frozen=True)
+class Approval:
+    """What a bulk approve did to one question: `status` 200 (approved, or already so),
+    404 (no such question in the exam) or 409 (changed since `version`, or out of the bank);
+    `question` as it is now (None for a 404)."""
+
+    id: int
+    version: int
+    status: int
+    detail: str | None = None
+    question: dict[str, Any] | None = None
 
 
 class Review(Verdicts):
@@ -176,28 +202,49 @@ class Review(Verdicts):
                 unverified=unverified.get(ch.chapter_id, 0) if verified else None))
         return out
 
-    def chapter_questions(self, slug: str, chapter_id: str) -> tuple[str, list[dict[str, Any]]]:
+    def chapter_questions(self, slug: str, chapter_id: str, only: str | None = None
+                          ) -> tuple[str, list[dict[str, Any]]]:
         """The chapter's title and its questions for review, by number: those in the bank
         (up to its target), then those withdrawn from it (rejected by a reviewer, or disputed
         by the blind solve under VERIFY=replace), kept for the record, by the number they
-        had."""
+        had. With `only` (FILTERS), the questions that filter shows."""
         with self._read() as conn:
             self._require_exam(conn, slug)
             title = conn.execute(select(S.c.title).where(
                 S.c.exam == slug, S.c.chapter_id == chapter_id).limit(1)).scalar()
             if title is None:
                 raise UnknownChapter(f"chapter {chapter_id!r} is not a chapter of exam {slug}")
-            in_bank = conn.execute(
+            rejected = Q.c.review == ReviewState.rejected.value
+            in_bank = [] if only == "rejected" else conn.execute(
                 select(*self._columns()).select_from(Q.join(S, _in_range()))
-                .where(Q.c.exam == slug, Q.c.chapter_id == chapter_id,
-                       Q.c.review != ReviewState.rejected.value)
+                .where(Q.c.exam == slug, Q.c.chapter_id == chapter_id, ~rejected,
+                       *([_bank_filter(only)] if only else []))
                 .order_by(Q.c.number)).all()
-            gone = conn.execute(
+            gone = [] if only not in (None, "rejected") else conn.execute(
                 select(*self._columns()).where(
                     Q.c.exam == slug, Q.c.chapter_id == chapter_id,
-                    Q.c.number.is_(None) | (Q.c.review == ReviewState.rejected.value))
+                    rejected if only else Q.c.number.is_(None) | rejected)
                 .order_by(Q.c.withdrawn_number, Q.c.id)).all()
         return title, [_row_view(r) for r in (*in_bank, *gone)]
+
+    def filter_counts(self, slug: str, chapter_id: str | None = None
+                      ) -> dict[str, dict[str, int]]:
+        """{chapter id: {filter: how many questions it shows}} for every chapter of the exam
+        (or the one named) that has questions, in one query: what `chapter_questions(only=)`
+        would list, counted."""
+        in_bank = S.c.slice_no.is_not(None) & (Q.c.review != ReviewState.rejected.value)
+        conditions = [in_bank & _bank_filter(name) if name != "rejected"
+                      else Q.c.review == ReviewState.rejected.value for name in FILTERS]
+        query = (select(Q.c.chapter_id,
+                        *(func.sum(case((cond, 1), else_=0)) for cond in conditions))
+                 .select_from(Q.outerjoin(S, _in_range())).where(Q.c.exam == slug)
+                 .group_by(Q.c.chapter_id))
+        if chapter_id is not None:
+            query = query.where(Q.c.chapter_id == chapter_id)
+        with self._read() as conn:
+            self._require_exam(conn, slug)
+            rows = conn.execute(query).all()
+        return {r[0]: {name: int(n or 0) for name, n in zip(FILTERS, r[1:])} for r in rows}
 
     def approved_in_bank(self, slug: str) -> int:
         """How many of the exam's questions in the bank a reviewer approved: what `export
@@ -271,74 +318,111 @@ class Review(Verdicts):
             # The lock order of every writer of an exam (Ledger._exam_first): its row first,
             # then the slices (see the module's docstring), then the question.
             self._exam_first(conn, slug)
-            self._lock_chapter_slices(conn, slug, question_id)
-            current = self._current(conn, slug, question_id)
-            if current["version"] != version:
-                raise self._conflict(current, version)
-            state = current["review"]
-            verb = {"approve": "approved", "reject": "rejected"}.get(action, "edited")
-            if state == ReviewState.rejected.value:
-                if action == "reject":
-                    return current  # already so
-                raise Conflict(f"question {question_id} of exam {slug} was rejected: it is "
-                               f"out of its chapter and cannot be {verb}")
-            if current["withdrawn"] is not None:
-                # Withdrawn for another reason (disputed by the blind solve): out of the bank
-                # already, counted there as that. Rejecting it too would count it twice,
-                # disputed in `status` and rejected in `review`.
-                raise Conflict(f"question {question_id} of exam {slug} was withdrawn from its "
-                               f"chapter ({current['withdrawn']}) and a replacement takes its "
-                               f"number: it is out of the bank already and cannot be {verb}")
-            values: dict[str, Any] = {}
-            diff: dict[str, list[Any]] | None = None
-            signed: neardup.Signed | None = None
-            if action == "approve":
-                if state == ReviewState.approved.value:
-                    return current
-                values["review"] = ReviewState.approved.value
-                values["stale"] = None
-            elif action == "reject":
-                values["review"] = ReviewState.rejected.value
-            else:
-                diff, values = _edit_values(current, changes or {})
-                if not diff:
-                    return current
-                if state in (ReviewState.approved.value, ReviewState.stale.value):
-                    values["review"] = ReviewState.unreviewed.value
-                    values["stale"] = None
-                    diff["review"] = [state, ReviewState.unreviewed.value]
-                if "question" in diff:
-                    signed = self._new_text(conn, current, diff["question"][1], near_dup)
-                    values["norm_hash"] = text_hash(diff["question"][1])
-                if current["verdict"] is not None and set(diff) & set(SOLVED_FIELDS):
-                    # Made for another question: solved again (a booked call, under the
-                    # exam's policy); its slice is pending again below.
-                    values.update(verdict=Verdict.pending.value, solved_index=None,
-                                  verify_call_id=None)
-                    diff["verdict"] = [current["verdict"], Verdict.pending.value]
-            now = conn.execute(select(self._now)).scalar_one()
-            done = conn.execute(update(Q).where(
-                Q.c.id == question_id, Q.c.exam == slug, Q.c.version == version).values(
-                    **values, version=Q.c.version + 1, reviewed_by=client,
-                    reviewed_at=now)).rowcount
-            if done != 1:  # another writer's commit got in between our read and this
-                raise self._conflict(self._current(conn, slug, question_id), version)
-            conn.execute(insert(QE).values(
-                question_id=question_id, exam=slug, chapter_id=current["chapter_id"],
-                number=current["number"], action=action, version=version + 1,
-                client=client, at=now, note=note,
-                changes=None if diff is None else json.dumps(diff, ensure_ascii=False)))
+            return self._act_in(conn, slug, question_id, version, client, action,
+                                changes=changes, note=note, near_dup=near_dup)
+
+    def approve_many(self, slug: str, items: Sequence[tuple[int, int]],
+                     client: str) -> list[Approval]:
+        """Approve each (question id, version read) in one transaction, each as `approve`
+        does: one that changed since its version (VersionConflict), is out of the bank
+        (Conflict) or is not the exam's (UnknownQuestion) is left as it is and answered so,
+        with the question as it is now; the others are approved. One transaction, not one
+        per question: a chapter's 500 approvals are one commit, in `approve`'s lock order."""
+        out: list[Approval] = []
+        with self._write() as conn:
+            self._require_exam(conn, slug)
+            self._exam_first(conn, slug)
+            for question_id, version in items:
+                out.append(self._approve_one(conn, slug, question_id, version, client))
+        return out
+
+    def _approve_one(self, conn: Connection, slug: str, question_id: int, version: int,
+                     client: str) -> Approval:
+        # Each refusal below is raised before its question's UPDATE, or after one that
+        # changed no row: nothing for the transaction to undo.
+        try:
+            view = self._act_in(conn, slug, question_id, version, client, "approve")
+        except VersionConflict as exc:
+            return Approval(question_id, version, 409, str(exc), dict(exc.question))
+        except Conflict as exc:
+            return Approval(question_id, version, 409, str(exc),
+                            self._current(conn, slug, question_id))
+        except UnknownQuestion as exc:
+            return Approval(question_id, version, 404, str(exc))
+        return Approval(question_id, version, 200, None, view)
+
+    def _act_in(self, conn: Connection, slug: str, question_id: int, version: int,
+                client: str, action: str, *, changes: Mapping[str, Any] | None = None,
+                note: str | None = None, near_dup: Checker | None = None) -> dict[str, Any]:
+        """One review action in the caller's transaction, which holds the exam's row."""
+        self._lock_chapter_slices(conn, slug, question_id)
+        current = self._current(conn, slug, question_id)
+        if current["version"] != version:
+            raise self._conflict(current, version)
+        state = current["review"]
+        verb = {"approve": "approved", "reject": "rejected"}.get(action, "edited")
+        if state == ReviewState.rejected.value:
             if action == "reject":
-                self._withdraw_rejected(conn, slug, [question_id])
-            if signed is not None:
-                # Its signature is the new text's: the old one would let a repeat of the new
-                # text in, and refuse one of the old.
-                neardup.forget_questions(conn, slug, [question_id])
-                neardup.index(conn, slug, current["chapter_id"], [question_id], [signed])
-            if values.get("verdict") == Verdict.pending.value and current["number"] is not None:
-                self._reopen_slice_of(conn, slug, current["chapter_id"], current["number"])
-            conn.execute(update(E).where(E.c.slug == slug).values(updated_at=now))
-            return self._current(conn, slug, question_id)
+                return current  # already so
+            raise Conflict(f"question {question_id} of exam {slug} was rejected: it is "
+                           f"out of its chapter and cannot be {verb}")
+        if current["withdrawn"] is not None:
+            # Withdrawn for another reason (disputed by the blind solve): out of the bank
+            # already, counted there as that. Rejecting it too would count it twice,
+            # disputed in `status` and rejected in `review`.
+            raise Conflict(f"question {question_id} of exam {slug} was withdrawn from its "
+                           f"chapter ({current['withdrawn']}) and a replacement takes its "
+                           f"number: it is out of the bank already and cannot be {verb}")
+        values: dict[str, Any] = {}
+        diff: dict[str, list[Any]] | None = None
+        signed: neardup.Signed | None = None
+        if action == "approve":
+            if state == ReviewState.approved.value:
+                return current
+            values["review"] = ReviewState.approved.value
+            values["stale"] = None
+        elif action == "reject":
+            values["review"] = ReviewState.rejected.value
+        else:
+            diff, values = _edit_values(current, changes or {})
+            if not diff:
+                return current
+            if state in (ReviewState.approved.value, ReviewState.stale.value):
+                values["review"] = ReviewState.unreviewed.value
+                values["stale"] = None
+                diff["review"] = [state, ReviewState.unreviewed.value]
+            if "question" in diff:
+                signed = self._new_text(conn, current, diff["question"][1], near_dup)
+                values["norm_hash"] = text_hash(diff["question"][1])
+            if current["verdict"] is not None and set(diff) & set(SOLVED_FIELDS):
+                # Made for another question: solved again (a booked call, under the
+                # exam's policy); its slice is pending again below.
+                values.update(verdict=Verdict.pending.value, solved_index=None,
+                              verify_call_id=None)
+                diff["verdict"] = [current["verdict"], Verdict.pending.value]
+        now = conn.execute(select(self._now)).scalar_one()
+        done = conn.execute(update(Q).where(
+            Q.c.id == question_id, Q.c.exam == slug, Q.c.version == version).values(
+                **values, version=Q.c.version + 1, reviewed_by=client,
+                reviewed_at=now)).rowcount
+        if done != 1:  # another writer's commit got in between our read and this
+            raise self._conflict(self._current(conn, slug, question_id), version)
+        conn.execute(insert(QE).values(
+            question_id=question_id, exam=slug, chapter_id=current["chapter_id"],
+            number=current["number"], action=action, version=version + 1,
+            client=client, at=now, note=note,
+            changes=None if diff is None else json.dumps(diff, ensure_ascii=False)))
+        if action == "reject":
+            self._withdraw_rejected(conn, slug, [question_id])
+        if signed is not None:
+            # Its signature is the new text's: the old one would let a repeat of the new
+            # text in, and refuse one of the old.
+            neardup.forget_questions(conn, slug, [question_id])
+            neardup.index(conn, slug, current["chapter_id"], [question_id], [signed])
+        if values.get("verdict") == Verdict.pending.value and current["number"] is not None:
+            self._reopen_slice_of(conn, slug, current["chapter_id"], current["number"])
+        conn.execute(update(E).where(E.c.slug == slug).values(updated_at=now))
+        return self._current(conn, slug, question_id)
 
     def _lock_chapter_slices(self, conn: Connection, slug: str, question_id: int) -> None:
         """Hold the slices of the question's chapter (FOR UPDATE, PostgreSQL) until the

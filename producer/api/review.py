@@ -4,17 +4,19 @@ state, and approve, reject and edit (storage/review.py).
 Every action names the version of the question it was made from, as `If-Match: "N"` (the
 `ETag` a read gave) or `"version": N` in the body. A version that is no longer current is
 `409` with the current `version` and `question` in the problem document: nothing changed,
-never a silent overwrite. No version at all is `428`. Who acted is the API client: its
-bearer token's name (for a token of API_TOKENS, a hash of it: `producer.api.runs.client_of`),
-never the token itself.
+never a silent overwrite. No version at all is `428`. A bulk approve (`POST /exams/SLUG/review/approve`)
+names each question's version too, and answers each one as its own approve would: approved,
+or 409 with its current version, never approved over a newer edit. Who acted is the API
+client: its bearer token's name (for a token of API_TOKENS, a hash of it:
+`producer.api.runs.client_of`), never the token itself.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal, get_args
 
-from fastapi import APIRouter, Body, Depends, Header, Path, Request
+from fastapi import APIRouter, Body, Depends, Header, Path, Query, Request
 from fastapi.responses import JSONResponse
 
 from examforge.errors import InfrastructureError
@@ -24,7 +26,8 @@ from producer.api import schemas
 from producer.api.problems import problem, responses
 from producer.access import Role
 from producer.api.auth import caller, requires
-from producer.views import when
+from producer.views import review_dict, when
+from storage.review import FILTERS
 
 router = APIRouter(tags=["review"])
 log = logging.getLogger("examforge.api")
@@ -40,6 +43,9 @@ IfMatch = Annotated[str | None, Header(
                 "`version` in the body")]
 _ETAG = {"ETag": {"description": 'The question\'s version, quoted ("3")',
                   "schema": {"type": "string"}}}
+
+
+_NO_COUNTS = dict.fromkeys(FILTERS, 0)  # a chapter with no question yet
 
 
 def _ctx(request: Request) -> Any:
@@ -88,25 +94,31 @@ def _client(request: Request, c: Any) -> str:
 def review_summary(slug: Slug, c: Ctx) -> Any:
     """Each chapter's questions by review state (`review SLUG --json`): in the bank (up to
     the chapter's target), unreviewed, approved, rejected, and disputed by the blind solve
-    (null when this database has no verdicts)."""
-    chapters = [ch.as_dict() for ch in c.store.review_summary(slug)]
-    totals = {name: sum(ch[name] or 0 for ch in chapters)
-              for name in ("questions", "unreviewed", "approved", "rejected", "disputed",
-                           "stale")}
-    if any(ch["unverified"] is not None for ch in chapters):
-        totals["unverified"] = sum(ch["unverified"] or 0 for ch in chapters)
-    return {"exam": slug, "chapters": chapters, "totals": totals}
+    (null when this database has no verdicts); and `filters`, what each filter of the
+    chapter's questions shows, per chapter and in all."""
+    return review_dict(c.store, slug)
+
+
+FilterName = Literal["disputed", "unreviewed", "edited", "stale", "approved", "rejected"]
+assert get_args(FilterName) == FILTERS  # the store's filters, spelled out for the spec
+Filter = Annotated[FilterName | None, Query(
+    alias="filter", description="Only the questions this filter shows: disputed, unreviewed, "
+                                "edited, stale or approved (of the bank), or rejected; "
+                                "none: every question")]
 
 
 @router.get("/exams/{slug}/chapters/{chapter_id}/questions",
             response_model=schemas.ReviewChapter, responses=responses(401, 404, 422))
 @requires(Role.reader)
-def chapter_questions(slug: Slug, chapter_id: ChapterId, c: Ctx) -> Any:
+def chapter_questions(slug: Slug, chapter_id: ChapterId, c: Ctx, only: Filter = None) -> Any:
     """The chapter's questions for review, by number, each with its verdict, source, levels,
-    review state and version; then those rejected (out of the bank, kept for the record)."""
-    title, items = c.store.chapter_questions(slug, chapter_id)
-    return {"exam": slug, "chapter_id": chapter_id, "title": title,
-            "items": [question_out(q) for q in items]}
+    review state and version; then those withdrawn (rejected, or disputed under
+    VERIFY=replace: out of the bank, kept for the record by the number they had). With
+    `filter`, only those it shows; `counts` gives every filter's count either way."""
+    title, items = c.store.chapter_questions(slug, chapter_id, only)
+    counts = c.store.filter_counts(slug, chapter_id).get(chapter_id, _NO_COUNTS)
+    return {"exam": slug, "chapter_id": chapter_id, "title": title, "filter": only,
+            "counts": counts, "items": [question_out(q) for q in items]}
 
 
 @router.get("/exams/{slug}/questions/{question_id}", response_model=schemas.ReviewQuestion,
@@ -164,6 +176,35 @@ def reject(slug: Slug, question_id: QuestionId, request: Request, c: Ctx,
                             note=body.note if body else None)
     _hand_on_reopened(c, slug)
     return _answer(answer)
+
+
+@router.post("/exams/{slug}/review/approve", response_model=schemas.BulkApproveOut,
+             responses=responses(400, 401, 404, 413, 422))
+@requires(Role.reviewer)
+def approve_many(slug: Slug, request: Request, c: Ctx,
+                 body: Annotated[schemas.BulkApprove, Body()]) -> Any:
+    """Approve many questions in one request (the page's "approve all shown"), each at the
+    version it was read at, as its own `approve` would: `items` answers each one, in the
+    order sent, with `status` 200 (approved), 409 (it changed since that version, or left
+    the bank: not approved, with its current `version` and `question`) or 404. Nothing is
+    ever approved over a newer edit; the others are approved all the same."""
+    seen: set[int] = set()
+    for item in body.items:
+        if item.id in seen:
+            return problem(400, f"question {item.id} is named twice: name each question once")
+        seen.add(item.id)
+    done = c.store.approve_many(slug, [(item.id, item.version) for item in body.items],
+                                _client(request, c))
+    items = [_approval_out(a) for a in done]
+    return {"items": items, "approved": sum(1 for a in done if a.status == 200)}
+
+
+def _approval_out(a: Any) -> dict[str, Any]:
+    q = a.question
+    result = {200: "approved", 404: "not_found"}.get(a.status, "conflict")
+    return {"id": a.id, "status": a.status, "result": result,
+            "version": q["version"] if q else None, "detail": a.detail,
+            "question": question_out(q) if q else None}
 
 
 def _hand_on_reopened(c: Any, slug: str) -> None:

@@ -272,6 +272,16 @@ class QuestionPage(BaseModel):
     next: int | None
 
 
+class Me(BaseModel):
+    """Who the caller is: GET /me."""
+
+    name: str = Field(description="The token's name (a token of API_TOKENS: a hash of it).")
+    role: Literal["reader", "reviewer", "operator", "admin"] = Field(description=(
+        "What it may do, each role including the one before: reader reads; reviewer also "
+        "approves, rejects and edits; operator also runs, budgets and uploads; admin all."))
+    exams: list[str] | None = Field(description="The exams it may see; null: every exam.")
+
+
 class Health(BaseModel):
     status: str
     database: str
@@ -323,10 +333,24 @@ class ReviewQuestion(BaseModel):
                                   "otherwise.")
 
 
+class ReviewCounts(BaseModel):
+    """How many of the chapter's questions each filter shows."""
+
+    disputed: int = Field(description="In the bank, disputed by the blind solve.")
+    unreviewed: int = Field(description="In the bank, not reviewed (or edited since).")
+    edited: int = Field(description="In the bank, changed by a reviewer.")
+    stale: int = Field(description="In the bank, reviewed before `--regenerate`.")
+    approved: int = Field(description="In the bank, approved.")
+    rejected: int = Field(description="Rejected: out of the bank, by the number they had.")
+
+
 class ReviewChapter(BaseModel):
     exam: str
     chapter_id: str
     title: str
+    filter: str | None = Field(default=None, description="The filter asked for; null: all.")
+    counts: ReviewCounts = Field(description="Each filter's count over the whole chapter, "
+                                             "whichever filter `items` follow.")
     items: list[ReviewQuestion]
 
 
@@ -346,12 +370,17 @@ class ChapterReviewOut(BaseModel):
         default=None, description="In the bank with no verdict booked (none, or pending) in "
                                   "an exam whose questions are verified; null when none ever "
                                   "was.")
+    filters: ReviewCounts | None = Field(default=None, description=(
+        "How many of its questions each filter (`?filter=`) shows."))
 
 
 class ReviewSummary(BaseModel):
     exam: str
     chapters: list[ChapterReviewOut]
     totals: dict[str, int]
+    filters: ReviewCounts | None = Field(default=None, description=(
+        "How many questions each filter of the chapters' questions (`?filter=`) shows, "
+        "over every chapter."))
 
 
 class ReviewEvent(BaseModel):
@@ -379,6 +408,45 @@ class ReviewAction(BaseModel):
     note: str | None = Field(None, max_length=2000, description="Why (kept in the history).")
 
 
+class BulkApproveItem(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    id: int = Field(ge=1, le=2**62, strict=True, description="The question's id.")
+    version: int = Field(ge=1, le=2**62, strict=True,
+                         description="The version the reviewer read (its ETag's number).")
+
+
+class BulkApprove(BaseModel):
+    """POST /exams/SLUG/review/approve's body: each question to approve with the version
+    it was read at, as a filter of the review showed them."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    items: list[BulkApproveItem] = Field(min_length=1, max_length=1000,
+                                         description="Up to 1000 questions, each once.")
+
+
+class BulkApproveResult(BaseModel):
+    """What the bulk approve did to one question: as its own `approve` would have answered."""
+
+    id: int
+    status: Literal[200, 404, 409] = Field(description=(
+        "200: approved (or approved already); 409: not approved, because it changed since "
+        "the version sent (`version` is the current one) or is out of the bank (rejected, "
+        "withdrawn); 404: not a question of this exam."))
+    result: Literal["approved", "conflict", "not_found"]
+    version: int | None = Field(description="The question's current version (null: 404); "
+                                            "send it to approve it as it is now.")
+    detail: str | None = Field(description="Why it was not approved (null when it was).")
+    question: ReviewQuestion | None = Field(description="The question as it is now (null: "
+                                                        "404).")
+
+
+class BulkApproveOut(BaseModel):
+    items: list[BulkApproveResult] = Field(description="One per question sent, in order.")
+    approved: int = Field(description="How many are approved now (status 200).")
+
+
 class ReviewEdit(BaseModel):
     """PATCH's body: the fields to change, and the version they were read at (or If-Match)."""
 
@@ -393,14 +461,6 @@ class ReviewEdit(BaseModel):
     difficulty: Literal["easy", "medium", "hard"] | None = None
     bloom: Literal["remember", "understand", "apply", "analyze", "evaluate",
                    "create"] | None = None
-
-
-class Me(BaseModel):
-    """GET /me: the caller."""
-
-    name: str = Field(description="The token's name (a token of API_TOKENS: a hash of it).")
-    role: str = Field(description="reader, reviewer, operator or admin")
-    exams: list[str] | None = Field(description="The exams it may see; null: every exam.")
 
 
 class AuditItem(BaseModel):

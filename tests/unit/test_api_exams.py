@@ -124,6 +124,7 @@ def test_the_openapi_document_declares_models_and_problems(make_settings):
                 ("/runs/{run_id}", "get"), ("/runs/{run_id}/cancel", "post"),
                 ("/runs/{run_id}/events", "get"), ("/exams/{slug}/questions", "get"),
                 ("/exams/{slug}/export", "get"), ("/healthz", "get"), ("/metrics", "get"),
+                ("/me", "get"),
                 ("/exams/{slug}/sources/{name}", "put"), ("/exams/{slug}/sources/{name}", "delete"),
                 ("/exams/{slug}/sources", "get"),
                 # The review (producer/api/review.py).
@@ -135,7 +136,8 @@ def test_the_openapi_document_declares_models_and_problems(make_settings):
                 ("/exams/{slug}/questions/{question_id}/approve", "post"),
                 ("/exams/{slug}/questions/{question_id}/reject", "post"),
                 # Who calls, and the audit (producer/api/auth.py, audit.py).
-                ("/me", "get"), ("/audit", "get")}
+                ("/me", "get"), ("/audit", "get"),
+                ("/exams/{slug}/review/approve", "post")}
     assert {(p, m) for p, ops in paths.items() for m in ops} == expected
     for (path, method) in expected:
         op = paths[path][method]

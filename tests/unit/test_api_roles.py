@@ -50,6 +50,7 @@ ROLE: dict[tuple[str, str], str] = {
     ("POST", "/exams/{slug}/questions/{question_id}/approve"): REVIEWER,
     ("POST", "/exams/{slug}/questions/{question_id}/reject"): REVIEWER,
     ("PATCH", "/exams/{slug}/questions/{question_id}"): REVIEWER,
+    ("POST", "/exams/{slug}/review/approve"): REVIEWER,
 }
 # Routes whose answer covers every exam: a token scoped to some exams is refused (403).
 EVERY_EXAM = {("GET", "/metrics")}
@@ -134,6 +135,11 @@ class Builders:
         if method == "POST" and url.endswith("/runs"):
             kw["headers"] = {"Idempotency-Key": self.key()}
             kw["json"] = {}
+        if url.endswith("/review/approve"):  # the bulk approve of question 4, at its version
+            if (exam, 4) not in self.ids:
+                self.ids[(exam, 4)] = _q(self.admin, exam, 4)["id"]
+            q = self.admin.get(f"/exams/{exam}/questions/{self.ids[(exam, 4)]}").json()
+            kw["json"] = {"items": [{"id": q["id"], "version": q["version"]}]}
         if url.endswith("/events"):
             kw["headers"] = {"Last-Event-ID": "1-done"}  # 204 at once: no stream held open
         if url.endswith("/export"):

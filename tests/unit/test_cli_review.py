@@ -42,6 +42,10 @@ def test_review_counts_per_chapter(env, capsys):  # noqa: F811
         "disputed": 0}
     assert data["totals"] == {"questions": 4, "unreviewed": 2, "approved": 2, "rejected": 1,
                               "disputed": 0, "stale": 0}
+    # Each review filter's count, as the API's (and the page's filters) have them.
+    assert data["filters"] == {"disputed": 0, "unreviewed": 2, "edited": 1, "stale": 0,
+                               "approved": 2, "rejected": 1}
+    assert by["a"]["filters"]["edited"] == 1 and by["a"]["filters"]["unreviewed"] == 0
     code, out, err = cli(capsys, "review", "ex")
     assert code == 0, err
     assert "2 questions to review; 1 rejected; 1 missing (the next run or enqueue generates them)" \

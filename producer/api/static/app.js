@@ -37,6 +37,8 @@ function askToken(message = "") {
   for (const entry of state.exams.values()) stopStream(entry);
   $("#app").hidden = true;
   $("#who").hidden = true;
+  me = null;
+  applyRole();
   $("#login").hidden = false;
   $("#login-error").textContent = message;
   $("#token").focus();
@@ -71,6 +73,44 @@ async function api(path, { method = "GET", body, headers = {} } = {}) {
 function notice(err) {
   if (err instanceof AuthError) return askToken("That token was refused (401): enter a valid one.");
   $("#notice").textContent = err ? `${err.message}` : "";
+}
+
+// ---- who the token is: its role decides what the page offers --------------------------
+//
+// Each role includes the ones before it. Until GET /me answers, the page offers nothing
+// beyond reading: a control shown to a role that may not use it would only end in a 403.
+
+const ROLES = ["reader", "reviewer", "operator", "admin"];
+let me = null; // GET /me's answer: {name, role, exams}
+
+// Whether a caller of `role` may do what `needed` may (both of ROLES).
+function allows(role, needed) {
+  const rank = ROLES.indexOf(role);
+  return rank >= 0 && rank >= ROLES.indexOf(needed);
+}
+
+function can(needed) {
+  return Boolean(me) && allows(me.role, needed);
+}
+
+// The page's controls carry data-needs="ROLE"; the body's classes hide those the role lacks.
+function applyRole() {
+  document.body.classList.toggle("can-review", can("reviewer"));
+  document.body.classList.toggle("can-operate", can("operator"));
+  $("#me-name").textContent = me ? me.name : "";
+  $("#me-role").textContent = me ? me.role : "";
+  $("#me-role").dataset.role = me ? me.role : "";
+}
+
+async function loadMe() {
+  try {
+    me = (await api("/me")).data;
+  } catch (err) {
+    me = null;
+    if (err instanceof AuthError) throw err;
+    notice(new Error(`who this token is could not be read (${err.message}): the page only reads`));
+  }
+  applyRole();
 }
 
 // ---- the runs the page follows, kept across a closed tab ------------------------------
@@ -306,7 +346,7 @@ function newer(a, b) {
 // ---- start, resume, cancel ------------------------------------------------------------
 
 async function start(entry) {
-  if (entry.starting) return;
+  if (entry.starting || !can("operator")) return;
   entry.starting = true; // disables the buttons until the run is known
   render(entry);
   const slug = entry.card.dataset.exam;
@@ -346,7 +386,7 @@ async function start(entry) {
 }
 
 async function cancel(entry) {
-  if (!entry.run) return;
+  if (!entry.run || !can("operator")) return;
   try {
     const runId = entry.run.id;
     const { data } = await api(`/runs/${encodeURIComponent(runId)}/cancel`, { method: "POST" });
@@ -569,39 +609,80 @@ function questionRow(item) {
 // Every action sends If-Match with the version the page showed. A save from a version that is
 // no longer current is refused by the server (409, with the current question): the page says
 // so on the question, shows the current text, keeps an edit's unsaved text in its form, and
-// changes nothing until the reviewer saves again, knowingly, from the current version.
+// changes nothing until the reviewer saves again, knowingly, from the current version. The
+// bulk approve sends each shown question's version the same way, in one request, and shows a
+// refused one's 409 on its card.
 
-const review = { exam: null, questions: new Map() }; // question id -> {node, q}
+const FILTERS = ["disputed", "unreviewed", "edited", "stale", "approved", "rejected"];
+const BULK_MAX = 1000; // questions per bulk request (the API's cap)
+// question id -> {node, q, editing}; `seq` tells a late answer from a view left since.
+const review = { exam: null, filter: "", questions: new Map(), current: null, seq: 0,
+                 bulking: false };
 
-async function showReview(slug) {
+// The hash's parameters (#run=ID&review=SLUG&filter=NAME): set (null removes), others kept.
+function setHash(values) {
+  const hash = new URLSearchParams(location.hash.slice(1));
+  for (const [key, value] of Object.entries(values)) {
+    if (value === null || value === "") hash.delete(key);
+    else hash.set(key, value);
+  }
+  history.replaceState(null, "", hash.toString() ? `#${hash}` : location.pathname);
+}
+
+function chapterUrl(slug, chapterId, filter) {
+  const query = filter ? `?${new URLSearchParams({ filter })}` : "";
+  return `/exams/${encodeURIComponent(slug)}/chapters/${encodeURIComponent(chapterId)}/questions${query}`;
+}
+
+async function showReview(slug, filter = "") {
+  const seq = ++review.seq;
   review.exam = slug;
+  review.filter = FILTERS.includes(filter) ? filter : "";
   review.questions = new Map();
+  review.current = null;
+  setHash({ review: slug, filter: review.filter });
   $("#r-exam").textContent = slug;
   $("#r-chapters").replaceChildren();
+  $("#r-bulk-result").textContent = "";
+  for (const b of document.querySelectorAll("#r-filters button")) {
+    b.setAttribute("aria-pressed", String(b.dataset.filter === review.filter));
+  }
+  updateBulk();
   $("#review").hidden = false;
   try {
     const summary = await reviewSummary(slug);
-    for (const ch of summary.chapters) {
-      const block = $("#review-chapter").content.firstElementChild.cloneNode(true);
-      block.dataset.chapter = ch.chapter_id;
-      $(".r-title", block).textContent = ch.title;
-      $(".r-id", block).textContent = ch.chapter_id;
-      $("#r-chapters").append(block);
-      const { data } = await api(`/exams/${encodeURIComponent(slug)}/chapters/${encodeURIComponent(ch.chapter_id)}/questions`);
-      if (review.exam !== slug) return;
-      // The bank first; the questions withdrawn from it (rejected, or disputed under
-      // VERIFY=replace) under their own heading, by the number they had.
-      for (const q of data.items) {
-        const where = q.withdrawn ? ".r-withdrawn" : ".r-questions";
-        $(where, block).append(reviewRow(q));
-      }
-      $(".r-withdrawn-part", block).hidden = !data.items.some((q) => q.withdrawn);
-    }
+    // Every chapter read at once, then shown at once: one round trip's wait, one layout.
+    const pages = await Promise.all(summary.chapters.map(
+      (ch) => api(chapterUrl(slug, ch.chapter_id, review.filter))));
+    if (seq !== review.seq) return; // another exam or filter was asked for meanwhile
+    const blocks = summary.chapters.map((ch, i) => chapterBlock(ch, pages[i].data.items));
+    $("#r-chapters").replaceChildren(...blocks);
     renderCounts(summary);
+    updateBulk();
     $("#review").scrollIntoView({ block: "start" });
+    // For the speed test (and anyone curious): when the last card is laid out.
+    requestAnimationFrame(() => setTimeout(() => performance.mark("review-rendered"), 0));
   } catch (err) {
     notice(err);
   }
+}
+
+// The bank first; the questions withdrawn from it (rejected, or disputed under
+// VERIFY=replace) under their own heading, by the number they had. A filtered view leaves
+// out the chapters with nothing to show.
+function chapterBlock(ch, items) {
+  const block = $("#review-chapter").content.firstElementChild.cloneNode(true);
+  block.dataset.chapter = ch.chapter_id;
+  $(".r-title", block).textContent = ch.title;
+  $(".r-id", block).textContent = ch.chapter_id;
+  const bank = document.createDocumentFragment();
+  const gone = document.createDocumentFragment();
+  for (const q of items) (q.withdrawn ? gone : bank).append(reviewRow(q));
+  $(".r-questions", block).append(bank);
+  $(".r-withdrawn", block).append(gone);
+  $(".r-withdrawn-part", block).hidden = !items.some((q) => q.withdrawn);
+  block.hidden = Boolean(review.filter) && items.length === 0;
+  return block;
 }
 
 async function reviewSummary(slug) {
@@ -615,6 +696,11 @@ function renderCounts(summary) {
     (t.stale ? ` · ${t.stale} stale (reviewed before the chapter was regenerated)` : "") +
     (t.disputed ? ` · ${t.disputed} disputed by the blind solve` : "") +
     (t.unverified ? ` · ${t.unverified} unverified (no blind-solve verdict yet)` : "");
+  const filters = summary.filters || {};
+  for (const b of document.querySelectorAll("#r-filters button[data-filter]")) {
+    const n = $(".n", b);
+    if (n) n.textContent = filters[b.dataset.filter] ?? "";
+  }
   for (const ch of summary.chapters) {
     const block = document.querySelector(`.r-chapter[data-chapter="${CSS.escape(ch.chapter_id)}"]`);
     if (!block) continue;
@@ -642,31 +728,162 @@ function sourceText(source) {
   return parts.length ? parts.join(" · ") : JSON.stringify(source);
 }
 
+// A question's card. Its buttons and form are handled by one listener on the view (`onCard`),
+// not five per card: a 500-question chapter makes 500 cards.
 function reviewRow(q) {
   const node = $("#review-question").content.firstElementChild.cloneNode(true);
   const entry = { node, q, editing: false };
   review.questions.set(q.id, entry);
-  $(".rq-approve", node).addEventListener("click", () => act(entry, "approve"));
-  $(".rq-reject", node).addEventListener("click", () => act(entry, "reject"));
-  $(".rq-edit", node).addEventListener("click", () => openEdit(entry));
-  $(".rq-cancel", node).addEventListener("click", () => closeEdit(entry));
-  $(".rq-form", node).addEventListener("submit", (ev) => {
-    ev.preventDefault();
-    saveEdit(entry);
-  });
   renderQuestion(entry);
   return node;
 }
 
-// Who reviewed: a token's name in full; a hash (a token of API_TOKENS, or a row from
-// before names) by its first 8 digits, as the page always showed it.
-function reviewer(name) {
-  return /^[0-9a-f]{32}$/.test(name) ? name.slice(0, 8) : name;
+function entryOf(node) {
+  const card = node && node.closest && node.closest("article.rq");
+  return card ? review.questions.get(Number(card.dataset.id)) : undefined;
+}
+
+function onCard(ev) {
+  const entry = entryOf(ev.target);
+  if (!entry) return;
+  focusQuestion(entry, false);
+  const button = ev.target.closest("button");
+  if (!button) return;
+  if (button.classList.contains("rq-approve")) act(entry, "approve");
+  else if (button.classList.contains("rq-reject")) act(entry, "reject");
+  else if (button.classList.contains("rq-edit")) openEdit(entry);
+  else if (button.classList.contains("rq-cancel")) closeEdit(entry);
+}
+
+// Who acted: a name, or (a token's hash, before named tokens) its first 8 digits.
+function who(client) {
+  return /^[0-9a-f]{32}$/.test(client) ? client.slice(0, 8) : client;
+}
+
+// ---- the bulk approve of what the filter shows ----------------------------------------
+
+// The cards shown that an approve would change: in the bank, not approved yet.
+function approvable() {
+  return [...review.questions.values()].filter(({ node, q }) =>
+    !q.withdrawn && q.review !== "rejected" && q.review !== "approved" && node.isConnected
+    && !node.closest("[hidden]"));
+}
+
+function updateBulk() {
+  const n = approvable().length;
+  const button = $("#r-bulk");
+  button.textContent = n ? `approve the ${n} shown` : "approve all shown";
+  button.disabled = n === 0 || review.bulking === true;
+}
+
+async function bulkApprove() {
+  if (!can("reviewer") || review.bulking) return;
+  const entries = approvable();
+  if (!entries.length) return;
+  review.bulking = true;
+  updateBulk();
+  const slug = review.exam;
+  let approved = 0;
+  let refused = 0;
+  try {
+    for (let i = 0; i < entries.length; i += BULK_MAX) {
+      const part = entries.slice(i, i + BULK_MAX);
+      const sent = new Map(part.map((e) => [e.q.id, e.q.version]));
+      const { data } = await api(`/exams/${encodeURIComponent(slug)}/review/approve`, {
+        method: "POST", body: { items: part.map((e) => ({ id: e.q.id, version: e.q.version })) } });
+      if (review.exam !== slug) return;
+      for (const item of data.items) {
+        const entry = review.questions.get(item.id);
+        if (!entry) continue;
+        if (item.status === 200) approved += 1;
+        else refused += 1;
+        showApproval(entry, item, sent.get(item.id));
+      }
+    }
+    $("#r-bulk-result").textContent = `${approved} approved` + (refused
+      ? ` · ${refused} not approved: changed by someone since you read them, or gone (shown on each)` : "");
+    refreshCounts();
+  } catch (err) {
+    notice(err);
+  } finally {
+    review.bulking = false;
+    updateBulk();
+  }
+}
+
+// One question's answer in a bulk approve: approved, or refused with the question as it is
+// now (a 409: someone saved it since; nothing was approved over their change).
+function showApproval(entry, item, mine) {
+  if (item.question) entry.q = item.question;
+  renderQuestion(entry);
+  const box = $(".rq-conflict", entry.node);
+  box.hidden = item.status === 200;
+  if (item.status === 200) return;
+  const by = item.question && item.question.reviewed_by ? ` by ${who(item.question.reviewed_by)}` : "";
+  box.textContent = item.status === 409 && item.version !== mine
+    ? `Not approved (409): someone saved this question${by} since you read it (you had ` +
+      `version ${mine}, it is now version ${item.version}). What is shown is the current ` +
+      "version: look at it and approve it again."
+    : `Not approved (${item.status}): ${item.detail}`;
+}
+
+// ---- the keyboard ---------------------------------------------------------------------
+
+// The question the keys act on: marked, and scrolled to when the keys moved to it.
+function focusQuestion(entry, scroll = true) {
+  if (review.current && review.current !== entry) review.current.node.classList.remove("rq-current");
+  review.current = entry;
+  if (!entry) return;
+  entry.node.classList.add("rq-current");
+  if (scroll) entry.node.scrollIntoView({ block: "nearest" });
+}
+
+function shownEntries() {
+  return [...document.querySelectorAll("#r-chapters article.rq")]
+    .filter((node) => !node.closest("[hidden]"))
+    .map((node) => review.questions.get(Number(node.dataset.id)))
+    .filter(Boolean);
+}
+
+function move(step) {
+  const shown = shownEntries();
+  if (!shown.length) return;
+  const at = shown.indexOf(review.current);
+  const next = at < 0 ? (step > 0 ? 0 : shown.length - 1)
+    : Math.min(shown.length - 1, Math.max(0, at + step));
+  focusQuestion(shown[next]);
+}
+
+const KEYS = {
+  j: () => move(1),
+  k: () => move(-1),
+  a: (entry) => { if (entry) { act(entry, "approve"); move(1); } },
+  R: (entry) => { if (entry) { act(entry, "reject"); move(1); } },
+  e: (entry) => { if (entry) openEdit(entry); },
+};
+const REVIEW_KEYS = new Set(["a", "R", "e"]); // need the reviewer role
+
+function onKey(ev) {
+  if ($("#review").hidden || ev.ctrlKey || ev.metaKey || ev.altKey) return;
+  const typing = ev.target.closest && ev.target.closest("input, textarea, select");
+  if (typing) {
+    const entry = entryOf(ev.target);
+    if (ev.key === "Escape" && entry) {
+      closeEdit(entry);
+      entry.node.focus();
+    }
+    return;
+  }
+  const run = KEYS[ev.key];
+  if (!run || (REVIEW_KEYS.has(ev.key) && !can("reviewer"))) return;
+  ev.preventDefault();
+  run(review.current);
 }
 
 function renderQuestion(entry) {
   const { node, q } = entry;
   node.dataset.id = q.id;
+  node.tabIndex = -1; // focusable: Esc in its form gives the keys back to the view
   node.dataset.chapter = q.chapter_id;
   node.dataset.number = q.number;
   node.dataset.version = q.version;
@@ -689,8 +906,8 @@ function renderQuestion(entry) {
     "edit or reject it" : "";
   stale.hidden = !q.stale;
   $(".rq-levels", node).textContent = [q.difficulty, q.bloom].filter(Boolean).join(" · ");
-  const who = q.reviewed_by ? ` · by ${reviewer(q.reviewed_by)} ${q.reviewed_at || ""}` : "";
-  $(".rq-version", node).textContent = `v${q.version}${q.edited ? " · edited" : ""}${who}`;
+  const by = q.reviewed_by ? ` · by ${who(q.reviewed_by)} ${q.reviewed_at || ""}` : "";
+  $(".rq-version", node).textContent = `v${q.version}${q.edited ? " · edited" : ""}${by}`;
   $(".rq-text", node).textContent = q.question;
   const ol = $(".rq-choices", node);
   ol.replaceChildren(...q.choices.map((choice, i) => {
@@ -698,6 +915,13 @@ function renderQuestion(entry) {
     const letter = String.fromCharCode(65 + i);
     li.textContent = i === q.answer_index ? `✓ ${letter}. ${choice}` : `${letter}. ${choice}`;
     if (i === q.answer_index) li.className = "correct";
+    if (i === q.solved_index) {  // the blind solve's pick, marked beside the key
+      const mark = document.createElement("span");
+      mark.className = "solver-mark";
+      mark.textContent = "solver's pick → ";
+      li.prepend(mark);
+      li.classList.add("solved");
+    }
     return li;
   }));
   $(".rq-expl", node).textContent = q.explanation;
@@ -720,6 +944,7 @@ function renderQuestion(entry) {
 
 function openEdit(entry) {
   const { node, q } = entry;
+  if (!can("reviewer") || q.review === "rejected" || q.withdrawn) return;
   entry.editing = true;
   entry.base = q.version; // the version this edit is made from
   // What the form was opened with: a save sends only the fields the reviewer changed, so
@@ -732,6 +957,7 @@ function openEdit(entry) {
   $(".rq-f-explanation", node).value = q.explanation;
   $(".rq-form", node).hidden = false;
   $(".rq-conflict", node).hidden = true;
+  $(".rq-f-question", node).focus();
 }
 
 function closeEdit(entry) {
@@ -753,7 +979,7 @@ function showConflict(entry, err, what) {
   renderQuestion(entry);
   const box = $(".rq-conflict", entry.node);
   const now = current ? current.version : err.problem && err.problem.version;
-  const by = current && current.reviewed_by ? ` by ${reviewer(current.reviewed_by)}` : "";
+  const by = current && current.reviewed_by ? ` by ${who(current.reviewed_by)}` : "";
   box.textContent = `Conflict (409): not saved. Someone saved this question${by} since you ` +
     `opened it (you had version ${mine}, it is now version ${now}). What is shown is the ` +
     `current version` + (what === "edit" ? "; your text is still in the form: save again " +
@@ -786,11 +1012,14 @@ async function send(entry, path, init) {
   entry.q = data;
   $(".rq-conflict", entry.node).hidden = true;
   renderQuestion(entry);
+  updateBulk();
   refreshCounts();
 }
 
 async function act(entry, action) {
   const q = entry.q;
+  const final = q.review === "rejected" || Boolean(q.withdrawn);
+  if (!can("reviewer") || final || (action === "approve" && q.review === "approved")) return;
   try {
     await send(entry, `/exams/${encodeURIComponent(review.exam)}/questions/${q.id}/${action}`, {
       method: "POST", headers: { "If-Match": `"${q.version}"` } });
@@ -836,7 +1065,12 @@ function enter() {
   $("#login").hidden = true;
   $("#app").hidden = false;
   $("#who").hidden = false;
-  loadExams();
+  // The exams' cards once the role is known, so that a card never shows a control its role
+  // lacks for a moment; the review need not wait for it (it offers no action until then).
+  loadMe().then(() => loadExams(), notice);
+  // A reload or a shared link (#review=SLUG&filter=NAME) opens the same review view.
+  const hash = new URLSearchParams(location.hash.slice(1));
+  if (hash.get("review")) showReview(hash.get("review"), hash.get("filter") || "");
 }
 
 document.addEventListener("DOMContentLoaded", () => {
@@ -852,7 +1086,24 @@ document.addEventListener("DOMContentLoaded", () => {
   $("#refresh").addEventListener("click", () => loadExams());
   $("#exams-more").addEventListener("click", () => loadExams(true));
   $("#q-more").addEventListener("click", moreQuestions);
-  $("#r-close").addEventListener("click", () => { review.exam = null; $("#review").hidden = true; });
+  $("#r-close").addEventListener("click", () => {
+    review.exam = null;
+    review.seq += 1;
+    $("#review").hidden = true;
+    setHash({ review: null, filter: null });
+  });
+  $("#r-filters").addEventListener("click", (ev) => {
+    const button = ev.target.closest("button[data-filter]");
+    if (button && review.exam) showReview(review.exam, button.dataset.filter);
+  });
+  $("#r-bulk").addEventListener("click", bulkApprove);
+  $("#r-chapters").addEventListener("click", onCard);
+  $("#r-chapters").addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    const entry = entryOf(ev.target);
+    if (entry) saveEdit(entry);
+  });
+  document.addEventListener("keydown", onKey);
   setInterval(refreshBatchRuns, BATCH_REFRESH_MS);
   if (token()) enter();
   else askToken();
