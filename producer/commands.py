@@ -50,7 +50,7 @@ from storage.db import (
     shown_url,
 )
 from storage.models import ExamMode
-from storage.reports import ExamReport, VerificationCounts, batch_counts, batch_status
+from storage.report_types import ExamReport, VerificationCounts, batch_counts, batch_status
 
 if TYPE_CHECKING:
     from examforge.syllabus import Syllabus

@@ -15,7 +15,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from storage.reports import ExamReport, waiting_text
+from storage.report_types import ExamReport, waiting_text
 
 
 def _clock(epoch: float | None) -> str:
