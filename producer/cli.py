@@ -3,8 +3,10 @@
 This module only declares: each command's body is the function of the same name in
 producer/commands.py, imported by `_dispatch` when a command runs. So `--help`, `--version`
 and a mistyped option answer without loading SQLAlchemy, Celery, httpx, rich or the settings
-(0.5 s of imports against 0.04 s; tests/unit/test_startup.py keeps it so). User errors are
-one line on stderr and a non-zero exit.
+(0.5 s of imports against 0.04 s; tests/unit/test_startup.py keeps it so). The commands that
+only read (exams, status, review, export) try the plain-driver path of a SQLite file first
+(producer/read_sqlite.py, producer/export_sqlite.py), and call producer/commands.py when it
+steps aside. User errors are one line on stderr and a non-zero exit.
 """
 
 from __future__ import annotations
@@ -121,9 +123,16 @@ def enqueue(slug: str, regenerate: tuple[str, ...], discard_reviewed: bool,
                    "failed. Off a terminal: one plain line per refresh.")
 @click.option("--interval", "interval_s", type=click.FloatRange(min=0.1), default=2.0,
               show_default=True, help="Seconds between two refreshes of --watch.")
-@_dispatch
 def status(slug: str, as_json: bool, watch: bool, interval_s: float) -> None:
     """Progress, usage and errors of an exam, from the database alone."""
+    # A SQLite file takes the plain-driver path first (producer/read_sqlite.py: no
+    # SQLAlchemy to import); --watch, anything else and every error go the store's way.
+    from producer import read_sqlite
+
+    if not read_sqlite.status(slug, as_json, watch):
+        from producer import commands
+
+        commands.invoke("status", slug, as_json, watch, interval_s)
 
 
 @cli.command()
@@ -176,11 +185,17 @@ def export(slug: str, fmt: str, target: str | None, approved_only: bool) -> None
 @cli.command()
 @click.argument("slug")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object on stdout.")
-@_dispatch
 def review(slug: str, as_json: bool) -> None:
     """The review of an exam per chapter: questions unreviewed, approved, rejected, stale
     (reviewed before --regenerate), disputed by the blind solve and, in a verified exam,
     unverified. Reviewers approve, reject and edit in the page (serve)."""
+    # As status: a SQLite file takes producer/read_sqlite.py's path first.
+    from producer import read_sqlite
+
+    if not read_sqlite.review(slug, as_json):
+        from producer import commands
+
+        commands.invoke("review", slug, as_json)
 
 
 @cli.command()

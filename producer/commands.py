@@ -19,27 +19,24 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import click
 from rich.markup import escape
-from rich.table import Table
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 
 from examforge.errors import (
     DatabaseCorrupt,
     NoSchema,
-    PauseCode,
-    SliceReason,
     UnknownChapter,
     UserError,
 )
 from examforge.logs import setup_logging
 from examforge.settings import Settings, load_settings
-from producer.live import LiveView, duration
+from producer.live import LiveView
 from producer.live import watch as live_watch
 from producer.prune import report_lines as prune_report_lines
-from producer.read_sqlite import console as _console
-from producer.read_sqlite import print_exams
+from producer.printing import console as _console
+from producer.printing import print_exams, print_review, print_status, short
 from producer.syllabi import file_syllabus, resolve
-from producer.views import review_dict, status_dict, summary_dict, when
+from producer.views import review_dict, summary_dict, when
 from producer.words import plural
 from storage import Store, connect, open_existing_store, open_store
 from storage.db import (
@@ -50,7 +47,7 @@ from storage.db import (
     shown_url,
 )
 from storage.models import ExamMode
-from storage.reports import ExamReport, VerificationCounts, batch_counts, batch_status
+from storage.report_types import ExamReport
 
 if TYPE_CHECKING:
     from examforge.syllabus import Syllabus
@@ -348,11 +345,6 @@ def _policy_line(plan: Any) -> str:
     return line
 
 
-def _short(text: str, limit: int = 120) -> str:
-    """One table cell: the whole error is in `status --json`."""
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
 def status(slug: str, as_json: bool, watch: bool, interval_s: float) -> None:
     settings = _settings()
     store = _read_store(settings)
@@ -365,12 +357,9 @@ def status(slug: str, as_json: bool, watch: bool, interval_s: float) -> None:
         if exits.of_report(report) != exits.DONE:
             sys.exit(exits.of_report(report))
         return
-    report = store.status(slug)
-    if as_json:
-        data = status_dict(report)
-        click.echo(json.dumps(data, ensure_ascii=False))
-        return
-    _print_status(report)
+    # Without --watch, a SQLite file takes producer/read_sqlite.py's way first
+    # (producer/cli.py); the printing is the same function.
+    print_status(store.status(slug), as_json, out)
 
 
 def exams(as_json: bool, limit: int, after: str | None, every: bool) -> None:
@@ -378,118 +367,6 @@ def exams(as_json: bool, limit: int, after: str | None, every: bool) -> None:
     # the printing is the same function.
     page = _read_store(_settings()).exam_page(limit=None if every else limit, after=after)
     print_exams([summary_dict(e) for e in page.items], page.next, after, limit, as_json, out)
-
-
-# The chapters `status` draws in its table: rich lays a table out in time linear in its
-# cells (20,000 chapters took 22 s), and no one reads that many rows; past this, the
-# unfinished chapters come first and `--json` lists every one (README: Hostile or odd input).
-STATUS_TABLE_ROWS = 1000
-
-
-def _verdicts(v: VerificationCounts) -> str:
-    """A chapter's or an exam's blind-solve verdicts, as `status` prints them."""
-    disputed = f"{v.disputed} disputed"
-    if v.withdrawn:
-        disputed += (" (replaced)" if v.withdrawn == v.disputed
-                     else f" ({v.withdrawn} replaced)")
-    return (f"{v.agreed} agreed, {disputed}, {v.pending} pending"
-            + (f", {v.unverified} unverified" if v.unverified else ""))
-
-
-def _print_status(report: ExamReport) -> None:
-    ch, q, u = report.chapters, report.questions, report.usage
-    table = Table(title=f"{report.title} ({report.exam}) — {report.state}")
-    # Chapters with sources: the passages their stored questions cite, of how many.
-    grounded = any(c.material is not None for c in report.chapter_list)
-    # Under VERIFY: the blind solve's verdicts (agreed, disputed, pending).
-    verified = report.verification is not None
-    for col in ("chapter", "state", "questions", "slices done", "attempts", "calls",
-                *(("material cited",) if grounded else ()),
-                *(("verdicts",) if verified else ()), "last error"):
-        table.add_column(col)
-    shown = report.chapter_list
-    if len(shown) > STATUS_TABLE_ROWS:
-        shown = sorted(shown, key=lambda c: c.state == "done")[:STATUS_TABLE_ROWS]
-    for c in shown:
-        # A slice handed back at a shutdown (Ctrl-C, a worker stopping) met no error.
-        error = _short(f"{when(c.last_error_at)} {c.last_error}") if c.last_error and \
-            c.last_error_code != SliceReason.handed_back.value else ""
-        slices = f"{c.slices_done}/{len(c.slices)}"
-        running = sum(1 for s in c.slices if s.state == "running")
-        if running and len(c.slices) > 1:
-            slices += f" ({running} running)"
-        # A slice held by a live provider batch is not stuck: say what it waits on.
-        state = "waiting on batch" if c.waiting_on else c.state
-        material = () if not grounded else (
-            (f"{c.material.cited}/{c.material.passages} ({c.material.share:.0%})",)
-            if c.material is not None else ("",))
-        verdicts = () if not verified else (
-            (_verdicts(c.verification),) if c.verification is not None else ("",))
-        table.add_row(c.id, state, f"{c.questions.done}/{c.questions.target}", slices,
-                      str(c.attempts), str(c.calls), *material, *verdicts, error)
-    out.print(table)
-    if report.batches:
-        _print_batches(report)
-    if len(shown) < len(report.chapter_list):
-        out.print(f"({len(report.chapter_list) - len(shown):,} more chapters not shown: the "
-                  f"table has {STATUS_TABLE_ROWS:,} rows, unfinished chapters first; python -m "
-                  f"producer status {report.exam} --json lists every one)", markup=False)
-    waiting = sum(1 for c in report.chapter_list if c.waiting_on)
-    out.print(f"chapters: {ch.done}/{ch.total} done, {ch.running} running"
-              + (f" ({waiting} of them waiting on a provider batch)" if waiting else "")
-              + f", {ch.pending} pending, {ch.failed} failed, {ch.cancelled} cancelled")
-    out.print(f"questions: {q.done}/{q.target}")
-    out.print(f"blind solves: {report.verify} (the exam's policy; every worker follows it)")
-    if report.verification is not None:
-        out.print(f"verification: {_verdicts(report.verification)}")
-    if report.started_at is not None:
-        out.print(f"time: started {when(report.started_at)}"
-                  + (f", finished {when(report.finished_at)}" if report.finished_at else "")
-                  + f", elapsed {duration(report.elapsed_s)}")
-    out.print(f"calls: {u.calls} (used {u.calls_used}, wasted {u.calls_wasted}, "
-              f"failed {u.calls_failed}, in flight {u.calls_in_flight}); "
-              f"tokens: {u.prompt_tokens} prompt ({u.cached_tokens} of them cached) + "
-              f"{u.completion_tokens} completion; "
-              f"cost: ${report.cost_usd:.4f}")
-    if report.budget_usd is not None:
-        headroom = max(0.0, report.budget_usd - report.spent_usd - report.reserved_usd)
-        out.print(f"budget: ${report.budget_usd:.4f}; spent ${report.spent_usd:.4f}, reserved "
-                  f"${report.reserved_usd:.4f} (calls in flight, at their worst case), "
-                  f"headroom ${headroom:.4f}")
-    if u.calls_estimated:
-        out.print(f"estimated usage: {plural(u.calls_estimated, 'call')} booked at our own token count "
-                  f"(no usage from the provider, or no reply), ${u.estimated_cost_usd:.4f} of "
-                  "the cost")
-    if u.calls_imported:
-        out.print(f"imported: {plural(u.questions_imported, 'question')} in "
-                  f"{plural(u.calls_imported, 'batch', 'batches')} by "
-                  "producer import (no request sent, $0; not counted in calls)")
-    for model, n in report.unpriced_calls.items():
-        out.print(f"[yellow]warning:[/] {plural(n, 'call')} of model {model!r} booked at $0: no price "
-                  "was known (set LLM_PRICE_PROMPT_PER_MTOK and LLM_PRICE_COMPLETION_PER_MTOK)")
-    if set(report.usage_by_tier) - {"default"}:
-        # Calls served at a tier other than standard (LLM_SERVICE_TIER), each at its price.
-        out.print("by service tier: " + "; ".join(
-            f"{name} {plural(e.calls, 'call')}, ${e.cost_usd:.4f}"
-            for name, e in sorted(report.usage_by_tier.items())))
-    if "fallback" in report.usage_by_endpoint:
-        out.print("by endpoint: " + "; ".join(
-            f"{name} {plural(e.calls, 'call')}, ${e.cost_usd:.4f}"
-            for name, e in sorted(report.usage_by_endpoint.items())))
-    requeued = [c for c in report.chapter_list if c.requeues]
-    if requeued:
-        last = max(requeued, key=lambda c: c.requeued_at or 0)
-        out.print(f"reconciler: re-published {plural(len(requeued), 'chapter')} "
-                  f"({sum(c.requeues for c in requeued)} times); last at "
-                  f"{when(last.requeued_at)}: {_short(last.requeue_reason or '')}")
-    if report.state == "paused":
-        # What ends the pause depends on its code, never on the reason's text.
-        if report.pause_code == PauseCode.budget.value:
-            how = (f"raise the budget with: python -m producer enqueue {report.exam} "
-                   "--budget-usd AMOUNT")
-        else:
-            how = f"resume with: python -m producer resume {report.exam}"
-        out.print(f"[bold red]paused:[/] {report.pause_reason} — {how}")
 
 
 def export(slug: str, fmt: str, target: str | None, approved_only: bool = False) -> None:
@@ -519,35 +396,12 @@ def export(slug: str, fmt: str, target: str | None, approved_only: bool = False)
 
 def review(slug: str, as_json: bool) -> None:
     store = _read_store(_settings())
-    if as_json:
+    if as_json:  # GET /exams/SLUG/review's answer, each review filter's count included
         click.echo(json.dumps(review_dict(store, slug), ensure_ascii=False))
         return
-    chapters = store.review_summary(slug)
-    verdicts = any(c.disputed is not None for c in chapters)
-    verified = any(c.unverified is not None for c in chapters)
-    table = Table(title=f"review of {slug}")
-    columns = ["chapter", "questions", "disputed", "unreviewed", "approved", "rejected",
-               "stale"] + (["unverified"] if verified else [])
-    for col in columns:
-        table.add_column(col, justify="left" if col == "chapter" else "right")
-    for c in chapters:
-        table.add_row(c.chapter_id, f"{c.questions}/{c.target}",
-                      "-" if c.disputed is None else str(c.disputed), str(c.unreviewed),
-                      str(c.approved), str(c.rejected), str(c.stale),
-                      *([str(c.unverified or 0)] if verified else []))
-    out.print(table)
-    left = sum(c.unreviewed + c.stale for c in chapters)
-    stale = sum(c.stale for c in chapters)
-    rejected = sum(c.rejected for c in chapters)
-    unverified = sum(c.unverified or 0 for c in chapters)
-    missing = sum(max(0, c.target - c.questions) for c in chapters)
-    out.print(f"{plural(left, 'question')} to review"
-              + (f" ({stale} stale: reviewed before --regenerate)" if stale else "")
-              + (f"; {unverified} unverified (no blind-solve verdict yet)" if unverified
-                 else "")
-              + (f"; {rejected} rejected" if rejected else "")
-              + (f"; {missing} missing (the next run or enqueue generates them)" if missing else "")
-              + ("" if verdicts else "; no blind-solve verdicts in this database"))
+    # A SQLite file takes producer/read_sqlite.py's way first (producer/cli.py); the
+    # printing is the same function.
+    print_review(slug, store.review_summary(slug), out)
 
 
 def run(slug: str, concurrency: int, budget_usd: float | None, dry_run: bool,
@@ -795,39 +649,6 @@ def retry(slug: str, chapters: tuple[str, ...]) -> None:
                   f"resume it: python -m producer resume {slug}")
 
 
-# The batches `status` lists (newest first); --json lists every one.
-STATUS_BATCH_ROWS = 20
-
-
-def _print_batches(report: ExamReport) -> None:
-    """The exam's submissions to the provider's Batch API (batch mode)."""
-    shown = report.batches[:STATUS_BATCH_ROWS]
-    live = sum(1 for b in report.batches if b.live)
-    table = Table(title=f"batches of {report.exam} ({report.mode} mode): "
-                        f"{len(report.batches)}, {live} live")
-    for col in ("batch", "submission", "state", "requests", "completed", "failed", "created",
-                "expires", "note"):
-        table.add_column(col)
-    for b in shown:
-        total, completed, failed = batch_counts(b)
-        note = "cancel requested" if b.cancel_requested and b.live else (
-            _short(b.detail or "", 60))
-        table.add_row(b.provider_batch_id or "-", b.id, batch_status(b), str(total),
-                      str(completed), str(failed), when(b.created_at) or "-",
-                      when(b.expires_at) or "-", note)
-    out.print(table)
-    if len(shown) < len(report.batches):
-        out.print(f"({len(report.batches) - len(shown)} older batches not shown; python -m "
-                  f"producer status {report.exam} --json lists every one)", markup=False)
-    waiting = [c for c in report.chapter_list if c.waiting_on]
-    if waiting:
-        by_text: dict[str, int] = {}
-        for c in waiting:
-            by_text[c.waiting_on or ""] = by_text.get(c.waiting_on or "", 0) + 1
-        for text, n in by_text.items():
-            out.print(f"{plural(n, 'chapter')} {text}", markup=False, soft_wrap=True)
-
-
 def cancel(slug: str, chapters: tuple[str, ...]) -> None:
     settings = _settings()
     store = _store(settings)
@@ -979,6 +800,8 @@ def token_list(as_json: bool, revoked: bool) -> None:
     if not items:
         out.print("no named tokens (python -m producer token add NAME --role ROLE)")
         return
+    from rich.table import Table
+
     table = Table(title=f"{len(items)} tokens")
     for col in ("name", "role", "exams", "created", "last used") + (("revoked",) if revoked
                                                                       else ()):
@@ -1011,13 +834,15 @@ def audit(slug: str | None, since: str | None, as_json: bool, limit: int,
     if as_json:
         click.echo(json.dumps({"items": items, "next": cursor}, indent=2, ensure_ascii=False))
         return
+    from rich.table import Table
+
     table = Table(title=f"audit{' of ' + slug if slug else ''}: {len(items)} rows")
     for col in ("at", "who", "action", "exam", "outcome", "details"):
         table.add_column(col)
     for r in items:
         details = json.dumps(r["details"], ensure_ascii=False) if r["details"] else ""
         table.add_row(r["at"] or "-", escape(r["actor"]), r["action"], r["exam"] or "-",
-                      r["outcome"], escape(_short(details)))
+                      r["outcome"], escape(short(details)))
     out.print(table)
     if cursor is not None:
         out.print(f"more: python -m producer audit --after {cursor}", markup=False)

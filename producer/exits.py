@@ -31,7 +31,7 @@ INTERRUPTED = 130
 
 
 def of_report(report: Any) -> int:
-    """The exit code an exam's state asks for, from its report (storage.reports.ExamReport):
+    """The exit code an exam's state asks for, from its report (storage.report_types.ExamReport):
     paused first (its work cannot go on until someone acts), then failed chapters, then
     cancelled ones; DONE only when every chapter is done."""
     if report.state == "paused":

@@ -15,25 +15,14 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from storage.reports import ExamReport, waiting_text
+from producer.words import duration
+from storage.report_types import ExamReport, waiting_text
 
 
 def _clock(epoch: float | None) -> str:
     if epoch is None:
         return "-"
     return datetime.fromtimestamp(epoch, timezone.utc).strftime("%H:%M:%S")
-
-
-def duration(seconds: float | None) -> str:
-    """1h02m, 3m05s, 42s."""
-    if seconds is None:
-        return "-"
-    s = int(round(seconds))
-    if s >= 3600:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    if s >= 60:
-        return f"{s // 60}m{s % 60:02d}s"
-    return f"{s}s"
 
 
 # No ETA before the exam has run this long: its first batches land together, and a rate read

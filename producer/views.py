@@ -1,13 +1,14 @@
-"""The JSON forms of reports that the CLI (`--json`) and the HTTP API both print."""
+"""The JSON forms of reports that the CLI (`--json`) and the HTTP API both print (no SQLAlchemy:
+the plain-driver reads of producer/read_sqlite.py print them too)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from producer.words import when
-from storage.types import BatchRow
-from storage.reports import ExamReport, ExamSummary, batch_counts, batch_status, waiting_text
-from storage.review import FILTERS
+from storage.report_types import (BatchRow, ExamReport, ExamSummary, batch_counts, batch_status,
+                                  waiting_text)
+from storage.states import FILTERS
 
 
 def status_dict(report: ExamReport) -> dict[str, Any]:

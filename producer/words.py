@@ -16,3 +16,15 @@ def when(epoch: float | None) -> str | None:
     if epoch is None:
         return None
     return datetime.fromtimestamp(epoch, timezone.utc).isoformat(timespec="seconds")
+
+
+def duration(seconds: float | None) -> str:
+    """1h02m, 3m05s, 42s."""
+    if seconds is None:
+        return "-"
+    s = int(round(seconds))
+    if s >= 3600:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    if s >= 60:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s}s"

@@ -41,25 +41,40 @@ a process's threads on `storage.base.WriterLock`, processes on `storage.base.Fil
 flock on `<database>-writer`).
 """
 
+from __future__ import annotations
+
 import sqlite3
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from examforge.errors import NoSchema
-from storage.db import (
-    SCHEMA_REVISION,
-    check_reachable,
-    connect,
-    corruption,
-    current_revision,
-    migrate,
-    shown_url,
-)
-from storage.store import Store
+
+if TYPE_CHECKING:
+    from storage.db import connect, migrate
+    from storage.store import Store
+else:
+    def __getattr__(name: str) -> Any:
+        """`Store`, `connect` and `migrate`, imported when first named (PEP 562): they bring
+        SQLAlchemy, SQLModel and the tables, about 0.7 s of CPU, which the plain-driver reads
+        of the commands that only read (producer/read_sqlite.py) never pay, though they use
+        storage.states and storage.report_types (issue 28)."""
+        import importlib
+
+        module = {"Store": "storage.store", "connect": "storage.db",
+                  "migrate": "storage.db"}.get(name)
+        if module is None:
+            raise AttributeError(f"module 'storage' has no attribute {name!r}")
+        value = getattr(importlib.import_module(module), name)
+        globals()[name] = value
+        return value
 
 
 def open_store(database_url: str, *, pool_size: int = 10) -> Store:
     """The store on `database_url`, its schema brought up to date first (the commands that
     write, the workers and the API)."""
+    from storage.db import connect, migrate
+    from storage.store import Store
+
     engine = connect(database_url, pool_size=pool_size)
     migrate(engine)
     return Store(engine)
@@ -70,6 +85,10 @@ def open_existing_store(database_url: str, *, pool_size: int = 10) -> Store:
     doctor, prune --dry-run): it never creates a database, a schema or a migration, so a
     read pointed at the wrong database (the shared `postgres` one, a SQLite path relative
     to another directory) changes nothing there. NoSchema (exit 2) says what is missing."""
+    from storage.db import (SCHEMA_REVISION, check_reachable, connect, corruption,
+                            current_revision, shown_url)
+    from storage.store import Store
+
     engine = connect(database_url, pool_size=pool_size)
     shown = shown_url(engine.url)
     fix = "(python -m producer migrate creates it, as enqueue, run and the workers do)"
@@ -109,6 +128,8 @@ def open_existing_store(database_url: str, *, pool_size: int = 10) -> Store:
 
 
 def _no_schema(shown: str, revision: str | None, fix: str) -> NoSchema:
+    from storage.db import SCHEMA_REVISION
+
     if revision is None:
         return NoSchema(f"DATABASE_URL: {shown} has no examforge schema {fix}")
     return NoSchema(f"DATABASE_URL: {shown} has the examforge schema of revision {revision}, "

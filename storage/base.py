@@ -16,10 +16,10 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import MultipleResultsFound, NoResultFound
 
-from examforge.errors import SliceReason
 from storage.db import READ_ONLY, SQLITE_BUSY_TIMEOUT_S, db_now
-from storage.models import (Call, CallOutcome, ChapterState, Exam, Question, QuestionEdit,
-                            RequeueReason, Slice, Verdict)
+from storage.models import (Call, CallOutcome, ChapterState, Exam, Question, QuestionEdit, Slice,
+                            Verdict)
+from storage.report_types import last_error_text
 
 E = Exam.__table__  # type: ignore[attr-defined]
 S = Slice.__table__  # type: ignore[attr-defined]
@@ -80,24 +80,6 @@ def fence_params(exam: str, chapter_id: str, slice_no: int, owner: str) -> dict[
 def slice_where(exam: str, chapter_id: str, slice_no: int) -> tuple[Any, ...]:
     """The conditions that select one slice row."""
     return S.c.exam == exam, S.c.chapter_id == chapter_id, S.c.slice_no == slice_no
-
-
-def last_error_text(code: str | None, detail: str | None) -> str | None:
-    """A slice's last error as people read it (`status`, the API), from its code and detail
-    (slice.last_error_code, slice.last_error); None when it has none."""
-    if code is None and detail is None:
-        return None
-    try:
-        return SliceReason(code or SliceReason.legacy.value).describe(detail)
-    except ValueError:  # a code of a newer examforge
-        return f"{code}: {detail}" if detail else code
-
-
-def requeue_text(code: str | None, detail: str | None) -> str | None:
-    """A slice's last requeue as people read it: "message_lost: the queue held ..."."""
-    if code is None or code == RequeueReason.legacy.value:
-        return detail
-    return f"{code}: {detail}" if detail else code
 
 
 def capped_detail(attempts: int, code: str | None, detail: str | None) -> str:

@@ -54,7 +54,7 @@ class Batches(Leases):
         with self._read() as conn:
             rows = conn.execute(select(B).where(B.c.exam == slug)
                                 .order_by(B.c.created_at.desc(), B.c.id)).all()
-        return [BatchRow.from_row(r) for r in rows]
+        return [BatchRow.from_row(r._mapping) for r in rows]
 
     def live_batches(self, slug: str | None = None) -> list[BatchRow]:
         """Submissions not ended yet (preparing, uploaded, creating or submitted), of the exam
@@ -64,12 +64,12 @@ class Batches(Leases):
             query = query.where(B.c.exam == slug)
         with self._read() as conn:
             rows = conn.execute(query.order_by(B.c.created_at, B.c.id)).all()
-        return [BatchRow.from_row(r) for r in rows]
+        return [BatchRow.from_row(r._mapping) for r in rows]
 
     def batch(self, submission: str) -> BatchRow | None:
         with self._read() as conn:
             row = conn.execute(select(B).where(B.c.id == submission)).one_or_none()
-        return None if row is None else BatchRow.from_row(row)
+        return None if row is None else BatchRow.from_row(row._mapping)
 
     def request_batch_cancel(self, slug: str) -> int:
         """Mark the exam's live submissions for cancelling at the provider (the batch runner
@@ -130,7 +130,7 @@ class Batches(Leases):
             if taken != 1:
                 return None
             row = conn.execute(select(B).where(B.c.id == submission)).one()
-        return BatchRow.from_row(row)
+        return BatchRow.from_row(row._mapping)
 
     def batch_candidates(self, slug: str, max_attempts: int, limit: int
                          ) -> list[tuple[str, int]]:

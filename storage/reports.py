@@ -4,23 +4,24 @@ from __future__ import annotations
 
 import base64
 import binascii
-import dataclasses
 import json
-from dataclasses import dataclass, field
-from enum import Enum
 from typing import Any, Iterator, Sequence
 
 from sqlalchemy import and_, case, func, literal, or_, select, tuple_, union_all
 from sqlalchemy.engine import Connection
 
 from examforge.errors import BadCursor
-from storage.base import (ACTIVE_SLICE, ACTIVE_STATES, IN_FLIGHT_CALL, E, K, Q, S, StoreBase,
-                          last_error_text, requeue_text)
+from storage.base import ACTIVE_SLICE, ACTIVE_STATES, IN_FLIGHT_CALL, E, K, Q, S, StoreBase
 from storage.batches import B
 from storage.db import READ_ONLY
 from storage.grounding import coverage as material_coverage
-from storage.types import BatchRow, submission_of
 from storage.models import CallOutcome, ChapterState, ReviewState, Verdict
+# The reports' values and the arithmetic that makes them from the rows read here: in
+# storage.report_types, which imports no SQLAlchemy (the plain-driver reads of
+# producer/read_sqlite.py build the same reports with it).
+from storage.report_types import (BatchRow, ExamPage, ExamReport, ExamSummary, Progress,
+                                  StatusRows, VerificationCounts, exam_report, summary_state,
+                                  tally_verdicts)
 
 
 RECENT_ERRORS = 5  # the failed and wasted calls a report lists
@@ -45,352 +46,18 @@ def decode_cursor(cursor: str) -> tuple[float, str]:
                         "(use its `next`)") from None
 
 
-@dataclass
-class Progress:
-    target: int
-    done: int
-
-
-@dataclass
-class ChapterCounts:
-    """Chapters by state (a running chapter whose lease expired counts as pending)."""
-
-    total: int = 0
-    pending: int = 0
-    running: int = 0
-    done: int = 0
-    failed: int = 0
-    cancelled: int = 0
-
-    def count(self, state: ChapterState) -> None:
-        setattr(self, state.value, getattr(self, state.value) + 1)
-
-
-@dataclass
-class UsageTotals:
-    """Every call of the exam, by outcome, with its tokens and money. `calls` counts requests
-    sent to the provider; imported batches (`producer import`: no request, no cost) are
-    counted apart, in `calls_imported` and `questions_imported`."""
-
-    calls: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    # Of prompt_tokens, those read from the provider's prompt cache (at its cached price).
-    cached_tokens: int = 0
-    calls_in_flight: int = 0
-    calls_used: int = 0
-    calls_wasted: int = 0
-    calls_failed: int = 0
-    calls_estimated: int = 0  # booked at our own token count (no usage from the provider)
-    calls_imported: int = 0  # ledger rows of imports, one per slice filled
-    questions_imported: int = 0
-    estimated_cost_usd: float = 0.0
-    cost_usd: float = field(default=0.0, repr=False)
-    reserved_usd: float = field(default=0.0, repr=False)
-
-    def add(self, outcome: CallOutcome, n: int, prompt: int, completion: int, cost: float,
-            reserved: float, estimated: bool, stored: int = 0, cached: int = 0) -> None:
-        if outcome is CallOutcome.imported:
-            self.calls_imported += n
-            self.questions_imported += stored
-            return
-        self.calls += n
-        self.prompt_tokens += prompt
-        self.completion_tokens += completion
-        self.cached_tokens += cached
-        setattr(self, f"calls_{outcome.value}", getattr(self, f"calls_{outcome.value}") + n)
-        self.cost_usd += cost
-        if outcome is CallOutcome.in_flight:
-            self.reserved_usd += reserved
-        if estimated:
-            self.calls_estimated += n
-            self.estimated_cost_usd += cost
-
-    def rounded(self) -> "UsageTotals":
-        return dataclasses.replace(self, estimated_cost_usd=round(self.estimated_cost_usd, 6))
-
-
-@dataclass
-class EndpointUsage:
-    calls: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cost_usd: float = 0.0
-    cached_tokens: int = 0
-
-    def add(self, n: int, prompt: int, completion: int, cost: float, cached: int = 0) -> None:
-        self.calls += n
-        self.prompt_tokens += prompt
-        self.completion_tokens += completion
-        self.cost_usd += cost
-        self.cached_tokens += cached
-
-    def rounded(self) -> "EndpointUsage":
-        return dataclasses.replace(self, cost_usd=round(self.cost_usd, 6))
-
-
-@dataclass
-class SliceReport:
-    """One slice: numbers `first` to `last` of its chapter."""
-
-    slice: int
-    first: int
-    last: int
-    state: str
-    stored: int
-    attempts: int
-    lease_owner: str | None
-    last_error: str | None  # as people read it: the code's label and the detail
-    requeues: int
-    last_error_code: str | None = None  # examforge.errors.SliceReason: what code compares
-
-
-@dataclass
-class ChapterReport:
-    """A chapter, summed over its slices: running while any slice runs, pending while any
-    waits, then failed, cancelled, and done when all of them are. The last error and the
-    last requeue are the latest of any slice."""
-
-    id: str
-    title: str
-    state: str
-    questions: Progress
-    attempts: int
-    attempts_since_progress: int
-    calls: int
-    last_error: str | None  # as people read it: the code's label and the detail
-    last_error_at: float | None
-    lease_owner: str | None
-    requeues: int
-    requeued_at: float | None
-    requeue_reason: str | None  # as people read it: "message_lost: the queue held ..."
-    slices: list[SliceReport] = field(default_factory=list)
-    # The codes of the two above (examforge.errors.SliceReason, storage.models.RequeueReason):
-    # what code compares, never the text.
-    last_error_code: str | None = None
-    requeue_code: str | None = None
-    # Set while a slice of it is held by a live provider batch (batch mode): what it waits
-    # on, e.g. "waiting on the provider's batch batch_abc (in_progress, 40/120 done)". Its
-    # state stays `running` (the batch holds its lease), but it is not stuck.
-    waiting_on: str | None = None
-    batch: str | None = None  # that batch's submission id
-    # For a chapter with sources (examforge.sources): how many of its passages its stored
-    # questions cite, of how many, and that share.
-    material: "MaterialCoverage | None" = None
-    # Under VERIFY (any of its questions has a verdict): what the blind solve said.
-    verification: "VerificationCounts | None" = None
-
-    @property
-    def slices_done(self) -> int:
-        return sum(1 for s in self.slices if s.state == ChapterState.done.value)
-
-
-@dataclass
-class MaterialCoverage:
-    """The share of a chapter's passages that its stored questions cite."""
-
-    cited: int
-    passages: int
-    share: float
-
-
-@dataclass
-class VerificationCounts:
-    """What the blind solve (VERIFY) said of a chapter's or an exam's questions: `agreed`
-    and `pending` count the questions in the bank (numbered); `disputed` every question
-    whose key the solver contradicted, of which `withdrawn` left the numbering (VERIFY=replace:
-    replaced) and the rest stay flagged (VERIFY=flag)."""
-
-    agreed: int = 0
-    disputed: int = 0
-    pending: int = 0
-    withdrawn: int = 0
-    # In the bank with no verdict at all (never solved: stored in batch mode, imported, or
-    # by a worker without VERIFY) in an exam whose questions are verified (issue 27).
-    unverified: int = 0
-
-    def add(self, other: "VerificationCounts") -> None:
-        self.agreed += other.agreed
-        self.disputed += other.disputed
-        self.pending += other.pending
-        self.withdrawn += other.withdrawn
-        self.unverified += other.unverified
-
-
 def verification_counts(conn: Connection, slug: str) -> dict[str, VerificationCounts]:
     """{chapter id: its VerificationCounts} for the chapters with a verified question, or,
-    in an exam with one, a question of the bank never verified."""
-    counts: dict[str, VerificationCounts] = {}
-    for chapter_id, verdict, withdrawn, n in conn.execute(
-            select(Q.c.chapter_id, Q.c.verdict, Q.c.withdrawn.is_not(None), func.count())
-            .where(Q.c.exam == slug, Q.c.verdict.is_not(None))
-            .group_by(Q.c.chapter_id, Q.c.verdict, Q.c.withdrawn.is_not(None))):
-        c = counts.setdefault(chapter_id, VerificationCounts())
-        if verdict == Verdict.disputed.value:
-            c.disputed += n
-            if withdrawn:
-                c.withdrawn += n
-        elif withdrawn:
-            continue  # agreed, then rejected by a reviewer: out of the bank
-        elif verdict == Verdict.agreed.value:
-            c.agreed += n
-        elif verdict == Verdict.pending.value:
-            c.pending += n
-    if counts:  # a verified exam: the questions of its bank never solved count too
-        for chapter_id, n in conn.execute(
-                select(Q.c.chapter_id, func.count()).where(
-                    Q.c.exam == slug, Q.c.number.is_not(None), Q.c.verdict.is_(None))
-                .group_by(Q.c.chapter_id)):
-            counts.setdefault(chapter_id, VerificationCounts()).unverified += n
-    return counts
-
-
-_CHAPTER_STATE_ORDER = (ChapterState.running, ChapterState.pending, ChapterState.failed,
-                        ChapterState.cancelled, ChapterState.done)
-
-
-def chapter_state(slice_states: list[ChapterState]) -> ChapterState:
-    """A chapter's state from its slices' (see ChapterReport)."""
-    for state in _CHAPTER_STATE_ORDER:
-        if state in slice_states:
-            return state
-    return ChapterState.done
-
-
-@dataclass
-class RecentError:
-    """A call that failed or was wasted: when, where and why."""
-
-    at: float | None
-    chapter: str
-    slice: int
-    outcome: str
-    reason: str | None
-    detail: str | None
-
-
-class ExamStatus(str, Enum):
-    """What `status` says of an exam (see exam_state)."""
-
-    active = "active"
-    paused = "paused"
-    done = "done"  # every chapter done
-    failed = "failed"  # finished with failures: no work left, some chapter failed
-    cancelled = "cancelled"  # no work left, some chapter cancelled, none failed
-
-
-def batch_counts(row: BatchRow) -> tuple[int, int, int]:
-    """(total, completed, failed) requests of a submission: the provider's counts once it
-    gave any, else the lines of its file."""
-    total = row.request_total or row.requests
-    return total, row.request_completed, row.request_failed
-
-
-def batch_status(row: BatchRow) -> str:
-    """What a submission is doing, in one word: the provider's status while it has the batch
-    (validating, in_progress, finalizing, cancelling, ...), else our step (preparing,
-    uploaded, creating, done, abandoned)."""
-    if row.state == "submitted" and row.provider_status:
-        return row.provider_status
-    if row.state == "done" and row.provider_status:
-        return row.provider_status  # completed, expired, cancelled, failed
-    return row.state
-
-
-def waiting_text(row: BatchRow) -> str:
-    """A live submission as the slices it holds wait on it."""
-    total, completed, failed = batch_counts(row)
-    if row.provider_batch_id:
-        counts = f"{completed}/{total} done" + (f", {failed} failed" if failed else "")
-        return (f"waiting on the provider's batch {row.provider_batch_id} "
-                f"({batch_status(row)}, {counts})")
-    return f"waiting on batch submission {row.id} ({row.state}, {total} requests)"
-
-
-def exam_state(stored: str, counts: "ChapterCounts") -> str:
-    """Done when every chapter is; paused while a pause waits for a person; then active
-    while work is left, or how it ended."""
-    if counts.done == counts.total:
-        return ExamStatus.done.value
-    if stored == ExamStatus.paused.value or counts.pending + counts.running:
-        return stored
-    if counts.failed:
-        return ExamStatus.failed.value
-    return ExamStatus.cancelled.value
-
-
-@dataclass
-class ExamSummary:
-    """One line of `exams`."""
-
-    exam: str
-    title: str
-    state: str
-    chapters: Progress  # done of total
-    questions: Progress
-    cost_usd: float
-    updated_at: float | None
-
-
-@dataclass
-class ExamPage:
-    """A page of `exams`: its summaries and the cursor of the next page (None: the last)."""
-
-    items: list[ExamSummary]
-    next: str | None
-
-
-@dataclass
-class ExamReport:
-    """`status`: what the database says of one exam. `as_dict()` is the `status --json`
-    contract."""
-
-    exam: str
-    title: str
-    state: str
-    pause_reason: str | None
-    chapters: ChapterCounts
-    questions: Progress
-    usage: UsageTotals
-    cost_usd: float
-    usage_by_endpoint: dict[str, EndpointUsage]
-    unpriced_calls: dict[str, int]  # calls booked at $0 (no price known), by model
-    budget_usd: float | None
-    spent_usd: float
-    reserved_usd: float  # the worst cases of the calls in flight
-    chapter_list: list[ChapterReport]
-    # When the first call started, when the last slice finished (None while work is left),
-    # and the time between (up to now while it runs); the last change of any row.
-    started_at: float | None = None
-    finished_at: float | None = None
-    elapsed_s: float | None = None
-    updated_at: float | None = None
-    questions_last_minute: int = 0  # stored in the last 60 s (the rate of a live view)
-    recent_errors: list[RecentError] = field(default_factory=list)  # newest first
-    # The calls whose replies named the tier that served them (LLM_SERVICE_TIER), by tier:
-    # what each tier cost. Calls with no tier reported are not in it.
-    usage_by_tier: dict[str, EndpointUsage] = field(default_factory=dict)
-    mode: str = "sync"  # how the exam is generated: sync, or batch (the provider's Batch API)
-    # Its submissions to the provider's Batch API, newest first (storage.batches).
-    batches: list[BatchRow] = field(default_factory=list)
-    # Why it is paused, as examforge.errors.PauseCode (pause_reason is its human text).
-    pause_code: str | None = None
-    # The chapters' VerificationCounts summed; None when no question was verified.
-    verification: VerificationCounts | None = None
-    # Its blind-solve policy (storage.models.VerifyPolicy: off, flag, replace), which every
-    # worker follows.
-    verify: str = "off"
-
-    @property
-    def finished(self) -> bool:
-        """No slice is pending or running (whatever the pause)."""
-        return self.chapters.pending + self.chapters.running == 0
-
-    def as_dict(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
-        for hidden in ("cost_usd", "reserved_usd"):
-            data["usage"].pop(hidden)
-        return data
+    in an exam with one, a question of the bank never verified (tally_verdicts)."""
+    verdicts = conn.execute(
+        select(Q.c.chapter_id, Q.c.verdict, Q.c.withdrawn.is_not(None), func.count())
+        .where(Q.c.exam == slug, Q.c.verdict.is_not(None))
+        .group_by(Q.c.chapter_id, Q.c.verdict, Q.c.withdrawn.is_not(None))).all()
+    unverified = conn.execute(
+        select(Q.c.chapter_id, func.count()).where(
+            Q.c.exam == slug, Q.c.number.is_not(None), Q.c.verdict.is_(None))
+        .group_by(Q.c.chapter_id)).all() if verdicts else []
+    return tally_verdicts(verdicts, unverified)
 
 
 class Reports(StoreBase):
@@ -594,16 +261,11 @@ class Reports(StoreBase):
             agg = per_exam.get(exam.slug)
             total = int(agg.chapters) if agg else 0
             finished = int(agg.done) if agg else 0
-            counts = ChapterCounts(total=total, done=finished)
-            if agg is not None and agg.active:
-                counts.pending = 1  # work left: exam_state needs no more than that
-            elif agg is not None and agg.failed:
-                counts.failed = 1
-            else:
-                counts.cancelled = total - finished
             cost = ledger.get(exam.slug)
             out.append(ExamSummary(
-                exam=exam.slug, title=exam.title, state=exam_state(exam.state, counts),
+                exam=exam.slug, title=exam.title,
+                state=summary_state(exam.state, total, finished, bool(agg and agg.active),
+                                    bool(agg and agg.failed)),
                 chapters=Progress(total, finished),
                 questions=Progress(int(agg.target) if agg else 0,
                                    int(agg.stored) if agg else 0),
@@ -664,108 +326,10 @@ class Reports(StoreBase):
                 .where(K.c.exam == slug, K.c.outcome.in_((CallOutcome.failed.value,
                                                           CallOutcome.wasted.value)))
                 .order_by(K.c.finished_at.desc()).limit(RECENT_ERRORS)).all()
-            batches = [BatchRow.from_row(r) for r in conn.execute(
+            batches = [BatchRow.from_row(r._mapping) for r in conn.execute(
                 select(B).where(B.c.exam == slug).order_by(B.c.created_at.desc(), B.c.id))]
-        usage = UsageTotals()
-        calls_by_chapter: dict[str, int] = {}
-        by_endpoint: dict[str, EndpointUsage] = {}
-        by_tier: dict[str, EndpointUsage] = {}
-        unpriced: dict[str, int] = {}
-        for (chapter_id, outcome, endpoint, estimated, priced, model, tier, n, p, c, cost,
-             reserved, stored, cached) in usage_rows:
-            usage.add(CallOutcome(outcome), n, int(p), int(c), float(cost), float(reserved),
-                      bool(estimated), int(stored), int(cached))
-            if outcome == CallOutcome.imported.value:
-                continue  # no request: not a call of any chapter or endpoint
-            if not priced:
-                unpriced[model or "unknown"] = unpriced.get(model or "unknown", 0) + n
-            calls_by_chapter[chapter_id] = calls_by_chapter.get(chapter_id, 0) + n
-            by_endpoint.setdefault(endpoint or "unknown", EndpointUsage()).add(
-                n, int(p), int(c), float(cost), int(cached))
-            if tier is not None:
-                by_tier.setdefault(tier, EndpointUsage()).add(
-                    n, int(p), int(c), float(cost), int(cached))
-        by_chapter: dict[str, list[Any]] = {}
-        for sl in slices:
-            by_chapter.setdefault(sl.chapter_id, []).append(sl)
-        counts = ChapterCounts(total=len(by_chapter))
-        listed = [self._chapter_report(chapter_id, rows, exam.now,
-                                       calls_by_chapter.get(chapter_id, 0))
-                  for chapter_id, rows in by_chapter.items()]
-        by_submission = {b.id: b for b in batches}
-        for chapter in listed:
-            counts.count(ChapterState(chapter.state))
-            held = by_submission.get(submission_of(chapter.lease_owner) or "")
-            if held is not None and held.live:
-                chapter.batch, chapter.waiting_on = held.id, waiting_text(held)
-        for chapter in listed:
-            covered = coverage.get(chapter.id)
-            if covered is not None:
-                cited, passages = covered
-                chapter.material = MaterialCoverage(cited, passages,
-                                                    round(cited / passages, 4) if passages else 0.0)
-        verification = VerificationCounts() if verified else None
-        for chapter in listed:
-            chapter.verification = verified.get(chapter.id)
-            if chapter.verification is not None and verification is not None:
-                verification.add(chapter.verification)
-        finished = counts.pending + counts.running == 0
-        started_at, finished_at = times.first, times.last if finished else None
-        return ExamReport(
-            exam=slug, title=exam.title, state=exam_state(exam.state, counts),
-            pause_reason=exam.pause_reason, pause_code=exam.pause_code, chapters=counts,
-            questions=Progress(sum(c.questions.target for c in listed),
-                               sum(c.questions.done for c in listed)),
-            usage=usage.rounded(), cost_usd=round(usage.cost_usd, 6),
-            usage_by_endpoint={k: v.rounded() for k, v in by_endpoint.items()},
-            usage_by_tier={k: v.rounded() for k, v in by_tier.items()},
-            unpriced_calls=unpriced, budget_usd=exam.budget_usd,
-            spent_usd=round(usage.cost_usd, 6), reserved_usd=round(usage.reserved_usd, 6),
-            chapter_list=listed, started_at=started_at, finished_at=finished_at,
-            elapsed_s=None if started_at is None else round(
-                (finished_at or exam.now) - started_at, 3),
-            updated_at=max(filter(None, (exam.updated_at, times.changed, times.last)),
-                           default=None),
-            questions_last_minute=times.last_minute,
-            recent_errors=[RecentError(r.finished_at, r.chapter_id, r.slice_no, r.outcome,
-                                       r.reason, r.detail) for r in errors],
-            mode=getattr(exam, "mode", None) or "sync", batches=batches,
-            verification=verification, verify=getattr(exam, "verify", None) or "off")
-
-    @staticmethod
-    def _chapter_report(chapter_id: str, rows: list[Any], now: float,
-                        calls: int) -> ChapterReport:
-        reports = []
-        # A slice a lowered target trimmed to nothing covers no number: not shown.
-        rows = [r for r in rows if r.target > 0] or rows
-        for sl in rows:
-            state = ChapterState(sl.state)
-            live = sl.lease_owner and (sl.lease_expires_at or 0) > now
-            if state is ChapterState.running and not live:
-                state = ChapterState.pending
-            reports.append(SliceReport(
-                slice=sl.slice_no, first=sl.first_number,
-                last=sl.first_number + sl.target - 1, state=state.value,
-                stored=min(sl.stored, sl.target), attempts=sl.attempts,
-                lease_owner=sl.lease_owner if state is ChapterState.running else None,
-                last_error=last_error_text(sl.last_error_code, sl.last_error),
-                last_error_code=sl.last_error_code, requeues=sl.requeues))
-        state = chapter_state([ChapterState(r.state) for r in reports])
-        erred = max(rows, key=lambda r: r.last_error_at or 0.0)
-        requeued = max(rows, key=lambda r: r.requeued_at or 0.0)
-        target = sum(r.target for r in rows)
-        return ChapterReport(
-            id=chapter_id, title=rows[0].title, state=state.value,
-            questions=Progress(target, sum(r.stored for r in reports)),
-            attempts=sum(r.attempts for r in rows),
-            attempts_since_progress=max(r.attempts_since_progress for r in rows),
-            calls=calls, last_error=last_error_text(erred.last_error_code, erred.last_error),
-            last_error_code=erred.last_error_code, last_error_at=erred.last_error_at,
-            lease_owner=next((r.lease_owner for r in reports if r.lease_owner), None),
-            requeues=sum(r.requeues for r in rows), requeued_at=requeued.requeued_at,
-            requeue_code=requeued.requeue_code,
-            requeue_reason=requeue_text(requeued.requeue_code, requeued.requeue_reason),
-            slices=reports)
+        return exam_report(slug, StatusRows(exam, coverage, verified, usage_rows, slices, times,
+                                            errors, batches))
 
     @staticmethod
     def _in_range() -> Any:

@@ -33,7 +33,7 @@ commit counts the withdrawn number as free): never a done slice with a gap.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from sqlalchemy import and_, case, exists, func, insert, select, update
@@ -47,6 +47,10 @@ from examforge.syllabus import BLOOM_LEVELS, DIFFICULTIES
 from storage import neardup
 from storage.base import QE, E, Q, S
 from storage.models import ChapterState, ReviewState, Verdict, Withdrawn
+# A chapter's review (ChapterReview) and its arithmetic: in storage.report_types, which imports
+# no SQLAlchemy (producer/read_sqlite.py reads the same rows from a SQLite file).
+from storage.report_types import ChapterReview, chapter_reviews
+from storage.states import FILTERS
 from storage.verdicts import Verdicts
 
 # The fields an edit may change, in the order they are shown.
@@ -59,31 +63,6 @@ DEFAULT_CHECKER = Checker()
 ACTIONS = ("approve", "reject", "edit")
 MAX_NOTE_CHARS = 2000
 MAX_TEXT_CHARS = 20_000  # an edited question, choice or explanation
-# The review's filters, in the order the page shows them (`in_filter`).
-FILTERS = ("disputed", "unreviewed", "edited", "stale", "approved", "rejected")
-
-
-@dataclass
-class ChapterReview:
-    """`review SLUG`: a chapter's questions in the bank (up to its target) by review state,
-    those the blind solve disputed (None: no verdicts in this schema) and those rejected."""
-
-    chapter_id: str
-    title: str
-    target: int
-    questions: int
-    unreviewed: int
-    approved: int
-    rejected: int
-    disputed: int | None
-    # Approved or edited before `--regenerate` cut the chapter again: to review again.
-    stale: int = 0
-    # In the bank with no verdict booked (none yet, or pending), in an exam whose questions
-    # are verified (None when none of them ever was).
-    unverified: int | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def _in_range() -> Any:
@@ -188,19 +167,7 @@ class Review(Verdicts):
                 .where(Q.c.exam == slug, Q.c.verdict.is_(None)
                        | (Q.c.verdict == Verdict.pending.value))
                 .group_by(Q.c.chapter_id))}
-        out = []
-        for ch in chapters:
-            unreviewed = counts.get((ch.chapter_id, ReviewState.unreviewed.value), 0)
-            approved = counts.get((ch.chapter_id, ReviewState.approved.value), 0)
-            in_bank = sum(n for (c, _), n in counts.items() if c == ch.chapter_id)
-            out.append(ChapterReview(
-                chapter_id=ch.chapter_id, title=ch.title, target=int(ch.target or 0),
-                questions=in_bank, unreviewed=unreviewed, approved=approved,
-                rejected=int(rejected.get(ch.chapter_id, 0)),
-                disputed=None if disputed is None else disputed.get(ch.chapter_id, 0),
-                stale=counts.get((ch.chapter_id, ReviewState.stale.value), 0),
-                unverified=unverified.get(ch.chapter_id, 0) if verified else None))
-        return out
+        return chapter_reviews(chapters, counts, rejected, disputed, verified, unverified)
 
     def chapter_questions(self, slug: str, chapter_id: str, only: str | None = None
                           ) -> tuple[str, list[dict[str, Any]]]:

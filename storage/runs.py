@@ -38,7 +38,7 @@ from storage.models import (
 )
 from storage.ledger import Ledger
 from storage.planning import SliceRef
-from storage.reports import ExamReport, ExamStatus
+from storage.report_types import ExamReport, ExamStatus
 
 R = Run.__table__  # type: ignore[attr-defined]
 Y = StoredSyllabus.__table__  # type: ignore[attr-defined]

@@ -13,7 +13,9 @@ from typing import Any, Callable
 
 from examforge.sources import Passage
 from storage.base import fence_params, slice_where
-from storage.models import LIVE_BATCH_STATES
+# A submission (BatchRow) and the lease owner of its slices: with the reports' values, which
+# import no SQLAlchemy (storage.report_types); named here as well.
+from storage.report_types import OWNER_PREFIX, BatchRow, owner_of, submission_of
 
 # What a prompt lists of the chapter's stored questions, by default (AVOID_QUESTIONS).
 DEFAULT_AVOID_QUESTIONS = 40
@@ -233,68 +235,3 @@ class NotClaimed:
     retry_in_s: float | None = None
     detail: str = ""
     holder: str | None = None  # busy: the lease owner (a provider batch's: submission_of)
-
-
-# The lease owner of a submission's slices and calls.
-OWNER_PREFIX = "batch/"
-
-
-def owner_of(submission: str) -> str:
-    return f"{OWNER_PREFIX}{submission}"
-
-
-def submission_of(owner: str | None) -> str | None:
-    """The submission id an owner string names, or None for a synchronous worker."""
-    if owner and owner.startswith(OWNER_PREFIX):
-        return owner[len(OWNER_PREFIX):]
-    return None
-
-
-@dataclass(frozen=True)
-class BatchRow:
-    """A submission as status, cancel, the API and the page read it."""
-
-    id: str
-    exam: str
-    state: str  # storage.models.BatchState
-    provider_batch_id: str | None
-    provider_status: str | None
-    input_file_id: str | None
-    output_file_id: str | None
-    error_file_id: str | None
-    model: str | None
-    requests: int
-    bytes: int
-    request_total: int
-    request_completed: int
-    request_failed: int
-    created_at: float
-    submitted_at: float | None
-    expires_at: float | None
-    finished_at: float | None
-    polled_at: float | None
-    lease_owner: str | None
-    lease_expires_at: float | None
-    create_attempts: int
-    cancel_requested: bool
-    detail: str | None
-    usage: dict[str, Any] | None
-
-    @property
-    def live(self) -> bool:
-        return self.state in LIVE_BATCH_STATES
-
-    @property
-    def owner(self) -> str:
-        """The lease owner of its slices and calls."""
-        return owner_of(self.id)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in self.__dataclass_fields__}
-
-    @classmethod
-    def from_row(cls, row: Any) -> "BatchRow":
-        values = dict(row._mapping)
-        values["usage"] = json.loads(values["usage"]) if values.get("usage") else None
-        values["cancel_requested"] = bool(values["cancel_requested"])
-        return cls(**{name: values[name] for name in cls.__dataclass_fields__})

@@ -14,10 +14,10 @@ how a teacher imports each one and what it carries.
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
-from typing import BinaryIO, Callable, Iterable
+from typing import BinaryIO, Callable, Iterable, cast
 
-from examforge.banks import anki, gift, moodle_xml, qti
 from examforge.banks.model import BankChapter, BankExam, BankQuestion
 
 __all__ = ["BankChapter", "BankExam", "BankQuestion", "Format", "FORMATS", "write_bank"]
@@ -27,21 +27,28 @@ Writer = Callable[[BankExam, Iterable[BankQuestion], BinaryIO], int]
 
 @dataclass(frozen=True)
 class Format:
-    """One export format: its name in FORMATS, its file suffix and its writer."""
+    """One export format: its name in FORMATS, its file suffix and the module of its writer
+    (`write`), imported when a bank is written: genanki alone is about a third of the
+    start-up of `export` and `exams`, which name the formats but write none (issue 28)."""
 
     name: str
     suffix: str  # what the exported file's name ends with, e.g. "generated" + suffix
-    write: Writer
+    module: str  # examforge.banks.<module>.write is the writer
+
+    @property
+    def write(self) -> Writer:
+        module = importlib.import_module(f"examforge.banks.{self.module}")
+        return cast(Writer, module.write)
 
 
 FORMATS: dict[str, Format] = {
     f.name: f
     for f in (
-        Format("moodle-xml", ".xml", moodle_xml.write),
+        Format("moodle-xml", ".xml", "moodle_xml"),
         # Moodle's GIFT import checks the file's type by its extension (text/plain): .txt.
-        Format("gift", ".gift.txt", gift.write),
-        Format("anki", ".apkg", anki.write),
-        Format("qti", ".qti.zip", qti.write),
+        Format("gift", ".gift.txt", "gift"),
+        Format("anki", ".apkg", "anki"),
+        Format("qti", ".qti.zip", "qti"),
     )
 }
 

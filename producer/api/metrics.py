@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 from prometheus_client.utils import floatToGoString
 
-from storage.reports import ExamStatus, ExamSummary
+from storage.report_types import ExamStatus, ExamSummary
 
 if TYPE_CHECKING:
     from storage import Store

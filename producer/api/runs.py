@@ -32,7 +32,7 @@ from producer.api.context import Context
 from producer.syllabi import resolve
 from producer.views import batch_dict, when
 from storage.models import FINAL_RUN_STATES, RunState
-from storage.reports import waiting_text
+from storage.report_types import waiting_text
 from storage.runs import RunRow, run_state
 
 MAX_KEY_LENGTH = 255

@@ -177,7 +177,7 @@ def test_an_edited_key_voids_the_verdict(exam):
 
 def test_status_and_review_count_the_unverified_questions_of_a_verified_exam(exam):
     """The review tells the whole truth: 5 verdicts for 6 questions is not "verified"."""
-    from producer.commands import _verdicts
+    from producer.printing import verdicts_text as _verdicts
 
     q = _items(exam)
     assert exam.status("ex").verification is None  # never verified: nothing to count

@@ -85,7 +85,9 @@ def test_what_it_does_not_handle_goes_the_store_way(seeded, tmp_path):
 
 
 def test_the_newest_migration_file_is_the_schema_revision():
-    assert export_sqlite.head_revision() == SCHEMA_REVISION
+    from producer.sqlite_file import head_revision
+
+    assert head_revision() == SCHEMA_REVISION
 
 
 @pytest.mark.parametrize("rows", [

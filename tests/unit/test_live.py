@@ -8,7 +8,7 @@ import pytest
 from rich.console import Console
 
 from producer.live import ETA_AFTER_S, LiveView, eta_s
-from storage.reports import ChapterCounts, ExamReport, Progress, UsageTotals
+from storage.report_types import ChapterCounts, ExamReport, Progress, UsageTotals
 
 
 def report(done: int = 0, target: int = 600, *, state: str = "active", pending: int = 1,

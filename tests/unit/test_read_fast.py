@@ -11,7 +11,7 @@ import pytest
 
 from bench.seed import seed_exam
 from producer import read_sqlite
-from producer.export_sqlite import open_snapshot
+from producer.sqlite_file import open_snapshot
 from producer.views import summary_dict
 from storage import open_existing_store
 from test_cli_first_run import assert_one_line, cli, env  # noqa: F401 (the fixture)
