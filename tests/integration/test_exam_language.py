@@ -4,19 +4,17 @@ and ef_claim on PostgreSQL) hands the worker its slice's language, whatever the 
 environment; a first call planned before the claim from a view in another language is not
 recorded (the fingerprint counts the language); a chapter whose language changed since its
 questions were stored waits for --regenerate, like a changed prompt; `status` and the API
-show the language. And migration 0031, from 0030 with data and back."""
+show the language. Migration 0031 is tests/integration/test_migration_language.py."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from alembic import command
-from sqlalchemy import inspect, text
+from sqlalchemy import text
 
 from examforge.output import Question
 from examforge.syllabus import Syllabus
 from storage import Store, connect, migrate
-from storage.db import alembic_config
 from storage.store import CallPlan, Claimed, FirstCall
 
 
@@ -113,35 +111,3 @@ def test_a_changed_language_of_a_chapter_with_questions_waits_for_regenerate(sto
     assert _languages(store) == ("ar", {"a": {"ar"}, "b": {"ar"}})
     claim = store.claim("ex", "a", "w9", 30.0, 8)
     assert isinstance(claim, Claimed) and claim.language == "ar"
-
-
-def test_0031_over_stored_exams_and_back(db_url: str):
-    engine = connect(db_url)
-    migrate(engine)
-    store = Store(engine)
-    try:
-        store.sync_exam("ex", _syllabus(language="en", b=None), slice_questions=3)
-        with engine.begin() as conn:
-            command.downgrade(alembic_config(conn), "0030")
-        assert "language" not in {c["name"] for c in inspect(engine).get_columns("exam")}
-        assert "language" not in {c["name"] for c in inspect(engine).get_columns("slice")}
-        migrate(engine)  # over the exam stored before languages: English, as its prompts were
-        assert _languages(store) == ("en", {"a": {"en"}, "b": {"en"}})
-        claim = store.claim("ex", "a", "w", 30.0, 8)
-        assert isinstance(claim, Claimed) and claim.language == "en"
-        # Its chapters' hashes are what they were: a re-enqueue in English changes nothing.
-        plan = store.sync_exam("ex", _syllabus(language="en", b=None), slice_questions=3)
-        assert not any(why.startswith("changed") for why in plan.skipped.values())
-        assert "b" in plan.to_enqueue
-        store.sync_exam("ex", _syllabus(), slice_questions=3)
-        with engine.begin() as conn:
-            command.downgrade(alembic_config(conn), "0030")
-            slices = conn.execute(text("SELECT count(*) FROM slice")).scalar_one()
-        assert slices == 4
-        migrate(engine)
-        # The fast claim (PostgreSQL: ef_claim as 0031 makes it again) reads the language.
-        store.sync_exam("ex", _syllabus(language="ru"), slice_questions=3)
-        claim = Store(engine).claim("ex", "b", "w3", 30.0, 8)
-        assert isinstance(claim, Claimed) and claim.language == "en"
-    finally:
-        engine.dispose()
