@@ -20,7 +20,7 @@ from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_valid
                       model_validator)
 
 from examforge.errors import SyllabusError, UnknownExam
-from examforge.languages import DEFAULT_LANGUAGE, check_tag
+from examforge.languages import DEFAULT_LANGUAGE, check_tag, known_tags
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9-]{0,63}$"
 _NAME_RE = re.compile(NAME_PATTERN)
@@ -143,7 +143,9 @@ class Chapter(BaseModel):
     sources: list[str] | None = None
     # Optional: the BCP 47 tag of the language its questions are written in
     # (examforge.languages), when not the exam's; a Syllabus sets it to the exam's otherwise.
-    language: str | None = None
+    language: str | None = Field(None, description=(
+        "The BCP 47 tag of the language the chapter's questions are written in, when not the "
+        f"exam's: one of {', '.join(known_tags())}."))
 
     @field_validator("language", mode="before")
     @classmethod
@@ -223,7 +225,9 @@ class Syllabus(BaseModel):
     verify: Literal["off", "flag", "replace"] | None = None
     # The BCP 47 tag of the language the exam is written in (examforge.languages), recorded
     # on the exam at every enqueue; a chapter's own `language` overrides it for the chapter.
-    language: str = DEFAULT_LANGUAGE
+    language: str = Field(DEFAULT_LANGUAGE, description=(
+        "The BCP 47 tag of the language the exam is written in: one of "
+        f"{', '.join(known_tags())} (default {DEFAULT_LANGUAGE})."))
 
     @field_validator("title")
     @classmethod
