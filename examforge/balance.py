@@ -24,9 +24,10 @@ What a reorder must not break:
 - an explanation that names a choice by letter ("option B is wrong because ..."): such
   references are rewritten to the new letters (`_LETTER_REF_RE`, conservative on purpose);
   the prompt also asks the model not to write them;
-- a choice that refers to the others by position ("All of the above", "Both A and C"): the
-  question keeps the model's order, since no other order keeps its meaning. The prompt asks
-  for none; `positional` counts them for the logs.
+- a choice that refers to the others by position ("All of the above", "Both A and C", "همه
+  موارد", in any language examforge knows: examforge.languages): the question keeps the
+  order it came in, since no other order keeps its meaning. The prompt asks for none, and
+  a model's are refused (examforge.output.positional_reason); an imported bank's are kept.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ import random
 import re
 from functools import lru_cache
 
+from examforge.languages import positional_in_any
 from examforge.output import Question, normalise
 
 LETTERS = "ABCD"
@@ -46,11 +48,6 @@ BLOCK = 4  # positions, so a block of numbers that is a permutation of them is b
 _LETTER_REF_RE = re.compile(
     r"(?P<lead>\b(?i:options?|choices?|answers?|alternatives?)\s*\(?|\()"
     r"(?P<letter>[A-D])(?=\)|\b)")
-# The words in any case, the letters capitals only ("a or b" is ordinary English).
-_POSITIONAL_RE = re.compile(
-    r"(?i:\b(all|none|both|neither) of (the )?(above|below|these|those|the previous))\b|"
-    r"\b[A-D] (?i:and|or|&|nor) [A-D]\b|"
-    r"(?i:\b(options?|choices?|answers?)) [A-D]\b")
 
 
 def _may_refer(text: str) -> bool:
@@ -85,7 +82,7 @@ def _block_order(exam: str, chapter_id: str, block: int) -> tuple[int, ...]:
 
 def positional(q: Question) -> bool:
     """Whether a choice refers to the others by position, so that no reorder keeps it true."""
-    return any(_POSITIONAL_RE.search(c) for c in q.choices)
+    return any(positional_in_any(c) for c in q.choices)
 
 
 def _wrong_key(exam: str, chapter_id: str, number: int, text: str) -> bytes:

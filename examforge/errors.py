@@ -451,6 +451,10 @@ class Rejection(str, Enum):
     too_few = "too_few"  # a valid reply with no question in it
     unreadable = "unreadable"  # a billed 200 whose envelope or content could not be read
     reply_too_large = "reply_too_large"
+    # A choice that stands for the others ("all of the above", "همه موارد") or names one by
+    # its letter ("both A and B"), in the chapter's language or English: choices are
+    # reordered when stored (examforge.balance), which such a choice does not survive.
+    positional = "positional"
 
 
 class OutputInvalid(ExamforgeError):

@@ -216,8 +216,10 @@ def estimate(slug: str, syllabus: Syllabus, settings: Settings, *,
                 solver.calls += 1
                 solver.questions += want
                 solver.owed += want
+                language = next((c.language for c in syllabus.chapters if c.id == chapter_id),
+                                None) or syllabus.language
                 solver.prompt_tokens += count_messages(verify_mod.build_messages(
-                    [verify_mod.item(placeholder, _CHOICES)] * want, []), solver.model)
+                    [verify_mod.item(placeholder, _CHOICES)] * want, [], language), solver.model)
                 solver.max_completion_tokens += verify_mod.max_tokens(want)
                 n -= want
     for chapter in syllabus.chapters:
@@ -254,7 +256,8 @@ def estimate(slug: str, syllabus: Syllabus, settings: Settings, *,
                         if share else []
                     solver.prompt_tokens += count_messages(
                         verify_mod.build_messages([verify_mod.item(placeholder, _CHOICES)] * want,
-                                              cited), solver.model)
+                                                  cited, chapter.language or syllabus.language),
+                        solver.model)
                     solver.max_completion_tokens += verify_mod.max_tokens(want)
                 have += want
                 avoid = (avoid + [placeholder] * want)[-20:]

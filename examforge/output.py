@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pydantic_core import from_json
 
 from examforge.errors import OutputInvalid, Rejection
+from examforge.languages import DEFAULT_LANGUAGE, LANGUAGES, language as language_of
 
 _FENCE_RE = re.compile(r"^\s*```[a-zA-Z0-9_-]*\s*\n?(.*?)\n?```\s*$", re.DOTALL)
 # The opening fence of a reply cut before its closing one.
@@ -149,6 +150,27 @@ def _label(value: object) -> str | None:
     return value.strip().lower() or None
 
 
+def positional_reason(q: Question, language: str = DEFAULT_LANGUAGE) -> str | None:
+    """Why `q` cannot be stored in an exam in `language`, or None: a choice refers to the
+    others by position or letter, in that language or in English ("all of the above", "هیچ
+    کدام", "ничего из вышеперечисленного", "both A and B"); or, in a language other than
+    English, the explanation names a choice by its letter ("گزینه الف"), which the reorder
+    of the choices (examforge.balance) would make false. The prompt asks for neither."""
+    checked = [language_of(language)]
+    if language != DEFAULT_LANGUAGE:
+        checked.append(LANGUAGES[DEFAULT_LANGUAGE])
+    for i, choice in enumerate(q.choices):
+        for lang in checked:
+            found = lang.positional(choice)
+            if found:
+                return f"choice {i} refers to the others ({found!r})"
+    if language != DEFAULT_LANGUAGE:
+        found = language_of(language).letter_reference(q.explanation)
+        if found:
+            return f"the explanation names a choice by its letter ({found!r})"
+    return None
+
+
 def _parse_item(item: object) -> Question | None:
     try:
         return check_item(item)
@@ -190,15 +212,18 @@ def _recovered(content: str) -> list[object] | None:
 
 
 def parse_questions(
-    content: str | None, finish_reason: str | None, wanted: int | None, known: set[str]
+    content: str | None, finish_reason: str | None, wanted: int | None, known: set[str],
+    *, language: str = DEFAULT_LANGUAGE,
 ) -> Parsed:
     """Validate one reply. Raises OutputInvalid when it holds nothing usable at all.
 
     A reply with some invalid items keeps the valid ones; with `wanted`, extras beyond it are
     dropped (None: every valid question is returned, and the commit takes what the slice
     lacks); questions whose normalised text is in `known` (already stored, or earlier in this
-    reply) are rejected as duplicates. A reply cut at max_tokens keeps the complete questions
-    it holds (`Parsed.truncated`), and is truncated output when it holds none.
+    reply) are rejected as duplicates; those whose choices refer to the others by position
+    or letter in `language` (the chapter's) or English are rejected as positional
+    (`positional_reason`). A reply cut at max_tokens keeps the complete questions it holds
+    (`Parsed.truncated`), and is truncated output when it holds none.
     """
     truncated = finish_reason == "length"
     if content is None or not content.strip():
@@ -228,6 +253,9 @@ def parse_questions(
         q = _parse_item(item)
         if q is None:
             rejected[Rejection.wrong_schema] = rejected.get(Rejection.wrong_schema, 0) + 1
+            continue
+        if positional_reason(q, language) is not None:
+            rejected[Rejection.positional] = rejected.get(Rejection.positional, 0) + 1
             continue
         key = normalise(q.question)
         if key in seen:

@@ -6,10 +6,14 @@ The user message is a list of `Label: value` lines. The labels are a closed voca
 
 The order is for providers' prompt caches, which bill a prefix seen recently at a discount
 (OpenAI: an identical prefix of 1024 tokens or more, in 128-token steps): what stays the same
-across a chapter's calls comes first (the system prompt, the exam and chapter fields, the
-Bloom levels, the guidance, then the slice's course material, which can be thousands of
-tokens: SOURCE_PROMPT_TOKENS), and what changes from call to call last (the questions to avoid,
-then this call's numbers, difficulty counts and question count).
+across a chapter's calls comes first (the system prompt, the exam's fields and the language,
+the chapter fields, the Bloom levels, the guidance, then the slice's course material, which
+can be thousands of tokens: SOURCE_PROMPT_TOKENS), and what changes from call to call last
+(the questions to avoid, then this call's numbers, difficulty counts and question count).
+
+The language line (examforge.languages) comes right after the exam's fields, so every chapter
+of an exam in one language shares the prefix up to its own fields; an English chapter has
+none, so its prompt is what it was before exams had a language.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import re
 from enum import Enum
 
+from examforge.languages import DEFAULT_LANGUAGE, language as language_of
 from examforge.levels import Levels, apportion
 from examforge.syllabus import Chapter
 
@@ -38,6 +43,8 @@ class Label(str, Enum):
 
     exam = "Exam"
     exam_title = "Exam title"
+    # "Persian (fa). Write every question, ...": the language to write in (not for English).
+    language = "Language"
     chapter_id = "Chapter id"
     chapter_title = "Chapter title"
     question_count = "Number of questions"
@@ -51,6 +58,17 @@ class Label(str, Enum):
 
 AVOID_HEADER = "Do not repeat these existing questions:"
 AVOID_MAX = 200  # the most AVOID_QUESTIONS allows
+
+
+def language_line(tag: str) -> str:
+    """What the prompt says of a language other than English: what to write in it, and that
+    the course material is cited as it is (quoted in its own language)."""
+    lang = language_of(tag)
+    return field_line(Label.language, (
+        f"{lang.label}. Write every question, every choice and every explanation in "
+        f"{lang.name}, whatever language the chapter fields or the course material are in; "
+        "cite the material's passages by their ids, as they are, and quote its terms as "
+        "they are written."))
 
 
 def field_line(label: Label, value: object) -> str:
@@ -114,13 +132,19 @@ def build_messages(
     `numbers` (first, last, of how many) steers a slice to its own share of the chapter;
     `levels` says how many of each difficulty to write (default: the chapter's shares of
     `count`) and which Bloom levels to target; `material` is the slice's course material
-    (examforge.sources.material_block), written before everything that changes per call."""
+    (examforge.sources.material_block), written before everything that changes per call.
+    The chapter's `language` (when not English) is said after the exam's fields."""
     if levels is None:
         levels = levels_for(chapter, count)
     # The same for every call of the chapter: a prompt cache's prefix.
     lines = [
         field_line(Label.exam, exam_slug),
         field_line(Label.exam_title, exam_title),
+    ]
+    # Before the chapter's fields: the same for every chapter of the exam in its language.
+    if (chapter.language or DEFAULT_LANGUAGE) != DEFAULT_LANGUAGE:
+        lines.append(language_line(chapter.language or DEFAULT_LANGUAGE))
+    lines += [
         field_line(Label.chapter_id, chapter.id),
         field_line(Label.chapter_title, chapter.title),
     ]

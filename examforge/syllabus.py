@@ -16,9 +16,11 @@ from pathlib import Path
 from typing import Any, Iterator, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_validator,
+                      model_validator)
 
 from examforge.errors import SyllabusError, UnknownExam
+from examforge.languages import DEFAULT_LANGUAGE, check_tag, known_tags
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9-]{0,63}$"
 _NAME_RE = re.compile(NAME_PATTERN)
@@ -139,6 +141,16 @@ class Chapter(BaseModel):
     # Optional: files of the exam's folder the questions are written from (examforge.sources:
     # `notes/ch1.md`, `guide.pdf#pages=3-9`); checked here by name only, read at enqueue.
     sources: list[str] | None = None
+    # Optional: the BCP 47 tag of the language its questions are written in
+    # (examforge.languages), when not the exam's; a Syllabus sets it to the exam's otherwise.
+    language: str | None = Field(None, description=(
+        "The BCP 47 tag of the language the chapter's questions are written in, when not the "
+        f"exam's: one of {', '.join(known_tags())}."))
+
+    @field_validator("language", mode="before")
+    @classmethod
+    def _language(cls, v: Any) -> Any:
+        return None if v is None else check_tag(v)
 
     @field_validator("sources")
     @classmethod
@@ -192,8 +204,13 @@ class Chapter(BaseModel):
 
     @property
     def spec_hash(self) -> str:
-        """What the questions were generated from: a change means old questions may not fit."""
-        blob = json.dumps([self.title, self.prompt], ensure_ascii=False)
+        """What the questions were generated from: a change means old questions may not fit.
+        The language counts when it is not the default, so that the chapters recorded before
+        there was one (all English) keep their hash."""
+        spec: list[str | None] = [self.title, self.prompt]
+        if (self.language or DEFAULT_LANGUAGE) != DEFAULT_LANGUAGE:
+            spec.append(self.language)
+        blob = json.dumps(spec, ensure_ascii=False)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -206,11 +223,33 @@ class Syllabus(BaseModel):
     # every enqueue or run of this syllabus unless `--verify` (or a run's `verify`) says
     # otherwise; absent: the exam keeps its own (a new exam: VERIFY, else off).
     verify: Literal["off", "flag", "replace"] | None = None
+    # The BCP 47 tag of the language the exam is written in (examforge.languages), recorded
+    # on the exam at every enqueue; a chapter's own `language` overrides it for the chapter.
+    language: str = Field(DEFAULT_LANGUAGE, description=(
+        "The BCP 47 tag of the language the exam is written in: one of "
+        f"{', '.join(known_tags())} (default {DEFAULT_LANGUAGE})."))
 
     @field_validator("title")
     @classmethod
     def _title(cls, v: str) -> str:
         return _clean_text(v, single_line=True)
+
+    @field_validator("language", mode="before")
+    @classmethod
+    def _language(cls, v: Any) -> Any:
+        return check_tag(v)
+
+    @model_validator(mode="after")
+    def _chapter_languages(self) -> "Syllabus":
+        """Every chapter with its language: its own, else the exam's (what is recorded on
+        its slices, what its prompts say and what its spec_hash counts)."""
+        if any(ch.language is None for ch in self.chapters):
+            # The model is frozen: the validated list is replaced, never mutated in place.
+            object.__setattr__(self, "chapters", [
+                ch if ch.language is not None
+                else ch.model_copy(update={"language": self.language})
+                for ch in self.chapters])
+        return self
 
     @field_validator("chapters")
     @classmethod

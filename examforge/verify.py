@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from examforge.errors import OutputInvalid, Rejection
+from examforge.languages import DEFAULT_LANGUAGE, language as language_of
 
 # The line the prompt starts with: what the mock recognises a solve request by.
 SOLVE_HEADER = "Blind solve of multiple-choice questions"
@@ -60,15 +61,24 @@ def item(question: str, choices: Sequence[str]) -> SolveItem:
 MATERIAL_PREFIX = "Material for the questions below: "
 
 
-def build_messages(items: Sequence[SolveItem], passages: Sequence[str | None] = ()
-                   ) -> list[dict[str, str]]:
+# The line after the header that names the language of the questions (not for English).
+LANGUAGE_PREFIX = "The questions and their choices are in "
+
+
+def build_messages(items: Sequence[SolveItem], passages: Sequence[str | None] = (),
+                   language: str = DEFAULT_LANGUAGE) -> list[dict[str, str]]:
     """The solve request: the questions, numbered from 1, each with its reordered choices,
     and nothing of their keys. With `passages` (the text each question cites, or None), a
     material line before a run of questions shows the passage they cite, once for the run
     (the caller orders the items so that those citing one passage are together): on one
     line, since the material can hold anything, a line reading like a question or a choice
-    included."""
-    lines = [f"{SOLVE_HEADER}: {len(items)}", ""]
+    included. A `language` other than English is named after the header: what the solver
+    reads (the material is shown as it is, in whatever language it was written)."""
+    lines = [f"{SOLVE_HEADER}: {len(items)}"]
+    if language != DEFAULT_LANGUAGE:
+        lines.append(f"{LANGUAGE_PREFIX}{language_of(language).label}; answer with the "
+                     "letters A to D shown before them.")
+    lines.append("")
     shown: str | None = None
     for n, it in enumerate(items, 1):
         passage = passages[n - 1] if n - 1 < len(passages) else None

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import click
 
 from examforge.errors import PauseCode, SliceReason
+from examforge.languages import LANGUAGES
 from producer.views import status_dict
 from producer.words import duration, plural, when
 from storage.report_types import (ChapterReview, ExamReport, VerificationCounts, batch_counts,
@@ -90,6 +91,20 @@ def verdicts_text(v: VerificationCounts) -> str:
             + (f", {v.unverified} unverified" if v.unverified else ""))
 
 
+def language_text(report: ExamReport) -> str:
+    """The status line of the exam's language, with the chapters written in another."""
+    def named(tag: str) -> str:
+        known = LANGUAGES.get(tag)  # a tag of a newer examforge is shown as it is
+        return known.label if known is not None else tag
+
+    others = [c for c in report.chapter_list if c.language != report.language]
+    return f"language: {named(report.language)}" + (
+        "; chapters in another: " + ", ".join(f"{c.id} {named(c.language)}"
+                                              for c in others[:10])
+        + (f" and {len(others) - 10:,} more" if len(others) > 10 else "")
+        if others else "")
+
+
 def _status_text(report: ExamReport, out: Console) -> None:
     from rich.table import Table
 
@@ -136,6 +151,7 @@ def _status_text(report: ExamReport, out: Console) -> None:
               + f", {ch.pending} pending, {ch.failed} failed, {ch.cancelled} cancelled")
     out.print(f"questions: {q.done}/{q.target}")
     out.print(f"blind solves: {report.verify} (the exam's policy; every worker follows it)")
+    out.print(language_text(report), markup=False)
     if report.verification is not None:
         out.print(f"verification: {verdicts_text(report.verification)}")
     if report.started_at is not None:

@@ -128,7 +128,7 @@ _SLICE_KEYS = ", ".join(f"s.{c}" for c in (
     "chapter_id", "slice_no", "position", "title", "first_number", "target", "state",
     "attempts", "attempts_since_progress", "lease_owner", "lease_expires_at",
     "last_error_code", "last_error", "last_error_at", "requeues", "requeued_at",
-    "requeue_code", "requeue_reason"))
+    "requeue_code", "requeue_reason", "language"))
 _SLICES = (f"SELECT {_SLICE_KEYS}, COUNT(q.id) AS stored FROM slice s "
            f"LEFT OUTER JOIN question q ON {IN_RANGE} WHERE s.exam = ? "
            f"GROUP BY {_SLICE_KEYS} ORDER BY s.position, s.chapter_id, s.slice_no")
@@ -150,7 +150,7 @@ def status_rows(conn: sqlite3.Connection, slug: str) -> StatusRows | None:
     one = (slug,)
     exam = _named(conn.execute(
         "SELECT title, state, pause_reason, pause_code, budget_usd, updated_at, mode, verify, "
-        f"{NOW} AS now FROM exam WHERE slug = ?", one))[0]
+        f"language, {NOW} AS now FROM exam WHERE slug = ?", one))[0]
     passages = dict(conn.execute(_PASSAGES, one).fetchall())
     cited = dict(conn.execute(_CITED, one).fetchall()) if passages else {}
     verdicts = conn.execute(_VERDICTS, one).fetchall()

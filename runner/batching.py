@@ -212,7 +212,7 @@ class _SliceCalls:
         ranges = [lacking // calls + (1 if k < lacking % calls else 0) for k in range(calls)]
         spec = ChapterSpec.model_construct(id=view.chapter_id, title=view.title,
                                            questions=view.chapter_target or view.target,
-                                           prompt=view.prompt)
+                                           prompt=view.prompt, language=view.language)
         base = view.recent if isinstance(view.recent, Steering) else Steering(
             newest=view.recent)
         avoid = base.with_fresh([], settings.avoid_questions)
@@ -895,7 +895,8 @@ def _commit_line(rt: BatchRuntime, call: Any, body: Any, claim: Claimed | None,
                           "line was read", usage=usage)
         return 0, usage
     try:
-        parsed = parse_questions(completion.content, completion.finish_reason, None, known)
+        parsed = parse_questions(completion.content, completion.finish_reason, None, known,
+                                 language=claim.language)
     except OutputInvalid as exc:
         store.finish_call(call.id, CallOutcome.wasted, CallReason.invalid_output, str(exc),
                           usage=usage)

@@ -448,7 +448,7 @@ class _Calls:
         rt = self.rt
         spec = ChapterSpec.model_construct(id=view.chapter_id, title=view.title,
                                            questions=view.chapter_target or view.target,
-                                           prompt=view.prompt)
+                                           prompt=view.prompt, language=view.language)
         # What the chapter has: read by the store in the transaction before this call (the
         # claim, or the last commit, which sees every slice's questions), plus the batch
         # just received. Slices of one chapter are also steered to their own numbers.
@@ -652,7 +652,8 @@ def _generate(rt: Runtime, claim: Claimed, lost: threading.Event, run: _Run,
         try:
             # Every valid question passes: the commit stores the first new ones the slice
             # lacks, whatever count the call asked for.
-            parsed = parse_questions(completion.content, completion.finish_reason, None, known)
+            parsed = parse_questions(completion.content, completion.finish_reason, None, known,
+                                     language=claim.language)
         except OutputInvalid as exc:
             detail = str(exc)
             if exc.kind is Rejection.truncated:

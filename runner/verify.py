@@ -89,7 +89,8 @@ def solve_pending(rt: Any, claim: Claimed, check: Callable[[], None],
         chunk = sorted(pending[:verify.SOLVE_MAX_QUESTIONS],
                        key=lambda p: (p.passage is not None, p.passage or ""))
         items = [verify.item(p.question, p.choices) for p in chunk]
-        messages = verify.build_messages(items, [p.passage for p in chunk])
+        messages = verify.build_messages(items, [p.passage for p in chunk],
+                                         language=claim.language)
         cap = verify.max_tokens(len(items))
         prompt_tokens = solver.count_prompt(messages)
         admission = solver.admit(messages, cap, max_wait_s=RATE_WAIT_MAX_S, check=check,

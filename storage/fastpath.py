@@ -66,7 +66,8 @@ CLAIM_PARAMS = ("p_exam", "p_chapter", "p_slice", "p_owner", "p_lease", "p_max",
                 "p_crash_reason", "p_crash_detail", "p_budget_reason", "p_repeated_n",
                 "p_spec_fp", "p_first", "p_requested", "p_prompt_tokens", "p_max_tokens",
                 "p_reserve", "p_model", "p_price_known")
-# (migration 0026: with a first call planned before the claim, see Leases.fresh_view.)
+# (migration 0026: with a first call planned before the claim, see Leases.fresh_view; 0031:
+# the slice's language, and the fingerprint counts it.)
 CLAIM_SQL = ("SELECT * FROM ef_claim(%(p_exam)s::varchar, %(p_chapter)s::varchar, "
              "%(p_slice)s::integer, %(p_owner)s::varchar, %(p_lease)s::double precision, "
              "%(p_max)s::integer, %(p_crash_reason)s::varchar, %(p_crash_detail)s::text, "
@@ -78,9 +79,10 @@ CLAIM_SQL = ("SELECT * FROM ef_claim(%(p_exam)s::varchar, %(p_chapter)s::varchar
 # (Leases.fresh_view), with the fingerprint ef_claim checks that plan against.
 FRESH_SQL = """
 SELECT s.chapter_id, s.slice_no, s.target, s.first_number, s.title, s.prompt, s.difficulty,
-       s.bloom, c.chapter_target, e.title AS exam_title, s.sources IS NOT NULL AS sourced,
+       s.bloom, s.language, c.chapter_target, e.title AS exam_title,
+       s.sources IS NOT NULL AS sourced,
        ef_spec_fp(e.title, s.title, s.prompt, s.target, s.first_number, c.chapter_target,
-                  s.difficulty, s.bloom) AS fp
+                  s.difficulty, s.bloom, s.language) AS fp
   FROM slice s
   JOIN exam e ON e.slug = s.exam
   JOIN (SELECT o.chapter_id, max(o.first_number + o.target - 1) AS chapter_target

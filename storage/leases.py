@@ -12,6 +12,7 @@ from sqlalchemy import and_, bindparam, case, func, or_, select, tuple_, update
 from sqlalchemy.engine import Connection, Engine
 
 from examforge.errors import LeaseLost, PauseCode, SliceReason
+from examforge.languages import DEFAULT_LANGUAGE
 from examforge.output import normalise
 from examforge.sources import Passage
 from storage import fastpath, neardup
@@ -87,7 +88,8 @@ class Leases(Ledger):
         return {(r.chapter_id, r.slice_no): None if r.sourced else (ChapterView(
             slug, r.chapter_id, r.exam_title, r.title, r.prompt, 0, r.target, r.slice_no,
             r.first_number, r.chapter_target or r.target, (),
-            ChapterLevels.from_row(r.difficulty, r.bloom)), r.fp) for r in rows}
+            ChapterLevels.from_row(r.difficulty, r.bloom), language=r.language), r.fp)
+            for r in rows}
 
     def claim(self, slug: str, chapter_id: str, owner: str, lease_s: float,
               max_attempts: int, *, slice_no: int = 0,
@@ -205,7 +207,7 @@ class Leases(Ledger):
             passages=tuple(Passage(*p) for p in zip(
                 row.passage_seqs or (), row.passage_sources or (),
                 row.passage_locations or (), row.passage_texts or ())),
-            verify=row.exam_verify or "off")
+            verify=row.exam_verify or "off", language=row.chapter_language or DEFAULT_LANGUAGE)
 
     def _start_fast(self, claim: Claimed, lease_s: float, plan: CallPlan) -> int | NoRoom | None:
         """Record a planned call in one round trip (ef_start_call); the general path when the
@@ -280,7 +282,7 @@ class Leases(Ledger):
             # The course material its prompts carry, in the claim's own transaction.
             passages=(read_passages(conn, slug, chapter_id) if row.sources is not None
                       else ()),
-            verify=row.exam_verify or "off",
+            verify=row.exam_verify or "off", language=row.language or DEFAULT_LANGUAGE,
         )
         return claimed
 

@@ -10,6 +10,8 @@ from sqlalchemy import (BigInteger, Boolean, Column, Index, LargeBinary, Text, U
                         false, text)
 from sqlmodel import Field, SQLModel
 
+from examforge.languages import DEFAULT_LANGUAGE
+
 # The states these tables store, as str enums: in storage.states, which imports no SQLAlchemy
 # (the plain-driver reads of producer/read_sqlite.py compare them too); named here as well.
 from storage.states import (FINAL_RUN_STATES, LIVE_BATCH_STATES, BatchState, CallKind,
@@ -71,6 +73,10 @@ class Exam(SQLModel, table=True):
     # not a worker's environment: what describes the work belongs to the exam row.
     verify: str = Field(default=VerifyPolicy.off.value, max_length=16,
                         sa_column_kwargs={"server_default": VerifyPolicy.off.value})
+    # The BCP 47 tag of the syllabus's `language` (examforge.languages), recorded at every
+    # enqueue (migration 0031); each chapter's own is on its slices.
+    language: str = Field(default=DEFAULT_LANGUAGE, max_length=35,
+                          sa_column_kwargs={"server_default": DEFAULT_LANGUAGE})
 
 
 class Slice(SQLModel, table=True):
@@ -78,8 +84,9 @@ class Slice(SQLModel, table=True):
     `first_number + target - 1`, with its own lease, attempts, backoff and message. The ranges
     of a chapter's slices are disjoint, so UNIQUE(exam, chapter_id, number) still makes a
     double commit impossible while its slices run at once; the chapter is done when all of
-    them are. The chapter's own fields (position, title, prompt, spec_hash) are repeated on
-    each of its slices so that a claim reads one row; they always change together."""
+    them are. The chapter's own fields (position, title, prompt, spec_hash, language) are
+    repeated on each of its slices so that a claim reads one row; they always change
+    together."""
 
     __table_args__ = (
         # The work in progress, in the order the reconciler reads it (storage.recovery).
@@ -104,6 +111,10 @@ class Slice(SQLModel, table=True):
     # The hashes of the chapter's source files its questions are written from, as JSON
     # ({entry: sha256 prefix}; examforge.sources), NULL without sources (migration 0021).
     sources: Optional[str] = Field(default=None, sa_column=Column(Text))
+    # The language its questions are written in (a BCP 47 tag: the chapter's, else the
+    # exam's; migration 0031): what its prompts say and its replies are validated in.
+    language: str = Field(default=DEFAULT_LANGUAGE, max_length=35,
+                          sa_column_kwargs={"server_default": DEFAULT_LANGUAGE})
     target: int  # questions in this slice's range
     state: str = Field(default=ChapterState.pending.value, max_length=16)
     attempts: int = 0

@@ -12,6 +12,7 @@ from sqlalchemy import bindparam, case, delete, func, select, update
 from sqlalchemy.engine import Connection
 
 from examforge.errors import PauseCode, UnknownChapter
+from examforge.languages import DEFAULT_LANGUAGE
 from examforge.syllabus import Chapter as SyllabusChapter
 from examforge.syllabus import Syllabus, slice_ranges
 from examforge.sources import ChapterMaterial
@@ -36,6 +37,7 @@ class EnqueuePlan:
     skipped: dict[str, str] = field(default_factory=dict)  # chapter -> why
     exam_paused: str | None = None
     verify: str = VerifyPolicy.off.value  # the exam's blind-solve policy, as recorded
+    language: str = DEFAULT_LANGUAGE  # the exam's language (BCP 47), as recorded
     to_solve: int = 0  # stored questions never solved, made pending by a verifying policy
     # --regenerate: what each chapter cut afresh kept, deleted and generates.
     regenerated: dict[str, ChapterRegeneration] = field(default_factory=dict)
@@ -45,7 +47,8 @@ class Planning(Ledger):
     """Exams, chapters and their slices as the producer sees them."""
 
     def _ensure_exam(self, conn: Connection, slug: str, title: str, now: float,
-                     budget_usd: float | None, verify: str = VerifyPolicy.off.value) -> None:
+                     budget_usd: float | None, verify: str = VerifyPolicy.off.value,
+                     language: str = DEFAULT_LANGUAGE) -> None:
         """Create the exam's row if it is missing, and hold it (FOR NO KEY UPDATE on
         PostgreSQL) until the transaction ends.
 
@@ -59,7 +62,7 @@ class Planning(Ledger):
                 self._insert(E)
                 .values(slug=slug, title=title, state=ExamState.active.value,
                         auth_failures=0, created_at=now, updated_at=now, budget_usd=budget_usd,
-                        verify=verify)
+                        verify=verify, language=language)
                 .on_conflict_do_nothing()
             )
             held = conn.execute(select(E.c.slug).where(E.c.slug == slug)
@@ -96,6 +99,11 @@ class Planning(Ledger):
         source files changed (by hash) since its questions were stored is left as it is,
         like a changed title, until `--regenerate`. None (import) leaves passages alone.
 
+        The syllabus's `language` is recorded on the exam, and each chapter's (its own, else
+        the exam's) on its slices, where the workers read it; a chapter whose language
+        changed since its questions were stored is left as it is, like a changed title,
+        until `--regenerate`.
+
         `verify` sets the exam's blind-solve policy (storage.models.VerifyPolicy); a new exam
         given none gets `default_verify` (the enqueuing process's VERIFY), and an existing
         one keeps its own. A policy that verifies (given now, or already the exam's) makes
@@ -116,24 +124,27 @@ class Planning(Ledger):
             now = conn.execute(select(self._now)).scalar_one()
             self._ensure_exam(conn, slug, syllabus.title, now,
                               budget_usd if budget_usd is not None else default_budget_usd,
-                              VerifyPolicy(default_verify).value)
+                              VerifyPolicy(default_verify).value, syllabus.language)
             if verify is not None:
                 conn.execute(update(E).where(E.c.slug == slug,
                                              E.c.verify != VerifyPolicy(verify).value)
                              .values(verify=VerifyPolicy(verify).value, updated_at=now))
             conn.execute(update(E).where(E.c.slug == slug, E.c.title != syllabus.title)
                          .values(title=syllabus.title, updated_at=now))
+            conn.execute(update(E).where(E.c.slug == slug, E.c.language != syllabus.language)
+                         .values(language=syllabus.language, updated_at=now))
             if budget_usd is not None:
                 self._set_budget(conn, slug, budget_usd)
             else:
                 # Calls of dead holders (a trimmed, regenerated or any other slice with no
                 # live lease) are settled here, not left reserved (`_settle_orphans`).
                 self._settle_orphans(conn, slug)
-            exam = conn.execute(select(E.c.state, E.c.pause_reason, E.c.verify)
+            exam = conn.execute(select(E.c.state, E.c.pause_reason, E.c.verify, E.c.language)
                                 .where(E.c.slug == slug)).one()
             if exam.state == ExamState.paused.value:
                 plan.exam_paused = exam.pause_reason or "paused"
             plan.verify = exam.verify
+            plan.language = exam.language
             verifying = exam.verify != VerifyPolicy.off.value and not batch_mode
             if verifying and verify is not None:
                 # The questions stored unverified are owed a solve under this policy: each
@@ -186,6 +197,7 @@ class Planning(Ledger):
                                   "first_number": first, "target": count,
                                   "position": position, "title": ch.title,
                                   "prompt": ch.prompt, "spec_hash": ch.spec_hash,
+                                  "language": _language(ch),
                                   **_levels(ch), "sources": sources,
                                   "state": ChapterState.pending.value, "updated_at": now})
                 for r in rows.get(ch.id, []):
@@ -453,9 +465,12 @@ def _plan_structure(ch: SyllabusChapter, position: int, rows: list[Any], stored:
     head = rows[0]
     if head.spec_hash != ch.spec_hash:
         if stored > 0:
-            return (f"changed: title or prompt differs from the {stored} stored questions; "
+            what = ("title or prompt" if (head.title, head.prompt) != (ch.title, ch.prompt)
+                    else f"language ({head.language}, now {_language(ch)})")
+            return (f"changed: {what} differs from the {stored} stored questions; "
                     f"rerun with --regenerate {ch.id}"), {}, 0, False
-        values.update(title=ch.title, prompt=ch.prompt, spec_hash=ch.spec_hash)
+        values.update(title=ch.title, prompt=ch.prompt, spec_hash=ch.spec_hash,
+                      language=_language(ch))
     if material is not None and head.sources != material.hashes_json:
         if stored > 0:
             return (f"changed: {_changed_source(head.sources, material.hashes)} since the "
@@ -478,8 +493,10 @@ def _change_of(ch: SyllabusChapter, head: Any, material: ChapterMaterial | None)
     """What changed in a chapter since its slices were cut, in words: why its kept
     questions are stale after a regeneration."""
     changes = []
-    if head.spec_hash != ch.spec_hash:
+    if (head.title, head.prompt) != (ch.title, ch.prompt):
         changes.append("its title or prompt changed")
+    if head.language != _language(ch):
+        changes.append(f"its language changed ({head.language}, now {_language(ch)})")
     if material is not None and head.sources != material.hashes_json:
         changes.append(_changed_source(head.sources, material.hashes))
     return "; ".join(changes) or "regenerated with no change to its title, prompt or sources"
@@ -497,6 +514,12 @@ def _changed_source(before: str | None, now: dict[str, str]) -> str:
         if entry not in now:
             return f"source {entry} was removed"
     return "the sources' order changed"
+
+
+def _language(ch: SyllabusChapter) -> str:
+    """The language a chapter's slices record: its own (a Syllabus gives every chapter one:
+    its own, else the exam's)."""
+    return ch.language or DEFAULT_LANGUAGE
 
 
 def _levels(ch: SyllabusChapter) -> dict[str, str | None]:

@@ -18,6 +18,7 @@ from enum import Enum
 from typing import Any, Iterable, Mapping, Sequence
 
 from examforge.errors import SliceReason
+from examforge.languages import DEFAULT_LANGUAGE
 from storage.states import (LIVE_BATCH_STATES, CallOutcome, ChapterState, RequeueReason,
                             ReviewState, Verdict)
 
@@ -240,6 +241,8 @@ class ChapterReport:
     material: "MaterialCoverage | None" = None
     # Under VERIFY (any of its questions has a verdict): what the blind solve said.
     verification: "VerificationCounts | None" = None
+    # The language its questions are written in (a BCP 47 tag): its own, else the exam's.
+    language: str = DEFAULT_LANGUAGE
 
     @property
     def slices_done(self) -> int:
@@ -452,6 +455,9 @@ class ExamReport:
     # Its blind-solve policy (storage.models.VerifyPolicy: off, flag, replace), which every
     # worker follows.
     verify: str = "off"
+    # The language the syllabus names for it (a BCP 47 tag, examforge.languages), recorded at
+    # every enqueue; a chapter may have its own (ChapterReport.language).
+    language: str = DEFAULT_LANGUAGE
 
     @property
     def finished(self) -> bool:
@@ -552,7 +558,8 @@ def exam_report(slug: str, rows: StatusRows) -> ExamReport:
         recent_errors=[RecentError(r.finished_at, r.chapter_id, r.slice_no, r.outcome,
                                    r.reason, r.detail) for r in errors],
         mode=getattr(exam, "mode", None) or "sync", batches=batches,
-        verification=verification, verify=getattr(exam, "verify", None) or "off")
+        verification=verification, verify=getattr(exam, "verify", None) or "off",
+        language=getattr(exam, "language", None) or DEFAULT_LANGUAGE)
 
 
 def chapter_report(chapter_id: str, rows: list[Any], now: float, calls: int) -> ChapterReport:
@@ -588,7 +595,7 @@ def chapter_report(chapter_id: str, rows: list[Any], now: float, calls: int) -> 
         requeues=sum(r.requeues for r in rows), requeued_at=requeued.requeued_at,
         requeue_code=requeued.requeue_code,
         requeue_reason=requeue_text(requeued.requeue_code, requeued.requeue_reason),
-        slices=reports)
+        slices=reports, language=getattr(rows[0], "language", None) or DEFAULT_LANGUAGE)
 
 
 @dataclass

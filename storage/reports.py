@@ -309,7 +309,7 @@ class Reports(StoreBase):
                                        "attempts_since_progress", "lease_owner",
                                        "lease_expires_at", "last_error_code", "last_error",
                                        "last_error_at", "requeues", "requeued_at",
-                                       "requeue_code", "requeue_reason")))
+                                       "requeue_code", "requeue_reason", "language")))
             times = conn.execute(select(
                 select(func.min(K.c.started_at)).where(K.c.exam == slug)
                 .scalar_subquery().label("first"),

@@ -41,6 +41,7 @@ from sqlalchemy.engine import Connection
 
 from examforge.errors import (BadEdit, Conflict, DuplicateEdit, UnknownChapter,
                               UnknownQuestion, VersionConflict)
+from examforge.languages import DEFAULT_LANGUAGE
 from examforge.neardup import Checker
 from examforge.output import ItemInvalid, check_item, text_hash
 from examforge.syllabus import BLOOM_LEVELS, DIFFICULTIES
@@ -94,7 +95,8 @@ def _row_view(r: Any) -> dict[str, Any]:
                              else None),
             "source": source,
             "review": r.review, "version": r.version, "reviewed_by": r.reviewed_by,
-            "reviewed_at": r.reviewed_at, "edited": bool(r.edits), "stale": r.stale}
+            "reviewed_at": r.reviewed_at, "edited": bool(r.edits), "stale": r.stale,
+            "language": r.language or DEFAULT_LANGUAGE}
 
 
 def _bank_filter(name: str) -> Any:
@@ -133,6 +135,12 @@ class Review(Verdicts):
                 Q.c.created_at, Q.c.review, Q.c.version, Q.c.reviewed_by, Q.c.reviewed_at,
                 Q.c.withdrawn, Q.c.withdrawn_number, edits]
         cols += [Q.c.verdict, Q.c.source, Q.c.solved_index, Q.c.stale]
+        # Its chapter's language (every slice of a chapter has the same): read by chapter,
+        # since a withdrawn question is in no slice's range.
+        own = S.alias("own_slice")
+        cols.append(select(own.c.language).where(own.c.exam == Q.c.exam,
+                                                 own.c.chapter_id == Q.c.chapter_id)
+                    .limit(1).correlate(Q).scalar_subquery().label("language"))
         return cols
 
     def review_summary(self, slug: str) -> list[ChapterReview]:

@@ -420,7 +420,7 @@ class Runs(Ledger):
             rows = conn.execute(
                 select(Q.c.id, Q.c.chapter_id, Q.c.number, Q.c.question, Q.c.choices,
                        Q.c.answer_index, Q.c.explanation, Q.c.difficulty, Q.c.bloom,
-                       Q.c.source, Q.c.verdict, Q.c.model, Q.c.created_at)
+                       Q.c.source, Q.c.verdict, Q.c.model, Q.c.created_at, S.c.language)
                 .join(S, and_(S.c.exam == Q.c.exam, S.c.chapter_id == Q.c.chapter_id,
                               Q.c.number >= S.c.first_number,
                               Q.c.number < S.c.first_number + S.c.target))

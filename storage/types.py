@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Callable
 
+from examforge.languages import DEFAULT_LANGUAGE
 from examforge.sources import Passage
 from storage.base import fence_params, slice_where
 # A submission (BatchRow) and the lease owner of its slices: with the reports' values, which
@@ -119,6 +120,8 @@ class ChapterView:
     # The chapter's course material (examforge.sources), read by the claim: none without
     # sources.
     passages: tuple[Passage, ...] = ()
+    # The language its questions are written in (a BCP 47 tag, slice.language).
+    language: str = DEFAULT_LANGUAGE
 
     @property
     def next_number(self) -> int:
@@ -198,6 +201,9 @@ class Claimed:
     # The exam's blind-solve policy (exam.verify: off, flag, replace), read by the claim:
     # the holder follows it, whatever its own VERIFY says.
     verify: str = "off"
+    # The chapter's language (slice.language): what its prompts ask for and replies are
+    # validated in.
+    language: str = DEFAULT_LANGUAGE
 
     def view(self, stored: int | None = None, target: int | None = None) -> ChapterView:
         return ChapterView(self.exam, self.chapter_id, self.exam_title, self.title, self.prompt,
@@ -205,7 +211,7 @@ class Claimed:
                            self.target if target is None else target,
                            self.slice_no, self.first_number,
                            self.chapter_target or self.target, self.recent, self.levels,
-                           self.passages)
+                           self.passages, self.language)
 
     def where(self) -> tuple[Any, ...]:
         """The conditions that select this claim's slice row."""

@@ -310,8 +310,10 @@ def get_exam(slug: Slug, c: Ctx) -> Any:
             "pause_code": None, "chapters": zero,
             "questions": {"done": 0, "target": sum(ch.questions for ch in syllabus.chapters)},
             "cost_usd": 0.0, "budget_usd": None, "verify": syllabus.verify,
+            "language": syllabus.language,
             "chapter_list": [{"id": ch.id, "title": ch.title, "state": "new",
-                              "questions": {"done": 0, "target": ch.questions}}
+                              "questions": {"done": 0, "target": ch.questions},
+                              "language": ch.language or syllabus.language}
                              for ch in syllabus.chapters]}
 
 

@@ -207,6 +207,9 @@ class ChapterStatus(BaseModel):
         "The same as a code: worker_vanished, broker_epoch_changed, message_lost or legacy."))
     verification: VerificationOut | None = Field(default=None, description=(
         "The blind solve's verdicts (VERIFY) of its questions; null when none was verified."))
+    language: str = Field(default="en", description=(
+        "The BCP 47 tag of the language its questions are written in: its own `language`, "
+        "else the exam's."))
 
 
 class ExamStatus(BaseModel):
@@ -236,6 +239,10 @@ class ExamStatus(BaseModel):
         "Its blind-solve policy: off, flag or replace, recorded on the exam (enqueue "
         "--verify, a run's or the syllabus's `verify`) and followed by every worker; for a "
         "`new` exam, the syllabus's `verify` (null: none named)."))
+    language: str = Field(default="en", description=(
+        "The BCP 47 tag of the language the syllabus names for the exam (en, fa, ar, ru, ...), "
+        "recorded at every enqueue and followed by every worker; a chapter may name its own "
+        "(each chapter's `language`)."))
 
 
 class Question(BaseModel):
@@ -262,6 +269,9 @@ class Question(BaseModel):
                           "verified.")
     model: str
     created_at: str
+    language: str = Field(default="en", description=(
+        "The BCP 47 tag of the language it is written in (its chapter's): what a page sets "
+        "as its `lang`."))
 
 
 class QuestionPage(BaseModel):
@@ -305,6 +315,9 @@ class ReviewQuestion(BaseModel):
     bloom: str | None
     model: str
     created_at: str
+    language: str = Field(default="en", description=(
+        "The BCP 47 tag of the language it is written in (its chapter's): what a page sets "
+        "as its `lang`."))
     verdict: str | None = Field(
         description="The blind solve's verdict (pending, agreed, disputed); null when it was "
                     "not verified.")

@@ -48,6 +48,12 @@ def _assert_nothing_written(env: dict[str, str]) -> None:  # noqa: F811
     ("bad-chapter-id", {"title": "T", "chapters": [{"id": "../x", "title": "A",
                                                     "questions": 1}]},
      ["syllabus.json", "chapters[0].id"]),
+    ("unknown-language", {"title": "T", "language": "xx", "chapters": [
+        {"id": "a", "title": "A", "questions": 1}]},
+     ["syllabus.json", "language: 'xx' is not a language", "known tags: ar, en, fa, ru"]),
+    ("unknown-chapter-language", {"title": "T", "chapters": [
+        {"id": "a", "title": "A", "questions": 1, "language": "tlh"}]},
+     ["syllabus.json", "chapters[0].language", "known tags: ar, en, fa, ru"]),
 ])
 def test_a_bad_syllabus_is_refused_in_one_line_naming_the_file_and_field(
         env, capsys, name, content, needles):  # noqa: F811

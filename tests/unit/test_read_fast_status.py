@@ -4,10 +4,10 @@ the reports show: done, running (live and lapsed leases, several slices of a cha
 in flight, recent errors, a requeue, estimated, unpriced, fallback, flex and imported calls,
 a budget), paused by a pause code, paused at its budget, failed, cancelled, verified (agreed,
 disputed, replaced, pending and unverified questions), reviewed (approved, rejected, stale),
-with course material, in batch mode (live, cancelled and more batches than the table shows),
-and with no chapter at all. And it steps aside, printing nothing, for what it does not
-take: PostgreSQL, an older schema, an exam the database does not have, `--watch`; the store's
-path then prints its output or its one-line error.
+with course material (in Persian, a chapter in Arabic), in batch mode (live, cancelled and
+more batches than the table shows), and with no chapter at all. And it steps aside, printing
+nothing, for what it does not take: PostgreSQL, an older schema, an exam the database does not
+have, `--watch`; the store's path then prints its output or its one-line error.
 
 The database clock is pinned to one instant on both paths (`now` is read by each path's own
 query: a running exam's elapsed time and its questions of the last minute move with it);
@@ -194,6 +194,10 @@ def reports_db(env):  # type: ignore[no-untyped-def]  # noqa: F811
         for seq in range(1, passages + 1):
             _insert(db, "passage", exam="grounded", chapter_id=chapter, seq=seq,
                     source="notes.md", location=f"section {seq}", text=f"passage {seq}")
+    # ... written in Persian (the exam's language), one chapter in Arabic (its own).
+    _sql(db, "UPDATE exam SET language = 'fa' WHERE slug = 'grounded'",
+         "UPDATE slice SET language = 'fa' WHERE exam = 'grounded'",
+         "UPDATE slice SET language = 'ar' WHERE exam = 'grounded' AND chapter_id = 'ch-00001'")
     _sql(db, "UPDATE question SET passage = 1 WHERE exam = 'grounded' AND number <= 3",
          "UPDATE question SET passage = 2 WHERE exam = 'grounded' AND chapter_id = 'ch-00000' "
          "AND number = 4")
@@ -294,6 +298,10 @@ def test_every_state_is_compared(reports_db, pinned_clock, capsys):
     assert status["budget"]["pause_code"] == "budget"
     assert status["verified"]["verification"] == {
         "agreed": 10, "disputed": 3, "pending": 2, "withdrawn": 1, "unverified": 24}
+    assert status["grounded"]["language"] == "fa" and status["done"]["language"] == "en"
+    assert [c["language"] for c in status["grounded"]["chapter_list"]] == ["fa", "ar"]
+    assert "language: Persian (fa); chapters in another: ch-00001 Arabic (ar)\n" in cli(
+        capsys, "status", "grounded")[1]
     assert [c["material"] for c in status["grounded"]["chapter_list"]] == [
         {"cited": 2, "passages": 4, "share": 0.5}, {"cited": 1, "passages": 3, "share": 0.3333}]
     batch = status["batch"]

@@ -583,3 +583,37 @@ def test_more_chapters_than_the_cap_are_refused_naming_the_field_and_the_cap() -
     # Through the file's path the byte cap binds first: 50,001 chapters need over 1 MB.
     with pytest.raises(SyllabusError, match=r"^big\.json: \d+ bytes, larger than 1000000$"):
         parse_syllabus(_many(MAX_CHAPTERS + 1), "big.json", max_questions=CAP)
+
+
+# ---- language (issue 31) -------------------------------------------------------------
+
+
+def test_the_language_is_english_unless_named_and_a_chapter_may_name_its_own(tmp_path):
+    plain = load_syllabus(write_syllabus(tmp_path / "exams", "exam", syllabus()), max_questions=CAP)
+    assert plain.language == "en" and plain.chapters[0].language == "en"
+    path = write_syllabus(tmp_path / "exams", "exam", syllabus(
+        chapter(), chapter(id="c2", language="ar"), language="fa"))
+    named = load_syllabus(path, max_questions=CAP)
+    assert named.language == "fa" and [c.language for c in named.chapters] == ["fa", "ar"]
+
+
+@pytest.mark.parametrize("where, value", [("exam", "xx"), ("exam", "FA"), ("exam", "fa-IR"),
+                                          ("exam", 7), ("exam", None), ("chapter", "klingon")])
+def test_a_language_examforge_does_not_know_is_refused_naming_the_known_ones(
+        tmp_path, where, value):
+    data = (syllabus(language=value) if where == "exam"
+            else syllabus(chapter(language=value)))
+    message = load_error(write_syllabus(tmp_path / "exams", "exam", data))
+    field = "language" if where == "exam" else "chapters[0].language"
+    assert f"syllabus.json: {field}: {value!r} is not a language examforge knows" in message
+    assert message.endswith("known tags: ar, en, fa, ru"), message
+
+
+def test_a_chapter_s_language_counts_in_its_spec_hash_but_english_keeps_the_old_hash():
+    import hashlib
+
+    english = Chapter(id="c1", title="T", questions=1)
+    old = hashlib.sha256(json.dumps(["T", None]).encode()).hexdigest()[:16]
+    assert english.spec_hash == old  # recorded before exams had a language: unchanged
+    assert Chapter(id="c1", title="T", questions=1, language="en").spec_hash == old
+    assert Chapter(id="c1", title="T", questions=1, language="fa").spec_hash != old

@@ -26,6 +26,47 @@ const state = {
   examsNext: null, // the cursor of the next page of exams (GET /exams `next`), or null
 };
 
+// ---- a question's language ---------------------------------------------------------------
+//
+// Every question, choice and explanation element says the language it is written in (`lang`:
+// the question's `language`, its chapter's BCP 47 tag) and its direction: `dir="auto"`, so the
+// browser takes it from the first strong character, except in a language written right to
+// left (Persian, Arabic), where it is `rtl`. `auto` alone reads a Persian sentence that starts
+// with a Latin term ("DNS روی درگاه ۵۳ ...") left to right: its first strong character is
+// Latin. Either way the Latin terms stay in place. A choice's letter is an element of its own
+// with `dir="ltr"`, which `dir="auto"` skips: the choice's direction is its text's.
+
+// Scripts written right to left, by language, where the browser's Intl.Locale cannot say.
+const RTL_LANGUAGES = new Set(["ar", "fa", "he", "ur", "ps", "sd", "ug", "yi", "dv", "ckb"]);
+
+function langDir(lang) {
+  try {
+    const locale = new Intl.Locale(lang || "en");
+    const info = typeof locale.getTextInfo === "function" ? locale.getTextInfo() : locale.textInfo;
+    if (info && info.direction) return info.direction === "rtl" ? "rtl" : "auto";
+  } catch (err) {
+    // not a tag this browser can read: by its primary subtag below
+  }
+  return RTL_LANGUAGES.has(String(lang || "").split("-")[0].toLowerCase()) ? "rtl" : "auto";
+}
+
+function inLanguage(el, lang) {
+  el.lang = lang || "en";
+  el.dir = langDir(el.lang);
+  return el;
+}
+
+// A choice as a list item: its letter (and the key's mark), then its text.
+function choiceItem(choice, i, correct, lang) {
+  const li = inLanguage(document.createElement("li"), lang);
+  const letter = document.createElement("span");
+  letter.className = "letter";
+  letter.dir = "ltr";
+  letter.textContent = `${correct ? "✓ " : ""}${String.fromCharCode(65 + i)}.`;
+  li.append(letter, ` ${choice}`);
+  return li;
+}
+
 // ---- token ----------------------------------------------------------------------------
 
 function token() {
@@ -579,23 +620,22 @@ function questionRow(item) {
   tr.dataset.chapter = item.chapter_id ?? item.chapter ?? "";
   tr.dataset.number = item.number ?? "";
   const cells = [tr.dataset.chapter, tr.dataset.number, item.question ?? ""];
-  for (const text of cells) {
+  cells.forEach((text, i) => {
     const td = document.createElement("td");
     td.textContent = String(text);
+    if (i === 2) inLanguage(td, item.language).classList.add("q-text");
     tr.append(td);
-  }
+  });
   const td = document.createElement("td");
   const ol = document.createElement("ol");
   ol.className = "choices";
+  inLanguage(ol, item.language);
   const answer = item.answer_index ?? item.answer;
   (item.choices || []).forEach((choice, i) => {
-    const li = document.createElement("li");
-    const letter = String.fromCharCode(65 + i);
-    li.textContent = `${letter}. ${choice}`;
+    const li = choiceItem(choice, i, i === answer, item.language);
     if (i === answer) {
       li.className = "correct";
       li.title = "the correct answer";
-      li.textContent = `✓ ${letter}. ${choice}`;
     }
     ol.append(li);
   });
@@ -908,23 +948,23 @@ function renderQuestion(entry) {
   $(".rq-levels", node).textContent = [q.difficulty, q.bloom].filter(Boolean).join(" · ");
   const by = q.reviewed_by ? ` · by ${who(q.reviewed_by)} ${q.reviewed_at || ""}` : "";
   $(".rq-version", node).textContent = `v${q.version}${q.edited ? " · edited" : ""}${by}`;
-  $(".rq-text", node).textContent = q.question;
+  inLanguage($(".rq-text", node), q.language).textContent = q.question;
   const ol = $(".rq-choices", node);
+  inLanguage(ol, q.language);
   ol.replaceChildren(...q.choices.map((choice, i) => {
-    const li = document.createElement("li");
-    const letter = String.fromCharCode(65 + i);
-    li.textContent = i === q.answer_index ? `✓ ${letter}. ${choice}` : `${letter}. ${choice}`;
+    const li = choiceItem(choice, i, i === q.answer_index, q.language);
     if (i === q.answer_index) li.className = "correct";
     if (i === q.solved_index) {  // the blind solve's pick, marked beside the key
       const mark = document.createElement("span");
       mark.className = "solver-mark";
+      mark.dir = "ltr"; // the page's words: not what the choice's direction is taken from
       mark.textContent = "solver's pick → ";
       li.prepend(mark);
       li.classList.add("solved");
     }
     return li;
   }));
-  $(".rq-expl", node).textContent = q.explanation;
+  inLanguage($(".rq-expl", node), q.language).textContent = q.explanation;
   const source = sourceText(q.source);
   $(".rq-source", node).textContent = source ? `source: ${source}` : "";
   // A withdrawn question (rejected, or disputed and replaced) is out of the bank for good:
@@ -951,10 +991,12 @@ function openEdit(entry) {
   // that saving again after a conflict never puts back another reviewer's changed field.
   entry.opened = { question: q.question, choices: [...q.choices], answer_index: q.answer_index,
                    explanation: q.explanation };
-  $(".rq-f-question", node).value = q.question;
-  [...node.querySelectorAll(".rq-f-choice")].forEach((input, i) => { input.value = q.choices[i] ?? ""; });
+  inLanguage($(".rq-f-question", node), q.language).value = q.question;
+  [...node.querySelectorAll(".rq-f-choice")].forEach((input, i) => {
+    inLanguage(input, q.language).value = q.choices[i] ?? "";
+  });
   $(".rq-f-answer", node).value = String(q.answer_index);
-  $(".rq-f-explanation", node).value = q.explanation;
+  inLanguage($(".rq-f-explanation", node), q.language).value = q.explanation;
   $(".rq-form", node).hidden = false;
   $(".rq-conflict", node).hidden = true;
   $(".rq-f-question", node).focus();

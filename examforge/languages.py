@@ -1,0 +1,168 @@
+"""The languages an exam can be written in: one entry each, the only list of them.
+
+A syllabus names its language by a BCP 47 tag (`language: fa`), for the exam and per chapter
+(examforge.syllabus). The tag is recorded on the exam and on its chapters' slices at enqueue
+(migration 0031), so every worker writes in the exam's language whatever its environment.
+What code needs of a language lives here:
+- its English name, which the prompts use ("Persian (fa)": examforge.prompt, examforge.verify);
+- how a choice refers to the others by position or letter in it ("all of the above", "both A
+  and B", "option C"), which validation refuses (examforge.output.positional_reason): the
+  choices are reordered when stored (examforge.balance), and no reorder keeps such a choice
+  true. A letter counts only after a choice's name ("option B", "گزینه الف") or beside
+  another ("A and B", "أ و ب"), and a cased one in capitals only ("a or b" is ordinary prose).
+
+Adding a language is adding an entry: its tag is then known to the syllabus, the prompts and
+validation at once (tests/unit/test_languages.py holds every entry to having each part).
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from dataclasses import dataclass
+from functools import cached_property
+
+DEFAULT_LANGUAGE = "en"
+
+
+@dataclass(frozen=True)
+class Language:
+    """One language an exam can be written in."""
+
+    tag: str  # BCP 47
+    name: str  # in English, as the prompts name it
+    # Phrases by which a choice stands for the others ("all of the above"), as written.
+    phrases: tuple[str, ...]
+    # The words a choice is named by ("option", "choice"), optionally followed by a plural s
+    # in English.
+    choice_words: tuple[str, ...]
+    # How the choices are lettered in the language (Latin A-D are always counted too).
+    letters: tuple[str, ...]
+    # "and", "or" between two letters ("A and B", "الف و ب").
+    conjunctions: tuple[str, ...]
+
+    @property
+    def label(self) -> str:
+        """How the prompts name it: "Persian (fa)"."""
+        return f"{self.name} ({self.tag})"
+
+    @cached_property
+    def _patterns(self) -> tuple[re.Pattern[str], ...]:
+        letters = "|".join(map(re.escape, sorted({*map(fold, self.letters), *"ABCD"},
+                                                 key=len, reverse=True)))
+        words = "|".join(re.escape(fold(w)) for w in self.choice_words)
+        conj = "|".join(map(re.escape, map(fold, self.conjunctions)))
+        phrases = "|".join(re.escape(fold(p)) for p in self.phrases)
+        # \w is Unicode-aware: Persian, Arabic and Cyrillic letters are word characters.
+        return (
+            re.compile(rf"(?<!\w)(?i:{phrases})(?!\w)"),
+            re.compile(rf"(?<!\w)(?i:{words})s?\s*\(?\s*(?:{letters})(?:\)|(?!\w))"),
+            re.compile(rf"(?<!\w)\(?(?:{letters})\)?\s+(?i:{conj})\s+\(?(?:{letters})\)?(?!\w)"),
+        )
+
+    def positional(self, text: str) -> str | None:
+        """The part of `text` that refers to choices by position or letter in this
+        language ("all of the above", "option B", "A and C"), or None."""
+        return _first(self._patterns, fold(text))
+
+    def letter_reference(self, text: str) -> str | None:
+        """The part of `text` that names a choice by its letter in this language ("گزینه
+        الف", "A and C"), or None: what an explanation may not hold where the reorder
+        cannot rewrite it (examforge.balance rewrites English ones)."""
+        return _first(self._patterns[1:], fold(text))
+
+
+def _first(patterns: tuple[re.Pattern[str], ...], folded: str) -> str | None:
+    for pattern in patterns:
+        match = pattern.search(folded)
+        if match:
+            return match.group(0)
+    return None
+
+
+# What matching compares, never what is stored: NFKC; the zero-width non-joiner Persian puts
+# inside words (همه‌ی) read as a space; the Arabic yeh and kaf as Persian writes them; Arabic
+# diacritics and the tatweel dropped; the alef forms as the bare alef; ё as е.
+_FOLD: dict[int, str | None] = {
+    **{ord(a): b for a, b in (("\u200c", " "), ("\u064a", "\u06cc"), ("\u0649", "\u06cc"),
+                              ("\u0643", "\u06a9"), ("\u0623", "\u0627"), ("\u0625", "\u0627"),
+                              ("\u0622", "\u0627"), ("\u0671", "\u0627"), ("ё", "е"),
+                              ("Ё", "Е"))},
+    **{cp: None for cp in (0x0640, 0x0670, *range(0x064B, 0x0660))}}
+
+
+def fold(text: str) -> str:
+    """`text` as positional phrases are matched: see _FOLD; spaces collapsed."""
+    if not text.isascii():  # ASCII is its own NFKC and holds nothing _FOLD maps
+        text = unicodedata.normalize("NFKC", text).translate(_FOLD)
+    return " ".join(text.split())
+
+
+LANGUAGES: dict[str, Language] = {lang.tag: lang for lang in (
+    Language(
+        "en", "English",
+        # "all of the above", "neither of these", "none of the previous", ...
+        phrases=tuple(f"{which} of {the}{what}" for which in ("all", "none", "both", "neither")
+                      for the in ("", "the ") for what in ("above", "below", "these", "those",
+                                                          "the previous")),
+        choice_words=("option", "choice", "answer"), letters=("A", "B", "C", "D"),
+        conjunctions=("and", "or", "&", "nor")),
+    Language(
+        "fa", "Persian",
+        phrases=("همه موارد", "همه‌ی موارد", "همه ی موارد", "همه گزینه‌ها", "همه گزینه ها",
+                 "همه‌ی گزینه‌ها", "تمام موارد", "تمامی موارد", "همه موارد فوق",
+                 "همه موارد بالا", "هیچکدام", "هیچ‌کدام", "هیچ کدام", "هیچیک", "هیچ‌یک",
+                 "هیچ یک", "هیچکدام از موارد", "هر دو مورد", "هر دو گزینه", "موارد بالا",
+                 "موارد فوق", "گزینه‌های بالا", "گزینه های بالا"),
+        choice_words=("گزینه", "گزینه‌ی", "گزینه ی", "گزینه‌های", "گزینه های", "مورد"),
+        letters=("الف", "ب", "ج", "د"),
+        conjunctions=("و", "یا")),
+    Language(
+        "ar", "Arabic",
+        phrases=("جميع ما سبق", "كل ما سبق", "جميع ما ذكر", "كل ما ذكر", "جميع ما تقدم",
+                 "جميع الإجابات", "كل الإجابات", "جميع الخيارات", "كل الخيارات",
+                 "لا شيء مما سبق", "لا شيء مما ذكر", "لا شيء مما تقدم", "لا شيء مما سبق ذكره",
+                 "ليس أيا مما سبق", "ليس أيًا مما سبق", "لا أحد مما سبق", "ولا واحد مما سبق",
+                 "لا شيء من الإجابات", "كلا الخيارين"),
+        choice_words=("الخيار", "خيار", "الاختيار", "الإجابة", "إجابة", "البديل"),
+        letters=("أ", "ب", "ج", "د"),
+        conjunctions=("و", "أو")),
+    Language(
+        "ru", "Russian",
+        phrases=("все вышеперечисленное", "всё вышеперечисленное", "все вышеперечисленные",
+                 "все перечисленное", "все перечисленные", "все ответы верны",
+                 "все варианты верны", "все указанные", "все выше", "ничего из вышеперечисленного",
+                 "ничего из перечисленного", "ни один из вышеперечисленных",
+                 "ни одно из вышеперечисленных", "ни один из перечисленных",
+                 "ни один из вариантов", "ни один из ответов", "нет верного ответа",
+                 "оба варианта", "оба ответа"),
+        choice_words=("вариант", "варианты", "ответ", "ответы", "пункт"),
+        letters=("А", "Б", "В", "Г"),
+        conjunctions=("и", "или", "&")),
+)}
+
+
+def positional_in_any(text: str) -> bool:
+    """Whether `text` refers to choices by position or letter in any language examforge
+    knows (folded once for all of them): what keeps an imported question's order."""
+    folded = fold(text)
+    return any(_first(lang._patterns, folded) for lang in LANGUAGES.values())
+
+
+def known_tags() -> tuple[str, ...]:
+    """The tags a syllabus may name, sorted."""
+    return tuple(sorted(LANGUAGES))
+
+
+def language(tag: str | None) -> Language:
+    """The language of a recorded tag (None: the default). Raises KeyError for an unknown one:
+    a syllabus never gets one past its check."""
+    return LANGUAGES[tag or DEFAULT_LANGUAGE]
+
+
+def check_tag(value: object) -> str:
+    """A syllabus's `language`: one of the known tags, or ValueError naming them all."""
+    if not isinstance(value, str) or value not in LANGUAGES:
+        raise ValueError(f"{value!r} is not a language examforge knows; known tags: "
+                         f"{', '.join(known_tags())}")
+    return value
