@@ -73,8 +73,12 @@ def _open_page(driver: Any, api: LiveApi) -> Any:
     if _el(driver, "#login").is_displayed():
         _el(driver, "#token").send_keys(api.token)
         _el(driver, "#login-go").click()
-    return wait_for(lambda: (_els(driver, f'[data-exam="{SLUG}"]') or [None])[0], 20,
-                    f"the card of exam {SLUG}")
+    def card() -> Any:  # drawn, with its figures (the card comes first, its bar's data after)
+        found = (_els(driver, f'[data-exam="{SLUG}"]') or [None])[0]
+        bars = _els(found, ".bar") if found is not None else []
+        return found if bars and bars[0].get_attribute("data-target") is not None else None
+
+    return wait_for(card, 20, f"the card of exam {SLUG}")
 
 
 def _progress(card: Any) -> tuple[int, int, str]:
