@@ -15,7 +15,6 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from sqlalchemy import text
 from starlette.concurrency import run_in_threadpool
 
-from fastapi.routing import APIRoute
 from prometheus_client import CONTENT_TYPE_LATEST
 from sqlalchemy.exc import DBAPIError
 
@@ -595,11 +594,12 @@ router.include_router(audit.router)
 def _head_routes() -> None:
     """HEAD wherever GET is (RFC 9110: the GET's headers without its body). Starlette adds
     HEAD to its own GET routes but FastAPI does not; each gets a HEAD route of its own, left
-    out of the spec (it would double every GET operation there). Not for the event stream:
+    out of the spec (it would double every GET operation there). The routes of the included
+    routers (review, /me, /audit) get theirs here too: FastAPI keeps an included router as one
+    entry of `routes`, so `auth.api_routes` walks into it. Not for the event stream:
     its headers promise an endless body, and a HEAD would hold a stream open for nothing."""
-    for route in list(router.routes):
-        if (isinstance(route, APIRoute) and "GET" in (route.methods or ())
-                and route.path != "/runs/{run_id}/events"):
+    for route in list(auth.api_routes(router)):  # the included routers' routes too
+        if "GET" in (route.methods or ()) and route.path != "/runs/{run_id}/events":
             router.add_api_route(route.path, route.endpoint, methods=["HEAD"],
                                  include_in_schema=False, response_model=route.response_model,
                                  response_class=route.response_class,
