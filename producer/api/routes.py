@@ -40,7 +40,7 @@ from producer.export import (
 from producer.syllabi import file_syllabus, resolve
 from producer.views import status_dict, summary_dict, when
 from storage.db import database_error
-from storage.reports import EXAM_PAGE
+from storage.reports import EXAM_CURSOR_PATTERN, EXAM_PAGE
 
 router = APIRouter()
 log = logging.getLogger("examforge.api")
@@ -106,7 +106,9 @@ def list_exams(c: Ctx, request: Request,
                limit: Annotated[int, Query(ge=1, le=1000,
                                            description="Exams on the page.")] = EXAM_PAGE,
                after: Annotated[str | None, Query(
-                   max_length=600, description="The `next` of the page before.")] = None
+                   pattern=EXAM_CURSOR_PATTERN, max_length=106,
+                   description="The `next` of the page before (opaque: send it as it "
+                               "came).")] = None
                ) -> Any:
     """The exams in the database, newest first, a page at a time (`next`: the cursor of the
     next page, null on the last); then, on the last page, the syllabi never run (state new):
