@@ -47,7 +47,7 @@ log = logging.getLogger("examforge.api")
 
 Slug = Annotated[str, Path(pattern=NAME_PATTERN, max_length=64,
                            description="The exam's slug ([a-z0-9-], up to 64)")]
-RunId = Annotated[int, Path(ge=1, le=2**62, description="The run's id")]
+RunId = Annotated[int, Path(ge=1, le=schemas.MAX_ID, description="The run's id")]
 MEDIA_TYPES = {"jsonl": "application/x-ndjson", "json": "application/json", "csv": "text/csv"}
 
 
@@ -428,7 +428,7 @@ def run_events(run_id: RunId, c: Ctx,
 @requires(Role.reader)
 def questions(slug: Slug, c: Ctx,
               limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-              after: Annotated[int, Query(ge=0, le=2**62,
+              after: Annotated[int, Query(ge=0, le=schemas.MAX_ID,
                                           description="The last id of the previous page")] = 0
               ) -> Any:
     """Stored questions by id (keyset pagination: stable while generation runs)."""

@@ -7,7 +7,20 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Annotated
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+
+from examforge.syllabus import whole_number
+
+# The largest id or version the API takes: 2**53 - 1, the largest integer every JSON client
+# holds exactly (JavaScript's Number.MAX_SAFE_INTEGER). A bound past it reads back, through a
+# double, as another number than the one written (2**62 becomes 4611686018427388000).
+MAX_ID = 2**53 - 1
+# Integers of a request body: 3.0 is 3 (JSON Schema's `integer` says so), a string, a
+# boolean or a fraction is refused (strict); the bounds stated in the document.
+Id = Annotated[int, Field(ge=1, le=MAX_ID, strict=True), BeforeValidator(whole_number)]
+AnswerIndex = Annotated[int, Field(ge=0, le=3, strict=True), BeforeValidator(whole_number)]
 
 
 class Problem(BaseModel):
@@ -403,16 +416,15 @@ class ReviewAction(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    version: int | None = Field(None, ge=1, le=2**62, strict=True,
-                                description="The version read (or If-Match).")
+    version: Id | None = Field(None, description="The version read (or If-Match).")
     note: str | None = Field(None, max_length=2000, description="Why (kept in the history).")
 
 
 class BulkApproveItem(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    id: int = Field(ge=1, le=2**62, strict=True, description="The question's id.")
-    version: int = Field(ge=1, le=2**62, strict=True,
+    id: Id = Field(description="The question's id.")
+    version: Id = Field(
                          description="The version the reviewer read (its ETag's number).")
 
 
@@ -452,11 +464,11 @@ class ReviewEdit(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    version: int | None = Field(None, ge=1, le=2**62, strict=True)
+    version: Id | None = None
     question: str | None = Field(None, min_length=1, max_length=20_000, strict=True)
     choices: list[str] | None = Field(None, min_length=4, max_length=4,
                                       description="Four distinct choices.")
-    answer_index: int | None = Field(None, ge=0, le=3, strict=True)
+    answer_index: AnswerIndex | None = None
     explanation: str | None = Field(None, min_length=1, max_length=20_000, strict=True)
     difficulty: Literal["easy", "medium", "hard"] | None = None
     bloom: Literal["remember", "understand", "apply", "analyze", "evaluate",
