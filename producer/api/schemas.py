@@ -412,7 +412,9 @@ class ReviewHistory(BaseModel):
 
 
 class ReviewAction(BaseModel):
-    """The body of approve and reject: optional when If-Match names the version."""
+    """The body of approve and reject, optional: a `note` (reject). The version the action
+    was made from is If-Match's (a client that cannot send a header may send `version`
+    here instead)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -460,7 +462,8 @@ class BulkApproveOut(BaseModel):
 
 
 class ReviewEdit(BaseModel):
-    """PATCH's body: the fields to change, and the version they were read at (or If-Match)."""
+    """PATCH's body: the fields to change. The version they were read at is If-Match's (a
+    client that cannot send a header may send `version` here instead)."""
 
     model_config = ConfigDict(extra="forbid")
 
