@@ -13,11 +13,10 @@ import math
 import re
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any, Iterator, Literal, Union
+from typing import Any, Iterator, Literal, Union
 
 import yaml
-from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, ValidationError,
-                      field_validator)
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from examforge.errors import SyllabusError, UnknownExam
 
@@ -40,19 +39,6 @@ MAX_TITLE_CHARS = 300
 MAX_CHAPTER_TITLE_CHARS = 500
 MAX_PROMPT_CHARS = 4000
 SYLLABUS_NAMES = ("syllabus.json", "syllabus.yaml", "syllabus.yml")
-
-
-def whole_number(value: Any) -> Any:
-    """JSON has one kind of number: 3.0 is the integer 3 to JSON Schema, and so to an
-    OpenAPI document's `integer`. Taken as 3; a fraction, a string or a boolean is still
-    refused (the models are strict)."""
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    return value
-
-
-# An integer field of a strict model that takes 3.0 as 3 (see whole_number).
-WholeNumber = Annotated[int, BeforeValidator(whole_number)]
 
 
 def check_name(value: str, what: str) -> str:
@@ -144,7 +130,7 @@ class Chapter(BaseModel):
 
     id: str
     title: str = Field(max_length=MAX_CHAPTER_TITLE_CHARS)
-    questions: WholeNumber
+    questions: int
     prompt: str | None = Field(None, max_length=MAX_PROMPT_CHARS)
     # Optional: how hard (one of DIFFICULTIES, or {level: share}) and which Bloom levels the
     # questions target. They go into the prompt and are stored with each question.

@@ -89,8 +89,11 @@ def _tighten(spec: dict[str, Any], settings: Settings) -> None:
     chapter = schema["properties"]["chapters"]["items"]
     chapter["properties"]["id"].update(pattern=NAME_PATTERN, maxLength=64)
     chapter["properties"]["title"]["pattern"] = _LINE_TEXT
-    chapter["properties"]["questions"].update(minimum=1,
-                                              maximum=settings.max_questions_per_chapter)
+    chapter["properties"]["questions"].update(
+        minimum=1, maximum=settings.max_questions_per_chapter,
+        description="How many questions it holds: written as a whole number (5, not 5.0).")
+    schema["properties"]["chapters"]["description"] = (
+        "The exam's chapters, each with an id of its own (no two alike).")
     for option in chapter["properties"]["prompt"].get("anyOf", []):
         if option.get("type") == "string":
             option["pattern"] = _MULTILINE_TEXT
@@ -125,7 +128,8 @@ def _tighten_chapter(chapter: dict[str, Any]) -> None:
                   {"type": "null"}],
         "default": None, "title": "Sources",
         "description": "Files of the exam's sources (PUT /exams/SLUG/sources/NAME) its "
-                       "questions are written from; a PDF's pages as `guide.pdf#pages=3-9`."}
+                       "questions are written from, each once; a PDF's pages as "
+                       "`guide.pdf#pages=3-9` (the first not after the last)."}
     chapter["bloom"] = {
         "anyOf": [{"type": "string", "enum": list(BLOOM_LEVELS)},
                   {"type": "array", "minItems": 1, "uniqueItems": True,

@@ -5,13 +5,20 @@ Times are ISO 8601 strings in UTC (the database's clock), money is USD, like `st
 
 from __future__ import annotations
 
-from typing import Any, Literal
-
-from typing import Annotated
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-from examforge.syllabus import whole_number
+
+def whole_number(value: Any) -> Any:
+    """JSON has one kind of number: 3.0 is the integer 3 to JSON Schema, and so to the
+    OpenAPI document's `integer`. Taken as 3; a fraction, a string or a boolean is still
+    refused (the fields are strict). (A syllabus keeps its own rule: `questions: 5.0` in a
+    file is refused, as the file's validation always did.)"""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
 
 # The largest id or version the API takes: 2**53 - 1, the largest integer every JSON client
 # holds exactly (JavaScript's Number.MAX_SAFE_INTEGER). A bound past it reads back, through a
