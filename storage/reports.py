@@ -38,7 +38,8 @@ _EXAM_CURSOR_RE = re.compile(EXAM_CURSOR_PATTERN)
 
 def encode_cursor(created_at: float, slug: str) -> str:
     """An exam's place in the keyset order, opaque to clients (EXAM_CURSOR_PATTERN)."""
-    # The shortest decimals that read back as the same float, never in exponent form.
+    # The shortest decimals that read back as the same float, never in exponent form (at
+    # most 17 digits for epoch seconds; a time below 1 s past 1970 may take more).
     number = format(Decimal(repr(float(created_at))), "f")
     return f"{number}_{slug}"
 
