@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
+import re
+from decimal import Decimal
 from typing import Any, Iterator, Sequence
 
 from sqlalchemy import and_, case, func, literal, or_, select, tuple_, union_all
@@ -28,22 +28,28 @@ RECENT_ERRORS = 5  # the failed and wasted calls a report lists
 EXAM_PAGE = 100  # exams on a page of `exams` and GET /exams, unless asked otherwise
 
 
+# An exam's place in the keyset order, `CREATED_SLUG`: its created_at (epoch seconds, in
+# plain decimals) and its slug. Readable, not base64 of JSON, so that the API's document can
+# say exactly what a cursor is (EXAM_CURSOR_PATTERN, issue 30): every string of that form is
+# a place in the order (a page from there), every other one is refused (BadCursor, 422).
+EXAM_CURSOR_PATTERN = r"^[0-9]{1,20}(\.[0-9]{1,20})?_[a-z0-9][a-z0-9-]{0,63}$"
+_EXAM_CURSOR_RE = re.compile(EXAM_CURSOR_PATTERN)
+
+
 def encode_cursor(created_at: float, slug: str) -> str:
-    """An exam's place in the keyset order, opaque to clients: URL-safe, no padding."""
-    raw = json.dumps([created_at, slug], separators=(",", ":")).encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+    """An exam's place in the keyset order, opaque to clients (EXAM_CURSOR_PATTERN)."""
+    # The shortest decimals that read back as the same float, never in exponent form (at
+    # most 17 digits for epoch seconds; a time below 1 s past 1970 may take more).
+    number = format(Decimal(repr(float(created_at))), "f")
+    return f"{number}_{slug}"
 
 
 def decode_cursor(cursor: str) -> tuple[float, str]:
-    try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-        created_at, slug = json.loads(raw)
-        if not isinstance(slug, str) or isinstance(created_at, bool):
-            raise ValueError
-        return float(created_at), slug
-    except (ValueError, TypeError, binascii.Error):
-        raise BadCursor(f"after: {cursor[:80]!r} is not a cursor a page of exams gave "
-                        "(use its `next`)") from None
+    if not isinstance(cursor, str) or not _EXAM_CURSOR_RE.fullmatch(cursor):
+        raise BadCursor(f"after: {str(cursor)[:80]!r} is not a cursor a page of exams gave "
+                        "(use its `next`)")
+    number, _, slug = cursor.partition("_")
+    return float(number), slug
 
 
 def verification_counts(conn: Connection, slug: str) -> dict[str, VerificationCounts]:

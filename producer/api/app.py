@@ -16,7 +16,7 @@ from starlette.concurrency import run_in_threadpool
 from examforge.errors import DatabaseCorrupt
 from examforge.settings import Settings
 from examforge.syllabus import NAME_PATTERN
-from producer.api import auth, problems, routes
+from producer.api import auth, problems, review, routes
 from producer.access import Role
 from producer.api.context import Context
 from producer.api.metrics import StoreMetrics
@@ -89,11 +89,15 @@ def _tighten(spec: dict[str, Any], settings: Settings) -> None:
     chapter = schema["properties"]["chapters"]["items"]
     chapter["properties"]["id"].update(pattern=NAME_PATTERN, maxLength=64)
     chapter["properties"]["title"]["pattern"] = _LINE_TEXT
-    chapter["properties"]["questions"].update(minimum=1,
-                                              maximum=settings.max_questions_per_chapter)
+    chapter["properties"]["questions"].update(
+        minimum=1, maximum=settings.max_questions_per_chapter,
+        description="How many questions it holds: written as a whole number (5, not 5.0).")
+    schema["properties"]["chapters"]["description"] = (
+        "The exam's chapters, each with an id of its own (no two alike).")
     for option in chapter["properties"]["prompt"].get("anyOf", []):
         if option.get("type") == "string":
             option["pattern"] = _MULTILINE_TEXT
+    _tighten_chapter(chapter["properties"])
     post = spec["paths"]["/exams/{slug}/runs"]["post"]
     for param in post.get("parameters", []):
         if param["name"] == "Idempotency-Key":
@@ -101,6 +105,133 @@ def _tighten(spec: dict[str, Any], settings: Settings) -> None:
             param["required"] = True
             param["schema"] = {"type": "string", "pattern": _KEY_PATTERN,
                                "title": "Idempotency-Key"}
+
+
+# A chapter's `sources` entry: a source's name (SOURCE_NAME_PATTERN), and for a PDF
+# optionally `#pages=A` or `#pages=A-B` (A <= B is the one rule left to the description).
+_PAGES = r"(#pages=[1-9][0-9]{0,4}(-[1-9][0-9]{0,4})?)?"
+
+
+def _tighten_chapter(chapter: dict[str, Any]) -> None:
+    """What a chapter's optional fields must hold, as the syllabus's validators check it."""
+    from examforge.sources import MAX_NAME_CHARS, MAX_SOURCES_PER_CHAPTER, PDF_SUFFIXES
+    from examforge.syllabus import BLOOM_LEVELS, DIFFICULTIES
+
+    pdf = "|".join(_any_case(s.lstrip(".")) for s in PDF_SUFFIXES)
+    name = SOURCE_NAME_PATTERN.removeprefix("^").removesuffix("$")
+    entry = rf"^({name}|{_SOURCE_PATH}\.({pdf}){_PAGES})$"
+    chapter["sources"] = {
+        "anyOf": [{"type": "array", "minItems": 1, "maxItems": MAX_SOURCES_PER_CHAPTER,
+                   "uniqueItems": True,
+                   "items": {"type": "string", "maxLength": MAX_NAME_CHARS + 22,
+                             "pattern": entry}},
+                  {"type": "null"}],
+        "default": None, "title": "Sources",
+        "description": "Files of the exam's sources (PUT /exams/SLUG/sources/NAME) its "
+                       "questions are written from, each once; a PDF's pages as "
+                       "`guide.pdf#pages=3-9` (the first not after the last)."}
+    chapter["bloom"] = {
+        "anyOf": [{"type": "string", "enum": list(BLOOM_LEVELS)},
+                  {"type": "array", "minItems": 1, "uniqueItems": True,
+                   "items": {"type": "string", "enum": list(BLOOM_LEVELS)}},
+                  {"type": "null"}],
+        "default": None, "title": "Bloom",
+        "description": "The Bloom levels its questions target (one, or a list)."}
+    chapter["difficulty"] = {
+        "anyOf": [{"type": "string", "enum": list(DIFFICULTIES)},
+                  {"type": "object", "minProperties": 1, "additionalProperties": False,
+                   "properties": {d: {"type": "number", "exclusiveMinimum": 0, "maximum": 1}
+                                  for d in DIFFICULTIES}},
+                  {"type": "null"}],
+        "default": None, "title": "Difficulty",
+        "description": "How hard its questions are: one level, or a mix of shares that add "
+                       'up to 1 ({"easy": 0.3, "medium": 0.5, "hard": 0.2}).'}
+
+
+def _any_case(word: str) -> str:
+    """`pdf` -> `[pP][dD][fF]`: a suffix in any case, as the server compares it."""
+    return "".join(f"[{c.lower()}{c.upper()}]" if c.isalpha() else c for c in word)
+
+
+# A source's name: a relative path of plain segments with a supported suffix, in any case
+# (examforge/sources.py, check_name); at most MAX_NAME_CHARS characters (maxLength).
+_SEGMENT = r"[A-Za-z0-9_][A-Za-z0-9_.+-]*"
+_SOURCE_PATH = rf"({_SEGMENT}/)*{_SEGMENT}"
+
+
+def _source_name_pattern() -> str:
+    from examforge.sources import SUFFIXES
+
+    suffixes = "|".join(_any_case(s.lstrip(".")) for s in SUFFIXES)
+    return rf"^{_SOURCE_PATH}\.({suffixes})$"
+
+
+SOURCE_NAME_PATTERN = _source_name_pattern()
+
+
+def _declare_contract(spec: dict[str, Any]) -> None:
+    """What the API requires that FastAPI's own document does not say (issue 30: a client
+    generated from the document must not send a request the API refuses).
+
+    A review action (approve, reject, edit) names the version it was made from, as the
+    If-Match header or as `version` in its body; with neither it is 428. OpenAPI cannot say
+    "this header or that field", so the document declares If-Match required and leaves
+    `version` out of the bodies' schemas. A body `version` is still read (older clients and
+    scripts send it; the page sends If-Match), as an alternative the description names: in
+    the schema it would let a generated request name two versions (If-Match "2" and a body's
+    3), which the API refuses (400), and a request without If-Match that the API accepts
+    would contradict the required header. A missing If-Match is 428 (RFC 6585:
+    Precondition Required), declared on each action."""
+    paths = spec["paths"]
+    components = spec.setdefault("components", {}).setdefault("schemas", {})
+    for path, method in (("/exams/{slug}/questions/{question_id}/approve", "post"),
+                         ("/exams/{slug}/questions/{question_id}/reject", "post"),
+                         ("/exams/{slug}/questions/{question_id}", "patch")):
+        op = paths[path][method]
+        for param in op.get("parameters", []):
+            if param["in"] == "header" and param["name"] == "If-Match":
+                param["required"] = True
+                param["schema"] = {"type": "string", "pattern": review.IF_MATCH_PATTERN,
+                                   "maxLength": 64, "title": "If-Match"}
+                param["description"] = (
+                    'The version the change was made from: the ETag a read gave ("3"). '
+                    "Without it the answer is 428. (A client that cannot send a header may "
+                    "send `version` in the JSON body instead; not both.)")
+        for content in op.get("requestBody", {}).get("content", {}).values():
+            for ref in _refs(content.get("schema", {})):
+                body = components[ref.rsplit("/", 1)[-1]]
+                body.get("properties", {}).pop("version", None)
+                if "version" in body.get("required", []):
+                    body["required"].remove("version")
+        op["responses"].setdefault("428", problems.responses(428)[428])
+    source = paths["/exams/{slug}/sources/{name}"]
+    from examforge.sources import MAX_NAME_CHARS, MAX_UPLOAD_BYTES
+
+    for op in source.values():
+        for param in op.get("parameters", []):
+            if param["in"] == "path" and param["name"] == "name":
+                param["schema"] = {"type": "string", "pattern": SOURCE_NAME_PATTERN,
+                                   "maxLength": MAX_NAME_CHARS, "title": "Name"}
+                param["description"] = (
+                    "The source's name, as a chapter's `sources` lists it: a relative path "
+                    "of plain segments (letters, digits, `_ . + -`; no `..`, no hidden "
+                    "file) ending in .md, .markdown, .txt, .text, .html, .htm or .pdf, up "
+                    f"to {MAX_NAME_CHARS} characters")
+    put = source["put"]
+    put["requestBody"]["content"]["application/octet-stream"]["schema"]["maxLength"] = \
+        MAX_UPLOAD_BYTES
+    put["requestBody"]["description"] = (
+        f"The file's bytes, at most {MAX_UPLOAD_BYTES}: a PDF (not encrypted, with text, "
+        "not a scan), or UTF-8 text (Markdown, plain text, HTML) as its name's suffix says. "
+        "A file that is not what its name says is 422.")
+
+
+def _refs(schema: dict[str, Any]) -> list[str]:
+    """The `$ref`s of a request body's schema (itself, or the options of an anyOf)."""
+    found = [schema["$ref"]] if "$ref" in schema else []
+    for option in schema.get("anyOf", []):
+        found += _refs(option)
+    return found
 
 
 def _declare_problem(app: FastAPI, settings: Settings) -> None:
@@ -113,6 +244,7 @@ def _declare_problem(app: FastAPI, settings: Settings) -> None:
             spec.setdefault("components", {}).setdefault("schemas", {})["Problem"] = \
                 Problem.model_json_schema()
             _tighten(spec, settings)
+            _declare_contract(spec)
             _declare_security(app, spec)
             for path in spec.get("paths", {}).values():
                 for op in path.values():

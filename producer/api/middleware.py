@@ -74,10 +74,12 @@ class BearerAuth:
 
     def _public(self, scope: Scope) -> bool:
         path = scope.get("path", "")
+        if path in PUBLIC_PATHS:
+            # Any method: the app answers what is not GET or HEAD with 405 and Allow, as on
+            # every path (a 401 would say a token could make DELETE /healthz work).
+            return True
         if scope.get("method") not in ("GET", "HEAD"):
             return False
-        if path in PUBLIC_PATHS:
-            return True
         target = (self.static_dir / path.lstrip("/")).resolve()
         return target.is_relative_to(self.static_dir) and target.is_file()
 

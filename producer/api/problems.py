@@ -16,7 +16,7 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse
-from starlette.routing import Match, Route
+from starlette.routing import Match
 
 from examforge.errors import (
     BadCursor,
@@ -65,10 +65,14 @@ def allowed_methods(request: Request, router: APIRouter) -> list[str]:
     per method), and the page's static files answer for every path not routed. Empty for a
     path no route of the API has. The router is passed in (by `install`), not imported: the
     routes import this module."""
+    from producer.api.auth import api_routes  # auth imports this module
+
     methods: set[str] = set()
     scope = {**request.scope, "method": "GET"}
-    for route in router.routes:
-        if isinstance(route, Route) and route.methods:
+    # Every route, those of the included routers too (review, /me, /audit): FastAPI keeps an
+    # included router as one entry of `router.routes`, which is no Route.
+    for route in api_routes(router):
+        if route.methods:
             match, _ = route.matches({**scope, "path": request.url.path})
             if match is not Match.NONE:
                 methods |= route.methods

@@ -14,6 +14,7 @@ client: its bearer token's name (for a token of API_TOKENS, a hash of it:
 from __future__ import annotations
 
 import logging
+import re
 from typing import Annotated, Any, Literal, get_args
 
 from fastapi import APIRouter, Body, Depends, Header, Path, Query, Request
@@ -36,11 +37,15 @@ Slug = Annotated[str, Path(pattern=NAME_PATTERN, max_length=64,
                            description="The exam's slug ([a-z0-9-], up to 64)")]
 ChapterId = Annotated[str, Path(pattern=NAME_PATTERN, max_length=64,
                                 description="The chapter's id ([a-z0-9-], up to 64)")]
-QuestionId = Annotated[int, Path(ge=1, le=2**62, description="The question's id")]
+QuestionId = Annotated[int, Path(ge=1, le=schemas.MAX_ID, description="The question's id")]
 IfMatch = Annotated[str | None, Header(
     alias="If-Match", max_length=64,
     description='The version the change was made from: the ETag a read gave ("3"); or '
                 "`version` in the body")]
+# The version a change was made from, as its ETag: "3" (a weak W/"3", and a bare 3, read the
+# same way), 1 up to 15 digits (below schemas.MAX_ID). The document states this pattern.
+IF_MATCH_PATTERN = r'^(?:W/)?"?([1-9][0-9]{0,14})"?$'
+IF_MATCH_RE = re.compile(IF_MATCH_PATTERN)
 _ETAG = {"ETag": {"description": 'The question\'s version, quoted ("3")',
                   "schema": {"type": "string"}}}
 
@@ -68,11 +73,11 @@ def _version(if_match: str | None, body_version: int | None) -> int | JSONRespon
     """The version a change names, or the problem to answer."""
     header: int | None = None
     if if_match is not None:
-        tag = if_match.strip().removeprefix("W/").strip('"')
-        if not tag.isdigit() or not 1 <= int(tag) <= 2**62:
+        match = IF_MATCH_RE.fullmatch(if_match.strip())
+        if match is None:
             return problem(400, f'If-Match: {if_match[:64]!r} is not a version this API '
                                 'gave (its ETag, e.g. "3")')
-        header = int(tag)
+        header = int(match.group(1))
     if header is not None and body_version is not None and header != body_version:
         return problem(400, f"If-Match says version {header} and the body {body_version}: "
                             "give one version")

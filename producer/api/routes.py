@@ -15,7 +15,6 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from sqlalchemy import text
 from starlette.concurrency import run_in_threadpool
 
-from fastapi.routing import APIRoute
 from prometheus_client import CONTENT_TYPE_LATEST
 from sqlalchemy.exc import DBAPIError
 
@@ -41,14 +40,14 @@ from producer.export import (
 from producer.syllabi import file_syllabus, resolve
 from producer.views import status_dict, summary_dict, when
 from storage.db import database_error
-from storage.reports import EXAM_PAGE
+from storage.reports import EXAM_CURSOR_PATTERN, EXAM_PAGE
 
 router = APIRouter()
 log = logging.getLogger("examforge.api")
 
 Slug = Annotated[str, Path(pattern=NAME_PATTERN, max_length=64,
                            description="The exam's slug ([a-z0-9-], up to 64)")]
-RunId = Annotated[int, Path(ge=1, le=2**62, description="The run's id")]
+RunId = Annotated[int, Path(ge=1, le=schemas.MAX_ID, description="The run's id")]
 MEDIA_TYPES = {"jsonl": "application/x-ndjson", "json": "application/json", "csv": "text/csv"}
 
 
@@ -107,7 +106,9 @@ def list_exams(c: Ctx, request: Request,
                limit: Annotated[int, Query(ge=1, le=1000,
                                            description="Exams on the page.")] = EXAM_PAGE,
                after: Annotated[str | None, Query(
-                   max_length=600, description="The `next` of the page before.")] = None
+                   pattern=EXAM_CURSOR_PATTERN, max_length=106,
+                   description="The `next` of the page before (opaque: send it as it "
+                               "came).")] = None
                ) -> Any:
     """The exams in the database, newest first, a page at a time (`next`: the cursor of the
     next page, null on the last); then, on the last page, the syllabi never run (state new):
@@ -429,7 +430,7 @@ def run_events(run_id: RunId, c: Ctx,
 @requires(Role.reader)
 def questions(slug: Slug, c: Ctx,
               limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-              after: Annotated[int, Query(ge=0, le=2**62,
+              after: Annotated[int, Query(ge=0, le=schemas.MAX_ID,
                                           description="The last id of the previous page")] = 0
               ) -> Any:
     """Stored questions by id (keyset pagination: stable while generation runs)."""
@@ -597,11 +598,12 @@ router.include_router(audit.router)
 def _head_routes() -> None:
     """HEAD wherever GET is (RFC 9110: the GET's headers without its body). Starlette adds
     HEAD to its own GET routes but FastAPI does not; each gets a HEAD route of its own, left
-    out of the spec (it would double every GET operation there). Not for the event stream:
+    out of the spec (it would double every GET operation there). The routes of the included
+    routers (review, /me, /audit) get theirs here too: FastAPI keeps an included router as one
+    entry of `routes`, so `auth.api_routes` walks into it. Not for the event stream:
     its headers promise an endless body, and a HEAD would hold a stream open for nothing."""
-    for route in list(router.routes):
-        if (isinstance(route, APIRoute) and "GET" in (route.methods or ())
-                and route.path != "/runs/{run_id}/events"):
+    for route in list(auth.api_routes(router)):  # the included routers' routes too
+        if "GET" in (route.methods or ()) and route.path != "/runs/{run_id}/events":
             router.add_api_route(route.path, route.endpoint, methods=["HEAD"],
                                  include_in_schema=False, response_model=route.response_model,
                                  response_class=route.response_class,

@@ -5,9 +5,29 @@ Times are ISO 8601 strings in UTC (the database's clock), money is USD, like `st
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+
+
+def whole_number(value: Any) -> Any:
+    """JSON has one kind of number: 3.0 is the integer 3 to JSON Schema, and so to the
+    OpenAPI document's `integer`. Taken as 3; a fraction, a string or a boolean is still
+    refused (the fields are strict). (A syllabus keeps its own rule: `questions: 5.0` in a
+    file is refused, as the file's validation always did.)"""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+# The largest id or version the API takes: 2**53 - 1, the largest integer every JSON client
+# holds exactly (JavaScript's Number.MAX_SAFE_INTEGER). A bound past it reads back, through a
+# double, as another number than the one written (2**62 becomes 4611686018427388000).
+MAX_ID = 2**53 - 1
+# Integers of a request body: 3.0 is 3 (JSON Schema's `integer` says so), a string, a
+# boolean or a fraction is refused (strict); the bounds stated in the document.
+Id = Annotated[int, Field(ge=1, le=MAX_ID, strict=True), BeforeValidator(whole_number)]
+AnswerIndex = Annotated[int, Field(ge=0, le=3, strict=True), BeforeValidator(whole_number)]
 
 
 class Problem(BaseModel):
@@ -412,20 +432,21 @@ class ReviewHistory(BaseModel):
 
 
 class ReviewAction(BaseModel):
-    """The body of approve and reject: optional when If-Match names the version."""
+    """The body of approve and reject, optional: a `note` (reject). The version the action
+    was made from is If-Match's (a client that cannot send a header may send `version`
+    here instead)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    version: int | None = Field(None, ge=1, le=2**62, strict=True,
-                                description="The version read (or If-Match).")
+    version: Id | None = Field(None, description="The version read (or If-Match).")
     note: str | None = Field(None, max_length=2000, description="Why (kept in the history).")
 
 
 class BulkApproveItem(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    id: int = Field(ge=1, le=2**62, strict=True, description="The question's id.")
-    version: int = Field(ge=1, le=2**62, strict=True,
+    id: Id = Field(description="The question's id.")
+    version: Id = Field(
                          description="The version the reviewer read (its ETag's number).")
 
 
@@ -461,15 +482,16 @@ class BulkApproveOut(BaseModel):
 
 
 class ReviewEdit(BaseModel):
-    """PATCH's body: the fields to change, and the version they were read at (or If-Match)."""
+    """PATCH's body: the fields to change. The version they were read at is If-Match's (a
+    client that cannot send a header may send `version` here instead)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    version: int | None = Field(None, ge=1, le=2**62, strict=True)
+    version: Id | None = None
     question: str | None = Field(None, min_length=1, max_length=20_000, strict=True)
     choices: list[str] | None = Field(None, min_length=4, max_length=4,
                                       description="Four distinct choices.")
-    answer_index: int | None = Field(None, ge=0, le=3, strict=True)
+    answer_index: AnswerIndex | None = None
     explanation: str | None = Field(None, min_length=1, max_length=20_000, strict=True)
     difficulty: Literal["easy", "medium", "hard"] | None = None
     bloom: Literal["remember", "understand", "apply", "analyze", "evaluate",
