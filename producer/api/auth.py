@@ -15,10 +15,9 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, Callable, TypeVar
 
 from fastapi import APIRouter, Request
-from fastapi.routing import APIRoute
 
 from examforge.errors import Forbidden, UnknownExam
 from examforge.settings import Settings
@@ -26,7 +25,7 @@ from producer.access import (NO_AUTH, TOKEN_PREFIX, TOKEN_TOUCH_S, Principal, Ro
                              token_hash)
 from producer.api import schemas
 from producer.api.middleware import bearer_token, token_ok
-from producer.api.problems import responses
+from producer.api.problems import api_routes, responses  # noqa: F401 (api_routes: auth.api_routes for its callers)
 
 log = logging.getLogger("examforge.api")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -60,17 +59,6 @@ def public(endpoint: F) -> F:
     """A route that needs no token (the probe)."""
     endpoint.public = True  # type: ignore[attr-defined]
     return endpoint
-
-
-def api_routes(router: Any) -> Iterator[APIRoute]:
-    """Every APIRoute of `router` (an app or a router), those of included routers too:
-    FastAPI keeps an included router as one entry of `routes` (`original_router`), not as
-    its routes."""
-    for route in getattr(router, "routes", ()):
-        if isinstance(route, APIRoute):
-            yield route
-        elif getattr(route, "original_router", None) is not None:
-            yield from api_routes(route.original_router)
 
 
 def required_role(endpoint: Any) -> Role | None:

@@ -10,9 +10,10 @@ from __future__ import annotations
 import json
 import logging
 from http import HTTPStatus
-from typing import Any
+from typing import Any, Iterator
 
 from fastapi import APIRouter, FastAPI, Request
+from fastapi.routing import APIRoute
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse
@@ -65,7 +66,6 @@ def allowed_methods(request: Request, router: APIRouter) -> list[str]:
     per method), and the page's static files answer for every path not routed. Empty for a
     path no route of the API has. The router is passed in (by `install`), not imported: the
     routes import this module."""
-    from producer.api.auth import api_routes  # auth imports this module
 
     methods: set[str] = set()
     scope = {**request.scope, "method": "GET"}
@@ -156,3 +156,14 @@ def responses(*codes: int) -> dict[int | str, dict[str, Any]]:
     return {code: {"description": HTTPStatus(code).phrase,
                    "content": {PROBLEM_JSON: {"schema": {"$ref": "#/components/schemas/Problem"}}}}
             for code in codes}
+
+
+def api_routes(router: Any) -> Iterator[APIRoute]:
+    """Every APIRoute of `router` (an app or a router), those of included routers too:
+    FastAPI keeps an included router as one entry of `routes` (`original_router`), not as
+    its routes."""
+    for route in getattr(router, "routes", ()):
+        if isinstance(route, APIRoute):
+            yield route
+        elif getattr(route, "original_router", None) is not None:
+            yield from api_routes(route.original_router)
