@@ -149,10 +149,31 @@ def authorize(request: Request) -> None:
             raise UnknownExam(f"no run {request.path_params['run_id']}")
         raise UnknownExam(f"unknown exam {exam!r}")
     if not principal.role.allows(needed):
+        _audit_denied(request, ctx, principal, needed, exam)
         raise _forbidden(needed, principal)
     if getattr(getattr(route, "endpoint", None), "every_exam", False) and \
             principal.exams is not None:
+        _audit_denied(request, ctx, principal, needed, exam)
         raise _forbidden(needed, principal, every_exam=True)
+
+
+# Methods that change something: an attempt beyond the caller's role is audited. (A read
+# refused is not: a page polling with a reader's token would fill the audit.)
+_CHANGES = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
+
+def _audit_denied(request: Request, ctx: Any, principal: Principal, needed: Role,
+                  exam: str | None) -> None:
+    """An attempt to change something beyond the token's role, in the audit as `refused`
+    (action `access.denied`): who tried what, and the role it needed."""
+    if request.method not in _CHANGES:
+        return
+    route = request.scope.get("route")
+    ctx.store.record_audit(principal.name, "access.denied",
+                           exam or request.path_params.get("slug"),
+                           {"method": request.method,
+                            "route": getattr(route, "path", request.url.path),
+                            "required_role": needed.value}, "refused")
 
 
 @router.get("/me", response_model=schemas.Me, responses=responses(401))

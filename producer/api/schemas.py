@@ -504,7 +504,8 @@ class AuditItem(BaseModel):
     actor: str = Field(description="Who: a token's name, or cli:<user> for the command line.")
     action: str = Field(description="run.start, run.cancel, run.resume, run.retry, "
                                     "budget.set, syllabus.put, source.put, source.delete, "
-                                    "token.add, token.revoke")
+                                    "token.add, token.revoke, access.denied (a change "
+                                    "beyond the token's role, answered 403)")
     exam: str | None
     details: dict[str, Any] | None
     outcome: str = Field(description="ok, refused (answered with a 4xx problem) or failed")

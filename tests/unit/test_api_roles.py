@@ -313,3 +313,20 @@ def test_the_audit_reads_in_keyset_pages_for_admins_only(world):
     r = c.get("/audit", headers={"Authorization": f"Bearer {tokens['operator']}"})
     assert r.status_code == 403 and r.json()["required_role"] == "admin"
     json.dumps(page)  # plain JSON
+
+
+def test_a_change_beyond_the_role_is_audited_and_a_refused_read_is_not(world):
+    c, tokens, builders = world
+    before = {i["id"] for i in c.get("/audit", params={"limit": 1000}).json()["items"]}
+    reviewer = {"Authorization": f"Bearer {tokens['reviewer-demo']}"}
+    r = c.post(f"/exams/{IN}/runs", json={},
+               headers={**reviewer, "Idempotency-Key": builders.key()})
+    assert r.status_code == 403
+    reader = {"Authorization": f"Bearer {tokens['reader']}"}
+    assert c.get("/audit", headers=reader).status_code == 403  # a read: not audited
+    new = [i for i in c.get("/audit", params={"limit": 1000}).json()["items"]
+           if i["id"] not in before]
+    assert [(i["actor"], i["action"], i["exam"], i["outcome"]) for i in new] == [
+        ("reviewer-demo", "access.denied", IN, "refused")]
+    assert new[0]["details"] == {"method": "POST", "route": "/exams/{slug}/runs",
+                                 "required_role": "operator"}
