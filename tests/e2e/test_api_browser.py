@@ -18,6 +18,7 @@ import pytest
 from harness import ROOT, assert_stored_exactly_once, dump, used_batches
 from helpers import wait_for
 from live_api import LiveApi, serve
+from screenshots import keep_for_docs
 
 pytestmark = pytest.mark.e2e
 
@@ -203,10 +204,8 @@ def _save_screenshot(driver: Any, path: Path, for_readme: bool) -> None:
     replaced only when asked (EXAMFORGE_UPDATE_SCREENSHOT=1) or missing, so that running the
     tests leaves the work tree clean."""
     assert driver.save_screenshot(str(path))
-    if for_readme and (os.environ.get("EXAMFORGE_UPDATE_SCREENSHOT") == "1"
-                       or not SCREENSHOT.exists()):
-        SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(path, SCREENSHOT)
+    if for_readme:
+        keep_for_docs(path, SCREENSHOT)
 
 
 def _a_slow_run_started(deploy: Any, mock: Any, browser: Any) -> tuple[Any, LiveApi, Any, int]:

@@ -10,8 +10,6 @@ The view's picture is the syllabus reference's docs/img/review-persian.png."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from typing import Any
 
 import pytest
@@ -21,6 +19,7 @@ from examforge.syllabus import parse_syllabus
 from harness import ROOT
 from helpers import wait_for
 from live_api import serve
+from screenshots import element_shot, keep_for_docs
 from test_api_browser import _el, _els, browser  # noqa: F401 (the fixture)
 
 pytestmark = pytest.mark.e2e
@@ -117,10 +116,5 @@ def _save_screenshot(driver: Any, path: Any) -> None:
     """The Persian chapter's review as a picture, in the test's directory; the syllabus
     reference's docs/img/review-persian.png is replaced only when asked
     (EXAMFORGE_UPDATE_SCREENSHOT=1) or missing."""
-    block = _el(driver, '.r-chapter[data-chapter="dns"]')
-    driver.set_window_size(1100, 1000)
-    driver.execute_script("arguments[0].scrollIntoView()", block)
-    assert block.screenshot(str(path))
-    if os.environ.get("EXAMFORGE_UPDATE_SCREENSHOT") == "1" or not SCREENSHOT.exists():
-        SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(path, SCREENSHOT)
+    element_shot(driver, _el(driver, '.r-chapter[data-chapter="dns"]'), path, height=1000)
+    keep_for_docs(path, SCREENSHOT)

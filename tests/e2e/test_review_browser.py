@@ -10,8 +10,6 @@ the view's picture is README's docs/review.png."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from typing import Any
 
 import httpx
@@ -20,6 +18,7 @@ import pytest
 from harness import ROOT
 from helpers import wait_for
 from live_api import TOKEN, serve
+from screenshots import element_shot, keep_for_docs
 from producer.api.runs import client_of
 from test_api_browser import _el, _els, browser  # noqa: F401 (the fixture)
 
@@ -204,14 +203,6 @@ def test_a_review_in_the_page(deploy, mock, browser):  # noqa: F811
 
 
 def _save_screenshot(driver: Any, path: Any) -> None:
-    """The review view as a picture, in the test's directory; README's docs/review.png is
-    replaced only when asked (EXAMFORGE_UPDATE_SCREENSHOT=1) or missing."""
-    section = _el(driver, "#review")
-    height = driver.execute_script("return arguments[0].getBoundingClientRect().height",
-                                   section)
-    driver.set_window_size(1100, int(height) + 200)
-    driver.execute_script("arguments[0].scrollIntoView()", section)
-    assert section.screenshot(str(path))
-    if os.environ.get("EXAMFORGE_UPDATE_SCREENSHOT") == "1" or not SCREENSHOT.exists():
-        SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(path, SCREENSHOT)
+    """The review view, for README's docs/review.png (screenshots.py)."""
+    element_shot(driver, _el(driver, "#review"), path)
+    keep_for_docs(path, SCREENSHOT)

@@ -10,8 +10,6 @@ how-to's docs/img/review-filters.png."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from typing import Any
 
 import httpx
@@ -22,6 +20,7 @@ from examforge.syllabus import parse_syllabus
 from harness import ROOT
 from helpers import wait_for
 from live_api import TOKEN, LiveApi, serve
+from screenshots import element_shot, keep_for_docs
 from test_api_browser import _el, _els, _posts, browser  # noqa: F401 (the fixture)
 
 pytestmark = pytest.mark.e2e
@@ -259,15 +258,6 @@ def test_a_500_question_chapter_opens_in_under_a_second(deploy, browser):  # noq
 
 
 def _save_screenshot(driver: Any, path: Any) -> None:
-    """The filtered view as a picture, in the test's directory; the how-to's
-    docs/img/review-filters.png is replaced only when asked (EXAMFORGE_UPDATE_SCREENSHOT=1)
-    or missing."""
-    section = _el(driver, "#review")
-    height = driver.execute_script("return arguments[0].getBoundingClientRect().height",
-                                   section)
-    driver.set_window_size(1100, int(height) + 200)
-    driver.execute_script("arguments[0].scrollIntoView()", section)
-    assert section.screenshot(str(path))
-    if os.environ.get("EXAMFORGE_UPDATE_SCREENSHOT") == "1" or not SCREENSHOT.exists():
-        SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(path, SCREENSHOT)
+    """The filtered view, for the how-to's docs/img/review-filters.png (screenshots.py)."""
+    element_shot(driver, _el(driver, "#review"), path)
+    keep_for_docs(path, SCREENSHOT)
