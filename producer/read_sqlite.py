@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections import namedtuple
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 from examforge.settings import load_settings
 from producer.sqlite_file import open_snapshot
@@ -168,17 +168,26 @@ def status_rows(conn: sqlite3.Connection, slug: str) -> StatusRows | None:
         batches=[BatchRow.from_row(dict(zip(names, r))) for r in batches])
 
 
-def report(database_url: str, slug: str) -> ExamReport | None:
-    """`status`'s report of the exam, or None when this path does not apply."""
+T = TypeVar("T")
+
+
+def _on_snapshot(database_url: str, read: Callable[[sqlite3.Connection], T | None]) -> T | None:
+    """`read` on one snapshot of the SQLite file; None where this path does not apply (not a
+    SQLite file of this schema, or a read the driver refused: the store's path then answers)."""
     conn = open_snapshot(database_url)
     if conn is None:
         return None
     try:
-        rows = status_rows(conn, slug)
+        return read(conn)
     except sqlite3.Error:
         return None
     finally:
         conn.close()
+
+
+def report(database_url: str, slug: str) -> ExamReport | None:
+    """`status`'s report of the exam, or None when this path does not apply."""
+    rows = _on_snapshot(database_url, lambda conn: status_rows(conn, slug))
     return None if rows is None else exam_report(slug, rows)
 
 
@@ -222,15 +231,8 @@ def exams(as_json: bool, limit: int, after: str | None, every: bool) -> bool:
     printed, take producer.commands."""
     if after is not None:
         return False
-    conn = open_snapshot(load_settings().database_url)
-    if conn is None:
-        return False
-    try:
-        items = exam_items(conn, None if every else limit)
-    except sqlite3.Error:
-        return False
-    finally:
-        conn.close()
+    items = _on_snapshot(load_settings().database_url,
+                         lambda conn: exam_items(conn, None if every else limit))
     if items is None:
         return False
     print_exams(items, None, after, limit, as_json)
@@ -255,15 +257,8 @@ def review(slug: str, as_json: bool) -> bool:
     count (storage.review's filter_counts), which this path does not read."""
     if as_json:
         return False
-    conn = open_snapshot(load_settings().database_url)
-    if conn is None:
-        return False
-    try:
-        chapters = review_chapters(conn, slug)
-    except sqlite3.Error:
-        return False
-    finally:
-        conn.close()
+    chapters = _on_snapshot(load_settings().database_url,
+                            lambda conn: review_chapters(conn, slug))
     if chapters is None:
         return False
     print_review(slug, chapters)
