@@ -36,8 +36,12 @@ def test_every_billed_reply_is_booked_and_none_is_wasted_on_broken_json(deploy, 
                    faults=["cut", "list_content", *BROKEN, "500"],
                    script={"exam/ch-0": ["cut", "malformed", "cut"],
                            "exam/ch-1": ["500", "list_content", "wrong_schema"]})
+    # A 6 s deadline (3 s by default here): on a loaded machine a whole reply once came after
+    # 3 s, the client booked it as a deadline at its worst case, and the mock, which bills only
+    # a reply it delivers, did not (21 calls booked against 20 billed). A real provider bills
+    # it: the mock's side of that is noted, not fixed, here.
     dep = deploy(database, llm_response_format="json_schema", llm_max_tokens_per_question=200,
-                 reconcile_interval_s=1, retry_base_s=0.1, **PRICES)
+                 reconcile_interval_s=1, retry_base_s=0.1, llm_timeout_s=6, **PRICES)
     dep.syllabus("exam", chapters)
     assert dep.cli("enqueue", "exam", "--budget-usd", "50").returncode == 0
     dep.worker(4)
