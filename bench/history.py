@@ -36,6 +36,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # `python bench/history.py` puts bench/ first, not the root
+    sys.path.insert(0, str(ROOT))
+from bench.measure import child_pythonpath  # noqa: E402
 PG_ADMIN = "postgresql://postgres@127.0.0.1:5432"
 CHAPTERS, SLICES, TARGET = 10, 10, 10  # per exam: 100 slices of 10 questions
 ACTIVE = 5
@@ -231,7 +234,7 @@ def measure(url: str, workdir: Path, repeats: int = REPEATS) -> dict[str, Any]:
         got["exams_all"] = _median_s(lambda: store.exam_page(limit=None), 1)
     finally:
         store.engine.dispose()
-    env = {**os.environ, "DATABASE_URL": url, "PYTHONPATH": str(ROOT),
+    env = {**os.environ, "DATABASE_URL": url, "PYTHONPATH": child_pythonpath(),
            "EXAMS_DIR": str(workdir / "exams")}
     got["exams_cli"] = _median_s(lambda: subprocess.run(
         [sys.executable, "-m", "producer", "exams", "--json"], env=env, cwd=workdir,

@@ -36,6 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # `python bench/launch.py` puts bench/ first, not the root
     sys.path.insert(0, str(ROOT))
+from bench.measure import child_pythonpath  # noqa: E402
 
 SLUG = "small"
 QUESTIONS, CHAPTERS = 100, 8
@@ -57,7 +58,7 @@ def launch(root: Path, argv: list[str], env: dict[str, str]) -> tuple[float, flo
     """(wall s, CPU s) of `python -m producer ARGV` run from `root`, launch to exit."""
     started = time.perf_counter()
     proc = subprocess.Popen([sys.executable, "-m", "producer", *argv], cwd=root,
-                            env={**env, "PYTHONPATH": str(root)},
+                            env={**env, "PYTHONPATH": child_pythonpath(root)},
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - started
@@ -75,7 +76,7 @@ def instructions(root: Path, argv: list[str], env: dict[str, str]) -> float:
     """Millions of instructions one launch of `python -m producer ARGV` executes (callgrind)."""
     result = subprocess.run(
         ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable,
-         "-m", "producer", *argv], cwd=root, env={**env, "PYTHONPATH": str(root)},
+         "-m", "producer", *argv], cwd=root, env={**env, "PYTHONPATH": child_pythonpath(root)},
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=900)
     found = re.search(r"Collected : (\d+)", result.stderr)
     if result.returncode != 0 or found is None:

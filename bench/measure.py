@@ -24,6 +24,12 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def child_pythonpath(root: Path = ROOT) -> str:
+    """The PYTHONPATH of a process the bench starts: the code under test first, then the
+    folders this process was given (the test suite puts tests/runtime_only there)."""
+    return os.pathsep.join(filter(None, (str(root), os.environ.get("PYTHONPATH"))))
 # Never db 0 (a developer's default) nor db 9 (the test suite's): the bench flushes its db.
 REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/12")
 PG_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"

@@ -27,6 +27,7 @@ from typing import Any
 from sqlalchemy import create_engine, text
 
 from mockllm import MockConfig, MockServer
+from bench.measure import child_pythonpath
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -141,7 +142,7 @@ def mode_env(mode: str, db_url: str, mock_url: str, exams_dir: Path, spec: Spec
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("LLM_", "DATABASE_", "BROKER_", "EXAMS_", "TASK_", "QUESTIONS_",
                                 "WORKER_", "BATCH_", "BUDGET_"))}
-    env.update({"PYTHONPATH": str(ROOT), "DATABASE_URL": db_url, "EXAMS_DIR": str(exams_dir),
+    env.update({"PYTHONPATH": child_pythonpath(), "DATABASE_URL": db_url, "EXAMS_DIR": str(exams_dir),
                 "LLM_BASE_URL": mock_url, "LLM_BATCH_DISCOUNT": str(BATCH_DISCOUNT),
                 "LLM_FLEX_PRICE_FACTOR": str(FLEX_FACTOR),
                 "BATCH_POLL_S": str(spec.batch_poll_s),

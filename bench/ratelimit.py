@@ -38,6 +38,7 @@ ROOT = BENCH.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.measure import (
+    child_pythonpath,
     DEFAULT_CURATOR_PYTHON,
     REDIS_URL,
     DbProbe,
@@ -77,7 +78,7 @@ def run_examforge(mock: Any, workdir: Path, args: argparse.Namespace) -> dict[st
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("LLM_", "DATABASE_", "BROKER_", "EXAMS_", "TASK_", "QUESTIONS_"))}
     env.update({
-        "PYTHONPATH": str(ROOT), "DATABASE_URL": db_url, "EXAMS_DIR": str(workdir / "exams"),
+        "PYTHONPATH": child_pythonpath(), "DATABASE_URL": db_url, "EXAMS_DIR": str(workdir / "exams"),
         "LLM_BASE_URL": mock.base_url, "QUESTIONS_PER_CALL": str(QUESTIONS_PER_CALL),
         "BROKER_URL": REDIS_URL, "TASK_QUEUE": queue, "WORKER_SOFT_SHUTDOWN_S": "5",
         "LLM_RPM": str(args.rpm), "LLM_TPM": str(args.tpm),

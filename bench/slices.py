@@ -37,6 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from mockllm import MockConfig, MockServer  # noqa: E402
+from bench.measure import child_pythonpath  # noqa: E402
 
 ONE_LEASE = 100_000  # a slice larger than any chapter: one lease per chapter
 SLICED = 50  # the default SLICE_QUESTIONS
@@ -60,7 +61,7 @@ def run(mock: MockServer, workdir: Path, chapters: list[tuple[str, int]], slice_
     env = {k: v for k, v in os.environ.items() if not k.startswith(
         ("BROKER_", "DATABASE_", "LLM_", "EXAMS_", "QUESTIONS_", "SLICE_"))}
     db = home / "ef.db"
-    env.update({"PYTHONPATH": str(ROOT), "DATABASE_URL": f"sqlite:///{db}",
+    env.update({"PYTHONPATH": child_pythonpath(), "DATABASE_URL": f"sqlite:///{db}",
                 "LLM_BASE_URL": str(mock.base_url), "LLM_API_KEY": "sk-bench", "LLM_TIMEOUT_S": "30",
                 "EXAMS_DIR": str(home / "exams"), "QUESTIONS_PER_CALL": str(per_call),
                 "SLICE_QUESTIONS": str(slice_questions), "MAX_REASKS": "6"})

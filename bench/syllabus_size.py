@@ -28,6 +28,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from bench.measure import child_pythonpath
+
 ROOT = Path(__file__).resolve().parent.parent
 PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
 
@@ -116,7 +118,7 @@ def measure(chapters: int, database: str, generate: bool, redis_url: str) -> dic
         url = PG_ADMIN.rsplit("/", 1)[0] + f"/{pg_name}"
     mock = MockServer(MockConfig(latency_s=0.0))
     base_url = mock.start()
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "DATABASE_URL": url, "BROKER_URL": redis_url,
+    env = {**os.environ, "PYTHONPATH": child_pythonpath(), "DATABASE_URL": url, "BROKER_URL": redis_url,
            "EXAMS_DIR": str(exams), "LLM_BASE_URL": base_url, "LLM_API_KEY": "sk-bench",
            "TASK_QUEUE": f"efsize-{uuid.uuid4().hex[:6]}", "QUESTIONS_PER_CALL": "1"}
     row: dict[str, Any] = {"chapters": chapters, "database": database, "bytes": size}

@@ -30,6 +30,9 @@ sys.path.insert(0, str(ROOT / "tests"))
 # has them.
 sys.dont_write_bytecode = False
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+# The processes the tests start import what a deployment has (tests/runtime_only/trio.py).
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    p for p in (str(ROOT / "tests" / "runtime_only"), os.environ.get("PYTHONPATH")) if p)
 
 pytest_plugins = ["speed_guard"]
 

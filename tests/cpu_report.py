@@ -1,4 +1,6 @@
-"""Sum a CPU log written with EXAMFORGE_CPU_LOG (tests/speed_guard.py): by file and by test.
+"""Sum a CPU log written with EXAMFORGE_CPU_LOG (tests/speed_guard.py): by file and by test,
+and how the run ended: when each pytest-xdist worker ran out of tests, and the tests still
+running in the last minutes (the tail that a faster machine would not shorten).
 
     EXAMFORGE_CPU_LOG=/tmp/cpu.jsonl python -m pytest -n 6 --dist worksteal
     python tests/cpu_report.py /tmp/cpu.jsonl
@@ -27,6 +29,23 @@ def main(path: str, top: int = 30) -> None:
     print("\nby test (CPU s, wall s):")
     for r in sorted(rows, key=lambda r: -r["cpu_s"])[:top]:
         print(f"{r['cpu_s']:8.1f} {r['wall_s']:8.1f}  {r['test']}")
+    if rows and "at" in rows[0]:
+        tail(rows)
+
+
+def tail(rows: list[dict], minutes: float = 2.0) -> None:
+    start = min(r["at"] for r in rows)
+    end = max(r["at"] + r["wall_s"] for r in rows)
+    print(f"\nthe run: {end - start:.0f} s from the first test's start to the last one's end")
+    last: dict[str, float] = defaultdict(float)
+    for r in rows:
+        last[r["worker"]] = max(last[r["worker"]], r["at"] + r["wall_s"] - start)
+    print("each worker's last test ended at: " + ", ".join(
+        f"{w} {t:.0f} s" for w, t in sorted(last.items(), key=lambda kv: kv[1])))
+    print(f"\nrunning in the last {minutes:g} minutes (start s, wall s, worker):")
+    for r in sorted(rows, key=lambda r: r["at"]):
+        if r["at"] + r["wall_s"] > end - minutes * 60 and r["wall_s"] > 5:
+            print(f"{r['at'] - start:8.0f} {r['wall_s']:8.1f}  {r['worker']}  {r['test']}")
 
 
 if __name__ == "__main__":

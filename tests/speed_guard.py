@@ -46,13 +46,15 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         own, kids = resource.getrusage(resource.RUSAGE_SELF), \
             resource.getrusage(resource.RUSAGE_CHILDREN)
         return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
-    started, wall = cpu(), time.monotonic()
+    started, wall, at = cpu(), time.monotonic(), time.time()
     try:
         return (yield)
     finally:
         with open(path, "a", encoding="utf-8") as out:
             out.write(json.dumps({"test": item.nodeid, "cpu_s": round(cpu() - started, 2),
-                                  "wall_s": round(time.monotonic() - wall, 2)}) + "\n")
+                                  "wall_s": round(time.monotonic() - wall, 2),
+                                  "worker": os.environ.get("PYTEST_XDIST_WORKER", "-"),
+                                  "at": round(at, 2)}) + "\n")
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

@@ -11,6 +11,7 @@ import uuid
 from pathlib import Path
 
 from bench.measure import (
+    child_pythonpath,
     BENCH,
     ROOT,
     MockProbe,
@@ -37,7 +38,7 @@ def curator_env(python: str, scratch: Path) -> dict[str, str] | str:
         "TELEMETRY_ENABLED": "false", "CURATOR_VIEWER": "0", "DO_NOT_TRACK": "1",
         "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HOME": str(scratch),
         "HF_HOME": str(scratch / "hf"), "CURATOR_CACHE_DIR": str(scratch / "cache"),
-        "PYTHONPATH": str(ROOT),
+        "PYTHONPATH": child_pythonpath(),
     })
     return env
 

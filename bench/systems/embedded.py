@@ -10,6 +10,7 @@ import uuid
 from pathlib import Path
 
 from bench.measure import (
+    child_pythonpath,
     REDIS_URL,
     ROOT,
     DbProbe,
@@ -32,7 +33,7 @@ def ef_env(workdir: Path, db_url: str, mock_url: str, qpc: int, queue: str,
            if not k.startswith(("LLM_", "DATABASE_", "BROKER_", "EXAMS_", "TASK_", "QUESTIONS_",
                                 "WORKER_"))}
     env.update({
-        "PYTHONPATH": str(ROOT), "DATABASE_URL": db_url, "EXAMS_DIR": str(workdir / "exams"),
+        "PYTHONPATH": child_pythonpath(), "DATABASE_URL": db_url, "EXAMS_DIR": str(workdir / "exams"),
         "LLM_BASE_URL": mock_url, "QUESTIONS_PER_CALL": str(qpc),
         "BROKER_URL": redis_url or REDIS_URL, "TASK_QUEUE": queue, "WORKER_SOFT_SHUTDOWN_S": "5",
         **extra,

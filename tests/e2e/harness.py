@@ -33,7 +33,8 @@ class Deployment:
         env = {k: v for k, v in os.environ.items() if not k.startswith(
             ("BROKER_", "DATABASE_", "LLM_", "EXAMS_", "LEASE_", "QUESTIONS_"))}
         env.update({
-            "PYTHONPATH": str(ROOT),
+            "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH"))
+                                          if p),
             "PYTHONUNBUFFERED": "1",
             "BROKER_URL": broker_url,
             "DATABASE_URL": database_url,

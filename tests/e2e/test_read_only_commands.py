@@ -56,7 +56,7 @@ def test_reads_of_a_database_without_schema_write_none(deploy, database, tmp_pat
         sqlite3.connect(tmp_path / "other.db").close()  # a database, empty
     else:
         url = request.getfixturevalue("pg_url")  # as the shared `postgres` database would be
-    dep = deploy(database_url=url)
+    dep = deploy(database_url=url, migrated=False)
     # Every read on SQLite; two on PostgreSQL (the same code path, a second per command).
     for command in READS if database == "sqlite" else [READS[0], READS[-1]]:
         _assert_one_line(dep.cli(*command), "has no examforge schema", "migrate")
@@ -83,7 +83,7 @@ def test_reads_of_an_older_schema_do_not_upgrade_it(deploy, tmp_path):
         # The revision before the head (numbers may skip one: a branch's migration renumbered).
         older = ScriptDirectory.from_config(config).get_revision(SCHEMA_REVISION).down_revision
         command.upgrade(config, older)
-    dep = deploy(database_url=url)
+    dep = deploy(database_url=url, migrated=False)
     for command_line in (READS[0], READS[-1]):
         _assert_one_line(dep.cli(*command_line), f"revision {older}", "migrate")
     assert current_revision(engine) == older

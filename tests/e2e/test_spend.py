@@ -126,7 +126,7 @@ def test_an_exhausted_quota_pauses_the_exam_after_a_handful_of_refusals(deploy, 
 
 def test_the_dry_run_estimate_matches_the_real_run(deploy, mock):
     mock.configure(latency_s=0.01)
-    dep = deploy("sqlite", llm_max_tokens_per_question=300, **PRICES)
+    dep = deploy("sqlite", migrated=False, llm_max_tokens_per_question=300, **PRICES)
     chapters = [(f"ch-{i}", 17) for i in range(4)]
     dep.syllabus("exam", chapters)
     dry = dep.cli("enqueue", "exam", "--dry-run", "--json")
