@@ -23,6 +23,9 @@ from dataclasses import dataclass
 from functools import cached_property
 
 DEFAULT_LANGUAGE = "en"
+# The known languages written right to left (the review page reads it from the browser's
+# Intl.Locale; the bank exports from here).
+RIGHT_TO_LEFT = frozenset({"fa", "ar"})
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,11 @@ class Language:
     letters: tuple[str, ...]
     # "and", "or" between two letters ("A and B", "الف و ب").
     conjunctions: tuple[str, ...]
+
+    @property
+    def rtl(self) -> bool:
+        """Whether it is written right to left (what a bank's HTML says with dir="rtl")."""
+        return self.tag in RIGHT_TO_LEFT
 
     @property
     def label(self) -> str:

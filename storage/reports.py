@@ -373,13 +373,16 @@ class Reports(StoreBase):
                        "difficulty": r.difficulty, "bloom": r.bloom, "source": r.source,
                        "verdict": r.verdict, "model": r.model, "created_at": r.created_at}
 
-    def outline(self, slug: str) -> tuple[str, list[tuple[str, str, int]]]:
-        """The exam's title and its chapters as (id, title, position), in the order
-        `iter_questions` gives their questions: what a question bank's categories are."""
+    def outline(self, slug: str) -> tuple[str, list[tuple[str, str, int, str]]]:
+        """The exam's title and its chapters as (id, title, position, language), in the
+        order `iter_questions` gives their questions: what a question bank's categories
+        are."""
         with self._read() as conn:
             self._require_exam(conn, slug)
             title = conn.execute(select(E.c.title).where(E.c.slug == slug)).scalar_one()
             chapters = conn.execute(
-                select(S.c.chapter_id, S.c.title, S.c.position).where(S.c.exam == slug)
+                select(S.c.chapter_id, S.c.title, S.c.position, S.c.language)
+                .where(S.c.exam == slug)
                 .distinct().order_by(S.c.position, S.c.chapter_id)).all()
-        return title, [(c.chapter_id, c.title, c.position) for c in chapters]
+        return title, [(c.chapter_id, c.title, c.position, c.language or "en")
+                       for c in chapters]
