@@ -1,0 +1,93 @@
+"""Budgets in Persian, Arabic and Russian (issue 31): a byte-pair tokenizer spends more
+tokens per character on them than on English, so a worst case sized on English text could
+be low. Measured here with examforge/tokens.py on realistic replies (five questions, as the
+model writes them: JSON with the question, four choices, the key and an explanation), per
+tokenizer: each stays well inside the documented fixed allowance per question
+(LLM_MAX_TOKENS_PER_QUESTION, 400, what a call reserves before the exam has history), and a
+call's reservation covers its prompt counted exactly, whatever the script."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from examforge.settings import Settings
+from examforge.tokens import count_text, encoding_name
+
+# A realistic Persian reply: what a model writes for a chapter on storage.
+PERSIAN = [
+    ("کدام کلاس ذخیره‌سازی Amazon S3 برای داده‌هایی که سالی یک‌بار خوانده می‌شوند و باید ۷ سال "
+     "نگهداری شوند، کم‌هزینه‌ترین گزینه است؟",
+     ["S3 Glacier Deep Archive", "S3 Standard", "S3 Intelligent-Tiering", "S3 One Zone-IA"],
+     "Glacier Deep Archive ارزان‌ترین کلاس برای داده‌های بایگانی با دسترسی بسیار کم است؛ زمان "
+     "بازیابی آن تا ۱۲ ساعت است که برای داده‌ای که سالی یک‌بار خوانده می‌شود پذیرفتنی است."),
+    ("یک تیم می‌خواهد نسخه‌های قبلی اشیای یک باکت را پس از حذف یا بازنویسی تصادفی بازیابی کند. "
+     "کدام قابلیت را باید فعال کند؟",
+     ["نسخه‌بندی (Versioning)", "رمزنگاری سمت سرور", "تکثیر بین‌منطقه‌ای", "قفل شیء در حالت "
+      "انطباق"],
+     "با نسخه‌بندی، هر بازنویسی یا حذف نسخهٔ تازه‌ای می‌سازد و نسخه‌های قبلی باقی می‌مانند؛ "
+     "رمزنگاری و تکثیر به‌تنهایی نسخهٔ قبلی را نگه نمی‌دارند."),
+    ("کدام نوع ذخیره‌سازی برای دیسک ریشهٔ یک نمونهٔ EC2 که باید پس از توقف نمونه باقی بماند "
+     "مناسب است؟",
+     ["Amazon EBS", "Instance Store", "Amazon S3", "Amazon EFS"],
+     "حجم‌های EBS مستقل از چرخهٔ عمر نمونه باقی می‌مانند؛ دادهٔ Instance Store با توقف نمونه "
+     "از بین می‌رود."),
+    ("برای اشتراک یک سامانهٔ فایل میان ده‌ها نمونهٔ Linux در چند ناحیهٔ دسترس‌پذیری از کدام "
+     "سرویس استفاده می‌شود؟",
+     ["Amazon EFS", "Amazon EBS Multi-Attach", "Amazon S3 Glacier", "AWS Backup"],
+     "EFS یک سامانهٔ فایل NFS مدیریت‌شده است که هم‌زمان از چند ناحیه قابل اتصال است؛ EBS "
+     "Multi-Attach به یک ناحیه محدود است."),
+    ("اگر هدف نقطهٔ بازیابی (RPO) پانزده دقیقه باشد، پشتیبان‌گیری روزانه چه مشکلی دارد؟",
+     ["تا ۲۴ ساعت داده از دست می‌رود", "هزینه را دو برابر می‌کند", "RTO را کاهش می‌دهد",
+      "مشکلی ندارد"],
+     "RPO بیشینهٔ داده‌ای است که می‌توان از دست داد؛ با پشتیبان روزانه این مقدار تا یک روز "
+     "است که از ۱۵ دقیقه بسیار بیشتر است."),
+]
+ENGLISH = [
+    ("Which Amazon S3 storage class is the cheapest for data read once a year that must be "
+     "kept for 7 years?",
+     ["S3 Glacier Deep Archive", "S3 Standard", "S3 Intelligent-Tiering", "S3 One Zone-IA"],
+     "Glacier Deep Archive is the cheapest class for rarely accessed archives; its retrieval "
+     "time of up to 12 hours is acceptable for data read once a year."),
+] * 5
+
+
+def _reply(questions: list[tuple[str, list[str], str]]) -> str:
+    return json.dumps({"questions": [
+        {"question": q, "choices": c, "answer_index": 0, "explanation": e}
+        for q, c, e in questions]}, ensure_ascii=False)
+
+
+@pytest.mark.parametrize("model", ["gpt-4o-mini", "gpt-4"])  # o200k_base and cl100k_base
+def test_a_persian_reply_fits_the_fixed_allowance_per_question(model: str) -> None:
+    allowance = Settings.model_fields["llm_max_tokens_per_question"].default
+    persian, english = _reply(PERSIAN), _reply(ENGLISH)
+    fa_tokens, en_tokens = count_text(persian, model), count_text(english, model)
+    fa_per_char, en_per_char = fa_tokens / len(persian), en_tokens / len(english)
+    print(f"\n{encoding_name(model)}: Persian {fa_tokens / 5:.0f} tokens a question "
+          f"({fa_per_char:.2f} a character), English {en_tokens / 5:.0f} "
+          f"({en_per_char:.2f}); the fixed allowance {allowance}")
+    assert fa_per_char > en_per_char  # the premise: more tokens per character
+    # The bound: a Persian question's reply takes well under the allowance a call reserves
+    # before history exists (at most 3/4 of it, room for a verbose model).
+    assert fa_tokens / 5 <= 0.75 * allowance
+
+
+@pytest.mark.parametrize("model", ["gpt-4o-mini", "gpt-4"])
+@pytest.mark.parametrize("text", [
+    "ما هي فئة تخزين Amazon S3 الأقل تكلفة للبيانات التي تُقرأ مرة واحدة في السنة ويجب الاحتفاظ "
+    "بها لمدة ٧ سنوات؟ S3 Glacier Deep Archive هي الأرخص للأرشيف النادر الوصول.",
+    "Какой класс хранения Amazon S3 самый дешёвый для данных, которые читают раз в год и должны "
+    "храниться 7 лет? S3 Glacier Deep Archive дешевле всего для редко читаемых архивов.",
+])
+def test_arabic_and_russian_cost_more_tokens_per_character_and_stay_bounded(
+        model: str, text: str) -> None:
+    english = ENGLISH[0][0] + " " + ENGLISH[0][2]
+    tokens = count_text(text, model)
+    assert tokens / len(text) > count_text(english, model) / len(english)
+    # This text (a question and an explanation) is about two thirds of a question's reply,
+    # choices and JSON added: counted as three times it, still inside the allowance. (On
+    # cl100k_base Arabic comes nearest: 3 x 105 of 400.)
+    print(f"\n{encoding_name(model)}: {tokens} tokens, {tokens / len(text):.2f} a character")
+    assert 3 * tokens <= Settings.model_fields["llm_max_tokens_per_question"].default
