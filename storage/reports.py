@@ -115,7 +115,8 @@ class Reports(StoreBase):
     def completion_history(self, slug: str, model: str | None, limit: int,
                            enough: int) -> tuple[list[float], str]:
         """Completion tokens per question asked of the exam's last `limit` used calls with
-        real usage, newest first, or of the model's (any exam) while the exam has fewer than
+        real usage, newest first, or of the model's (any exam in the exam's language) while
+        the exam has fewer than
         `enough`; and which it is ("exam" or "model"). For sizing max_tokens
         (examforge.sizing): two short indexed reads, run once per process and exam every so
         many calls, never per call."""
@@ -131,7 +132,13 @@ class Reports(StoreBase):
         if model is not None:
             # The model's calls only while the exam has fewer than `enough`: a condition
             # on the exam's count, which the database evaluates once, before that scan.
-            theirs = newest(K.c.model == model, "model").subquery()
+            # Of exams in the same language only: Persian, Arabic or Russian replies take
+            # more tokens a question than English ones (tests/unit/test_budget_languages.py),
+            # so an English history would size a Persian exam's first calls too small.
+            mine_language = select(E.c.language).where(E.c.slug == slug).scalar_subquery()
+            other_languages = select(E.c.slug).where(E.c.language != mine_language)
+            theirs = newest(and_(K.c.model == model, K.c.exam.not_in(other_languages)),
+                            "model").subquery()
             parts.append(select(theirs).where(
                 select(func.count()).select_from(mine).scalar_subquery() < enough))
         # One statement (one round trip on PostgreSQL, in autocommit: no BEGIN, no COMMIT).

@@ -91,3 +91,31 @@ def test_arabic_and_russian_cost_more_tokens_per_character_and_stay_bounded(
     # cl100k_base Arabic comes nearest: 3 x 105 of 400.)
     print(f"\n{encoding_name(model)}: {tokens} tokens, {tokens / len(text):.2f} a character")
     assert 3 * tokens <= Settings.model_fields["llm_max_tokens_per_question"].default
+
+
+def test_the_model_s_history_sizes_an_exam_only_from_exams_in_its_language(tmp_path) -> None:
+    """Before an exam has history of its own, its max_tokens is sized from the model's calls
+    (examforge.sizing): those of exams in its own language only, since an English history
+    would size a Persian exam's first calls too small and cut their replies."""
+    from sqlalchemy import insert
+
+    from examforge.syllabus import Syllabus
+    from storage import open_store
+    from storage.base import K
+
+    store = open_store(f"sqlite:///{tmp_path / 'ef.db'}")
+    for slug, language in (("en-old", "en"), ("en-new", "en"), ("fa-new", "fa")):
+        store.sync_exam(slug, Syllabus.model_validate({
+            "title": slug, "language": language,
+            "chapters": [{"id": "a", "title": "A", "questions": 5}]}))
+    with store.engine.begin() as conn:
+        conn.execute(insert(K), [{
+            "exam": "en-old", "chapter_id": "a", "slice_no": 0, "attempt": 1,
+            "first_number": 1, "requested": 5, "worker": "w", "outcome": "used",
+            "completion_tokens": 250, "prompt_tokens": 100, "questions_stored": 5,
+            "model": "m", "max_tokens": 2100, "started_at": 0.0, "finished_at": 1.0}] * 12)
+    try:
+        assert store.completion_history("en-new", "m", 200, 10) == ([50.0] * 12, "model")
+        assert store.completion_history("fa-new", "m", 200, 10) == ([], "exam")
+    finally:
+        store.engine.dispose()
