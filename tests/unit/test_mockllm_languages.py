@@ -3,7 +3,8 @@ writes, answers a Persian, Arabic or Russian chapter from its corpora (mockllm/c
 and an English one as before; its distinct questions are never near-duplicates of one
 another in their language and its rewordings are caught; its blind solve knows their
 answers. End to end through the API: a Persian exam whose mock repeats itself stores
-Persian questions and no near-duplicate."""
+Persian questions and no near-duplicate, refuses an edit that retypes one with Arabic
+letters, and its reviewed Moodle bank reads back exactly."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import re
 
 import pytest
 from api_support import api, wait_run
+from test_banks_moodle_xml import read_bank as read_moodle
 
 from examforge import neardup as nd
 from examforge.prompt import language_line
@@ -76,6 +78,22 @@ def test_a_persian_exam_through_the_api_stores_persian_questions_once(make_setti
         run = c.post("/exams/demo/runs", headers={"Idempotency-Key": "k"}).json()
         assert wait_run(c, run["id"])["state"] == "done"
         items = c.get("/exams/demo/questions", params={"limit": 100}).json()["items"]
+        mine = [q for q in items if q["chapter_id"] == "a"]
+        # An edit that retypes another stored question with Arabic letters is a repeat of it.
+        retyped = mine[1]["question"].replace("ی", "ي").replace("ک", "ك")
+        edit = c.patch(f"/exams/demo/questions/{mine[0]['id']}",
+                       json={"question": retyped}, headers={"If-Match": '"1"'})
+        assert edit.status_code == 409 and edit.json()["duplicate_of"]["id"] == mine[1]["id"]
+        # Reviewed, then exported: the approved Persian questions read back exactly.
+        approve = c.post("/exams/demo/review/approve", json={"items": [
+            {"id": q["id"], "version": 1} for q in mine[:10]]})
+        assert approve.status_code == 200 and approve.json()["approved"] == 10
+        bank = c.get("/exams/demo/export", params={"format": "moodle-xml",
+                                                   "approved_only": "true"})
+        assert bank.status_code == 200
+    read = read_moodle(bank.content)
+    assert [q["question"] for _, q in read] == [q["question"] for q in mine[:10]]
+    assert bank.content.count(b'<div lang="fa" dir="rtl">') == 6 * 10
     persian = [q["question"] for q in items if q["chapter_id"] == "a"]
     english = [q["question"] for q in items if q["chapter_id"] == "b"]
     assert len(persian) == 20 and len(english) == 5
