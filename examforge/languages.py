@@ -11,7 +11,9 @@ What code needs of a language lives here:
   true. A letter counts only after a choice's name ("option B", "گزینه الف") or beside
   another ("A and B", "أ و ب"), and a cased one in capitals only ("a or b" is ordinary prose).
 
-Adding a language is adding an entry: its tag is then known to the syllabus, the prompts and
+How a near-duplicate signature reads a language (its letter folding, stemmer, stop words,
+lead-ins and number words) is examforge.neardup_lang's, one entry per tag here (a test holds
+the two lists equal). Adding a language is adding an entry: its tag is then known to the syllabus, the prompts and
 validation at once (tests/unit/test_languages.py holds every entry to having each part).
 """
 

@@ -1,7 +1,10 @@
 """Near-duplicate questions: a reworded repeat of a question the chapter (or the exam) has.
 
 A question's *signature* is the set of its content words, normalised so that the surface
-changes a model makes when it repeats itself do not count: case, punctuation, "Which of the
+changes a model makes when it repeats itself do not count, by the rules of its chapter's
+language (examforge.neardup_lang: letter variants and digits of each script, the language's
+Snowball stemmer, stop words, lead-ins and number words; English's are described here): case,
+punctuation, "Which of the
 following ..." lead-ins, stop words, inflections (Snowball's English stemmer), and the
 formatting of numbers ("1,000" and "1000", "seven" and "7", "99.9%" and "99.9 percent",
 "250ms" and "250 ms"). Two questions are near-duplicates when the Jaccard similarity of their
