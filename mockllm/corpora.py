@@ -46,7 +46,7 @@ class Corpus:
     part: str  # {n}
     digits: str  # the language's digits 0-9 ("" for ASCII: numbers are regrouped instead)
     # The letters a writer of the language may type for the corpus's own (retyped forms).
-    retype: dict[str, str]
+    retype: dict[str, str | int | None]
 
 
 FA = Corpus(
