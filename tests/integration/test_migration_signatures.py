@@ -84,3 +84,30 @@ def test_0032_recomputes_signatures_in_each_chapter_s_language(db_url: str):
         assert _commit(store, persian, [RETYPED]) == ()
     finally:
         engine.dispose()
+
+
+def test_an_import_signs_in_the_chapter_s_language(db_url: str):
+    """`producer import` into a Persian chapter: a line that retypes a stored question with
+    Arabic letters and writes its number in Persian digits, or a later line that repeats an
+    earlier one with a ZWNJ written as a space, is a near-duplicate; a question on another
+    number is not."""
+    engine = connect(db_url)
+    migrate(engine)
+    store = Store(engine)
+    try:
+        store.sync_exam("ex", _syllabus(), slice_questions=5)
+        store.import_questions("ex", {"a": [Question(PERSIAN[0], ("a", "b", "c", "d"), 0, "")]},
+                               "first.jsonl", near_dup=Checker())
+        lines = [
+            "كدام سرويس كش تأخير خواندن از پايگاه داده را كم مي‌كند؟",  # stored, retyped
+            "پورت پیش‌فرض HTTPS در نسخه 2 کدام است؟",
+            "پورت پیش فرض HTTPS در نسخه ۲ کدام است؟",  # the line before, written apart
+            "پورت پیش‌فرض HTTPS در نسخه 3 کدام است؟",  # another fact
+        ]
+        result = store.import_questions(
+            "ex", {"a": [Question(t, ("a", "b", "c", "d"), 0, "") for t in lines]}, "f.jsonl",
+            near_dup=Checker())
+        [chapter] = result.chapters
+        assert (chapter.imported, chapter.near_duplicates) == (2, 2)
+    finally:
+        engine.dispose()
