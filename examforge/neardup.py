@@ -2,11 +2,10 @@
 
 A question's *signature* is the set of its content words, normalised so that the surface
 changes a model makes when it repeats itself do not count, by the rules of its chapter's
-language (examforge.neardup_lang: letter variants and digits of each script, the language's
-Snowball stemmer, stop words, lead-ins and number words; English's are described here): case,
-punctuation, "Which of the
-following ..." lead-ins, stop words, inflections (Snowball's English stemmer), and the
-formatting of numbers ("1,000" and "1000", "seven" and "7", "99.9%" and "99.9 percent",
+language (examforge.neardup_lang: each script's letter variants and digits, the language's
+Snowball stemmer, stop words, lead-ins and number words). In English: case, punctuation,
+"Which of the following ..." lead-ins, stop words, inflections (Snowball's English stemmer),
+and the formatting of numbers ("1,000" and "1000", "seven" and "7", "99.9%" and "99.9 percent",
 "250ms" and "250 ms"). Two questions are near-duplicates when the Jaccard similarity of their
 signatures reaches NEAR_DUP_THRESHOLD, unless their *key terms* were swapped: when each has a
 number or an identifier (an acronym such as HTTPS, a name such as EC2 or DynamoDB) that the
