@@ -45,6 +45,12 @@ class Language:
     letters: tuple[str, ...]
     # "and", "or" between two letters ("A and B", "الف و ب").
     conjunctions: tuple[str, ...]
+    # How many times an English reply's tokens a reply written in it takes, rounded up to a
+    # half from what cl100k_base (the costlier of the tokenizers examforge counts with)
+    # spends: the fixed max_tokens allowance per question (LLM_MAX_TOKENS_PER_QUESTION, sized
+    # on English) and its cap are this times it (examforge.sizing). Measured in
+    # tests/unit/test_budget_languages.py.
+    reply_tokens: float = 1.0
 
     @property
     def rtl(self) -> bool:
@@ -126,7 +132,7 @@ LANGUAGES: dict[str, Language] = {lang.tag: lang for lang in (
                  "موارد فوق", "گزینه‌های بالا", "گزینه های بالا"),
         choice_words=("گزینه", "گزینه‌ی", "گزینه ی", "گزینه‌های", "گزینه های", "مورد"),
         letters=("الف", "ب", "ج", "د"),
-        conjunctions=("و", "یا")),
+        conjunctions=("و", "یا"), reply_tokens=3.5),
     Language(
         "ar", "Arabic",
         phrases=("جميع ما سبق", "كل ما سبق", "جميع ما ذكر", "كل ما ذكر", "جميع ما تقدم",
@@ -136,7 +142,7 @@ LANGUAGES: dict[str, Language] = {lang.tag: lang for lang in (
                  "لا شيء من الإجابات", "كلا الخيارين"),
         choice_words=("الخيار", "خيار", "الاختيار", "الإجابة", "إجابة", "البديل"),
         letters=("أ", "ب", "ج", "د"),
-        conjunctions=("و", "أو")),
+        conjunctions=("و", "أو"), reply_tokens=3.0),
     Language(
         "ru", "Russian",
         phrases=("все вышеперечисленное", "всё вышеперечисленное", "все вышеперечисленные",
@@ -148,7 +154,7 @@ LANGUAGES: dict[str, Language] = {lang.tag: lang for lang in (
                  "оба варианта", "оба ответа"),
         choice_words=("вариант", "варианты", "ответ", "ответы", "пункт"),
         letters=("А", "Б", "В", "Г"),
-        conjunctions=("и", "или", "&")),
+        conjunctions=("и", "или", "&"), reply_tokens=2.5),
 )}
 
 

@@ -119,3 +119,64 @@ def test_the_model_s_history_sizes_an_exam_only_from_exams_in_its_language(tmp_p
         assert store.completion_history("fa-new", "m", 200, 10) == ([], "exam")
     finally:
         store.engine.dispose()
+
+
+def test_each_language_s_allowance_covers_its_replies() -> None:
+    """The fixed allowance per question scales by the language's reply_tokens: measured on
+    cl100k_base, the costlier tokenizer, a question of the mock's corpus (wordier than the
+    realistic reply above) takes up to 3.1 times an English one, above the English
+    allowance in Persian; each language's factor covers its measured ratio."""
+    from mockllm import corpora, questions
+
+    from examforge.languages import language
+    from examforge.sizing import fixed_allowance
+
+    settings = Settings(llm_api_key="k")
+
+    def per_question(items: list[dict[str, object]]) -> float:
+        return count_text(json.dumps({"questions": items}, ensure_ascii=False, indent=2),
+                          "gpt-4") / len(items)
+
+    english = per_question([questions.make_question("ex/a", "Storage", s) for s in range(1, 21)])
+    for tag in sorted(corpora.CORPORA):
+        tokens = per_question([corpora.make_question(tag, "ex/a", "T", s) for s in range(1, 21)])
+        print(f"\n{tag}: {tokens:.0f} tokens a question ({tokens / english:.2f}x English's "
+              f"{english:.0f}); allowance {fixed_allowance(settings, tag)}")
+        assert tokens / english <= language(tag).reply_tokens
+        assert tokens <= 0.5 * fixed_allowance(settings, tag)
+    assert fixed_allowance(settings, "fa") > 400 == fixed_allowance(settings, "en")
+
+
+def test_a_chapter_is_asked_with_its_language_s_allowance(make_settings) -> None:
+    """A Persian chapter's calls reserve its language's allowance (a reply cut at the English
+    one would be asked again and again), an English chapter of the same exam English's; once
+    history exists, the sized allowance is capped at the language's, not at English's."""
+    from fakellm import FakeLLM
+    from helpers import write_syllabus
+
+    from examforge.llm import LLMClient
+    from examforge.settings import MAX_TOKENS_OVERHEAD
+    from examforge.sizing import Allowance, fixed_allowance
+    from examforge.syllabus import load_syllabus
+    from runner.pipeline import Runtime, process_chapter
+    from storage import open_store
+
+    settings = make_settings()
+    path = write_syllabus(settings.exams_dir, "ex", {"title": "T", "language": "fa", "chapters": [
+        {"id": "a", "title": "فصل", "questions": 5},
+        {"id": "b", "title": "B", "questions": 5, "language": "en"}]})
+    store = open_store(settings.database_url)
+    store.sync_exam("ex", load_syllabus(path, max_questions=1000), slice_questions=5)
+    fake = FakeLLM()
+    rt = Runtime.build(settings, store, LLMClient(settings, transport=fake.transport()))
+    try:
+        assert process_chapter(rt, "ex", "a").outcome == "done"
+        assert process_chapter(rt, "ex", "b").outcome == "done"
+    finally:
+        rt.close()
+        store.engine.dispose()
+    fa, en = fixed_allowance(settings, "fa"), fixed_allowance(settings, "en")
+    assert [r["max_tokens"] for r in fake.requests] == [MAX_TOKENS_OVERHEAD + 5 * fa,
+                                                        MAX_TOKENS_OVERHEAD + 5 * en]
+    sized = Allowance(400, "p95", 585)  # a Persian history: p95 450 x 1.3
+    assert (sized.in_language(settings, "fa"), sized.in_language(settings, "en")) == (585, 400)
