@@ -12,7 +12,9 @@ recomputed in its chapter's language (slice.language, migration 0031) with its c
 title; only the rows that change are written, in batches of 1,000, and an exam with any
 changed row gets a new index epoch, which makes every process rebuild its in-memory band
 index of it (storage.neardup). English signatures change only where a dotted name or another
-script's digits or letters appear.
+script's digits or letters appear. Every stored question is signed again: 20,000 questions,
+every row rewritten, took 3.8 s on SQLite (2.2 s of CPU) on a 2-core machine, so about 20 s
+for 100,000.
 
 The signatures come from examforge.neardup, as in 0008, 0011 and 0013: a later change to
 them needs a migration of its own. A downgrade leaves them: 0031's code compares new
