@@ -1,10 +1,11 @@
 """Budgets in Persian, Arabic and Russian (issue 31): a byte-pair tokenizer spends more
-tokens per character on them than on English, so a worst case sized on English text could
-be low. Measured here with examforge/tokens.py on realistic replies (five questions, as the
-model writes them: JSON with the question, four choices, the key and an explanation), per
-tokenizer: each stays well inside the documented fixed allowance per question
-(LLM_MAX_TOKENS_PER_QUESTION, 400, what a call reserves before the exam has history), and a
-call's reservation covers its prompt counted exactly, whatever the script."""
+tokens per character on them than on English, so a worst case sized on English text can be
+low. Measured here with examforge/tokens.py: a realistic Persian reply (five questions as a
+model writes them) and the mock's corpora on o200k_base and cl100k_base; each language's
+reply_tokens factor (examforge.languages) covers its measured ratio, and a chapter's calls
+reserve LLM_MAX_TOKENS_PER_QUESTION times it (the English allowance was below the mock's
+Persian questions on cl100k_base). Before an exam has history, it is sized from the model's
+calls of exams in its own language only."""
 
 from __future__ import annotations
 
