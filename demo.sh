@@ -8,27 +8,40 @@ SLUG=cloud-practitioner
 
 usage() {
   cat <<EOF
-usage: ./demo.sh [--local] [--fresh]
+usage: ./demo.sh [--local] [--fresh] [--language TAG]
 
 Generates the sample exam ($SLUG) against the bundled mock model server.
   (default)  Celery workers on the Redis at BROKER_URL (default redis://localhost:6379/0)
   --local    one process, no Redis (python -m producer run)
   --fresh    delete demo-run/ (the demo's database and logs) first; otherwise a rerun reuses
              it, and generates only what is missing
+  --language the sample exam in another language: fa (Persian), ar (Arabic), ru (Russian),
+             or en (the default); its bank is exported in every format, and as a CSV with a
+             byte-order mark for spreadsheet programs
   -h, --help this text
 EOF
 }
 
 MODE=workers
 FRESH=
-for arg in "$@"; do
+LANGUAGE=en
+while [ $# -gt 0 ]; do
+  arg="$1"
   case "$arg" in
     --local) MODE=local ;;
     --fresh) FRESH=1 ;;
+    --language=*) LANGUAGE="${arg#--language=}" ;;
+    --language) LANGUAGE="${2:-}"; shift ;;
     -h|--help) usage; exit 0 ;;
     *) echo "demo.sh: unknown option '$arg' (see ./demo.sh --help)" >&2; exit 2 ;;
   esac
+  shift
 done
+case "$LANGUAGE" in
+  en) ;;
+  fa|ar|ru) SLUG="$SLUG-$LANGUAGE" ;;
+  *) echo "demo.sh: --language '$LANGUAGE': no sample exam in that language (known: en, fa, ar, ru)" >&2; exit 2 ;;
+esac
 
 if [ -n "$FRESH" ]; then
   if [ -n "${DATABASE_URL:-}" ]; then
@@ -89,6 +102,7 @@ fi
 head -n 1 "exams/$SLUG/generated.jsonl"
 # The same bank for Moodle (XML and GIFT), Anki and Canvas: see README, "Question banks".
 for format in moodle-xml gift anki qti; do "$PY" -m producer export "$SLUG" --format "$format"; done
+if [ "$LANGUAGE" != en ]; then "$PY" -m producer export "$SLUG" --format csv --bom; fi
 # The exact line to look again: examforge is installed in .venv only (a plain `python` outside
 # it lacks its packages), and the demo's database is not the CLI's default ./examforge.db.
 echo "demo.sh: done; to look at it again: DATABASE_URL=$DATABASE_URL .venv/bin/python -m producer status $SLUG"

@@ -19,6 +19,7 @@ from examforge import verify
 from examforge import verify as verify_mod
 from examforge.prices import Price
 from examforge.prompt import build_messages
+from examforge.sizing import fixed_allowance
 from examforge.sources import Passage, slice_material, slice_passages
 from examforge.settings import Settings
 from examforge.syllabus import Syllabus, slice_ranges
@@ -247,7 +248,8 @@ def estimate(slug: str, syllabus: Syllabus, settings: Settings, *,
                                           numbers=numbers, material=block)
                 ch.calls += 1
                 ch.prompt_tokens += count_messages(messages, model)
-                ch.max_completion_tokens += settings.max_tokens(want)
+                ch.max_completion_tokens += settings.max_tokens(
+                    want, fixed_allowance(settings, chapter.language or syllabus.language))
                 if solver is not None:  # the batch's blind solve (runner.verify)
                     solver.calls += 1
                     solver.questions += want

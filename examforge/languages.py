@@ -11,7 +11,9 @@ What code needs of a language lives here:
   true. A letter counts only after a choice's name ("option B", "گزینه الف") or beside
   another ("A and B", "أ و ب"), and a cased one in capitals only ("a or b" is ordinary prose).
 
-Adding a language is adding an entry: its tag is then known to the syllabus, the prompts and
+How a near-duplicate signature reads a language (its letter folding, stemmer, stop words,
+lead-ins and number words) is examforge.neardup_lang's, one entry per tag here (a test holds
+the two lists equal). Adding a language is adding an entry: its tag is then known to the syllabus, the prompts and
 validation at once (tests/unit/test_languages.py holds every entry to having each part).
 """
 
@@ -23,6 +25,9 @@ from dataclasses import dataclass
 from functools import cached_property
 
 DEFAULT_LANGUAGE = "en"
+# The known languages written right to left (the review page reads it from the browser's
+# Intl.Locale; the bank exports from here).
+RIGHT_TO_LEFT = frozenset({"fa", "ar"})
 
 
 @dataclass(frozen=True)
@@ -40,6 +45,17 @@ class Language:
     letters: tuple[str, ...]
     # "and", "or" between two letters ("A and B", "الف و ب").
     conjunctions: tuple[str, ...]
+    # How many times an English reply's tokens a reply written in it takes, rounded up to a
+    # half from what cl100k_base (the costlier of the tokenizers examforge counts with)
+    # spends: the fixed max_tokens allowance per question (LLM_MAX_TOKENS_PER_QUESTION, sized
+    # on English) and its cap are this times it (examforge.sizing). Measured in
+    # tests/unit/test_budget_languages.py.
+    reply_tokens: float = 1.0
+
+    @property
+    def rtl(self) -> bool:
+        """Whether it is written right to left (what a bank's HTML says with dir="rtl")."""
+        return self.tag in RIGHT_TO_LEFT
 
     @property
     def label(self) -> str:
@@ -116,7 +132,7 @@ LANGUAGES: dict[str, Language] = {lang.tag: lang for lang in (
                  "موارد فوق", "گزینه‌های بالا", "گزینه های بالا"),
         choice_words=("گزینه", "گزینه‌ی", "گزینه ی", "گزینه‌های", "گزینه های", "مورد"),
         letters=("الف", "ب", "ج", "د"),
-        conjunctions=("و", "یا")),
+        conjunctions=("و", "یا"), reply_tokens=3.5),
     Language(
         "ar", "Arabic",
         phrases=("جميع ما سبق", "كل ما سبق", "جميع ما ذكر", "كل ما ذكر", "جميع ما تقدم",
@@ -126,7 +142,7 @@ LANGUAGES: dict[str, Language] = {lang.tag: lang for lang in (
                  "لا شيء من الإجابات", "كلا الخيارين"),
         choice_words=("الخيار", "خيار", "الاختيار", "الإجابة", "إجابة", "البديل"),
         letters=("أ", "ب", "ج", "د"),
-        conjunctions=("و", "أو")),
+        conjunctions=("و", "أو"), reply_tokens=3.0),
     Language(
         "ru", "Russian",
         phrases=("все вышеперечисленное", "всё вышеперечисленное", "все вышеперечисленные",
@@ -138,7 +154,7 @@ LANGUAGES: dict[str, Language] = {lang.tag: lang for lang in (
                  "оба варианта", "оба ответа"),
         choice_words=("вариант", "варианты", "ответ", "ответы", "пункт"),
         letters=("А", "Б", "В", "Г"),
-        conjunctions=("и", "или", "&")),
+        conjunctions=("и", "или", "&"), reply_tokens=2.5),
 )}
 
 

@@ -1,9 +1,11 @@
 """Near-duplicate questions: a reworded repeat of a question the chapter (or the exam) has.
 
 A question's *signature* is the set of its content words, normalised so that the surface
-changes a model makes when it repeats itself do not count: case, punctuation, "Which of the
-following ..." lead-ins, stop words, inflections (Snowball's English stemmer), and the
-formatting of numbers ("1,000" and "1000", "seven" and "7", "99.9%" and "99.9 percent",
+changes a model makes when it repeats itself do not count, by the rules of its chapter's
+language (examforge.neardup_lang: each script's letter variants and digits, the language's
+Snowball stemmer, stop words, lead-ins and number words). In English: case, punctuation,
+"Which of the following ..." lead-ins, stop words, inflections (Snowball's English stemmer),
+and the formatting of numbers ("1,000" and "1000", "seven" and "7", "99.9%" and "99.9 percent",
 "250ms" and "250 ms"). Two questions are near-duplicates when the Jaccard similarity of their
 signatures reaches NEAR_DUP_THRESHOLD, unless their *key terms* were swapped: when each has a
 number or an identifier (an acronym such as HTTPS, a name such as EC2 or DynamoDB) that the
@@ -51,6 +53,9 @@ from dataclasses import dataclass, field
 from enum import Enum
 from functools import lru_cache
 
+from examforge.languages import DEFAULT_LANGUAGE
+from examforge.neardup_lang import (EN_NUMBER_WORDS, EN_STOP_WORDS, RULES, Rules,
+                                    fold_any, rules)
 from examforge.output import canonical, normalise
 
 # The LSH layout. Fixed, not derived from NEAR_DUP_THRESHOLD: the band keys are stored, and
@@ -60,7 +65,7 @@ from examforge.output import canonical, normalise
 BANDS = 64
 ROWS = 4
 NUM_PERM = BANDS * ROWS
-SIGNATURE_VERSION = 2
+SIGNATURE_VERSION = 3  # 3: per language (examforge.neardup_lang, migration 0032)
 _SEED = 1
 
 DEFAULT_THRESHOLD = 0.5
@@ -81,28 +86,22 @@ class Scope(str, Enum):
 
 
 # Function words and the words every exam question is made of: they carry no subject.
-STOP_WORDS = frozenset(["a", "about", "above", "after", "again", "against", "all", "also", "am", "an", "and", "any", "are", "as", "at", "be", "been", "before", "being", "below", "between", "both", "but", "by", "can", "could", "did", "do", "does", "doing", "down", "during", "each", "few", "for", "from", "further", "had", "has", "have", "having", "he", "her", "here", "hers", "him", "his", "how", "i", "if", "in", "into", "is", "it", "its", "itself", "just", "me", "more", "most", "my", "no", "nor", "not", "now", "of", "off", "on", "once", "only", "or", "other", "our", "ours", "out", "over", "own", "same", "she", "should", "so", "some", "such", "than", "that", "the", "their", "theirs", "them", "then", "there", "these", "they", "this", "those", "through", "to", "too", "under", "until", "up", "very", "was", "we", "were", "what", "when", "where", "which", "while", "who", "whom", "why", "will", "with", "would", "you", "your", "yours", "one", "following", "option", "options", "choice", "choices", "statement", "statements", "best", "describe", "describes", "true", "correct", "question", "given", "listed"])
+# (English's, with the other languages' rules, in examforge.neardup_lang.)
+STOP_WORDS = EN_STOP_WORDS
 
 # "Which of the following ...", "Which one of these ...": what rephrasings add or drop.
-_LEAD_IN_RE = re.compile(
-    r"^\s*(which|what)\s+(one\s+)?(of\s+)?(the\s+)?(following|these|those|listed|below)"
-    r"(\s+(options|choices|statements|answers))?\s*(is|are|would|best|most)?\b",
-    re.IGNORECASE)
-_NUMBER_WORDS = {
-    "zero": 0, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7,
-    "eight": 8, "nine": 9, "ten": 10, "eleven": 11, "twelve": 12, "thirteen": 13,
-    "fourteen": 14, "fifteen": 15, "sixteen": 16, "seventeen": 17, "eighteen": 18,
-    "nineteen": 19, "twenty": 20, "thirty": 30, "forty": 40, "fifty": 50, "sixty": 60,
-    "seventy": 70, "eighty": 80, "ninety": 90, "hundred": 100, "thousand": 1000,
-    "million": 1_000_000, "dozen": 12, "twice": 2, "double": 2,
-}
+_LEAD_IN_RE = RULES["en"].lead_in
+assert _LEAD_IN_RE is not None
+_NUMBER_WORDS = EN_NUMBER_WORDS
 _THOUSANDS_RE = re.compile(r"(?<=\d),(?=\d{3}\b)")
 _UNIT_RE = re.compile(r"(\d)([a-zA-Z%]+)")  # 250ms -> 250 ms, 5GB -> 5 GB, 20% -> 20 %
 _WORD_RE = re.compile(r"[^\W_]+(?:\.\d+)?", re.UNICODE)
 _NUMBER_RE = re.compile(r"^\d+(\.\d+)?$")
 # An identifier as written: an acronym (HTTPS, SQL), a name with inner capitals (DynamoDB,
 # CloudFront) or letters mixed with digits (EC2, S3, IPv6, HTTP2). Read before lower-casing.
-_IDENT_RE = re.compile(r"\b(?:[A-Z]{2,}[a-z]*\d*|[A-Za-z]+\d+[A-Za-z\d]*|[A-Z][a-z]+[A-Z]\w*)\b")
+# A name of letters and digits keeps a dotted suffix: "m5.large" and "m5.xlarge" differ.
+_IDENT_RE = re.compile(r"\b(?:[A-Z]{2,}[a-z]*\d*|[A-Za-z]+\d+[A-Za-z\d]*(?:\.[a-z]+\b)?|"
+                       r"[A-Z][a-z]+[A-Z]\w*)\b")
 
 
 _local = threading.local()
@@ -110,13 +109,23 @@ _local = threading.local()
 
 @lru_cache(maxsize=65536)
 def _stem(word: str) -> str:
-    # A stemmer object keeps its word in itself while it works: one per thread (a worker's
-    # threads commit at once; a shared one garbles stems, and with them the stored keys).
-    stemmer = getattr(_local, "stemmer", None)
+    """A word stemmed by the English rules."""
+    return _stem_in(word, "english")
+
+
+@lru_cache(maxsize=65536)
+def _stem_in(word: str, algorithm: str) -> str:
+    # A stemmer object keeps its word in itself while it works: one per thread and language
+    # (a worker's threads commit at once; a shared one garbles stems, and with them the
+    # stored keys).
+    stemmers = getattr(_local, "stemmers", None)
+    if stemmers is None:
+        stemmers = _local.stemmers = {}
+    stemmer = stemmers.get(algorithm)
     if stemmer is None:
         import snowballstemmer
 
-        stemmer = _local.stemmer = snowballstemmer.stemmer("english")
+        stemmer = stemmers[algorithm] = snowballstemmer.stemmer(algorithm)
     return str(stemmer.stemWord(word))
 
 
@@ -162,21 +171,35 @@ class Signature:
 
     @classmethod
     def decode(cls, tokens: str, keys: str, text: str = "") -> Signature:
-        return cls(frozenset(tokens.split()), frozenset(keys.split()), normalise(text))
+        return cls(frozenset(tokens.split()), frozenset(keys.split()), _edit_text(text))
 
 
-def signature(text: str, context: str = "") -> Signature:
-    """The normalised content words and the key terms of a question text. The words of
-    `context` (the chapter's title, which most of its questions repeat) are left out: they
-    say nothing about what one question asks that the others do not."""
+def signature(text: str, context: str = "", language: str = DEFAULT_LANGUAGE) -> Signature:
+    """The normalised content words and the key terms of a question text written in
+    `language` (a tag of examforge.languages; its rules: examforge.neardup_lang). The words
+    of `context` (the chapter's title, which most of its questions repeat) are left out:
+    they say nothing about what one question asks that the others do not."""
     original = text
+    rules_ = RULES["en"] if language == DEFAULT_LANGUAGE else rules(language)
+    english = rules_ is RULES["en"]
     # The exact hash's normal form (NFKC, no format characters, single spaces), case kept:
     # a zero-width space inside "AWS" must not make "A" and "WS" of it.
     text = canonical(text)
+    if not text.isascii():
+        text = text.translate(rules_.fold)
+        for pattern, joined in rules_.rejoin:
+            text = pattern.sub(joined, text)
     idents = {m.group(0).lower() for m in _IDENT_RE.finditer(text)}
-    text = _LEAD_IN_RE.sub(" ", text)
+    if rules_.lead_in is not None:
+        text = rules_.lead_in.sub(" ", text)
+    for pattern, replacement in rules_.numerals:  # "10 000", "99,9" in Russian
+        text = pattern.sub(replacement, text)
     text = _THOUSANDS_RE.sub("", text).lower()
-    text = _words_to_digits(text)
+    if english:
+        text = _words_to_digits(text)
+    elif rules_.number_re is not None:
+        words = rules_.number_words
+        text = rules_.number_re.sub(lambda m: str(words[m.group(0)]), text)
     text = _UNIT_RE.sub(r"\1 \2", text).replace("%", " percent ")
     stem = _stem
     tokens: set[str] = set()
@@ -186,20 +209,51 @@ def signature(text: str, context: str = "") -> Signature:
             word = _number(word)
             keys.add(word)
             tokens.add(word)
-        elif word not in STOP_WORDS:
-            tokens.add(stem(word))
+        elif english or word.isascii():
+            if word not in STOP_WORDS:
+                tokens.add(stem(word))
+        else:
+            token = _native(word, rules_)
+            if token:
+                tokens.add(token)
     keys |= {stem(i) for i in idents if i not in STOP_WORDS}
     if context:
-        common = _context(context)
+        common = _context(context, language)
         tokens -= common.tokens
         keys -= common.keys
-    return Signature(frozenset(tokens), frozenset(keys), normalise(original))
+    return Signature(frozenset(tokens), frozenset(keys), _edit_text(original))
+
+
+def _native(word: str, rules_: Rules) -> str:
+    """A word of the language's own script as its signature counts it: "" for a stop word,
+    else its stem (or the word, for a language without a stemmer)."""
+    for prefix in rules_.joined_prefixes:  # "والخادم": "و" + "الخادم"
+        if word.startswith(prefix) and word[len(prefix):len(prefix) + 2] == "\u0627\u0644":
+            word = word[len(prefix):]
+    if word in rules_.stop_words:
+        return ""
+    if word in rules_.percent_words:
+        return "percent"  # as "%" reads
+    if rules_.stemmer is None:
+        return word
+    stemmed = _stem_in(word, rules_.stemmer)
+    if stemmed in rules_.stop_stems:
+        return ""
+    return stemmed.replace("\u0629", "\u0647")  # a teh marbuta the stemmer left, as heh
+
+
+def _edit_text(text: str) -> str:
+    """The text the edit similarity compares: lower-cased normal form, every script's
+    variants folded one way (examforge.neardup_lang.fold_any)."""
+    if text.isascii():
+        return normalise(text)
+    return normalise(fold_any(text))
 
 
 @lru_cache(maxsize=1024)
-def _context(context: str) -> Signature:
+def _context(context: str, language: str = DEFAULT_LANGUAGE) -> Signature:
     """A chapter title's signature: the same for each of its questions."""
-    return signature(context)
+    return signature(context, language=language)
 
 
 def jaccard(a: frozenset[str], b: frozenset[str]) -> float:
@@ -396,9 +450,9 @@ class Checker:
 
 
 def near_pairs(texts: Iterable[str], threshold: float = DEFAULT_THRESHOLD,
-               context: str = "") -> list[tuple[int, int]]:
+               context: str = "", language: str = DEFAULT_LANGUAGE) -> list[tuple[int, int]]:
     """Every near-duplicate pair (i, j) of `texts`, compared pairwise without band keys:
     what a check by index lookups must agree with (the tests compare them)."""
-    sigs = [signature(t, context) for t in texts]
+    sigs = [signature(t, context, language) for t in texts]
     return [(i, j) for i in range(len(sigs)) for j in range(i + 1, len(sigs))
             if is_near(sigs[i], sigs[j], threshold)]

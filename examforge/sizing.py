@@ -44,6 +44,23 @@ class Allowance:
 
     per_question: int
     source: str  # "history of the exam (n calls)", "fixed", ...
+    # The history's p95 with margin and floor, before the cap (None: the fixed allowance).
+    sized: int | None = None
+
+    def in_language(self, settings: Settings, tag: str | None) -> int:
+        """`per_question` for a chapter written in `tag`: the fixed allowance, and the cap on
+        a sized one, are LLM_MAX_TOKENS_PER_QUESTION times the language's reply_tokens (a
+        Persian reply takes about three times an English one's tokens: capped at the English
+        allowance, every call of a Persian chapter would be cut)."""
+        fixed = fixed_allowance(settings, tag)
+        return fixed if self.sized is None else min(fixed, self.sized)
+
+
+def fixed_allowance(settings: Settings, tag: str | None) -> int:
+    """LLM_MAX_TOKENS_PER_QUESTION for a chapter written in `tag` (None: English)."""
+    from examforge.languages import language
+
+    return math.ceil(settings.llm_max_tokens_per_question * language(tag).reply_tokens)
 
 
 def percentile(values: list[float], share: float) -> float:
@@ -60,9 +77,10 @@ def allowance(settings: Settings, history: list[float], source: str) -> Allowanc
     if len(history) < HISTORY_MIN_CALLS:
         return Allowance(fixed, f"fixed: {len(history)} calls of history, "
                                 f"{HISTORY_MIN_CALLS} needed")
-    sized = math.ceil(percentile(history, PERCENTILE) * settings.llm_max_tokens_margin)
-    per_question = min(fixed, max(settings.llm_max_tokens_floor, sized))
-    return Allowance(per_question, f"p95 of the {source}'s last {len(history)} calls")
+    sized = max(settings.llm_max_tokens_floor,
+                math.ceil(percentile(history, PERCENTILE) * settings.llm_max_tokens_margin))
+    return Allowance(min(fixed, sized), f"p95 of the {source}'s last {len(history)} calls",
+                     sized)
 
 
 class Sizer:

@@ -6,6 +6,7 @@ The user message is read with examforge's own prompt vocabulary (`examforge.prom
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,6 +49,9 @@ class ChatPrompt:
     passages: tuple[str, ...] = ()
     # A blind solve's user message (mockllm.solve), None for a generation request.
     solve_text: str | None = None
+    # The tag of the prompt's Language line ("Persian (fa). Write every question ..."):
+    # what the mock writes in (mockllm.corpora); English without one.
+    language: str = "en"
 
     @property
     def requester(self) -> str:
@@ -119,4 +123,13 @@ def parse_prompt(body: dict[str, Any]) -> ChatPrompt:
                     if b.strip()),
         avoid=avoid_list(text),
         passages=offered_ids(text),
+        language=_language(fields.get(Label.language)),
     )
+
+
+def _language(line: str | None) -> str:
+    """The tag in a Language line's parentheses, if the mock has a corpus for it."""
+    from mockllm.corpora import CORPORA
+
+    match = re.match(r"[^(]*\(([A-Za-z-]+)\)", line or "")
+    return match.group(1) if match and match.group(1) in CORPORA else "en"

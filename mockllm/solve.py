@@ -17,6 +17,7 @@ import re
 from dataclasses import dataclass
 
 from examforge.verify import LETTERS, MATERIAL_PREFIX, SOLVE_HEADER
+from mockllm import corpora
 from mockllm.questions import true_index
 
 _QUESTION = re.compile(r"^Question (\d+): (.*)$")
@@ -63,6 +64,9 @@ def solve(text: str, seed: int, error_rate: float) -> Solved:
     answers, errors, unknown = [], 0, 0
     for n, question, choices in listed:
         truth = true_index(choices)
+        if truth is None:  # written in another language (mockllm.corpora)
+            found = [i for i, c in enumerate(choices) if c in corpora.GOOD]
+            truth = found[0] if len(found) == 1 else None
         if truth is None:
             unknown += 1
             truth = 0

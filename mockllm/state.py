@@ -12,7 +12,7 @@ from collections import Counter
 from typing import Any
 
 from examforge.output import normalise
-from mockllm import questions
+from mockllm import corpora, questions
 from mockllm.config import MockConfig
 from mockllm.faults import OK
 from mockllm.limits import RateLimiter
@@ -175,13 +175,18 @@ class MockState:
         for _ in range(count - len(reworded)):
             self.serials[key] += 1
             serial = self.serials[key]
-            items.append(Item(self._keyed(questions.make_question(key, prompt.title, serial, position),
-                                          key, serial), serial))
+            made = (questions.make_question(key, prompt.title, serial, position)
+                    if prompt.language == "en" else
+                    corpora.make_question(prompt.language, key, prompt.title, serial, position))
+            items.append(Item(self._keyed(made, key, serial), serial))
         for of_serial in reworded:
             variant = self._reword_variants[key]
             self._reword_variants[key] += 1
-            question = self._keyed(questions.reword(key, prompt.title, of_serial, variant, position), key,
-                                   of_serial)
+            again = (questions.reword(key, prompt.title, of_serial, variant, position)
+                     if prompt.language == "en" else
+                     corpora.reword(prompt.language, key, prompt.title, of_serial, variant,
+                                    position))
+            question = self._keyed(again, key, of_serial)
             items.insert(self.reword_rng.randrange(len(items) + 1), Item(question, of_serial, of_serial))
         return items
 

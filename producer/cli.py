@@ -169,17 +169,21 @@ def exams(as_json: bool, limit: int, after: str | None, every: bool) -> None:
 @click.option("--approved-only", is_flag=True,
               help="Only the questions a reviewer approved (see `review`); exit 1, writing "
                    "nothing, when none is.")
-def export(slug: str, fmt: str, target: str | None, approved_only: bool) -> None:
+@click.option("--bom", is_flag=True,
+              help="With --format csv: start the file with a UTF-8 byte-order mark, which "
+                   "spreadsheet programs (Excel) need to read Persian, Arabic or Russian "
+                   "text right.")
+def export(slug: str, fmt: str, target: str | None, approved_only: bool, bom: bool) -> None:
     """Write every stored question of an exam (atomically); a rejected one never."""
     # JSON Lines, JSON and CSV from a SQLite file take the plain-driver path first
     # (producer/export_sqlite.py: no SQLAlchemy to import, no row objects); anything else,
     # and every error, goes the store's way in producer/commands.py.
     from producer import export_sqlite
 
-    if not export_sqlite.command(slug, fmt, target, approved_only):
+    if not export_sqlite.command(slug, fmt, target, approved_only, bom):
         from producer import commands
 
-        commands.invoke("export", slug, fmt, target, approved_only)
+        commands.invoke("export", slug, fmt, target, approved_only, bom)
 
 
 @cli.command()

@@ -369,12 +369,15 @@ def exams(as_json: bool, limit: int, after: str | None, every: bool) -> None:
     print_exams([summary_dict(e) for e in page.items], page.next, after, limit, as_json, out)
 
 
-def export(slug: str, fmt: str, target: str | None, approved_only: bool = False) -> None:
+def export(slug: str, fmt: str, target: str | None, approved_only: bool = False,
+           bom: bool = False) -> None:
     from examforge.banks import BankChapter, BankExam
     from examforge.errors import NothingApproved
-    from producer.export import check_target, default_name, nothing_approved
+    from producer.export import BOM_ONLY_CSV, check_target, default_name, nothing_approved
     from producer.export import export as write
 
+    if bom and fmt != "csv":
+        raise UserError(BOM_ONLY_CSV)
     if target is not None:
         check_target(fmt, target)
     settings = _settings()
@@ -387,9 +390,10 @@ def export(slug: str, fmt: str, target: str | None, approved_only: bool = False)
 
     def outline() -> BankExam:
         title, chapters = store.outline(slug)
-        return BankExam(slug, title, tuple(BankChapter(c, t, p) for c, t, p in chapters))
+        return BankExam(slug, title, tuple(BankChapter(*chapter) for chapter in chapters))
 
-    n = write(store.iter_questions(slug, approved_only=approved_only), fmt, target, outline)
+    n = write(store.iter_questions(slug, approved_only=approved_only), fmt, target, outline,
+              bom=bom)
     if target != "-":
         err.print(f"wrote {plural(n, 'question')} to {target}")
 

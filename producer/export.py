@@ -9,6 +9,7 @@ and renamed over it once complete: readers see the old file or the new one, neve
 from __future__ import annotations
 
 import csv
+import functools
 import io
 import json
 import os
@@ -86,7 +87,12 @@ def write_json(rows: Rows, out: IO[str], *, dated: bool = False) -> int:
     return n
 
 
-def write_csv(rows: Rows, out: IO[str], *, dated: bool = False) -> int:
+def write_csv(rows: Rows, out: IO[str], *, dated: bool = False, bom: bool = False) -> int:
+    """CSV, with `bom` starting with a UTF-8 byte-order mark: spreadsheet programs (Excel)
+    read a CSV as UTF-8 only then, and show Persian, Arabic or Russian text as mojibake
+    otherwise."""
+    if bom:
+        out.write("\ufeff")
     writer = csv.writer(out)
     writer.writerow(CSV_COLUMNS)
     n = 0
@@ -101,6 +107,17 @@ def write_csv(rows: Rows, out: IO[str], *, dated: bool = False) -> int:
 
 WRITERS: dict[str, Callable[..., int]] = {
     "jsonl": write_jsonl, "json": write_json, "csv": write_csv}
+
+
+BOM_ONLY_CSV = "--bom: a byte-order mark is for CSV only (--format csv)"
+
+
+def table_writer(fmt: str, bom: bool = False) -> Callable[..., int]:
+    """The writer of a table format; with `bom` (CSV only), a CSV starting with a UTF-8
+    byte-order mark."""
+    if bom and fmt != "csv":
+        raise UserError(BOM_ONLY_CSV)
+    return functools.partial(write_csv, bom=True) if bom else WRITERS[fmt]
 
 
 def render(rows: Rows, fmt: str) -> str:
@@ -173,12 +190,16 @@ def check_target(fmt: str, target: str) -> None:
 
 
 def export(rows: Rows, fmt: str, target: str,
-           exam: banks.BankExam | Callable[[], banks.BankExam] | None = None) -> int:
+           exam: banks.BankExam | Callable[[], banks.BankExam] | None = None,
+           bom: bool = False) -> int:
     """Write `rows` in `fmt` to `target` (a path, or - for stdout); returns how many.
-    The bank formats need the exam's outline (`exam`, or a function that reads it)."""
+    The bank formats need the exam's outline (`exam`, or a function that reads it); `bom`
+    starts a CSV with a UTF-8 byte-order mark."""
     check_target(fmt, target)
+    if bom and fmt != "csv":
+        raise UserError(BOM_ONLY_CSV)
     if fmt in TABLE_FORMATS:
-        writer = WRITERS[fmt]
+        writer = table_writer(fmt, bom)
         if target == "-":
             n = writer(rows, sys.stdout)
             sys.stdout.flush()

@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Iterator
 
 from examforge.settings import load_settings
-from producer.export import TABLE_FORMATS, WRITERS, check_target, default_name, write_atomic
+from producer.export import (TABLE_FORMATS, check_target, default_name, table_writer,
+                             write_atomic)
 from producer.sqlite_file import open_snapshot
 from producer.words import plural
 
@@ -61,10 +62,10 @@ def rows(conn: sqlite3.Connection, slug: str,
 
 
 def export(database_url: str, exams_dir: Path, slug: str, fmt: str,
-           target: str | None, approved_only: bool = False) -> int | None:
+           target: str | None, approved_only: bool = False, bom: bool = False) -> int | None:
     """Write the export and return how many questions, or None when this path does not apply
     (nothing written then)."""
-    if fmt not in TABLE_FORMATS:
+    if fmt not in TABLE_FORMATS or (bom and fmt != "csv"):  # the store's path refuses it
         return None
     conn = open_snapshot(database_url)
     if conn is None:
@@ -81,7 +82,7 @@ def export(database_url: str, exams_dir: Path, slug: str, fmt: str,
         if target is not None:
             check_target(fmt, target)
         target = target or str(exams_dir / slug / default_name(fmt))
-        writer = WRITERS[fmt]
+        writer = table_writer(fmt, bom)
         if target == "-":
             n = writer(rows(conn, slug, approved_only), sys.stdout, dated=True)
             sys.stdout.flush()
@@ -96,11 +97,12 @@ def export(database_url: str, exams_dir: Path, slug: str, fmt: str,
         conn.close()
 
 
-def command(slug: str, fmt: str, target: str | None, approved_only: bool = False) -> bool:
+def command(slug: str, fmt: str, target: str | None, approved_only: bool = False,
+            bom: bool = False) -> bool:
     """`python -m producer export` when this path applies (True: done, and said so on
     stderr as the store's path says it); False: nothing done, take producer.commands."""
     settings = load_settings()
-    n = export(settings.database_url, settings.exams_dir, slug, fmt, target, approved_only)
+    n = export(settings.database_url, settings.exams_dir, slug, fmt, target, approved_only, bom)
     if n is None:
         return False
     if target != "-":

@@ -216,7 +216,8 @@ class _SliceCalls:
         base = view.recent if isinstance(view.recent, Steering) else Steering(
             newest=view.recent)
         avoid = base.with_fresh([], settings.avoid_questions)
-        per_question = rt.sizer.cached(settings, view.exam, rt.client.model).per_question
+        per_question = rt.sizer.cached(settings, view.exam, rt.client.model
+                                       ).in_language(settings, view.language)
         stored_levels = dict(view.levels.stored)
         planned = []
         first = view.first_number + view.stored

@@ -39,7 +39,8 @@ from examforge.output import Question, normalise, parse_questions
 from examforge.prompt import build_messages
 from examforge.retry import Action, Decision, HandBack, decide
 from examforge.settings import MAX_TOKENS_OVERHEAD, Settings
-from examforge.sizing import Sizer
+from examforge.languages import DEFAULT_LANGUAGE
+from examforge.sizing import Sizer, fixed_allowance
 from examforge.sources import Passage, SliceMaterial, ground, slice_material
 from examforge.tokens import count_text
 from examforge.syllabus import Chapter as ChapterSpec
@@ -335,6 +336,8 @@ class _Calls:
         # questions a call asks; each reply that is not cut eases them back (`not_cut`).
         self.room: int | None = None
         self.most: int | None = None
+        # The language of the chapter's views (`per_question` reads it): its fixed allowance.
+        self.language = DEFAULT_LANGUAGE
         # The model's valid questions this run has seen, and how many were repeats.
         self.delivered = 0
         self.repeats = 0
@@ -356,10 +359,11 @@ class _Calls:
         """max_tokens per question asked: the room a cut reply asked for, else the allowance
         sized from history (examforge.sizing: as last read, since this may run inside a
         transaction; `size` reads it again when due, outside)."""
+        self.language = view.language
         if self.room is not None:
             return self.room
-        return self.rt.sizer.cached(self.rt.settings, view.exam,
-                                    self.rt.client.model).per_question
+        return self.rt.sizer.cached(self.rt.settings, view.exam, self.rt.client.model
+                                    ).in_language(self.rt.settings, view.language)
 
     def size(self, exam: str) -> None:
         """Read the allowance from the database's history when due (outside transactions)."""
@@ -392,7 +396,7 @@ class _Calls:
         The budget check of the next call still applies (`fitting` asks for fewer when more
         room does not fit). Returns what was done, for the call's detail in the ledger."""
         per_question = max(1, (nxt.max_tokens - MAX_TOKENS_OVERHEAD) // max(1, nxt.want))
-        fixed = self.rt.settings.llm_max_tokens_per_question
+        fixed = fixed_allowance(self.rt.settings, self.language)
         if per_question < fixed or nxt.want <= 1:
             self.room = min(fixed, 2 * per_question) if per_question < fixed else 2 * per_question
             return (f"cut at max_tokens {nxt.max_tokens}: next calls ask with more room "
@@ -410,8 +414,8 @@ class _Calls:
             self.most = None if 2 * self.most >= self.rt.settings.questions_per_call \
                 else 2 * self.most
         if self.room is not None:
-            usual = self.rt.sizer.cached(self.rt.settings, exam,
-                                         self.rt.client.model).per_question
+            usual = self.rt.sizer.cached(self.rt.settings, exam, self.rt.client.model
+                                         ).in_language(self.rt.settings, self.language)
             self.room = None if self.room // 2 <= usual else self.room // 2
 
     def levels(self, view: ChapterView, want: int) -> Levels:

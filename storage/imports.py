@@ -21,6 +21,7 @@ from sqlalchemy.engine import Connection
 from examforge.balance import balanced
 from examforge.errors import ChapterBusy, UnknownChapter
 from examforge.levels import known_levels
+from examforge.languages import DEFAULT_LANGUAGE
 from examforge.neardup import Checker
 from examforge.output import Question as ParsedQuestion
 from examforge.output import text_hash
@@ -200,9 +201,11 @@ class Imports(Ledger):
                 continue
             seen.add(h)
             fresh.append((q, h))
-        title = conn.execute(select(S.c.title).where(
-            S.c.exam == slug, S.c.chapter_id == chapter_id).limit(1)).scalar_one_or_none() or ""
-        signed = {h: neardup.Signed.of(q.question, title) for q, h in fresh}
+        head = conn.execute(select(S.c.title, S.c.language).where(
+            S.c.exam == slug, S.c.chapter_id == chapter_id).limit(1)).first()
+        title = (head.title if head else None) or ""
+        language = (head.language if head else None) or DEFAULT_LANGUAGE
+        signed = {h: neardup.Signed.of(q.question, title, language) for q, h in fresh}
         if near_dup is not None and fresh:
             verdict = neardup.check(conn, slug, chapter_id, near_dup,
                                     [signed[h] for _, h in fresh])

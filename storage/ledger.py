@@ -386,7 +386,8 @@ class Ledger(StoreBase):
         """
         hashes = [text_hash(q.question) for q in questions]
         # Outside the transaction: the signatures cost CPU, not locks.
-        signed = (neardup.Signed.many([q.question for q in questions], claim.title)
+        signed = (neardup.Signed.many([q.question for q in questions], claim.title,
+                                      claim.language)
                   if near_dup is not None else None)
         # VERIFY's commits (questions pending a solve, no next call) take the general path.
         if self._fast_commit and not verify:

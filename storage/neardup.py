@@ -48,6 +48,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import Connection
 
+from examforge.languages import DEFAULT_LANGUAGE
 from examforge.neardup import (Checker, Scope, Signature, band_keys, band_keys_many,
                                signature)
 from storage.base import execute_hot
@@ -69,14 +70,15 @@ class Signed:
     keys: tuple[int, ...]
 
     @classmethod
-    def of(cls, text: str, context: str = "") -> Signed:
-        sig = signature(text, context)
+    def of(cls, text: str, context: str = "", language: str = DEFAULT_LANGUAGE) -> Signed:
+        sig = signature(text, context, language)
         return cls(sig, tuple(band_keys(sig)))
 
     @classmethod
-    def many(cls, texts: Sequence[str], context: str = "") -> list[Signed]:
+    def many(cls, texts: Sequence[str], context: str = "",
+             language: str = DEFAULT_LANGUAGE) -> list[Signed]:
         """`of` for every question of a reply, the band keys in one vectorised pass."""
-        sigs = [signature(t, context) for t in texts]
+        sigs = [signature(t, context, language) for t in texts]
         return [cls(sig, tuple(keys)) for sig, keys in zip(sigs, band_keys_many(sigs))]
 
     def blob(self) -> bytes:

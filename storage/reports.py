@@ -115,7 +115,8 @@ class Reports(StoreBase):
     def completion_history(self, slug: str, model: str | None, limit: int,
                            enough: int) -> tuple[list[float], str]:
         """Completion tokens per question asked of the exam's last `limit` used calls with
-        real usage, newest first, or of the model's (any exam) while the exam has fewer than
+        real usage, newest first, or of the model's (any exam in the exam's language) while
+        the exam has fewer than
         `enough`; and which it is ("exam" or "model"). For sizing max_tokens
         (examforge.sizing): two short indexed reads, run once per process and exam every so
         many calls, never per call."""
@@ -131,7 +132,13 @@ class Reports(StoreBase):
         if model is not None:
             # The model's calls only while the exam has fewer than `enough`: a condition
             # on the exam's count, which the database evaluates once, before that scan.
-            theirs = newest(K.c.model == model, "model").subquery()
+            # Of exams in the same language only: Persian, Arabic or Russian replies take
+            # more tokens a question than English ones (tests/unit/test_budget_languages.py),
+            # so an English history would size a Persian exam's first calls too small.
+            mine_language = select(E.c.language).where(E.c.slug == slug).scalar_subquery()
+            other_languages = select(E.c.slug).where(E.c.language != mine_language)
+            theirs = newest(and_(K.c.model == model, K.c.exam.not_in(other_languages)),
+                            "model").subquery()
             parts.append(select(theirs).where(
                 select(func.count()).select_from(mine).scalar_subquery() < enough))
         # One statement (one round trip on PostgreSQL, in autocommit: no BEGIN, no COMMIT).
@@ -373,13 +380,16 @@ class Reports(StoreBase):
                        "difficulty": r.difficulty, "bloom": r.bloom, "source": r.source,
                        "verdict": r.verdict, "model": r.model, "created_at": r.created_at}
 
-    def outline(self, slug: str) -> tuple[str, list[tuple[str, str, int]]]:
-        """The exam's title and its chapters as (id, title, position), in the order
-        `iter_questions` gives their questions: what a question bank's categories are."""
+    def outline(self, slug: str) -> tuple[str, list[tuple[str, str, int, str]]]:
+        """The exam's title and its chapters as (id, title, position, language), in the
+        order `iter_questions` gives their questions: what a question bank's categories
+        are."""
         with self._read() as conn:
             self._require_exam(conn, slug)
             title = conn.execute(select(E.c.title).where(E.c.slug == slug)).scalar_one()
             chapters = conn.execute(
-                select(S.c.chapter_id, S.c.title, S.c.position).where(S.c.exam == slug)
+                select(S.c.chapter_id, S.c.title, S.c.position, S.c.language)
+                .where(S.c.exam == slug)
                 .distinct().order_by(S.c.position, S.c.chapter_id)).all()
-        return title, [(c.chapter_id, c.title, c.position) for c in chapters]
+        return title, [(c.chapter_id, c.title, c.position, c.language or "en")
+                       for c in chapters]

@@ -429,9 +429,10 @@ class Review(Verdicts):
                                 "this text already: nothing was changed", same.id,
                                 same.number if same.number is not None
                                 else same.withdrawn_number)
-        title = conn.execute(select(S.c.title).where(
-            S.c.exam == slug, S.c.chapter_id == chapter_id).limit(1)).scalar() or ""
-        signed = neardup.Signed.of(text, title)
+        head = conn.execute(select(S.c.title, S.c.language).where(
+            S.c.exam == slug, S.c.chapter_id == chapter_id).limit(1)).first()
+        signed = neardup.Signed.of(text, (head.title if head else None) or "",
+                                   (head.language if head else None) or DEFAULT_LANGUAGE)
         if near_dup is None:  # NEAR_DUP_SCOPE=off: the signature is kept right all the same
             return signed
         # Lock order as a worker's commit: the exam row, the slices, then the scope's.

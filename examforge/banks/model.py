@@ -24,6 +24,7 @@ class BankChapter:
     id: str  # [a-z0-9-], unique in the exam
     title: str
     position: int  # syllabus order
+    language: str = "en"  # BCP 47, what its questions are written in (slice.language)
 
     def __post_init__(self) -> None:
         _check_id(self.id, "chapter id")

@@ -12,6 +12,12 @@ Escaping, in two layers:
 - Plain fields (name, category path, tags) are XML-escaped. Category names escape `/` as `//`,
   as Moodle's own `assemble_category_path` does.
 
+Language: Moodle XML has no field for a question's language (a question's is the course's).
+A chapter in another language than English has its question, choices and feedback as
+`<div lang="fa" dir="rtl">...</div>` (examforge.banks.text.in_language): Moodle shows them in
+that language and direction. (Not Moodle's multilang spans: with the multi-language filter
+on, those hide text from users whose language is another.)
+
 Shuffle: `<shuffleanswers>true</shuffleanswers>`. Moodle shuffles a question's answers only
 when both the question and the quiz ("Shuffle within questions") say so; with the question
 at true, a teacher keeps or drops shuffling for a whole quiz with that one setting, whereas
@@ -25,7 +31,7 @@ from typing import BinaryIO, Iterable
 from xml.sax.saxutils import escape
 
 from examforge.banks.model import BankChapter, BankExam, BankQuestion, checked
-from examforge.banks.text import as_html, one_line, question_name
+from examforge.banks.text import as_html, in_language, one_line, question_name
 
 SHUFFLE_ANSWERS = True
 
@@ -59,16 +65,17 @@ def _category(exam: BankExam, chapter: BankChapter) -> str:
     )
 
 
-def _rich(tag: str, text: str, indent: str = "    ") -> str:
-    return f'{indent}<{tag} format="html"><text>{cdata(as_html(text))}</text></{tag}>\n'
+def _rich(tag: str, text: str, indent: str = "    ", language: str = "en") -> str:
+    html = in_language(as_html(text), language)
+    return f'{indent}<{tag} format="html"><text>{cdata(html)}</text></{tag}>\n'
 
 
-def _question(q: BankQuestion) -> str:
+def _question(q: BankQuestion, language: str = "en") -> str:
     parts = [
         '  <question type="multichoice">\n',
         f"    <name><text>{escape(question_name(q.chapter_id, q.number))}</text></name>\n",
-        _rich("questiontext", q.question),
-        _rich("generalfeedback", q.feedback),  # the explanation, then the source
+        _rich("questiontext", q.question, language=language),
+        _rich("generalfeedback", q.feedback, language=language),  # explanation, then source
         "    <defaultgrade>1</defaultgrade>\n",
         "    <single>true</single>\n",
         f"    <shuffleanswers>{'true' if SHUFFLE_ANSWERS else 'false'}</shuffleanswers>\n",
@@ -78,7 +85,7 @@ def _question(q: BankQuestion) -> str:
         fraction = 100 if index == q.answer_index else 0
         parts.append(
             f'    <answer fraction="{fraction}" format="html">\n'
-            f"      <text>{cdata(as_html(choice))}</text>\n"
+            f"      <text>{cdata(in_language(as_html(choice), language))}</text>\n"
             '      <feedback format="html"><text></text></feedback>\n'
             "    </answer>\n"
         )
@@ -99,7 +106,7 @@ def write(exam: BankExam, questions: Iterable[BankQuestion], out: BinaryIO) -> i
         if chapter is not current:
             out.write(_category(exam, chapter).encode("utf-8"))
             current = chapter
-        out.write(_question(q).encode("utf-8"))
+        out.write(_question(q, chapter.language).encode("utf-8"))
         count += 1
     out.write(b"</quiz>\n")
     return count

@@ -24,7 +24,9 @@ must precede its items, so each chapter's items wait in a spooled temporary file
 to `_SPOOL_BYTES`, then disk) until the chapter ends. assessment_meta.xml, which holds the
 total points, is written last.
 
-Text is `as_html` inside XML-escaped `mattext texttype="text/html"`, as text2qti does. Canvas
+Text is `as_html` inside XML-escaped `mattext texttype="text/html"`, as text2qti does (a
+chapter in another language than English: its `xml:lang`, and the HTML inside
+`<div lang dir>`, examforge.banks.text.in_language). Canvas
 Classic Quizzes have no tags: they are kept as `examforge_tag` item metadata fields, which
 Canvas ignores. Shuffle: the quiz's "Shuffle answers" is off (the stored order is already
 balanced); it is one setting in Canvas to turn on.
@@ -40,7 +42,7 @@ from typing import IO, BinaryIO, Iterable
 from xml.sax.saxutils import escape, quoteattr
 
 from examforge.banks.model import BankChapter, BankExam, BankQuestion, checked
-from examforge.banks.text import as_html, question_name
+from examforge.banks.text import as_html, in_language, question_name
 
 SHUFFLE_ANSWERS = False
 POINTS_PER_QUESTION = 1
@@ -232,11 +234,15 @@ def _field(label: str, entry: str) -> str:
             "            </qtimetadatafield>\n")
 
 
-def _mattext(text: str) -> str:
-    return f'<mattext texttype="text/html">{escape(as_html(text))}</mattext>'
+def _mattext(text: str, language: str = "en") -> str:
+    if language == "en":
+        return f'<mattext texttype="text/html">{escape(as_html(text))}</mattext>'
+    # QTI 1.2's mattext takes xml:lang; Canvas reads the HTML's lang and dir.
+    return (f'<mattext texttype="text/html" xml:lang={quoteattr(language)}>'
+            f'{escape(in_language(as_html(text), language))}</mattext>')
 
 
-def _item(ids: _Ids, q: BankQuestion) -> str:
+def _item(ids: _Ids, q: BankQuestion, language: str = "en") -> str:
     qid = ids.question(q)
     choice_ids = [ids.choice(q, i) for i in range(4)]
     parts = [
@@ -250,7 +256,7 @@ def _item(ids: _Ids, q: BankQuestion) -> str:
         *(_field("examforge_tag", tag) for tag in q.tags),
         "          </qtimetadata>\n        </itemmetadata>\n",
         "        <presentation>\n",
-        f"          <material>\n            {_mattext(q.question)}\n          </material>\n",
+        f"          <material>\n            {_mattext(q.question, language)}\n          </material>\n",
         '          <response_lid ident="response1" rcardinality="Single">\n',
         "            <render_choice>\n",
     ]
@@ -258,7 +264,7 @@ def _item(ids: _Ids, q: BankQuestion) -> str:
         parts.append(
             f"              <response_label ident={quoteattr(cid)}>\n"
             "                <material>\n"
-            f"                  {_mattext(choice)}\n"
+            f"                  {_mattext(choice, language)}\n"
             "                </material>\n"
             "              </response_label>\n")
     parts += [
@@ -286,7 +292,7 @@ def _item(ids: _Ids, q: BankQuestion) -> str:
         parts.append(
             '        <itemfeedback ident="general_fb">\n'
             "          <flow_mat>\n            <material>\n"
-            f"              {_mattext(q.feedback)}\n"  # the explanation, then the source
+            f"              {_mattext(q.feedback, language)}\n"  # the explanation, the source
             "            </material>\n          </flow_mat>\n"
             "        </itemfeedback>\n")
     parts.append("      </item>\n")
@@ -339,7 +345,7 @@ def write(exam: BankExam, questions: Iterable[BankQuestion], out: BinaryIO) -> i
                         if group is not None:
                             group.flush(ids, sink)
                         group = _Group(chapter)
-                    group.add(_item(ids, q))
+                    group.add(_item(ids, q, chapter.language))
                     total += 1
                 if group is not None:
                     group.flush(ids, sink)

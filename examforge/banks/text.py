@@ -41,3 +41,16 @@ def stable_id(*parts: object, low: int = 1 << 30, high: int = 1 << 31) -> int:
     one. Anki deck and note type ids live in this range by genanki's convention."""
     digest = hashlib.sha256("\x1f".join(map(str, parts)).encode("utf-8")).digest()
     return low + int.from_bytes(digest[:8], "big") % (high - low)
+
+
+def in_language(fragment: str, language: str) -> str:
+    """An HTML fragment of a chapter written in `language`, as Moodle and Canvas show it: in
+    English (every platform's default) as it is; in another language inside
+    `<div lang="fa" dir="rtl">`, so that the platform reads it in its language and
+    direction (dir="rtl" for a language written right to left, none otherwise)."""
+    if language == "en":
+        return fragment
+    from examforge.languages import RIGHT_TO_LEFT
+
+    direction = ' dir="rtl"' if language in RIGHT_TO_LEFT else ""
+    return f'<div lang="{html.escape(language)}"{direction}>{fragment}</div>'

@@ -11,6 +11,7 @@ import threading
 from typing import IO, Annotated, Any, Iterator
 
 from fastapi import APIRouter, Body, Depends, Header, Path, Query, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from sqlalchemy import text
 from starlette.concurrency import run_in_threadpool
@@ -32,10 +33,10 @@ from producer.batches import cancel_batches
 from producer.export import (
     FORMATS,
     TABLE_FORMATS,
-    WRITERS,
     bank_questions,
     default_name,
     nothing_approved,
+    table_writer,
 )
 from producer.syllabi import file_syllabus, resolve
 from producer.views import status_dict, summary_dict, when
@@ -471,7 +472,12 @@ def export(slug: Slug, request: Request, c: Ctx,
                            "(.apkg), qti (QTI 1.2 zip for Canvas)")] = "jsonl",
            approved_only: Annotated[bool, Query(
                description="Only the questions a reviewer approved (as export "
-                           "--approved-only).")] = False) -> Response:
+                           "--approved-only).")] = False,
+           bom: Annotated[bool, Query(
+               description="With format=csv: the file starts with a UTF-8 byte-order mark, "
+                           "which spreadsheet programs need to read Persian, Arabic or "
+                           "Russian text right (as export --bom); refused with another "
+                           "format.")] = False) -> Response:
     """Every stored question but the rejected ones (export's writers: the same content as
     the CLI's), or with `approved_only` the approved ones. The table
     formats are streamed; a bank is built whole first (spooled to disk when large), so that a
@@ -479,6 +485,9 @@ def export(slug: Slug, request: Request, c: Ctx,
     `approved_only` of an exam with no approved question is a 409 problem too: an empty
     bank is not a download."""
     check_name(slug, "exam slug")
+    if bom and format != "csv":
+        raise RequestValidationError([{"loc": ("query", "bom"), "type": "value_error",
+                                       "msg": "a byte-order mark is for format=csv only"}])
     if not c.store.exam_exists(slug):
         raise UnknownExam(f"unknown exam {slug!r}: not in the database (start a run first)")
     if approved_only and not c.store.approved_in_bank(slug):
@@ -490,7 +499,7 @@ def export(slug: Slug, request: Request, c: Ctx,
         del response.headers["content-length"]
         return response
     if format in TABLE_FORMATS:
-        return StreamingResponse(_stream_export(c.store, slug, format, approved_only),
+        return StreamingResponse(_stream_export(c.store, slug, format, approved_only, bom),
                                  media_type=MEDIA_TYPES[format], headers=headers)
     bank = _build_bank(c.store, slug, format, approved_only)
     size = bank.seek(0, 2)
@@ -502,7 +511,7 @@ def export(slug: Slug, request: Request, c: Ctx,
 def _build_bank(store: Any, slug: str, fmt: str, approved_only: bool = False) -> IO[bytes]:
     """The whole bank in a temporary file (memory up to 8 MB, then disk)."""
     title, chapters = store.outline(slug)
-    exam = BankExam(slug, title, tuple(BankChapter(i, t, p) for i, t, p in chapters))
+    exam = BankExam(slug, title, tuple(BankChapter(*chapter) for chapter in chapters))
     # Closed by _read_chunks once sent (or below on failure), not by a `with` here.
     out = tempfile.SpooledTemporaryFile(max_size=8 << 20)  # noqa: SIM115
     try:
@@ -547,7 +556,7 @@ class _Pipe:
 
 
 def _stream_export(store: Any, slug: str, fmt: str,
-                   approved_only: bool = False) -> Iterator[bytes]:
+                   approved_only: bool = False, bom: bool = False) -> Iterator[bytes]:
     """The writer runs in a thread of its own, a bounded queue between it and the response:
     memory stays flat however many questions, as in the CLI's export."""
     chunks: queue.Queue[bytes | None] = queue.Queue(maxsize=8)
@@ -562,7 +571,7 @@ def _stream_export(store: Any, slug: str, fmt: str,
                     if stop.is_set():
                         return
                     yield r
-            WRITERS[fmt](rows(), pipe)  # type: ignore[arg-type]
+            table_writer(fmt, bom)(rows(), pipe)
             pipe.flush()
         except BaseException as exc:  # noqa: BLE001 - raised on the response's side below
             failed.append(exc)

@@ -78,9 +78,16 @@ _ENTITY_RE = re.compile(r"&(amp|lt|gt);")
 _ENTITIES = {"amp": "&", "lt": "<", "gt": ">"}
 
 
+_LANGUAGE_DIV_RE = re.compile(r'<div lang="([a-zA-Z-]+)"(?: dir="rtl")?>(.*)</div>', re.S)
+
+
 def strict_unhtml(fragment: str) -> str:
     """Decode the writers' HTML, refusing anything they should not have produced: a tag other
-    than <br>, a raw '<' or '>', or an entity other than &amp; &lt; &gt;."""
+    than <br> (inside the one `<div lang dir>` a chapter in another language than English is
+    wrapped in), a raw '<' or '>', or an entity other than &amp; &lt; &gt;."""
+    wrapped = _LANGUAGE_DIV_RE.fullmatch(fragment)
+    if wrapped:
+        fragment = wrapped.group(2)
     pieces = fragment.split("<br>")
     decoded = []
     for piece in pieces:

@@ -20,8 +20,8 @@ case "$*" in
   *mock-llm*) echo "mock-llm listening on http://127.0.0.1:8089/v1"; exec sleep 60 ;;
   *"-m celery"*) exec sleep 60 ;;
   *"producer run"*) touch demo-run/examforge.db ;;
-  *"producer export"*) mkdir -p exams/cloud-practitioner
-                       echo '{"question": "Q?"}' > exams/cloud-practitioner/generated.jsonl ;;
+  *"producer export"*) mkdir -p "exams/$4"
+                       echo '{"question": "Q?"}' > "exams/$4/generated.jsonl" ;;
 esac
 """
 
@@ -140,3 +140,32 @@ def test_a_failed_install_leaves_no_stamp_and_the_next_run_installs_again(demo):
     again = run(demo, "--local")
     assert again.returncode == 0, again.stderr
     assert calls(demo).count(INSTALL) == 2
+
+
+def test_language_picks_the_sample_exam_in_it_and_exports_a_csv_with_a_mark(demo):
+    result = run(demo, "--local", "--language", "fa")
+    assert result.returncode == 0, result.stderr
+    log = calls(demo)
+    assert "-m producer run cloud-practitioner-fa --concurrency 8" in log
+    assert "-m producer export cloud-practitioner-fa --format moodle-xml" in log
+    assert "-m producer export cloud-practitioner-fa --format csv --bom" in log
+    english = run(demo, "--local", "--language=en")
+    assert english.returncode == 0, english.stderr
+    assert "export cloud-practitioner --format csv --bom" not in calls(demo)
+
+
+def test_an_unknown_language_is_one_line_and_exit_2(demo):
+    result = run(demo, "--language", "xx")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "demo.sh: --language 'xx': no sample exam in that language (known: en, fa, ar, ru)"]
+    assert calls(demo) == ""
+
+
+@pytest.mark.parametrize("tag", ["fa", "ar", "ru"])
+def test_each_language_s_sample_exam_is_a_valid_syllabus_in_it(tag):
+    from examforge.syllabus import load_syllabus
+
+    syllabus = load_syllabus(ROOT / "exams" / f"cloud-practitioner-{tag}" / "syllabus.json",
+                             max_questions=1000)
+    assert syllabus.language == tag
