@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from examforge.output import normalise
-from examforge.prompt import AVOID_HEADER, Label, parse_difficulty, read_fields
+from examforge.prompt import AVOID_HEADER, Label, parse_difficulty, parse_types, read_fields
 from examforge.sources import offered_ids
 from mockllm.faults import MODEL_ID
 from mockllm.solve import is_solve
@@ -46,6 +46,10 @@ class ChatPrompt:
     # The ids of the course-material passages the prompt offers (examforge.sources): a
     # model asked to cite one does.
     passages: tuple[str, ...] = ()
+    # What an Item types line asks for, one type per question in order ("2 mcq, 1 short":
+    # mcq, mcq, short), and how many of its true/false statements are to be true.
+    types: tuple[str, ...] = ()
+    true_count: int = 0
     # A blind solve's user message (mockllm.solve), None for a generation request.
     solve_text: str | None = None
 
@@ -106,6 +110,7 @@ def parse_prompt(body: dict[str, Any]) -> ChatPrompt:
     chapter = _first_token(fields.get(Label.chapter_id))
     count = _first_token(fields.get(_COUNT_LABEL))
     chapter_id = chapter or UNKNOWN_CHAPTER
+    asked_types, true_count = parse_types(fields.get(Label.types, ""))
     return ChatPrompt(
         key=f"{exam}/{chapter}" if exam and chapter else UNKNOWN_CHAPTER,
         chapter_id=chapter_id,
@@ -119,4 +124,6 @@ def parse_prompt(body: dict[str, Any]) -> ChatPrompt:
                     if b.strip()),
         avoid=avoid_list(text),
         passages=offered_ids(text),
+        types=tuple(kind for kind, n in asked_types.items() for _ in range(min(n, 1000))),
+        true_count=true_count,
     )

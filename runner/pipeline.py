@@ -31,7 +31,8 @@ from examforge.errors import (
     SliceReason,
 )
 from runner.heartbeat import LeaseKeeper
-from examforge.levels import Levels, ask
+from examforge.levels import (Levels, ask, ask_types, keep_types, lacking_types,
+                              type_counts)
 from examforge.llm import Admission, Completion, LLMClient
 from examforge import neardup
 from examforge.neardup import Checker, Scope
@@ -331,6 +332,8 @@ class _Calls:
         # The slice's stored questions per difficulty, once a commit has changed them from
         # what the claim read (view.levels.stored).
         self.stored_levels: Counter[str] | None = None
+        # The same per item type (examforge.item_types), for a chapter with types.
+        self.types_stored: Counter[str] | None = None
         # After a reply cut at max_tokens (`after_cut`): the room per question, or the most
         # questions a call asks; each reply that is not cut eases them back (`not_cut`).
         self.room: int | None = None
@@ -418,15 +421,38 @@ class _Calls:
         """What the next call asks of the chapter's difficulty mix and Bloom levels: the
         counts its slice still lacks (examforge.levels)."""
         chapter = view.levels
+        types, true_count = None, 0
+        if chapter.types is not None:
+            types, true_count = ask_types(chapter.types, view.first_number, view.target,
+                                          self.stored_types(view), want)
         if chapter.difficulty is None:
-            return Levels(None, chapter.bloom)
+            return Levels(None, chapter.bloom, types, true_count)
         stored = chapter.stored if self.stored_levels is None else self.stored_levels
         return Levels(ask(chapter.difficulty, view.first_number, view.target, stored, want),
-                      chapter.bloom)
+                      chapter.bloom, types, true_count)
+
+    def stored_types(self, view: ChapterView) -> Counter[str]:
+        """The slice's stored questions per item type: what the claim read, and each batch
+        since, counted before its commit as difficulties are."""
+        if self.types_stored is None:
+            self.types_stored = Counter(view.levels.stored_types)
+        return self.types_stored
+
+    def keep_types(self, view: ChapterView,
+                   batch: Sequence[Question]) -> tuple[list[Question], int]:
+        """The batch's questions of the types the slice still lacks, and how many were
+        beyond them (examforge.levels.keep_types)."""
+        chapter = view.levels
+        if chapter.types is None:
+            return list(batch), 0
+        return keep_types(batch, lacking_types(chapter.types, view.first_number, view.target,
+                                               self.stored_types(view)))
 
     def count_levels(self, view: ChapterView, batch: Sequence[Question]) -> None:
         """Count a batch's difficulties as stored before its commit: the next call is
         prepared (`prepare`) before the commit that records it."""
+        if view.levels.types is not None:
+            self.stored_types(view).update(type_counts(batch))
         if view.levels.difficulty is None:
             return
         if self.stored_levels is None:
@@ -435,20 +461,24 @@ class _Calls:
 
     def not_kept(self, batch: Sequence[Question], kept: Sequence[str]) -> None:
         """Take back the counts of a batch's questions its commit dropped (duplicates)."""
-        if self.stored_levels is None:
+        if self.stored_levels is None and self.types_stored is None:
             return
         left = Counter(kept)
         for q in batch:
             if left[q.question] > 0:
                 left[q.question] -= 1
-            elif q.difficulty is not None:
+                continue
+            if self.types_stored is not None:
+                self.types_stored.subtract(type_counts([q]))
+            if q.difficulty is not None and self.stored_levels is not None:
                 self.stored_levels[q.difficulty] -= 1
 
     def _build(self, view: ChapterView, want: int) -> _Next:
         rt = self.rt
         spec = ChapterSpec.model_construct(id=view.chapter_id, title=view.title,
                                            questions=view.chapter_target or view.target,
-                                           prompt=view.prompt, language=view.language)
+                                           prompt=view.prompt, language=view.language,
+                                           types=view.levels.types)
         # What the chapter has: read by the store in the transaction before this call (the
         # claim, or the last commit, which sees every slice's questions), plus the batch
         # just received. Slices of one chapter are also steered to their own numbers.
@@ -682,6 +712,20 @@ def _generate(rt: Runtime, claim: Claimed, lost: threading.Event, run: _Run,
         else:
             calls.not_cut(claim.exam)
         batch = nxt.levels.resolve(parsed.questions)  # the levels each is stored with
+        # No more of an item type than the slice lacks: its counts are the chapter's.
+        batch, surplus = calls.keep_types(claim.view(), batch)
+        if surplus:
+            note = ", ".join(filter(None, [
+                note, f"{surplus} {Rejection.surplus_type.value} rejected"]))
+        if not batch:
+            store.finish_call(call_id, CallOutcome.wasted, CallReason.invalid_output,
+                              f"{Rejection.surplus_type.value}: every question was of a "
+                              "type the slice has enough of", usage=usage)
+            invalid_in_row += 1
+            if invalid_in_row > settings.max_reasks:
+                raise OutputInvalid(Rejection.surplus_type,
+                                    "every question was of a type the slice has enough of")
+            continue
         if calls.passages:  # the passage each cites, as stored
             batch = ground(batch, nxt.material.offered, {p.pid: p for p in calls.passages})
         calls.count_levels(claim.view(), batch)
@@ -693,7 +737,7 @@ def _generate(rt: Runtime, claim: Claimed, lost: threading.Event, run: _Run,
         # added after it (the next call is prepared before it).
         repeats = parsed.rejected.get(Rejection.duplicate, 0)
         calls.seen(len(parsed.questions) + repeats, repeats)
-        expect = min(target, stored + len(parsed.questions))  # the commit stores no more
+        expect = min(target, stored + len(batch))  # the commit stores no more
         if expect < target and not verifying:  # under VERIFY the blind solve comes first
             calls.size(claim.exam)
             calls.prepare(claim.view(expect, target))

@@ -41,7 +41,7 @@ _PARAMS = (
     ("p_numbers", "integer[]"), ("p_questions", "text[]"), ("p_choices", "text[]"),
     ("p_answers", "integer[]"), ("p_explanations", "text[]"), ("p_hashes", "varchar[]"),
     ("p_difficulties", "varchar[]"), ("p_blooms", "varchar[]"), ("p_sources", "text[]"),
-    ("p_passages", "integer[]"), ("p_model", "varchar"),
+    ("p_passages", "integer[]"), ("p_answer_data", "text[]"), ("p_model", "varchar"),
     ("p_dedup_scope", "varchar"), ("p_dedup_lock", "boolean"), ("p_epoch", "bigint"),
     ("p_max_id", "integer"), ("p_tokens", "text[]"), ("p_key_terms", "text[]"),
     ("p_bands", "bytea[]"), ("p_repeated", "integer[]"),
@@ -79,10 +79,12 @@ CLAIM_SQL = ("SELECT * FROM ef_claim(%(p_exam)s::varchar, %(p_chapter)s::varchar
 # (Leases.fresh_view), with the fingerprint ef_claim checks that plan against.
 FRESH_SQL = """
 SELECT s.chapter_id, s.slice_no, s.target, s.first_number, s.title, s.prompt, s.difficulty,
-       s.bloom, s.language, c.chapter_target, e.title AS exam_title,
+       s.bloom, s.language, s.types, c.chapter_target, e.title AS exam_title,
        s.sources IS NOT NULL AS sourced,
        ef_spec_fp(e.title, s.title, s.prompt, s.target, s.first_number, c.chapter_target,
-                  s.difficulty, s.bloom, s.language) AS fp
+                  CASE WHEN s.types IS NULL THEN s.difficulty
+                       ELSE concat(s.difficulty, chr(29), s.types) END,
+                  s.bloom, s.language) AS fp
   FROM slice s
   JOIN exam e ON e.slug = s.exam
   JOIN (SELECT o.chapter_id, max(o.first_number + o.target - 1) AS chapter_target
@@ -235,6 +237,9 @@ def prepare(url: str, claim: Claimed, stored: int, target: int, lease_s: float,
         # The course material each cites (storage.ledger.question_row's rule).
         "p_sources": _text_array([q.source if q.passage is not None else None for q in rows]),
         "p_passages": _int_array([q.passage for q in rows]),
+        # Each question's type and answer in one element (NULL for an mcq; migration 0032):
+        # one parameter more, not two, keeps the statement's placeholders at psycopg's 50.
+        "p_answer_data": _text_array([_answer_data(q) for q in rows]),
         "p_model": model,
         "p_dedup_scope": None if p.scope is None else (
             "" if p.scope is Scope.exam else claim.chapter_id),
@@ -282,6 +287,12 @@ def _int_array(items: Sequence[int | None] | None) -> str | None:
 
 def _bytea_array(items: Sequence[bytes]) -> str:
     return "{" + ",".join('"\\\\x' + x.hex() + '"' for x in items) + "}"
+
+
+def _answer_data(q: ParsedQuestion) -> str | None:
+    """`type`, US (0x1f), `answer`: JSON escapes a control character, so the separator is
+    never part of the answer."""
+    return None if q.type == "mcq" else f"{q.type}\x1f{q.answer or ''}"
 
 
 def _choices(q: ParsedQuestion) -> str:
