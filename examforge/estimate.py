@@ -12,13 +12,16 @@ counted too (`Solves`), and the totals include it.
 
 from __future__ import annotations
 
+import dataclasses
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 from examforge import verify
 from examforge import verify as verify_mod
 from examforge.prices import Price
-from examforge.prompt import build_messages
+from examforge.levels import ask_types
+from examforge.prompt import build_messages, levels_for
 from examforge.sources import Passage, slice_material, slice_passages
 from examforge.settings import Settings
 from examforge.syllabus import Syllabus, slice_ranges
@@ -59,6 +62,60 @@ class ChapterEstimate:
     calls: int = 0
     prompt_tokens: int = 0
     max_completion_tokens: int = 0
+
+
+# One reply item of each type (examforge.item_types) as a model writes it, with the same
+# question and explanation: their token counts set each type's completion tokens relative
+# to an mcq's (the observed or default figure per question is an mcq's; a true/false item
+# has no choices, a multi has five or six). Counted with the exam's tokenizer.
+_EXPLANATION = ("Reviewing against the documented baseline catches drift early; the other "
+                "options leave the service exposed or hide the problems that matter.")
+_TYPE_SAMPLES: dict[str, dict[str, object]] = {
+    "mcq": {"type": "mcq", "question": _PLACEHOLDER, "choices": list(_CHOICES),
+            "answer_index": 0, "explanation": _EXPLANATION},
+    "multi": {"type": "multi", "question": _PLACEHOLDER,
+              "choices": [*_CHOICES, _CHOICES[0].replace("quarter", "month")],
+              "correct": [0, 4], "explanation": _EXPLANATION},
+    "truefalse": {"type": "truefalse", "question": _PLACEHOLDER, "answer": True,
+                  "explanation": _EXPLANATION},
+    "short": {"type": "short", "question": _PLACEHOLDER,
+              "accepted": ["a documented baseline review", "baseline review"],
+              "explanation": _EXPLANATION},
+    "numeric": {"type": "numeric", "question": _PLACEHOLDER, "value": 99.95,
+                "tolerance": 0.01, "relative": False, "unit": "%",
+                "explanation": _EXPLANATION},
+}
+
+
+def type_weights(model: str) -> dict[str, float]:
+    """Each item type's completion tokens per question relative to an mcq's."""
+    import json
+
+    tokens = {k: count_text(json.dumps(v), model) for k, v in _TYPE_SAMPLES.items()}
+    return {k: n / tokens["mcq"] for k, n in tokens.items()}
+
+
+@dataclass
+class TypeEstimate:
+    """The share of an exam's generation cost that goes to one item type: each call's
+    prompt and max_tokens split over the types it asks for by their counts, and the
+    expected completion by each type's tokens per question (`type_weights`)."""
+
+    type: str
+    questions: int = 0
+    prompt_tokens: float = 0.0
+    max_completion_tokens: float = 0.0
+    expected_completion_tokens: float = 0.0
+
+    def as_dict(self, price: Price, worst: Price) -> dict[str, object]:
+        return {"type": self.type, "questions": self.questions,
+                "prompt_tokens": round(self.prompt_tokens),
+                "max_completion_tokens": round(self.max_completion_tokens),
+                "expected_completion_tokens": round(self.expected_completion_tokens),
+                "worst_usd": round(worst.cost_usd(round(self.prompt_tokens),
+                                                  round(self.max_completion_tokens)), 6),
+                "expected_usd": round(price.cost_usd(
+                    round(self.prompt_tokens), round(self.expected_completion_tokens)), 6)}
 
 
 @dataclass
@@ -116,6 +173,8 @@ class Estimate:
     models: tuple[str, ...] = ()
     # VERIFY: one blind solve per generation call, of its questions (runner.verify).
     verify: Solves | None = None
+    # Per item type, when a chapter asks for types other than mcq (examforge.item_types).
+    types: dict[str, TypeEstimate] = field(default_factory=dict)
 
     @property
     def calls(self) -> int:
@@ -135,6 +194,8 @@ class Estimate:
 
     @property
     def expected_completion_tokens(self) -> int:
+        if self.types:  # each type at its own tokens per question
+            return round(sum(t.expected_completion_tokens for t in self.types.values()))
         return round(self.questions * self.completion_per_question)
 
     @property
@@ -164,6 +225,8 @@ class Estimate:
                 "worst_usd": round(self.worst_usd, 6),
                 "expected_usd": round(self.expected_usd, 6),
                 "verify": self.verify.as_dict() if self.verify else None,
+                "types": [t.as_dict(self.price, self.worst_price or self.price)
+                          for t in self.types.values()] or None,
                 "chapters": [c.__dict__ for c in self.chapters]}
 
 
@@ -222,6 +285,8 @@ def estimate(slug: str, syllabus: Syllabus, settings: Settings, *,
                     [verify_mod.item(placeholder, _CHOICES)] * want, [], language), solver.model)
                 solver.max_completion_tokens += verify_mod.max_tokens(want)
                 n -= want
+    typed = any(ch.item_types is not None for ch in syllabus.chapters)
+    weights = type_weights(model) if typed else {}
     for chapter in syllabus.chapters:
         texts = list(stored.get(chapter.id, []))
         ch = ChapterEstimate(chapter.id, stored=len(texts), target=chapter.questions)
@@ -241,13 +306,29 @@ def estimate(slug: str, syllabus: Syllabus, settings: Settings, *,
             # in turn.
             share = [passages[i].text for i in slice_passages(
                 len(passages), first, count, chapter.questions)] if passages else []
+            stored_types: Counter[str] = Counter()  # the stored are taken to be mcq
             while have < count:
                 want = min(settings.questions_per_call, count - have)
+                levels = levels_for(chapter, want)
+                if chapter.item_types is not None:
+                    asked, trues = ask_types(chapter.item_types, first, count,
+                                             stored_types, want)
+                    levels = dataclasses.replace(levels, types=asked, true_count=trues)
+                    stored_types.update(asked)
                 messages = build_messages(slug, syllabus.title, chapter, want, avoid,
-                                          numbers=numbers, material=block)
+                                          numbers=numbers, material=block, levels=levels)
                 ch.calls += 1
-                ch.prompt_tokens += count_messages(messages, model)
+                prompt_tokens = count_messages(messages, model)
+                ch.prompt_tokens += prompt_tokens
                 ch.max_completion_tokens += settings.max_tokens(want)
+                if typed:
+                    for kind, n in (levels.types or {"mcq": want}).items():
+                        t = est.types.setdefault(kind, TypeEstimate(kind))
+                        t.questions += n
+                        t.prompt_tokens += prompt_tokens * n / want
+                        t.max_completion_tokens += settings.max_tokens(want) * n / want
+                        t.expected_completion_tokens += (
+                            est.completion_per_question * weights[kind] * n)
                 if solver is not None:  # the batch's blind solve (runner.verify)
                     solver.calls += 1
                     solver.questions += want
