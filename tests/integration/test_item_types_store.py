@@ -146,3 +146,26 @@ def test_0032_over_stored_questions_and_back(db_url: str) -> None:
         migrate(engine)
     finally:
         engine.dispose()
+
+
+def test_a_mixed_chapter_in_batch_mode_stores_exactly_its_counts(
+        make_settings: Any, db_url: str, mock_llm: Any, tmp_path: Any) -> None:
+    from test_batch_mode import _rows, _setup, _until_done
+
+    from runner.batching import BatchRuntime
+
+    settings, store = _setup(make_settings, db_url, mock_llm, tmp_path, {
+        "title": "Bx", "chapters": [{"id": "a", "title": "Mixed", "questions": 18,
+                                     "types": MIXED}]},
+        questions_per_call=5, slice_questions=9)
+    rt = BatchRuntime.build(settings, store)
+    try:
+        _until_done(rt)
+    finally:
+        rt.close()
+    calls, questions, _ = _rows(store)
+    assert Counter(q.type for q in questions) == MIXED
+    assert sorted(q.number for q in questions) == list(range(1, 19))
+    assert [c.outcome for c in calls] == ["used"] * 4  # two calls a slice of 9, none wasted
+    assert Counter(json.loads(q.answer)["value"] for q in questions
+                   if q.type == "truefalse") == {True: 2, False: 2}
