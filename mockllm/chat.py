@@ -338,7 +338,8 @@ class ChatEngine:
         if call.prompt.solve_text is not None:
             return self._solve(call, outcome, completion_id)
         items = state.mint_items(call.prompt, question_count(outcome, call.prompt.count, config.questions_per_reply))
-        items = cited(labelled(typed(items, call.prompt), call.prompt), call.prompt)
+        items = cited(labelled(typed(items, call.prompt, config.seed, config.wrong_key_rates),
+                               call.prompt), call.prompt)
         if call.schema is not None:
             items = [_conform(item, call.schema) for item in items]
         variant = state.next_wrong_schema_variant() if outcome == "wrong_schema" else 0
@@ -367,7 +368,8 @@ class ChatEngine:
         the output faults that leave nothing readable (malformed, empty, refusal, truncated)
         are served as such, the others as ok."""
         state, config = self.state, self.state.config
-        solved = solve(call.prompt.solve_text or "", config.seed, config.solver_error_rate)
+        solved = solve(call.prompt.solve_text or "", config.seed, config.solver_error_rate,
+                       config.solver_error_rates)
         text, finish = solved.content, "stop"
         if outcome == "malformed" or outcome == "refusal":
             text = "I cannot help with that." if outcome == "refusal" else "answers: B, A"

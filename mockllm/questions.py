@@ -615,13 +615,17 @@ def as_type(question: dict[str, Any], kind: str, serial: int, true: bool) -> dic
                                     f"the answer is to {shown[0].lower()}{shown[1:]}.",
                 "answer": true != wrong_key}
     if kind == "short":
-        key = good if not wrong_key else good
+        question_text = f"{stem} (answer in a few words)"
+        key = short_truth(question_text)
+        if wrong_key:  # another good practice: right in general, not for this question
+            key = next(g for g in GOOD_PRACTICES[::-1] if g != key)
         accepted = [key]
         if rng.random() < 0.5:
             accepted.append(f"to {key[0].lower()}{key[1:]}")
-        return {**base, "question": f"{stem} (answer in a few words)", "accepted": accepted}
+        return {**base, "question": question_text, "accepted": accepted,
+                "explanation": f"{key} is what the situation calls for."}
     # numeric: a value fixed by the serial, asked in a unit, with a tolerance of 5 % of it.
-    value = round(10 + (serial * 7919) % 990 + (serial % 4) * 0.25, 2)
+    value = numeric_truth(serial)
     unit = _UNITS[serial % len(_UNITS)]
     relative = serial % 2 == 0
     tolerance = 0.05 if relative else round(value * 0.05, 2)
@@ -632,10 +636,45 @@ def as_type(question: dict[str, Any], kind: str, serial: int, true: bool) -> dic
             "relative": relative, "unit": unit}
 
 
-def typed(items: list[Item], prompt: ChatPrompt) -> list[Item]:
+def short_truth(question: str) -> str:
+    """The answer a short-answer item of the mock is true to: a good practice drawn from its
+    text, so that the mock's solver finds it again from the text alone."""
+    return GOOD_PRACTICES[_rng("short-truth", question).randrange(len(GOOD_PRACTICES))]
+
+
+def numeric_truth(serial: int) -> float:
+    """The value a numerical item of the mock (serial `serial`, which its text shows) is true
+    to."""
+    return round(10 + (serial * 7919) % 990 + (serial % 4) * 0.25, 2)
+
+
+_NUMERIC_SERIAL = re.compile(r"\(item (\d+)\)\?$")
+_TRUEFALSE = re.compile(r"^True or false: .*, the answer is to (.*)\.$")
+_GOOD_LOWER = {f"{g[0].lower()}{g[1:]}" for g in GOOD_PRACTICES}
+
+
+def typed_truth(kind: str, question: str, choices: list[str]) -> Any:
+    """The true answer of an item of the mock of type `kind` (not mcq), from what a solver
+    is shown; None for an item the mock did not write."""
+    if kind == "multi":
+        found = frozenset(i for i, c in enumerate(choices) if c in _GOOD)
+        return found if len(found) >= 2 else None
+    if kind == "truefalse":
+        m = _TRUEFALSE.match(question)
+        return None if m is None else m.group(1) in _GOOD_LOWER
+    if kind == "short":
+        return short_truth(question) if question.endswith("(answer in a few words)") else None
+    m = _NUMERIC_SERIAL.search(question)
+    return None if m is None else numeric_truth(int(m.group(1)))
+
+
+def typed(items: list[Item], prompt: ChatPrompt, seed: int = 0,
+          wrong_key_rates: dict[str, float] | None = None) -> list[Item]:
     """The reply's questions of the types the prompt's Item types line asks for, in its
     order (a reply longer than the line repeats the last type), its first ``true_count``
-    true/false statements true. Nothing changes when the prompt has no such line."""
+    true/false statements true. A type with its own wrong-key rate (``wrong_key_rates``)
+    has its keys drawn again at that rate. Nothing changes when the prompt has no such
+    line."""
     if not prompt.types:
         return items
     out = []
@@ -644,5 +683,10 @@ def typed(items: list[Item], prompt: ChatPrompt) -> list[Item]:
         kind = prompt.types[min(i, len(prompt.types) - 1)]
         true = kind == "truefalse" and trues < prompt.true_count
         trues += true
-        out.append(replace(item, question=as_type(item.question, kind, item.serial, true)))
+        question = item.question
+        right = true_index(question["choices"])
+        if wrong_key_rates and kind in wrong_key_rates and right is not None:
+            question = with_wrong_key({**question, "answer_index": right}, prompt.key,
+                                      item.serial, seed, wrong_key_rates[kind])
+        out.append(replace(item, question=as_type(question, kind, item.serial, true)))
     return out

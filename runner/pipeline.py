@@ -611,10 +611,14 @@ def _generate(rt: Runtime, claim: Claimed, lost: threading.Event, run: _Run,
     verifying = policy != "off"
 
     def solve() -> Judged | None:
-        return solve_pending(rt, claim, calls.check, lost, lambda client, call_id, messages,
-                             cap, admission: _call(rt, call_id, messages, cap, admission,
-                                                   client), stored, target,
-                             replace=policy == "replace")
+        judged = solve_pending(rt, claim, calls.check, lost, lambda client, call_id, messages,
+                               cap, admission: _call(rt, call_id, messages, cap, admission,
+                                                     client), stored, target,
+                               replace=policy == "replace")
+        if policy == "replace" and claim.levels.types is not None and judged is not None:
+            # Disputed questions were withdrawn: what the slice holds per type, read again.
+            calls.types_stored = Counter(store.stored_types(claim))
+        return judged
 
     if verifying and stored > 0:
         # Questions a dead holder stored and never had solved come first (the takeover).

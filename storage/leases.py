@@ -296,13 +296,8 @@ class Leases(Ledger):
         stored questions per difficulty (read only for a chapter that sets one)."""
         levels = ChapterLevels.from_row(row.difficulty, row.bloom, row.types)
         if levels.types is not None:
-            levels = dataclasses.replace(levels, stored_types=count_types(self._run(
-                conn, "slice_types", lambda: select(Q.c.type, Q.c.answer).where(
-                    Q.c.exam == bindparam("k_exam"), Q.c.chapter_id == bindparam("k_chapter"),
-                    Q.c.number >= bindparam("k_first"),
-                    Q.c.number < bindparam("k_first") + bindparam("k_target")), {
-                    "k_exam": row.exam, "k_chapter": row.chapter_id,
-                    "k_first": row.first_number, "k_target": row.target}).all()))
+            levels = dataclasses.replace(levels, stored_types=self._stored_types(
+                conn, row.exam, row.chapter_id, row.first_number, row.target))
         if levels.difficulty is None:
             return levels
         counts = self._run(conn, "slice_levels", lambda: (
@@ -314,6 +309,23 @@ class Leases(Ledger):
             "k_exam": row.exam, "k_chapter": row.chapter_id, "k_first": row.first_number,
             "k_target": row.target}).all()
         return dataclasses.replace(levels, stored={d: n for d, n in counts})
+
+    def _stored_types(self, conn: Connection, exam: str, chapter_id: str, first: int,
+                      target: int) -> dict[str, int]:
+        return count_types(self._run(
+            conn, "slice_types", lambda: select(Q.c.type, Q.c.answer).where(
+                Q.c.exam == bindparam("k_exam"), Q.c.chapter_id == bindparam("k_chapter"),
+                Q.c.number >= bindparam("k_first"),
+                Q.c.number < bindparam("k_first") + bindparam("k_target")), {
+                "k_exam": exam, "k_chapter": chapter_id, "k_first": first,
+                "k_target": target}).all())
+
+    def stored_types(self, claim: Claimed) -> dict[str, int]:
+        """The claimed slice's stored questions per item type, as its claim reads them
+        (storage.types.count_types): read again after a blind solve withdrew some."""
+        with self._read() as conn:
+            return self._stored_types(conn, claim.exam, claim.chapter_id, claim.first_number,
+                                      claim.target)
 
     def _claim_stmt(self) -> Any:
         exam_active = select(E.c.slug).where(

@@ -188,6 +188,9 @@ class Question(SQLModel, table=True):
     # `choices` as stored) and the call that solved it; all NULL when never verified.
     verdict: Optional[str] = Field(default=None, max_length=16)
     solved_index: Optional[int] = None
+    # For an item type other than mcq, what the solver answered, as JSON ({"given": ...}:
+    # its set of choices, true or false, its short answer or its number; migration 0032).
+    solved_answer: Optional[str] = Field(default=None, sa_column=Column(Text))
     verify_call_id: Optional[int] = None
     # A person's review (migration 0023, storage.review): ReviewState, and the version every
     # review action checks and bumps (optimistic concurrency: a save made from an older

@@ -210,8 +210,10 @@ def mock() -> Iterator[MockServer]:
         yield server
 
 
-def _run(settings: Any, chapters: list[dict[str, Any]], transport: Any = None) -> list[Any]:
-    path = write_syllabus(settings.exams_dir, "ex", {"title": "T", "chapters": chapters})
+def _run(settings: Any, chapters: list[dict[str, Any]], transport: Any = None,
+         **syllabus: Any) -> list[Any]:
+    path = write_syllabus(settings.exams_dir, "ex", {"title": "T", "chapters": chapters,
+                                                     **syllabus})
     store = open_store(settings.database_url)
     plan = store.sync_exam("ex", load_syllabus(path, max_questions=1000),
                            slice_questions=settings.slice_questions)

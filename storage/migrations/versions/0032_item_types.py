@@ -7,7 +7,8 @@ A chapter may ask for true/false, multiple-response, short-answer and numerical 
 four-choice ones (its `types`, examforge.item_types). Each slice records its chapter's counts
 per type (`slice.types`, JSON; NULL: all mcq, as every chapter recorded before was), and each
 question its type (`question.type`, 'mcq' for every existing row) and, for a type other than
-mcq, its answer fields (`question.answer`, JSON; `answer_index` is -1 then).
+mcq, its answer fields (`question.answer`, JSON; `answer_index` is -1 then) and what the
+blind solver answered (`question.solved_answer`, JSON: `solved_index` holds an mcq's).
 
 PostgreSQL: ef_commit takes each question's type and answer (`p_answer_data`: NULL for an
 mcq, else the type, a unit separator and the answer's JSON; one parameter, so that the
@@ -105,6 +106,7 @@ def upgrade() -> None:
     op.add_column('question', sa.Column('type', sa.String(length=16), nullable=False,
                                         server_default='mcq'))
     op.add_column('question', sa.Column('answer', sa.Text(), nullable=True))
+    op.add_column('question', sa.Column('solved_answer', sa.Text(), nullable=True))
     if op.get_bind().dialect.name == "postgresql":
         first, claim, commit = _functions()
         op.execute(f"DROP FUNCTION IF EXISTS {first.NEW_SIGNATURE}")
@@ -120,6 +122,7 @@ def downgrade() -> None:
         op.execute(claim)
         op.execute("DROP FUNCTION IF EXISTS ef_commit")
         op.execute(commit)
+    op.drop_column('question', 'solved_answer')
     op.drop_column('question', 'answer')
     op.drop_column('question', 'type')
     op.drop_column('slice', 'types')
