@@ -179,3 +179,29 @@ def shares(counts: Mapping[str, int]) -> dict[str, float]:
     spreads them over its numbers exactly, since each share times the total is whole)."""
     total = sum(counts.values())
     return {k: counts[k] / total for k in ITEM_TYPES if counts.get(k)}
+
+
+def reply_fields(kind: str, answer: Mapping[str, Any]) -> dict[str, Any]:
+    """A stored answer as the fields of a reply's item (and of an export's row, which an
+    import reads back): {} for an mcq, `correct`, `answer` (true or false), `accepted`, or
+    `value`, `tolerance`, `relative` and `unit`."""
+    if kind == MCQ:
+        return {}
+    if kind == "multi":
+        return {"correct": list(answer.get("correct", ()))}
+    if kind == "truefalse":
+        return {"answer": answer.get("value")}
+    if kind == "short":
+        return {"accepted": list(answer.get("accepted", ()))}
+    return {name: answer.get(name) for name in ("value", "tolerance", "relative", "unit")}
+
+
+def from_fields(kind: str, row: Mapping[str, Any]) -> dict[str, Any]:
+    """The stored answer of a row that carries `reply_fields` (the inverse)."""
+    if kind == MCQ:
+        return {}
+    if kind == "truefalse":
+        return {"value": row.get("answer")}
+    names = {"multi": ("correct",), "short": ("accepted",),
+             "numeric": ("value", "tolerance", "relative", "unit")}[kind]
+    return {name: row.get(name) for name in names}

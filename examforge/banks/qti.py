@@ -236,14 +236,76 @@ def _mattext(text: str) -> str:
     return f'<mattext texttype="text/html">{escape(as_html(text))}</mattext>'
 
 
+# Each item type's Canvas question type (examforge.item_types), as text2qti writes them.
+QUESTION_TYPES = {"mcq": "multiple_choice_question", "multi": "multiple_answers_question",
+                  "truefalse": "true_false_question", "short": "short_answer_question",
+                  "numeric": "numerical_question"}
+
+
+def _labels(ids: _Ids, q: BankQuestion) -> tuple[list[str], list[str]]:
+    """The response labels' identifiers and texts: the choices, or True and False."""
+    texts = list(q.choices) if q.type in ("mcq", "multi") else (
+        ["True", "False"] if q.type == "truefalse" else [])
+    return [ids.choice(q, i) for i in range(len(texts))], texts
+
+
+def _presentation(q: BankQuestion, choice_ids: list[str], texts: list[str]) -> list[str]:
+    if q.type in ("short", "numeric"):  # text2qti's fill-in and numeric response
+        fib, label = ((' fibtype="Decimal"', "") if q.type == "numeric"
+                      else ("", ' rshuffle="No"'))
+        return ['          <response_str ident="response1" rcardinality="Single">\n'
+                f"            <render_fib{fib}>\n"
+                f'              <response_label ident="answer1"{label}/>\n'
+                "            </render_fib>\n          </response_str>\n"]
+    cardinality = "Multiple" if q.type == "multi" else "Single"
+    parts = [f'          <response_lid ident="response1" rcardinality="{cardinality}">\n',
+             "            <render_choice>\n"]
+    for cid, text in zip(choice_ids, texts):
+        parts.append(
+            f"              <response_label ident={quoteattr(cid)}>\n"
+            "                <material>\n"
+            f"                  {_mattext(text)}\n"
+            "                </material>\n"
+            "              </response_label>\n")
+    parts.append("            </render_choice>\n          </response_lid>\n")
+    return parts
+
+
+def _conditions(q: BankQuestion, choice_ids: list[str]) -> list[str]:
+    """The conditionvar contents of the respcondition that scores 100, as text2qti writes
+    them: a choice, a set of choices (every right one picked, no wrong one), any of the
+    accepted answers, or the number within its tolerance (an absolute range, as Canvas
+    keeps it)."""
+    eq = '<varequal respident="response1">{}</varequal>'
+    if q.type == "mcq":
+        return [eq.format(choice_ids[q.answer_index])]
+    if q.type == "truefalse":
+        return [eq.format(choice_ids[0 if q.answer["value"] else 1])]
+    if q.type == "multi":
+        right = set(q.correct)
+        terms = [eq.format(cid) if i in right else f"<not>{eq.format(cid)}</not>"
+                 for i, cid in enumerate(choice_ids)]
+        return ["<and>" + "".join(terms) + "</and>"]
+    if q.type == "short":
+        return ["".join(eq.format(escape(a)) for a in q.answer["accepted"])]
+    from examforge.banks.moodle_xml import number
+    from examforge.item_types import absolute_tolerance
+
+    value, tolerance = float(q.answer["value"]), absolute_tolerance(q.answer)
+    return ["<or>" + eq.format(number(value)) + "<and>"
+            f'<vargte respident="response1">{number(value - tolerance)}</vargte>'
+            f'<varlte respident="response1">{number(value + tolerance)}</varlte>'
+            "</and></or>"]
+
+
 def _item(ids: _Ids, q: BankQuestion) -> str:
     qid = ids.question(q)
-    choice_ids = [ids.choice(q, i) for i in range(4)]
+    choice_ids, texts = _labels(ids, q)
     parts = [
         f"      <item ident={quoteattr(qid)} "
         f"title={quoteattr(question_name(q.chapter_id, q.number))}>\n",
         "        <itemmetadata>\n          <qtimetadata>\n",
-        _field("question_type", "multiple_choice_question"),
+        _field("question_type", QUESTION_TYPES[q.type]),
         _field("points_possible", str(POINTS_PER_QUESTION)),
         _field("original_answer_ids", ",".join(choice_ids)),
         _field("assessment_question_identifierref", f"{qid}_ref"),
@@ -251,18 +313,8 @@ def _item(ids: _Ids, q: BankQuestion) -> str:
         "          </qtimetadata>\n        </itemmetadata>\n",
         "        <presentation>\n",
         f"          <material>\n            {_mattext(q.question)}\n          </material>\n",
-        '          <response_lid ident="response1" rcardinality="Single">\n',
-        "            <render_choice>\n",
-    ]
-    for cid, choice in zip(choice_ids, q.choices):
-        parts.append(
-            f"              <response_label ident={quoteattr(cid)}>\n"
-            "                <material>\n"
-            f"                  {_mattext(choice)}\n"
-            "                </material>\n"
-            "              </response_label>\n")
-    parts += [
-        "            </render_choice>\n          </response_lid>\n        </presentation>\n",
+        *_presentation(q, choice_ids, texts),
+        "        </presentation>\n",
         "        <resprocessing>\n          <outcomes>\n"
         '            <decvar maxvalue="100" minvalue="0" varname="SCORE" vartype="Decimal"/>\n'
         "          </outcomes>\n",
@@ -273,15 +325,15 @@ def _item(ids: _Ids, q: BankQuestion) -> str:
             "            <conditionvar>\n              <other/>\n            </conditionvar>\n"
             '            <displayfeedback feedbacktype="Response" linkrefid="general_fb"/>\n'
             "          </respcondition>\n")
-    parts += [
-        '          <respcondition continue="No">\n'
-        "            <conditionvar>\n"
-        f'              <varequal respident="response1">{choice_ids[q.answer_index]}</varequal>\n'
-        "            </conditionvar>\n"
-        '            <setvar action="Set" varname="SCORE">100</setvar>\n'
-        "          </respcondition>\n"
-        "        </resprocessing>\n",
-    ]
+    for condition in _conditions(q, choice_ids):
+        parts.append(
+            '          <respcondition continue="No">\n'
+            "            <conditionvar>\n"
+            f"              {condition}\n"
+            "            </conditionvar>\n"
+            '            <setvar action="Set" varname="SCORE">100</setvar>\n'
+            "          </respcondition>\n")
+    parts.append("        </resprocessing>\n")
     if q.feedback:
         parts.append(
             '        <itemfeedback ident="general_fb">\n'
