@@ -205,3 +205,13 @@ def from_fields(kind: str, row: Mapping[str, Any]) -> dict[str, Any]:
     names = {"multi": ("correct",), "short": ("accepted",),
              "numeric": ("value", "tolerance", "relative", "unit")}[kind]
     return {name: row.get(name) for name in names}
+
+
+def with_key(kind: str, question: str, choices: tuple[str, ...] | list[str],
+             answer_index: int, answer: Mapping[str, Any]) -> str:
+    """An item's text with its key, for the near-duplicate check across types: what a
+    true/false statement that restates an mcq's key is compared with. A true/false item's
+    statement is its own (its value adds no words)."""
+    if kind == "truefalse":
+        return question
+    return f"{question} {key_text(kind, choices, answer_index, answer)}"

@@ -35,7 +35,8 @@ from examforge.levels import (Levels, ask, ask_types, keep_types, lacking_types,
                               type_counts)
 from examforge.llm import Admission, Completion, LLMClient
 from examforge import neardup
-from examforge.neardup import Checker, Scope
+from examforge import item_types
+from examforge.neardup import Checker, Scope, Signature, signature
 from examforge.output import Question, normalise, parse_questions
 from examforge.prompt import build_messages
 from examforge.retry import Action, Decision, HandBack, decide
@@ -334,6 +335,8 @@ class _Calls:
         self.stored_levels: Counter[str] | None = None
         # The same per item type (examforge.item_types), for a chapter with types.
         self.types_stored: Counter[str] | None = None
+        # A chapter with types: its questions' signatures with their keys (`across_types`).
+        self.keyed: list[tuple[str, Signature]] | None = None
         # After a reply cut at max_tokens (`after_cut`): the room per question, or the most
         # questions a call asks; each reply that is not cut eases them back (`not_cut`).
         self.room: int | None = None
@@ -430,6 +433,32 @@ class _Calls:
         stored = chapter.stored if self.stored_levels is None else self.stored_levels
         return Levels(ask(chapter.difficulty, view.first_number, view.target, stored, want),
                       chapter.bloom, types, true_count)
+
+    def across_types(self, view: ChapterView,
+                     batch: Sequence[Question]) -> tuple[list[Question], int]:
+        """The batch without the items that restate, in another type, a question the
+        chapter has (a true/false statement of an mcq's key, an mcq whose key is a stored
+        statement): compared with their keys (examforge.item_types.with_key) at the
+        near-duplicate threshold. Only in a chapter with types, against its numbered
+        questions, read once a run and kept up with what it stores. Pairs of four-choice
+        questions are the commit's check, as before."""
+        checker = near_dup_checker(self.rt.settings)
+        if view.levels.types is None or checker is None:
+            return list(batch), 0
+        if self.keyed is None:
+            self.keyed = [(kind, signature(text, view.title)) for kind, text in
+                          self.rt.store.keyed_texts(view.exam, view.chapter_id)]
+        kept, near = [], 0
+        for q in batch:
+            sig = signature(item_types.with_key(q.type, q.question, q.choices, q.answer_index,
+                                                item_types.load(q.answer)), view.title)
+            if any((kind != "mcq" or q.type != "mcq") and checker.is_near(sig, other)
+                   for kind, other in self.keyed):
+                near += 1
+                continue
+            kept.append(q)
+            self.keyed.append((q.type, sig))  # a later item of the batch is compared too
+        return kept, near
 
     def stored_types(self, view: ChapterView) -> Counter[str]:
         """The slice's stored questions per item type: what the claim read, and each batch
@@ -716,19 +745,26 @@ def _generate(rt: Runtime, claim: Claimed, lost: threading.Event, run: _Run,
         else:
             calls.not_cut(claim.exam)
         batch = nxt.levels.resolve(parsed.questions)  # the levels each is stored with
-        # No more of an item type than the slice lacks: its counts are the chapter's.
+        # No item restating another type's question, and no more of an item type than the
+        # slice lacks: its counts are the chapter's.
+        batch, across = calls.across_types(claim.view(), batch)
+        if across:
+            note = ", ".join(filter(None, [
+                note, f"{across} {Rejection.near_duplicate.value} rejected across types"]))
         batch, surplus = calls.keep_types(claim.view(), batch)
         if surplus:
             note = ", ".join(filter(None, [
                 note, f"{surplus} {Rejection.surplus_type.value} rejected"]))
         if not batch:
+            kind, why = ((Rejection.surplus_type,
+                          "every question was of a type the slice has enough of") if surplus
+                         else (Rejection.near_duplicate,
+                               "every question restated one of another type"))
             store.finish_call(call_id, CallOutcome.wasted, CallReason.invalid_output,
-                              f"{Rejection.surplus_type.value}: every question was of a "
-                              "type the slice has enough of", usage=usage)
+                              f"{kind.value}: {why}", usage=usage)
             invalid_in_row += 1
             if invalid_in_row > settings.max_reasks:
-                raise OutputInvalid(Rejection.surplus_type,
-                                    "every question was of a type the slice has enough of")
+                raise OutputInvalid(kind, why)
             continue
         if calls.passages:  # the passage each cites, as stored
             batch = ground(batch, nxt.material.offered, {p.pid: p for p in calls.passages})

@@ -5,12 +5,14 @@ leases in one statement; a lost lease is noticed before the next call and at the
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from typing import Any, Sequence
 
 from sqlalchemy import and_, bindparam, case, func, or_, select, tuple_, update
 from sqlalchemy.engine import Connection, Engine
 
+from examforge import item_types
 from examforge.errors import LeaseLost, PauseCode, SliceReason
 from examforge.languages import DEFAULT_LANGUAGE
 from examforge.output import normalise
@@ -326,6 +328,18 @@ class Leases(Ledger):
         with self._read() as conn:
             return self._stored_types(conn, claim.exam, claim.chapter_id, claim.first_number,
                                       claim.target)
+
+    def keyed_texts(self, exam: str, chapter_id: str) -> list[tuple[str, str]]:
+        """The chapter's numbered questions as (type, text with its key): what a new item of
+        another type is compared with (examforge.item_types.with_key)."""
+        with self._read() as conn:
+            rows = conn.execute(select(Q.c.type, Q.c.question, Q.c.choices, Q.c.answer_index,
+                                       Q.c.answer).where(
+                Q.c.exam == exam, Q.c.chapter_id == chapter_id, Q.c.number.is_not(None))
+                .order_by(Q.c.id)).all()
+        return [(r.type or "mcq", item_types.with_key(
+            r.type or "mcq", r.question, json.loads(r.choices), r.answer_index,
+            item_types.load(r.answer))) for r in rows]
 
     def _claim_stmt(self) -> Any:
         exam_active = select(E.c.slug).where(

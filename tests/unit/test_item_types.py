@@ -291,3 +291,42 @@ def test_a_reply_with_more_of_a_type_than_the_slice_lacks_keeps_only_what_it_lac
                 httpx.MockTransport(all_truefalse))
     assert Counter(r.type for r in rows) == {"mcq": 2, "truefalse": 2}
     assert asked == ["2 mcq, 2 truefalse (1 true, 1 false)", "2 mcq"]
+
+
+def test_a_statement_restating_a_stored_mcqs_key_is_a_near_duplicate(
+        make_settings: Any) -> None:
+    stated: list[int] = []
+
+    def replies(request: httpx.Request) -> httpx.Response:
+        fields = read_fields(json.loads(request.content)["messages"][-1]["content"])
+        counts, _ = parse_types(fields[Label.types])
+        stated.append(len(stated))
+        items: list[dict[str, Any]] = []
+        if counts.get("mcq"):
+            items.append({"type": "mcq", "question": "What does a load balancer do?",
+                          "choices": ["Spreads incoming traffic across several servers",
+                                      "Encrypts disks", "Stores backups", "Signs packages"],
+                          "answer_index": 0, "explanation": ""})
+        if counts.get("truefalse"):
+            # The first statement restates the mcq's key; the next one is another fact.
+            items.append({"type": "truefalse", "answer": True, "explanation": "",
+                          "question": "A load balancer spreads incoming traffic across "
+                                      "several servers." if len(stated) == 1 else
+                                      "A firewall filters traffic between networks."})
+        return reply(json.dumps({"questions": items}))
+
+    settings = make_settings(questions_per_call=2, slice_questions=20)
+    rows = _run(settings, [{"id": "a", "title": "Networking", "questions": 2,
+                            "types": {"mcq": 1, "truefalse": 1}}],
+                httpx.MockTransport(replies))
+    assert [r.type for r in rows] == ["mcq", "truefalse"] and len(stated) == 2
+    from storage import open_store
+
+    store = open_store(settings.database_url)
+    with store.engine.connect() as conn:
+        notes = conn.execute(text("SELECT detail FROM call ORDER BY id")).scalars().all()
+        statement = conn.execute(text(
+            "SELECT question FROM question WHERE type = 'truefalse'")).scalar_one()
+    store.engine.dispose()
+    assert statement.startswith("A firewall")
+    assert "1 near_duplicate rejected across types" in (notes[0] or "")
