@@ -292,6 +292,16 @@ class Question(BaseModel):
     language: str = Field(default="en", description=(
         "The BCP 47 tag of the language it is written in (its chapter's): what a page sets "
         "as its `lang`."))
+    type: Literal["mcq", "multi", "truefalse", "short", "numeric"] = Field(
+        default="mcq", description="Its item type; a type other than mcq has `answer_index` "
+        "-1 and its answer fields, as the review's question has them (null otherwise).")
+    correct: list[int] | None = None
+    answer: bool | None = None
+    accepted: list[str] | None = None
+    value: float | None = None
+    tolerance: float | None = None
+    relative: bool | None = None
+    unit: str | None = None
 
 
 class QuestionPage(BaseModel):

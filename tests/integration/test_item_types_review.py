@@ -103,3 +103,12 @@ def test_an_edit_of_each_type_is_validated_as_that_type(client: Any) -> None:
     assert "<text>42.5</text>" in moodle and "<tolerance>0.1</tolerance>" in moodle
     gift = client.get("/exams/mix/export?format=gift").text
     assert "#42.5:0.1" in gift and "=%100%Paris, France" in gift
+
+
+def test_the_questions_page_carries_each_type_and_its_answer_fields(client: Any) -> None:
+    page = client.get("/exams/mix/questions").json()
+    kinds = {q["type"]: q for q in page["items"]}
+    assert set(kinds) == set(TYPES)
+    assert isinstance(kinds["truefalse"]["answer"], bool)
+    assert kinds["numeric"]["value"] is not None and kinds["multi"]["correct"]
+    assert kinds["mcq"]["answer"] is None and kinds["mcq"]["answer_index"] in range(4)
