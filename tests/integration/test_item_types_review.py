@@ -112,3 +112,34 @@ def test_the_questions_page_carries_each_type_and_its_answer_fields(client: Any)
     assert isinstance(kinds["truefalse"]["answer"], bool)
     assert kinds["numeric"]["value"] is not None and kinds["multi"]["correct"]
     assert kinds["mcq"]["answer"] is None and kinds["mcq"]["answer_index"] in range(4)
+
+
+def test_the_mixed_chapter_exports_to_all_seven_formats(client: Any) -> None:
+    """Syllabus, generation, the blind solve, the review's list and every export: each
+    format holds the ten items, each type in its form."""
+    import zipfile
+    import xml.etree.ElementTree as ET
+
+    def get(fmt: str) -> Any:
+        r = client.get(f"/exams/mix/export?format={fmt}")
+        assert r.status_code == 200, (fmt, r.text[:200])
+        return r
+
+    assert len(get("jsonl").text.splitlines()) == 10
+    assert {q["type"] for q in get("json").json()} == set(TYPES)
+    assert len(list(csv.DictReader(io.StringIO(get("csv").text)))) == 10
+    moodle = ET.fromstring(get("moodle-xml").content)
+    assert sorted(q.get("type") for q in moodle if q.get("type") != "category") == sorted(
+        ["multichoice", "multichoice", "multichoice", "multichoice", "truefalse", "truefalse",
+         "shortanswer", "shortanswer", "numerical", "numerical"])
+    gift = get("gift").text
+    assert gift.count("::a-00") == 10
+    assert gift.count("{\n\tT\n") + gift.count("{\n\tF\n") == 2
+    with zipfile.ZipFile(io.BytesIO(get("qti").content)) as zf:
+        xml = next(zf.read(n) for n in zf.namelist() if n.endswith(".xml")
+                   and "assessment_meta" not in n and "manifest" not in n).decode()
+    for kind in ("multiple_choice_question", "multiple_answers_question", "true_false_question",
+                 "short_answer_question", "numerical_question"):
+        assert xml.count(f"<fieldentry>{kind}</fieldentry>") == 2, kind
+    with zipfile.ZipFile(io.BytesIO(get("anki").content)) as zf:
+        assert "collection.anki2" in zf.namelist()

@@ -330,3 +330,24 @@ def test_a_statement_restating_a_stored_mcqs_key_is_a_near_duplicate(
     store.engine.dispose()
     assert statement.startswith("A firewall")
     assert "1 near_duplicate rejected across types" in (notes[0] or "")
+
+
+def test_a_rejected_item_is_generated_again_as_its_own_type(
+        mock: MockServer, make_settings: Any) -> None:
+    """Reject, then enqueue again (the number is free, its slice pending): the replacement is
+    of the rejected item's type, since the slice's counts are read from what it holds."""
+    from storage import open_store
+
+    settings = make_settings(llm_base_url=mock.base_url, questions_per_call=6,
+                             slice_questions=50)
+    types = {"mcq": 2, "truefalse": 2, "numeric": 2}
+    rows = _run(settings, [{"id": "a", "title": "A", "questions": 6, "types": types}])
+    store = open_store(settings.database_url)
+    with store.engine.connect() as conn:
+        tf_id = conn.execute(text("SELECT id FROM question WHERE type = 'truefalse' "
+                                  "ORDER BY number LIMIT 1")).scalar_one()
+    store.reject("ex", tf_id, 1, "test")
+    store.engine.dispose()
+    rows = _run(settings, [{"id": "a", "title": "A", "questions": 6, "types": types}])
+    assert Counter(r.type for r in rows) == types
+    assert [r.number for r in rows] == list(range(1, 7))
