@@ -41,15 +41,15 @@ class ChatPrompt:
     # labels its questions so.
     difficulties: tuple[str, ...] = ()
     bloom: tuple[str, ...] = ()
+    # What an Item types line asks for, one type per question in order ("2 mcq, 1 short":
+    # mcq, mcq, short), and how many of its true/false statements are to be true.
+    types: tuple[str, ...] = ()
+    true_count: int = 0
     # The questions the prompt asks not to repeat (its "Do not repeat" list), normalised.
     avoid: frozenset[str] = frozenset()
     # The ids of the course-material passages the prompt offers (examforge.sources): a
     # model asked to cite one does.
     passages: tuple[str, ...] = ()
-    # What an Item types line asks for, one type per question in order ("2 mcq, 1 short":
-    # mcq, mcq, short), and how many of its true/false statements are to be true.
-    types: tuple[str, ...] = ()
-    true_count: int = 0
     # A blind solve's user message (mockllm.solve), None for a generation request.
     solve_text: str | None = None
 
@@ -120,10 +120,10 @@ def parse_prompt(body: dict[str, Any]) -> ChatPrompt:
         part=_first_token(fields.get(Label.question_numbers)),
         difficulties=tuple(level for level, n in parse_difficulty(
             fields.get(Label.difficulty, "")).items() for _ in range(min(n, 1000))),
+        types=tuple(kind for kind, n in asked_types.items() for _ in range(min(n, 1000))),
+        true_count=true_count,
         bloom=tuple(b.strip().lower() for b in fields.get(Label.bloom, "").split(",")
                     if b.strip()),
         avoid=avoid_list(text),
         passages=offered_ids(text),
-        types=tuple(kind for kind, n in asked_types.items() for _ in range(min(n, 1000))),
-        true_count=true_count,
     )

@@ -16,13 +16,19 @@ import random
 import re
 from dataclasses import dataclass
 
-from examforge.verify import HINTS, LETTERS, MATERIAL_PREFIX, MULTI_LETTERS, SOLVE_HEADER
-from mockllm.questions import GOOD_PRACTICES, true_index, typed_truth
+from examforge.verify import LETTERS, MATERIAL_PREFIX, SOLVE_HEADER
+from mockllm.questions import true_index
 
 _QUESTION = re.compile(r"^Question (\d+)(?: \(([^)]*)\))?: (.*)$")
 _MATERIAL = re.compile("^" + re.escape(MATERIAL_PREFIX) + "(.*)$")
 _CHOICE = re.compile(r"^([A-F])\. (.*)$")
-_KINDS = {hint: kind for kind, hint in HINTS.items()}
+
+
+def _kinds() -> dict[str, str]:
+    """The item type of each hint a solve marks a question with (examforge.verify.HINTS)."""
+    from examforge.verify import HINTS
+
+    return {hint: kind for kind, hint in HINTS.items()}
 
 
 @dataclass(frozen=True)
@@ -47,6 +53,7 @@ def solve(text: str, seed: int, error_rate: float,
           error_rates: dict[str, float] | None = None) -> Solved:
     """The reply content of a solve request: {"answers": [{"n": 1, "choice": "B"}, ...]}."""
     listed: list[tuple[int, str, list[str], str]] = []
+    kinds = _kinds()
     passages = 0
     material = False
     for line in text.splitlines():
@@ -57,7 +64,7 @@ def solve(text: str, seed: int, error_rate: float,
         q = _QUESTION.match(line)
         if q:
             hint = (q.group(2) or "").split(",")[0]
-            listed.append((int(q.group(1)), q.group(3), [], _KINDS.get(hint, "mcq")))
+            listed.append((int(q.group(1)), q.group(3), [], kinds.get(hint, "mcq")))
             passages += material
             continue
         c = _CHOICE.match(line)
@@ -90,6 +97,9 @@ def _typed(kind: str, question: str, choices: list[str], seed: int,
            error_rate: float) -> tuple[dict[str, object], bool, bool]:
     """A truthful answer to an item of another type (mockllm.questions.typed_truth), wrong
     for `error_rate` of the question texts; (answer, made wrong, written by the mock)."""
+    from examforge.verify import MULTI_LETTERS
+    from mockllm.questions import GOOD_PRACTICES, typed_truth
+
     truth = typed_truth(kind, question, choices)
     known = truth is not None
     wrong = error_rate > 0 and _rng("solve", seed, question).random() < error_rate

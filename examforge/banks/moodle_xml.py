@@ -63,6 +63,41 @@ def _rich(tag: str, text: str, indent: str = "    ") -> str:
     return f'{indent}<{tag} format="html"><text>{cdata(as_html(text))}</text></{tag}>\n'
 
 
+def _question(q: BankQuestion) -> str:
+    parts = [
+        f'  <question type="{QUESTION_TYPES[q.type]}">\n',
+        f"    <name><text>{escape(question_name(q.chapter_id, q.number))}</text></name>\n",
+        _rich("questiontext", q.question),
+        _rich("generalfeedback", q.feedback),  # the explanation, then the source
+        "    <defaultgrade>1</defaultgrade>\n",
+    ]
+    if q.type in ("truefalse", "short", "numeric"):
+        parts.extend(_answers(q))
+        return "".join(parts + _tags(q) + ["  </question>\n"])
+    parts += [
+        f"    <single>{'true' if q.type == 'mcq' else 'false'}</single>\n",
+        f"    <shuffleanswers>{'true' if SHUFFLE_ANSWERS else 'false'}</shuffleanswers>\n",
+        "    <answernumbering>abc</answernumbering>\n",
+    ]
+    for choice, fraction in zip(q.choices, fractions(q)):
+        parts.append(
+            f'    <answer fraction="{fraction}" format="html">\n'
+            f"      <text>{cdata(as_html(choice))}</text>\n"
+            '      <feedback format="html"><text></text></feedback>\n'
+            "    </answer>\n"
+        )
+    parts.extend(_tags(q))
+    parts.append("  </question>\n")
+    return "".join(parts)
+
+
+def _tags(q: BankQuestion) -> list[str]:
+    if not q.tags:
+        return []
+    return ["    <tags>\n", *(f"      <tag><text>{escape(tag)}</text></tag>\n" for tag in q.tags),
+            "    </tags>\n"]
+
+
 # Each item type's Moodle question type (examforge.item_types).
 QUESTION_TYPES = {"mcq": "multichoice", "multi": "multichoice", "truefalse": "truefalse",
                   "short": "shortanswer", "numeric": "numerical"}
@@ -122,41 +157,6 @@ def _answers(q: BankQuestion) -> list[str]:
                          "    <unitgradingtype>0</unitgradingtype>\n"
                          "    <showunits>3</showunits>\n    <unitsleft>0</unitsleft>\n")
     return parts
-
-
-def _question(q: BankQuestion) -> str:
-    parts = [
-        f'  <question type="{QUESTION_TYPES[q.type]}">\n',
-        f"    <name><text>{escape(question_name(q.chapter_id, q.number))}</text></name>\n",
-        _rich("questiontext", q.question),
-        _rich("generalfeedback", q.feedback),  # the explanation, then the source
-        "    <defaultgrade>1</defaultgrade>\n",
-    ]
-    if q.type in ("truefalse", "short", "numeric"):
-        parts.extend(_answers(q))
-        return "".join(parts + _tags(q) + ["  </question>\n"])
-    parts += [
-        f"    <single>{'true' if q.type == 'mcq' else 'false'}</single>\n",
-        f"    <shuffleanswers>{'true' if SHUFFLE_ANSWERS else 'false'}</shuffleanswers>\n",
-        "    <answernumbering>abc</answernumbering>\n",
-    ]
-    for choice, fraction in zip(q.choices, fractions(q)):
-        parts.append(
-            f'    <answer fraction="{fraction}" format="html">\n'
-            f"      <text>{cdata(as_html(choice))}</text>\n"
-            '      <feedback format="html"><text></text></feedback>\n'
-            "    </answer>\n"
-        )
-    parts.extend(_tags(q))
-    parts.append("  </question>\n")
-    return "".join(parts)
-
-
-def _tags(q: BankQuestion) -> list[str]:
-    if not q.tags:
-        return []
-    return ["    <tags>\n", *(f"      <tag><text>{escape(tag)}</text></tag>\n" for tag in q.tags),
-            "    </tags>\n"]
 
 
 def write(exam: BankExam, questions: Iterable[BankQuestion], out: BinaryIO) -> int:

@@ -236,6 +236,68 @@ def _mattext(text: str) -> str:
     return f'<mattext texttype="text/html">{escape(as_html(text))}</mattext>'
 
 
+def _item(ids: _Ids, q: BankQuestion) -> str:
+    qid = ids.question(q)
+    choice_ids, texts = _labels(ids, q)
+    parts = [
+        f"      <item ident={quoteattr(qid)} "
+        f"title={quoteattr(question_name(q.chapter_id, q.number))}>\n",
+        "        <itemmetadata>\n          <qtimetadata>\n",
+        _field("question_type", QUESTION_TYPES[q.type]),
+        _field("points_possible", str(POINTS_PER_QUESTION)),
+        _field("original_answer_ids", ",".join(choice_ids)),
+        _field("assessment_question_identifierref", f"{qid}_ref"),
+        *(_field("examforge_tag", tag) for tag in q.tags),
+        "          </qtimetadata>\n        </itemmetadata>\n",
+        "        <presentation>\n",
+        f"          <material>\n            {_mattext(q.question)}\n          </material>\n",
+        '          <response_lid ident="response1" rcardinality="Single">\n',
+        "            <render_choice>\n",
+    ]
+    if q.type == "multi":  # every right choice to pick: a response of many
+        parts[-2] = parts[-2].replace('"Single"', '"Multiple"')
+    for cid, choice in zip(choice_ids, texts):
+        parts.append(
+            f"              <response_label ident={quoteattr(cid)}>\n"
+            "                <material>\n"
+            f"                  {_mattext(choice)}\n"
+            "                </material>\n"
+            "              </response_label>\n")
+    if q.type in _FILL_IN:  # no choices: a fill-in or numeric response in their place
+        del parts[-2:]
+    parts += [
+        _FILL_IN[q.type] + "        </presentation>\n" if q.type in _FILL_IN else
+        "            </render_choice>\n          </response_lid>\n        </presentation>\n",
+        "        <resprocessing>\n          <outcomes>\n"
+        '            <decvar maxvalue="100" minvalue="0" varname="SCORE" vartype="Decimal"/>\n'
+        "          </outcomes>\n",
+    ]
+    if q.feedback:
+        parts.append(
+            '          <respcondition continue="Yes">\n'
+            "            <conditionvar>\n              <other/>\n            </conditionvar>\n"
+            '            <displayfeedback feedbacktype="Response" linkrefid="general_fb"/>\n'
+            "          </respcondition>\n")
+    for condition in _conditions(q, choice_ids):  # what scores 100, as the type says
+        parts.append(
+            '          <respcondition continue="No">\n'
+            "            <conditionvar>\n"
+            f"              {condition}\n"
+            "            </conditionvar>\n"
+            '            <setvar action="Set" varname="SCORE">100</setvar>\n'
+            "          </respcondition>\n")
+    parts.append("        </resprocessing>\n")
+    if q.feedback:
+        parts.append(
+            '        <itemfeedback ident="general_fb">\n'
+            "          <flow_mat>\n            <material>\n"
+            f"              {_mattext(q.feedback)}\n"  # the explanation, then the source
+            "            </material>\n          </flow_mat>\n"
+            "        </itemfeedback>\n")
+    parts.append("      </item>\n")
+    return "".join(parts)
+
+
 # Each item type's Canvas question type (examforge.item_types), as text2qti writes them.
 QUESTION_TYPES = {"mcq": "multiple_choice_question", "multi": "multiple_answers_question",
                   "truefalse": "true_false_question", "short": "short_answer_question",
@@ -249,26 +311,13 @@ def _labels(ids: _Ids, q: BankQuestion) -> tuple[list[str], list[str]]:
     return [ids.choice(q, i) for i in range(len(texts))], texts
 
 
-def _presentation(q: BankQuestion, choice_ids: list[str], texts: list[str]) -> list[str]:
-    if q.type in ("short", "numeric"):  # text2qti's fill-in and numeric response
-        fib, label = ((' fibtype="Decimal"', "") if q.type == "numeric"
-                      else ("", ' rshuffle="No"'))
-        return ['          <response_str ident="response1" rcardinality="Single">\n'
-                f"            <render_fib{fib}>\n"
-                f'              <response_label ident="answer1"{label}/>\n'
-                "            </render_fib>\n          </response_str>\n"]
-    cardinality = "Multiple" if q.type == "multi" else "Single"
-    parts = [f'          <response_lid ident="response1" rcardinality="{cardinality}">\n',
-             "            <render_choice>\n"]
-    for cid, text in zip(choice_ids, texts):
-        parts.append(
-            f"              <response_label ident={quoteattr(cid)}>\n"
-            "                <material>\n"
-            f"                  {_mattext(text)}\n"
-            "                </material>\n"
-            "              </response_label>\n")
-    parts.append("            </render_choice>\n          </response_lid>\n")
-    return parts
+# A fill-in or numeric response (text2qti's), in place of a choice's: short and numeric items.
+_FILL_IN = {kind: ('          <response_str ident="response1" rcardinality="Single">\n'
+                   f"            <render_fib{fib}>\n"
+                   f'              <response_label ident="answer1"{label}/>\n'
+                   "            </render_fib>\n          </response_str>\n")
+            for kind, fib, label in (("short", "", ' rshuffle="No"'),
+                                     ("numeric", ' fibtype="Decimal"', ""))}
 
 
 def _conditions(q: BankQuestion, choice_ids: list[str]) -> list[str]:
@@ -296,53 +345,6 @@ def _conditions(q: BankQuestion, choice_ids: list[str]) -> list[str]:
             f'<vargte respident="response1">{number(value - tolerance)}</vargte>'
             f'<varlte respident="response1">{number(value + tolerance)}</varlte>'
             "</and></or>"]
-
-
-def _item(ids: _Ids, q: BankQuestion) -> str:
-    qid = ids.question(q)
-    choice_ids, texts = _labels(ids, q)
-    parts = [
-        f"      <item ident={quoteattr(qid)} "
-        f"title={quoteattr(question_name(q.chapter_id, q.number))}>\n",
-        "        <itemmetadata>\n          <qtimetadata>\n",
-        _field("question_type", QUESTION_TYPES[q.type]),
-        _field("points_possible", str(POINTS_PER_QUESTION)),
-        _field("original_answer_ids", ",".join(choice_ids)),
-        _field("assessment_question_identifierref", f"{qid}_ref"),
-        *(_field("examforge_tag", tag) for tag in q.tags),
-        "          </qtimetadata>\n        </itemmetadata>\n",
-        "        <presentation>\n",
-        f"          <material>\n            {_mattext(q.question)}\n          </material>\n",
-        *_presentation(q, choice_ids, texts),
-        "        </presentation>\n",
-        "        <resprocessing>\n          <outcomes>\n"
-        '            <decvar maxvalue="100" minvalue="0" varname="SCORE" vartype="Decimal"/>\n'
-        "          </outcomes>\n",
-    ]
-    if q.feedback:
-        parts.append(
-            '          <respcondition continue="Yes">\n'
-            "            <conditionvar>\n              <other/>\n            </conditionvar>\n"
-            '            <displayfeedback feedbacktype="Response" linkrefid="general_fb"/>\n'
-            "          </respcondition>\n")
-    for condition in _conditions(q, choice_ids):
-        parts.append(
-            '          <respcondition continue="No">\n'
-            "            <conditionvar>\n"
-            f"              {condition}\n"
-            "            </conditionvar>\n"
-            '            <setvar action="Set" varname="SCORE">100</setvar>\n'
-            "          </respcondition>\n")
-    parts.append("        </resprocessing>\n")
-    if q.feedback:
-        parts.append(
-            '        <itemfeedback ident="general_fb">\n'
-            "          <flow_mat>\n            <material>\n"
-            f"              {_mattext(q.feedback)}\n"  # the explanation, then the source
-            "            </material>\n          </flow_mat>\n"
-            "        </itemfeedback>\n")
-    parts.append("      </item>\n")
-    return "".join(parts)
 
 
 class _Group:
