@@ -73,10 +73,10 @@ def solve(text: str, seed: int, error_rate: float,
     answers, errors, unknown = [], 0, 0
     for n, question, choices, kind in listed:
         if kind != "mcq":
-            answer, wrong, known = _typed(kind, question, choices, seed,
-                                          (error_rates or {}).get(kind, error_rate))
+            answer, made_wrong, known = _typed(kind, question, choices, seed,
+                                               (error_rates or {}).get(kind, error_rate))
             answers.append({"n": n, **answer})
-            errors += wrong
+            errors += made_wrong
             unknown += not known
             continue
         truth = true_index(choices)

@@ -237,12 +237,12 @@ class _SliceCalls:
                 for level, n in mix.items():  # the next call asks for what this one does not
                     stored_levels[level] = stored_levels.get(level, 0) + n
             if view.levels.types is not None:  # each call its share of the types, likewise
-                asked, trues = ask_types(view.levels.types, view.first_number, view.target,
-                                         stored_types, want)
-                levels = dataclasses.replace(levels, types=asked, true_count=trues)
-                stored_types.update(asked)
+                type_mix, trues = ask_types(view.levels.types, view.first_number, view.target,
+                                            stored_types, want)
+                levels = dataclasses.replace(levels, types=type_mix, true_count=trues)
+                stored_types.update(type_mix)
                 stored_types.update({"truefalse:true": trues,
-                                     "truefalse:false": asked.get("truefalse", 0) - trues})
+                                     "truefalse:false": type_mix.get("truefalse", 0) - trues})
             material = slice_material(
                 self.passages, view.first_number, view.target,
                 view.chapter_target or view.target, settings.source_prompt_tokens,
