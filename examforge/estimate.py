@@ -87,6 +87,11 @@ _TYPE_SAMPLES: dict[str, dict[str, object]] = {
 }
 
 
+# The choices a blind solve shows of each type's placeholder.
+_TYPE_CHOICES: dict[str, tuple[str, ...]] = {
+    "mcq": _CHOICES, "multi": (*_CHOICES, _CHOICES[0].replace("quarter", "month"))}
+
+
 def type_weights(model: str) -> dict[str, float]:
     """Each item type's completion tokens per question relative to an mcq's."""
     import json
@@ -335,11 +340,16 @@ def estimate(slug: str, syllabus: Syllabus, settings: Settings, *,
                     # Grouped as runner.verify sends them: each passage shown once a call.
                     cited = sorted(share[(have + i) % len(share)] for i in range(want)) \
                         if share else []
+                    # Each type as the solver is shown it (a multi's five choices, the
+                    # others' none) and as its answer is capped (examforge.verify).
+                    shown = [verify_mod.item(placeholder, _TYPE_CHOICES.get(kind, ()), kind)
+                             for kind, n in (levels.types or {"mcq": want}).items()
+                             for _ in range(n)]
                     solver.prompt_tokens += count_messages(
-                        verify_mod.build_messages([verify_mod.item(placeholder, _CHOICES)] * want,
-                                                  cited, chapter.language or syllabus.language),
+                        verify_mod.build_messages(shown, cited,
+                                                  chapter.language or syllabus.language),
                         solver.model)
-                    solver.max_completion_tokens += verify_mod.max_tokens(want)
+                    solver.max_completion_tokens += verify_mod.max_tokens(want, shown)
                 have += want
                 avoid = (avoid + [placeholder] * want)[-20:]
         est.chapters.append(ch)

@@ -63,3 +63,22 @@ def test_counts_that_do_not_add_up_are_refused_in_one_line(
         f"error: {path}: chapters[0]: types: the counts add up to 39, not to questions (40)"]
     assert "Traceback" not in stderr and stdout == ""
     assert not (Path(env["DATABASE_URL"].removeprefix("sqlite:///"))).exists()
+
+
+def test_a_dry_run_prices_the_blind_solve_of_each_type(
+        env: dict[str, str], capsys: Any) -> None:  # noqa: F811
+    from examforge.verify import TYPED_EXTRA_TOKENS
+
+    _syllabus(env, MIXED)
+    code, stdout, _ = cli(capsys, "enqueue", "ex", "--dry-run", "--json", "--verify", "flag",
+                          **PRICES)
+    assert code == 0, stdout
+    typed = json.loads(stdout)["verify"]
+    _syllabus(env, {"mcq": 40})
+    code, stdout, _ = cli(capsys, "enqueue", "ex", "--dry-run", "--json", "--verify", "flag",
+                          **PRICES)
+    plain = json.loads(stdout)["verify"]
+    # Each answer of another type is capped at its own allowance beyond an mcq's letter.
+    extra = sum(TYPED_EXTRA_TOKENS[k] * n for k, n in MIXED.items() if k != "mcq")
+    assert typed["max_completion_tokens"] - plain["max_completion_tokens"] == extra
+    assert typed["calls"] == plain["calls"] and typed["questions"] == plain["questions"]
