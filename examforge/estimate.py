@@ -19,9 +19,9 @@ from typing import Mapping, Sequence
 
 from examforge import verify
 from examforge import verify as verify_mod
-from examforge.prices import Price
 from examforge.levels import ask_types
-from examforge.prompt import build_messages, levels_for
+from examforge.prices import Price
+from examforge.prompt import build_messages
 from examforge.sources import Passage, slice_material, slice_passages
 from examforge.settings import Settings
 from examforge.syllabus import Syllabus, slice_ranges
@@ -290,6 +290,8 @@ def estimate(slug: str, syllabus: Syllabus, settings: Settings, *,
                     [verify_mod.item(placeholder, _CHOICES)] * want, [], language), solver.model)
                 solver.max_completion_tokens += verify_mod.max_tokens(want)
                 n -= want
+    from examforge.prompt import levels_for
+
     typed = any(ch.item_types is not None for ch in syllabus.chapters)
     weights = type_weights(model) if typed else {}
     for chapter in syllabus.chapters:
@@ -314,6 +316,7 @@ def estimate(slug: str, syllabus: Syllabus, settings: Settings, *,
             stored_types: Counter[str] = Counter()  # the stored are taken to be mcq
             while have < count:
                 want = min(settings.questions_per_call, count - have)
+                counted = (ch.prompt_tokens, ch.max_completion_tokens)  # before this call
                 levels = levels_for(chapter, want)
                 if chapter.item_types is not None:
                     asked, trues = ask_types(chapter.item_types, first, count,
@@ -323,17 +326,8 @@ def estimate(slug: str, syllabus: Syllabus, settings: Settings, *,
                 messages = build_messages(slug, syllabus.title, chapter, want, avoid,
                                           numbers=numbers, material=block, levels=levels)
                 ch.calls += 1
-                prompt_tokens = count_messages(messages, model)
-                ch.prompt_tokens += prompt_tokens
+                ch.prompt_tokens += count_messages(messages, model)
                 ch.max_completion_tokens += settings.max_tokens(want)
-                if typed:
-                    for kind, n in (levels.types or {"mcq": want}).items():
-                        t = est.types.setdefault(kind, TypeEstimate(kind))
-                        t.questions += n
-                        t.prompt_tokens += prompt_tokens * n / want
-                        t.max_completion_tokens += settings.max_tokens(want) * n / want
-                        t.expected_completion_tokens += (
-                            est.completion_per_question * weights[kind] * n)
                 if solver is not None:  # the batch's blind solve (runner.verify)
                     solver.calls += 1
                     solver.questions += want
@@ -350,6 +344,16 @@ def estimate(slug: str, syllabus: Syllabus, settings: Settings, *,
                                                   chapter.language or syllabus.language),
                         solver.model)
                     solver.max_completion_tokens += verify_mod.max_tokens(want, shown)
+                if typed:  # this call's prompt and cap, shared out by the counts it asks for
+                    call_prompt, call_cap = (ch.prompt_tokens - counted[0],
+                                             ch.max_completion_tokens - counted[1])
+                    for kind, n in (levels.types or {"mcq": want}).items():
+                        t = est.types.setdefault(kind, TypeEstimate(kind))
+                        t.questions += n
+                        t.prompt_tokens += call_prompt * n / want
+                        t.max_completion_tokens += call_cap * n / want
+                        t.expected_completion_tokens += (
+                            est.completion_per_question * weights[kind] * n)
                 have += want
                 avoid = (avoid + [placeholder] * want)[-20:]
         est.chapters.append(ch)
