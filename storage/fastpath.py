@@ -41,7 +41,7 @@ _PARAMS = (
     ("p_numbers", "integer[]"), ("p_questions", "text[]"), ("p_choices", "text[]"),
     ("p_answers", "integer[]"), ("p_explanations", "text[]"), ("p_hashes", "varchar[]"),
     ("p_difficulties", "varchar[]"), ("p_blooms", "varchar[]"), ("p_sources", "text[]"),
-    ("p_passages", "integer[]"), ("p_answer_data", "text[]"), ("p_model", "varchar"),
+    ("p_passages", "integer[]"), ("p_model", "varchar"),
     ("p_dedup_scope", "varchar"), ("p_dedup_lock", "boolean"), ("p_epoch", "bigint"),
     ("p_max_id", "integer"), ("p_tokens", "text[]"), ("p_key_terms", "text[]"),
     ("p_bands", "bytea[]"), ("p_repeated", "integer[]"),
@@ -237,9 +237,6 @@ def prepare(url: str, claim: Claimed, stored: int, target: int, lease_s: float,
         # The course material each cites (storage.ledger.question_row's rule).
         "p_sources": _text_array([q.source if q.passage is not None else None for q in rows]),
         "p_passages": _int_array([q.passage for q in rows]),
-        # Each question's type and answer in one element (NULL for an mcq; migration 0032):
-        # one parameter more, not two, keeps the statement's placeholders at psycopg's 50.
-        "p_answer_data": _text_array([_answer_data(q) for q in rows]),
         "p_model": model,
         "p_dedup_scope": None if p.scope is None else (
             "" if p.scope is Scope.exam else claim.chapter_id),
@@ -289,16 +286,17 @@ def _bytea_array(items: Sequence[bytes]) -> str:
     return "{" + ",".join('"\\\\x' + x.hex() + '"' for x in items) + "}"
 
 
-def _answer_data(q: ParsedQuestion) -> str | None:
-    """`type`, US (0x1f), `answer`: JSON escapes a control character, so the separator is
-    never part of the answer."""
-    return None if q.type == "mcq" else f"{q.type}\x1f{q.answer or ''}"
-
-
 def _choices(q: ParsedQuestion) -> str:
+    """A question's p_choices element: its choices as JSON; for an item of another type than
+    mcq, its type and answer before them, each followed by a unit separator (0x1f, which
+    JSON escapes, so it is never part of one), which ef_commit splits (migration 0032): one
+    parameter more would take the statement past the 50 placeholders psycopg caches."""
     import json
 
-    return json.dumps(list(q.choices), ensure_ascii=False)
+    choices = json.dumps(list(q.choices), ensure_ascii=False)
+    if q.type == "mcq":
+        return choices
+    return f"{q.type}\x1f{q.answer or ''}\x1f{choices}"
 
 
 def committed(url: str, claim: Claimed, p: Prepared, row: Any, questions_n: int,

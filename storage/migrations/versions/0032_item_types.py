@@ -10,9 +10,10 @@ question its type (`question.type`, 'mcq' for every existing row) and, for a typ
 mcq, its answer fields (`question.answer`, JSON; `answer_index` is -1 then) and what the
 blind solver answered (`question.solved_answer`, JSON: `solved_index` holds an mcq's).
 
-PostgreSQL: ef_commit takes each question's type and answer (`p_answer_data`: NULL for an
-mcq, else the type, a unit separator and the answer's JSON; one parameter, so that the
-statement keeps to the 50 placeholders psycopg caches its parsing for) and stores them; ef_claim returns the slice's types (`chapter_types`) and the type and answer of
+PostgreSQL: ef_commit stores each question's type and answer, which an item of another type
+than mcq carries in its `p_choices` element (its type, answer and choices, separated by a
+unit separator, which JSON never holds unescaped): no parameter is added, so that the
+statement keeps to the 50 placeholders psycopg caches its parsing for; ef_claim returns the slice's types (`chapter_types`) and the type and answer of
 each of the chapter's questions (`types`, `answers`: what the slice's calls still lack of
 each type), and its fingerprint of a first call planned before the claim counts the types
 (with the difficulty, as FRESH_SQL computes it: unchanged for a slice without types).
@@ -84,20 +85,22 @@ def _claim_function(before: str) -> str:
 def _commit_function(before: str) -> str:
     """0025's ef_commit, storing each question's type and answer."""
     return _edited(before, (
-        ("p_sources text[], p_passages integer[], p_model varchar,",
-         "p_sources text[], p_passages integer[], p_answer_data text[], p_model varchar,"),
         ("explanation, norm_hash, difficulty, bloom, source, passage,\n"
          "                              model, call_id, created_at)",
          "explanation, norm_hash, difficulty, bloom, source, passage,\n"
          "                              type, answer, model, call_id, created_at)"),
+        # An item of another type than mcq comes as `type` US `answer` US `choices` in its
+        # p_choices element (storage.fastpath._choices); an mcq's is its choices alone.
         ("SELECT p_exam, p_chapter, n, qt, ch, ai, ex, h, d, b, src, pg, p_model",
-         "SELECT p_exam, p_chapter, n, qt, ch, ai, ex, h, d, b, src, pg,\n"
-         "               coalesce(split_part(ad, chr(31), 1), 'mcq'),\n"
-         "               nullif(split_part(ad, chr(31), 2), ''), p_model"),
-        ("p_difficulties, p_blooms, p_sources, p_passages)\n"
-         "               AS u(n, qt, ch, ai, ex, h, d, b, src, pg)",
-         "p_difficulties, p_blooms, p_sources, p_passages, p_answer_data)\n"
-         "               AS u(n, qt, ch, ai, ex, h, d, b, src, pg, ad)"),
+         "SELECT p_exam, p_chapter, n, qt,\n"
+         "               CASE WHEN strpos(ch, chr(31)) > 0 THEN split_part(ch, chr(31), 3)\n"
+         "                    ELSE ch END,\n"
+         "               ai, ex, h, d, b, src, pg,\n"
+         "               CASE WHEN strpos(ch, chr(31)) > 0 THEN split_part(ch, chr(31), 1)\n"
+         "                    ELSE 'mcq' END,\n"
+         "               CASE WHEN strpos(ch, chr(31)) > 0\n"
+         "                    THEN nullif(split_part(ch, chr(31), 2), '') END,\n"
+         "               p_model"),
     ), "0025's ef_commit")
 
 
@@ -111,8 +114,7 @@ def upgrade() -> None:
         first, claim, commit = _functions()
         op.execute(f"DROP FUNCTION IF EXISTS {first.NEW_SIGNATURE}")
         op.execute(_claim_function(claim))
-        op.execute("DROP FUNCTION IF EXISTS ef_commit")
-        op.execute(_commit_function(commit))
+        op.execute(_commit_function(commit))  # CREATE OR REPLACE: the same arguments
 
 
 def downgrade() -> None:
@@ -120,7 +122,6 @@ def downgrade() -> None:
         first, claim, commit = _functions()
         op.execute(f"DROP FUNCTION IF EXISTS {first.NEW_SIGNATURE}")
         op.execute(claim)
-        op.execute("DROP FUNCTION IF EXISTS ef_commit")
         op.execute(commit)
     op.drop_column('question', 'solved_answer')
     op.drop_column('question', 'answer')
