@@ -525,8 +525,8 @@ class ReviewEdit(BaseModel):
     answer_index: AnswerIndex | None = None
     # An item of another type's answer fields (ReviewQuestion's), each only on its type;
     # validated as a generated item of the type is (422 otherwise). The type is not editable.
-    correct: list[Annotated[int, Field(ge=0, le=5, strict=True)]] | None = Field(
-        None, max_length=6)
+    correct: list[Annotated[int, Field(ge=0, le=5, strict=True),
+                            BeforeValidator(whole_number)]] | None = Field(None, max_length=6)
     answer: bool | None = Field(None, strict=True)
     accepted: list[Annotated[str, Field(min_length=1, max_length=200, strict=True)]] | None = \
         Field(None, min_length=1, max_length=5)
