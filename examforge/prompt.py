@@ -179,7 +179,10 @@ def types_asked(messages: list[dict[str, str]]) -> tuple[str, ...]:
 
     for message in reversed(messages):
         if message.get("role") == "user":
-            value = read_fields(str(message.get("content", ""))).get(Label.types)
+            content = str(message.get("content", ""))
+            if Label.types.value not in content:  # most calls: no regex on every request
+                return ()
+            value = read_fields(content).get(Label.types)
             if value is None:
                 return ()
             counts, _ = parse_types(value)
