@@ -93,6 +93,8 @@ def _wrong_key(exam: str, chapter_id: str, number: int, text: str) -> bytes:
 def balanced(q: Question, exam: str, chapter_id: str, number: int) -> Question:
     """`q` with its choices in the balanced order of its identity; letter references in the
     explanation follow their choices. A question with positional choices is returned as is."""
+    if q.type != "mcq":
+        return _balanced_multi(q, exam, chapter_id, number) if q.type == "multi" else q
     if positional(q):
         return q
     right = q.choices[q.answer_index]
@@ -110,3 +112,20 @@ def balanced(q: Question, exam: str, chapter_id: str, number: int) -> Question:
     return dataclasses.replace(q, choices=tuple(choices),  # type: ignore[arg-type]
                                answer_index=position,
                                explanation=explanation)
+
+
+def _balanced_multi(q: Question, exam: str, chapter_id: str, number: int) -> Question:
+    """A multiple-response item's choices in an order drawn from its identity and their
+    texts (so, as for an mcq's wrong choices, balancing twice changes nothing), its correct
+    set following them; the number of correct choices is varied by the prompt, not here.
+    Positional choices, or an explanation naming a choice by letter, keep the order."""
+    import json
+
+    if positional(q) or (_may_refer(q.explanation) and _LETTER_REF_RE.search(q.explanation)):
+        return q
+    correct = set(json.loads(q.answer or "{}").get("correct", ()))
+    order = sorted(range(len(q.choices)),
+                   key=lambda i: _wrong_key(exam, chapter_id, number, q.choices[i]))
+    answer = {"correct": sorted(order.index(i) for i in correct)}
+    return dataclasses.replace(q, choices=tuple(q.choices[i] for i in order),  # type: ignore[arg-type]
+                               answer=json.dumps(answer, sort_keys=True))

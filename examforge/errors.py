@@ -455,6 +455,14 @@ class Rejection(str, Enum):
     # its letter ("both A and B"), in the chapter's language or English: choices are
     # reordered when stored (examforge.balance), which such a choice does not survive.
     positional = "positional"
+    # The item types of a chapter's `types` mix (examforge.item_types): each malformed form
+    # has its own reason, so that a model that gets one type wrong shows which.
+    unknown_type = "unknown_type"  # a `type` that is not one of the five
+    bad_multi = "bad_multi"  # not 4-6 distinct choices with 2 or more (not all) correct
+    bad_truefalse = "bad_truefalse"  # no true/false `answer`, or choices given
+    bad_short = "bad_short"  # not 1-5 distinct non-empty accepted answers
+    bad_numeric = "bad_numeric"  # no finite value, or a tolerance that is negative or absent
+    surplus_type = "surplus_type"  # more of a type than the slice still lacks
 
 
 class OutputInvalid(ExamforgeError):

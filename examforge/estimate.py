@@ -12,11 +12,14 @@ counted too (`Solves`), and the totals include it.
 
 from __future__ import annotations
 
+import dataclasses
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 from examforge import verify
 from examforge import verify as verify_mod
+from examforge.levels import ask_types
 from examforge.prices import Price
 from examforge.prompt import build_messages
 from examforge.sizing import fixed_allowance
@@ -60,6 +63,65 @@ class ChapterEstimate:
     calls: int = 0
     prompt_tokens: int = 0
     max_completion_tokens: int = 0
+
+
+# One reply item of each type (examforge.item_types) as a model writes it, with the same
+# question and explanation: their token counts set each type's completion tokens relative
+# to an mcq's (the observed or default figure per question is an mcq's; a true/false item
+# has no choices, a multi has five or six). Counted with the exam's tokenizer.
+_EXPLANATION = ("Reviewing against the documented baseline catches drift early; the other "
+                "options leave the service exposed or hide the problems that matter.")
+_TYPE_SAMPLES: dict[str, dict[str, object]] = {
+    "mcq": {"type": "mcq", "question": _PLACEHOLDER, "choices": list(_CHOICES),
+            "answer_index": 0, "explanation": _EXPLANATION},
+    "multi": {"type": "multi", "question": _PLACEHOLDER,
+              "choices": [*_CHOICES, _CHOICES[0].replace("quarter", "month")],
+              "correct": [0, 4], "explanation": _EXPLANATION},
+    "truefalse": {"type": "truefalse", "question": _PLACEHOLDER, "answer": True,
+                  "explanation": _EXPLANATION},
+    "short": {"type": "short", "question": _PLACEHOLDER,
+              "accepted": ["a documented baseline review", "baseline review"],
+              "explanation": _EXPLANATION},
+    "numeric": {"type": "numeric", "question": _PLACEHOLDER, "value": 99.95,
+                "tolerance": 0.01, "relative": False, "unit": "%",
+                "explanation": _EXPLANATION},
+}
+
+
+# The choices a blind solve shows of each type's placeholder.
+_TYPE_CHOICES: dict[str, tuple[str, ...]] = {
+    "mcq": _CHOICES, "multi": (*_CHOICES, _CHOICES[0].replace("quarter", "month"))}
+
+
+def type_weights(model: str) -> dict[str, float]:
+    """Each item type's completion tokens per question relative to an mcq's."""
+    import json
+
+    tokens = {k: count_text(json.dumps(v), model) for k, v in _TYPE_SAMPLES.items()}
+    return {k: n / tokens["mcq"] for k, n in tokens.items()}
+
+
+@dataclass
+class TypeEstimate:
+    """The share of an exam's generation cost that goes to one item type: each call's
+    prompt and max_tokens split over the types it asks for by their counts, and the
+    expected completion by each type's tokens per question (`type_weights`)."""
+
+    type: str
+    questions: int = 0
+    prompt_tokens: float = 0.0
+    max_completion_tokens: float = 0.0
+    expected_completion_tokens: float = 0.0
+
+    def as_dict(self, price: Price, worst: Price) -> dict[str, object]:
+        return {"type": self.type, "questions": self.questions,
+                "prompt_tokens": round(self.prompt_tokens),
+                "max_completion_tokens": round(self.max_completion_tokens),
+                "expected_completion_tokens": round(self.expected_completion_tokens),
+                "worst_usd": round(worst.cost_usd(round(self.prompt_tokens),
+                                                  round(self.max_completion_tokens)), 6),
+                "expected_usd": round(price.cost_usd(
+                    round(self.prompt_tokens), round(self.expected_completion_tokens)), 6)}
 
 
 @dataclass
@@ -117,6 +179,8 @@ class Estimate:
     models: tuple[str, ...] = ()
     # VERIFY: one blind solve per generation call, of its questions (runner.verify).
     verify: Solves | None = None
+    # Per item type, when a chapter asks for types other than mcq (examforge.item_types).
+    types: dict[str, TypeEstimate] = field(default_factory=dict)
 
     @property
     def calls(self) -> int:
@@ -136,6 +200,8 @@ class Estimate:
 
     @property
     def expected_completion_tokens(self) -> int:
+        if self.types:  # each type at its own tokens per question
+            return round(sum(t.expected_completion_tokens for t in self.types.values()))
         return round(self.questions * self.completion_per_question)
 
     @property
@@ -165,6 +231,8 @@ class Estimate:
                 "worst_usd": round(self.worst_usd, 6),
                 "expected_usd": round(self.expected_usd, 6),
                 "verify": self.verify.as_dict() if self.verify else None,
+                "types": [t.as_dict(self.price, self.worst_price or self.price)
+                          for t in self.types.values()] or None,
                 "chapters": [c.__dict__ for c in self.chapters]}
 
 
@@ -223,6 +291,10 @@ def estimate(slug: str, syllabus: Syllabus, settings: Settings, *,
                     [verify_mod.item(placeholder, _CHOICES)] * want, [], language), solver.model)
                 solver.max_completion_tokens += verify_mod.max_tokens(want)
                 n -= want
+    from examforge.prompt import levels_for
+
+    typed = any(ch.item_types is not None for ch in syllabus.chapters)
+    weights = type_weights(model) if typed else {}
     for chapter in syllabus.chapters:
         texts = list(stored.get(chapter.id, []))
         ch = ChapterEstimate(chapter.id, stored=len(texts), target=chapter.questions)
@@ -242,10 +314,18 @@ def estimate(slug: str, syllabus: Syllabus, settings: Settings, *,
             # in turn.
             share = [passages[i].text for i in slice_passages(
                 len(passages), first, count, chapter.questions)] if passages else []
+            stored_types: Counter[str] = Counter()  # the stored are taken to be mcq
             while have < count:
                 want = min(settings.questions_per_call, count - have)
+                counted = (ch.prompt_tokens, ch.max_completion_tokens)  # before this call
+                levels = levels_for(chapter, want)
+                if chapter.item_types is not None:
+                    asked, trues = ask_types(chapter.item_types, first, count,
+                                             stored_types, want)
+                    levels = dataclasses.replace(levels, types=asked, true_count=trues)
+                    stored_types.update(asked)
                 messages = build_messages(slug, syllabus.title, chapter, want, avoid,
-                                          numbers=numbers, material=block)
+                                          numbers=numbers, material=block, levels=levels)
                 ch.calls += 1
                 ch.prompt_tokens += count_messages(messages, model)
                 ch.max_completion_tokens += settings.max_tokens(
@@ -256,11 +336,26 @@ def estimate(slug: str, syllabus: Syllabus, settings: Settings, *,
                     # Grouped as runner.verify sends them: each passage shown once a call.
                     cited = sorted(share[(have + i) % len(share)] for i in range(want)) \
                         if share else []
+                    # Each type as the solver is shown it (a multi's five choices, the
+                    # others' none) and as its answer is capped (examforge.verify).
+                    shown = [verify_mod.item(placeholder, _TYPE_CHOICES.get(kind, ()), kind)
+                             for kind, n in (levels.types or {"mcq": want}).items()
+                             for _ in range(n)]
                     solver.prompt_tokens += count_messages(
-                        verify_mod.build_messages([verify_mod.item(placeholder, _CHOICES)] * want,
-                                                  cited, chapter.language or syllabus.language),
+                        verify_mod.build_messages(shown, cited,
+                                                  chapter.language or syllabus.language),
                         solver.model)
-                    solver.max_completion_tokens += verify_mod.max_tokens(want)
+                    solver.max_completion_tokens += verify_mod.max_tokens(want, shown)
+                if typed:  # this call's prompt and cap, shared out by the counts it asks for
+                    call_prompt, call_cap = (ch.prompt_tokens - counted[0],
+                                             ch.max_completion_tokens - counted[1])
+                    for kind, n in (levels.types or {"mcq": want}).items():
+                        t = est.types.setdefault(kind, TypeEstimate(kind))
+                        t.questions += n
+                        t.prompt_tokens += call_prompt * n / want
+                        t.max_completion_tokens += call_cap * n / want
+                        t.expected_completion_tokens += (
+                            est.completion_per_question * weights[kind] * n)
                 have += want
                 avoid = (avoid + [placeholder] * want)[-20:]
         est.chapters.append(ch)

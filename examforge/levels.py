@@ -90,6 +90,10 @@ class Levels:
 
     difficulty: dict[str, int] | None = None
     bloom: tuple[str, ...] = ()
+    # The counts per item type it asks for (examforge.item_types; None: four-choice
+    # questions only), and how many of its true/false statements are to be true.
+    types: dict[str, int] | None = None
+    true_count: int = 0
 
     def resolve(self, questions: Sequence[Question]) -> list[Question]:
         """The questions with the levels they are stored with (see the module docstring)."""
@@ -126,3 +130,65 @@ def known_levels(q: Question) -> Question:
 
     return dataclasses.replace(q, difficulty=q.difficulty if q.difficulty in DIFFICULTIES else None,
                                bloom=q.bloom if q.bloom in BLOOM_LEVELS else None)
+
+
+def ask_types(counts: Mapping[str, int], first: int, target: int, stored: Mapping[str, int],
+              want: int) -> tuple[dict[str, int], int]:
+    """The counts per item type the next call of a slice asks for (as `ask` spreads
+    difficulties: each number of the chapter has its type, so the slices add up to the
+    chapter's counts exactly), and how many of its true/false statements are to be true:
+    half, the odd one going to whichever the slice has fewer of (`stored` counts them as
+    `truefalse:true` and `truefalse:false`)."""
+    from examforge.item_types import shares
+
+    asked = {k: n for k, n in ask(shares(counts), first, target, stored, want).items() if n}
+    tf = asked.get("truefalse", 0)
+    trues, falses = stored.get("truefalse:true", 0), stored.get("truefalse:false", 0)
+    # As many true as makes the slice's true and false statements as even as can be.
+    true_count = max(0, min(tf, (trues + falses + tf + 1) // 2 - trues))
+    if trues > falses:
+        true_count = max(0, min(tf, (trues + falses + tf) // 2 - trues))
+    return asked, true_count
+
+
+def lacking_types(counts: Mapping[str, int], first: int, target: int,
+                  stored: Mapping[str, int]) -> dict[str, int] | None:
+    """How many of each item type a slice may still store: what the schedule gives its range
+    less what it holds. None when that cannot fill the slice (its counts are off: a
+    question withdrawn by the blind solve, a mix changed by `--regenerate`): then any type
+    is taken, so that a slice never waits for a type it will not be asked for."""
+    from examforge.item_types import shares
+
+    wanted = schedule(shares(counts), first, target)
+    lacking = {k: max(0, wanted[k] - stored.get(k, 0)) for k in wanted}
+    held = sum(stored.get(k, 0) for k in wanted)
+    if sum(lacking.values()) < target - held:
+        return None
+    return lacking
+
+
+def keep_types(questions: Sequence[Question],
+               lacking: Mapping[str, int] | None) -> tuple[list[Question], int]:
+    """The questions a slice lacking `lacking` per type takes, in reply order, and how many
+    were beyond it (Rejection.surplus_type)."""
+    if lacking is None:
+        return list(questions), 0
+    left = dict(lacking)
+    kept = []
+    for q in questions:
+        if left.get(q.type, 0) > 0:
+            left[q.type] -= 1
+            kept.append(q)
+    return kept, len(questions) - len(kept)
+
+
+def type_counts(questions: Sequence[Question]) -> Counter[str]:
+    """What `questions` add to a slice's stored counts per type (and true/false values)."""
+    from examforge.item_types import load
+
+    out: Counter[str] = Counter()
+    for q in questions:
+        out[q.type] += 1
+        if q.type == "truefalse":
+            out[f"truefalse:{'true' if load(q.answer).get('value') else 'false'}"] += 1
+    return out

@@ -47,6 +47,7 @@ from examforge.errors import (
 )
 from examforge.prices import Price
 from examforge.ratelimit import EndpointLimit, Limiter, Limits, LocalLimiter, acquire
+from examforge.prompt import types_asked
 from examforge.reply_schema import response_format, schema_text
 from examforge.settings import Settings
 from examforge.tokens import PROMPT_MARGIN  # noqa: F401  (re-exported: it was defined here)
@@ -244,7 +245,7 @@ class LLMClient:
         reply's JSON schema, the schema's tokens too (providers put it into the prompt)."""
         count = count_messages(messages, ep.model)
         if self.response_format_of(ep.name) == "json_schema":
-            count += count_part(schema_text(), ep.model)
+            count += count_part(schema_text(types_asked(messages)), ep.model)
         return count
 
     # ------------------------------------------------------------------ batch lines
@@ -527,7 +528,8 @@ class LLMClient:
             body[self._max_tokens_param(ep)] = max_tokens
         if ep.tier is not None:
             body["service_tier"] = ep.tier
-        shape = response_format(fmt)
+        # The schema of the item types the call asks for (its Item types line).
+        shape = response_format(fmt, types_asked(messages))
         if shape is not None:
             body["response_format"] = shape
         return body

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from pydantic_core import from_json
 
+from examforge import item_types
 from examforge.errors import OutputInvalid, Rejection
 from examforge.languages import DEFAULT_LANGUAGE, LANGUAGES, language as language_of
 
@@ -37,6 +38,11 @@ class Question:
     # replaces it with the passage's reference before it is stored (runner.pipeline).
     source: str | None = None
     passage: int | None = None
+    # Its kind (examforge.item_types) and, for a kind other than mcq, its answer fields as
+    # stored (canonical JSON; `choices` then holds a multi's choices or nothing, and
+    # `answer_index` is item_types.NO_INDEX).
+    type: str = "mcq"
+    answer: str | None = None
 
 
 class _FormatChars(dict):  # type: ignore[type-arg]
@@ -89,12 +95,15 @@ def _strip_fences(content: str) -> str:
 
 class ItemInvalid(ValueError):
     """Raised by `check_item` for a question object that fails validation: `field` names the
-    field (or "item" for the object itself) and `reason` says what is wrong with it."""
+    field (or "item" for the object itself) and `reason` says what is wrong with it;
+    `rejection` is what a reply's item is counted as (each item type's own form)."""
 
-    def __init__(self, field: str, reason: str) -> None:
+    def __init__(self, field: str, reason: str,
+                 rejection: Rejection = Rejection.wrong_schema) -> None:
         super().__init__(f"{field}: {reason}")
         self.field = field
         self.reason = reason
+        self.rejection = rejection
 
 
 def check_item(item: object) -> Question:
@@ -102,6 +111,11 @@ def check_item(item: object) -> Question:
     ItemInvalid naming the first field that fails. Other keys of the object are ignored."""
     if not isinstance(item, dict):
         raise ItemInvalid("item", "not a JSON object")
+    kind = item.get("type", item_types.MCQ)
+    if kind is None:
+        kind = item_types.MCQ
+    if kind != item_types.MCQ:
+        return _check_typed(item, kind)
     question, choices = item.get("question"), item.get("choices")
     answer, explanation = item.get("answer_index"), item.get("explanation", "")
     if "question" not in item:
@@ -132,6 +146,32 @@ def check_item(item: object) -> Question:
         difficulty=_label(item.get("difficulty")), bloom=_label(item.get("bloom")),
         source=_cited(item.get("source")),
     )
+
+
+def _check_typed(item: dict[str, object], kind: object) -> Question:
+    """check_item for an item of a type other than mcq (examforge.item_types)."""
+    if kind not in item_types.ITEM_TYPES:
+        raise ItemInvalid("type", f"{kind!r} is not one of {', '.join(item_types.ITEM_TYPES)}",
+                          Rejection.unknown_type)
+    assert isinstance(kind, str)
+    question, explanation = item.get("question"), item.get("explanation", "")
+    if not isinstance(question, str) or not question.strip():
+        raise ItemInvalid("question", "must be a non-empty string")
+    if not isinstance(explanation, str):
+        raise ItemInvalid("explanation", "must be a string")
+    try:
+        choices, answer = item_types.check_answer(kind, item, normalise)
+    except item_types.TypeInvalid as exc:
+        raise ItemInvalid(exc.field, exc.detail, exc.reason) from None
+    texts = [question, explanation, *choices, *answer.get("accepted", ()),
+             answer.get("unit") or ""]
+    if any(_BAD_CHAR_RE.search(text) for text in texts):
+        raise ItemInvalid("question", "contains a control character or a lone surrogate")
+    return Question(
+        question.strip(), choices, item_types.NO_INDEX,  # type: ignore[arg-type]
+        explanation.strip(), difficulty=_label(item.get("difficulty")),
+        bloom=_label(item.get("bloom")), source=_cited(item.get("source")),
+        type=kind, answer=item_types.dump(answer))
 
 
 def _cited(value: object) -> str | None:
@@ -171,11 +211,11 @@ def positional_reason(q: Question, language: str = DEFAULT_LANGUAGE) -> str | No
     return None
 
 
-def _parse_item(item: object) -> Question | None:
+def _parse_item(item: object) -> Question | Rejection:
     try:
         return check_item(item)
-    except ItemInvalid:
-        return None
+    except ItemInvalid as exc:
+        return exc.rejection
 
 
 @dataclass(frozen=True)
@@ -251,8 +291,8 @@ def parse_questions(
     seen = set(known)
     for item in items:
         q = _parse_item(item)
-        if q is None:
-            rejected[Rejection.wrong_schema] = rejected.get(Rejection.wrong_schema, 0) + 1
+        if isinstance(q, Rejection):
+            rejected[q] = rejected.get(q, 0) + 1
             continue
         if positional_reason(q, language) is not None:
             rejected[Rejection.positional] = rejected.get(Rejection.positional, 0) + 1

@@ -127,6 +127,23 @@ def _check_bloom(value: Any) -> Any:
     return [b for b in BLOOM_LEVELS if b in value]  # lowest first, whatever order was typed
 
 
+def _check_types(value: Any) -> Any:
+    """{type: count}: known item types (examforge.item_types), whole counts of 0 or more,
+    in the types' own order; that they add up to `questions` is checked by the chapter."""
+    from examforge.item_types import ITEM_TYPES
+    kinds = ", ".join(ITEM_TYPES)
+    if not isinstance(value, dict) or not value:
+        raise ValueError(f"must be an object of counts per item type ({kinds}), such as "
+                         '{"mcq": 20, "truefalse": 10}')
+    for kind, count in value.items():
+        if kind not in ITEM_TYPES:
+            raise ValueError(f"{kind!r} is not an item type ({kinds})")
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise ValueError(f"the count of {kind} must be a whole number, 0 or more, "
+                             f"is {count!r}")
+    return {kind: value[kind] for kind in ITEM_TYPES if value.get(kind)}
+
+
 class Chapter(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
@@ -138,6 +155,9 @@ class Chapter(BaseModel):
     # questions target. They go into the prompt and are stored with each question.
     difficulty: Union[str, dict[str, float], None] = None
     bloom: list[str] | None = None
+    # Optional: how many questions of each item type (examforge.item_types), adding up to
+    # `questions`; absent: all `mcq`. Recorded on the chapter's slices at enqueue.
+    types: dict[str, int] | None = None
     # Optional: files of the exam's folder the questions are written from (examforge.sources:
     # `notes/ch1.md`, `guide.pdf#pages=3-9`); checked here by name only, read at enqueue.
     sources: list[str] | None = None
@@ -178,6 +198,25 @@ class Chapter(BaseModel):
     def _bloom(cls, v: Any) -> Any:
         return None if v is None else _check_bloom(v)
 
+    @field_validator("types", mode="before")
+    @classmethod
+    def _types(cls, v: Any) -> Any:
+        return None if v is None else _check_types(v)
+
+    @model_validator(mode="after")
+    def _types_add_up(self) -> "Chapter":
+        if self.types is not None and sum(self.types.values()) != self.questions:
+            raise ValueError(f"types: the counts add up to {sum(self.types.values())}, "
+                             f"not to questions ({self.questions})")
+        return self
+
+    @property
+    def item_types(self) -> dict[str, int] | None:
+        """The counts per item type, None for all mcq (no types, or only mcq)."""
+        if self.types is None or set(self.types) <= {"mcq"}:
+            return None
+        return dict(self.types)
+
     @property
     def difficulty_shares(self) -> dict[str, float] | None:
         """The difficulty as shares ({"hard": 1.0} for one level), None when unset."""
@@ -210,6 +249,9 @@ class Chapter(BaseModel):
         spec: list[str | None] = [self.title, self.prompt]
         if (self.language or DEFAULT_LANGUAGE) != DEFAULT_LANGUAGE:
             spec.append(self.language)
+        if self.item_types is not None:
+            # Which kinds of item were asked for; all mcq is what it always was.
+            spec.append(json.dumps(self.item_types))
         blob = json.dumps(spec, ensure_ascii=False)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 

@@ -14,7 +14,8 @@ import json
 import random
 import re
 from dataclasses import dataclass
-from typing import Sequence
+import math
+from typing import Any, Mapping, Sequence
 
 from examforge.errors import OutputInvalid, Rejection
 from examforge.languages import DEFAULT_LANGUAGE, language as language_of
@@ -35,13 +36,31 @@ SYSTEM = ("You are an expert examiner. Answer each multiple-choice question with
           '{"answers": [{"n": 1, "choice": "A"}, ...]}, one entry per question, in order.')
 
 
+# Added to SYSTEM when a solve holds items of other types (examforge.item_types): how to
+# answer each, by the hint after its number. A solve of four-choice questions only is sent
+# SYSTEM as it was.
+TYPED_SYSTEM = (
+    " A question marked (select all that apply) has two or more correct choices: answer "
+    '{"n": 2, "choices": ["A", "C"]}. One marked (true or false) is a statement: answer '
+    '{"n": 3, "value": true} or false. One marked (short answer): answer {"n": 4, "answer": '
+    '"a few words"}. One marked (number), with its unit when it has one: answer {"n": 5, '
+    '"value": 42.5}, in that unit.')
+MULTI_LETTERS = "ABCDEF"
+# How each type is marked after its number.
+HINTS = {"multi": "select all that apply", "truefalse": "true or false",
+         "short": "short answer", "numeric": "number"}
+
+
 @dataclass(frozen=True)
 class SolveItem:
-    """A question as the solver sees it: its text, and its choices in the shown order."""
+    """A question as the solver sees it: its text, and its choices in the shown order; its
+    item type (examforge.item_types) and, for a numeric one, its unit."""
 
     question: str
     choices: tuple[str, ...]  # as stored
     order: tuple[int, ...]  # order[i]: the stored index of the choice shown at letter i
+    type: str = "mcq"
+    unit: str | None = None
 
 
 def shown_order(question: str, choices: Sequence[str]) -> tuple[int, ...]:
@@ -53,8 +72,9 @@ def shown_order(question: str, choices: Sequence[str]) -> tuple[int, ...]:
     return tuple(order)
 
 
-def item(question: str, choices: Sequence[str]) -> SolveItem:
-    return SolveItem(question, tuple(choices), shown_order(question, choices))
+def item(question: str, choices: Sequence[str], kind: str = "mcq",
+         unit: str | None = None) -> SolveItem:
+    return SolveItem(question, tuple(choices), shown_order(question, choices), kind, unit)
 
 
 # The line that shows the course material the questions after it cite (until the next one).
@@ -90,26 +110,38 @@ def build_messages(items: Sequence[SolveItem], passages: Sequence[str | None] = 
             lines.append(f"{MATERIAL_PREFIX}none")
             lines.append("")
         shown = text
-        lines.append(f"Question {n}: {it.question}")
-        for letter, index in zip(LETTERS, it.order):
+        hint = HINTS.get(it.type)
+        if hint == "number" and it.unit:
+            hint = f"number, in {it.unit}"
+        lines.append(f"Question {n}{f' ({hint})' if hint else ''}: {it.question}")
+        for letter, index in zip(MULTI_LETTERS if it.type == "multi" else LETTERS, it.order):
             lines.append(f"{letter}. {it.choices[index]}")
         lines.append("")
     lines.append("Answer every question with JSON as the system message says.")
-    return [{"role": "system", "content": SYSTEM},
+    typed = any(it.type != "mcq" for it in items)
+    return [{"role": "system", "content": SYSTEM + (TYPED_SYSTEM if typed else "")},
             {"role": "user", "content": "\n".join(lines)}]
 
 
-def max_tokens(questions: int) -> int:
-    return SOLVE_TOKENS_OVERHEAD + SOLVE_TOKENS_PER_QUESTION * questions
+# What an answer of another item type takes beyond an mcq's letter, in tokens: a multi's
+# list of letters, a short answer's few words, a number's digits.
+TYPED_EXTRA_TOKENS = {"multi": 15, "truefalse": 0, "short": 40, "numeric": 10}
+
+
+def max_tokens(questions: int, items: Sequence[SolveItem] = ()) -> int:
+    """max_tokens of a solve of `questions` four-choice questions, or of `items`."""
+    extra = sum(TYPED_EXTRA_TOKENS.get(it.type, 0) for it in items)
+    return SOLVE_TOKENS_OVERHEAD + SOLVE_TOKENS_PER_QUESTION * questions + extra
 
 
 _FENCE = re.compile(r"^```(?:json)?\s*|\s*```$")
 
 
-def parse_answers(content: str | None, items: Sequence[SolveItem]) -> list[int | None]:
-    """The stored index of the choice the solver picked for each item, None where it gave
-    no readable answer. Raises OutputInvalid when the reply holds no answer at all (not
-    JSON, or no `answers` list)."""
+def parse_answers(content: str | None, items: Sequence[SolveItem]) -> list[Any]:
+    """What the solver answered for each item, None where it gave no readable answer: the
+    stored index of the choice it picked (mcq), the stored indices it picked (multi, a
+    frozenset), True or False, its short answer (a string) or its number (a float). Raises
+    OutputInvalid when the reply holds no answer at all (not JSON, or no `answers` list)."""
     try:
         data = json.loads(_FENCE.sub("", (content or "").strip()))
     except ValueError:
@@ -117,15 +149,82 @@ def parse_answers(content: str | None, items: Sequence[SolveItem]) -> list[int |
     answers = data.get("answers") if isinstance(data, dict) else None
     if not isinstance(answers, list):
         raise OutputInvalid(Rejection.wrong_schema, "the solve reply has no answers list")
-    picked: list[int | None] = [None] * len(items)
+    picked: list[Any] = [None] * len(items)
     for pos, a in enumerate(answers):
         if not isinstance(a, dict):
             continue
         n = a.get("n", pos + 1)
+        if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= len(items):
+            continue
+        if items[n - 1].type != "mcq":
+            picked[n - 1] = _typed_answer(items[n - 1], a)
+            continue
         choice = a.get("choice")
-        if not isinstance(n, int) or not 1 <= n <= len(items) or not isinstance(choice, str):
+        if not isinstance(choice, str):
             continue
         letter = choice.strip().upper()[:1]
         if letter and letter in LETTERS[:len(items[n - 1].order)]:
             picked[n - 1] = items[n - 1].order[LETTERS.index(letter)]
     return picked
+
+
+def _typed_answer(it: SolveItem, a: dict[str, Any]) -> Any:
+    """The solver's answer to an item of a type other than mcq, None when unreadable."""
+    if it.type == "multi":
+        letters = a.get("choices")
+        if not isinstance(letters, list) or not letters:
+            return None
+        shown = MULTI_LETTERS[:len(it.order)]
+        picks = set()
+        for letter in letters:
+            letter = letter.strip().upper()[:1] if isinstance(letter, str) else ""
+            if not letter or letter not in shown:
+                return None
+            picks.add(it.order[shown.index(letter)])
+        return frozenset(picks)
+    value = a.get("answer") if it.type == "short" else a.get("value")
+    if it.type == "truefalse":
+        if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+            return value.strip().lower() == "true"
+        return value if isinstance(value, bool) else None
+    if it.type == "short":
+        return " ".join(value.split())[:200] or None if isinstance(value, str) else None
+    if isinstance(value, str):  # "42.5" for 42.5
+        try:
+            value = float(value.replace(",", ""))
+        except ValueError:
+            return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def agrees(kind: str, answer_index: int, answer: Mapping[str, Any], given: Any,
+           normalise: Any) -> bool:
+    """Whether the solver's answer `given` (as `parse_answers` reads it) matches the key:
+    the same choice, the same set of choices, the same truth value, an accepted answer
+    after normalisation (`normalise`: examforge.output.normalise), or a number within the
+    tolerance (examforge.item_types.within)."""
+    from examforge.item_types import within
+
+    if given is None:
+        return False
+    if kind == "mcq":
+        return bool(given == answer_index)
+    if kind == "multi":
+        return set(given) == set(answer.get("correct", ()))
+    if kind == "truefalse":
+        return bool(given is answer.get("value"))
+    if kind == "short":
+        return normalise(given) in {normalise(a) for a in answer.get("accepted", ())}
+    return within(answer, float(given))
+
+
+def stored_answer(kind: str, given: Any) -> str | None:
+    """The solver's answer to an item of a type other than mcq as stored
+    (question.solved_answer, JSON), shown beside a disputed key."""
+    if kind == "mcq" or given is None:
+        return None
+    value = sorted(given) if isinstance(given, frozenset) else given
+    return json.dumps({"given": value}, ensure_ascii=False)

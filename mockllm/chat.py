@@ -33,7 +33,7 @@ from mockllm.faults import (
 from mockllm.http import error_payload
 from mockllm.limits import INSUFFICIENT_QUOTA_MESSAGE, quota_exceeded, retry_headers
 from mockllm.prompt import ChatPrompt, parse_prompt
-from mockllm.questions import cited, labelled
+from mockllm.questions import cited, labelled, typed
 from mockllm.replies import (
     REFUSAL_CONTENT,
     Content,
@@ -338,7 +338,8 @@ class ChatEngine:
         if call.prompt.solve_text is not None:
             return self._solve(call, outcome, completion_id)
         items = state.mint_items(call.prompt, question_count(outcome, call.prompt.count, config.questions_per_reply))
-        items = cited(labelled(items, call.prompt), call.prompt)
+        items = cited(labelled(typed(items, call.prompt, config.seed, config.wrong_key_rates),
+                               call.prompt), call.prompt)
         if call.schema is not None:
             items = [_conform(item, call.schema) for item in items]
         variant = state.next_wrong_schema_variant() if outcome == "wrong_schema" else 0
@@ -367,7 +368,8 @@ class ChatEngine:
         the output faults that leave nothing readable (malformed, empty, refusal, truncated)
         are served as such, the others as ok."""
         state, config = self.state, self.state.config
-        solved = solve(call.prompt.solve_text or "", config.seed, config.solver_error_rate)
+        solved = solve(call.prompt.solve_text or "", config.seed, config.solver_error_rate,
+                       config.solver_error_rates)
         text, finish = solved.content, "stop"
         if outcome == "malformed" or outcome == "refusal":
             text = "I cannot help with that." if outcome == "refusal" else "answers: B, A"
@@ -448,8 +450,12 @@ def _conform(item: Item, schema: dict[str, Any]) -> Item:
         ref = items.get("$ref", "")
         if ref.startswith("#/$defs/"):  # the official SDK's schemas refer to their models
             items = schema["$defs"][ref.removeprefix("#/$defs/")]
+        if "anyOf" in items:  # the union of item types: the branch of the item's type
+            kind = item.question.get("type", "mcq")
+            items = next(b for b in items["anyOf"]
+                         if kind in b["properties"]["type"].get("enum", ()))
         required = items["required"]
-    except (KeyError, TypeError, AttributeError):
+    except (KeyError, TypeError, AttributeError, StopIteration):
         return item
     question = dict(item.question)
     for name in required if isinstance(required, list) else ():

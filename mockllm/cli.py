@@ -37,6 +37,9 @@ def _option_kwargs(config_field: dataclasses.Field[Any], hint: Any, default: Any
     if name == "script":
         return {**kwargs, "default": {}, "type": json.loads, "metavar": "JSON",
                 "help": f'{help_text}, e.g. \'{{"demo/ch-1": ["429", "ok", "trickle"]}}\''}
+    if name in ("wrong_key_rates", "solver_error_rates"):
+        return {**kwargs, "default": {}, "type": json.loads, "metavar": "JSON",
+                "help": f'{help_text}, e.g. \'{{"truefalse": 0.1}}\''}
     if name == "ratelimit_headers":
         return {**kwargs, "default": default, "choices": RATELIMIT_HEADER_MODES,
                 "help": f"{help_text} (default: {default})"}

@@ -53,6 +53,18 @@ def _fraction(value: Any, name: str) -> float:
     return number
 
 
+def _rates(value: Any, name: str) -> dict[str, float]:
+    """{item type: share} (examforge.item_types), each share 0..1."""
+    from examforge.item_types import ITEM_TYPES
+
+    if not isinstance(value, dict):
+        raise ValueError(f"{name} must be an object of item type -> share")
+    for kind in value:
+        if kind not in ITEM_TYPES:
+            raise ValueError(f"{name}: {kind!r} is not an item type ({', '.join(ITEM_TYPES)})")
+    return {kind: _fraction(share, f"{name}.{kind}") for kind, share in value.items()}
+
+
 def _int_at_least(value: Any, name: str, minimum: int) -> int:
     if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
         raise ValueError(f"{name} must be an integer >= {minimum}")
@@ -154,12 +166,20 @@ class MockConfig:
         default=0.0,
         metadata=_help("share (0..1) of generated questions whose answer_index points at a wrong "
                        "choice (drawn per question; the question and its choices are unchanged)"))
+    wrong_key_rates: dict[str, float] = field(
+        default_factory=dict,
+        metadata=_help("JSON object: item type (mcq, multi, truefalse, short, numeric) -> its "
+                       "own wrong_key_rate, for the items of that type"))
     # --- blind solves (VERIFY): a request whose prompt starts with examforge's solve header
     solver_error_rate: float = field(
         default=0.0,
         metadata=_help("share (0..1) of blind-solve answers that pick a wrong choice; the others "
                        "pick the true answer, known from the choices the mock wrote, never from "
                        "a key"))
+    solver_error_rates: dict[str, float] = field(
+        default_factory=dict,
+        metadata=_help("JSON object: item type -> its own solver_error_rate, for the items of "
+                       "that type"))
     # --- service tiers (service_tier on chat requests)
     flex_latency_factor: float = field(
         default=3.0, metadata=_help("service_tier flex requests take this many times latency_s"))
@@ -240,6 +260,8 @@ class MockConfig:
             raise ValueError("answer_position must be 0..3 or null")
         self.wrong_key_rate = _fraction(self.wrong_key_rate, "wrong_key_rate")
         self.solver_error_rate = _fraction(self.solver_error_rate, "solver_error_rate")
+        self.wrong_key_rates = _rates(self.wrong_key_rates, "wrong_key_rates")
+        self.solver_error_rates = _rates(self.solver_error_rates, "solver_error_rates")
         self.flex_latency_factor = _non_negative_float(self.flex_latency_factor, "flex_latency_factor")
         self.flex_unavailable_rate = _fraction(self.flex_unavailable_rate, "flex_unavailable_rate")
         self.batch_validation_s = _non_negative_float(self.batch_validation_s, "batch_validation_s")

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from examforge.output import normalise
-from examforge.prompt import AVOID_HEADER, Label, parse_difficulty, read_fields
+from examforge.prompt import AVOID_HEADER, Label, parse_difficulty, parse_types, read_fields
 from examforge.sources import offered_ids
 from mockllm.faults import MODEL_ID
 from mockllm.solve import is_solve
@@ -42,6 +42,10 @@ class ChatPrompt:
     # labels its questions so.
     difficulties: tuple[str, ...] = ()
     bloom: tuple[str, ...] = ()
+    # What an Item types line asks for, one type per question in order ("2 mcq, 1 short":
+    # mcq, mcq, short), and how many of its true/false statements are to be true.
+    types: tuple[str, ...] = ()
+    true_count: int = 0
     # The questions the prompt asks not to repeat (its "Do not repeat" list), normalised.
     avoid: frozenset[str] = frozenset()
     # The ids of the course-material passages the prompt offers (examforge.sources): a
@@ -110,6 +114,7 @@ def parse_prompt(body: dict[str, Any]) -> ChatPrompt:
     chapter = _first_token(fields.get(Label.chapter_id))
     count = _first_token(fields.get(_COUNT_LABEL))
     chapter_id = chapter or UNKNOWN_CHAPTER
+    asked_types, true_count = parse_types(fields.get(Label.types, ""))
     return ChatPrompt(
         key=f"{exam}/{chapter}" if exam and chapter else UNKNOWN_CHAPTER,
         chapter_id=chapter_id,
@@ -119,6 +124,8 @@ def parse_prompt(body: dict[str, Any]) -> ChatPrompt:
         part=_first_token(fields.get(Label.question_numbers)),
         difficulties=tuple(level for level, n in parse_difficulty(
             fields.get(Label.difficulty, "")).items() for _ in range(min(n, 1000))),
+        types=tuple(kind for kind, n in asked_types.items() for _ in range(min(n, 1000))),
+        true_count=true_count,
         bloom=tuple(b.strip().lower() for b in fields.get(Label.bloom, "").split(",")
                     if b.strip()),
         avoid=avoid_list(text),

@@ -569,3 +569,124 @@ def cited(items: list[Item], prompt: ChatPrompt) -> list[Item]:
     return [replace(item, question={**item.question,
                                     "source": prompt.passages[item.serial % len(prompt.passages)]})
             for item in items]
+
+
+# The units a numerical item of the mock is asked in, by serial.
+_UNITS = ("ms", "GB", "%", None)
+
+
+def as_type(question: dict[str, Any], kind: str, serial: int, true: bool) -> dict[str, Any]:
+    """The mock's four-choice question ``question`` (serial ``serial``) written as an item of
+    ``kind`` (examforge.item_types), the way a model asked for that type writes one: the same
+    stem, and an answer drawn from the same good and bad practices, so a blind solve that
+    reads the good practices (mockllm.solve) can answer it. A wrong key (``with_wrong_key``
+    moved the mcq's index) carries over: a multi's correct set then names a bad practice, a
+    true/false statement's value is flipped, a short answer is a bad practice, a number is
+    off by more than its tolerance."""
+    if kind == "mcq":
+        return {**question, "type": "mcq"}
+    choices = list(question["choices"])
+    right = true_index(choices)
+    wrong_key = right is not None and right != question["answer_index"]
+    good = choices[question["answer_index"]]
+    stem = question["question"]
+    base = {"type": kind, "explanation": question["explanation"]}
+    for name in ("difficulty", "bloom", "source"):
+        if name in question:
+            base[name] = question[name]
+    rng = _rng("typed", stem, serial)
+    if kind == "multi":
+        # 2 or 3 correct of 5 choices: the count varies with the serial.
+        n_right = 2 + serial % 2
+        extra = [g for g in GOOD_PRACTICES if g != choices[right or 0]]
+        rights = [choices[right or 0], *rng.sample(extra, n_right - 1)]
+        wrongs = rng.sample([b for b in BAD_PRACTICES if b not in choices], 5 - n_right)
+        out = rights + wrongs
+        rng.shuffle(out)
+        correct = sorted(out.index(r) for r in rights)
+        if wrong_key:  # one correct choice swapped for a wrong one
+            correct = sorted([*correct[1:], out.index(wrongs[0])])
+        return {**base, "question": f"{stem} (select all that apply)", "choices": out,
+                "correct": correct}
+    if kind == "truefalse":
+        shown = choices[right or 0] if true else next(
+            c for i, c in enumerate(choices) if i != (right or 0))
+        return {**base, "question": f"True or false: for {stem[0].lower()}{stem[1:]}, "
+                                    f"the answer is to {shown[0].lower()}{shown[1:]}.",
+                "answer": true != wrong_key}
+    if kind == "short":
+        question_text = f"{stem} (answer in a few words)"
+        key = short_truth(question_text)
+        if wrong_key:  # another good practice: right in general, not for this question
+            key = next(g for g in GOOD_PRACTICES[::-1] if g != key)
+        accepted = [key]
+        if rng.random() < 0.5:
+            accepted.append(f"to {key[0].lower()}{key[1:]}")
+        return {**base, "question": question_text, "accepted": accepted,
+                "explanation": f"{key} is what the situation calls for."}
+    # numeric: a value fixed by the serial, asked in a unit, with a tolerance of 5 % of it.
+    value = numeric_truth(serial)
+    unit = _UNITS[serial % len(_UNITS)]
+    relative = serial % 2 == 0
+    tolerance = 0.05 if relative else round(value * 0.05, 2)
+    if wrong_key:
+        value = round(value * 1.5, 2)
+    return {**base, "question": f"{stem}: how many {unit or 'units'} does it take "
+                                f"(item {serial})?", "value": value, "tolerance": tolerance,
+            "relative": relative, "unit": unit}
+
+
+def short_truth(question: str) -> str:
+    """The answer a short-answer item of the mock is true to: a good practice drawn from its
+    text, so that the mock's solver finds it again from the text alone."""
+    return GOOD_PRACTICES[_rng("short-truth", question).randrange(len(GOOD_PRACTICES))]
+
+
+def numeric_truth(serial: int) -> float:
+    """The value a numerical item of the mock (serial `serial`, which its text shows) is true
+    to."""
+    return round(10 + (serial * 7919) % 990 + (serial % 4) * 0.25, 2)
+
+
+_NUMERIC_SERIAL = re.compile(r"\(item (\d+)\)\?$")
+_TRUEFALSE = re.compile(r"^True or false: .*, the answer is to (.*)\.$")
+_GOOD_LOWER = {f"{g[0].lower()}{g[1:]}" for g in GOOD_PRACTICES}
+
+
+def typed_truth(kind: str, question: str, choices: list[str]) -> Any:
+    """The true answer of an item of the mock of type `kind` (not mcq), from what a solver
+    is shown; None for an item the mock did not write."""
+    if kind == "multi":
+        found = frozenset(i for i, c in enumerate(choices) if c in _GOOD)
+        return found if len(found) >= 2 else None
+    if kind == "truefalse":
+        m = _TRUEFALSE.match(question)
+        return None if m is None else m.group(1) in _GOOD_LOWER
+    if kind == "short":
+        return short_truth(question) if question.endswith("(answer in a few words)") else None
+    m = _NUMERIC_SERIAL.search(question)
+    return None if m is None else numeric_truth(int(m.group(1)))
+
+
+def typed(items: list[Item], prompt: ChatPrompt, seed: int = 0,
+          wrong_key_rates: dict[str, float] | None = None) -> list[Item]:
+    """The reply's questions of the types the prompt's Item types line asks for, in its
+    order (a reply longer than the line repeats the last type), its first ``true_count``
+    true/false statements true. A type with its own wrong-key rate (``wrong_key_rates``)
+    has its keys drawn again at that rate. Nothing changes when the prompt has no such
+    line."""
+    if not prompt.types:
+        return items
+    out = []
+    trues = 0
+    for i, item in enumerate(items):
+        kind = prompt.types[min(i, len(prompt.types) - 1)]
+        true = kind == "truefalse" and trues < prompt.true_count
+        trues += true
+        question = item.question
+        right = true_index(question["choices"])
+        if wrong_key_rates and kind in wrong_key_rates and right is not None:
+            question = with_wrong_key({**question, "answer_index": right}, prompt.key,
+                                      item.serial, seed, wrong_key_rates[kind])
+        out.append(replace(item, question=as_type(question, kind, item.serial, true)))
+    return out

@@ -280,7 +280,7 @@ def import_(slug: str, file: Path) -> None:
 
     FILE is JSON Lines, one question a line: chapter_id, question, choices (4), answer_index
     and explanation, as the naive script's checkpoint file has them; export's JSONL works
-    too. Every line is validated as model output is: one bad line, or a chapter the exam
+    too, items of every type with it (a `type` and its answer fields). Every line is validated as model output is: one bad line, or a chapter the exam
     does not have, refuses the whole file and nothing is stored. Questions are numbered after
     those stored, up to each chapter's target; text the chapter already has is skipped, so a
     second import stores nothing. The exam must be in the database or its syllabus in

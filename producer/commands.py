@@ -190,6 +190,14 @@ def _dry_run(settings: Settings, slug: str, syllabus: Syllabus, budget_usd: floa
                   f"${v.expected_usd:.4f} (included below"
                   + ("; replacements of disputed questions are not" if v.mode == "replace"
                      else "") + ")", soft_wrap=True)
+    for t in est.types.values():  # a chapter asks for item types other than mcq
+        priced = t.as_dict(p, est.worst_price or p)
+        out.print(f"  {t.type}: {t.questions} questions, {round(t.prompt_tokens):,} prompt "
+                  f"tokens (its share of each call's), up to "
+                  f"{round(t.max_completion_tokens):,} completion tokens, expected "
+                  f"{round(t.expected_completion_tokens):,}: worst case "
+                  f"${priced['worst_usd']:.4f}, expected ${priced['expected_usd']:.4f}",
+                  soft_wrap=True)
     out.print(f"  cost: worst case ${est.worst_usd:.4f}, expected ${est.expected_usd:.4f}")
     if cancelled:
         out.print(f"  cancelled chapters: {len(cancelled)} ({', '.join(cancelled)}), restarted "

@@ -19,7 +19,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO, Any, BinaryIO, Callable, Iterable, Iterator
 
-from examforge import banks
+from examforge import banks, item_types
 from examforge.errors import UserError
 
 TABLE_FORMATS = ("jsonl", "json", "csv")
@@ -28,7 +28,7 @@ FORMATS = (*TABLE_FORMATS, *banks.FORMATS)
 BINARY_FORMATS = ("anki", "qti")
 CSV_COLUMNS = ["exam", "chapter_id", "number", "question", "choice_a", "choice_b", "choice_c",
                "choice_d", "answer_index", "explanation", "difficulty", "bloom", "source",
-               "verdict", "model", "created_at"]
+               "verdict", "model", "created_at", "type", "answer"]
 
 Rows = Iterable[dict[str, object]]
 
@@ -97,12 +97,25 @@ def write_csv(rows: Rows, out: IO[str], *, dated: bool = False, bom: bool = Fals
     writer.writerow(CSV_COLUMNS)
     n = 0
     for n, r in enumerate(rows if dated else _dated(rows), 1):
+        choices = r["choices"] if r.get("type", "mcq") == "mcq" else ("", "", "", "")
         writer.writerow([r["exam"], r["chapter_id"], r["number"], r["question"],
-                         *r["choices"], r["answer_index"], r["explanation"],  # type: ignore[misc]
+                         *choices, r["answer_index"], r["explanation"],  # type: ignore[misc]
                          r.get("difficulty") or "", r.get("bloom") or "",
                          r.get("source") or "", r.get("verdict") or "", r["model"],
-                         r["created_at"]])
+                         r["created_at"], *_typed_columns(r)])
     return n
+
+
+def _typed_columns(r: dict[str, object]) -> list[str]:
+    """The `type` column, and `answer`: a type other than mcq's answer fields as JSON (a
+    multi's choices with them, since the four choice columns cannot hold six)."""
+    kind = str(r.get("type") or "mcq")
+    if kind == "mcq":
+        return [kind, ""]
+    fields = item_types.reply_fields(kind, item_types.from_fields(kind, r))
+    if kind == "multi":
+        fields = {"choices": r["choices"], **fields}
+    return [kind, json.dumps(fields, ensure_ascii=False)]
 
 
 WRITERS: dict[str, Callable[..., int]] = {
@@ -167,7 +180,8 @@ def bank_questions(rows: Rows) -> Iterator[banks.BankQuestion]:
             question=str(r["question"]), choices=tuple(r["choices"]),  # type: ignore[arg-type]
             answer_index=int(r["answer_index"]),  # type: ignore[call-overload]
             explanation=str(r["explanation"]), tags=tags(r), source=str(r.get("source") or ""),
-            verdict=str(r.get("verdict") or ""))
+            verdict=str(r.get("verdict") or ""), type=str(r.get("type") or "mcq"),
+            answer=item_types.from_fields(str(r.get("type") or "mcq"), r))
 
 
 def nothing_approved(slug: str) -> str:

@@ -25,6 +25,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterator
 
+from examforge.item_types import load, reply_fields
 from examforge.settings import load_settings
 from producer.export import (TABLE_FORMATS, check_target, default_name, table_writer,
                              write_atomic)
@@ -34,7 +35,8 @@ from producer.words import plural
 # The same selection and order as storage.reports.Reports.iter_questions (and its _in_range).
 QUERY = (
     "SELECT q.exam, q.chapter_id, q.number, q.question, q.choices, q.answer_index, "
-    "q.explanation, q.difficulty, q.bloom, q.source, q.verdict, q.model, q.created_at "
+    "q.explanation, q.difficulty, q.bloom, q.source, q.verdict, q.model, q.created_at, "
+    "q.type, q.answer "
     "FROM question q "
     "JOIN slice s ON s.exam = q.exam AND s.chapter_id = q.chapter_id "
     "AND q.number >= s.first_number AND q.number < s.first_number + s.target "
@@ -51,14 +53,15 @@ def rows(conn: sqlite3.Connection, slug: str,
     cur = conn.execute(QUERY.format(review=REVIEWED[approved_only]), (slug,))
     cur.arraysize = 1000
     for (exam, chapter_id, number, question, choices, answer_index, explanation, difficulty,
-         bloom, source, verdict, model, created_at) in cur:
+         bloom, source, verdict, model, created_at, kind, answer) in cur:
         if created_at != last_epoch:
             last_epoch = created_at
             last_iso = fromtimestamp(float(created_at), utc).isoformat(timespec="seconds")
         yield {"exam": exam, "chapter_id": chapter_id, "number": number, "question": question,
                "choices": loads(choices), "answer_index": answer_index,
                "explanation": explanation, "difficulty": difficulty, "bloom": bloom,
-               "source": source, "verdict": verdict, "model": model, "created_at": last_iso}
+               "source": source, "verdict": verdict, "model": model, "created_at": last_iso,
+               "type": kind, **reply_fields(kind, load(answer))}
 
 
 def export(database_url: str, exams_dir: Path, slug: str, fmt: str,

@@ -47,7 +47,7 @@ import socket
 import threading
 import time
 import uuid
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -58,10 +58,12 @@ from examforge.errors import (
     OutputInvalid,
     PauseCode,
     ProviderError,
+    Rejection,
     RetryableProviderError,
     SliceReason,
 )
-from examforge.levels import Levels, apportion, ask
+from examforge.levels import (Levels, apportion, ask, ask_types, keep_types, lacking_types,
+                              type_counts)
 from examforge.llm import LLMClient
 from examforge.output import normalise, parse_questions
 from runner.pipeline import near_dup_checker, steer_of
@@ -212,7 +214,9 @@ class _SliceCalls:
         ranges = [lacking // calls + (1 if k < lacking % calls else 0) for k in range(calls)]
         spec = ChapterSpec.model_construct(id=view.chapter_id, title=view.title,
                                            questions=view.chapter_target or view.target,
-                                           prompt=view.prompt, language=view.language)
+                                           prompt=view.prompt, language=view.language,
+                                           types=view.levels.types)
+        stored_types = Counter(view.levels.stored_types)
         base = view.recent if isinstance(view.recent, Steering) else Steering(
             newest=view.recent)
         avoid = base.with_fresh([], settings.avoid_questions)
@@ -233,6 +237,13 @@ class _SliceCalls:
                 levels = Levels(mix, view.levels.bloom)
                 for level, n in mix.items():  # the next call asks for what this one does not
                     stored_levels[level] = stored_levels.get(level, 0) + n
+            if view.levels.types is not None:  # each call its share of the types, likewise
+                type_mix, trues = ask_types(view.levels.types, view.first_number, view.target,
+                                            stored_types, want)
+                levels = dataclasses.replace(levels, types=type_mix, true_count=trues)
+                stored_types.update(type_mix)
+                stored_types.update({"truefalse:true": trues,
+                                     "truefalse:false": type_mix.get("truefalse", 0) - trues})
             material = slice_material(
                 self.passages, view.first_number, view.target,
                 view.chapter_target or view.target, settings.source_prompt_tokens,
@@ -718,6 +729,9 @@ class _SliceOutcome:
     pause_after: int | None = None  # with fail: an auth failure, counted against the exam
     pause: str | None = None
     pause_code: PauseCode = PauseCode.manual
+    # The questions its lines stored per item type (examforge.item_types), beyond what the
+    # claim read: what the next line may still store of each type.
+    types_stored: Counter[str] = field(default_factory=Counter)
 
 
 def process_results(rt: BatchRuntime, row: BatchRow, batch: dict[str, Any],
@@ -915,6 +929,22 @@ def _commit_line(rt: BatchRuntime, call: Any, body: Any, claim: Claimed | None,
     shares = claim.levels.difficulty
     levels = Levels(apportion(call.requested, shares) if shares else None, claim.levels.bloom)
     questions = levels.resolve(parsed.questions)
+    if claim.levels.types is not None:
+        # No more of a type than the slice lacks, with what earlier lines stored.
+        questions, surplus = keep_types(questions, lacking_types(
+            claim.levels.types, claim.first_number, claim.target,
+            Counter(claim.levels.stored_types) + outcome.types_stored))
+        if surplus:
+            note = ", ".join(filter(None, [note, f"{surplus} {Rejection.surplus_type.value} "
+                                                 "rejected"]))
+        if not questions:
+            store.finish_call(call.id, CallOutcome.wasted, CallReason.invalid_output,
+                              f"{Rejection.surplus_type.value}: every question was of a type "
+                              "the slice has enough of", usage=usage)
+            outcome.count_attempt = True
+            outcome.error = (SliceReason.invalid_output,
+                             "every question was of a type the slice has enough of")
+            return 0, usage
     passages = rt.store.chapter_passages(claim.exam, claim.chapter_id)
     if passages:  # the passage each cites (examforge.sources), as stored
         questions = ground(questions, {p.pid: p for p in passages})
@@ -926,6 +956,12 @@ def _commit_line(rt: BatchRuntime, call: Any, body: Any, claim: Claimed | None,
         return 0, usage  # booked wasted by the commit
     for text in committed.kept:
         known.add(normalise(text))
+    if claim.levels.types is not None:
+        kept = Counter(committed.kept)
+        for q in questions:
+            if kept[q.question] > 0:
+                kept[q.question] -= 1
+                outcome.types_stored.update(type_counts([q]))
     outcome.done = committed.done
     if committed.kept:
         outcome.progressed = True

@@ -31,10 +31,12 @@ from examforge.errors import (
     SliceReason,
 )
 from runner.heartbeat import LeaseKeeper
-from examforge.levels import Levels, ask
+from examforge.levels import (Levels, ask, ask_types, keep_types, lacking_types,
+                              type_counts)
 from examforge.llm import Admission, Completion, LLMClient
 from examforge import neardup
-from examforge.neardup import Checker, Scope
+from examforge import item_types
+from examforge.neardup import Checker, Scope, Signature, signature
 from examforge.output import Question, normalise, parse_questions
 from examforge.prompt import build_messages
 from examforge.retry import Action, Decision, HandBack, decide
@@ -332,6 +334,10 @@ class _Calls:
         # The slice's stored questions per difficulty, once a commit has changed them from
         # what the claim read (view.levels.stored).
         self.stored_levels: Counter[str] | None = None
+        # The same per item type (examforge.item_types), for a chapter with types.
+        self.types_stored: Counter[str] | None = None
+        # A chapter with types: its questions' signatures with their keys (`across_types`).
+        self.keyed: list[tuple[str, Signature]] | None = None
         # After a reply cut at max_tokens (`after_cut`): the room per question, or the most
         # questions a call asks; each reply that is not cut eases them back (`not_cut`).
         self.room: int | None = None
@@ -422,15 +428,64 @@ class _Calls:
         """What the next call asks of the chapter's difficulty mix and Bloom levels: the
         counts its slice still lacks (examforge.levels)."""
         chapter = view.levels
+        types, true_count = None, 0
+        if chapter.types is not None:
+            types, true_count = ask_types(chapter.types, view.first_number, view.target,
+                                          self.stored_types(view), want)
         if chapter.difficulty is None:
-            return Levels(None, chapter.bloom)
+            return Levels(None, chapter.bloom, types, true_count)
         stored = chapter.stored if self.stored_levels is None else self.stored_levels
         return Levels(ask(chapter.difficulty, view.first_number, view.target, stored, want),
-                      chapter.bloom)
+                      chapter.bloom, types, true_count)
+
+    def across_types(self, view: ChapterView,
+                     batch: Sequence[Question]) -> tuple[list[Question], int]:
+        """The batch without the items that restate, in another type, a question the
+        chapter has (a true/false statement of an mcq's key, an mcq whose key is a stored
+        statement): compared with their keys (examforge.item_types.with_key) at the
+        near-duplicate threshold. Only in a chapter with types, against its numbered
+        questions, read once a run and kept up with what it stores. Pairs of four-choice
+        questions are the commit's check, as before."""
+        checker = near_dup_checker(self.rt.settings)
+        if view.levels.types is None or checker is None:
+            return list(batch), 0
+        if self.keyed is None:
+            self.keyed = [(kind, signature(text, view.title)) for kind, text in
+                          self.rt.store.keyed_texts(view.exam, view.chapter_id)]
+        kept, near = [], 0
+        for q in batch:
+            sig = signature(item_types.with_key(q.type, q.question, q.choices, q.answer_index,
+                                                item_types.load(q.answer)), view.title)
+            if any((kind != "mcq" or q.type != "mcq") and checker.is_near(sig, other)
+                   for kind, other in self.keyed):
+                near += 1
+                continue
+            kept.append(q)
+            self.keyed.append((q.type, sig))  # a later item of the batch is compared too
+        return kept, near
+
+    def stored_types(self, view: ChapterView) -> Counter[str]:
+        """The slice's stored questions per item type: what the claim read, and each batch
+        since, counted before its commit as difficulties are."""
+        if self.types_stored is None:
+            self.types_stored = Counter(view.levels.stored_types)
+        return self.types_stored
+
+    def keep_types(self, view: ChapterView,
+                   batch: Sequence[Question]) -> tuple[list[Question], int]:
+        """The batch's questions of the types the slice still lacks, and how many were
+        beyond them (examforge.levels.keep_types)."""
+        chapter = view.levels
+        if chapter.types is None:
+            return list(batch), 0
+        return keep_types(batch, lacking_types(chapter.types, view.first_number, view.target,
+                                               self.stored_types(view)))
 
     def count_levels(self, view: ChapterView, batch: Sequence[Question]) -> None:
         """Count a batch's difficulties as stored before its commit: the next call is
         prepared (`prepare`) before the commit that records it."""
+        if view.levels.types is not None:
+            self.stored_types(view).update(type_counts(batch))
         if view.levels.difficulty is None:
             return
         if self.stored_levels is None:
@@ -439,20 +494,24 @@ class _Calls:
 
     def not_kept(self, batch: Sequence[Question], kept: Sequence[str]) -> None:
         """Take back the counts of a batch's questions its commit dropped (duplicates)."""
-        if self.stored_levels is None:
+        if self.stored_levels is None and self.types_stored is None:
             return
         left = Counter(kept)
         for q in batch:
             if left[q.question] > 0:
                 left[q.question] -= 1
-            elif q.difficulty is not None:
+                continue
+            if self.types_stored is not None:
+                self.types_stored.subtract(type_counts([q]))
+            if q.difficulty is not None and self.stored_levels is not None:
                 self.stored_levels[q.difficulty] -= 1
 
     def _build(self, view: ChapterView, want: int) -> _Next:
         rt = self.rt
         spec = ChapterSpec.model_construct(id=view.chapter_id, title=view.title,
                                            questions=view.chapter_target or view.target,
-                                           prompt=view.prompt, language=view.language)
+                                           prompt=view.prompt, language=view.language,
+                                           types=view.levels.types)
         # What the chapter has: read by the store in the transaction before this call (the
         # claim, or the last commit, which sees every slice's questions), plus the batch
         # just received. Slices of one chapter are also steered to their own numbers.
@@ -585,10 +644,14 @@ def _generate(rt: Runtime, claim: Claimed, lost: threading.Event, run: _Run,
     verifying = policy != "off"
 
     def solve() -> Judged | None:
-        return solve_pending(rt, claim, calls.check, lost, lambda client, call_id, messages,
-                             cap, admission: _call(rt, call_id, messages, cap, admission,
-                                                   client), stored, target,
-                             replace=policy == "replace")
+        judged = solve_pending(rt, claim, calls.check, lost, lambda client, call_id, messages,
+                               cap, admission: _call(rt, call_id, messages, cap, admission,
+                                                     client), stored, target,
+                               replace=policy == "replace")
+        if policy == "replace" and claim.levels.types is not None and judged is not None:
+            # Disputed questions were withdrawn: what the slice holds per type, read again.
+            calls.types_stored = Counter(store.stored_types(claim))
+        return judged
 
     if verifying and stored > 0:
         # Questions a dead holder stored and never had solved come first (the takeover).
@@ -686,6 +749,27 @@ def _generate(rt: Runtime, claim: Claimed, lost: threading.Event, run: _Run,
         else:
             calls.not_cut(claim.exam)
         batch = nxt.levels.resolve(parsed.questions)  # the levels each is stored with
+        # No item restating another type's question, and no more of an item type than the
+        # slice lacks: its counts are the chapter's.
+        batch, across = calls.across_types(claim.view(), batch)
+        if across:
+            note = ", ".join(filter(None, [
+                note, f"{across} {Rejection.near_duplicate.value} rejected across types"]))
+        batch, surplus = calls.keep_types(claim.view(), batch)
+        if surplus:
+            note = ", ".join(filter(None, [
+                note, f"{surplus} {Rejection.surplus_type.value} rejected"]))
+        if not batch:
+            kind, why = ((Rejection.surplus_type,
+                          "every question was of a type the slice has enough of") if surplus
+                         else (Rejection.near_duplicate,
+                               "every question restated one of another type"))
+            store.finish_call(call_id, CallOutcome.wasted, CallReason.invalid_output,
+                              f"{kind.value}: {why}", usage=usage)
+            invalid_in_row += 1
+            if invalid_in_row > settings.max_reasks:
+                raise OutputInvalid(kind, why)
+            continue
         if calls.passages:  # the passage each cites, as stored
             batch = ground(batch, nxt.material.offered, {p.pid: p for p in calls.passages})
         calls.count_levels(claim.view(), batch)
@@ -697,7 +781,7 @@ def _generate(rt: Runtime, claim: Claimed, lost: threading.Event, run: _Run,
         # added after it (the next call is prepared before it).
         repeats = parsed.rejected.get(Rejection.duplicate, 0)
         calls.seen(len(parsed.questions) + repeats, repeats)
-        expect = min(target, stored + len(parsed.questions))  # the commit stores no more
+        expect = min(target, stored + len(batch))  # the commit stores no more
         if expect < target and not verifying:  # under VERIFY the blind solve comes first
             calls.size(claim.exam)
             calls.prepare(claim.view(expect, target))

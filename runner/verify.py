@@ -23,7 +23,7 @@ import os
 import threading
 from typing import Any, Callable
 
-from examforge import verify
+from examforge import item_types, verify
 from examforge.errors import BudgetExceeded, LeaseLost, OutputInvalid, SolverDisputes
 from examforge.llm import Admission, Completion, LLMClient
 from examforge.retry import HandBack
@@ -88,10 +88,11 @@ def solve_pending(rt: Any, claim: Claimed, check: Callable[[], None],
         # the questions citing it (grouped; a verdict is booked by question id).
         chunk = sorted(pending[:verify.SOLVE_MAX_QUESTIONS],
                        key=lambda p: (p.passage is not None, p.passage or ""))
-        items = [verify.item(p.question, p.choices) for p in chunk]
+        items = [verify.item(p.question, p.choices, p.type,
+                             item_types.load(p.answer).get("unit")) for p in chunk]
         messages = verify.build_messages(items, [p.passage for p in chunk],
                                          language=claim.language)
-        cap = verify.max_tokens(len(items))
+        cap = verify.max_tokens(len(items), items)
         prompt_tokens = solver.count_prompt(messages)
         admission = solver.admit(messages, cap, max_wait_s=RATE_WAIT_MAX_S, check=check,
                                  prompt_tokens=prompt_tokens)

@@ -79,10 +79,12 @@ CLAIM_SQL = ("SELECT * FROM ef_claim(%(p_exam)s::varchar, %(p_chapter)s::varchar
 # (Leases.fresh_view), with the fingerprint ef_claim checks that plan against.
 FRESH_SQL = """
 SELECT s.chapter_id, s.slice_no, s.target, s.first_number, s.title, s.prompt, s.difficulty,
-       s.bloom, s.language, c.chapter_target, e.title AS exam_title,
+       s.bloom, s.language, s.types, c.chapter_target, e.title AS exam_title,
        s.sources IS NOT NULL AS sourced,
        ef_spec_fp(e.title, s.title, s.prompt, s.target, s.first_number, c.chapter_target,
-                  s.difficulty, s.bloom, s.language) AS fp
+                  CASE WHEN s.types IS NULL THEN s.difficulty
+                       ELSE concat(s.difficulty, chr(29), s.types) END,
+                  s.bloom, s.language) AS fp
   FROM slice s
   JOIN exam e ON e.slug = s.exam
   JOIN (SELECT o.chapter_id, max(o.first_number + o.target - 1) AS chapter_target
@@ -285,9 +287,16 @@ def _bytea_array(items: Sequence[bytes]) -> str:
 
 
 def _choices(q: ParsedQuestion) -> str:
+    """A question's p_choices element: its choices as JSON; for an item of another type than
+    mcq, its type and answer before them, each followed by a unit separator (0x1f, which
+    JSON escapes, so it is never part of one), which ef_commit splits (migration 0033): one
+    parameter more would take the statement past the 50 placeholders psycopg caches."""
     import json
 
-    return json.dumps(list(q.choices), ensure_ascii=False)
+    choices = json.dumps(list(q.choices), ensure_ascii=False)
+    if q.type == "mcq":
+        return choices
+    return f"{q.type}\x1f{q.answer or ''}\x1f{choices}"
 
 
 def committed(url: str, claim: Claimed, p: Prepared, row: Any, questions_n: int,

@@ -5,12 +5,14 @@ leases in one statement; a lost lease is noticed before the next call and at the
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from typing import Any, Sequence
 
 from sqlalchemy import and_, bindparam, case, func, or_, select, tuple_, update
 from sqlalchemy.engine import Connection, Engine
 
+from examforge import item_types
 from examforge.errors import LeaseLost, PauseCode, SliceReason
 from examforge.languages import DEFAULT_LANGUAGE
 from examforge.output import normalise
@@ -21,7 +23,7 @@ from storage.base import (ACTIVE_STATES, BUDGET_SPENT_REASON, HELD_STATES, SLICE
                           capped_detail, lease_fence, slice_where)
 from storage.ledger import CRASH_DETAIL, RECENT_QUESTIONS, Ledger
 from storage.types import (CallPlan, ChapterLevels, ChapterView, Claimed, FirstCall, NoRoom,
-                           NotClaimed, NotClaimedReason, Planner, Steer)
+                           NotClaimed, NotClaimedReason, Planner, Steer, count_types)
 from storage.models import CallReason, ChapterState, ExamState, VerifyPolicy
 
 
@@ -88,7 +90,7 @@ class Leases(Ledger):
         return {(r.chapter_id, r.slice_no): None if r.sourced else (ChapterView(
             slug, r.chapter_id, r.exam_title, r.title, r.prompt, 0, r.target, r.slice_no,
             r.first_number, r.chapter_target or r.target, (),
-            ChapterLevels.from_row(r.difficulty, r.bloom), language=r.language), r.fp)
+            ChapterLevels.from_row(r.difficulty, r.bloom, r.types), language=r.language), r.fp)
             for r in rows}
 
     def claim(self, slug: str, chapter_id: str, owner: str, lease_s: float,
@@ -186,13 +188,18 @@ class Leases(Ledger):
                 list(zip(row.repeated_ids or (), row.repeated_texts or ())))
         else:
             recent = tuple(texts[-RECENT_QUESTIONS:])
-        levels = ChapterLevels.from_row(row.difficulty, row.bloom)
+        levels = ChapterLevels.from_row(row.difficulty, row.bloom, row.chapter_types)
         if levels.difficulty is not None:
             counts: dict[str, int] = {}
             for n, d in zip(numbers, row.difficulties or ()):
                 if d is not None and n is not None and row.first_number <= n < last:
                     counts[d] = counts.get(d, 0) + 1
             levels = dataclasses.replace(levels, stored=counts)
+        if levels.types is not None:
+            levels = dataclasses.replace(levels, stored_types=count_types(
+                (kind, answer) for n, kind, answer in zip(numbers, row.types or (),
+                                                          row.answers or ())
+                if n is not None and row.first_number <= n < last))
         return Claimed(
             exam=slug, chapter_id=chapter_id, owner=owner, attempt=row.attempts,
             # A withdrawn question (storage.verdicts) has no number: not in the count.
@@ -289,7 +296,10 @@ class Leases(Ledger):
     def _levels(self, conn: Connection, row: Any) -> ChapterLevels:
         """The chapter's difficulty and Bloom levels from its slice row, with the slice's
         stored questions per difficulty (read only for a chapter that sets one)."""
-        levels = ChapterLevels.from_row(row.difficulty, row.bloom)
+        levels = ChapterLevels.from_row(row.difficulty, row.bloom, row.types)
+        if levels.types is not None:
+            levels = dataclasses.replace(levels, stored_types=self._stored_types(
+                conn, row.exam, row.chapter_id, row.first_number, row.target))
         if levels.difficulty is None:
             return levels
         counts = self._run(conn, "slice_levels", lambda: (
@@ -301,6 +311,35 @@ class Leases(Ledger):
             "k_exam": row.exam, "k_chapter": row.chapter_id, "k_first": row.first_number,
             "k_target": row.target}).all()
         return dataclasses.replace(levels, stored={d: n for d, n in counts})
+
+    def _stored_types(self, conn: Connection, exam: str, chapter_id: str, first: int,
+                      target: int) -> dict[str, int]:
+        return count_types(self._run(
+            conn, "slice_types", lambda: select(Q.c.type, Q.c.answer).where(
+                Q.c.exam == bindparam("k_exam"), Q.c.chapter_id == bindparam("k_chapter"),
+                Q.c.number >= bindparam("k_first"),
+                Q.c.number < bindparam("k_first") + bindparam("k_target")), {
+                "k_exam": exam, "k_chapter": chapter_id, "k_first": first,
+                "k_target": target}).all())
+
+    def stored_types(self, claim: Claimed) -> dict[str, int]:
+        """The claimed slice's stored questions per item type, as its claim reads them
+        (storage.types.count_types): read again after a blind solve withdrew some."""
+        with self._read() as conn:
+            return self._stored_types(conn, claim.exam, claim.chapter_id, claim.first_number,
+                                      claim.target)
+
+    def keyed_texts(self, exam: str, chapter_id: str) -> list[tuple[str, str]]:
+        """The chapter's numbered questions as (type, text with its key): what a new item of
+        another type is compared with (examforge.item_types.with_key)."""
+        with self._read() as conn:
+            rows = conn.execute(select(Q.c.type, Q.c.question, Q.c.choices, Q.c.answer_index,
+                                       Q.c.answer).where(
+                Q.c.exam == exam, Q.c.chapter_id == chapter_id, Q.c.number.is_not(None))
+                .order_by(Q.c.id)).all()
+        return [(r.type or "mcq", item_types.with_key(
+            r.type or "mcq", r.question, json.loads(r.choices), r.answer_index,
+            item_types.load(r.answer))) for r in rows]
 
     def _claim_stmt(self) -> Any:
         exam_active = select(E.c.slug).where(

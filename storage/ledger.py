@@ -47,13 +47,15 @@ def question_row(q: ParsedQuestion, prefix: str = "") -> dict[str, Any]:
             f"{prefix}answer_index": q.answer_index, f"{prefix}explanation": q.explanation,
             f"{prefix}difficulty": q.difficulty, f"{prefix}bloom": q.bloom,
             f"{prefix}source": q.source if q.passage is not None else None,
-            f"{prefix}passage": q.passage}
+            f"{prefix}passage": q.passage, f"{prefix}type": q.type,
+            f"{prefix}answer": q.answer}
 
 
 # The columns a commit writes of each question (the rest: their defaults).
 _QUESTION_COLUMNS = ("exam", "chapter_id", "number", "norm_hash", "model", "call_id",
                      "created_at", "verdict", "question", "choices", "answer_index",
-                     "explanation", "difficulty", "bloom", "source", "passage")
+                     "explanation", "difficulty", "bloom", "source", "passage", "type",
+                     "answer")
 
 
 def _insert_questions() -> Any:

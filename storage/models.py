@@ -108,6 +108,9 @@ class Slice(SQLModel, table=True):
     # from the syllabus, as JSON; NULL when it sets none (examforge.syllabus.Chapter).
     difficulty: Optional[str] = Field(default=None, sa_column=Column(Text))
     bloom: Optional[str] = Field(default=None, sa_column=Column(Text))
+    # The chapter's counts per item type (examforge.item_types) as JSON, NULL for all mcq
+    # (migration 0033).
+    types: Optional[str] = Field(default=None, sa_column=Column(Text))
     # The hashes of the chapter's source files its questions are written from, as JSON
     # ({entry: sha256 prefix}; examforge.sources), NULL without sources (migration 0021).
     sources: Optional[str] = Field(default=None, sa_column=Column(Text))
@@ -161,6 +164,11 @@ class Question(SQLModel, table=True):
     question: str = Field(sa_column=Column(Text, nullable=False))
     choices: str = Field(sa_column=Column(Text, nullable=False))  # JSON list of 4 strings
     answer_index: int
+    # Its item type (examforge.item_types, migration 0033), and for a type other than mcq its
+    # answer fields as JSON (then `choices` holds a multi's choices or [], and
+    # `answer_index` is -1).
+    type: str = Field(default="mcq", max_length=16, sa_column_kwargs={"server_default": "mcq"})
+    answer: Optional[str] = Field(default=None, sa_column=Column(Text))
     explanation: str = Field(sa_column=Column(Text, nullable=False))
     norm_hash: Optional[str] = Field(default=None, max_length=32)
     # The level it was written at and the Bloom level it targets (NULL: none was asked).
@@ -180,6 +188,9 @@ class Question(SQLModel, table=True):
     # `choices` as stored) and the call that solved it; all NULL when never verified.
     verdict: Optional[str] = Field(default=None, max_length=16)
     solved_index: Optional[int] = None
+    # For an item type other than mcq, what the solver answered, as JSON ({"given": ...}:
+    # its set of choices, true or false, its short answer or its number; migration 0033).
+    solved_answer: Optional[str] = Field(default=None, sa_column=Column(Text))
     verify_call_id: Optional[int] = None
     # A person's review (migration 0023, storage.review): ReviewState, and the version every
     # review action checks and bumps (optimistic concurrency: a save made from an older

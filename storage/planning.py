@@ -466,7 +466,9 @@ def _plan_structure(ch: SyllabusChapter, position: int, rows: list[Any], stored:
     if head.spec_hash != ch.spec_hash:
         if stored > 0:
             what = ("title or prompt" if (head.title, head.prompt) != (ch.title, ch.prompt)
-                    else f"language ({head.language}, now {_language(ch)})")
+                    else f"language ({head.language}, now {_language(ch)})"
+                    if head.language != _language(ch)
+                    else f"item types ({head.types or 'all mcq'}, now {_types(ch) or 'all mcq'})")
             return (f"changed: {what} differs from the {stored} stored questions; "
                     f"rerun with --regenerate {ch.id}"), {}, 0, False
         values.update(title=ch.title, prompt=ch.prompt, spec_hash=ch.spec_hash,
@@ -482,7 +484,8 @@ def _plan_structure(ch: SyllabusChapter, position: int, rows: list[Any], stored:
     # A changed difficulty or Bloom list applies to the questions still to come: each stored
     # one keeps the levels it was written at, so it needs no --regenerate.
     levels = _levels(ch)
-    if (head.difficulty, head.bloom) != (levels["difficulty"], levels["bloom"]):
+    if (head.difficulty, head.bloom, head.types) != (
+            levels["difficulty"], levels["bloom"], levels["types"]):
         values.update(levels)
     if values:
         values["updated_at"] = now
@@ -497,6 +500,9 @@ def _change_of(ch: SyllabusChapter, head: Any, material: ChapterMaterial | None)
         changes.append("its title or prompt changed")
     if head.language != _language(ch):
         changes.append(f"its language changed ({head.language}, now {_language(ch)})")
+    if head.types != _types(ch):
+        changes.append(f"its item types changed ({head.types or 'all mcq'}, now "
+                       f"{_types(ch) or 'all mcq'})")
     if material is not None and head.sources != material.hashes_json:
         changes.append(_changed_source(head.sources, material.hashes))
     return "; ".join(changes) or "regenerated with no change to its title, prompt or sources"
@@ -525,7 +531,13 @@ def _language(ch: SyllabusChapter) -> str:
 def _levels(ch: SyllabusChapter) -> dict[str, str | None]:
     """The slice columns of a chapter's difficulty and Bloom levels (JSON, NULL for none)."""
     return {"difficulty": None if ch.difficulty is None else json.dumps(ch.difficulty),
-            "bloom": None if ch.bloom is None else json.dumps(ch.bloom)}
+            "bloom": None if ch.bloom is None else json.dumps(ch.bloom), "types": _types(ch)}
+
+
+def _types(ch: SyllabusChapter) -> str | None:
+    """The slice column of a chapter's counts per item type (JSON; NULL for all mcq)."""
+    types = ch.item_types
+    return None if types is None else json.dumps(types)
 
 
 def _plan_slice(row: Any, now: float, pending: int) -> tuple[str | None, dict[str, Any]]:

@@ -10,6 +10,7 @@ from typing import Any, Iterator, Sequence
 from sqlalchemy import and_, case, func, literal, or_, select, tuple_, union_all
 from sqlalchemy.engine import Connection
 
+from examforge import item_types
 from examforge.errors import BadCursor
 from storage.base import ACTIVE_SLICE, ACTIVE_STATES, IN_FLIGHT_CALL, E, K, Q, S, StoreBase
 from storage.batches import B
@@ -365,7 +366,8 @@ class Reports(StoreBase):
             rows = conn.execution_options(stream_results=True, yield_per=batch).execute(
                 select(Q.c.exam, Q.c.chapter_id, Q.c.number, Q.c.question, Q.c.choices,
                        Q.c.answer_index, Q.c.explanation, Q.c.difficulty, Q.c.bloom,
-                       Q.c.source, Q.c.verdict, Q.c.model, Q.c.created_at)
+                       Q.c.source, Q.c.verdict, Q.c.model, Q.c.created_at, Q.c.type,
+                       Q.c.answer)
                 .join(S, self._in_range())
                 .where(Q.c.exam == slug, Q.c.review == ReviewState.approved.value
                        if approved_only else Q.c.review != ReviewState.rejected.value)
@@ -378,7 +380,10 @@ class Reports(StoreBase):
                        "question": r.question, "choices": loads(r.choices),
                        "answer_index": r.answer_index, "explanation": r.explanation,
                        "difficulty": r.difficulty, "bloom": r.bloom, "source": r.source,
-                       "verdict": r.verdict, "model": r.model, "created_at": r.created_at}
+                       "verdict": r.verdict, "model": r.model, "created_at": r.created_at,
+                       # Its item type and that type's answer fields (examforge.item_types).
+                       "type": r.type or "mcq",
+                       **item_types.reply_fields(r.type or "mcq", item_types.load(r.answer))}
 
     def outline(self, slug: str) -> tuple[str, list[tuple[str, str, int, str]]]:
         """The exam's title and its chapters as (id, title, position, language), in the

@@ -39,6 +39,7 @@ from typing import Any, Mapping, Sequence
 from sqlalchemy import and_, case, exists, func, insert, select, update
 from sqlalchemy.engine import Connection
 
+from examforge import item_types
 from examforge.errors import (BadEdit, Conflict, DuplicateEdit, UnknownChapter,
                               UnknownQuestion, VersionConflict)
 from examforge.languages import DEFAULT_LANGUAGE
@@ -54,10 +55,18 @@ from storage.report_types import ChapterReview, chapter_reviews
 from storage.states import FILTERS
 from storage.verdicts import Verdicts
 
-# The fields an edit may change, in the order they are shown.
-EDITABLE = ("question", "choices", "answer_index", "explanation", "difficulty", "bloom")
+# The fields an edit may change, in the order they are shown: those of every item, then the
+# answer fields of the item types other than mcq (examforge.item_types.reply_fields), each
+# editable only on an item of its type. An item's type is not editable: the chapter's counts
+# per type are its syllabus's.
+COMMON = ("question", "choices", "answer_index", "explanation", "difficulty", "bloom")
+TYPED_FIELDS = {"mcq": (), "multi": ("correct",), "truefalse": ("answer",),
+                "short": ("accepted",),
+                "numeric": ("value", "tolerance", "relative", "unit")}
+EDITABLE = COMMON + ("correct", "answer", "accepted", "value", "tolerance", "relative", "unit")
 # Those that make it another question to the blind solve: its verdict is void.
-SOLVED_FIELDS = ("question", "choices", "answer_index")
+SOLVED_FIELDS = ("question", "choices", "answer_index", "correct", "answer", "accepted",
+                 "value", "tolerance", "relative", "unit")
 # The near-duplicate check of an edit unless the caller passes the settings' own.
 DEFAULT_CHECKER = Checker()
 # The review actions, as question_edit.action names them.
@@ -94,6 +103,14 @@ def _row_view(r: Any) -> dict[str, Any]:
                                                              Verdict.disputed.value)
                              else None),
             "source": source,
+            # Its item type, that type's answer fields (null for the other types'), and what
+            # the blind solve answered to an item of another type than mcq.
+            "type": r.type or "mcq",
+            **dict.fromkeys(EDITABLE[len(COMMON):]),
+            **item_types.reply_fields(r.type or "mcq", item_types.load(r.answer)),
+            "solved_answer": (item_types.load(r.solved_answer).get("given")
+                              if r.verdict in (Verdict.agreed.value, Verdict.disputed.value)
+                              else None),
             "review": r.review, "version": r.version, "reviewed_by": r.reviewed_by,
             "reviewed_at": r.reviewed_at, "edited": bool(r.edits), "stale": r.stale,
             "language": r.language or DEFAULT_LANGUAGE}
@@ -134,7 +151,8 @@ class Review(Verdicts):
                 Q.c.answer_index, Q.c.explanation, Q.c.difficulty, Q.c.bloom, Q.c.model,
                 Q.c.created_at, Q.c.review, Q.c.version, Q.c.reviewed_by, Q.c.reviewed_at,
                 Q.c.withdrawn, Q.c.withdrawn_number, edits]
-        cols += [Q.c.verdict, Q.c.source, Q.c.solved_index, Q.c.stale]
+        cols += [Q.c.verdict, Q.c.source, Q.c.solved_index, Q.c.stale, Q.c.type, Q.c.answer,
+                 Q.c.solved_answer]
         # Its chapter's language (every slice of a chapter has the same): read by chapter,
         # since a withdrawn question is in no slice's range.
         own = S.alias("own_slice")
@@ -373,7 +391,7 @@ class Review(Verdicts):
                 # Made for another question: solved again (a booked call, under the
                 # exam's policy); its slice is pending again below.
                 values.update(verdict=Verdict.pending.value, solved_index=None,
-                              verify_call_id=None)
+                              solved_answer=None, verify_call_id=None)
                 diff["verdict"] = [current["verdict"], Verdict.pending.value]
         now = conn.execute(select(self._now)).scalar_one()
         done = conn.execute(update(Q).where(
@@ -478,6 +496,14 @@ class Review(Verdicts):
 def _edit_values(current: Mapping[str, Any],
                  changes: Mapping[str, Any]) -> tuple[dict[str, list[Any]], dict[str, Any]]:
     """The fields an edit changes as {field: [before, after]}, and the row's new values."""
+    kind = current.get("type") or "mcq"
+    for name in changes:
+        if name in EDITABLE[len(COMMON):] and name not in TYPED_FIELDS[kind]:
+            raise BadEdit(f"{name}: not a field of a {kind} item")
+    if kind in ("truefalse", "short", "numeric") and changes.get("choices") not in (None, []):
+        raise BadEdit(f"choices: a {kind} item has no choices")
+    if kind != "mcq" and "answer_index" in changes:
+        raise BadEdit(f"answer_index: not a field of a {kind} item")
     merged = {name: changes.get(name, current[name]) for name in EDITABLE}
     for name in ("question", "explanation"):
         if isinstance(merged[name], str) and len(merged[name]) > MAX_TEXT_CHARS:
@@ -486,7 +512,9 @@ def _edit_values(current: Mapping[str, Any],
             isinstance(c, str) and len(c) > MAX_TEXT_CHARS for c in merged["choices"]):
         raise BadEdit(f"choices: a choice over {MAX_TEXT_CHARS} characters")
     try:
-        checked = check_item({k: merged[k] for k in EDITABLE[:4]})
+        # Validated as a generated item of its type is (examforge.output.check_item).
+        checked = check_item({"type": kind, **{k: merged[k] for k in COMMON[:4]},
+                              **{k: merged[k] for k in TYPED_FIELDS[kind]}})
     except ItemInvalid as exc:
         raise BadEdit(str(exc)) from None
     if not checked.explanation:
@@ -497,10 +525,14 @@ def _edit_values(current: Mapping[str, Any],
             raise BadEdit(f"{name}: must be one of {', '.join(allowed)}, or null")
     after = {"question": checked.question, "choices": list(checked.choices),
              "answer_index": checked.answer_index, "explanation": checked.explanation,
-             "difficulty": merged["difficulty"], "bloom": merged["bloom"]}
+             "difficulty": merged["difficulty"], "bloom": merged["bloom"],
+             **dict.fromkeys(EDITABLE[len(COMMON):]),
+             **item_types.reply_fields(kind, item_types.load(checked.answer))}
     diff = {name: [current[name], after[name]] for name in EDITABLE
             if after[name] != current[name]}
-    values = {name: after[name] for name in diff}
+    values = {name: after[name] for name in diff if name in COMMON}
     if "choices" in values:
         values["choices"] = json.dumps(values["choices"], ensure_ascii=False)
+    if set(diff) - set(COMMON):
+        values["answer"] = checked.answer
     return diff, values

@@ -24,6 +24,7 @@ from typing import Any
 from sqlalchemy import and_, case, func, select, update
 from sqlalchemy.engine import Connection
 
+from examforge import item_types
 from examforge.errors import IdempotencyKeyReused, PauseCode
 from storage.base import ACTIVE_SLICE, ACTIVE_STATES, E, K, Q, S
 from storage.models import (
@@ -420,10 +421,14 @@ class Runs(Ledger):
             rows = conn.execute(
                 select(Q.c.id, Q.c.chapter_id, Q.c.number, Q.c.question, Q.c.choices,
                        Q.c.answer_index, Q.c.explanation, Q.c.difficulty, Q.c.bloom,
-                       Q.c.source, Q.c.verdict, Q.c.model, Q.c.created_at, S.c.language)
+                       Q.c.source, Q.c.verdict, Q.c.model, Q.c.created_at, S.c.language,
+                       Q.c.type, Q.c.answer)
                 .join(S, and_(S.c.exam == Q.c.exam, S.c.chapter_id == Q.c.chapter_id,
                               Q.c.number >= S.c.first_number,
                               Q.c.number < S.c.first_number + S.c.target))
                 .where(Q.c.exam == slug, Q.c.id > after).order_by(Q.c.id).limit(limit)).all()
-        return [{**r._mapping, "choices": json.loads(r.choices)} for r in rows]
+        return [{**{k: v for k, v in r._mapping.items() if k != "answer"},
+                 "choices": json.loads(r.choices), "type": r.type or "mcq",
+                 **item_types.reply_fields(r.type or "mcq", item_types.load(r.answer))}
+                for r in rows]
 

@@ -93,12 +93,31 @@ class ChapterLevels:
     difficulty: dict[str, float] | None = None
     bloom: tuple[str, ...] = ()
     stored: dict[str, int] = dataclasses.field(default_factory=dict)
+    # The chapter's counts per item type (slice.types; None: all mcq), and the slice's
+    # stored questions per type, with its true/false statements as `truefalse:true` and
+    # `truefalse:false` (examforge.levels.type_counts).
+    types: dict[str, int] | None = None
+    stored_types: dict[str, int] = dataclasses.field(default_factory=dict)
 
     @classmethod
-    def from_row(cls, difficulty: str | None, bloom: str | None) -> "ChapterLevels":
+    def from_row(cls, difficulty: str | None, bloom: str | None,
+                 types: str | None = None) -> "ChapterLevels":
         value = json.loads(difficulty) if difficulty else None
         shares = {value: 1.0} if isinstance(value, str) else value
-        return cls(shares, tuple(json.loads(bloom)) if bloom else ())
+        return cls(shares, tuple(json.loads(bloom)) if bloom else (),
+                   types=json.loads(types) if types else None)
+
+
+def count_types(pairs: Any) -> dict[str, int]:
+    """A slice's stored questions per type (and true/false value), from (type, answer) rows."""
+    counts: dict[str, int] = {}
+    for kind, answer in pairs:
+        kind = kind or "mcq"
+        counts[kind] = counts.get(kind, 0) + 1
+        if kind == "truefalse":
+            value = "true" if answer and json.loads(answer).get("value") else "false"
+            counts[f"truefalse:{value}"] = counts.get(f"truefalse:{value}", 0) + 1
+    return counts
 
 
 @dataclass(frozen=True)

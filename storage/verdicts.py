@@ -18,7 +18,10 @@ from sqlalchemy import and_, bindparam, func, select, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import SQLAlchemyError
 
+from examforge import item_types
 from examforge.errors import LeaseLost
+from examforge.output import normalise
+from examforge.verify import agrees, stored_answer
 from storage.base import SLICE_KEY, E, K, Q, S, lease_fence
 from storage.ledger import Ledger
 from storage.models import (CallOutcome, CallReason, ChapterState, PassageRow, Verdict,
@@ -40,6 +43,9 @@ class Pending:
     # The text of the passage it cites (a chapter with sources), which the solver is shown
     # with it; None without one.
     passage: str | None = None
+    # Its item type (examforge.item_types) and, for a type other than mcq, its answer.
+    type: str = "mcq"
+    answer: str | None = None
 
 
 @dataclass(frozen=True)
@@ -82,7 +88,7 @@ class Verdicts(Ledger):
         with self._read() as conn:
             rows = conn.execute(select(
                 Q.c.id, Q.c.number, Q.c.question, Q.c.choices, Q.c.answer_index,
-                P.c.text.label("passage")).join(S, and_(
+                P.c.text.label("passage"), Q.c.type, Q.c.answer).join(S, and_(
                     S.c.exam == Q.c.exam, S.c.chapter_id == Q.c.chapter_id,
                     Q.c.number >= S.c.first_number, Q.c.number < S.c.first_number + S.c.target))
                 .outerjoin(P, and_(P.c.exam == Q.c.exam, P.c.chapter_id == Q.c.chapter_id,
@@ -91,10 +97,10 @@ class Verdicts(Ledger):
                        S.c.slice_no == claim.slice_no, Q.c.verdict == Verdict.pending.value)
                 .order_by(Q.c.number)).all()
         return [Pending(r.id, r.number, r.question, tuple(json.loads(r.choices)),
-                        r.answer_index, r.passage) for r in rows]
+                        r.answer_index, r.passage, r.type, r.answer) for r in rows]
 
     def commit_verdicts(self, claim: Claimed, lease_s: float, call_id: int | None,
-                        solved: Sequence[tuple[int, int | None]], *, usage: Usage = Usage(),
+                        solved: Sequence[tuple[int, Any]], *, usage: Usage = Usage(),
                         withdraw_disputed: bool = False, note: str = "") -> Judged:
         """Book a blind solve: `solved` is (question id, the choice the solver picked, as an
         index into the stored choices, or None when it gave none), the call `call_id` and its
@@ -128,7 +134,7 @@ class Verdicts(Ledger):
             raise
 
     def _commit_verdicts(self, conn: Connection, claim: Claimed, lease_s: float,
-                         call_id: int | None, solved: Sequence[tuple[int, int | None]],
+                         call_id: int | None, solved: Sequence[tuple[int, Any]],
                          usage: Usage, withdraw_disputed: bool, note: str) -> Judged:
         self._exam_first(conn, claim.exam)
         key = {"k_exam": claim.exam, "k_chapter": claim.chapter_id, "k_slice": claim.slice_no}
@@ -144,17 +150,24 @@ class Verdicts(Ledger):
         agreed = disputed = 0
         to_withdraw: list[int] = []
         if solved:
-            keys: dict[int, int] = {r.id: r.answer_index for r in conn.execute(
-                select(Q.c.id, Q.c.answer_index).where(
+            keys = {r.id: r for r in conn.execute(
+                select(Q.c.id, Q.c.answer_index, Q.c.type, Q.c.answer).where(
                     Q.c.exam == claim.exam, Q.c.id.in_([i for i, _ in solved]),
                     Q.c.verdict == Verdict.pending.value))}
             for qid, pick in solved:
                 if qid not in keys:
                     continue  # booked already, or not this exam's
-                verdict = Verdict.agreed if pick == keys[qid] else Verdict.disputed
+                row = keys[qid]
+                # Each item type's agreement (examforge.verify.agrees): an mcq's the choice.
+                agreed_ = agrees(row.type or "mcq", row.answer_index,
+                                 item_types.load(row.answer), pick, normalise)
+                verdict = Verdict.agreed if agreed_ else Verdict.disputed
+                typed = (row.type or "mcq") != "mcq"
                 conn.execute(update(Q).where(Q.c.id == qid,
                                              Q.c.verdict == Verdict.pending.value).values(
-                    verdict=verdict.value, solved_index=pick, verify_call_id=call_id))
+                    verdict=verdict.value, solved_index=None if typed else pick,
+                    solved_answer=stored_answer(row.type, pick) if typed else None,
+                    verify_call_id=call_id))
                 if verdict is Verdict.agreed:
                     agreed += 1
                 else:

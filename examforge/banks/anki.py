@@ -81,6 +81,48 @@ MODEL = genanki.Model(
 )
 
 
+# Items of the other types (examforge.item_types) are notes of a note type of their own, so
+# that the four-choice note type, and with it every bank exported before, is unchanged: the
+# front shows the question (and a multi's choices, lettered, or "True or false?"), the back
+# the answer in words: the correct letters and choices, True or False, the accepted answers,
+# or the value with its tolerance and unit.
+TYPED_MODEL_NAME = "examforge item v1"
+TYPED_MODEL_ID = stable_id("examforge-anki-model", TYPED_MODEL_NAME)
+TYPED_FIELDS = ("Question", "Type", "Choices", "Answer", "Explanation")
+TYPED_MODEL = genanki.Model(
+    TYPED_MODEL_ID,
+    TYPED_MODEL_NAME,
+    fields=[{"name": name} for name in TYPED_FIELDS],
+    templates=[{"name": "Item", "qfmt": (
+        '<div class="ef-question">{{Question}}</div>\n'
+        '<div class="ef-type">{{Type}}</div>\n'
+        "{{#Choices}}<ol class=\"ef-choices\">{{Choices}}</ol>{{/Choices}}"),
+        "afmt": ('{{FrontSide}}\n<hr id="answer">\n'
+                 '<div class="ef-answer">Answer: <b>{{Answer}}</b></div>\n'
+                 '<div class="ef-explanation">{{Explanation}}</div>')}],
+    css=_CSS,
+)
+TYPE_LINES = {"multi": "Select all that apply.", "truefalse": "True or false?",
+              "short": "Answer in a few words.", "numeric": "Give a number."}
+MULTI_LETTERS = ("A", "B", "C", "D", "E", "F")
+
+
+def typed_answer(q: BankQuestion) -> str:
+    """The back of an item of another type than mcq, as plain text."""
+    from examforge.banks.moodle_xml import number
+    from examforge.item_types import absolute_tolerance
+
+    if q.type == "multi":
+        return "; ".join(f"{MULTI_LETTERS[i]}. {q.choices[i]}" for i in q.correct)
+    if q.type == "truefalse":
+        return "True" if q.answer["value"] else "False"
+    if q.type == "short":
+        return " / ".join(q.answer["accepted"])
+    unit = f" {q.answer['unit']}" if q.answer.get("unit") else ""
+    return (f"{number(q.answer['value'])}{unit} "
+            f"(± {number(absolute_tolerance(q.answer))}{unit})")
+
+
 def deck_name(*titles: str) -> str:
     """Anki reads `::` as a subdeck separator, so a title's own `::` is broken up."""
     return "::".join(one_line(t).replace("::", ": :") for t in titles)
@@ -104,9 +146,16 @@ def anki_tag(tag: str) -> str:
 
 
 def _note(exam: BankExam, q: BankQuestion) -> genanki.Note:
+    tags = [t for t in map(anki_tag, q.tags) if t]
+    if q.type != "mcq":
+        choices = "".join(f'<li><span class="ef-letter">{MULTI_LETTERS[i]}.</span> '
+                          f"{as_html(c)}</li>" for i, c in enumerate(q.choices))
+        fields = [as_html(q.question), TYPE_LINES[q.type], choices,
+                  as_html(typed_answer(q)), as_html(q.feedback)]
+        return genanki.Note(model=TYPED_MODEL, fields=fields, tags=tags,
+                            guid=note_guid(exam, q))
     fields = [as_html(q.question), *(as_html(c) for c in q.choices),
               LETTERS[q.answer_index], as_html(q.feedback)]  # the back: with the source
-    tags = [t for t in map(anki_tag, q.tags) if t]
     return genanki.Note(model=MODEL, fields=fields, tags=tags, guid=note_guid(exam, q))
 
 

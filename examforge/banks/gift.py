@@ -61,6 +61,25 @@ def tag(value: str) -> str:
     return " ".join(_TAG_DROP_RE.sub(" ", value).split()).replace("]", "\\]")
 
 
+def typed_answers(q: BankQuestion) -> list[str]:
+    """The answer lines of an item of another type than mcq, in GIFT's own forms: weighted
+    choices (`~%50%`, the weights Moodle XML gets: examforge.banks.moodle_xml.fractions),
+    `T` or `F`, `=%100%answer` for each accepted answer (the explicit weight, so that an
+    answer cannot be read as one), `#value:tolerance` (absolute, as Moodle's)."""
+    from examforge.banks.moodle_xml import fractions, number
+    from examforge.item_types import absolute_tolerance
+
+    if q.type == "multi":
+        return [f"~%{weight}%{rich(choice)}" for choice, weight in zip(q.choices, fractions(q))]
+    if q.type == "truefalse":
+        return ["T" if q.answer["value"] else "F"]
+    if q.type == "short":
+        # Plain text: Moodle compares a short answer's text as typed, HTML is not rendered.
+        # `*` is a wildcard in a Moodle short answer: `\\*` (escaped again for GIFT) a star.
+        return [f"=%100%{escape(a.replace('*', chr(92) + '*'))}" for a in q.answer["accepted"]]
+    return [f"#{number(q.answer['value'])}:{number(absolute_tolerance(q.answer))}"]
+
+
 def _category(exam: BankExam, chapter: BankChapter) -> str:
     return f"$CATEGORY: {category_path(exam, chapter).replace(chr(92), chr(92) * 2)}\n\n"
 
@@ -69,9 +88,12 @@ def _question(exam: BankExam, q: BankQuestion) -> str:
     lines = [f"// examforge: {exam.slug}/{q.chapter_id}/{q.number}"]
     lines.extend(f"// [tag:{t}]" for t in map(tag, q.tags) if t)
     lines.append(f"::{escape(question_name(q.chapter_id, q.number))}::{rich(q.question)}{{")
-    for index, choice in enumerate(q.choices):
-        mark = "=" if index == q.answer_index else "~"
-        lines.append(f"\t{mark}{rich(choice)}")
+    if q.type == "mcq":
+        for index, choice in enumerate(q.choices):
+            mark = "=" if index == q.answer_index else "~"
+            lines.append(f"\t{mark}{rich(choice)}")
+    else:
+        lines.extend(f"\t{answer}" for answer in typed_answers(q))
     if q.feedback:  # the explanation, and the source it was written from
         lines.append(f"\t####{rich(q.feedback)}")
     lines.append("}")

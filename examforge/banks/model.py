@@ -8,8 +8,8 @@ characters), so each writer can trust its input and stay about its format.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-from typing import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Iterator, Mapping
 
 _ID_RE = re.compile(r"[a-z0-9-]+")
 # Characters no bank format can carry: the C0 controls but tab, newline and carriage return
@@ -59,18 +59,35 @@ class BankQuestion:
     # What the blind solve said of its key (VERIFY: "agreed", "disputed", "pending"), or ""
     # when it was never verified.
     verdict: str = ""
+    # Its item type (examforge.item_types) and, for a type other than mcq, its answer fields:
+    # {"correct": [..]} (multi: `choices` holds its 4 to 6 choices), {"value": bool}
+    # (truefalse), {"accepted": [..]} (short), {"value", "tolerance", "relative", "unit"}
+    # (numeric); `choices` is empty and `answer_index` -1 but for a multi's choices.
+    type: str = "mcq"
+    answer: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         where = f"question {self.chapter_id}/{self.number}"
         if isinstance(self.number, bool) or not isinstance(self.number, int) or self.number < 1:
             raise ValueError(f"{where}: number must be an int >= 1")
-        if len(self.choices) != 4:
-            raise ValueError(f"{where}: needs exactly 4 choices, has {len(self.choices)}")
-        if isinstance(self.answer_index, bool) or self.answer_index not in (0, 1, 2, 3):
-            raise ValueError(f"{where}: answer_index must be 0..3, is {self.answer_index!r}")
+        if self.type != "mcq":
+            _check_typed(self, where)
+        else:
+            if len(self.choices) != 4:
+                raise ValueError(f"{where}: needs exactly 4 choices, has {len(self.choices)}")
+            if isinstance(self.answer_index, bool) or self.answer_index not in (0, 1, 2, 3):
+                raise ValueError(f"{where}: answer_index must be 0..3, is {self.answer_index!r}")
         for text in (self.question, *self.choices, self.explanation, *self.tags, self.source,
-                     self.verdict):
+                     self.verdict, *self.answer.get("accepted", ()),
+                     str(self.answer.get("unit") or "")):
             _check_text(text, where)
+
+    @property
+    def correct(self) -> tuple[int, ...]:
+        """The indices of the correct choices: an mcq's one, a multi's set; () otherwise."""
+        if self.type == "mcq":
+            return (self.answer_index,)
+        return tuple(self.answer.get("correct", ()))
 
     @property
     def feedback(self) -> str:
@@ -95,6 +112,30 @@ VERDICT_LINES = {
 
 def verdict_line(verdict: str) -> str:
     return VERDICT_LINES.get(verdict, f"Verdict: {verdict}")
+
+
+def _check_typed(q: BankQuestion, where: str) -> None:
+    """What a writer relies on of an item of another type (examforge.item_types checked it
+    when it was stored, or edited)."""
+    from examforge.item_types import ITEM_TYPES, MULTI_CHOICES
+
+    if q.type not in ITEM_TYPES:
+        raise ValueError(f"{where}: unknown item type {q.type!r}")
+    if q.type == "multi":
+        low, high = MULTI_CHOICES
+        correct = q.answer.get("correct", ())
+        if not low <= len(q.choices) <= high or len(correct) < 2 or any(
+                not 0 <= i < len(q.choices) for i in correct):
+            raise ValueError(f"{where}: a multi needs {low} to {high} choices and 2 or more "
+                             "correct ones")
+    elif q.choices:
+        raise ValueError(f"{where}: a {q.type} item has no choices")
+    elif q.type == "truefalse" and not isinstance(q.answer.get("value"), bool):
+        raise ValueError(f"{where}: a truefalse item needs its value")
+    elif q.type == "short" and not q.answer.get("accepted"):
+        raise ValueError(f"{where}: a short item needs an accepted answer")
+    elif q.type == "numeric" and not isinstance(q.answer.get("value"), (int, float)):
+        raise ValueError(f"{where}: a numeric item needs its value")
 
 
 def _check_id(value: str, what: str) -> None:

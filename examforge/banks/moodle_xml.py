@@ -72,29 +72,98 @@ def _rich(tag: str, text: str, indent: str = "    ", language: str = "en") -> st
 
 def _question(q: BankQuestion, language: str = "en") -> str:
     parts = [
-        '  <question type="multichoice">\n',
+        f'  <question type="{QUESTION_TYPES[q.type]}">\n',
         f"    <name><text>{escape(question_name(q.chapter_id, q.number))}</text></name>\n",
         _rich("questiontext", q.question, language=language),
         _rich("generalfeedback", q.feedback, language=language),  # explanation, then source
         "    <defaultgrade>1</defaultgrade>\n",
-        "    <single>true</single>\n",
+    ]
+    if q.type in ("truefalse", "short", "numeric"):
+        parts.extend(_answers(q))
+        return "".join(parts + _tags(q) + ["  </question>\n"])
+    parts += [
+        f"    <single>{'true' if q.type == 'mcq' else 'false'}</single>\n",
         f"    <shuffleanswers>{'true' if SHUFFLE_ANSWERS else 'false'}</shuffleanswers>\n",
         "    <answernumbering>abc</answernumbering>\n",
     ]
-    for index, choice in enumerate(q.choices):
-        fraction = 100 if index == q.answer_index else 0
+    for choice, fraction in zip(q.choices, fractions(q)):
         parts.append(
             f'    <answer fraction="{fraction}" format="html">\n'
             f"      <text>{cdata(in_language(as_html(choice), language))}</text>\n"
             '      <feedback format="html"><text></text></feedback>\n'
             "    </answer>\n"
         )
-    if q.tags:
-        parts.append("    <tags>\n")
-        parts.extend(f"      <tag><text>{escape(tag)}</text></tag>\n" for tag in q.tags)
-        parts.append("    </tags>\n")
+    parts.extend(_tags(q))
     parts.append("  </question>\n")
     return "".join(parts)
+
+
+def _tags(q: BankQuestion) -> list[str]:
+    if not q.tags:
+        return []
+    return ["    <tags>\n", *(f"      <tag><text>{escape(tag)}</text></tag>\n" for tag in q.tags),
+            "    </tags>\n"]
+
+
+# Each item type's Moodle question type (examforge.item_types).
+QUESTION_TYPES = {"mcq": "multichoice", "multi": "multichoice", "truefalse": "truefalse",
+                  "short": "shortanswer", "numeric": "numerical"}
+# The grades Moodle accepts for an answer (question_bank::fraction_options_full), as it
+# writes them: a multi's correct choices share 100 % and its wrong ones -100 %, each to the
+# nearest of these (2 to 5 correct, 1 to 4 wrong: all exact).
+_FRACTIONS = {1: "100", 2: "50", 3: "33.33333", 4: "25", 5: "20"}
+
+
+def fractions(q: BankQuestion) -> list[str]:
+    """The grade of each choice of an mcq or a multi (Moodle's `fraction`, in %)."""
+    correct = set(q.correct)
+    if q.type == "mcq":
+        return ["100" if i in correct else "0" for i in range(len(q.choices))]
+    wrong = len(q.choices) - len(correct)
+    return [_FRACTIONS[len(correct)] if i in correct else "-" + _FRACTIONS[wrong]
+            for i in range(len(q.choices))]
+
+
+def number(value: float) -> str:
+    """A number as Moodle reads it (no exponent, no trailing zeros)."""
+    text = f"{value:.10f}".rstrip("0").rstrip(".")
+    return "0" if text in ("", "-0") else text
+
+
+def _answers(q: BankQuestion) -> list[str]:
+    """The answer elements of an item of another type than mcq."""
+    parts = []
+    if q.type == "truefalse":
+        for word in ("true", "false"):
+            right = (word == "true") is q.answer["value"]
+            parts.append(f'    <answer fraction="{100 if right else 0}" format="moodle_auto_format">\n'
+                         f"      <text>{word}</text>\n"
+                         '      <feedback format="html"><text></text></feedback>\n'
+                         "    </answer>\n")
+    elif q.type == "short":
+        parts.append("    <usecase>0</usecase>\n")  # case does not count (as examforge's check)
+        for accepted in q.answer["accepted"]:
+            parts.append('    <answer fraction="100" format="moodle_auto_format">\n'
+                         # `*` is Moodle's wildcard in a short answer: `\*` is a star.
+                         f"      <text>{escape(accepted.replace('*', chr(92) + '*'))}</text>\n"
+                         '      <feedback format="html"><text></text></feedback>\n'
+                         "    </answer>\n")
+    else:  # numeric: Moodle's tolerance is absolute (a relative one is converted)
+        from examforge.item_types import absolute_tolerance
+
+        parts.append('    <answer fraction="100" format="moodle_auto_format">\n'
+                     f"      <text>{number(q.answer['value'])}</text>\n"
+                     f"      <tolerance>{number(absolute_tolerance(q.answer))}</tolerance>\n"
+                     '      <feedback format="html"><text></text></feedback>\n'
+                     "    </answer>\n")
+        if q.answer.get("unit"):
+            parts.append("    <units>\n      <unit>\n        <multiplier>1</multiplier>\n"
+                         f"        <unit_name>{escape(q.answer['unit'])}</unit_name>\n"
+                         "      </unit>\n    </units>\n"
+                         # The unit is shown and optional: a bare number is graded too.
+                         "    <unitgradingtype>0</unitgradingtype>\n"
+                         "    <showunits>3</showunits>\n    <unitsleft>0</unitsleft>\n")
+    return parts
 
 
 def write(exam: BankExam, questions: Iterable[BankQuestion], out: BinaryIO) -> int:

@@ -244,12 +244,12 @@ def _mattext(text: str, language: str = "en") -> str:
 
 def _item(ids: _Ids, q: BankQuestion, language: str = "en") -> str:
     qid = ids.question(q)
-    choice_ids = [ids.choice(q, i) for i in range(4)]
+    choice_ids, texts = _labels(ids, q)
     parts = [
         f"      <item ident={quoteattr(qid)} "
         f"title={quoteattr(question_name(q.chapter_id, q.number))}>\n",
         "        <itemmetadata>\n          <qtimetadata>\n",
-        _field("question_type", "multiple_choice_question"),
+        _field("question_type", QUESTION_TYPES[q.type]),
         _field("points_possible", str(POINTS_PER_QUESTION)),
         _field("original_answer_ids", ",".join(choice_ids)),
         _field("assessment_question_identifierref", f"{qid}_ref"),
@@ -260,14 +260,19 @@ def _item(ids: _Ids, q: BankQuestion, language: str = "en") -> str:
         '          <response_lid ident="response1" rcardinality="Single">\n',
         "            <render_choice>\n",
     ]
-    for cid, choice in zip(choice_ids, q.choices):
+    if q.type == "multi":  # every right choice to pick: a response of many
+        parts[-2] = parts[-2].replace('"Single"', '"Multiple"')
+    for cid, choice in zip(choice_ids, texts):
         parts.append(
             f"              <response_label ident={quoteattr(cid)}>\n"
             "                <material>\n"
             f"                  {_mattext(choice, language)}\n"
             "                </material>\n"
             "              </response_label>\n")
+    if q.type in _FILL_IN:  # no choices: a fill-in or numeric response in their place
+        del parts[-2:]
     parts += [
+        _FILL_IN[q.type] + "        </presentation>\n" if q.type in _FILL_IN else
         "            </render_choice>\n          </response_lid>\n        </presentation>\n",
         "        <resprocessing>\n          <outcomes>\n"
         '            <decvar maxvalue="100" minvalue="0" varname="SCORE" vartype="Decimal"/>\n'
@@ -279,15 +284,15 @@ def _item(ids: _Ids, q: BankQuestion, language: str = "en") -> str:
             "            <conditionvar>\n              <other/>\n            </conditionvar>\n"
             '            <displayfeedback feedbacktype="Response" linkrefid="general_fb"/>\n'
             "          </respcondition>\n")
-    parts += [
-        '          <respcondition continue="No">\n'
-        "            <conditionvar>\n"
-        f'              <varequal respident="response1">{choice_ids[q.answer_index]}</varequal>\n'
-        "            </conditionvar>\n"
-        '            <setvar action="Set" varname="SCORE">100</setvar>\n'
-        "          </respcondition>\n"
-        "        </resprocessing>\n",
-    ]
+    for condition in _conditions(q, choice_ids):  # what scores 100, as the type says
+        parts.append(
+            '          <respcondition continue="No">\n'
+            "            <conditionvar>\n"
+            f"              {condition}\n"
+            "            </conditionvar>\n"
+            '            <setvar action="Set" varname="SCORE">100</setvar>\n'
+            "          </respcondition>\n")
+    parts.append("        </resprocessing>\n")
     if q.feedback:
         parts.append(
             '        <itemfeedback ident="general_fb">\n'
@@ -297,6 +302,55 @@ def _item(ids: _Ids, q: BankQuestion, language: str = "en") -> str:
             "        </itemfeedback>\n")
     parts.append("      </item>\n")
     return "".join(parts)
+
+
+# Each item type's Canvas question type (examforge.item_types), as text2qti writes them.
+QUESTION_TYPES = {"mcq": "multiple_choice_question", "multi": "multiple_answers_question",
+                  "truefalse": "true_false_question", "short": "short_answer_question",
+                  "numeric": "numerical_question"}
+
+
+def _labels(ids: _Ids, q: BankQuestion) -> tuple[list[str], list[str]]:
+    """The response labels' identifiers and texts: the choices, or True and False."""
+    texts = list(q.choices) if q.type in ("mcq", "multi") else (
+        ["True", "False"] if q.type == "truefalse" else [])
+    return [ids.choice(q, i) for i in range(len(texts))], texts
+
+
+# A fill-in or numeric response (text2qti's), in place of a choice's: short and numeric items.
+_FILL_IN = {kind: ('          <response_str ident="response1" rcardinality="Single">\n'
+                   f"            <render_fib{fib}>\n"
+                   f'              <response_label ident="answer1"{label}/>\n'
+                   "            </render_fib>\n          </response_str>\n")
+            for kind, fib, label in (("short", "", ' rshuffle="No"'),
+                                     ("numeric", ' fibtype="Decimal"', ""))}
+
+
+def _conditions(q: BankQuestion, choice_ids: list[str]) -> list[str]:
+    """The conditionvar contents of the respcondition that scores 100, as text2qti writes
+    them: a choice, a set of choices (every right one picked, no wrong one), any of the
+    accepted answers, or the number within its tolerance (an absolute range, as Canvas
+    keeps it)."""
+    eq = '<varequal respident="response1">{}</varequal>'
+    if q.type == "mcq":
+        return [eq.format(choice_ids[q.answer_index])]
+    if q.type == "truefalse":
+        return [eq.format(choice_ids[0 if q.answer["value"] else 1])]
+    if q.type == "multi":
+        right = set(q.correct)
+        terms = [eq.format(cid) if i in right else f"<not>{eq.format(cid)}</not>"
+                 for i, cid in enumerate(choice_ids)]
+        return ["<and>" + "".join(terms) + "</and>"]
+    if q.type == "short":
+        return ["".join(eq.format(escape(a)) for a in q.answer["accepted"])]
+    from examforge.banks.moodle_xml import number
+    from examforge.item_types import absolute_tolerance
+
+    value, tolerance = float(q.answer["value"]), absolute_tolerance(q.answer)
+    return ["<or>" + eq.format(number(value)) + "<and>"
+            f'<vargte respident="response1">{number(value - tolerance)}</vargte>'
+            f'<varlte respident="response1">{number(value + tolerance)}</varlte>'
+            "</and></or>"]
 
 
 class _Group:

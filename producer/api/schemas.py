@@ -292,6 +292,16 @@ class Question(BaseModel):
     language: str = Field(default="en", description=(
         "The BCP 47 tag of the language it is written in (its chapter's): what a page sets "
         "as its `lang`."))
+    type: Literal["mcq", "multi", "truefalse", "short", "numeric"] = Field(
+        default="mcq", description="Its item type; a type other than mcq has `answer_index` "
+        "-1 and its answer fields, as the review's question has them (null otherwise).")
+    correct: list[int] | None = None
+    answer: bool | None = None
+    accepted: list[str] | None = None
+    value: float | None = None
+    tolerance: float | None = None
+    relative: bool | None = None
+    unit: str | None = None
 
 
 class QuestionPage(BaseModel):
@@ -347,6 +357,27 @@ class ReviewQuestion(BaseModel):
                                   "verdict is booked.")
     source: Any = Field(description="The passage of the course's material it cites (file, "
                                     "page or heading, passage); null when none.")
+    type: Literal["mcq", "multi", "truefalse", "short", "numeric"] = Field(
+        default="mcq", description="Its item type. Four-choice questions (`mcq`) have "
+        "`choices` and `answer_index`; the others have `answer_index` -1 and their own "
+        "answer fields below (null for the other types').")
+    correct: list[int] | None = Field(default=None, description=(
+        "multi: the indices of its correct choices (2 or more, not all; 4 to 6 choices)."))
+    answer: bool | None = Field(default=None, description="truefalse: whether the statement "
+                                                          "is true.")
+    accepted: list[str] | None = Field(default=None, description=(
+        "short: the 1 to 5 answers accepted (compared after normalisation: case, whitespace, "
+        "Unicode form)."))
+    value: float | None = Field(default=None, description="numeric: the value.")
+    tolerance: float | None = Field(default=None, description=(
+        "numeric: how far an answer may be from the value (0 or more)."))
+    relative: bool | None = Field(default=None, description=(
+        "numeric: whether the tolerance is a fraction of the value (below 1)."))
+    unit: str | None = Field(default=None, description="numeric: its unit, if any.")
+    solved_answer: Any = Field(default=None, description=(
+        "An item of another type than mcq: what the blind solve answered (its set of "
+        "choices, true or false, its short answer, its number), beside the key; null while "
+        "no verdict is booked."))
     withdrawn: str | None = Field(
         description="Why it left its chapter's numbering (rejected, or disputed under "
                     "VERIFY=replace; `number` is the one it had and a replacement takes), or "
@@ -489,9 +520,20 @@ class ReviewEdit(BaseModel):
 
     version: Id | None = None
     question: str | None = Field(None, min_length=1, max_length=20_000, strict=True)
-    choices: list[str] | None = Field(None, min_length=4, max_length=4,
-                                      description="Four distinct choices.")
+    choices: list[str] | None = Field(None, min_length=4, max_length=6, description=(
+        "Four distinct choices (mcq), or four to six (multi)."))
     answer_index: AnswerIndex | None = None
+    # An item of another type's answer fields (ReviewQuestion's), each only on its type;
+    # validated as a generated item of the type is (422 otherwise). The type is not editable.
+    correct: list[Annotated[int, Field(ge=0, le=5, strict=True),
+                            BeforeValidator(whole_number)]] | None = Field(None, max_length=6)
+    answer: bool | None = Field(None, strict=True)
+    accepted: list[Annotated[str, Field(min_length=1, max_length=200, strict=True)]] | None = \
+        Field(None, min_length=1, max_length=5)
+    value: float | None = None
+    tolerance: float | None = Field(None, ge=0)
+    relative: bool | None = Field(None, strict=True)
+    unit: str | None = Field(None, max_length=32)
     explanation: str | None = Field(None, min_length=1, max_length=20_000, strict=True)
     difficulty: Literal["easy", "medium", "hard"] | None = None
     bloom: Literal["remember", "understand", "apply", "analyze", "evaluate",

@@ -941,6 +941,18 @@ function renderQuestion(entry) {
   const solved = $(".rq-solved", node);
   solved.textContent = q.solved_index === null || q.solved_index === undefined ? "" :
     `solver chose ${String.fromCharCode(65 + q.solved_index)}, key ${String.fromCharCode(65 + q.answer_index)}`;
+  const kind = q.type || "mcq";
+  node.dataset.type = kind;
+  const typeBadge = $(".rq-type", node);
+  typeBadge.textContent = TYPE_NAMES[kind] || kind;
+  typeBadge.hidden = kind === "mcq";
+  if (kind !== "mcq" && q.solved_answer !== null && q.solved_answer !== undefined) {
+    // An item of another type: the solver's own answer beside the key.
+    solved.textContent = `solver answered ${answerText(q, q.solved_answer)}`;
+  }
+  const key = $(".rq-key", node);
+  key.hidden = kind === "mcq" || kind === "multi";
+  key.textContent = key.hidden ? "" : `key: ${keyText(q)}`;
   const stale = $(".rq-stale", node);
   stale.textContent = q.stale ? `stale: ${q.stale} since it was reviewed; approve it again, ` +
     "edit or reject it" : "";
@@ -951,9 +963,10 @@ function renderQuestion(entry) {
   inLanguage($(".rq-text", node), q.language).textContent = q.question;
   const ol = $(".rq-choices", node);
   inLanguage(ol, q.language);
+  const correct = kind === "multi" ? new Set(q.correct || []) : new Set([q.answer_index]);
   ol.replaceChildren(...q.choices.map((choice, i) => {
-    const li = choiceItem(choice, i, i === q.answer_index, q.language);
-    if (i === q.answer_index) li.className = "correct";
+    const li = choiceItem(choice, i, correct.has(i), q.language);
+    if (correct.has(i)) li.className = "correct";
     if (i === q.solved_index) {  // the blind solve's pick, marked beside the key
       const mark = document.createElement("span");
       mark.className = "solver-mark";
@@ -982,6 +995,88 @@ function renderQuestion(entry) {
   }
 }
 
+// The item types other than four-choice questions (examforge.item_types), as the page
+// names them; each one's key in words, and a solver's answer to it.
+const TYPE_NAMES = { mcq: "four choices", multi: "select all", truefalse: "true or false",
+                     short: "short answer", numeric: "number" };
+
+function answerText(q, given) {
+  if (q.type === "multi") return (given || []).map((i) => String.fromCharCode(65 + i)).join(", ");
+  if (q.type === "truefalse") return given ? "true" : "false";
+  if (q.type === "numeric") return `${given}${q.unit ? ` ${q.unit}` : ""}`;
+  return `“${given}”`;
+}
+
+function keyText(q) {
+  if (q.type === "truefalse") return q.answer ? "true" : "false";
+  if (q.type === "short") return (q.accepted || []).map((a) => `“${a}”`).join(" or ");
+  if (q.type === "numeric") {
+    const unit = q.unit ? ` ${q.unit}` : "";
+    const tol = q.relative ? `${q.tolerance * 100} %` : `${q.tolerance}${unit}`;
+    return `${q.value}${unit} ± ${tol}`;
+  }
+  return "";
+}
+
+// The form's fields for the item's type: the others are hidden and disabled (a disabled
+// field is neither validated nor sent).
+function showTypeFields(node, kind) {
+  node.querySelectorAll(".rq-form [data-types]").forEach((el) => {
+    const on = el.dataset.types.split(" ").includes(kind);
+    el.hidden = !on;
+    el.querySelectorAll("input, select, textarea").forEach((f) => { f.disabled = !on; });
+  });
+  const fixed = kind === "mcq" || kind === "multi";
+  [...node.querySelectorAll(".rq-f-choice:not(.rq-f-extra)")].forEach((input) => {
+    input.closest("label").hidden = !fixed;
+    input.disabled = !fixed;
+  });
+}
+
+// The choices the form holds for the item's type: four (mcq), or four to six (multi: the
+// extra ones when filled in).
+function formChoices(node) {
+  return [...node.querySelectorAll(".rq-f-choice")].filter((input) => !input.disabled)
+    .map((input) => input.value).filter((v, i) => i < 4 || v.trim() !== "");
+}
+
+// The type's answer fields as the form shows them, and as PATCH takes them.
+function typedForm(node, kind) {
+  if (kind === "multi") {
+    return { correct: [...node.querySelectorAll(".rq-f-correct")].filter((c) => c.checked)
+      .map((c) => Number(c.value)) };
+  }
+  if (kind === "truefalse") return { answer: $(".rq-f-tf", node).value === "true" };
+  if (kind === "short") {
+    return { accepted: $(".rq-f-accepted", node).value.split("\n").map((a) => a.trim())
+      .filter(Boolean) };
+  }
+  if (kind === "numeric") {
+    const unit = $(".rq-f-unit", node).value.trim();
+    return { value: Number($(".rq-f-value", node).value),
+             tolerance: Number($(".rq-f-tolerance", node).value),
+             relative: $(".rq-f-relative", node).checked, unit: unit || null };
+  }
+  return {};
+}
+
+function setTypedForm(node, kind, v) {
+  if (kind === "multi") {
+    node.querySelectorAll(".rq-f-correct").forEach((c) => {
+      c.checked = (v.correct || []).includes(Number(c.value));
+    });
+  } else if (kind === "truefalse") {
+    $(".rq-f-tf", node).value = v.answer ? "true" : "false";
+  } else if (kind === "short") {
+    $(".rq-f-accepted", node).value = (v.accepted || []).join("\n");
+  } else if (kind === "numeric") {
+    $(".rq-f-value", node).value = v.value ?? "";
+    $(".rq-f-tolerance", node).value = v.tolerance ?? "";
+    $(".rq-f-relative", node).checked = Boolean(v.relative);
+    $(".rq-f-unit", node).value = v.unit || "";
+  }
+}
+
 function openEdit(entry) {
   const { node, q } = entry;
   if (!can("reviewer") || q.review === "rejected" || q.withdrawn) return;
@@ -989,8 +1084,14 @@ function openEdit(entry) {
   entry.base = q.version; // the version this edit is made from
   // What the form was opened with: a save sends only the fields the reviewer changed, so
   // that saving again after a conflict never puts back another reviewer's changed field.
+  const kind = q.type || "mcq";
   entry.opened = { question: q.question, choices: [...q.choices], answer_index: q.answer_index,
                    explanation: q.explanation };
+  showTypeFields(node, kind);
+  setTypedForm(node, kind, q);
+  Object.assign(entry.opened, typedForm(node, kind));
+  if (kind !== "mcq" && kind !== "multi") delete entry.opened.choices;
+  if (kind !== "mcq") delete entry.opened.answer_index;
   inLanguage($(".rq-f-question", node), q.language).value = q.question;
   [...node.querySelectorAll(".rq-f-choice")].forEach((input, i) => {
     inLanguage(input, q.language).value = q.choices[i] ?? "";
@@ -1038,14 +1139,27 @@ function rebase(entry, current) {
   const inputs = [...node.querySelectorAll(".rq-f-choice")];
   const fields = {
     question: [() => $(".rq-f-question", node).value, (v) => { $(".rq-f-question", node).value = v; }],
-    choices: [() => inputs.map((i) => i.value), (v) => inputs.forEach((i, n) => { i.value = v[n] ?? ""; })],
+    choices: [() => formChoices(node), (v) => inputs.forEach((i, n) => { i.value = v[n] ?? ""; })],
     answer_index: [() => Number($(".rq-f-answer", node).value), (v) => { $(".rq-f-answer", node).value = String(v); }],
     explanation: [() => $(".rq-f-explanation", node).value, (v) => { $(".rq-f-explanation", node).value = v; }],
   };
+  const kind = current.type || "mcq";
   for (const [field, [get, set]] of Object.entries(fields)) {
+    if (!(field in entry.opened)) continue; // not a field of this type
     if (JSON.stringify(get()) === JSON.stringify(entry.opened[field])) set(current[field]);
     entry.opened[field] = current[field];
   }
+  // The type's answer fields, likewise.
+  const mine = typedForm(node, kind);
+  setTypedForm(node, kind, current);
+  const theirs = typedForm(node, kind);
+  const merged = {};
+  for (const field of Object.keys(mine)) {
+    const changed = JSON.stringify(mine[field]) !== JSON.stringify(entry.opened[field]);
+    merged[field] = changed ? mine[field] : theirs[field];
+    entry.opened[field] = theirs[field];
+  }
+  setTypedForm(node, kind, { ...current, ...merged });
   entry.base = current.version;
 }
 
@@ -1074,15 +1188,18 @@ async function act(entry, action) {
 
 async function saveEdit(entry) {
   const { node, q } = entry;
-  const choices = [...node.querySelectorAll(".rq-f-choice")].map((input) => input.value);
+  const kind = q.type || "mcq";
+  // The choices the type has: four (mcq), four to six (multi: the extra ones when filled).
   const form = {
     question: $(".rq-f-question", node).value,
-    choices,
+    choices: formChoices(node),
     answer_index: Number($(".rq-f-answer", node).value),
     explanation: $(".rq-f-explanation", node).value,
+    ...typedForm(node, kind),
   };
   const body = {};
   for (const [field, value] of Object.entries(form)) {
+    if (!(field in entry.opened)) continue; // not a field of this type
     if (JSON.stringify(value) !== JSON.stringify(entry.opened[field])) body[field] = value;
   }
   if (!Object.keys(body).length) return closeEdit(entry); // nothing changed
