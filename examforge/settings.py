@@ -74,6 +74,11 @@ def check_database_url(url: str) -> str:
     return url
 
 
+def is_sentinel_url(url: str) -> bool:
+    """Whether BROKER_URL names Redis Sentinels (sentinel://H:P;sentinel://H2:P)."""
+    return url.startswith("sentinel://")
+
+
 def check_broker_url(url: str) -> str:
     """`url` if it names a broker transport kombu knows; ValueError otherwise."""
     scheme = url.split("://", 1)[0] if "://" in url else ""
@@ -94,7 +99,24 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_file=".env", extra="ignore", frozen=True)
 
-    broker_url: str = Field("redis://localhost:6379/0", description="Celery broker (Redis).")
+    broker_url: str = Field(
+        "redis://localhost:6379/0",
+        description="Celery broker (Redis). Through Redis Sentinel: "
+                    "sentinel://HOST:26379;sentinel://HOST2:26379 (every Sentinel, `;` "
+                    "between them, as Celery writes it; a password for the master goes in "
+                    "the first: sentinel://:PASSWORD@HOST:26379/0), with "
+                    "BROKER_SENTINEL_MASTER. The rate limiter and the provider's holds use "
+                    "the same Redis. docs/how-to/high-availability.md.")
+    # Issue 34: Redis through Sentinel, for the broker (kombu's SentinelChannel), the rate
+    # limiter and the holds (redis-py's Sentinel, tasks.broker.broker_redis).
+    broker_sentinel_master: str | None = Field(
+        None, validate_default=True,
+        description="The master's name the Sentinels monitor (their `sentinel monitor NAME "
+                    "...`); required with a sentinel:// BROKER_URL, refused with any other.")
+    broker_sentinel_password: SecretStr = Field(
+        SecretStr(""),
+        description="The Sentinels' own password (their requirepass), where it differs from "
+                    "the master's (which BROKER_URL carries); empty: the Sentinels ask none.")
     database_url: str = Field(
         "sqlite:///examforge.db",
         description="SQLAlchemy URL; plain postgresql://user@host:port/db works.",
@@ -495,6 +517,24 @@ class Settings(BaseSettings):
     @classmethod
     def _broker(cls, v: str) -> str:
         return check_broker_url(v)
+
+    @field_validator("broker_sentinel_master", mode="before")
+    @classmethod
+    def _sentinel_master(cls, v: object, info: ValidationInfo) -> object:
+        # Checked here, not at the first connection: kombu says only "'master_name' transport
+        # option must be specified", and the limiter would have no master to ask for.
+        v = None if isinstance(v, str) and not v.strip() else v
+        url = info.data.get("broker_url")
+        if url is None:  # BROKER_URL itself was refused, and is named
+            return v
+        sentinel = is_sentinel_url(url)
+        if sentinel and not v:
+            raise ValueError("required with a sentinel:// BROKER_URL: the name the Sentinels "
+                             "monitor (sentinel monitor NAME ...)")
+        if v and not sentinel:
+            raise ValueError("set, but BROKER_URL is not sentinel://: unset it, or list the "
+                             "Sentinels in BROKER_URL")
+        return v
 
     @model_validator(mode="after")
     def _check_prices(self) -> "Settings":

@@ -66,11 +66,11 @@ def build_runtime(settings: Settings) -> Runtime:
     from examforge.llm import LLMClient
     from examforge.ratelimit import redis_limiters
     from storage import open_store
-    from tasks.broker import is_redis
+    from tasks.broker import broker_redis, is_redis
 
     # The provider's rate limit is shared by every worker process through the broker's Redis
-    # (Celery's own rate_limit is per worker).
-    limiters = redis_limiters(settings.broker_url) if is_redis(settings) else None
+    # (Celery's own rate_limit is per worker), through Sentinel where the broker is.
+    limiters = redis_limiters(broker_redis(settings)) if is_redis(settings) else None
     if limiters is None:
         log.warning("broker is not Redis: each worker applies LLM_RPM/LLM_TPM on its own")
     return Runtime.build(settings, open_store(settings.database_url,

@@ -217,3 +217,61 @@ class TcpProxy:
         self._call(self._shutdown())
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(5)
+
+
+class PrivateSentinel:
+    """`redis-server --sentinel` on its own port, watching one master under `name` (issue 34).
+    Quorum 1 and a short down-after, so one Sentinel alone declares the master down and
+    promotes its replica within a couple of seconds."""
+
+    def __init__(self, workdir: Path, master_port: int, name: str = "ef",
+                 down_after_ms: int = 1000, password: str | None = None) -> None:
+        self.port = free_port()
+        self.name = name
+        self.password = password
+        self.config = workdir / f"sentinel-{self.port}.conf"
+        lines = [f"port {self.port}", "bind 127.0.0.1", f"dir {workdir}",
+                 f"sentinel monitor {name} 127.0.0.1 {master_port} 1",
+                 f"sentinel down-after-milliseconds {name} {down_after_ms}",
+                 f"sentinel failover-timeout {name} 10000",
+                 f"sentinel parallel-syncs {name} 1"]
+        if password:
+            lines.append(f"requirepass {password}")
+        # Sentinel rewrites its file as it learns (replicas, the new master): it must be its own.
+        self.config.write_text("\n".join(lines) + "\n")
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"sentinel://127.0.0.1:{self.port}"
+
+    def start(self) -> "PrivateSentinel":
+        binary = shutil.which("redis-server") or "/usr/bin/redis-server"
+        self.proc = subprocess.Popen([binary, str(self.config), "--sentinel"],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_for(lambda: self.master() is not None, 10, f"sentinel on port {self.port}")
+        return self
+
+    def client(self):  # type: ignore[no-untyped-def]
+        import redis
+
+        return redis.Redis(port=self.port, password=self.password, socket_timeout=2)
+
+    def master(self) -> tuple[str, int] | None:
+        """Where the Sentinel says the master is now (None: it cannot be asked)."""
+        try:
+            addr = self.client().sentinel_get_master_addr_by_name(self.name)
+        except Exception:  # noqa: BLE001 (not up yet)
+            return None
+        return (addr[0], int(addr[1])) if addr else None
+
+    def replicas_known(self) -> int:
+        try:
+            return len(self.client().sentinel_slaves(self.name))
+        except Exception:  # noqa: BLE001
+            return 0
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
