@@ -230,7 +230,8 @@ class PrivateSentinel:
         self.name = name
         self.password = password
         self.config = workdir / f"sentinel-{self.port}.conf"
-        lines = [f"port {self.port}", "bind 127.0.0.1", f"dir {workdir}",
+        self.log = workdir / f"sentinel-{self.port}.log"
+        lines = [f"port {self.port}", "bind 127.0.0.1", f"dir {workdir}", f"logfile {self.log}",
                  f"sentinel monitor {name} 127.0.0.1 {master_port} 1",
                  f"sentinel down-after-milliseconds {name} {down_after_ms}",
                  f"sentinel failover-timeout {name} 10000",
@@ -263,7 +264,10 @@ class PrivateSentinel:
             addr = self.client().sentinel_get_master_addr_by_name(self.name)
         except Exception:  # noqa: BLE001 (not up yet)
             return None
-        return (addr[0], int(addr[1])) if addr else None
+        if not addr:
+            return None
+        host = addr[0].decode() if isinstance(addr[0], bytes) else str(addr[0])
+        return host, int(addr[1])
 
     def replicas_known(self) -> int:
         try:
