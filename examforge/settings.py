@@ -32,6 +32,8 @@ MAX_TOKENS_OVERHEAD = 100
 # later with a traceback about a module that is not installed (MySQLdb, asyncpg, psycopg2).
 SUPPORTED_DATABASE_SCHEMES = ("sqlite", "sqlite+pysqlite", "postgresql+psycopg")
 SUPPORTED_DATABASE_URLS = "sqlite:///PATH or postgresql://USER@HOST:PORT/DB"
+# Several PostgreSQL servers, the writable one chosen at each connection (issue 34):
+# postgresql://USER@HOST1:PORT,HOST2:PORT/DB?target_session_attrs=read-write
 # An http(s) URL of a plain form that httpx.URL always accepts (a lower-case host name or a
 # dotted IPv4 address without leading zeros, a port below 60000, a path of unreserved
 # characters): checked without importing httpx, about a seventh of the start-up of a command
@@ -48,11 +50,28 @@ _COMMON_BROKER_SCHEMES = ("redis", "rediss", "sentinel", "amqp", "amqps", "pyamq
 
 
 def normalise_database_url(url: str) -> str:
-    """Map plain `postgresql://` / `postgres://` URLs onto the psycopg 3 driver."""
+    """Map plain `postgresql://` / `postgres://` URLs onto the psycopg 3 driver, and
+    libpq's multi-host form onto SQLAlchemy's (`_multi_host`)."""
     for prefix in ("postgresql://", "postgres://"):
         if url.startswith(prefix):
-            return "postgresql+psycopg://" + url[len(prefix):]
-    return url
+            return _multi_host("postgresql+psycopg://" + url[len(prefix):])
+    return _multi_host(url) if url.startswith("postgresql+psycopg://") else url
+
+
+def _multi_host(url: str) -> str:
+    """libpq's multi-host URL (`postgresql://u@h1:5432,h2:5432/db?target_session_attrs=
+    read-write`, issue 34) as SQLAlchemy reads one: `postgresql+psycopg://u@/db?host=h1:5432&
+    host=h2:5432&...`, which psycopg hands to libpq as `host=h1,h2 port=5432,5432`.
+    By hand because SQLAlchemy's URL parser reads one host and port (a comma in the port is
+    "invalid literal for int()", raised at the first connection), and this is all it lacks."""
+    scheme, rest = url.split("://", 1)
+    netloc, slash, tail = rest.partition("/")
+    userinfo, at, hosts = netloc.rpartition("@")
+    if "," not in hosts:
+        return url
+    database, question, query = tail.partition("?")
+    params = "&".join(f"host={host}" for host in hosts.split(",") if host)
+    return f"{scheme}://{userinfo}{at}/{database}?{params}" + (f"&{query}" if query else "")
 
 
 def check_database_url(url: str) -> str:

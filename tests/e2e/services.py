@@ -126,6 +126,50 @@ class PrivatePostgres:
                   "-o", f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1", "start")
         return self
 
+    def configure(self, **settings: str) -> "PrivatePostgres":
+        """Lines added to postgresql.conf, read at the next start (or reload)."""
+        with open(self.data / "postgresql.conf", "a") as conf:
+            conf.writelines(f"{name} = '{value}'\n" for name, value in settings.items())
+        return self
+
+    def replica(self) -> "PrivatePostgres":
+        """A streaming replica of this (running) server, made the way PostgreSQL's manual
+        says: `pg_basebackup -R` (standby.signal and primary_conninfo written), started as a
+        hot standby on a port of its own. Issue 34."""
+        standby = PrivatePostgres()
+        if os.geteuid() == 0:
+            shutil.chown(standby.dir, "postgres", "postgres")
+        self._run(str(self.bin / "pg_basebackup"), "-D", str(standby.data), "-h", "127.0.0.1",
+                  "-p", str(self.port), "-U", "postgres", "-R", "-X", "stream",
+                  "--checkpoint=fast", "--no-sync")
+        return standby.start()
+
+    def reload(self) -> "PrivatePostgres":
+        self._run(str(self.bin / "pg_ctl"), "-D", str(self.data), "reload")
+        return self
+
+    def stop_streaming(self) -> None:
+        """A standby stops receiving the primary's WAL (its primary_conninfo emptied and
+        reloaded): from now on it lags, as an asynchronous replica behind a slow link does."""
+        import psycopg
+
+        with psycopg.connect(host="127.0.0.1", port=self.port, user="postgres",
+                             dbname="postgres", autocommit=True) as conn:
+            conn.execute("ALTER SYSTEM SET primary_conninfo = ''")
+            conn.execute("SELECT pg_reload_conf()")
+
+        def stopped() -> bool:
+            with psycopg.connect(host="127.0.0.1", port=self.port, user="postgres",
+                                 dbname="postgres") as conn:
+                row = conn.execute("SELECT count(*) FROM pg_stat_wal_receiver").fetchone()
+            return bool(row) and row[0] == 0
+
+        wait_for(stopped, 15, "the standby's WAL receiver to stop")
+
+    def promote(self) -> None:
+        """`pg_ctl promote -w`: the standby leaves recovery and takes writes."""
+        self._run(str(self.bin / "pg_ctl"), "-D", str(self.data), "-w", "promote")
+
     def crash(self) -> None:
         """Stop the way a crash does: `immediate` kills every backend at once, no checkpoint,
         open transactions are lost, and the next start replays the WAL."""

@@ -1,6 +1,8 @@
-"""Redis through Sentinel (issue 34): the settings, what Celery and redis-py are given, and
-the one line every command prints when no master can be had. No server: the Sentinels named
-here refuse connections (the failover itself is tests/e2e/test_failover_redis.py)."""
+"""High availability settings (issue 34). Redis through Sentinel: the settings, what Celery
+and redis-py are given, and the one line every command prints when no master can be had (no
+server: the Sentinels named here refuse connections; the failover itself is
+tests/e2e/test_failover_redis.py). PostgreSQL: libpq's multi-host DATABASE_URL, as SQLAlchemy
+and psycopg read it (the failover: tests/e2e/test_failover_postgres.py)."""
 
 from __future__ import annotations
 
@@ -144,3 +146,33 @@ def test_a_redacted_sentinel_url_hides_every_password():
 
     shown = _redacted("sentinel://:one@h1:26379/0;sentinel://:two@h2:26379/0")
     assert "one" not in shown and "two" not in shown and "h2:26379" in shown
+
+
+@pytest.mark.parametrize(("given", "read"), [
+    ("postgresql://u@h1:5432,h2:5433/exams?target_session_attrs=read-write",
+     "postgresql+psycopg://u@/exams?host=h1:5432&host=h2:5433&target_session_attrs=read-write"),
+    ("postgres://u:pw@h1,h2/exams",
+     "postgresql+psycopg://u:pw@/exams?host=h1&host=h2"),
+    ("postgresql+psycopg://u@h1:5432,h2:5432/exams",
+     "postgresql+psycopg://u@/exams?host=h1:5432&host=h2:5432"),
+    # SQLAlchemy's own multi-host form, and one host, are left as they are.
+    ("postgresql+psycopg://u@/exams?host=h1:5432&host=h2:5432",
+     "postgresql+psycopg://u@/exams?host=h1:5432&host=h2:5432"),
+    ("postgresql://u@h1:5432/exams", "postgresql+psycopg://u@h1:5432/exams"),
+])
+def test_libpqs_multi_host_database_url_is_read_as_sqlalchemy_reads_one(given, read):
+    from examforge.settings import check_database_url
+
+    assert check_database_url(given) == read
+
+
+def test_the_multi_host_url_reaches_psycopg_as_a_list_of_hosts():
+    from sqlalchemy import create_engine
+
+    from examforge.settings import check_database_url
+
+    engine = create_engine(check_database_url(
+        "postgresql://u@h1:5432,h2:5433/exams?target_session_attrs=read-write"))
+    _, params = engine.dialect.create_connect_args(engine.url)
+    assert params["host"] == "h1,h2" and params["port"] == "5432,5433"
+    assert params["target_session_attrs"] == "read-write"
