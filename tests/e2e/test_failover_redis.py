@@ -146,6 +146,13 @@ def test_a_sentinel_failover_to_a_lagging_replica_loses_no_question_and_pays_not
         for i, t in enumerate(later):
             in_window = sum(1 for u in later[i:] if u - t < 2.0)
             assert in_window <= per_s * 2 + per_s + 1, later
+        # A command run now finds the new master, and re-enqueueing a finished exam pays
+        # for nothing.
+        paid = mock.stats()["calls_total"]
+        again = dep.cli("enqueue", "exam")
+        assert again.returncode == 0 and "0 enqueued" in again.stdout, again.stdout + \
+            again.stderr
+        assert mock.stats()["calls_total"] == paid
         # Workers and beat followed the Sentinel by themselves: none restarted, none died.
         logs = dep.worker_logs(None)
         assert "rate limiter unreachable" in logs and "Connection to broker lost" in logs

@@ -176,3 +176,8 @@ def test_the_multi_host_url_reaches_psycopg_as_a_list_of_hosts():
     _, params = engine.dialect.create_connect_args(engine.url)
     assert params["host"] == "h1,h2" and params["port"] == "5432,5433"
     assert params["target_session_attrs"] == "read-write"
+    # The heartbeat's own engine is made from the URL rendered again (storage.leases).
+    again = create_engine(engine.url.render_as_string(hide_password=False))
+    rendered = again.dialect.create_connect_args(again.url)[1]
+    assert {k: v for k, v in rendered.items() if k != "context"} == {
+        k: v for k, v in params.items() if k != "context"}  # context: each engine's own
