@@ -106,24 +106,31 @@ class PrivatePostgres:
         self.dir = Path(tempfile.mkdtemp(prefix="examforge-pg-"))
         self.data = self.dir / "data"
         self.log = self.dir / "server.log"
+        self.env: dict[str, str] | None = None
 
     @property
     def url(self) -> str:
         return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
 
-    def _run(self, *args: str) -> None:
+    def _run(self, *args: str, env: dict[str, str] | None = None) -> None:
         # initdb and postgres refuse to run as root: run them as the postgres user then.
         prefix = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+        if env:  # through env(1): runuser starts its command with a clean environment
+            prefix += ["env", *(f"{k}={v}" for k, v in env.items())]
         subprocess.run(prefix + list(args), check=True, capture_output=True, timeout=120)
 
-    def start(self) -> "PrivatePostgres":
+    def start(self, env: dict[str, str] | None = None) -> "PrivatePostgres":
+        """`env`: the server's environment (libfaketime's, for a clock of its own)."""
+        if env is not None:
+            self.env = env
         if not self.data.exists():
             if os.geteuid() == 0:
                 shutil.chown(self.dir, "postgres", "postgres")
             self._run(str(self.bin / "initdb"), "-D", str(self.data), "-U", "postgres",
                       "--auth=trust", "--no-sync")
         self._run(str(self.bin / "pg_ctl"), "-D", str(self.data), "-l", str(self.log), "-w",
-                  "-o", f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1", "start")
+                  "-o", f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1", "start",
+                  env=self.env)
         return self
 
     def configure(self, **settings: str) -> "PrivatePostgres":
@@ -132,17 +139,17 @@ class PrivatePostgres:
             conf.writelines(f"{name} = '{value}'\n" for name, value in settings.items())
         return self
 
-    def replica(self) -> "PrivatePostgres":
+    def replica(self, env: dict[str, str] | None = None) -> "PrivatePostgres":
         """A streaming replica of this (running) server, made the way PostgreSQL's manual
         says: `pg_basebackup -R` (standby.signal and primary_conninfo written), started as a
-        hot standby on a port of its own. Issue 34."""
+        hot standby on a port of its own, with `env` (as `start`). Issue 34."""
         standby = PrivatePostgres()
         if os.geteuid() == 0:
             shutil.chown(standby.dir, "postgres", "postgres")
         self._run(str(self.bin / "pg_basebackup"), "-D", str(standby.data), "-h", "127.0.0.1",
                   "-p", str(self.port), "-U", "postgres", "-R", "-X", "stream",
                   "--checkpoint=fast", "--no-sync")
-        return standby.start()
+        return standby.start(env)
 
     def reload(self) -> "PrivatePostgres":
         self._run(str(self.bin / "pg_ctl"), "-D", str(self.data), "reload")
