@@ -63,13 +63,15 @@ def test_a_sentinel_failover_to_a_lagging_replica_loses_no_question_and_pays_not
     replica = PrivateRedis(tmp_path, extra_args=(
         "--replicaof", "127.0.0.1", str(master.port), "--masteruser", "repl",
         "--masterauth", "repl-pw")).start()
-    sentinel = PrivateSentinel(tmp_path, master.port).start()
+    # The Sentinel asks a password of its own: BROKER_SENTINEL_PASSWORD, for kombu and redis-py.
+    sentinel = PrivateSentinel(tmp_path, master.port, password="sentinel-pw").start()
     try:
         wait_for(lambda: _in_sync(master, replica), 15, "the replica in sync")
         wait_for(lambda: sentinel.replicas_known() >= 1, 15, "the Sentinel to see the replica")
         mock.configure(latency_s=0.3, rpm=RPM)
         dep = deploy("sqlite", broker_url=sentinel.url, broker_sentinel_master=sentinel.name,
-                     llm_rpm=RPM, reconcile_interval_s=1, lease_s=4)
+                     broker_sentinel_password="sentinel-pw", llm_rpm=RPM,
+                     reconcile_interval_s=1, lease_s=4)
         dep.syllabus("exam", list(MAIN.items()))
         dep.syllabus("late", list(LATE.items()))
         enq = dep.cli("enqueue", "exam")
@@ -90,7 +92,7 @@ def test_a_sentinel_failover_to_a_lagging_replica_loses_no_question_and_pays_not
         queue = dep.env["TASK_QUEUE"]
         assert not [m for m in replica.client().lrange(queue, 0, -1) if b"examforge:late:" in m]
         stats = mock.stats()
-        in_flight, paid_before = stats["inflight"], stats["calls_total"]
+        in_flight = stats["inflight"]
         refused_before = stats["outcomes"].get("rate_limited", 0)
         master.stop()  # SIGKILL
         killed_at = time.monotonic()
@@ -100,8 +102,9 @@ def test_a_sentinel_failover_to_a_lagging_replica_loses_no_question_and_pays_not
         try:
             wait_for(lambda: sentinel.master() == ("127.0.0.1", replica.port), 30,
                      "the Sentinel to promote the replica")
-        finally:
+        except BaseException:  # pytest.fail's Failed is not an Exception
             print(sentinel.log.read_text()[-3000:])
+            raise
         promoted_s = time.monotonic() - killed_at
         wait_for(lambda: any(t > last_s for t in mock.stats()["admitted_at"]), 60,
                  "a paid call after the failover")
@@ -135,7 +138,6 @@ def test_a_sentinel_failover_to_a_lagging_replica_loses_no_question_and_pays_not
         assert len(used_batches(calls)) == len(set(used_batches(calls))) == needed
         assert len(calls) - needed <= in_flight, dump(calls)
         assert all(c["reason"] for c in calls if c["outcome"] != "used"), dump(calls)
-        assert paid_before <= len(calls)
 
         # The limit after the failover: nothing refused, and no window busier than the rate
         # plus the limiter's burst (one second's worth) allows.
