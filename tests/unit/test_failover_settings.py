@@ -181,3 +181,64 @@ def test_the_multi_host_url_reaches_psycopg_as_a_list_of_hosts():
     rendered = again.dialect.create_connect_args(again.url)[1]
     assert {k: v for k, v in rendered.items() if k != "context"} == {
         k: v for k, v in params.items() if k != "context"}  # context: each engine's own
+
+
+def test_every_command_that_needs_the_broker_fails_in_one_line_when_no_master_can_be_had(
+        clean_env, monkeypatch, tmp_path, capsys):
+    """The walk through the actions that publish (enqueue, resume, retry, reconcile, and
+    enqueue --regenerate): each refuses in one line naming the Sentinel, exit 3, before it
+    changes anything. In process: the tasks app is given the Sentinel's configuration as
+    the CLI's own import would (it keeps the broker of the first import otherwise)."""
+    import logging
+
+    from examforge.settings import load_settings
+    from helpers import write_syllabus
+    from producer.cli import main
+    from tasks import app
+    from tasks.config import celery_config
+
+    port = _closed_port()
+    env = {"DATABASE_URL": f"sqlite:///{tmp_path / 'examforge.db'}",
+           "EXAMS_DIR": str(tmp_path / "exams"), "BROKER_CONNECT_TIMEOUT_S": "1",
+           "BROKER_URL": f"sentinel://127.0.0.1:{port}", "BROKER_SENTINEL_MASTER": "ef"}
+    monkeypatch.chdir(tmp_path)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    load_settings.cache_clear()
+    for key, value in celery_config(load_settings()).items():
+        monkeypatch.setitem(app.conf, key, value)
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "handlers", list(root.handlers))
+    monkeypatch.setattr(root, "level", root.level)
+    path = write_syllabus(tmp_path / "exams", "ex", [("a", 5)])
+
+    def refused(*args: str) -> None:
+        capsys.readouterr()
+        code = main(list(args))
+        err = capsys.readouterr().err
+        assert code == 3, (args, err)
+        assert err.count("\n") == 1 and "Traceback" not in err, (args, err)
+        assert err.startswith(f"error: broker sentinel://127.0.0.1:{port}/ unreachable: "
+                              f"Sentinel 127.0.0.1:{port} unreachable"), (args, err)
+
+    from examforge.syllabus import load_syllabus
+    from storage import open_store
+
+    try:
+        assert main(["migrate"]) == 0
+        refused("enqueue", "ex")
+        refused("enqueue", "ex", "--regenerate", "a")
+        store = open_store(env["DATABASE_URL"])
+        try:
+            with pytest.raises(Exception, match="ex"):
+                store.status("ex")  # nothing written
+            store.sync_exam("ex", load_syllabus(path, max_questions=1000))  # planned before
+            before = store.status("ex").as_dict()
+            refused("resume", "ex")
+            refused("retry", "ex")
+            refused("reconcile")
+            assert store.status("ex").as_dict() == before  # nothing changed
+        finally:
+            store.engine.dispose()
+    finally:
+        load_settings.cache_clear()
