@@ -64,7 +64,10 @@ def test_a_sentinel_failover_to_a_lagging_replica_loses_no_question_and_pays_not
         "--replicaof", "127.0.0.1", str(master.port), "--masteruser", "repl",
         "--masterauth", "repl-pw")).start()
     # The Sentinel asks a password of its own: BROKER_SENTINEL_PASSWORD, for kombu and redis-py.
-    sentinel = PrivateSentinel(tmp_path, master.port, password="sentinel-pw").start()
+    # Down after 2 s without a reply: 1 s would fail a master over that a loaded CI machine
+    # merely kept waiting.
+    sentinel = PrivateSentinel(tmp_path, master.port, down_after_ms=2000,
+                               password="sentinel-pw").start()
     try:
         wait_for(lambda: _in_sync(master, replica), 15, "the replica in sync")
         wait_for(lambda: sentinel.replicas_known() >= 1, 15, "the Sentinel to see the replica")
