@@ -8,8 +8,9 @@ Two cases:
 
 - `synchronous` (synchronous_standby_names = '*', the configuration the docs advise): a commit
   is acknowledged once the replica has it. The replica's clock runs 3 s ahead (libfaketime):
-  the database clock changes machines at the switch, and every lease looks 3 s shorter. Every question is stored once, every paid call is
-  in the ledger, and the calls thrown away are at most those in flight at the stop.
+  the database clock changes machines at the switch, and every lease looks 3 s shorter.
+  Every question is stored once, every paid call is in the ledger, and the calls thrown away
+  are at most those in flight at the stop.
 - `lagging` (asynchronous replication, the replica cut off from the primary's WAL for the
   last commits before the stop): what the primary acknowledged and never sent is gone after
   the promotion: questions, and the ledger rows of the calls that paid for them. The questions
