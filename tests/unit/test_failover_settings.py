@@ -120,7 +120,7 @@ def test_no_sentinel_reachable_fails_a_command_within_the_timeout_in_one_line(cl
     assert f"Sentinel 127.0.0.1:{ports[1]} unreachable" in text
 
 
-def test_doctor_names_each_sentinel_and_the_limiter(clean_env, monkeypatch):
+def test_doctor_names_each_sentinel_and_why_the_broker_failed(clean_env, monkeypatch):
     import producer.doctor
     from producer.doctor import _broker
     from tasks.config import celery_config
@@ -136,7 +136,17 @@ def test_doctor_names_each_sentinel_and_the_limiter(clean_env, monkeypatch):
     assert findings[f"broker sentinel 127.0.0.1:{port}"].level is Level.fail
     assert findings["broker sentinels"].level is Level.warn  # one Sentinel only
     assert findings["broker"].level is Level.fail
-    limiter = findings["rate limiter"]
+    assert f"Sentinel 127.0.0.1:{port} unreachable" in findings["broker"].message
+    assert "rate limiter" not in findings  # the broker's line says why, once
+
+
+def test_the_limiters_check_fails_in_one_line_when_no_sentinel_answers(clean_env):
+    from tasks.health import Level, limiter_finding
+
+    port = _closed_port()
+    settings = Settings(_env_file=None, broker_url=f"sentinel://127.0.0.1:{port}",
+                        broker_sentinel_master="ef")
+    limiter = limiter_finding(settings)
     assert limiter.level is Level.fail and "\n" not in limiter.message
     assert f"Sentinel 127.0.0.1:{port} unreachable" in limiter.message
 
