@@ -252,3 +252,25 @@ def test_every_command_that_needs_the_broker_fails_in_one_line_when_no_master_ca
             store.engine.dispose()
     finally:
         load_settings.cache_clear()
+
+
+@pytest.mark.parametrize(("role", "level"), [(b"master", "ok"), (b"slave", "fail")])
+def test_the_limiters_check_asks_its_server_for_its_role(clean_env, monkeypatch, role, level):
+    """A BROKER_URL naming a replica: kombu connects and reads, and the limiter's writes (and
+    the queue's) would be refused; the check says so before a worker finds out."""
+    import tasks.health
+    from tasks.health import limiter_finding
+
+    class Client:
+        def execute_command(self, *args: str) -> list[object]:
+            assert args == ("ROLE",)
+            return [role, 0, []]
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(tasks.health, "broker_redis", lambda settings: Client())
+    finding = limiter_finding(Settings(_env_file=None, broker_url="redis://h:6379/0"))
+    assert finding.level.value == level, finding
+    if level == "fail":
+        assert "is a replica (slave)" in finding.message
