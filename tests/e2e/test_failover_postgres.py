@@ -91,10 +91,13 @@ def test_a_promoted_replica_takes_over_mid_run_with_nothing_stored_twice(
             # Commits the primary acknowledges from here are never replicated.
             wait_for(lambda: _count(primary.port, QUESTIONS) >= stopped_at + 15, 30,
                      "commits the replica never receives")
-        in_flight = dep.status("exam")["usage"]["calls_in_flight"]
         questions_acked = _count(primary.port, QUESTIONS)  # acknowledged before the stop
+        in_flight = mock.stats()["inflight"]
         primary.crash()  # pg_ctl stop -m immediate
         stopped = time.monotonic()
+        # The calls in flight at the stop: those before it, and any started since (a reply
+        # takes 0.3 s, so it is still in flight now).
+        in_flight = max(in_flight, mock.stats()["inflight"])
         # What the replica holds, read before the promotion lets anyone write to it: once it
         # has replayed all the WAL it received.
         wait_for(lambda: _count(replica.port, "SELECT (pg_last_wal_receive_lsn() IS NULL OR "
