@@ -185,12 +185,16 @@ class RedisLimiter:
             self._push(keys=[self._key], args=["tat_t", repr(tau_t + tokens_wait_s)])
 
 
-def redis_limiters(url: str) -> Callable[[str, str], Limiter]:
-    """Shared limiters on the Redis at `url` (the broker's), one per endpoint and model."""
-    import redis
+def redis_limiters(redis_at: str | Any) -> Callable[[str, str], Limiter]:
+    """Shared limiters, one per endpoint and model, on the broker's Redis: a redis-py client
+    (tasks.broker.broker_redis, which also goes through Sentinel), or a redis:// URL."""
+    if isinstance(redis_at, str):
+        import redis
 
-    client = redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2,
-                                  health_check_interval=10)
+        client = redis.Redis.from_url(redis_at, socket_timeout=2, socket_connect_timeout=2,
+                                      health_check_interval=10)
+    else:
+        client = redis_at
     return lambda base_url, model: RedisLimiter(client, limiter_key(base_url, model))
 
 

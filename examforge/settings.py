@@ -32,6 +32,8 @@ MAX_TOKENS_OVERHEAD = 100
 # later with a traceback about a module that is not installed (MySQLdb, asyncpg, psycopg2).
 SUPPORTED_DATABASE_SCHEMES = ("sqlite", "sqlite+pysqlite", "postgresql+psycopg")
 SUPPORTED_DATABASE_URLS = "sqlite:///PATH or postgresql://USER@HOST:PORT/DB"
+# Several PostgreSQL servers, the writable one chosen at each connection (issue 34):
+# postgresql://USER@HOST1:PORT,HOST2:PORT/DB?target_session_attrs=read-write
 # An http(s) URL of a plain form that httpx.URL always accepts (a lower-case host name or a
 # dotted IPv4 address without leading zeros, a port below 60000, a path of unreserved
 # characters): checked without importing httpx, about a seventh of the start-up of a command
@@ -48,11 +50,28 @@ _COMMON_BROKER_SCHEMES = ("redis", "rediss", "sentinel", "amqp", "amqps", "pyamq
 
 
 def normalise_database_url(url: str) -> str:
-    """Map plain `postgresql://` / `postgres://` URLs onto the psycopg 3 driver."""
+    """Map plain `postgresql://` / `postgres://` URLs onto the psycopg 3 driver, and
+    libpq's multi-host form onto SQLAlchemy's (`_multi_host`)."""
     for prefix in ("postgresql://", "postgres://"):
         if url.startswith(prefix):
-            return "postgresql+psycopg://" + url[len(prefix):]
-    return url
+            return _multi_host("postgresql+psycopg://" + url[len(prefix):])
+    return _multi_host(url) if url.startswith("postgresql+psycopg://") else url
+
+
+def _multi_host(url: str) -> str:
+    """libpq's multi-host URL (`postgresql://u@h1:5432,h2:5432/db?target_session_attrs=
+    read-write`, issue 34) as SQLAlchemy reads one: `postgresql+psycopg://u@/db?host=h1:5432&
+    host=h2:5432&...`, which psycopg hands to libpq as `host=h1,h2 port=5432,5432`.
+    By hand because SQLAlchemy's URL parser reads one host and port (a comma in the port is
+    "invalid literal for int()", raised at the first connection), and this is all it lacks."""
+    scheme, rest = url.split("://", 1)
+    netloc, slash, tail = rest.partition("/")
+    userinfo, at, hosts = netloc.rpartition("@")
+    if "," not in hosts:
+        return url
+    database, question, query = tail.partition("?")
+    params = "&".join(f"host={host}" for host in hosts.split(",") if host)
+    return f"{scheme}://{userinfo}{at}/{database}?{params}" + (f"&{query}" if query else "")
 
 
 def check_database_url(url: str) -> str:
@@ -72,6 +91,11 @@ def check_database_url(url: str) -> str:
         raise ValueError(f"{scheme}://{url.split('://', 1)[1]} has two slashes: a SQLite "
                          f"path takes three (sqlite:///relative.db, sqlite:////absolute.db)")
     return url
+
+
+def is_sentinel_url(url: str) -> bool:
+    """Whether BROKER_URL names Redis Sentinels (sentinel://H:P;sentinel://H2:P)."""
+    return url.startswith("sentinel://")
 
 
 def check_broker_url(url: str) -> str:
@@ -94,7 +118,24 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_file=".env", extra="ignore", frozen=True)
 
-    broker_url: str = Field("redis://localhost:6379/0", description="Celery broker (Redis).")
+    broker_url: str = Field(
+        "redis://localhost:6379/0",
+        description="Celery broker (Redis). Through Redis Sentinel: "
+                    "sentinel://HOST:26379;sentinel://HOST2:26379 (every Sentinel, `;` "
+                    "between them, as Celery writes it; a password for the master goes in "
+                    "the first: sentinel://:PASSWORD@HOST:26379/0), with "
+                    "BROKER_SENTINEL_MASTER. The rate limiter and the provider's holds use "
+                    "the same Redis. docs/how-to/high-availability.md.")
+    # Issue 34: Redis through Sentinel, for the broker (kombu's SentinelChannel), the rate
+    # limiter and the holds (redis-py's Sentinel, tasks.broker.broker_redis).
+    broker_sentinel_master: str | None = Field(
+        None, validate_default=True,
+        description="The master's name the Sentinels monitor (their `sentinel monitor NAME "
+                    "...`); required with a sentinel:// BROKER_URL, refused with any other.")
+    broker_sentinel_password: SecretStr = Field(
+        SecretStr(""),
+        description="The Sentinels' own password (their requirepass), where it differs from "
+                    "the master's (which BROKER_URL carries); empty: the Sentinels ask none.")
     database_url: str = Field(
         "sqlite:///examforge.db",
         description="SQLAlchemy URL; plain postgresql://user@host:port/db works.",
@@ -495,6 +536,24 @@ class Settings(BaseSettings):
     @classmethod
     def _broker(cls, v: str) -> str:
         return check_broker_url(v)
+
+    @field_validator("broker_sentinel_master", mode="before")
+    @classmethod
+    def _sentinel_master(cls, v: object, info: ValidationInfo) -> object:
+        # Checked here, not at the first connection: kombu says only "'master_name' transport
+        # option must be specified", and the limiter would have no master to ask for.
+        v = None if isinstance(v, str) and not v.strip() else v
+        url = info.data.get("broker_url")
+        if url is None:  # BROKER_URL itself was refused, and is named
+            return v
+        sentinel = is_sentinel_url(url)
+        if sentinel and not v:
+            raise ValueError("required with a sentinel:// BROKER_URL: the name the Sentinels "
+                             "monitor (sentinel monitor NAME ...)")
+        if v and not sentinel:
+            raise ValueError("set, but BROKER_URL is not sentinel://: unset it, or list the "
+                             "Sentinels in BROKER_URL")
+        return v
 
     @model_validator(mode="after")
     def _check_prices(self) -> "Settings":

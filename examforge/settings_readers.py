@@ -33,6 +33,8 @@ _PRICED: tuple[Process, ...] = ("enqueue", "worker", "beat")
 
 READ_BY: dict[str, tuple[Process, ...]] = {
     "broker_url": ("enqueue", "worker", "beat", "serve", "CLI"),
+    "broker_sentinel_master": ("enqueue", "worker", "beat", "serve", "CLI"),
+    "broker_sentinel_password": ("enqueue", "worker", "beat", "serve", "CLI"),
     "database_url": _ALL,
     "llm_base_url": ("worker", "beat", "CLI"),
     "llm_api_key": ("worker", "beat", "CLI"),

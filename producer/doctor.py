@@ -12,7 +12,8 @@ from storage import open_existing_store
 from storage.db import READ_ONLY
 from tasks import app
 from tasks.broker import check_broker
-from tasks.health import Finding, Level, broker_findings
+from tasks.health import (Finding, Level, broker_findings, limiter_finding,
+                           sentinel_findings)
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
@@ -77,11 +78,15 @@ def _integrity(engine: Engine) -> Finding:
 
 
 def _broker(settings: Settings) -> list[Finding]:
+    # Each Sentinel first (issue 34): when the broker fails, they say why.
+    sentinels = sentinel_findings(settings)
     try:
         check_broker(app, settings)
-        return [Finding(Level.ok, "broker", "reachable"), *broker_findings(app, settings)]
+        return [*sentinels, Finding(Level.ok, "broker", "reachable"),
+                *broker_findings(app, settings), limiter_finding(settings)]
     except ExamforgeError as exc:
-        return [Finding(Level.fail, "broker", str(exc))]
+        # The limiter's client would only fail the same way, after redis-py's retries.
+        return [*sentinels, Finding(Level.fail, "broker", str(exc))]
 
 
 def _model_endpoint(settings: Settings) -> Finding:

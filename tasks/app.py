@@ -66,11 +66,11 @@ def build_runtime(settings: Settings) -> Runtime:
     from examforge.llm import LLMClient
     from examforge.ratelimit import redis_limiters
     from storage import open_store
-    from tasks.broker import is_redis
+    from tasks.broker import broker_redis, is_redis
 
     # The provider's rate limit is shared by every worker process through the broker's Redis
-    # (Celery's own rate_limit is per worker).
-    limiters = redis_limiters(settings.broker_url) if is_redis(settings) else None
+    # (Celery's own rate_limit is per worker), through Sentinel where the broker is.
+    limiters = redis_limiters(broker_redis(settings)) if is_redis(settings) else None
     if limiters is None:
         log.warning("broker is not Redis: each worker applies LLM_RPM/LLM_TPM on its own")
     return Runtime.build(settings, open_store(settings.database_url,
@@ -240,9 +240,16 @@ def _reconcile_on_start(sender=None, **_):  # type: ignore[no-untyped-def]
     # pass now, and one when the dead worker's leases must have expired.
     settings = load_settings()
     try:
-        from tasks.health import Level, broker_findings
+        from tasks.health import Level, broker_findings, limiter_finding, sentinel_findings
 
-        for finding in broker_findings(app, settings):
+        # Through Sentinel, each Sentinel too; and the limiter's own client, which a BROKER_URL
+        # naming a replica would leave unable to write (issue 34).
+        from tasks.broker import is_redis
+
+        findings = [*sentinel_findings(settings), *broker_findings(app, settings)]
+        if is_redis(settings):  # otherwise build_runtime says the limits are per worker
+            findings.append(limiter_finding(settings))
+        for finding in findings:
             if finding.level is not Level.ok:
                 log.warning("broker configuration: %s: %s", finding.check, finding.message)
     except Exception as exc:  # a check, never a reason not to start

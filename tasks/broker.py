@@ -5,13 +5,13 @@ from __future__ import annotations
 import re
 import uuid
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from celery import Celery
 from kombu.exceptions import OperationalError as KombuOperationalError
 
 from examforge.errors import BrokerUnavailable, ConfigError
-from examforge.settings import Settings
+from examforge.settings import Settings, is_sentinel_url
 
 if TYPE_CHECKING:
     from storage import Store
@@ -74,7 +74,45 @@ class QueueHoldings:
 
 
 def is_redis(settings: Settings) -> bool:
-    return settings.broker_url.startswith(("redis://", "rediss://", "unix://"))
+    """A Redis broker, reached directly or through Sentinel."""
+    return settings.broker_url.startswith(("redis://", "rediss://", "unix://", "sentinel://"))
+
+
+SENTINEL_PORT = 26379  # kombu's and redis-py's default for a Sentinel without a port
+
+
+def sentinel_addresses(url: str) -> list[tuple[str, int]]:
+    """(host, port) of each Sentinel a sentinel:// BROKER_URL lists, `;` between them."""
+    from kombu.utils.url import url_to_parts
+
+    parts = [url_to_parts(one) for one in url.split(";") if one.strip()]
+    return [(p.hostname or "localhost", p.port or SENTINEL_PORT) for p in parts]
+
+
+def broker_redis(settings: Settings) -> Any:
+    """A redis-py client on the broker's Redis, for what lives there beside the queues (the
+    shared rate limiter, the provider's holds). Through Sentinel it is redis-py's own
+    `Sentinel(...).master_for`: each new connection asks the Sentinels where the master is,
+    so the client follows a failover (and drops a connection to a master demoted to a
+    replica, on its first READONLY reply)."""
+    import redis
+
+    options: dict[str, Any] = {"socket_timeout": 2, "socket_connect_timeout": 2,
+                               "health_check_interval": 10}
+    if not is_sentinel_url(settings.broker_url):
+        return redis.Redis.from_url(settings.broker_url, **options)
+    from kombu.utils.url import url_to_parts
+    from redis.sentinel import Sentinel
+
+    from tasks.config import sentinel_kwargs
+
+    # The master's password and database are the first URL's, as kombu reads them.
+    first = url_to_parts(settings.broker_url.split(";", 1)[0])
+    sentinel = Sentinel(sentinel_addresses(settings.broker_url),
+                        sentinel_kwargs=sentinel_kwargs(settings), **options)
+    return sentinel.master_for(settings.broker_sentinel_master or "",
+                               username=first.username, password=first.password,
+                               db=int(first.path or 0))
 
 
 def queue_holdings(app: Celery, settings: Settings) -> QueueHoldings | None:
@@ -99,7 +137,8 @@ def queue_holdings(app: Celery, settings: Settings) -> QueueHoldings | None:
 def _redacted(url: str) -> str:
     from kombu.utils.url import maybe_sanitize_url
 
-    return maybe_sanitize_url(url)
+    # Each of a sentinel:// URL's parts: kombu's hides the first password only.
+    return ";".join(maybe_sanitize_url(one) for one in url.split(";"))
 
 
 def check_broker(app: Celery, settings: Settings) -> None:
@@ -117,9 +156,58 @@ def check_broker(app: Celery, settings: Settings) -> None:
         reason = exc.args[0] if exc.args else exc
         raise ConfigError(f"BROKER_URL: {reason}".splitlines()[0]) from None
     except Exception as exc:  # kombu raises many other types here, all meaning "not reachable"
+        # redis-py's "No master found" repeats every Sentinel's client at length: ask them
+        # what they know instead, in one line.
+        why = sentinel_verdict(settings) if is_sentinel_url(settings.broker_url) else None
         raise BrokerUnavailable(
-            f"broker {_redacted(settings.broker_url)} unreachable: {exc}".splitlines()[0]
+            f"broker {_redacted(settings.broker_url)} unreachable: {why or exc}".splitlines()[0]
         ) from None
+
+
+def sentinel_report(settings: Settings) -> list[tuple[str, str | None, str]]:
+    """What each Sentinel of BROKER_URL says of BROKER_SENTINEL_MASTER: (its address, the
+    master's address or None, what it said), in the URL's order."""
+    import redis
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    from tasks.config import sentinel_kwargs
+
+    name = settings.broker_sentinel_master or ""
+    found: list[tuple[str, str | None, str]] = []
+    for host, port in sentinel_addresses(settings.broker_url):
+        where = f"{host}:{port}"
+        # Asked once each: redis-py's default retries with backoff take seconds a Sentinel.
+        client = redis.Redis(host=host, port=port, retry=Retry(NoBackoff(), 0),
+                             **sentinel_kwargs(settings))
+        try:
+            state: dict[str, Any] = client.sentinel_master(name)  # type: ignore[assignment]
+        except redis.ResponseError as exc:  # "No such master with that name"
+            found.append((where, None, f"knows no master named {name!r} "
+                                       f"(BROKER_SENTINEL_MASTER): {exc}"))
+            continue
+        except redis.RedisError as exc:
+            found.append((where, None, f"unreachable: {str(exc).splitlines()[0]}"))
+            continue
+        finally:
+            client.close()
+        master = f"{state['ip']}:{state['port']}"
+        flags = str(state.get("flags", ""))
+        if "s_down" in flags or "o_down" in flags:
+            found.append((where, None, f"sees master {name!r} at {master} down ({flags})"))
+        else:
+            found.append((where, master, f"master {name!r} at {master}, "
+                                         f"{state.get('num-slaves', 0)} replicas, "
+                                         f"{state.get('num-other-sentinels', 0)} other Sentinels"))
+    return found
+
+
+def sentinel_verdict(settings: Settings) -> str | None:
+    """Why no master could be had through the Sentinels, in one line (None: they name one)."""
+    report = sentinel_report(settings)
+    if any(master for _, master, _ in report):
+        return None
+    return "; ".join(f"Sentinel {where} {said}" for where, _, said in report)
 
 
 def broker_epoch(app: Celery, settings: Settings) -> str | None:

@@ -6,7 +6,27 @@ from typing import Any
 
 from kombu import Exchange, Queue
 
-from examforge.settings import Settings
+from examforge.settings import Settings, is_sentinel_url
+
+
+def sentinel_transport_options(settings: Settings) -> dict[str, Any]:
+    """kombu's SentinelChannel options (issue 34): the master's name, and what the Sentinels
+    themselves are asked with. sentinel_kwargs is always given, with the timeouts: redis-py
+    copies the socket options onto the Sentinel connections only when it gets none, and a
+    Sentinel that is down must not hold a command past BROKER_CONNECT_TIMEOUT_S."""
+    if not is_sentinel_url(settings.broker_url):
+        return {}
+    return {"master_name": settings.broker_sentinel_master,
+            "sentinel_kwargs": sentinel_kwargs(settings)}
+
+
+def sentinel_kwargs(settings: Settings) -> dict[str, Any]:
+    """How a Sentinel is asked where the master is: a short timeout, and its own password."""
+    kwargs: dict[str, Any] = {"socket_timeout": 2, "socket_connect_timeout": 2}
+    password = settings.broker_sentinel_password.get_secret_value()
+    if password:
+        kwargs["password"] = password
+    return kwargs
 
 
 def celery_config(settings: Settings) -> dict[str, Any]:
@@ -24,6 +44,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "unacked_restore_interval": max(1, min(10, settings.visibility_timeout_s // 6)),
         "unacked_restore_throttle": 1,
     }
+    transport.update(sentinel_transport_options(settings))
     return {
         "broker_url": settings.broker_url,
         "broker_transport_options": transport,

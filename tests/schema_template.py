@@ -103,16 +103,24 @@ def scratch_pg_database(url: Any) -> Iterator[Any]:
     """A new, empty database on `url`'s server (an SQLAlchemy URL), dropped on the way out."""
     import psycopg
 
-    admin = url.set(drivername="postgresql", database="postgres").render_as_string(
-        hide_password=False)
+    admin = _libpq(url.set(database="postgres"))
     name = f"ef_schema_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(admin, autocommit=True) as conn:
+    with psycopg.connect(**admin, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
     try:
         yield url.set(database=name)
     finally:
-        with psycopg.connect(admin, autocommit=True) as conn:
+        with psycopg.connect(**admin, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def _libpq(url: Any) -> dict[str, Any]:
+    """psycopg's connection arguments for an SQLAlchemy URL, as SQLAlchemy's own dialect makes
+    them: a multi-host URL (`?host=h1:5432&host=h2:5432`, issue 34) is not a libpq URI."""
+    from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
+
+    _, kwargs = PGDialect_psycopg().create_connect_args(url.set(drivername="postgresql+psycopg"))
+    return {k: v for k, v in kwargs.items() if k != "context"}
 
 
 def _pg_dump(url: Any) -> str:

@@ -106,25 +106,76 @@ class PrivatePostgres:
         self.dir = Path(tempfile.mkdtemp(prefix="examforge-pg-"))
         self.data = self.dir / "data"
         self.log = self.dir / "server.log"
+        self.env: dict[str, str] | None = None
 
     @property
     def url(self) -> str:
         return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
 
-    def _run(self, *args: str) -> None:
+    def _run(self, *args: str, env: dict[str, str] | None = None) -> None:
         # initdb and postgres refuse to run as root: run them as the postgres user then.
         prefix = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+        if env:  # through env(1): runuser starts its command with a clean environment
+            prefix += ["env", *(f"{k}={v}" for k, v in env.items())]
         subprocess.run(prefix + list(args), check=True, capture_output=True, timeout=120)
 
-    def start(self) -> "PrivatePostgres":
+    def start(self, env: dict[str, str] | None = None) -> "PrivatePostgres":
+        """`env`: the server's environment (libfaketime's, for a clock of its own)."""
+        if env is not None:
+            self.env = env
         if not self.data.exists():
             if os.geteuid() == 0:
                 shutil.chown(self.dir, "postgres", "postgres")
             self._run(str(self.bin / "initdb"), "-D", str(self.data), "-U", "postgres",
                       "--auth=trust", "--no-sync")
         self._run(str(self.bin / "pg_ctl"), "-D", str(self.data), "-l", str(self.log), "-w",
-                  "-o", f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1", "start")
+                  "-o", f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1", "start",
+                  env=self.env)
         return self
+
+    def configure(self, **settings: str) -> "PrivatePostgres":
+        """Lines added to postgresql.conf, read at the next start (or reload)."""
+        with open(self.data / "postgresql.conf", "a") as conf:
+            conf.writelines(f"{name} = '{value}'\n" for name, value in settings.items())
+        return self
+
+    def replica(self, env: dict[str, str] | None = None) -> "PrivatePostgres":
+        """A streaming replica of this (running) server, made the way PostgreSQL's manual
+        says: `pg_basebackup -R` (standby.signal and primary_conninfo written), started as a
+        hot standby on a port of its own, with `env` (as `start`). Issue 34."""
+        standby = PrivatePostgres()
+        if os.geteuid() == 0:
+            shutil.chown(standby.dir, "postgres", "postgres")
+        self._run(str(self.bin / "pg_basebackup"), "-D", str(standby.data), "-h", "127.0.0.1",
+                  "-p", str(self.port), "-U", "postgres", "-R", "-X", "stream",
+                  "--checkpoint=fast", "--no-sync")
+        return standby.start(env)
+
+    def reload(self) -> "PrivatePostgres":
+        self._run(str(self.bin / "pg_ctl"), "-D", str(self.data), "reload")
+        return self
+
+    def stop_streaming(self) -> None:
+        """A standby stops receiving the primary's WAL (its primary_conninfo emptied and
+        reloaded): from now on it lags, as an asynchronous replica behind a slow link does."""
+        import psycopg
+
+        with psycopg.connect(host="127.0.0.1", port=self.port, user="postgres",
+                             dbname="postgres", autocommit=True) as conn:
+            conn.execute("ALTER SYSTEM SET primary_conninfo = ''")
+            conn.execute("SELECT pg_reload_conf()")
+
+        def stopped() -> bool:
+            with psycopg.connect(host="127.0.0.1", port=self.port, user="postgres",
+                                 dbname="postgres") as conn:
+                row = conn.execute("SELECT count(*) FROM pg_stat_wal_receiver").fetchone()
+            return bool(row) and row[0] == 0
+
+        wait_for(stopped, 15, "the standby's WAL receiver to stop")
+
+    def promote(self) -> None:
+        """`pg_ctl promote -w`: the standby leaves recovery and takes writes."""
+        self._run(str(self.bin / "pg_ctl"), "-D", str(self.data), "-w", "promote")
 
     def crash(self) -> None:
         """Stop the way a crash does: `immediate` kills every backend at once, no checkpoint,
@@ -217,3 +268,65 @@ class TcpProxy:
         self._call(self._shutdown())
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(5)
+
+
+class PrivateSentinel:
+    """`redis-server --sentinel` on its own port, watching one master under `name` (issue 34).
+    Quorum 1 and a short down-after, so one Sentinel alone declares the master down and
+    promotes its replica within a couple of seconds."""
+
+    def __init__(self, workdir: Path, master_port: int, name: str = "ef",
+                 down_after_ms: int = 1000, password: str | None = None) -> None:
+        self.port = free_port()
+        self.name = name
+        self.password = password
+        self.config = workdir / f"sentinel-{self.port}.conf"
+        self.log = workdir / f"sentinel-{self.port}.log"
+        lines = [f"port {self.port}", "bind 127.0.0.1", f"dir {workdir}", f"logfile {self.log}",
+                 f"sentinel monitor {name} 127.0.0.1 {master_port} 1",
+                 f"sentinel down-after-milliseconds {name} {down_after_ms}",
+                 f"sentinel failover-timeout {name} 10000",
+                 f"sentinel parallel-syncs {name} 1"]
+        if password:
+            lines.append(f"requirepass {password}")
+        # Sentinel rewrites its file as it learns (replicas, the new master): it must be its own.
+        self.config.write_text("\n".join(lines) + "\n")
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"sentinel://127.0.0.1:{self.port}"
+
+    def start(self) -> "PrivateSentinel":
+        binary = shutil.which("redis-server") or "/usr/bin/redis-server"
+        self.proc = subprocess.Popen([binary, str(self.config), "--sentinel"],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_for(lambda: self.master() is not None, 10, f"sentinel on port {self.port}")
+        return self
+
+    def client(self):  # type: ignore[no-untyped-def]
+        import redis
+
+        return redis.Redis(port=self.port, password=self.password, socket_timeout=2)
+
+    def master(self) -> tuple[str, int] | None:
+        """Where the Sentinel says the master is now (None: it cannot be asked)."""
+        try:
+            addr = self.client().sentinel_get_master_addr_by_name(self.name)
+        except Exception:  # noqa: BLE001 (not up yet)
+            return None
+        if not addr:
+            return None
+        host = addr[0].decode() if isinstance(addr[0], bytes) else str(addr[0])
+        return host, int(addr[1])
+
+    def replicas_known(self) -> int:
+        try:
+            return len(self.client().sentinel_slaves(self.name))
+        except Exception:  # noqa: BLE001
+            return 0
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)

@@ -122,7 +122,9 @@ def test_a_broker_url_that_is_no_broker_is_a_configuration_error(env, capsys, ur
 @pytest.mark.parametrize("url", ["redis://h:6379/0", "rediss://h/0", "amqp://g@h//",
                                  "memory://", "sqla+postgresql://u@h/d", "sentinel://h:26379"])
 def test_every_kombu_transport_is_accepted_as_a_broker(url):
-    assert Settings(_env_file=None, broker_url=url).broker_url == url
+    # Sentinel needs the master's name beside it (tests/unit/test_sentinel_settings.py).
+    master = {"broker_sentinel_master": "ef"} if url.startswith("sentinel://") else {}
+    assert Settings(_env_file=None, broker_url=url, **master).broker_url == url
 
 
 def test_a_redis_url_kombu_cannot_use_is_a_configuration_error_not_an_outage():

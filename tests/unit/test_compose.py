@@ -35,7 +35,9 @@ def test_redis_is_private_with_a_password_and_persistence():
     assert command[command.index("--appendonly") + 1] == "yes"
     assert command[command.index("--maxmemory-policy") + 1] == "noeviction"
     assert "@redis:6379" in _compose()["services"]["worker"]["environment"]["BROKER_URL"]
-    assert _compose()["services"]["worker"]["environment"]["BROKER_URL"].startswith("redis://:")
+    # Redis with its password unless .env names another broker (the Sentinels, `ha`).
+    assert _compose()["services"]["worker"]["environment"]["BROKER_URL"].startswith(
+        "${BROKER_URL:-redis://:")
 
 
 def test_flower_requires_basic_auth_and_binds_to_loopback():
@@ -71,11 +73,52 @@ def test_app_environment_with_only_its_defaults_is_valid_settings(monkeypatch):
 
     env = _compose()["services"]["worker"]["environment"]
     for name, value in env.items():
-        value = re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", str(value))
-        value = re.sub(r"\$\{\w+:\?[^}]*\}", "placeholder", value)
+        # The inner ones first: BROKER_URL's default holds REDIS_PASSWORD's.
+        value = re.sub(r"\$\{\w+:\?[^}]*\}", "placeholder", str(value))
+        value = re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", value)
         monkeypatch.setenv(name, value)
     settings = Settings(_env_file=None)
     assert settings.llm_fallback_base_url is None and settings.llm_base_url == "http://mock:8089/v1"
+    assert settings.broker_url == "redis://:placeholder@redis:6379/0"
+    assert settings.broker_sentinel_master is None
+
+
+def test_the_ha_profile_adds_a_replica_and_a_sentinel_the_app_can_use(monkeypatch):
+    """Issue 34: `COMPOSE_PROFILES=ha` starts a replica of `redis` and a Sentinel watching it;
+    the settings docs/how-to/high-availability.md puts in .env make a valid configuration of
+    the app's environment, naming the master the Sentinel monitors."""
+    import re
+
+    services = _compose()["services"]
+    replica, sentinel = services["redis-replica"], services["sentinel"]
+    assert replica["profiles"] == ["ha"] and sentinel["profiles"] == ["ha"]
+    assert "ports" not in replica and "ports" not in sentinel  # private, as `redis`
+    command = replica["command"]
+    assert command[command.index("--replicaof") + 1:command.index("--replicaof") + 3] == [
+        "redis", "6379"]
+    # Promoted, the replica is the broker: the settings doctor requires of `redis`.
+    assert command[command.index("--appendonly") + 1] == "yes"
+    assert command[command.index("--maxmemory-policy") + 1] == "noeviction"
+    assert "--masterauth" in command and "--requirepass" in command
+    # The Sentinel's configuration, as its start writes it.
+    lines = re.findall(r"['\"]([^'\"]+)['\"] \\", sentinel["command"][0])
+    monitor = next(line.split() for line in lines if line.startswith("sentinel monitor "))
+    assert monitor[2:] == ["examforge", "redis", "6379", "1"]
+    assert "sentinel auth-pass examforge $$REDIS_PASSWORD" in lines
+    assert "requirepass $$REDIS_PASSWORD" in lines
+    assert lines.index("sentinel resolve-hostnames yes") < lines.index(" ".join(monitor))
+    # The app's environment with the .env of the docs' page.
+    env = services["worker"]["environment"]
+    assert {"BROKER_SENTINEL_MASTER", "BROKER_SENTINEL_PASSWORD"} <= set(env)
+    dotenv = {"BROKER_URL": "sentinel://:pw@sentinel:26379/0",
+              "BROKER_SENTINEL_MASTER": monitor[2], "BROKER_SENTINEL_PASSWORD": "pw"}
+    for name, value in env.items():
+        value = re.sub(r"\$\{\w+:\?[^}]*\}", "placeholder", str(value))
+        value = dotenv.get(name) or re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", value)
+        monkeypatch.setenv(name, value)
+    settings = Settings(_env_file=None)
+    assert settings.broker_url.startswith("sentinel://") and settings.broker_sentinel_master == \
+        "examforge"
 
 
 def test_every_model_setting_reaches_the_containers():
