@@ -17,7 +17,8 @@ def main(db: str, slug: str, out: str) -> int:
     conn = sqlite3.connect(db)
     rows = conn.execute(
         "SELECT q.exam, q.chapter_id, q.number, q.question, q.choices, q.answer_index, "
-        "q.explanation, q.difficulty, q.bloom, q.source, q.verdict, q.model, q.created_at "
+        "q.explanation, q.difficulty, q.bloom, q.source, q.verdict, q.model, q.created_at, "
+        "q.type, q.answer "
         "FROM question q "
         "JOIN slice c ON c.exam = q.exam AND c.chapter_id = q.chapter_id "
         "AND q.number >= c.first_number AND q.number < c.first_number + c.target "
@@ -30,8 +31,22 @@ def main(db: str, slug: str, out: str) -> int:
             "choices": json.loads(r[4]), "answer_index": r[5], "explanation": r[6],
             "difficulty": r[7], "bloom": r[8], "source": r[9], "verdict": r[10], "model": r[11],
             "created_at": datetime.fromtimestamp(r[12], utc).isoformat(timespec="seconds"),
+            "type": r[13], **answer_fields(r[13], r[14]),
         }, ensure_ascii=False) + "\n" for r in rows)
     return 0
+
+
+def answer_fields(kind: str, answer: str | None) -> dict:
+    """An item type's answer fields, as examforge.item_types.reply_fields writes them."""
+    if kind == "mcq":
+        return {}
+    stored = json.loads(answer) if answer else {}
+    if kind == "truefalse":
+        return {"answer": stored.get("value")}
+    if kind in ("multi", "short"):
+        name = "correct" if kind == "multi" else "accepted"
+        return {name: list(stored.get(name, ()))}
+    return {name: stored.get(name) for name in ("value", "tolerance", "relative", "unit")}
 
 
 if __name__ == "__main__":

@@ -450,12 +450,13 @@ class _Calls:
         if view.levels.types is None or checker is None:
             return list(batch), 0
         if self.keyed is None:
-            self.keyed = [(kind, signature(text, view.title)) for kind, text in
+            self.keyed = [(kind, signature(text, view.title, view.language)) for kind, text in
                           self.rt.store.keyed_texts(view.exam, view.chapter_id)]
         kept, near = [], 0
         for q in batch:
             sig = signature(item_types.with_key(q.type, q.question, q.choices, q.answer_index,
-                                                item_types.load(q.answer)), view.title)
+                                                item_types.load(q.answer)), view.title,
+                            view.language)
             if any((kind != "mcq" or q.type != "mcq") and checker.is_near(sig, other)
                    for kind, other in self.keyed):
                 near += 1

@@ -101,6 +101,11 @@ def test_a_sentinel_failover_to_a_lagging_replica_loses_no_question_and_pays_not
         refused_before = stats["outcomes"].get("rate_limited", 0)
         master.stop()  # SIGKILL
         killed_at = time.monotonic()
+        # The late exam's chapters no worker had started: their messages were on the old
+        # master alone. (On a loaded machine a worker can take some before the kill: those
+        # chapters go on, from the database, and are not lost.)
+        untouched = {c["id"] for c in dep.status("late")["chapter_list"]
+                     if c["state"] == "pending" and not c["attempts"]}
         # A call admitted between the two reads is in flight now (a reply takes 0.3 s).
         in_flight = max(in_flight, mock.stats()["inflight"])
         # The mock's own clock: the last call it admitted before the kill.
@@ -116,7 +121,8 @@ def test_a_sentinel_failover_to_a_lagging_replica_loses_no_question_and_pays_not
         wait_for(lambda: any(t > last_s for t in mock.stats()["admitted_at"]), 60,
                  "a paid call after the failover")
         calls_resumed_s = time.monotonic() - killed_at
-        wait_for(lambda: all(c["requeues"] for c in dep.status("late")["chapter_list"]), 60,
+        wait_for(lambda: untouched <= {c["id"] for c in dep.status("late")["chapter_list"]
+                                       if c["requeues"]}, 60,
                  "the reconciler to re-publish the lost exam's chapters")
         republished_s = time.monotonic() - killed_at
         report = dep.wait_done("exam", 60)
@@ -134,7 +140,7 @@ def test_a_sentinel_failover_to_a_lagging_replica_loses_no_question_and_pays_not
         assert_stored_exactly_once(dep, "late", LATE)
         # The replica never had the late exam's messages: the reconciler published them again.
         requeued = [c for c in late_report["chapter_list"] if c["requeues"]]
-        assert {c["id"] for c in requeued} == set(LATE), dump(late_report)
+        assert untouched and untouched <= {c["id"] for c in requeued}, dump(late_report)
         assert all(c["requeue_code"] == "message_lost" for c in requeued), dump(requeued)
 
         # Paid calls: what the questions need, plus at most those in flight at the kill, and
