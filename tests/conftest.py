@@ -117,21 +117,63 @@ def sqlite_url(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'examforge.db'}"
 
 
-@pytest.fixture
-def pg_url() -> Iterator[str]:
-    """A fresh, empty PostgreSQL database for one test, dropped afterwards."""
-    import psycopg
+class _PgDatabases:
+    """Empty PostgreSQL databases for the tests, each made one test ahead and dropped behind,
+    in a thread of this process's own: CREATE DATABASE and DROP DATABASE take 0.1 to 0.5 s
+    each (PostgreSQL writes the new database out and checkpoints), which a test would
+    otherwise wait for, some 500 times a run. One thread, so one of each at a time."""
 
+    def __init__(self, admin: str) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.admin = admin
+        self.thread = ThreadPoolExecutor(1, thread_name_prefix="pg-databases")
+        self.ahead: Any = None
+
+    def _run(self, sql: str) -> None:
+        import psycopg
+
+        with psycopg.connect(self.admin, autocommit=True) as conn:
+            conn.execute(sql)
+
+    def _create(self) -> str:
+        name = f"ef_test_{uuid.uuid4().hex[:12]}"
+        self._run(f'CREATE DATABASE "{name}"')
+        return name
+
+    def take(self) -> str:
+        made = self.ahead or self.thread.submit(self._create)
+        self.ahead = self.thread.submit(self._create)
+        return str(made.result())
+
+    def drop(self, name: str) -> None:
+        self.thread.submit(self._run, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+    def close(self) -> None:
+        """Drop the one made ahead, and wait for every drop."""
+        if self.ahead is not None:
+            try:
+                self.drop(self.ahead.result())
+            except Exception:  # noqa: BLE001 (PostgreSQL went away: nothing was made)
+                pass
+        self.thread.shutdown(wait=True)
+
+
+@pytest.fixture(scope="session")
+def _pg_databases() -> Iterator[_PgDatabases]:
+    databases = _PgDatabases(PG_ADMIN_URL)
+    yield databases
+    databases.close()
+
+
+@pytest.fixture
+def pg_url(_pg_databases: _PgDatabases) -> Iterator[str]:
+    """A fresh, empty PostgreSQL database for one test, dropped afterwards."""
     if not _port_open("127.0.0.1", 5432):
         _service_missing("PostgreSQL at 127.0.0.1:5432", "connection refused")
-    name = f"ef_test_{uuid.uuid4().hex[:12]}"
-    admin = PG_ADMIN_URL
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    base = admin.rsplit("/", 1)[0]
-    yield f"{base}/{name}"
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    name = _pg_databases.take()
+    yield f"{PG_ADMIN_URL.rsplit('/', 1)[0]}/{name}"
+    _pg_databases.drop(name)
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
