@@ -66,7 +66,7 @@ from examforge.levels import (Levels, apportion, ask, ask_types, keep_types, lac
                               type_counts)
 from examforge.llm import LLMClient
 from examforge.output import normalise, parse_questions
-from runner.pipeline import near_dup_checker, steer_of
+from runner.pipeline import drop_restated, keyed_signatures, near_dup_checker, steer_of
 from examforge.prompt import build_messages
 from examforge.sources import Passage, ground, slice_material
 from examforge.tokens import count_text
@@ -769,6 +769,8 @@ def process_results(rt: BatchRuntime, row: BatchRow, batch: dict[str, Any],
     batch_error = _batch_error(rt, batch) if status == "failed" else None
     claims: dict[tuple[str, str, int], Claimed | None] = {}
     known: dict[tuple[str, str, int], set[str]] = {}
+    # Per chapter with item types: its questions' signatures with their keys (drop_restated).
+    keyed: dict[tuple[str, str], list[Any]] = {}
     outcomes: dict[tuple[str, str, int], _SliceOutcome] = defaultdict(_SliceOutcome)
     near_dup = near_dup_checker(settings)
     booked_prompt = booked_completion = 0
@@ -805,7 +807,8 @@ def process_results(rt: BatchRuntime, row: BatchRow, batch: dict[str, Any],
                 if claims[key] is not None:
                     known[key] = set(claims[key].known)  # type: ignore[union-attr]
             stored, usage = _commit_line(rt, call, response.get("body"), claims[key],
-                                         known.get(key, set()), near_dup, outcomes[key])
+                                         known.get(key, set()), near_dup, outcomes[key],
+                                         keyed)
             result.committed += stored
             booked_prompt += usage.prompt_tokens
             booked_completion += usage.completion_tokens
@@ -884,7 +887,8 @@ def _batch_error(rt: BatchRuntime, batch: dict[str, Any]) -> ProviderError:
 
 
 def _commit_line(rt: BatchRuntime, call: Any, body: Any, claim: Claimed | None,
-                 known: set[str], near_dup: Any, outcome: _SliceOutcome) -> tuple[int, Usage]:
+                 known: set[str], near_dup: Any, outcome: _SliceOutcome,
+                 keyed: dict[tuple[str, str], list[Any]]) -> tuple[int, Usage]:
     """One output line, committed like a synchronous reply. Returns (questions stored, the
     usage booked)."""
     store, client = rt.store, rt.client
@@ -929,6 +933,25 @@ def _commit_line(rt: BatchRuntime, call: Any, body: Any, claim: Claimed | None,
     shares = claim.levels.difficulty
     levels = Levels(apportion(call.requested, shares) if shares else None, claim.levels.bloom)
     questions = levels.resolve(parsed.questions)
+    if claim.levels.types is not None and near_dup is not None:
+        # No item restating another type's question of the chapter (as the sync pipeline).
+        chapter = (claim.exam, claim.chapter_id)
+        if chapter not in keyed:
+            keyed[chapter] = keyed_signatures(store, claim.exam, claim.chapter_id,
+                                              claim.title, claim.language)
+        questions, across = drop_restated(keyed[chapter], questions, near_dup, claim.title,
+                                          claim.language)
+        if across:
+            note = ", ".join(filter(None, [
+                note, f"{across} {Rejection.near_duplicate.value} rejected across types"]))
+        if not questions:
+            store.finish_call(call.id, CallOutcome.wasted, CallReason.invalid_output,
+                              f"{Rejection.near_duplicate.value}: every question restated "
+                              "one of another type", usage=usage)
+            outcome.count_attempt = True
+            outcome.error = (SliceReason.invalid_output,
+                             "every question restated one of another type")
+            return 0, usage
     if claim.levels.types is not None:
         # No more of a type than the slice lacks, with what earlier lines stored.
         questions, surplus = keep_types(questions, lacking_types(

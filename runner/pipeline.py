@@ -17,7 +17,7 @@ import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from examforge.errors import (
     BudgetExceeded,
@@ -46,7 +46,6 @@ from examforge.sizing import Sizer, fixed_allowance
 from examforge.sources import Passage, SliceMaterial, ground, slice_material
 from examforge.tokens import count_text
 from examforge.syllabus import Chapter as ChapterSpec
-from examforge.tokens import count_text
 from storage.models import CallOutcome, CallReason
 from runner.verify import solve_pending, test_hook
 from storage.neardup import Steering
@@ -157,6 +156,36 @@ class Runtime:
         self.client.close()
         if self.verifier is not None:
             self.verifier.close()
+
+
+def keyed_signatures(store: Any, exam: str, chapter_id: str, title: str,
+                     language: str) -> list[tuple[str, Signature]]:
+    """A chapter's numbered questions as (type, signature of the text with its key), in the
+    chapter's language: what `drop_restated` compares a new item with."""
+    return [(kind, signature(text, title, language))
+            for kind, text in store.keyed_texts(exam, chapter_id)]
+
+
+def drop_restated(keyed: list[tuple[str, Signature]], batch: Sequence[Question],
+                  checker: Checker, title: str,
+                  language: str) -> tuple[list[Question], int]:
+    """The batch without the items that restate, in another type, a question of `keyed` (a
+    true/false statement of an mcq's key, an mcq whose key is a stored statement): compared
+    with their keys (examforge.item_types.with_key) at the near-duplicate threshold, and
+    how many were dropped. `keyed` grows by each item kept, so a later item of the batch is
+    compared with it too. Pairs of four-choice questions are the commit's check. The sync
+    pipeline and batch mode both use it."""
+    kept, near = [], 0
+    for q in batch:
+        sig = signature(item_types.with_key(q.type, q.question, q.choices, q.answer_index,
+                                            item_types.load(q.answer)), title, language)
+        if any((kind != "mcq" or q.type != "mcq") and checker.is_near(sig, other)
+               for kind, other in keyed):
+            near += 1
+            continue
+        kept.append(q)
+        keyed.append((q.type, sig))
+    return kept, near
 
 
 def near_dup_checker(settings: Settings) -> Checker | None:
@@ -441,29 +470,15 @@ class _Calls:
     def across_types(self, view: ChapterView,
                      batch: Sequence[Question]) -> tuple[list[Question], int]:
         """The batch without the items that restate, in another type, a question the
-        chapter has (a true/false statement of an mcq's key, an mcq whose key is a stored
-        statement): compared with their keys (examforge.item_types.with_key) at the
-        near-duplicate threshold. Only in a chapter with types, against its numbered
-        questions, read once a run and kept up with what it stores. Pairs of four-choice
-        questions are the commit's check, as before."""
+        chapter has (`drop_restated`). Only in a chapter with types, against its numbered
+        questions, read once a run and kept up with what it stores."""
         checker = near_dup_checker(self.rt.settings)
         if view.levels.types is None or checker is None:
             return list(batch), 0
         if self.keyed is None:
-            self.keyed = [(kind, signature(text, view.title, view.language)) for kind, text in
-                          self.rt.store.keyed_texts(view.exam, view.chapter_id)]
-        kept, near = [], 0
-        for q in batch:
-            sig = signature(item_types.with_key(q.type, q.question, q.choices, q.answer_index,
-                                                item_types.load(q.answer)), view.title,
-                            view.language)
-            if any((kind != "mcq" or q.type != "mcq") and checker.is_near(sig, other)
-                   for kind, other in self.keyed):
-                near += 1
-                continue
-            kept.append(q)
-            self.keyed.append((q.type, sig))  # a later item of the batch is compared too
-        return kept, near
+            self.keyed = keyed_signatures(self.rt.store, view.exam, view.chapter_id,
+                                          view.title, view.language)
+        return drop_restated(self.keyed, batch, checker, view.title, view.language)
 
     def stored_types(self, view: ChapterView) -> Counter[str]:
         """The slice's stored questions per item type: what the claim read, and each batch

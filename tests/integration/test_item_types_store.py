@@ -175,3 +175,45 @@ def test_a_mixed_chapter_in_batch_mode_stores_exactly_its_counts(
     assert [c.outcome for c in calls] == ["used"] * 4  # two calls a slice of 9, none wasted
     assert Counter(json.loads(q.answer)["value"] for q in questions
                    if q.type == "truefalse") == {True: 2, False: 2}
+
+
+def test_batch_mode_drops_an_item_restating_another_type_and_still_reaches_the_counts(
+        make_settings: Any, db_url: str, mock_llm: Any, tmp_path: Any,
+        monkeypatch: Any) -> None:
+    """Batch mode runs the sync pipeline's check across types (drop_restated, whose rules
+    tests/unit/test_item_types.py shows) on every output line of a chapter with types, with
+    the chapter's stored questions: here the check is made to drop the first true/false
+    statement it sees, as if it restated a stored mcq; the line books it in its note, and a
+    later round makes it up, so the chapter still ends at exactly its counts."""
+    from test_batch_mode import _rows, _setup, _until_done
+
+    import runner.batching
+    from runner.batching import BatchRuntime
+    from runner.pipeline import drop_restated
+
+    seen: list[int] = []
+
+    def dropping_one(keyed: Any, batch: Any, checker: Any, title: str,
+                     language: str) -> Any:
+        seen.append(len(keyed))
+        kept, near = drop_restated(keyed, batch, checker, title, language)
+        first = next((q for q in kept if q.type == "truefalse"), None)
+        if first is not None and len(seen) == 1:
+            return [q for q in kept if q is not first], near + 1
+        return kept, near
+
+    monkeypatch.setattr(runner.batching, "drop_restated", dropping_one)
+    settings, store = _setup(make_settings, db_url, mock_llm, tmp_path, {
+        "title": "Bx", "chapters": [{"id": "a", "title": "Mixed", "questions": 18,
+                                     "types": MIXED}]},
+        questions_per_call=5, slice_questions=9)
+    rt = BatchRuntime.build(settings, store)
+    try:
+        _until_done(rt)
+    finally:
+        rt.close()
+    calls, questions, _ = _rows(store)
+    assert Counter(q.type for q in questions) == MIXED
+    assert sorted(q.number for q in questions) == list(range(1, 19))
+    assert len(seen) >= 5  # every line of the chapter was checked, the round that made up too
+    assert any("1 near_duplicate rejected across types" in (c.detail or "") for c in calls)

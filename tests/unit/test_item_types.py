@@ -351,3 +351,31 @@ def test_a_rejected_item_is_generated_again_as_its_own_type(
     rows = _run(settings, [{"id": "a", "title": "A", "questions": 6, "types": types}])
     assert Counter(r.type for r in rows) == types
     assert [r.number for r in rows] == list(range(1, 7))
+
+
+def test_drop_restated_compares_other_types_in_the_chapters_language() -> None:
+    """The check both the sync pipeline and batch mode run (runner.pipeline.drop_restated): a
+    statement restating a kept mcq's key is dropped, in Persian retyped with Arabic letters
+    too; an mcq against an mcq is the commit's check, not this one; a kept item joins the
+    compared set, so a later item of the same batch is compared with it."""
+    from examforge.neardup import Checker
+    from examforge.output import Question
+    from runner.pipeline import drop_restated
+
+    def item(kind: str, text: str, answer: Any = None, choices: tuple[str, ...] = ()) -> Any:
+        return Question(text, choices or ("", "", "", ""), 0 if kind == "mcq" else None,
+                        "", type=kind, answer=json.dumps(answer) if answer is not None
+                        else None)
+
+    mcq = item("mcq", "متعادل‌کننده بار چه کاری انجام می‌دهد؟", choices=(
+        "ترافیک ورودی را میان چند سرور پخش می‌کند", "دیسک‌ها را رمزگذاری می‌کند",
+        "پشتیبان‌ها را نگه می‌دارد", "بسته‌ها را امضا می‌کند"))
+    restated = item("truefalse", "متعادل‌کننده بار ترافيك ورودي را ميان چند سرور پخش مي‌كند.",
+                    {"value": True})
+    other = item("truefalse", "دیوار آتش ترافیک میان شبکه‌ها را پالایش می‌کند.",
+                 {"value": True})
+    again = item("mcq", mcq.question, choices=mcq.choices)
+    keyed: list[Any] = []
+    kept, dropped = drop_restated(keyed, [mcq, restated, other, again], Checker(), "شبکه", "fa")
+    assert kept == [mcq, other, again] and dropped == 1
+    assert [kind for kind, _ in keyed] == ["mcq", "truefalse", "mcq"]
