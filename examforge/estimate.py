@@ -382,7 +382,7 @@ class ReplaceWorstCase:
 
 
 def replace_worst_case(settings: Settings, target: int, generation_prompt_tokens: int,
-                       solve_prompt_tokens: int) -> ReplaceWorstCase:
+                       solve_prompt_tokens: int, language: str | None = None) -> ReplaceWorstCase:
     """The worst case of one slice of `target` questions under VERIFY=replace whose solver
     disputes every key (runner.verify.check_disputes): each round asks for
     q = min(QUESTIONS_PER_CALL, target) questions (every number is free again: each key was
@@ -396,13 +396,19 @@ def replace_worst_case(settings: Settings, target: int, generation_prompt_tokens
 
     Under a budget no call is sent whose worst case does not fit, and a call that does not
     fit asks for fewer questions, down to one: the slice then spends at most the budget, in
-    at most 2 * VERIFY_MAX_DISPUTED_IN_ROW calls (rounds of one question each)."""
+    at most 2 * VERIFY_MAX_DISPUTED_IN_ROW calls (rounds of one question each).
+
+    `language`: the chapter's (None: English); a generation call's max_tokens is its fixed
+    allowance per question (examforge.sizing.fixed_allowance: a Persian reply's is 3.5 times
+    English's)."""
+    from examforge.sizing import fixed_allowance
+
     q = max(1, min(settings.questions_per_call, target, verify.SOLVE_MAX_QUESTIONS))
     rounds = -(-settings.verify_max_disputed_in_row // q)
     price = settings.price_at(settings.service_tier)
     generation = price.cost_usd(
         reserve_prompt_tokens(generation_prompt_tokens, settings.llm_model),
-        settings.max_tokens(q))
+        settings.max_tokens(q, fixed_allowance(settings, language)))
     vs = settings.verify_settings()
     solve = vs.price_at(vs.service_tier).cost_usd(
         reserve_prompt_tokens(solve_prompt_tokens, vs.llm_model), verify.max_tokens(q))

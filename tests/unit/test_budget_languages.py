@@ -181,3 +181,22 @@ def test_a_chapter_is_asked_with_its_language_s_allowance(make_settings) -> None
                                                         MAX_TOKENS_OVERHEAD + 5 * en]
     sized = Allowance(400, "p95", 585)  # a Persian history: p95 450 x 1.3
     assert (sized.in_language(settings, "fa"), sized.in_language(settings, "en")) == (585, 400)
+
+
+def test_the_replace_worst_case_counts_a_persian_reply_s_allowance(make_settings) -> None:
+    """The worst case VERIFY=replace states for a slice (examforge.estimate), for a Persian
+    chapter: its generation calls at the Persian allowance (3.5 times English's per question,
+    as the calls are sent), so that the stated bound holds for the calls a Persian chapter
+    makes; the solves are the same."""
+    from examforge.estimate import replace_worst_case
+    from examforge.sizing import fixed_allowance
+
+    settings = make_settings(llm_price_prompt_per_mtok=1.0, llm_price_completion_per_mtok=4.0)
+    english = replace_worst_case(settings, 20, 1000, 800)
+    persian = replace_worst_case(settings, 20, 1000, 800, language="fa")
+    assert fixed_allowance(settings, "fa") > fixed_allowance(settings, None)
+    assert persian.rounds == english.rounds and persian.solve_usd == english.solve_usd
+    q = english.questions // english.rounds
+    extra = q * (fixed_allowance(settings, "fa") - fixed_allowance(settings, None))
+    assert persian.generation_usd - english.generation_usd == pytest.approx(
+        english.rounds * extra * 4.0 / 1e6)
