@@ -148,9 +148,12 @@ def test_a_promoted_replica_takes_over_mid_run_with_nothing_stored_twice(
             # Nothing acknowledged was lost, and every paid call is in the ledger (a commit
             # the old primary made and never acknowledged may be missing: its ledger row is
             # written before the call, so that call was never made). The calls that stored
-            # nothing are at most those in flight at the stop.
+            # nothing are at most those in flight at the stop. A call is booked before it is
+            # sent: one booked when the primary stopped may never have reached the provider
+            # (51 at the mock against 52 in the ledger, once, under load), so the provider
+            # has every booked call but at most those in flight.
             assert base >= questions_acked
-            assert mock.stats()["calls_total"] == len(calls)
+            assert len(calls) - in_flight <= mock.stats()["calls_total"] <= len(calls)
             assert len(calls) - needed <= in_flight, dump(calls)
         else:
             # The lost commits were real; their questions were made again, each stored once

@@ -73,7 +73,7 @@ def test_a_sentinel_failover_to_a_lagging_replica_loses_no_question_and_pays_not
         wait_for(lambda: _in_sync(master, replica), 15, "the replica in sync")
         wait_for(lambda: sentinel.replicas_known() >= 1, 15, "the Sentinel to see the replica")
         mock.configure(latency_s=0.3, rpm=RPM)
-        dep = deploy("sqlite", broker_url=sentinel.url, broker_sentinel_master=sentinel.name,
+        dep = deploy("postgres", broker_url=sentinel.url, broker_sentinel_master=sentinel.name,
                      broker_sentinel_password="sentinel-pw", llm_rpm=RPM,
                      reconcile_interval_s=1, lease_s=4)
         dep.syllabus("exam", list(MAIN.items()))
