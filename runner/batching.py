@@ -945,13 +945,8 @@ def _commit_line(rt: BatchRuntime, call: Any, body: Any, claim: Claimed | None,
             note = ", ".join(filter(None, [
                 note, f"{across} {Rejection.near_duplicate.value} rejected across types"]))
         if not questions:
-            store.finish_call(call.id, CallOutcome.wasted, CallReason.invalid_output,
-                              f"{Rejection.near_duplicate.value}: every question restated "
-                              "one of another type", usage=usage)
-            outcome.count_attempt = True
-            outcome.error = (SliceReason.invalid_output,
-                             "every question restated one of another type")
-            return 0, usage
+            return _none_kept(store, call, usage, outcome, Rejection.near_duplicate,
+                              "every question restated one of another type")
     if claim.levels.types is not None:
         # No more of a type than the slice lacks, with what earlier lines stored.
         questions, surplus = keep_types(questions, lacking_types(
@@ -961,13 +956,8 @@ def _commit_line(rt: BatchRuntime, call: Any, body: Any, claim: Claimed | None,
             note = ", ".join(filter(None, [note, f"{surplus} {Rejection.surplus_type.value} "
                                                  "rejected"]))
         if not questions:
-            store.finish_call(call.id, CallOutcome.wasted, CallReason.invalid_output,
-                              f"{Rejection.surplus_type.value}: every question was of a type "
-                              "the slice has enough of", usage=usage)
-            outcome.count_attempt = True
-            outcome.error = (SliceReason.invalid_output,
-                             "every question was of a type the slice has enough of")
-            return 0, usage
+            return _none_kept(store, call, usage, outcome, Rejection.surplus_type,
+                              "every question was of a type the slice has enough of")
     passages = rt.store.chapter_passages(claim.exam, claim.chapter_id)
     if passages:  # the passage each cites (examforge.sources), as stored
         questions = ground(questions, {p.pid: p for p in passages})
@@ -993,6 +983,17 @@ def _commit_line(rt: BatchRuntime, call: Any, body: Any, claim: Claimed | None,
         outcome.error = (SliceReason.duplicates,
                          "every question was one the chapter already had")
     return len(committed.kept), usage
+
+
+def _none_kept(store: Any, call: Any, usage: Usage, outcome: _SliceOutcome, kind: Rejection,
+               why: str) -> tuple[int, Usage]:
+    """A line none of whose questions the item-type checks kept: billed, booked wasted with
+    the rejection, and counted against its slice's attempts."""
+    store.finish_call(call.id, CallOutcome.wasted, CallReason.invalid_output,
+                      f"{kind.value}: {why}", usage=usage)
+    outcome.count_attempt = True
+    outcome.error = (SliceReason.invalid_output, why)
+    return 0, usage
 
 
 def _note_error(rt: BatchRuntime, outcome: _SliceOutcome, exc: ProviderError) -> None:
