@@ -286,6 +286,17 @@ class Settings(BaseSettings):
     max_questions_per_chapter: int = Field(5000, ge=1, description="Sanity cap on a chapter's count.")
     exams_dir: Path = Field(Path("./exams"), description="Where SLUG/syllabus.json lives.")
     lease_s: float = Field(30.0, gt=0, description="Chapter lease TTL (database clock).")
+    group_commit: bool = Field(
+        True,
+        description="Commit the paid calls' results that a worker process's slots bring at "
+                    "once together, in one write transaction (each still fenced by its own "
+                    "lease); off: one transaction each.")
+    group_commit_wait_ms: float = Field(
+        2.0, ge=0, le=50,
+        description="The longest a group commit waits for replies other slots of the process "
+                    "are still preparing (never when none is); 0: no wait.")
+    group_commit_max: int = Field(
+        32, ge=1, le=256, description="Most commits in one group.")
     heartbeat_s: float | None = Field(
         None, gt=0, description="Lease renewal interval; default lease_s / 4."
     )

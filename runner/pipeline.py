@@ -120,6 +120,8 @@ class Runtime:
 
     @classmethod
     def build(cls, settings: Settings, store: Store, client: LLMClient | None = None) -> "Runtime":
+        store.configure_group(settings.group_commit, settings.group_commit_wait_ms / 1000,
+                              settings.group_commit_max)
         rt = cls(settings, store, client or LLMClient(settings),
                  LeaseKeeper(store, settings.lease_s, settings.heartbeat_interval_s))
         rt.warm_up()

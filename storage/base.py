@@ -16,6 +16,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import MultipleResultsFound, NoResultFound
 
+from storage.group import GroupCommit
 from storage.db import READ_ONLY, SQLITE_BUSY_TIMEOUT_S, db_now
 from storage.models import (Call, CallOutcome, ChapterState, Exam, Question, QuestionEdit, Slice,
                             Verdict)
@@ -375,6 +376,19 @@ def _fetch_prepared(cursor: Any, sql: str, args: Any) -> tuple[int, list[Any]]:
     return cursor.rowcount, rows
 
 
+@contextlib.contextmanager
+def _no_transaction() -> Iterator[None]:
+    """A one-statement commit's 'transaction': the statement runs in autocommit (`_auto`)."""
+    yield None
+
+
+def _group_hook(step: str) -> None:
+    """EXAMFORGE_TEST_GROUP_CRASH=<step>: a test's SIGKILL at that step of a group commit
+    (tests/e2e/test_group_commit.py). Unset in production: a no-op."""
+    if os.environ.get("EXAMFORGE_TEST_GROUP_CRASH") == step:
+        os.kill(os.getpid(), 9)
+
+
 class StoreBase:
     """The engine and the helpers every part of the store uses."""
 
@@ -408,6 +422,69 @@ class StoreBase:
         # (view, fingerprint)}).
         self._fresh: dict[str, tuple[float, dict[tuple[str, int], Any]]] = {}
         self._fresh_lock = threading.Lock()
+        # The process's group commit of paid calls' commits (storage.group): on by default,
+        # set from the worker's settings (`configure_group`).
+        self.group = GroupCommit(self._write, engine.dialect.name,
+                                 on_abort=self._group_aborted, hook=_group_hook)
+        # PostgreSQL's one-statement commits (storage.fastpath), grouped the same way: a
+        # group's statements go in one transaction, sent in one pipeline.
+        self.fast_group = GroupCommit(_no_transaction, engine.dialect.name,
+                                      on_abort=self._group_aborted, hook=_group_hook,
+                                      batch=lambda params: self._auto_group(self._group_sql,
+                                                                            params))
+
+    def _group_aborted(self) -> None:
+        """A group's transaction was thrown away after members ran in it: forget what was
+        cached from it in memory (storage.ledger: the near-duplicate indexes)."""
+
+    def configure_group(self, enabled: bool, wait_s: float, max_members: int) -> None:
+        """GROUP_COMMIT, GROUP_COMMIT_WAIT_MS and GROUP_COMMIT_MAX of a worker."""
+        for group in (self.group, self.fast_group):
+            group.enabled, group.wait_s = enabled, wait_s
+            group.max_members = max_members
+
+    # The statement `fast_group` runs for each member (storage.ledger: fastpath's commit).
+    _group_sql = ""
+
+    def _auto_group(self, sql: str, params: list[dict[str, Any]]) -> list[Any]:
+        """Several one-statement commits (storage.fastpath's `ef_commit`: `sql`) in one
+        transaction: BEGIN, the statements and their results in one pipeline (one round
+        trip), then COMMIT after the test hook. Members in key order; a lock waited for past
+        storage.group's LOCK_TIMEOUT_MS fails the group (each member then commits alone).
+        Raises when the transaction failed, after rolling it back: nothing of it is stored.
+        What SQLAlchemy does around an execution is kept as in `_auto`."""
+        from psycopg.pq import TransactionStatus
+        from psycopg.rows import namedtuple_row
+
+        from storage.group import LOCK_TIMEOUT_MS
+
+        with self.engine.connect() as conn:
+            conn = conn.execution_options(isolation_level="AUTOCOMMIT")
+            pg = conn.connection.driver_connection  # type: ignore[union-attr]
+            try:
+                cursors = []
+                with pg.pipeline():
+                    pg.execute("BEGIN")
+                    pg.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT_MS}ms'")
+                    for args in params:
+                        cursor = pg.cursor(row_factory=namedtuple_row)
+                        text_, args_ = sql, args
+                        for fn in conn.dispatch.before_cursor_execute:
+                            text_, args_ = fn(conn, cursor, text_, args_, None, False)
+                        cursor.execute(text_, args_, prepare=True)
+                        cursors.append(cursor)
+                rows = [c.fetchone() for c in cursors]
+                self.fast_group.hook("group_commit_before_commit")
+                pg.execute("COMMIT")
+                return rows
+            except Exception as exc:  # noqa: BLE001 - SQLAlchemy's handling decides, and raises
+                try:
+                    if pg.info.transaction_status != TransactionStatus.IDLE:
+                        pg.execute("ROLLBACK")
+                except Exception:  # noqa: BLE001 - the connection is gone: so is the transaction
+                    pass
+                conn._handle_dbapi_exception(exc, sql, None, None, None)
+                raise  # not reached: the handler raises
 
     def _stmt(self, name: str, build: Callable[[], Any]) -> Any:
         """The hot path's statements, built once per store with bind parameters. SQLAlchemy

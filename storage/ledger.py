@@ -5,6 +5,7 @@ is committed together with its call's usage, only while the lease is held (fenci
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from typing import Any, Sequence
 
@@ -37,6 +38,21 @@ CRASH_DETAIL = "its holder lost the lease mid-call (a crash, a freeze, a partiti
 # A commit that loses a race with another slice storing the same question checks again.
 _DUPLICATE_RACE_RETRIES = 3
 # Why a settled call paused its exam (Ledger._settle): a raised budget resumes it.
+
+
+def _once(plan_next: Planner | None) -> Planner | None:
+    """`plan_next` asked at most once: the same plan again for the state it was made for,
+    none for another (a plan taken twice would be admitted twice)."""
+    if plan_next is None:
+        return None
+    made: list[tuple[tuple[int, int], CallPlan | None]] = []
+
+    def planner(view: ChapterView) -> CallPlan | None:
+        if not made:
+            made.append(((view.stored, view.target), plan_next(view)))
+        when, plan = made[0]
+        return plan if (view.stored, view.target) == when else None
+    return planner
 
 
 def question_row(q: ParsedQuestion, prefix: str = "") -> dict[str, Any]:
@@ -361,6 +377,12 @@ class Ledger(StoreBase):
                 "detail": f"not sent: {why} after the call was recorded"}, Usage())
         return SendCheck.cancelled if cancelled else SendCheck.lost
 
+    _group_sql = fastpath.COMMIT_SQL
+
+    def _group_aborted(self) -> None:
+        # A member may have read another's uncommitted questions into the scope's index.
+        neardup.INDEXES.clear()
+
     def commit_batch(self, claim: Claimed, lease_s: float, call_id: int,
                      questions: Sequence[ParsedQuestion], *, model: str, usage: Usage,
                      note: str = "", plan_next: Planner | None = None,
@@ -386,28 +408,35 @@ class Ledger(StoreBase):
         as wasted) when the lease is gone: the result is discarded, never mixed in. Any other
         database failure records the call as wasted too, with its tokens, and re-raises.
         """
-        hashes = [text_hash(q.question) for q in questions]
-        # Outside the transaction: the signatures cost CPU, not locks.
-        signed = (neardup.Signed.many([q.question for q in questions], claim.title,
-                                      claim.language)
-                  if near_dup is not None else None)
-        # VERIFY's commits (questions pending a solve, no next call) take the general path.
-        if self._fast_commit and not verify:
-            fast, plan_next = self._commit_fast(claim, lease_s, call_id, questions, hashes,
-                                                model=model, usage=usage, note=note,
-                                                plan_next=plan_next, near_dup=near_dup,
-                                                signed=signed, steer=steer)
-            if fast is not None:
-                return fast
+        fast = self._fast_commit and not verify
+        with (self.fast_group if fast else self.group).coming():
+            hashes = [text_hash(q.question) for q in questions]
+            # Outside the transaction: the signatures cost CPU, not locks.
+            signed = (neardup.Signed.many([q.question for q in questions], claim.title,
+                                          claim.language)
+                      if near_dup is not None else None)
+            # VERIFY's commits (questions pending a solve, no next call) take the general
+            # path.
+            if fast:
+                done, plan_next = self._commit_fast(claim, lease_s, call_id, questions,
+                                                    hashes, model=model, usage=usage,
+                                                    note=note, plan_next=plan_next,
+                                                    near_dup=near_dup, signed=signed,
+                                                    steer=steer)
+                if done is not None:
+                    return done
+        # A group commit (storage.group) may run this commit again after a rollback: the
+        # planner is asked once (asking admits the next call at the rate limiter).
+        plan_next = _once(plan_next)
+        key = (claim.exam, claim.chapter_id, claim.slice_no)
         try:
             for attempt in range(_DUPLICATE_RACE_RETRIES + 1):
                 try:
-                    with self._write() as conn:
-                        result = self._commit(conn, claim, lease_s, call_id, questions,
-                                              hashes, model=model, usage=usage, note=note,
-                                              plan_next=plan_next, recheck=attempt > 0,
-                                              near_dup=near_dup, signed=signed, steer=steer,
-                                              verify=verify)
+                    result = self.group.run(key, functools.partial(
+                        self._commit, claim=claim, lease_s=lease_s, call_id=call_id,
+                        questions=questions, hashes=hashes, model=model, usage=usage,
+                        note=note, plan_next=plan_next, recheck=attempt > 0,
+                        near_dup=near_dup, signed=signed, steer=steer, verify=verify))
                     if self._fast_commit:
                         self._expect(claim.owner, result)
                     return result
@@ -475,8 +504,11 @@ class Ledger(StoreBase):
 
             def plan_next(view: ChapterView) -> CallPlan | None:
                 return plan if (view.stored, view.target) == when else None
+        params = prepared.params
         try:
-            row = self._auto(self.engine, fastpath.COMMIT_SQL, prepared.params).one()
+            row = self.fast_group.run(
+                (claim.exam, claim.chapter_id, claim.slice_no),
+                lambda _: self._auto(self.engine, fastpath.COMMIT_SQL, params).one(), params)
         except IntegrityError:
             return None, plan_next  # a duplicate stored meanwhile: the general path checks
         except SQLAlchemyError as exc:

@@ -108,8 +108,10 @@ def test_the_exam_scope_compares_with_every_chapter(store, tmp_path):
 def test_two_slices_committing_near_duplicates_at_once_store_only_one(
         pg_url, tmp_path, monkeypatch, locked):
     """Slice 0's commit is held inside its transaction, after its check and insert; slice 1
-    commits a paraphrase meanwhile. With the chapter's lock row, slice 1 waits for slice 0's
-    commit and then finds its question; without it (the control), both land."""
+    commits a paraphrase meanwhile, through a second store (another worker process: within
+    one process, commits take turns in its group commit before they reach the database).
+    With the chapter's lock row, slice 1 waits for slice 0's commit and then finds its
+    question; without it (the control), both land."""
     engine = connect(pg_url)
     migrate(engine)
     store = Store(engine)
@@ -133,9 +135,10 @@ def test_two_slices_committing_near_duplicates_at_once_store_only_one(
         # which is what the control must show unguarded).
         monkeypatch.setattr(StoreBase, "_questions_in_order", staticmethod(lambda *args: None))
     results: dict[str, object] = {}
+    other = Store(connect(pg_url))
 
     def commit(name: str, claim: Claimed, texts: list[str]) -> None:
-        results[name] = _commit(store, claim, texts)[1]
+        results[name] = _commit(store if name == "0" else other, claim, texts)[1]
 
     t0 = threading.Thread(target=commit, name="slice-0", args=("0", first, [ORIGINAL]))
     t0.start()
@@ -163,6 +166,7 @@ def test_two_slices_committing_near_duplicates_at_once_store_only_one(
     else:
         assert sorted(stored) == sorted([ORIGINAL, PARAPHRASE])
     engine.dispose()
+    other.engine.dispose()
 
 
 def test_0008_indexes_the_questions_stored_before_it(db_url):
