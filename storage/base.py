@@ -382,10 +382,16 @@ def _no_transaction() -> Iterator[None]:
     yield None
 
 
-def _group_hook(step: str) -> None:
-    """EXAMFORGE_TEST_GROUP_CRASH=<step>: a test's SIGKILL at that step of a group commit
-    (tests/e2e/test_group_commit.py). Unset in production: a no-op."""
-    if os.environ.get("EXAMFORGE_TEST_GROUP_CRASH") == step:
+def _group_hook(step: str, kinds: collections.Counter[str]) -> None:
+    """EXAMFORGE_TEST_GROUP_CRASH=<step>[:<kind>]: a test's SIGKILL at that step of a group
+    commit (storage.group), of a group with two members or more of that kind ("commit": paid
+    calls' commits; "claim"; "call"; "finish") if one is named
+    (tests/e2e/test_group_commit_kill.py). Unset in production: a no-op."""
+    wanted = os.environ.get("EXAMFORGE_TEST_GROUP_CRASH")
+    if not wanted:
+        return
+    at, _, kind = wanted.partition(":")
+    if at == step and (not kind or kinds[kind] >= 2):
         os.kill(os.getpid(), 9)
 
 
@@ -460,7 +466,7 @@ class StoreBase:
 
         with self.engine.connect() as conn:
             conn = conn.execution_options(isolation_level="AUTOCOMMIT")
-            pg = conn.connection.driver_connection  # type: ignore[union-attr]
+            pg: Any = conn.connection.driver_connection
             try:
                 cursors = []
                 with pg.pipeline():
@@ -474,7 +480,8 @@ class StoreBase:
                         cursor.execute(text_, args_, prepare=True)
                         cursors.append(cursor)
                 rows = [c.fetchone() for c in cursors]
-                self.fast_group.hook("group_commit_before_commit")
+                self.fast_group.hook("group_commit_before_commit",
+                                     collections.Counter(commit=len(params)))
                 pg.execute("COMMIT")
                 return rows
             except Exception as exc:  # noqa: BLE001 - SQLAlchemy's handling decides, and raises

@@ -25,7 +25,7 @@ asking thread, exactly as without grouping.
   transaction failed as a whole, is run again alone, as without grouping.
 - The wait for more members: a leader waits at most `wait_s` and only while other threads of
   the process have announced a commit (`coming`) they are still preparing (signing a reply's
-  questions takes about a millisecond); alone it waits for nothing.
+  questions takes a few hundred microseconds); alone it waits for nothing.
 
 A member's `work(conn)` must be safe to run again after a rollback (it writes only through
 `conn`; what it caches in memory on the way must not outlive a rolled-back transaction:
@@ -35,6 +35,7 @@ A member's `work(conn)` must be safe to run again after a rollback (it writes on
 from __future__ import annotations
 
 import contextlib
+from collections import Counter
 import threading
 import time
 from typing import Any, Callable, ContextManager, Generic, Iterator, TypeVar
@@ -54,11 +55,12 @@ _YIELD_CODES = {"55P03", "40P01"}
 
 
 class _Member(Generic[T]):
-    __slots__ = ("key", "work", "payload", "event", "lead", "value", "error", "again")
+    __slots__ = ("key", "work", "payload", "kind", "event", "lead", "value", "error", "again")
 
     def __init__(self, key: tuple[Any, ...], work: Callable[[Connection], T],
-                 payload: Any = None) -> None:
+                 payload: Any = None, kind: str = "") -> None:
         self.key = key
+        self.kind = kind
         self.work = work
         self.payload = payload
         self.event = threading.Event()
@@ -73,6 +75,11 @@ class _Member(Generic[T]):
         return self.value  # type: ignore[no-any-return]
 
 
+def kinds(group: list[_Member[Any]]) -> Counter[str]:
+    """How many members of each kind a group holds."""
+    return Counter(member.kind for member in group)
+
+
 def yielded(exc: BaseException) -> bool:
     """Whether `exc` is PostgreSQL giving up a lock (lock_timeout) or a deadlock."""
     orig = getattr(exc, "orig", None)
@@ -82,10 +89,10 @@ def yielded(exc: BaseException) -> bool:
 class GroupCommit:
     """One process's group commit on one store (see the module's docstring)."""
 
-    def __init__(self, begin: Callable[[], ContextManager[Connection]], dialect: str, *,
+    def __init__(self, begin: Callable[[], ContextManager[Any]], dialect: str, *,
                  enabled: bool = True, wait_s: float = 0.002, max_members: int = 32,
                  on_abort: Callable[[], None] = lambda: None,
-                 hook: Callable[[str], None] = lambda step: None,
+                 hook: Callable[[str, Counter[str]], None] = lambda step, kinds: None,
                  batch: Callable[[list[Any]], list[Any]] | None = None) -> None:
         self._begin = begin
         # A group's statements as one call (PostgreSQL's one-statement commits, sent in one
@@ -132,14 +139,15 @@ class GroupCommit:
                     self._more.notify_all()
 
     def run(self, key: tuple[Any, ...], work: Callable[[Connection], T],
-            payload: Any = None) -> T:
+            payload: Any = None, kind: str = "") -> T:
         """Run `work(conn)` in a write transaction, committed before this returns, grouped
         with other threads' work when they ask at once. `key` orders the group's members;
-        `payload` is what `batch` takes for this member."""
+        `payload` is what `batch` takes for this member; `kind` names what it is (the test
+        hooks count the kinds of a group's members)."""
         if not self.enabled:
             with self._begin() as conn:
                 return work(conn)
-        m: _Member[T] = _Member(key, work, payload)
+        m: _Member[T] = _Member(key, work, payload, kind)
         mine = self._mine
         with self._mutex:
             if getattr(mine, "coming", False):
@@ -219,8 +227,8 @@ class GroupCommit:
                     else:
                         conn.exec_driver_sql("RELEASE SAVEPOINT ef_member")
                     if i == 0:
-                        self.hook("group_commit_member")
-                self.hook("group_commit_before_commit")
+                        self.hook("group_commit_member", kinds(group))
+                self.hook("group_commit_before_commit", kinds(group))
         except BaseException as exc:  # noqa: B036
             self._abort(group, exc)
         self._again(group)

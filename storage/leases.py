@@ -21,7 +21,7 @@ from storage import fastpath, neardup
 from storage.grounding import read_passages
 from storage.base import (ACTIVE_STATES, BUDGET_SPENT_REASON, HELD_STATES, SLICE_KEY, E, Q, S,
                           capped_detail, lease_fence, slice_where)
-from storage.ledger import CRASH_DETAIL, RECENT_QUESTIONS, Ledger
+from storage.ledger import CRASH_DETAIL, RECENT_QUESTIONS, Ledger, once
 from storage.types import (CallPlan, ChapterLevels, ChapterView, Claimed, FirstCall, NoRoom,
                            NotClaimed, NotClaimedReason, Planner, Steer, count_types)
 from storage.models import CallReason, ChapterState, ExamState, VerifyPolicy
@@ -113,27 +113,38 @@ class Leases(Ledger):
             if fast is not None:
                 return fast
         key = {"k_exam": slug, "k_chapter": chapter_id, "k_slice": slice_no}
-        with self._write() as conn:
-            self._exam_first(conn, slug)
-            won = self._run(conn, "claim", self._claim_stmt, {
-                **key, "p_owner": owner, "p_lease": lease_s, "p_max": max_attempts}).rowcount
-            if won != 1:
-                conn.execute(update(S).where(*slice_where(slug, chapter_id, slice_no))
-                             .values(picked_at=self._now))
-                return self._why_not(conn, slug, chapter_id, slice_no, max_attempts)
-            took_over = self._waste_orphaned_calls(conn, slug, chapter_id, slice_no)
-            claimed = self._read_claimed(conn, slug, chapter_id, slice_no, owner, steer,
-                                         took_over)
-            if plan_first is None or _solves_first(claimed):
-                return claimed
-            recorded = self._start_planned(conn, claimed, plan_first(claimed.view()))
-            # The lease again from now, the transaction's last step: planning the first call
-            # (its prompt, its tokens, the rate limiter) can take a second or more in a
-            # worker that has just started, and the lease taken at the top of this
-            # transaction would then be that much shorter by the time it is seen.
-            self._run(conn, "claim_restamp", lambda: update(S).where(*SLICE_KEY).values(
-                lease_expires_at=self._now + bindparam("p_lease")), {**key, "p_lease": lease_s})
-            return dataclasses.replace(claimed, first_call=recorded)
+        # In the process's group commit (storage.group), which may run it again after a
+        # rollback: the first call is planned once (planning admits it at the rate limiter).
+        plan_first = once(plan_first)
+
+        def claim(conn: Connection) -> Claimed | NotClaimed:
+            return self._claim(conn, key, slug, chapter_id, owner, lease_s, max_attempts,
+                               slice_no, plan_first, steer)
+        return self.group.run((slug, chapter_id, slice_no), claim, kind="claim")
+
+    def _claim(self, conn: Connection, key: dict[str, Any], slug: str, chapter_id: str,
+               owner: str, lease_s: float, max_attempts: int, slice_no: int,
+               plan_first: Planner | None, steer: Steer | None) -> Claimed | NotClaimed:
+        self._exam_first(conn, slug)
+        won = self._run(conn, "claim", self._claim_stmt, {
+            **key, "p_owner": owner, "p_lease": lease_s, "p_max": max_attempts}).rowcount
+        if won != 1:
+            conn.execute(update(S).where(*slice_where(slug, chapter_id, slice_no))
+                         .values(picked_at=self._now))
+            return self._why_not(conn, slug, chapter_id, slice_no, max_attempts)
+        took_over = self._waste_orphaned_calls(conn, slug, chapter_id, slice_no)
+        claimed = self._read_claimed(conn, slug, chapter_id, slice_no, owner, steer,
+                                     took_over)
+        if plan_first is None or _solves_first(claimed):
+            return claimed
+        recorded = self._start_planned(conn, claimed, plan_first(claimed.view()))
+        # The lease again from now, the transaction's last step: planning the first call
+        # (its prompt, its tokens, the rate limiter) can take a second or more in a
+        # worker that has just started, and the lease taken at the top of this
+        # transaction would then be that much shorter by the time it is seen.
+        self._run(conn, "claim_restamp", lambda: update(S).where(*SLICE_KEY).values(
+            lease_expires_at=self._now + bindparam("p_lease")), {**key, "p_lease": lease_s})
+        return dataclasses.replace(claimed, first_call=recorded)
 
     def _claim_fast(self, slug: str, chapter_id: str, owner: str, lease_s: float,
                     max_attempts: int, *, slice_no: int, plan_first: Planner | None,

@@ -40,7 +40,7 @@ _DUPLICATE_RACE_RETRIES = 3
 # Why a settled call paused its exam (Ledger._settle): a raised budget resumes it.
 
 
-def _once(plan_next: Planner | None) -> Planner | None:
+def once(plan_next: Planner | None) -> Planner | None:
     """`plan_next` asked at most once: the same plan again for the state it was made for,
     none for another (a plan taken twice would be admitted twice)."""
     if plan_next is None:
@@ -222,7 +222,7 @@ class Ledger(StoreBase):
         calls must not send one more); raises LeaseLost. The usual path records calls in the
         claim's and the commits' own transactions instead (`plan_first`, `plan_next`): this is
         for a call that had to wait for the rate limiter, or to shrink to fit the budget."""
-        with self._write() as conn:
+        def start(conn: Connection) -> int | NoRoom:
             self._exam_first(conn, claim.exam)
             held = self._run(conn, "start_call_fence", lambda: (
                 update(S).where(*SLICE_KEY, lease_fence(self._now, states=(ChapterState.running.value,)))
@@ -235,6 +235,8 @@ class Ledger(StoreBase):
                 price_known, kind))
             assert started is not None
             return started
+        return self.group.run((claim.exam, claim.chapter_id, claim.slice_no), start,
+                              kind="call")
 
     def _start_planned(self, conn: Connection, claim: Claimed,
                        plan: CallPlan | None) -> int | NoRoom | None:
@@ -321,7 +323,7 @@ class Ledger(StoreBase):
                     *, status_code: int | None = None, usage: Usage = Usage()) -> None:
         """Record how a call that stored nothing ended: failed or wasted, with its reason (a
         CallReason or an ErrorKind) and the text that explains it."""
-        with self._write() as conn:
+        def finish(conn: Connection) -> None:
             # The exam row before the call's (lock order, `_exam_first`): a sweep of dead
             # calls (`_settle_orphans`) holds it and then updates call rows.
             exam = conn.execute(select(K.c.exam).where(K.c.id == call_id)).scalar_one_or_none()
@@ -330,6 +332,7 @@ class Ledger(StoreBase):
             self._finish(conn, call_id, {"outcome": outcome.value, "reason": getattr(reason, "value", reason),
                                          "detail": detail[:1000] or None,
                                          "status_code": status_code}, usage)
+        self.group.run(("", "", call_id), finish, kind="finish")
 
     def may_send(self, claim: Claimed, call_id: int) -> SendCheck:
         """The last step before a recorded call is sent: whether its slice is still `running`
@@ -427,7 +430,7 @@ class Ledger(StoreBase):
                     return done
         # A group commit (storage.group) may run this commit again after a rollback: the
         # planner is asked once (asking admits the next call at the rate limiter).
-        plan_next = _once(plan_next)
+        plan_next = once(plan_next)
         key = (claim.exam, claim.chapter_id, claim.slice_no)
         try:
             for attempt in range(_DUPLICATE_RACE_RETRIES + 1):
@@ -436,7 +439,8 @@ class Ledger(StoreBase):
                         self._commit, claim=claim, lease_s=lease_s, call_id=call_id,
                         questions=questions, hashes=hashes, model=model, usage=usage,
                         note=note, plan_next=plan_next, recheck=attempt > 0,
-                        near_dup=near_dup, signed=signed, steer=steer, verify=verify))
+                        near_dup=near_dup, signed=signed, steer=steer, verify=verify),
+                        kind="commit")
                     if self._fast_commit:
                         self._expect(claim.owner, result)
                     return result
@@ -508,7 +512,8 @@ class Ledger(StoreBase):
         try:
             row = self.fast_group.run(
                 (claim.exam, claim.chapter_id, claim.slice_no),
-                lambda _: self._auto(self.engine, fastpath.COMMIT_SQL, params).one(), params)
+                lambda _: self._auto(self.engine, fastpath.COMMIT_SQL, params).one(), params,
+                kind="commit")
         except IntegrityError:
             return None, plan_next  # a duplicate stored meanwhile: the general path checks
         except SQLAlchemyError as exc:

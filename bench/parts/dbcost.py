@@ -43,8 +43,8 @@ def workloads(small: bool) -> dict[str, tuple[list[int], int]]:
     return {"one-call": ([5] * 60, 5), "50-question": ([50] * 8, 10)}
 
 
-def count_run(ctx: Context, db: str, slug: str, targets: list[int], qpc: int
-              ) -> dict[str, Any]:
+def count_run(ctx: Context, db: str, slug: str, targets: list[int], qpc: int,
+              group_commit: bool = True) -> dict[str, Any]:
     """One `producer run` under the counters: its counts, paid calls and the server's view."""
     pg_db = None
     if db == "postgresql":
@@ -60,7 +60,8 @@ def count_run(ctx: Context, db: str, slug: str, targets: list[int], qpc: int
         # The heartbeat beats every HEARTBEAT_S (default LEASE_S / 4 = 7.5 s, longer than
         # these runs): 0.5 s here, so that its cost shows beside the calls' (apart from them).
         env = ef_env(ctx.workdir, db_url, ctx.mock.url, qpc, "unused", ctx.redis_url,
-                     HEARTBEAT_S=str(HEARTBEAT_S))
+                     HEARTBEAT_S=str(HEARTBEAT_S),
+                     GROUP_COMMIT="true" if group_commit else "false")
         write_syllabus(ctx.workdir / "exams", slug, targets)
         out = ctx.workdir / f"{slug}-counts.json"
         ctx.mock.arm(slug)
@@ -138,6 +139,7 @@ def run(ctx: Context) -> PartResult:
     ctx.mock.set_latency(ctx.latency(0.05))
     results: list[dict[str, Any]] = []
     doubled: dict[str, dict[str, Any]] = {}
+    offs: dict[str, dict[str, Any]] = {}
     try:
         for db in ("sqlite", "postgresql"):
             for name, (targets, qpc) in workloads(ctx.small).items():
@@ -146,6 +148,14 @@ def run(ctx: Context) -> PartResult:
                 r.update(workload=name, chapters=len(targets), questions=sum(targets), qpc=qpc)
                 results.append(r)
                 part.runs.append(r)
+                if name == "one-call":
+                    # Group commit's A/B: the same workload with it off, right after.
+                    slug = f"cost-{db[:2]}-off-{uuid.uuid4().hex[:4]}"
+                    off = count_run(ctx, db, slug, targets, qpc, group_commit=False)
+                    off.update(workload=f"{name}, group commit off", chapters=len(targets),
+                               questions=sum(targets), qpc=qpc)
+                    offs[db] = off
+                    part.runs.append(off)
                 if db == "postgresql":
                     # The same workload twice over: the difference is what each further
                     # paid call costs, without what a run pays once (its reads per exam).
@@ -207,6 +217,18 @@ def run(ctx: Context) -> PartResult:
                 "SQLAlchemy, "
                 f"{fmt(per_call(r, 'chapter', 'transactions'))} transactions per paid call"))
     for r in results:
+        if r["workload"] != "one-call" or r["db"] not in offs:
+            continue
+        off = offs[r["db"]]
+        what = "round_trips" if r["db"] == "postgresql" else "driver_statements"
+        label = "PostgreSQL round trips" if r["db"] == "postgresql" else "SQLite statements"
+        part.figures.append(Figure(
+            f"{label} per paid call, one-call chapters, group commit on vs off",
+            per_call(r, "chapter", what), per_call(off, "chapter", what), "group commit off",
+            "per paid call", "< 1.0x pays",
+            note=f"transactions per paid call {fmt(per_call(r, 'chapter', 'transactions'))} "
+                 f"on, {fmt(per_call(off, 'chapter', 'transactions'))} off"))
+    for r in results + list(offs.values()):
         chapter = r["counts"].get("chapter", {})
         verbs = sorted(((k[4:], v) for k, v in chapter.items() if k.startswith("sql:")),
                        key=lambda kv: -kv[1])

@@ -28,8 +28,11 @@ QPC = 5
 # the round with the median SQLite ratio, each ratio still from runs a minute apart, and the
 # report lists every round's.
 ROUNDS = 3
+# With group commit off (GROUP_COMMIT=false) in the same rounds: its A/B.
 SYSTEMS = (("minimal", "minimal", "sqlite"), ("examforge", "examforge", "sqlite"),
-           ("examforge-pg", "examforge", "postgres"))
+           ("examforge-pg", "examforge", "postgres"),
+           ("examforge-nogroup", "examforge", "sqlite"),
+           ("examforge-pg-nogroup", "examforge", "postgres"))
 
 
 def run(ctx: Context) -> PartResult:
@@ -73,6 +76,17 @@ def run(ctx: Context) -> PartResult:
         pg.cpu_ms_per_chapter(), mini.cpu_ms_per_chapter(), "minimal Celery task", "ms",
         "–", note="the same round on PostgreSQL: its per-call path is one round trip a "
                   "step (storage.fastpath)"))
+    for on, off, label in (("examforge", "examforge-nogroup", "SQLite"),
+                           ("examforge-pg", "examforge-pg-nogroup", "PostgreSQL")):
+        part.figures.append(Figure(
+            f"worker CPU per one-call chapter, group commit on vs off, {label}",
+            results[on].cpu_ms_per_chapter(), results[off].cpu_ms_per_chapter(),
+            "group commit off", "ms", "< 1.0x pays",
+            note="the same round, interleaved; every round's in the table below"))
+        part.figures.append(Figure(
+            f"chapters per second at zero latency, group commit on vs off, {label}",
+            _rate(results[on]), _rate(results[off]), "group commit off", "chapters/s",
+            "> 1.0x pays"))
     part.figures.append(Figure(
         "chapters per second at zero latency, examforge vs the minimal task",
         _rate(ef), _rate(mini), "minimal Celery task", "chapters/s"))
@@ -88,7 +102,8 @@ def run(ctx: Context) -> PartResult:
 
 def _run_one(ctx: Context, part: PartResult, run_name: str, app: str, database: str,
              targets: list[int], calls: int, profile: bool, round_no: int) -> Result:
-    spec = ClusterSpec(1, 8, database, QPC, app=app)
+    spec = ClusterSpec(1, 8, database, QPC, app=app,
+                       group_commit=not run_name.endswith("-nogroup"))
     with Cluster(spec, ctx.mock, ctx.workdir, ctx.redis_url) as cluster:
         profilers: dict[str, tuple[subprocess.Popen, Path]] = {}
         if app == "examforge" and profile:

@@ -46,6 +46,7 @@ class ClusterSpec:
     qpc: int = 5  # QUESTIONS_PER_CALL
     prefetch: int = 1  # WORKER_PREFETCH_MULTIPLIER
     app: str = "examforge"  # or "minimal"
+    group_commit: bool = True  # GROUP_COMMIT (storage.group): the A/B of `overhead`, `slots32`
 
     @property
     def slots(self) -> int:
@@ -55,6 +56,8 @@ class ClusterSpec:
         db = "PostgreSQL" if self.database == "postgres" else "SQLite"
         what = "examforge" if self.app == "examforge" else "minimal Celery task"
         extra = f", prefetch {self.prefetch}" if self.prefetch != 1 else ""
+        if not self.group_commit and self.app == "examforge":
+            extra += ", group commit off"
         return f"{what}: {self.workers} × `celery worker -P threads -c {self.threads}`, {db}{extra}"
 
 
@@ -142,7 +145,8 @@ class Cluster:
         flush_redis(self.redis_url)
 
     def env(self) -> dict[str, str]:
-        extra = {"WORKER_PREFETCH_MULTIPLIER": str(self.spec.prefetch)}
+        extra = {"WORKER_PREFETCH_MULTIPLIER": str(self.spec.prefetch),
+                 "GROUP_COMMIT": "true" if self.spec.group_commit else "false"}
         if self.spec.app == "minimal":
             extra["MINIMAL_DB"] = self.db_url[len("sqlite:///"):]
         return ef_env(self.workdir, self.db_url, self.mock.url, self.spec.qpc, self.queue,

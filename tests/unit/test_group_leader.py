@@ -1,6 +1,6 @@
 """storage.group's leader and followers on a SQLite file: who leads, who waits, and for how
 long a leader waits for commits being prepared (never when none is). The store's members and
-their crashes are tests/integration/test_group_commit.py and tests/e2e/test_group_commit.py."""
+their crashes are tests/integration/test_group_commit_store.py and tests/e2e/test_group_commit_kill.py."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ committed once or not at all, and each booked.
 Each test holds the process's group busy with a blocker (a member that waits inside its
 commit), queues real `commit_batch` calls from threads behind it, waits until all are queued,
 then lets go: they are then one group, deterministically. SIGKILLs mid-group are in
-tests/e2e/test_group_commit.py."""
+tests/e2e/test_group_commit_kill.py."""
 
 from __future__ import annotations
 
@@ -148,7 +148,7 @@ def test_a_group_whose_commit_fails_commits_each_member_alone_once(store, tmp_pa
     fired: list[str] = []
     pg = store.engine.dialect.name == "postgresql"
 
-    def fail_once(step: str) -> None:
+    def fail_once(step: str, kinds: Any) -> None:
         if step != "group_commit_before_commit" or fired:
             return
         fired.append(step)
@@ -186,14 +186,18 @@ def test_a_database_that_stays_down_books_each_member_as_failed_commit(tmp_path)
     down = threading.Event()
     down.set()
 
-    def fail(step: str) -> None:
+    def fail(step: str, kinds: Any) -> None:
         if step == "group_commit_before_commit" and down.is_set():
             raise OperationalError("COMMIT", {}, Exception("database or disk is full"))
 
     group.hook = fail
     real_alone = group._alone
 
-    def alone(member: Any) -> None:  # every member's own transaction fails too
+    def alone(member: Any) -> None:  # every member's own commit fails too (not its booking)
+        if getattr(getattr(member.work, "func", None), "__name__", "") != "_commit":
+            real_alone(member)
+            return
+
         def broken(conn: Any) -> Any:
             member_work(conn)
             raise OperationalError("COMMIT", {}, Exception("database or disk is full"))
