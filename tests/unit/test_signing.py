@@ -124,6 +124,20 @@ def test_replies_of_any_size_and_mix_of_chapters_sign_as_each_text_alone(size: i
     assert Signed.groups([]) == [] and Signed.many([]) == []
 
 
+def test_both_ways_of_taking_the_minima_give_the_same_keys() -> None:
+    # Texts of like lengths are laid out one row each (the short ones filled up with a
+    # repeated token); a group with one much longer text is reduced over runs (reduceat).
+    texts = labelled_texts("en")[:40]
+    long = " ".join(random_texts("en", 40, seed=7))
+    ways = []
+    for group in (texts, texts + [long], [long] + texts, [long], [texts[0], "", long]):
+        sigs = [nd.signature(t, TITLES["en"]) for t in group]
+        sizes = [len(s.tokens) for s in sigs if s.tokens]
+        ways.append(len(sizes) * max(sizes) <= 2 * sum(sizes))  # band_keys_many's choice
+        assert nd.band_keys_many(sigs) == [nd.band_keys(s) for s in sigs]
+    assert ways[:4] == [True, False, False, True]
+
+
 # sha256 of every band key of the labelled pairs (each language's texts under its title, in
 # order, each key as 8 little-endian bytes and each text's keys followed by a zero byte),
 # computed with examforge/neardup.py as it was before the group step (commit 154255e). Any
