@@ -156,3 +156,24 @@ def test_the_keys_of_the_labelled_pairs_are_the_ones_stored_before() -> None:
     items = [(t, TITLES[lang], lang) for lang in LANGS for t in labelled_texts(lang)]
     assert keys_digest([keys for _, keys in nd.sign_many(items)]) == PINNED
     assert keys_digest([reference(*item)[1] for item in items]) == PINNED
+
+
+# sha256 of the stored signature (`Signature.encode`: tokens, key terms), the edit text and the
+# band keys of 200 random texts of each language signed under its own rules and title
+# (`signed_digest`), taken with the code before the group step (commit 154255e): the
+# tokeniser's output pinned on texts nobody wrote by hand, marks and digits of every script.
+PINNED_RANDOM = "d9bfc51a58c019a54f99ea99990239ecb2f7d99ffb13e58ef24df5586af1f0b6"
+
+
+def signed_digest(signed: list[tuple[nd.Signature, list[int]]]) -> str:
+    h = hashlib.sha256()
+    for sig, keys in signed:
+        tokens, key_terms = sig.encode()
+        h.update("\x1f".join((tokens, key_terms, sig.text)).encode() + b"\0")
+        h.update(struct.pack(f"<{len(keys)}Q", *keys) + b"\0")
+    return h.hexdigest()
+
+
+def test_the_signatures_of_random_texts_are_the_ones_stored_before() -> None:
+    items = [(t, TITLES[lang], lang) for lang in LANGS for t in random_texts(lang, 200, seed=2)]
+    assert signed_digest(nd.sign_many(items)) == PINNED_RANDOM
