@@ -10,11 +10,12 @@ stems and token hashes of the chapter's words cached, as in a worker that has ru
 
 - `per text`: `signature` and `band_keys` of each question, the per-text reference (what
   `Signed.of` did, and what imports did for every question);
-- `before`: the commit's path before the group step (issue 19): `signature` of each
-  question, then `band_keys_many` as it was (kept here, below, as it was);
+- `before`: the commit's path before issue 33: `signature` of each question, then
+  `band_keys_many` of the reply (issue 19's pass), both kept below as they were;
 - `after`: `Signed.many` now, `examforge.neardup.sign_many`;
-- `after, tokens only` and `after, keys only`: its two halves apart (`signature` of each
-  text, the Python tokeniser; `band_keys_many` of the signatures, the numpy step).
+- `before, tokens only`, `after, tokens only` and `after, keys only`: the halves apart
+  (`signature` of each text, the Python tokeniser; `band_keys_many` of the signatures, the
+  numpy step).
 
 The neardup part (`python -m bench --only neardup`) runs it and reports the ratios.
 """
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import re
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -59,6 +61,60 @@ def _band_keys_many_before(sigs: Sequence[Any]) -> list[list[int]]:
     return out
 
 
+_IDENT_RE_BEFORE = re.compile(r"\b(?:[A-Z]{2,}[a-z]*\d*|[A-Za-z]+\d+[A-Za-z\d]*(?:\.[a-z]+\b)?|"
+                              r"[A-Z][a-z]+[A-Z]\w*)\b")
+
+
+def _signature_before(text: str, context: str = "", language: str = "en") -> Any:
+    """examforge.neardup.signature as it was before issue 33 (commit 154255e), verbatim but
+    for the module's names: the baseline's tokeniser."""
+    from examforge import neardup as nd
+    from examforge.neardup_lang import RULES, rules
+    from examforge.output import canonical
+
+    original = text
+    rules_ = RULES["en"] if language == "en" else rules(language)
+    english = rules_ is RULES["en"]
+    text = canonical(text)
+    if not text.isascii():
+        text = text.translate(rules_.fold)
+        for pattern, joined in rules_.rejoin:
+            text = pattern.sub(joined, text)
+    idents = {m.group(0).lower() for m in _IDENT_RE_BEFORE.finditer(text)}
+    if rules_.lead_in is not None:
+        text = rules_.lead_in.sub(" ", text)
+    for pattern, replacement in rules_.numerals:
+        text = pattern.sub(replacement, text)
+    text = nd._THOUSANDS_RE.sub("", text).lower()
+    if english:
+        text = nd._words_to_digits(text)
+    elif rules_.number_re is not None:
+        words = rules_.number_words
+        text = rules_.number_re.sub(lambda m: str(words[m.group(0)]), text)
+    text = nd._UNIT_RE.sub(r"\1 \2", text).replace("%", " percent ")
+    stem = nd._stem
+    tokens: set[str] = set()
+    keys = set()
+    for word in nd._WORD_RE.findall(text):
+        if nd._NUMBER_RE.match(word):
+            word = nd._number(word)
+            keys.add(word)
+            tokens.add(word)
+        elif english or word.isascii():
+            if word not in nd.STOP_WORDS:
+                tokens.add(stem(word))
+        else:
+            token = nd._native(word, rules_)
+            if token:
+                tokens.add(token)
+    keys |= {stem(i) for i in idents if i not in nd.STOP_WORDS}
+    if context:
+        common = nd._context(context, language)
+        tokens -= common.tokens
+        keys -= common.keys
+    return nd.Signature(frozenset(tokens), frozenset(keys), nd._edit_text(original))
+
+
 def variants() -> dict[str, Callable[[list[str], str, str], Any]]:
     from examforge import neardup as nd
     from storage.neardup import Signed
@@ -66,13 +122,16 @@ def variants() -> dict[str, Callable[[list[str], str, str], Any]]:
     def per_text(texts: list[str], title: str, lang: str) -> Any:
         out = []
         for t in texts:
-            sig = nd.signature(t, title, lang)
+            sig = _signature_before(t, title, lang)
             out.append((sig, tuple(nd.band_keys(sig))))
         return out
 
     def before(texts: list[str], title: str, lang: str) -> Any:
-        sigs = [nd.signature(t, title, lang) for t in texts]
+        sigs = [_signature_before(t, title, lang) for t in texts]
         return [(s, tuple(k)) for s, k in zip(sigs, _band_keys_many_before(sigs))]
+
+    def before_tokens(texts: list[str], title: str, lang: str) -> Any:
+        return [_signature_before(t, title, lang) for t in texts]
 
     def after(texts: list[str], title: str, lang: str) -> Any:
         return Signed.many(texts, title, lang)
@@ -80,8 +139,8 @@ def variants() -> dict[str, Callable[[list[str], str, str], Any]]:
     def tokens_only(texts: list[str], title: str, lang: str) -> Any:
         return [nd.signature(t, title, lang) for t in texts]
 
-    return {"per text": per_text, "before": before, "after": after,
-            "after, tokens only": tokens_only}
+    return {"per text": per_text, "before": before, "before, tokens only": before_tokens,
+            "after": after, "after, tokens only": tokens_only}
 
 
 def texts_for(lang: str, start: int, n: int) -> list[str]:
@@ -150,9 +209,10 @@ def profile_loop(seconds: float, size: int = 20) -> int:
 
 
 def report(results: dict[int, dict[str, float]]) -> list[str]:
-    names = ("per text", "before", "after", "after, tokens only", "after, keys only")
-    lines = ["| questions a reply | " + " | ".join(f"{n} µs/question" for n in names)
-             + " | after / before |", "|---" * (len(names) + 2) + "|"]
+    names = ("per text", "before", "after", "before, tokens only", "after, tokens only",
+             "after, keys only")
+    lines = ["| questions a reply | " + " | ".join(names) + " | after / before |",
+             "|---" * (len(names) + 2) + "|"]
     for size, got in results.items():
         lines.append(f"| {size} | " + " | ".join(f"{got[n]:.1f}" for n in names)
                      + f" | {got['after'] / got['before']:.2f}x |")

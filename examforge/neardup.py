@@ -100,8 +100,12 @@ _NUMBER_RE = re.compile(r"^\d+(\.\d+)?$")
 # An identifier as written: an acronym (HTTPS, SQL), a name with inner capitals (DynamoDB,
 # CloudFront) or letters mixed with digits (EC2, S3, IPv6, HTTP2). Read before lower-casing.
 # A name of letters and digits keeps a dotted suffix: "m5.large" and "m5.xlarge" differ.
-_IDENT_RE = re.compile(r"\b(?:[A-Z]{2,}[a-z]*\d*|[A-Za-z]+\d+[A-Za-z\d]*(?:\.[a-z]+\b)?|"
-                       r"[A-Z][a-z]+[A-Z]\w*)\b")
+# Its quantifiers are possessive (`++`, `*+`: never give back what they took), which finds
+# the same identifiers with less backtracking (a third less time, measured): every match
+# ends at a word boundary, and a run of letters and digits has none inside it, so giving
+# back never made a match (tests/unit/test_signing.py pins the signatures of random texts).
+_IDENT_RE = re.compile(r"\b(?:[A-Z]{2,}+[a-z]*+\d*+|[A-Za-z]++\d++[A-Za-z\d]*+(?:\.[a-z]+\b)?|"
+                       r"[A-Z][a-z]++[A-Z]\w*+)\b")
 
 
 _local = threading.local()
@@ -185,16 +189,20 @@ def signature(text: str, context: str = "", language: str = DEFAULT_LANGUAGE) ->
     # The exact hash's normal form (NFKC, no format characters, single spaces), case kept:
     # a zero-width space inside "AWS" must not make "A" and "WS" of it.
     text = canonical(text)
+    # The edit similarity's text: ASCII's is this normal form lower-cased (`_edit_text`).
+    edit = text.lower() if original.isascii() else _edit_text(original)
     if not text.isascii():
         text = text.translate(rules_.fold)
         for pattern, joined in rules_.rejoin:
             text = pattern.sub(joined, text)
-    idents = {m.group(0).lower() for m in _IDENT_RE.finditer(text)}
+    idents = {i.lower() for i in _IDENT_RE.findall(text)}
     if rules_.lead_in is not None:
         text = rules_.lead_in.sub(" ", text)
     for pattern, replacement in rules_.numerals:  # "10 000", "99,9" in Russian
         text = pattern.sub(replacement, text)
-    text = _THOUSANDS_RE.sub("", text).lower()
+    if "," in text:  # what _THOUSANDS_RE removes
+        text = _THOUSANDS_RE.sub("", text)
+    text = text.lower()
     if english:
         text = _words_to_digits(text)
     elif rules_.number_re is not None:
@@ -205,7 +213,9 @@ def signature(text: str, context: str = "", language: str = DEFAULT_LANGUAGE) ->
     tokens: set[str] = set()
     keys = set()
     for word in _WORD_RE.findall(text):
-        if _NUMBER_RE.match(word):
+        # A number starts with a decimal digit (re's \d is str.isdecimal): most words are
+        # ruled out without the pattern.
+        if word[0].isdecimal() and _NUMBER_RE.match(word):
             word = _number(word)
             keys.add(word)
             tokens.add(word)
@@ -221,7 +231,7 @@ def signature(text: str, context: str = "", language: str = DEFAULT_LANGUAGE) ->
         common = _context(context, language)
         tokens -= common.tokens
         keys -= common.keys
-    return Signature(frozenset(tokens), frozenset(keys), _edit_text(original))
+    return Signature(frozenset(tokens), frozenset(keys), edit)
 
 
 def _native(word: str, rules_: Rules) -> str:

@@ -223,11 +223,10 @@ def run(ctx: Context) -> PartResult:
 
     signed = signing.measure(questions=300 if ctx.small else 3000)
     part.runs.append({"signing_us_per_question": {str(k): v for k, v in signed.items()}})
-    for size, got in signed.items():
+    for size, us in signed.items():
         part.figures.append(Figure(
             f"signing per question, replies of {size}: the group step vs the path before it",
-            got["after"], got["before"], "before (issue 19's pass)", "µs", "fewer",
-            target_max=1.0))
+            us["after"], us["before"], "before issue 33", "µs", "fewer", target_max=1.0))
     part.details += ["Signing per question (median µs; `tokens only` and `keys only` are the "
                      "group step's two halves; bench/signing.py):", ""]
     part.details += signing.report(signed)

@@ -177,3 +177,19 @@ def signed_digest(signed: list[tuple[nd.Signature, list[int]]]) -> str:
 def test_the_signatures_of_random_texts_are_the_ones_stored_before() -> None:
     items = [(t, TITLES[lang], lang) for lang in LANGS for t in random_texts(lang, 200, seed=2)]
     assert signed_digest(nd.sign_many(items)) == PINNED_RANDOM
+
+
+def test_the_benchmarks_baseline_signs_as_the_group_step_does() -> None:
+    # bench/signing.py measures the group step against copies of the code before it: they
+    # must compute the same signatures and keys, or the comparison is of different work.
+    from bench.signing import _band_keys_many_before, _signature_before, measure, report
+
+    items = [(t, TITLES[lang], lang) for lang in LANGS
+             for t in labelled_texts(lang)[:60] + random_texts(lang, 60, seed=3)]
+    before = [_signature_before(*item) for item in items]
+    after = nd.sign_many(items)
+    assert [(s, s.text) for s in before] == [(s, s.text) for s, _ in after]
+    assert _band_keys_many_before(before) == [keys for _, keys in after]
+    got = measure(sizes=(1, 5), questions=10)
+    assert sorted(got) == [1, 5] and all(v > 0 for row in got.values() for v in row.values())
+    assert len(report(got)) == 4
