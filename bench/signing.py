@@ -69,8 +69,8 @@ def _signature_before(text: str, context: str = "", language: str = "en") -> Any
     """examforge.neardup.signature as it was before issue 33 (commit 154255e), verbatim but
     for the module's names: the baseline's tokeniser."""
     from examforge import neardup as nd
-    from examforge.neardup_lang import RULES, rules
-    from examforge.output import canonical
+    from examforge.neardup_lang import _PERSIAN, RULES, rules
+    from examforge.output import canonical, normalise
 
     original = text
     rules_ = RULES["en"] if language == "en" else rules(language)
@@ -112,7 +112,9 @@ def _signature_before(text: str, context: str = "", language: str = "en") -> Any
         common = nd._context(context, language)
         tokens -= common.tokens
         keys -= common.keys
-    return nd.Signature(frozenset(tokens), frozenset(keys), nd._edit_text(original))
+    edit = (normalise(original) if original.isascii()  # _edit_text as it was
+            else normalise(original.translate(_PERSIAN)))
+    return nd.Signature(frozenset(tokens), frozenset(keys), edit)
 
 
 def variants() -> dict[str, Callable[[list[str], str, str], Any]]:
@@ -193,16 +195,15 @@ def measure(sizes: Sequence[int] = SIZES, questions: int = 3000, lang: str = "en
     return out
 
 
-def profile_loop(seconds: float, size: int = 20) -> int:
+def profile_loop(seconds: float, size: int = 20, lang: str = "en") -> int:
     """Sign new replies of `size` for `seconds` (what `py-spy record` samples)."""
     from storage.neardup import Signed
 
-    texts_for("en", 100_000, 300)
-    Signed.many(texts_for("en", 100_000, 300), TITLE)
+    Signed.many(texts_for(lang, 100_000, 300), TITLES[lang], lang)
     end = time.monotonic() + seconds
     serial, n = 1, 0
     while time.monotonic() < end:
-        Signed.many(texts_for("en", serial, size), TITLE)
+        Signed.many(texts_for(lang, serial, size), TITLES[lang], lang)
         serial += size
         n += size
     return n
@@ -229,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="only sign replies of 20 for SECONDS (to run under py-spy)")
     args = parser.parse_args(argv)
     if args.profile_loop:
-        n = profile_loop(args.profile_loop)
+        n = profile_loop(args.profile_loop, lang=args.language)
         print(f"signed {n} questions in replies of 20")
         return 0
     print("\n".join(report(measure(questions=args.questions, lang=args.language))))

@@ -193,3 +193,20 @@ def test_the_benchmarks_baseline_signs_as_the_group_step_does() -> None:
     got = measure(sizes=(1, 5), questions=10)
     assert sorted(got) == [1, 5] and all(v > 0 for row in got.values() for v in row.values())
     assert len(report(got)) == 4
+
+
+def test_the_translators_equal_str_translate() -> None:
+    # examforge.neardup_lang.translator replaces the characters of a table that a text holds,
+    # found by a pattern, instead of looking each character up (str.translate): the same
+    # text, for every table the rules use, on texts holding every key of the tables.
+    from examforge.neardup_lang import _ARABIC, _PERSIAN, RULES, translator
+
+    rng = random.Random(5)
+    tables = [_PERSIAN, _ARABIC, *(r.fold for r in RULES.values())]
+    specials = [chr(cp) for table in tables for cp in table] + ["]", "\\", "^", "-"]
+    texts = [t for lang in LANGS for t in random_texts(lang, 100, seed=4)]
+    texts = [t[:i] + "".join(rng.sample(specials, 8)) + t[i:]
+             for t in texts for i in [rng.randrange(len(t) + 1)]] + texts + ["".join(specials)]
+    for table in tables + [{ord("a"): "b", ord("b"): "c", ord("]"): None, ord("-"): "^"}]:
+        fold = translator(table)
+        assert all(fold(t) == t.translate(table) for t in texts)
