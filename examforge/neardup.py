@@ -36,7 +36,11 @@ call. What is used of it is one formula, the affine scheme of its `affine32` Min
 token hashed to 32 bits (blake2b) and mixed (the MurmurHash3 finalizer), then 256 affine
 maps `a * x + b mod 2^32` with odd `a`, and the minimum of each over the tokens. numpy does
 that in one broadcast; the band keys mix each band's four minima with a 64-bit finalizer in
-one more (64 blake2b calls a question before).
+one more (64 blake2b calls a question before). A commit signs all its questions at once, and a
+group commit the questions of several calls, whatever their chapters and languages:
+`sign_many` and `band_keys_many` take the affine maps of all their tokens in one broadcast
+and mix all their bands together (issue 33); `minhash` and `band_keys`, one text at a time,
+stay as the reference the tests compare every key with (tests/unit/test_signing.py).
 
 The number-word table is written by hand: the libraries that parse English numbers
 (word2number, text2num) are unmaintained or pull in far more than twenty words need.
