@@ -3,6 +3,7 @@
 
     python -m bench.signing                     # the table, about 20 s
     python -m bench.signing --profile-loop 30   # signs replies of 20 for 30 s (for py-spy)
+    py-spy record -f raw -o /tmp/sign.txt -- python -m bench.signing --profile-loop 30 --size 5
 
 The variants, measured in interleaved rounds of one process (the order shuffled each round),
 each on texts it has not signed before (the mock's questions, as a worker receives them; the
@@ -227,11 +228,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="questions signed per variant and reply size (default 3000)")
     parser.add_argument("--language", default="en", choices=sorted(TITLES))
     parser.add_argument("--profile-loop", type=float, metavar="SECONDS",
-                        help="only sign replies of 20 for SECONDS (to run under py-spy)")
+                        help="only sign replies for SECONDS (to run under py-spy)")
+    parser.add_argument("--size", type=int, default=20,
+                        help="questions a reply in --profile-loop (default 20)")
     args = parser.parse_args(argv)
     if args.profile_loop:
-        n = profile_loop(args.profile_loop, lang=args.language)
-        print(f"signed {n} questions in replies of 20")
+        n = profile_loop(args.profile_loop, args.size, args.language)
+        print(f"signed {n} questions in replies of {args.size}")
         return 0
     print("\n".join(report(measure(questions=args.questions, lang=args.language))))
     return 0
