@@ -73,6 +73,8 @@ def translator(table: dict[int, str | None]) -> Callable[[str], str]:
     signature). The same result: each key character becomes its value, every other one stays
     (tests/unit/test_signing.py compares them)."""
     into = {chr(cp): value or "" for cp, value in table.items()}
+    if not into:
+        return str  # nothing to translate (a class of no characters is no pattern)
     pattern = re.compile("[" + "".join(map(re.escape, sorted(into))) + "]")
 
     def translate(text: str) -> str:
