@@ -42,7 +42,7 @@ written for exam questions, as the English one has been from the start.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -65,11 +65,29 @@ _ARABIC: dict[int, str | None] = {
     ord("\u06c0"): "\u0647"}
 
 
+def translator(table: dict[int, str | None]) -> Callable[[str], str]:
+    """`str.translate(table)` as a function, faster on the texts signatures read: one
+    pattern of the table's characters finds those the text holds (a scan in C) and each is
+    replaced by its value, where `translate` looks every character of the text up in the
+    dict (about 50-90 ns a character: 8-15 µs for a 160-character Persian question, twice a
+    signature). The same result: each key character becomes its value, every other one stays
+    (tests/unit/test_signing.py compares them)."""
+    into = {chr(cp): value or "" for cp, value in table.items()}
+    if not into:
+        return str  # nothing to translate (a class of no characters is no pattern)
+    pattern = re.compile("[" + "".join(map(re.escape, sorted(into))) + "]")
+
+    def translate(text: str) -> str:
+        return pattern.sub(lambda m: into[m.group()], text)
+
+    return translate
+
+
 def fold_any(text: str) -> str:
     """`text` with every script's variants folded one way, whatever its language (the
     Persian yeh and kaf, no diacritics, ASCII digits, е for ё): the text the edit similarity
     compares, the same for a question and the stored ones it meets."""
-    return text.translate(_PERSIAN)
+    return _fold_any(text)
 
 
 @dataclass(frozen=True)
@@ -92,6 +110,11 @@ class Rules:
     percent_words: frozenset[str] = frozenset()
 
     @cached_property
+    def folder(self) -> Callable[[str], str]:
+        """`fold` as a function (`translator`)."""
+        return translator(self.fold)
+
+    @cached_property
     def number_re(self) -> re.Pattern[str] | None:
         """Any one of its number words, as a whole word (in lower-cased, folded text)."""
         words = sorted(self.number_words, key=len, reverse=True)
@@ -108,6 +131,9 @@ class Rules:
 
         stem = snowballstemmer.stemmer(self.stemmer).stemWord
         return frozenset(stem(w) for w in self.stop_words)
+
+
+_fold_any = translator(_PERSIAN)
 
 
 def _folded(words: Iterable[str], table: dict[int, str | None]) -> frozenset[str]:

@@ -205,7 +205,8 @@ class Imports(Ledger):
             S.c.exam == slug, S.c.chapter_id == chapter_id).limit(1)).first()
         title = (head.title if head else None) or ""
         language = (head.language if head else None) or DEFAULT_LANGUAGE
-        signed = {h: neardup.Signed.of(q.question, title, language) for q, h in fresh}
+        signed = dict(zip((h for _, h in fresh),
+                          neardup.Signed.many([q.question for q, _ in fresh], title, language)))
         if near_dup is not None and fresh:
             verdict = neardup.check(conn, slug, chapter_id, near_dup,
                                     [signed[h] for _, h in fresh])

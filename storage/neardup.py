@@ -49,8 +49,7 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import Connection
 
 from examforge.languages import DEFAULT_LANGUAGE
-from examforge.neardup import (Checker, Scope, Signature, band_keys, band_keys_many,
-                               signature)
+from examforge.neardup import Checker, Scope, Signature, sign_many
 from storage.base import execute_hot
 from storage.models import DedupLock, Exam, Question, QuestionSig, new_epoch
 from storage.types import Steer
@@ -71,15 +70,27 @@ class Signed:
 
     @classmethod
     def of(cls, text: str, context: str = "", language: str = DEFAULT_LANGUAGE) -> Signed:
-        sig = signature(text, context, language)
-        return cls(sig, tuple(band_keys(sig)))
+        return cls.many([text], context, language)[0]
 
     @classmethod
     def many(cls, texts: Sequence[str], context: str = "",
              language: str = DEFAULT_LANGUAGE) -> list[Signed]:
         """`of` for every question of a reply, the band keys in one vectorised pass."""
-        sigs = [signature(t, context, language) for t in texts]
-        return [cls(sig, tuple(keys)) for sig, keys in zip(sigs, band_keys_many(sigs))]
+        return [cls(sig, tuple(keys))
+                for sig, keys in sign_many((t, context, language) for t in texts)]
+
+    @classmethod
+    def groups(cls, batches: Sequence[tuple[Sequence[str], str, str]]) -> list[list[Signed]]:
+        """`many` for several replies at once, each (texts, context, language): the replies of
+        several calls committed together (group commit) signed in one vectorised pass
+        (examforge.neardup.sign_many), whatever their chapters and languages."""
+        flat = [cls(sig, tuple(keys)) for sig, keys in sign_many(
+            (t, context, language) for texts, context, language in batches for t in texts)]
+        out, start = [], 0
+        for texts, _, _ in batches:
+            out.append(flat[start:start + len(texts)])
+            start += len(texts)
+        return out
 
     def blob(self) -> bytes:
         """The band keys as stored (`question_sig.bands`): unsigned 64-bit, little-endian."""

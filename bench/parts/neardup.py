@@ -14,6 +14,11 @@ not depend on the chapter's size). The chapter is made of the mock's own questio
 (lexically distinct ones, and 10 % rewordings of them, so that lookups find candidates),
 indexed as commits index them. The first check of a process builds its index of the chapter
 from the stored rows: timed apart, as "index build".
+
+The signing (issue 33): each question's signature and band keys, per question, for replies
+of 1, 5, 20 and 100 questions, the group step (`Signed.many`, examforge.neardup.sign_many)
+against the commit's path before it and the per-text function, in interleaved rounds of one
+process (bench/signing.py, also runnable alone: `python -m bench.signing`).
 """
 
 from __future__ import annotations
@@ -32,7 +37,8 @@ from bench.report import table
 from bench.suite import Context, Figure, PartResult
 
 NAME = "neardup"
-TITLE = "near-duplicate check time at 500 vs 5,000 stored; repeats with and without steering"
+TITLE = ("near-duplicate check time at 500 vs 5,000 stored; signing per question by reply "
+         "size, before and after the group step; repeats with and without steering")
 TITLE_TEXT = "Cloud Concepts"
 BATCH = 20
 
@@ -76,7 +82,7 @@ def _seed_chapter(engine: Any, n: int) -> None:
             for i, t in enumerate(texts)]).scalars().all()
         for start in range(0, n, 1000):
             neardup.index(conn, "bench", "ch", ids[start:start + 1000],
-                          [neardup.Signed.of(t, TITLE_TEXT) for t in texts[start:start + 1000]])
+                          neardup.Signed.many(texts[start:start + 1000], TITLE_TEXT))
     with engine.begin() as conn:
         # What autovacuum does for a table that grew this much (PostgreSQL plans the band
         # lookup as a scan of the whole table without statistics); SQLite's planner uses
@@ -109,7 +115,7 @@ def check_time(db_url: str, stored: int, rounds: int) -> dict[str, float]:
                  if s % 10 == 0 else mq.make_question("bench/ch", TITLE_TEXT, s)["question"]
                  for s in serials]
         t0 = time.perf_counter()
-        signed = [neardup.Signed.of(t, TITLE_TEXT) for t in texts]
+        signed = neardup.Signed.many(texts, TITLE_TEXT)  # as the commit signs a reply
         sign.append((time.perf_counter() - t0) / BATCH)
         with engine.connect() as conn:
             tx = conn.begin()
@@ -212,6 +218,18 @@ def run(ctx: Context) -> PartResult:
     part.details += table(("database", "stored", "check µs/question (in the commit)",
                            "signature µs/question (before it)",
                            "index build ms (a process's first check)"), rows)
+    part.details.append("")
+    from bench import signing
+
+    signed = signing.measure(questions=300 if ctx.small else 3000)
+    part.runs.append({"signing_us_per_question": {str(k): v for k, v in signed.items()}})
+    for size, us in signed.items():
+        part.figures.append(Figure(
+            f"signing per question, replies of {size}: the group step vs the path before it",
+            us["after"], us["before"], "before issue 33", "µs", "fewer", target_max=1.0))
+    part.details += ["Signing per question (median µs; `tokens only` and `keys only` are the "
+                     "group step's two halves; bench/signing.py):", ""]
+    part.details += signing.report(signed)
     part.details.append("")
     n_questions = 100 if ctx.small else 300
     runs = []
