@@ -215,3 +215,34 @@ def test_a_database_that_stays_down_books_each_member_as_failed_commit(tmp_path)
     # Booked, each with its tokens: the reply arrived, the database failed it.
     assert _calls(store) == {c: ("wasted", "commit_failed", 0) for c in CHAPTERS}
     engine.dispose()
+
+
+def test_a_postgresql_group_yields_a_lock_to_the_other_transaction(pg_url, tmp_path):
+    """PostgreSQL: a group holds several members' rows at once, so it could close a cycle
+    with a statement that locks them in another order (a cancel's UPDATE of an exam's
+    slices). It waits at most storage.group.LOCK_TIMEOUT_MS for a lock and then yields: the
+    other transaction here holds c3's slice row for a second and is never the one to fail;
+    the group gives up, and each member commits alone, c3 once the row is free."""
+    from storage import connect, migrate
+
+    engine = connect(pg_url)
+    migrate(engine)
+    store = Store(engine)
+    held = _setup(store, tmp_path)
+    other = engine.connect()
+    tx = other.begin()
+    other.execute(text("SELECT 1 FROM slice WHERE exam = 'ex' AND chapter_id = 'c3' "
+                       "FOR UPDATE"))
+    let_go = threading.Timer(1.0, lambda: (tx.commit(), other.close()))
+    let_go.start()
+    try:
+        results = _in_one_group(store, held)
+    finally:
+        let_go.join(30)
+    assert tx.is_active is False  # the other transaction committed: it was not the victim
+    assert results["stats"]["alone_again"] == len(held)
+    for c in CHAPTERS:
+        assert results[c].stored == 5, results[c]
+    assert _stored(store) == {c: 5 for c in CHAPTERS}
+    assert _calls(store) == {c: ("used", None, 5) for c in CHAPTERS}
+    engine.dispose()
