@@ -24,7 +24,7 @@ from collections.abc import Callable
 from bench.measure import Result, plan
 from bench.report import fmt, table
 from bench.suite import Context, Figure, PartResult
-from bench.systems.distributed import ClusterSpec, run_distributed
+from bench.systems.distributed import Cluster, ClusterSpec
 
 NAME = "shape"
 TITLE = "128 slots as 1 × 128, 2 × 64 and 4 × 32 threads, and Celery's per-task settings"
@@ -42,6 +42,18 @@ def _median(values: list[float | None]) -> float | None:
     return statistics.median(got) if got else None
 
 
+def results_stored(redis_url: str) -> int:
+    """Celery results in the run's Redis db: none unless the result backend is on (the proof
+    that the variant ran with it, read before the cluster flushes the db)."""
+    import redis
+
+    client = redis.Redis.from_url(redis_url)
+    try:
+        return sum(1 for _ in client.scan_iter(match="celery-task-meta-*", count=1000))
+    finally:
+        client.close()
+
+
 def _interleaved(ctx: Context, configs: list[tuple[str, ClusterSpec]], rounds: int,
                  targets: list[int], calls: int, part: PartResult, **extra: object
                  ) -> dict[str, list[Result]]:
@@ -50,10 +62,12 @@ def _interleaved(ctx: Context, configs: list[tuple[str, ClusterSpec]], rounds: i
     for rnd in range(rounds):
         shift = rnd % len(configs)
         for label, spec in configs[shift:] + configs[:shift]:
-            r = run_distributed(f"{NAME}-{rnd}", ctx.mock, ctx.workdir, targets, calls, spec,
-                                ctx.redis_url)
+            with Cluster(spec, ctx.mock, ctx.workdir, ctx.redis_url) as cluster:
+                r = cluster.run(f"{NAME}-{rnd}", targets, calls)
+                stored = results_stored(ctx.redis_url)
             r.system = label
-            got[label].append(part.add_run(r, round=rnd, workers=spec.workers,
+            got[label].append(part.add_run(r, round=rnd, config=label, results_stored=stored,
+                                           workers=spec.workers,
                                            threads=spec.threads, database=spec.database,
                                            prefetch=spec.prefetch,
                                            celery_conf=spec.celery_conf, **extra))
