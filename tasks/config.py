@@ -52,6 +52,11 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "visibility_timeout": settings.visibility_timeout_s,
         "broker_connection_retry_on_startup": True,
         # The database is the durable record of outcomes; no result backend to keep in sync.
+        # Measured (bench part `shape`, 2 x 64 threads, 1,024 one-call chapters, two runs on
+        # 2026-12-05, bench/results-shape-128*.md): a Redis result backend changed throughput
+        # by 1.00-1.08x and worker CPU per call by 0.94-1.08x, inside the rounds' spread.
+        # Off because nothing reads the results (each chapter task would leave a key in the
+        # broker's Redis for a day, Celery's result_expires), not for speed.
         "task_ignore_result": True,
         "task_default_queue": settings.task_queue,
         # Workers consume both queues; the reconciler's own queue keeps a backlog of chapter
@@ -59,15 +64,25 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "task_queues": tuple(Queue(q, Exchange(q, type="direct"), routing_key=q)
                              for q in (settings.task_queue, settings.control_queue)),
         "task_routes": {"examforge.reconcile": {"queue": settings.control_queue}},
-        # JSON only: pickle over a reachable broker is remote code execution.
+        # JSON only: pickle over a reachable broker is remote code execution. msgpack (safe
+        # too) was measured and does not pay (part `shape`, the same runs): throughput
+        # 1.03-1.10x, worker CPU per call 0.92-1.06x, inside the spread; decoding a chapter
+        # message takes 16 us in JSON against 8 us in msgpack (timeit, same machine), about
+        # 0.1 % of a call's 8 ms of worker CPU. Not worth a dependency.
         "task_serializer": "json",
         "result_serializer": "json",
         "accept_content": ["json"],
         "event_serializer": "json",
         # Ack after the task returns; a killed worker's message goes back to the queue.
+        # Required for exactly once, so not a tuning knob: the benchmarks never turn it off.
         "task_acks_late": True,
         "task_reject_on_worker_lost": True,
         # Messages reserved per thread (bench/README.md, "prefetch", measures 1 against 4).
+        # 1. Prefetch 4 (part `shape`, the same runs) gave 0.91x, 1.37x (SQLite) and 1.12x,
+        # 1.09x (PostgreSQL) the throughput and 0.89-0.98x the worker CPU per call: not
+        # consistent on SQLite, and a SIGKILLed worker's reserved messages then wait
+        # VISIBILITY_TIMEOUT_S (2 hours; part `prefetch`: 24 of 64 chapters), which no
+        # throughput within this machine's noise is worth.
         "worker_prefetch_multiplier": settings.worker_prefetch_multiplier,
         # A broker outage while late-ack tasks run would otherwise run them twice (#4671).
         "worker_cancel_long_running_tasks_on_connection_loss": True,

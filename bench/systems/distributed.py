@@ -37,6 +37,10 @@ from bench.measure import (
 )
 from bench.systems.embedded import ef_env
 
+# What bench.systems.tuned applies over examforge's Celery settings (named here, so that the
+# bench process need not import `tasks` to start a tuned cluster).
+CELERY_CONF_ENV = "BENCH_CELERY_CONF"
+
 
 @dataclass(frozen=True)
 class ClusterSpec:
@@ -47,6 +51,8 @@ class ClusterSpec:
     prefetch: int = 1  # WORKER_PREFETCH_MULTIPLIER
     app: str = "examforge"  # or "minimal"
     group_commit: bool = True  # GROUP_COMMIT (storage.group): the A/B of `overhead`, `slots32`
+    # Celery settings over examforge's own, as JSON (bench.systems.tuned); "" for none.
+    celery_conf: str = ""
 
     @property
     def slots(self) -> int:
@@ -58,6 +64,8 @@ class ClusterSpec:
         extra = f", prefetch {self.prefetch}" if self.prefetch != 1 else ""
         if not self.group_commit and self.app == "examforge":
             extra += ", group commit off"
+        if self.celery_conf not in ("", "{}"):
+            extra += f", Celery settings {self.celery_conf}"
         return f"{what}: {self.workers} × `celery worker -P threads -c {self.threads}`, {db}{extra}"
 
 
@@ -115,7 +123,8 @@ class Cluster:
             finally:
                 engine.dispose()
         celery = str(Path(sys.executable).with_name("celery"))
-        module = "tasks" if spec.app == "examforge" else "bench.systems.minimal"
+        module = ("bench.systems.minimal" if spec.app != "examforge"
+                  else "bench.systems.tuned" if spec.celery_conf else "tasks")
         cmds = [[celery, "-A", module, "worker", "-P", "threads", "-c", str(spec.threads),
                  "-Q", self.queue, "-n", f"bench{i}-{self.queue}@%h", "--without-mingle",
                  "--without-gossip"] for i in range(spec.workers)]
@@ -147,6 +156,8 @@ class Cluster:
     def env(self) -> dict[str, str]:
         extra = {"WORKER_PREFETCH_MULTIPLIER": str(self.spec.prefetch),
                  "GROUP_COMMIT": "true" if self.spec.group_commit else "false"}
+        if self.spec.celery_conf:
+            extra[CELERY_CONF_ENV] = self.spec.celery_conf
         if self.spec.app == "minimal":
             extra["MINIMAL_DB"] = self.db_url[len("sqlite:///"):]
         return ef_env(self.workdir, self.db_url, self.mock.url, self.spec.qpc, self.queue,
@@ -174,8 +185,9 @@ class Cluster:
         env = self.env()
         if spec.app == "examforge":
             write_syllabus(self.workdir / "exams", slug, targets)
-            enqueue = [sys.executable, "-m", "producer", "enqueue", slug]
-            res.command = f"{self.command} (×{spec.workers}); python -m producer enqueue {slug}"
+            cli = "bench.systems.tuned" if spec.celery_conf else "producer"
+            enqueue = [sys.executable, "-m", cli, "enqueue", slug]
+            res.command = f"{self.command} (×{spec.workers}); python -m {cli} enqueue {slug}"
         else:
             enqueue = [sys.executable, "-m", "bench.systems.minimal", "enqueue", slug,
                        ",".join(map(str, targets))]

@@ -39,7 +39,7 @@ def test_the_throughput_benchmark_runs_and_every_system_pays_exactly_what_is_nee
 # Each group takes about 20-30 s alone on the 2-core machine (measured part by part), so that
 # none is the suite's tail.
 BENCH_GROUPS = ("slots32", "overhead,scaling", "prefetch,threads", "modes,dbcost,verify",
-                "chapters,export,enqueue,status")
+                "chapters,export,enqueue,status", "shape")
 
 
 def test_the_groups_cover_every_part_of_the_suite_once():
@@ -85,6 +85,13 @@ def test_the_benchmark_suite_runs_every_part_and_every_system_pays_exactly_what_
     if "prefetch" in parts:
         kills = {r["prefetch"]: r for r in parts["prefetch"]["runs"] if r.get("kind")}
         assert kills[1]["stranded"] == 0 and kills[4]["stranded"] > 0, kills
+    if "shape" in parts:  # the shapes ran, and the result-backend variant really had one
+        runs = parts["shape"]["runs"]
+        assert {(r["workers"], r["threads"]) for r in runs if r["kind"] == "shape"} == {
+            (1, 8), (2, 4)}, runs
+        stored = {r["config"]: r["results_stored"] for r in runs if r["kind"] == "celery"}
+        assert stored == {"defaults (prefetch 1, no result backend, JSON), sqlite": 0,
+                          "result backend on (Redis), sqlite": 16}, stored  # one a chapter
     if "overhead" in parts:
         assert {"over-minimal", "over-examforge"} <= {r["system"] for r in
                                                       parts["overhead"]["runs"]}
