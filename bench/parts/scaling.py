@@ -26,13 +26,23 @@ def run(ctx: Context) -> PartResult:
     targets, calls = (plan(slots * 20, slots, QPC) if ctx.small
                       else plan(slots * 2 * 50, slots * 2, QPC))
     got: dict[tuple[str, int], Result] = {}
+    off: dict[str, Result] = {}  # 2 workers with group commit off, right after it on
     for database in databases:
         for workers in workers_list:
-            spec = ClusterSpec(workers, slots // workers, database, QPC)
-            r = run_distributed(f"scale-{database[:2]}-{workers}w", ctx.mock, ctx.workdir,
-                                targets, calls, spec, ctx.redis_url)
-            r.system = f"{workers} × {slots // workers} threads, {database}"
-            got[(database, workers)] = part.add_run(r, workers=workers, database=database)
+            for grouped in ((True, False) if workers == 2 else (True,)):
+                spec = ClusterSpec(workers, slots // workers, database, QPC,
+                                   group_commit=grouped)
+                r = run_distributed(f"scale-{database[:2]}-{workers}w" + ("" if grouped
+                                                                         else "-off"),
+                                    ctx.mock, ctx.workdir, targets, calls, spec,
+                                    ctx.redis_url)
+                r.system = (f"{workers} × {slots // workers} threads, {database}"
+                            + ("" if grouped else ", group commit off"))
+                r = part.add_run(r, workers=workers, database=database, group_commit=grouped)
+                if grouped:
+                    got[(database, workers)] = r
+                else:
+                    off[database] = r
     ideal = slots / latency
     rows = [[r.system, fmt(r.calls_per_s(), ".1f"), fmt(r.fraction_of_ideal(), ".3f"),
              fmt(r.cpu_ms_per_call(), ".2f"),
@@ -42,7 +52,7 @@ def run(ctx: Context) -> PartResult:
                  and r.calls_paid else None, ".2f"),
              fmt(r.cores_busy(), ".2f"), fmt(r.machine_cores_busy(), ".2f"),
              fmt(r.peak_rss_mb, ".0f"),
-             f"{r.calls_paid} / {r.calls_needed}"] for r in got.values()]
+             f"{r.calls_paid} / {r.calls_needed}"] for r in [*got.values(), *off.values()]]
     part.details += [(f"{len(targets)} chapters of 50 questions, {calls} calls, latency "
                      f"{latency} s, ideal {ideal:.0f} calls/s."), "",
                      *table(("workers", "calls/s", "fraction of ideal", "worker CPU ms/call",
@@ -60,4 +70,13 @@ def run(ctx: Context) -> PartResult:
                 f"throughput, {workers} workers vs 1 ({database}, {slots} slots)",
                 got[(database, workers)].calls_per_s(), one.calls_per_s(), "1 worker",
                 "calls/s"))
+    for database, r in off.items():
+        on = got[(database, 2)]
+        part.figures.append(Figure(
+            f"throughput at {slots} slots, 2 workers ({database}), group commit on vs off",
+            on.calls_per_s(), r.calls_per_s(), "group commit off", "calls/s", "> 1.0x pays"))
+        part.figures.append(Figure(
+            f"worker CPU per call at {slots} slots, 2 workers ({database}), group commit on "
+            "vs off", on.cpu_ms_per_call(), r.cpu_ms_per_call(), "group commit off", "ms",
+            "< 1.0x pays"))
     return part
