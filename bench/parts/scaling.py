@@ -29,7 +29,8 @@ def run(ctx: Context) -> PartResult:
     off: dict[str, Result] = {}  # 2 workers with group commit off, right after it on
     for database in databases:
         for workers in workers_list:
-            for grouped in ((True, False) if workers == 2 else (True,)):
+            # The smoke run has the A/B in `overhead` only.
+            for grouped in ((True, False) if workers == 2 and not ctx.small else (True,)):
                 spec = ClusterSpec(workers, slots // workers, database, QPC,
                                    group_commit=grouped)
                 r = run_distributed(f"scale-{database[:2]}-{workers}w" + ("" if grouped

@@ -26,7 +26,7 @@ def _systems(ctx: Context, workload: str) -> list[str]:
     else:
         names.append("minimal")
     names += ["dist-sqlite", "dist-pg"]
-    if workload == "1call":  # group commit's A/B, in the same run
+    if workload == "1call" and not ctx.small:  # group commit's A/B, in the same run
         names += ["dist-sqlite-nogroup", "dist-pg-nogroup"]
     if ctx.curator():
         names.append("curator")
@@ -113,6 +113,8 @@ def run(ctx: Context) -> PartResult:
                 one[db].cpu_ms_per_call(), cur1.cpu_ms_per_call(), "curator", "ms",
                 "≤ 1.0x (moonshot ≤ 0.5x)", target_max=1.0))
     for db, label in (("dist-sqlite", "SQLite"), ("dist-pg", "PostgreSQL")):
+        if db + "-nogroup" not in one:  # the smoke run has the A/B in `overhead` only
+            continue
         part.figures.append(Figure(
             f"worker CPU per call, one-call chapters, group commit on vs off, {label}",
             one[db].cpu_ms_per_call(), one[db + "-nogroup"].cpu_ms_per_call(),
