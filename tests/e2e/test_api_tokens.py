@@ -15,7 +15,7 @@ pytestmark = pytest.mark.e2e
 
 
 def _add(dep, name: str, *args: str) -> str:
-    result = dep.cli("token", "add", name, *args)
+    result = dep.cli_in_process("token", "add", name, *args)
     assert result.returncode == 0, result.stderr
     return result.stdout.rstrip("\n").splitlines()[-1]
 
@@ -42,7 +42,7 @@ def test_roles_and_a_revocation_hold_on_every_replica(deploy):
             assert c.get("/exams/other").status_code == 404
             r = c.post("/exams/demo/runs", headers={"Idempotency-Key": "k"}, json={})
             assert r.status_code == 403 and r.json()["required_role"] == "operator"
-    assert dep.cli("token", "revoke", "teacher").returncode == 0
+    assert dep.cli_in_process("token", "revoke", "teacher").returncode == 0
     for server in replicas:  # at once, on both: each request reads the database
         with _as(server, reviewer) as c:
             assert c.get("/me").status_code == 401
@@ -56,7 +56,7 @@ def test_roles_and_a_revocation_hold_on_every_replica(deploy):
     assert [(r["actor"], r["action"], r["exam"]) for r in rows
             if r["action"] == "syllabus.put"] == [("root", "syllabus.put", "other"),
                                                   ("root", "syllabus.put", "demo")]
-    listed = dep.cli("token", "list", "--revoked")
+    listed = dep.cli_in_process("token", "list", "--revoked")
     for server in replicas:
         for token in (admin, reviewer):
             assert token[3:] not in server.log() and token[3:] not in listed.stdout

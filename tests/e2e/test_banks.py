@@ -34,7 +34,7 @@ def test_run_and_export_every_bank_format_on_postgres(deploy, mock, tmp_path: Pa
         {"id": "mixed", "title": "Mixed {=~#}", "questions": 40, "difficulty": MIX,
          "bloom": ["apply", "analyze"]},
         {"id": "plain", "title": "Plain", "questions": 12}]})
-    run = dep.cli("run", "banks", "--concurrency", "4", timeout=120)
+    run = dep.cli_in_process("run", "banks", "--concurrency", "4", timeout=120)
     assert run.returncode == 0, run.stderr
     rows = dep.store.questions("banks")
     assert len(rows) == 52
@@ -48,9 +48,9 @@ def test_run_and_export_every_bank_format_on_postgres(deploy, mock, tmp_path: Pa
 
     folder = dep.workdir / "exams" / "banks"
     for fmt in ("moodle-xml", "gift", "anki", "qti"):
-        done = dep.cli("export", "banks", "--format", fmt)
+        done = dep.cli_in_process("export", "banks", "--format", fmt)
         assert done.returncode == 0, done.stderr
-    refused = dep.cli("export", "banks", "--format", "qti", "-o", "-")
+    refused = dep.cli_in_process("export", "banks", "--format", "qti", "-o", "-")
     assert refused.returncode == 2 and refused.stdout == ""
     assert refused.stderr.strip() == ("error: -o -: qti is a binary format (.qti.zip); write "
                                       "it to a file")

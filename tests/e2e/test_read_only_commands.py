@@ -1,6 +1,9 @@
 """The commands that only read (status, exams, export, doctor, prune --dry-run) never create
 or upgrade a schema: pointed at the wrong database, they say so in one line and exit 2,
-and the database is as it was. Runs the real CLI in a subprocess on both databases."""
+and the database is as it was. On both databases. The first read of each test runs in a real
+process (its exit code and stderr as a shell sees them), `doctor` too (it reaches the broker);
+the others run the same CLI in this process (Deployment.cli_in_process), which shows the same
+without a Python start-up each."""
 
 from __future__ import annotations
 
@@ -13,6 +16,11 @@ pytestmark = pytest.mark.e2e
 
 READS = [["status", "demo"], ["status", "demo", "--json"], ["exams"], ["export", "demo"],
          ["prune", "--older-than", "0s", "--dry-run"]]
+
+
+def _read(dep, i: int, command: list[str], **env: str):
+    """The first read in a real process, the others in this one."""
+    return (dep.cli if i == 0 else dep.cli_in_process)(*command, **env)
 
 
 def _tables(url: str) -> list[str]:
@@ -39,8 +47,8 @@ def test_reads_of_a_missing_sqlite_file_create_nothing(deploy, tmp_path):
     path = tmp_path / "elsewhere" / "examforge.db"
     path.parent.mkdir()
     url = f"sqlite:///{path}"
-    for command in READS:
-        _assert_one_line(dep.cli(*command, DATABASE_URL=url), "no such database file",
+    for i, command in enumerate(READS):
+        _assert_one_line(_read(dep, i, command, DATABASE_URL=url), "no such database file",
                          "migrate")
     doctor = dep.cli("doctor", DATABASE_URL=url)
     assert doctor.returncode == 2, doctor.stdout + doctor.stderr
@@ -58,15 +66,15 @@ def test_reads_of_a_database_without_schema_write_none(deploy, database, tmp_pat
         url = request.getfixturevalue("pg_url")  # as the shared `postgres` database would be
     dep = deploy(database_url=url, migrated=False)
     # Every read on SQLite; two on PostgreSQL (the same code path, a second per command).
-    for command in READS if database == "sqlite" else [READS[0], READS[-1]]:
-        _assert_one_line(dep.cli(*command), "has no examforge schema", "migrate")
+    for i, command in enumerate(READS if database == "sqlite" else [READS[0], READS[-1]]):
+        _assert_one_line(_read(dep, i, command), "has no examforge schema", "migrate")
     doctor = dep.cli("doctor")
     assert doctor.returncode == 2 and "has no examforge schema" in doctor.stdout, doctor.stdout
     assert _tables(url) == []
     # The commands that write still create it.
-    assert dep.cli("migrate").returncode == 0
+    assert dep.cli_in_process("migrate").returncode == 0
     assert "alembic_version" in _tables(url)
-    unknown = dep.cli("status", "demo")
+    unknown = dep.cli_in_process("status", "demo")
     assert unknown.returncode == 2 and "demo" in unknown.stderr, unknown.stderr
 
 
@@ -84,8 +92,8 @@ def test_reads_of_an_older_schema_do_not_upgrade_it(deploy, tmp_path):
         older = ScriptDirectory.from_config(config).get_revision(SCHEMA_REVISION).down_revision
         command.upgrade(config, older)
     dep = deploy(database_url=url, migrated=False)
-    for command_line in (READS[0], READS[-1]):
-        _assert_one_line(dep.cli(*command_line), f"revision {older}", "migrate")
+    for i, command_line in enumerate((READS[0], READS[-1])):
+        _assert_one_line(_read(dep, i, command_line), f"revision {older}", "migrate")
     assert current_revision(engine) == older
     dep.syllabus("demo", [("a", 5)])
     # A dry run reads too.

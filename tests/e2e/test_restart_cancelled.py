@@ -18,7 +18,7 @@ def test_enqueue_and_run_restart_a_cancelled_exam(deploy, mock):
     dep.syllabus("demo", [("a", 5), ("b", 5)])
     queue = redis.Redis.from_url(dep.env["BROKER_URL"])
     assert dep.cli("enqueue", "demo").returncode == 0
-    assert dep.cli("cancel", "demo").stdout.strip() == "cancelled 2 chapters of demo"
+    assert dep.cli_in_process("cancel", "demo").stdout.strip() == "cancelled 2 chapters of demo"
     queue.delete(dep.env["TASK_QUEUE"])  # no worker took them; cancelled, they do nothing
 
     resumed = dep.cli("resume", "demo")
@@ -42,8 +42,8 @@ def test_enqueue_and_run_restart_a_cancelled_exam(deploy, mock):
     assert dep.status("demo")["chapters"]["pending"] == 2
 
     # `run`, the same without a broker: cancel again, and run generates the exam.
-    assert dep.cli("cancel", "demo").returncode == 0
-    ran = dep.cli("run", "demo")
+    assert dep.cli_in_process("cancel", "demo").returncode == 0
+    ran = dep.cli_in_process("run", "demo")
     assert ran.returncode == 0, ran.stdout + ran.stderr
     assert "restarted demo/b (was cancelled)" in ran.stderr
     report = dep.status("demo")
