@@ -53,12 +53,12 @@ def test_the_naive_scripts_file_imported_twice_then_enqueue_pays_only_for_the_re
     path = _naive_file(dep.workdir / "checkpoint.jsonl", {"a": 12, "b": 6})
     with path.open("a", encoding="utf-8") as f:
         f.write(path.read_text().splitlines()[12] + "\n")
-    first = dep.cli("import", "demo", str(path))
+    first = dep.cli_in_process("import", "demo", str(path))
     assert first.returncode == 0, first.stderr
     assert "imported 18, skipped 0 already stored, 1 repeated in the file, 0 near-duplicates, " \
            "0 past the target" in first.stdout, first.stdout
     assert "demo/b: 6 questions, slice 0 numbers 1-6" in first.stdout
-    second = dep.cli("import", "demo", str(path))
+    second = dep.cli_in_process("import", "demo", str(path))
     assert second.returncode == 0, second.stderr
     assert "imported 0, skipped 19 already stored" in second.stdout, second.stdout
     assert mock.stats()["calls_total"] == 0
@@ -82,7 +82,7 @@ def test_the_naive_scripts_file_imported_twice_then_enqueue_pays_only_for_the_re
     assert report["usage"]["calls"] == stats["calls_total"] == 3
     rows = dep.store.questions("demo")
     assert [r["model"] for r in rows if r["chapter_id"] == "b"][:6] == ["import"] * 6
-    shown = dep.cli("status", "demo")
+    shown = dep.cli_in_process("status", "demo")
     assert "imported: 18 questions in 2 batches" in shown.stdout, shown.stdout
 
 
@@ -90,7 +90,7 @@ def test_importing_a_file_with_a_bad_line_leaves_the_database_unchanged(deploy, 
     dep = deploy("sqlite")
     dep.syllabus("demo", [("a", 10), ("b", 10)])
     good = _naive_file(dep.workdir / "good.jsonl", {"a": 4})
-    assert dep.cli("import", "demo", str(good)).returncode == 0
+    assert dep.cli_in_process("import", "demo", str(good)).returncode == 0
     before = _rows(dep)
     lines = _naive_file(dep.workdir / "bad.jsonl", {"a": 6, "b": 3}).read_text().splitlines()
     bad_line = json.loads(lines[4])
@@ -98,7 +98,7 @@ def test_importing_a_file_with_a_bad_line_leaves_the_database_unchanged(deploy, 
     lines[4] = json.dumps(bad_line)
     bad = dep.workdir / "bad.jsonl"
     bad.write_text("\n".join(lines) + "\n")
-    result = dep.cli("import", "demo", str(bad))
+    result = dep.cli_in_process("import", "demo", str(bad))
     assert result.returncode == 2
     assert result.stderr.strip() == (f"error: {bad}:5: choices: must be a list of 4 strings; "
                                      "nothing was imported"), result.stderr
@@ -108,7 +108,7 @@ def test_importing_a_file_with_a_bad_line_leaves_the_database_unchanged(deploy, 
     # was never enqueued is not even recorded.
     dep.syllabus("fresh", [("x", 5)])
     stray = _naive_file(dep.workdir / "stray.jsonl", {"x": 2, "nope": 1})
-    result = dep.cli("import", "fresh", str(stray))
+    result = dep.cli_in_process("import", "fresh", str(stray))
     assert result.returncode == 2
     assert f"{stray}:3: chapter_id: 'nope' is not a chapter of fresh" in result.stderr
     assert _rows(dep) == before and not dep.store.exam_exists("fresh")
@@ -118,7 +118,7 @@ def test_prune_dry_run_then_prune_with_a_finished_and_a_running_exam(deploy, moc
     dep = deploy("postgres", lease_s=60)  # the lease outlives the worker's pause below
     dep.syllabus("old", [("a", 10), ("b", 5)])
     dep.syllabus("live", [(f"ch-{i}", 30) for i in range(3)])
-    assert dep.cli("run", "old", "--concurrency", "2").returncode == 0
+    assert dep.cli_in_process("run", "old", "--concurrency", "2").returncode == 0
     mock.configure(latency_s=0.4)
     assert dep.cli("enqueue", "live").returncode == 0
     worker = dep.worker(2)
@@ -135,7 +135,7 @@ def test_prune_dry_run_then_prune_with_a_finished_and_a_running_exam(deploy, moc
     assert report["chapters"]["done"] == 3, dump(report) + dep.worker_logs()
     assert_stored_exactly_once(dep, "live", {f"ch-{i}": 30 for i in range(3)})
     assert report["usage"]["calls_wasted"] == 0
-    bad = dep.cli("prune", "--older-than", "7x")
+    bad = dep.cli_in_process("prune", "--older-than", "7x")
     assert bad.returncode == 2 and "--older-than" in bad.stderr
 
 
@@ -143,22 +143,22 @@ def _prune_beside_a_running_exam(dep: Deployment) -> None:
     old_rows = _owned(dep, "old")
     assert old_rows["question"] == 15
 
-    dry = dep.cli("prune", "--older-than", "0s", "--dry-run")
+    dry = dep.cli_in_process("prune", "--older-than", "0s", "--dry-run")
     assert dry.returncode == 0, dry.stderr
     assert "would prune old: 2 chapters (2 slices), 15 questions" in dry.stdout, dry.stdout
     assert "kept        live:" in dry.stdout and "nothing was deleted" in dry.stdout
     assert _owned(dep, "old") == old_rows
 
-    refused = dep.cli("prune", "--older-than", "0s", "--exam", "live")
+    refused = dep.cli_in_process("prune", "--older-than", "0s", "--exam", "live")
     assert refused.returncode == 2 and "cancel it first" in refused.stderr, refused.stderr
-    kept = dep.cli("prune", "--older-than", "1h")
+    kept = dep.cli_in_process("prune", "--older-than", "1h")
     assert kept.returncode == 0 and "pruned 0 exams" in kept.stdout, kept.stdout
 
-    pruned = dep.cli("prune", "--older-than", "0s")
+    pruned = dep.cli_in_process("prune", "--older-than", "0s")
     assert pruned.returncode == 0, pruned.stderr
     assert "pruned      old: 2 chapters (2 slices), 15 questions" in pruned.stdout
     assert _owned(dep, "old") == {"exam": 0, "slice": 0, "question": 0, "call": 0}
-    assert dep.cli("status", "old").returncode == 2
+    assert dep.cli_in_process("status", "old").returncode == 2
     assert dep.store.exam_exists("live")
 
 
@@ -176,7 +176,7 @@ def test_prune_racing_a_worker_that_is_still_committing(deploy, mock, database):
     while True:
         report = dep.status("race")
         finished = report["chapters"]["done"] == 2
-        result = dep.cli("prune", "--older-than", "0s")
+        result = dep.cli_in_process("prune", "--older-than", "0s")
         assert result.returncode == 0, result.stderr
         if "pruned      race:" in result.stdout:
             assert finished or dep.store.exam_exists("race") is False
@@ -195,8 +195,8 @@ def test_prune_racing_a_worker_that_is_still_committing(deploy, mock, database):
     victim = dep.procs[-1]
     victim.send_signal(signal.SIGSTOP)
     try:
-        assert dep.cli("cancel", "frozen").returncode == 0
-        result = dep.cli("prune", "--older-than", "0s", "--exam", "frozen")
+        assert dep.cli_in_process("cancel", "frozen").returncode == 0
+        result = dep.cli_in_process("prune", "--older-than", "0s", "--exam", "frozen")
         assert result.returncode == 0 and "pruned      frozen:" in result.stdout, result.stdout
     finally:
         victim.send_signal(signal.SIGCONT)

@@ -47,20 +47,20 @@ def test_watch_exits_1_when_a_chapter_failed(deploy, mock):
     mock.configure(script={"demo/b": ["refusal"]})
     assert dep.cli("enqueue", "demo").returncode == 0
     dep.worker(2)
-    watched = dep.cli("status", "demo", "--watch", "--interval", "0.2", timeout=90)
+    watched = dep.cli_in_process("status", "demo", "--watch", "--interval", "0.2", timeout=90)
     assert watched.returncode == 1, watched.stdout + watched.stderr
     assert " failed: 5/10 questions" in watched.stdout.splitlines()[-1], watched.stdout
     report = dep.status("demo")
     assert report["state"] == "failed" and report["recent_errors"][0]["reason"] == \
         "invalid_output"
-    text = dep.cli("status", "demo")
+    text = dep.cli_in_process("status", "demo")
     assert "time: started" in text.stdout and "elapsed" in text.stdout
 
 
 def test_producer_run_shows_the_same_view_and_no_second_progress_bar(deploy, mock):
     dep = deploy("sqlite")
     dep.syllabus("demo", [("a", 20), ("b", 20), ("c", 20)])
-    run = dep.cli("run", "demo", "-c", "4", timeout=120)
+    run = dep.cli_in_process("run", "demo", "-c", "4", timeout=120)
     assert run.returncode == 0, run.stderr
     views = [line for line in run.stderr.splitlines() if PLAIN.match(line)]
     assert views and " done: 60/60 questions" in views[-1], run.stderr
@@ -72,9 +72,9 @@ def test_exams_lists_every_exam_with_its_state(deploy, mock):
     dep = deploy("sqlite")
     dep.syllabus("first", [("a", 5)])
     dep.syllabus("second", [("a", 5), ("b", 5)])
-    assert dep.cli("run", "first", timeout=60).returncode == 0
+    assert dep.cli_in_process("run", "first", timeout=60).returncode == 0
     assert dep.cli("enqueue", "second").returncode == 0  # no worker: it waits
-    listed = dep.cli("exams", "--json")
+    listed = dep.cli_in_process("exams", "--json")
     assert listed.returncode == 0, listed.stderr
     page = json.loads(listed.stdout)
     assert page["next"] is None  # one page: two exams
@@ -86,7 +86,7 @@ def test_exams_lists_every_exam_with_its_state(deploy, mock):
     assert first["cost_usd"] >= 0 and first["updated_at"]
     assert (second["state"], second["chapters"], second["questions"]) == (
         "active", {"done": 0, "total": 2}, {"done": 0, "target": 10})
-    table = dep.cli("exams")
+    table = dep.cli_in_process("exams")
     assert "2 exams" in table.stdout and "second" in table.stdout
 
 

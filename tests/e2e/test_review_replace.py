@@ -49,7 +49,7 @@ def test_rejected_questions_are_replaced_once_by_the_next_enqueue(deploy, mock, 
     for q in approved:
         dep.store.approve("ex", q["id"], q["version"], "e2e-reviewer")
     dep.store.edit("ex", a[4]["id"], 1, "e2e-reviewer", {"explanation": "Edited by a person."})
-    counts = json.loads(dep.cli("review", "ex", "--json").stdout)
+    counts = json.loads(dep.cli_in_process("review", "ex", "--json").stdout)
     by = {c["chapter_id"]: c for c in counts["chapters"]}
     assert (by["a"]["questions"], by["a"]["rejected"], by["a"]["approved"],
             by["a"]["unreviewed"]) == (17, 3, 2, 15)
@@ -90,21 +90,22 @@ def test_rejected_questions_are_replaced_once_by_the_next_enqueue(deploy, mock, 
 
     # export writes the 30 in the bank (edited text included), --approved-only the three.
     out = dep.workdir / "all.jsonl"
-    assert dep.cli("export", "ex", "-o", str(out)).returncode == 0
+    assert dep.cli_in_process("export", "ex", "-o", str(out)).returncode == 0
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == 30 and "Edited by a person." in {r["explanation"] for r in rows}
     assert not {q["question"] for q in rejected} & {r["question"] for r in rows}
     for fmt, suffix in (("jsonl", "jsonl"), ("csv", "csv")):
         path = dep.workdir / f"approved.{suffix}"
-        done = dep.cli("export", "ex", "--approved-only", "--format", fmt, "-o", str(path))
+        done = dep.cli_in_process("export", "ex", "--approved-only", "--format", fmt, "-o",
+                                  str(path))
         assert done.returncode == 0 and "wrote 3 questions" in done.stderr, done.stderr
     rows = [json.loads(line) for line in (dep.workdir / "approved.jsonl").read_text().splitlines()]
     assert [(r["chapter_id"], r["number"]) for r in rows] == [("a", 1), ("a", 3), ("b", 1)]
     xml = dep.workdir / "approved.xml"
-    assert dep.cli("export", "ex", "--approved-only", "--format", "moodle-xml", "-o",
-                   str(xml)).returncode == 0
+    assert dep.cli_in_process("export", "ex", "--approved-only", "--format", "moodle-xml",
+                              "-o", str(xml)).returncode == 0
     assert xml.read_text().count('<question type="multichoice"') == 3
-    table = dep.cli("review", "ex")
+    table = dep.cli_in_process("review", "ex")
     assert table.returncode == 0 and "to review" in table.stdout, table.stdout
 
 
@@ -118,9 +119,9 @@ def test_verify_replace_then_review_then_export_approved(deploy, mock):
     mock.configure(latency_s=0.02, wrong_key_rate=0.3, seed=11)
     dep = deploy("sqlite", verify="replace", questions_per_call=QUESTIONS_PER_CALL)
     dep.syllabus("ex", [("a", 10)])
-    done = dep.cli("run", "ex", timeout=90)
+    done = dep.cli_in_process("run", "ex", timeout=90)
     assert done.returncode == 0, done.stdout + done.stderr
-    counts = json.loads(dep.cli("review", "ex", "--json").stdout)["chapters"][0]
+    counts = json.loads(dep.cli_in_process("review", "ex", "--json").stdout)["chapters"][0]
     items = dep.store.chapter_questions("ex", "a")[1]
     bank = [q for q in items if q["withdrawn"] is None]
     disputed = [q for q in items if q["withdrawn"] == "disputed"]
@@ -136,7 +137,7 @@ def test_verify_replace_then_review_then_export_approved(deploy, mock):
         dep.store.approve("ex", q["id"], 1, "e2e-reviewer")
     dep.store.reject("ex", bank[-1]["id"], 1, "e2e-reviewer")
     generated = [c for c in dep.calls("ex") if c["kind"] is None]
-    done = dep.cli("run", "ex", timeout=90)
+    done = dep.cli_in_process("run", "ex", timeout=90)
     assert done.returncode == 0, done.stdout + done.stderr
     assert_stored_exactly_once(dep, "ex", {"a": 10})
     new = [c for c in dep.calls("ex") if c["kind"] is None and c["id"] > generated[-1]["id"]]
@@ -147,6 +148,7 @@ def test_verify_replace_then_review_then_export_approved(deploy, mock):
     assert replacement[0]["id"] != bank[-1]["id"] and replacement[0]["verdict"] == "agreed"
 
     xml = dep.workdir / "approved.xml"
-    out = dep.cli("export", "ex", "--approved-only", "--format", "moodle-xml", "-o", str(xml))
+    out = dep.cli_in_process("export", "ex", "--approved-only", "--format", "moodle-xml",
+                             "-o", str(xml))
     assert out.returncode == 0 and "wrote 9 questions" in out.stderr, out.stderr
     assert xml.read_text().count('<question type="multichoice"') == 9

@@ -32,7 +32,7 @@ def test_course_notes_to_a_reviewed_moodle_bank(deploy, mock, database):
     (path.parent / "notes").mkdir()
     (path.parent / "notes" / "net.md").write_text(NOTES)
 
-    done = dep.cli("run", "course", timeout=90)
+    done = dep.cli_in_process("run", "course", timeout=90)
     assert done.returncode == 0, done.stdout + done.stderr
     assert_stored_exactly_once(dep, "course", {"net": 10, "ops": 5})
     items = {ch: dep.store.chapter_questions("course", ch)[1] for ch in ("net", "ops")}
@@ -44,11 +44,11 @@ def test_course_notes_to_a_reviewed_moodle_bank(deploy, mock, database):
     assert (len(bank["net"]), len(bank["ops"])) == (10, 5)
     assert all(q["source"].startswith("notes/net.md, Topic ") for q in bank["net"])
     # status shows the verdicts without the review page.
-    status = json.loads(dep.cli("status", "course", "--json").stdout)
+    status = json.loads(dep.cli_in_process("status", "course", "--json").stdout)
     assert status["verification"] == {"agreed": 15, "disputed": len(disputed), "pending": 0,
                                       "withdrawn": len(disputed), "unverified": 0
                                       }, status["verification"]
-    text = dep.cli("status", "course").stdout
+    text = dep.cli_in_process("status", "course").stdout
     assert f"verification: 15 agreed, {len(disputed)} disputed (replaced), 0 pending" in text
     # Paid calls: every call the mock billed is in the ledger, each generation batch solved
     # once, and the solver was shown the cited passage of every grounded question.
@@ -89,8 +89,8 @@ def test_course_notes_to_a_reviewed_moodle_bank(deploy, mock, database):
         assert (summary["approved"], summary["rejected"]) == (11, 1), summary
 
     target = dep.workdir / "approved.xml"
-    out = dep.cli("export", "course", "--approved-only", "--format", "moodle-xml", "-o",
-                  str(target))
+    out = dep.cli_in_process("export", "course", "--approved-only", "--format", "moodle-xml",
+                             "-o", str(target))
     assert out.returncode == 0 and "wrote 11 questions" in out.stderr, out.stderr
     xml = target.read_text()
     blocks = xml.split('<question type="multichoice">')[1:]
