@@ -29,7 +29,10 @@ def _notes(n: int) -> str:
 
 # PostgreSQL too: its commits go through ef_commit (storage.fastpath), which stores the
 # citations as the general path does.
-@pytest.mark.parametrize("database", ["sqlite", "postgres"])
+# PostgreSQL only here (workers on the shared database; the tour test of
+# test_trust_workflow.py grounds a chapter on SQLite): passages, citations and a changed file
+# run on both databases in tests/integration/test_sources_store.py.
+@pytest.mark.parametrize("database", ["postgres"])
 def test_a_chapter_grounded_in_notes_and_a_pdf_cites_its_slices_material(deploy, mock, database):
     mock.configure(latency_s=0.3)
     dep = deploy(database, questions_per_call=5, slice_questions=10, lease_s=3)

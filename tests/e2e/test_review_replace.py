@@ -27,7 +27,10 @@ def _by_number(dep, chapter):
             if q["withdrawn"] is None}
 
 
-@pytest.mark.parametrize("database", ["sqlite", "postgres"])
+# PostgreSQL only here: review, rejection and what a regeneration keeps run on both databases
+# in tests/integration/test_review_store.py, test_reviewed_work_kept.py and
+# test_reject_during_run.py; the verify-replace test below is on SQLite.
+@pytest.mark.parametrize("database", ["postgres"])
 def test_rejected_questions_are_replaced_once_by_the_next_enqueue(deploy, mock, database):
     mock.configure(latency_s=0.05)
     dep = deploy(database, questions_per_call=QUESTIONS_PER_CALL, slice_questions=10)

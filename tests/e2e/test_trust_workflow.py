@@ -21,7 +21,10 @@ NOTES = "\n\n".join(
     f"## Topic {i}\n\n" + " ".join(f"fact{i}w{k}" for k in range(150)) + "." for i in (1, 2, 3))
 
 
-@pytest.mark.parametrize("database", ["sqlite", "postgres"])
+# SQLite only here, as the tour runs it: grounding, the blind solve and the review it relies on
+# run on both databases in tests/integration/test_sources_store.py, test_verify.py and
+# test_review_workflow_api.py.
+@pytest.mark.parametrize("database", ["sqlite"])
 def test_course_notes_to_a_reviewed_moodle_bank(deploy, mock, database):
     mock.configure(latency_s=0.02, wrong_key_rate=0.3, solver_error_rate=0.0, seed=3)
     dep = deploy(database, verify="replace", questions_per_call=5, slice_questions=10,
