@@ -22,7 +22,7 @@ def test_watch_follows_a_run_in_plain_lines_and_exits_by_itself_when_it_finishes
     mock.configure(latency_s=0.3)
     dep = deploy("sqlite")
     dep.syllabus("demo", [("a", 20), ("b", 20), ("c", 20)])
-    assert dep.cli("enqueue", "demo").returncode == 0
+    assert dep.cli_in_process("enqueue", "demo").returncode == 0
     # Off a terminal (a pipe): one plain line per refresh, no redraw.
     watcher = dep.spawn_cli("status", "demo", "--watch", "--interval", "0.3")
     dep.worker(2)
@@ -41,22 +41,6 @@ def test_watch_follows_a_run_in_plain_lines_and_exits_by_itself_when_it_finishes
     assert report["elapsed_s"] > 0 and report["started_at"] <= report["finished_at"]
 
 
-def test_watch_exits_1_when_a_chapter_failed(deploy, mock):
-    dep = deploy("sqlite", max_reasks=0)
-    dep.syllabus("demo", [("a", 5), ("b", 5)])
-    mock.configure(script={"demo/b": ["refusal"]})
-    assert dep.cli("enqueue", "demo").returncode == 0
-    dep.worker(2)
-    watched = dep.cli_in_process("status", "demo", "--watch", "--interval", "0.2", timeout=90)
-    assert watched.returncode == 1, watched.stdout + watched.stderr
-    assert " failed: 5/10 questions" in watched.stdout.splitlines()[-1], watched.stdout
-    report = dep.status("demo")
-    assert report["state"] == "failed" and report["recent_errors"][0]["reason"] == \
-        "invalid_output"
-    text = dep.cli_in_process("status", "demo")
-    assert "time: started" in text.stdout and "elapsed" in text.stdout
-
-
 def test_producer_run_shows_the_same_view_and_no_second_progress_bar(deploy, mock):
     dep = deploy("sqlite")
     dep.syllabus("demo", [("a", 20), ("b", 20), ("c", 20)])
@@ -73,7 +57,7 @@ def test_exams_lists_every_exam_with_its_state(deploy, mock):
     dep.syllabus("first", [("a", 5)])
     dep.syllabus("second", [("a", 5), ("b", 5)])
     assert dep.cli_in_process("run", "first", timeout=60).returncode == 0
-    assert dep.cli("enqueue", "second").returncode == 0  # no worker: it waits
+    assert dep.cli_in_process("enqueue", "second").returncode == 0  # no worker: it waits
     listed = dep.cli_in_process("exams", "--json")
     assert listed.returncode == 0, listed.stderr
     page = json.loads(listed.stdout)
@@ -90,18 +74,28 @@ def test_exams_lists_every_exam_with_its_state(deploy, mock):
     assert "2 exams" in table.stdout and "second" in table.stdout
 
 
-def test_retry_re_enqueues_failed_chapters_and_leaves_a_pause_alone(deploy, mock):
+def test_watch_exits_1_on_a_failed_chapter_and_retry_re_enqueues_it_but_leaves_a_pause_alone(
+        deploy, mock):
+    # One run for both (formerly two tests with the same exam, worker and failure): the watch
+    # follows it to the failed chapter, then retry takes that chapter up again.
     dep = deploy("sqlite", max_reasks=0)
     dep.syllabus("demo", [("a", 5), ("b", 5)])
     mock.configure(script={"demo/b": ["refusal"]})
-    assert dep.cli("enqueue", "demo").returncode == 0
+    assert dep.cli_in_process("enqueue", "demo").returncode == 0
     worker = dep.worker(2)
-    report = dep.wait_done("demo", 60)
+    watched = dep.cli_in_process("status", "demo", "--watch", "--interval", "0.2", timeout=90)
+    assert watched.returncode == 1, watched.stdout + watched.stderr
+    assert " failed: 5/10 questions" in watched.stdout.splitlines()[-1], watched.stdout
+    report = dep.status("demo")
     assert report["chapters"]["failed"] == 1, dump(report)
-    unknown = dep.cli("retry", "demo", "--chapter", "nope")
+    assert report["state"] == "failed" and report["recent_errors"][0]["reason"] == \
+        "invalid_output"
+    text = dep.cli_in_process("status", "demo")
+    assert "time: started" in text.stdout and "elapsed" in text.stdout
+    unknown = dep.cli_in_process("retry", "demo", "--chapter", "nope")
     assert unknown.returncode != 0 and "'nope'" in unknown.stderr
     assert "Traceback" not in unknown.stderr
-    retried = dep.cli("retry", "demo", "--chapter", "b")
+    retried = dep.cli_in_process("retry", "demo", "--chapter", "b")
     assert retried.returncode == 0 and "retrying 1 failed chapter of demo" in retried.stdout
     report = dep.wait_done("demo", 60)
     assert report["state"] == "done", dump(report)
@@ -109,15 +103,15 @@ def test_retry_re_enqueues_failed_chapters_and_leaves_a_pause_alone(deploy, mock
     # A paused exam stays paused: the retried chapter waits for `resume`.
     dep.syllabus("demo", [("a", 5), ("b", 10)])
     mock.configure(script={"demo/b": ["refusal"]})
-    assert dep.cli("enqueue", "demo").returncode == 0
+    assert dep.cli_in_process("enqueue", "demo").returncode == 0
     dep.worker(2)
     wait_for(lambda: dep.status("demo")["chapters"]["failed"] == 1, 60, "b to fail again")
     dep.store.pause_exam("demo", "a person paused it", PauseCode.manual)
-    retried = dep.cli("retry", "demo")
+    retried = dep.cli_in_process("retry", "demo")
     assert "is paused (a person paused it)" in retried.stdout, retried.stdout
     assert dep.status("demo")["state"] == "paused"
     calls = mock.stats()["calls_total"]
     time.sleep(1)  # a check that nothing happens needs some time for it not to
     assert mock.stats()["calls_total"] == calls  # nothing runs while paused
-    assert dep.cli("resume", "demo").returncode == 0
+    assert dep.cli_in_process("resume", "demo").returncode == 0
     assert dep.wait_done("demo", 60)["state"] == "done"
