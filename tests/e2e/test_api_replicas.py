@@ -176,7 +176,7 @@ def test_the_cli_enqueues_a_syllabus_the_api_stored(deploy, mock):
     with server.client() as c:
         put_syllabus(c, "demo", [("a", 7)])
     assert not (dep.workdir / "exams" / "demo").exists()  # in the database only
-    result = dep.cli("enqueue", "demo")
+    result = dep.cli_in_process("enqueue", "demo")
     assert result.returncode == 0, result.stderr
     assert "enqueued  demo/a" in result.stdout
     dep.worker(concurrency=2)

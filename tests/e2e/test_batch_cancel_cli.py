@@ -24,7 +24,7 @@ def test_cancel_from_another_process_stops_run_batch_and_keeps_what_the_batch_fi
     runner = dep.spawn_cli("run", "bx", "--batch")
 
     def in_flight() -> dict[str, Any] | None:
-        status = dep.cli("status", "bx", "--json")
+        status = dep.cli_in_process("status", "bx", "--json")
         if status.returncode != 0:
             return None
         data = json.loads(status.stdout)
@@ -39,7 +39,7 @@ def test_cancel_from_another_process_stops_run_batch_and_keeps_what_the_batch_fi
     [batch] = data["batches"]
     assert batch["requests"]["total"] == 6 and batch["expires_at"] > batch["created_at"]
     assert all(ch["waiting_on"] for ch in data["chapter_list"] if ch["state"] == "running")
-    cancel = dep.cli("cancel", "bx")
+    cancel = dep.cli_in_process("cancel", "bx")
     assert cancel.returncode == 0, cancel.stdout + cancel.stderr
     assert f"cancelling 1 provider batch of bx: {batch['id']}" in cancel.stdout
     # The runner books the cancelled batch and ends: nothing is left to do.
@@ -56,5 +56,5 @@ def test_cancel_from_another_process_stops_run_batch_and_keeps_what_the_batch_fi
     assert sorted(int(u["custom_id"].split("-")[1]) for u in paid) == [c["id"] for c in used]
     assert len(dep.store.questions("bx")) == 5 * len(used)
     assert len(httpx.get(f"{mock.base_url}/batches").json()["data"]) == 1  # none submitted again
-    status = dep.cli("status", "bx")
+    status = dep.cli_in_process("status", "bx")
     assert "waiting on" not in status.stdout and "cancelled" in status.stdout

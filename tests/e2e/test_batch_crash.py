@@ -44,7 +44,7 @@ def _check(dep, mock) -> None:
 
 
 def _run_to_end(dep, timeout_s: float = 90) -> None:
-    done = dep.cli("run", "bx", "--batch", timeout=timeout_s)
+    done = dep.cli_in_process("run", "bx", "--batch", timeout=timeout_s)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "17/17 questions" in done.stdout
 
@@ -94,7 +94,7 @@ def test_enqueue_batch_with_a_worker_and_beat(deploy, mock, database):
     dep.syllabus("bx", CHAPTERS)
     dep.worker(4)
     dep.beat()
-    enq = dep.cli("enqueue", "bx", "--batch")
+    enq = dep.cli_in_process("enqueue", "bx", "--batch")
     assert enq.returncode == 0, enq.stdout + enq.stderr
     assert "batch mode" in enq.stdout
     report = dep.wait_done("bx", timeout_s=90)
@@ -108,7 +108,7 @@ def test_a_worker_killed_before_the_create_is_recovered_by_another(deploy, mock)
     dep = deploy("postgres", **BATCH_ENV)
     dep.syllabus("bx", CHAPTERS)
     doomed = dep.worker(2, EXAMFORGE_TEST_BATCH_CRASH="before_create")
-    enq = dep.cli("enqueue", "bx", "--batch")
+    enq = dep.cli_in_process("enqueue", "bx", "--batch")
     assert enq.returncode == 0, enq.stdout + enq.stderr
     assert doomed.wait(timeout=60) == -9, dep.worker_logs()
     (row,) = dep.store.exam_batches("bx")

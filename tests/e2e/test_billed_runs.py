@@ -45,7 +45,7 @@ def test_every_billed_reply_is_booked_and_none_is_wasted_on_broken_json(deploy, 
     dep = deploy(database, llm_response_format="json_schema", llm_max_tokens_per_question=200,
                  reconcile_interval_s=1, retry_base_s=0.1, llm_timeout_s=6, **PRICES)
     dep.syllabus("exam", chapters)
-    assert dep.cli("enqueue", "exam", "--budget-usd", "50").returncode == 0
+    assert dep.cli_in_process("enqueue", "exam", "--budget-usd", "50").returncode == 0
     dep.worker(4)
     dep.beat()
     report = dep.wait_done("exam", 90)

@@ -45,7 +45,7 @@ def test_cost_equals_the_bill_with_cached_tokens_at_their_price(deploy, mock, da
     dep.syllabus("exam", {"title": "Cached exam", "chapters": [
         {"id": f"ch-{i}", "title": f"Chapter {i}", "questions": 15, "prompt": GUIDANCE}
         for i in range(2)]})
-    run = dep.cli("run", "exam", "-c", "2", timeout=120)
+    run = dep.cli_in_process("run", "exam", "-c", "2", timeout=120)
     assert run.returncode == 0, run.stderr[-2000:]
     report = dep.status("exam")
     assert report["chapters"]["done"] == 2, dump(report)
@@ -66,5 +66,5 @@ def test_cost_equals_the_bill_with_cached_tokens_at_their_price(deploy, mock, da
     # The cached tokens on the rows and in status are the mock's.
     assert sum(c["cached_tokens"] for c in calls) == billed_cached
     assert report["usage"]["cached_tokens"] == billed_cached
-    assert f"({billed_cached} of them cached)" in dep.cli("status", "exam").stdout
+    assert f"({billed_cached} of them cached)" in dep.cli_in_process("status", "exam").stdout
     assert report["usage"]["prompt_tokens"] == sum(u["prompt_tokens"] for u in usage if u["billed"])

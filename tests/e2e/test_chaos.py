@@ -127,7 +127,7 @@ def test_chaos(deploy, mock, tmp_path, database):
                      llm_response_format="json_object")
         chapters = [(f"ch-{i:03d}", QUESTIONS) for i in range(CHAPTERS)]
         dep.syllabus("exam", chapters)
-        assert dep.cli("enqueue", "exam").returncode == 0
+        assert dep.cli_in_process("enqueue", "exam").returncode == 0
         chaos = Chaos(dep, rng)
         chaos.workers = [dep.worker(THREADS) for _ in range(WORKERS)]
         dep.beat()
@@ -142,7 +142,7 @@ def test_chaos(deploy, mock, tmp_path, database):
         _wait_progress(dep, 0.50)
         chaos.kill_one()
         _wait_progress(dep, 0.60)
-        assert dep.cli("enqueue", "exam").returncode == 0  # duplicate deliveries
+        assert dep.cli_in_process("enqueue", "exam").returncode == 0  # duplicate deliveries
         chaos.log.append("enqueue run again: duplicate messages for every unfinished slice")
         _wait_progress(dep, 0.70)
         chaos.kill_one()

@@ -141,7 +141,7 @@ def test_a_damaged_page_of_a_real_database_is_one_line_and_exit_4(deploy, genera
     assert "quick_check failed: Page " in integrity[0] or \
         "database disk image is malformed" in integrity[0], integrity[0]
     # A backup of a damaged database would copy the damage: refused, nothing written.
-    backup = dep.cli("backup", str(dep.workdir / "copy.db"))
+    backup = dep.cli_in_process("backup", str(dep.workdir / "copy.db"))
     _assert_one_line(backup, str(path))
     assert not (dep.workdir / "copy.db").exists()
 
@@ -208,7 +208,7 @@ def test_postgresql_data_corruption_is_one_line_and_exit_4(deploy):
     for command in (["status", "ex"], ["enqueue", "ex"], ["export", "ex"]):
         line = _assert_one_line(dep.cli(*command), shown)
         assert "SQLSTATE XX001: invalid page in block 7" in line, line
-    backup = dep.cli("backup", str(dep.workdir / "copy.db"))
+    backup = dep.cli_in_process("backup", str(dep.workdir / "copy.db"))
     assert backup.returncode == 2 and "pg_dump" in backup.stderr, backup.stderr
 
 
@@ -285,13 +285,13 @@ def test_a_backup_taken_mid_run_restores_and_enqueue_pays_only_for_the_rest(depl
     dep.syllabus("ex", list(targets.items()))
     path = _db_path(dep)
     dep.worker(3)
-    assert dep.cli("enqueue", "ex").returncode == 0
+    assert dep.cli_in_process("enqueue", "ex").returncode == 0
     total = sum(targets.values())
     wait_for(lambda: total // 4 <= dep.status("ex")["questions"]["done"] <= total // 2, 60,
              "a quarter of the questions stored", interval_s=0.05)
     copy = dep.workdir / "backup" / "examforge.db"
     copy.parent.mkdir()
-    backup = dep.cli("backup", str(copy))  # while the worker commits
+    backup = dep.cli_in_process("backup", str(copy))  # while the worker commits
     assert backup.returncode == 0 and "quick_check ok" in backup.stdout, backup.stderr
     held = _stored(copy, "ex")
     assert 0 < sum(held.values()) < total, held
@@ -309,7 +309,7 @@ def test_a_backup_taken_mid_run_restores_and_enqueue_pays_only_for_the_rest(depl
     assert _stored(path, "ex") == held
     mock.reset()
     dep.worker(3)
-    enqueue = dep.cli("enqueue", "ex")
+    enqueue = dep.cli_in_process("enqueue", "ex")
     assert enqueue.returncode == 0, enqueue.stderr
     report = dep.wait_done("ex")
     assert report["chapters"]["done"] == len(targets), dump(report)

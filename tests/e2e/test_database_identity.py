@@ -20,7 +20,7 @@ def test_a_worker_on_another_database_leaves_the_message_and_says_so(deploy, moc
     other = tmp_path / "elsewhere" / "examforge.db"
     other.parent.mkdir()
     wrong = dep.worker(2, DATABASE_URL=f"sqlite:///{other}")
-    assert dep.cli("enqueue", "demo").returncode == 0
+    assert dep.cli_in_process("enqueue", "demo").returncode == 0
     mine = dep.store.database_id()
     log = dep.workdir / "worker-0.log"
     wait_for(lambda: "task from another database" in (log.read_text() if log.exists() else ""),

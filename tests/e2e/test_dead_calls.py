@@ -55,7 +55,7 @@ def test_dead_calls_are_settled_by_cancel_import_a_lowered_target_and_regenerate
                  **PRICES)
     chapters = ["a", "b", "c", "d"]
     dep.syllabus("exam", [(c, 10) for c in chapters])
-    assert dep.cli("enqueue", "exam", "--budget-usd", "10").returncode == 0
+    assert dep.cli_in_process("enqueue", "exam", "--budget-usd", "10").returncode == 0
     worker = dep.worker(4)
     wait_for(lambda: len(_in_flight(dep, "exam")) == 4 and mock.stats()["inflight"] == 4, 60,
              "four calls in flight")
@@ -68,13 +68,13 @@ def test_dead_calls_are_settled_by_cancel_import_a_lowered_target_and_regenerate
         wait_lease_expired(dep.store, "exam", chapter)
     assert dep.status("exam")["reserved_usd"] > 0
 
-    assert dep.cli("cancel", "exam", "--chapter", "a").returncode == 0
+    assert dep.cli_in_process("cancel", "exam", "--chapter", "a").returncode == 0
     assert set(_in_flight(dep, "exam")) == {"b", "c", "d"}
-    result = dep.cli("import", "exam", str(_naive_file(dep, "b", 10)))
+    result = dep.cli_in_process("import", "exam", str(_naive_file(dep, "b", 10)))
     assert result.returncode == 0, result.stderr
     assert set(_in_flight(dep, "exam")) == {"c", "d"}
     dep.syllabus("exam", [("a", 10), ("b", 10), ("c", 5), ("d", 10)])
-    result = dep.cli("enqueue", "exam", "--regenerate", "d")
+    result = dep.cli_in_process("enqueue", "exam", "--regenerate", "d")
     assert result.returncode == 0, result.stderr
 
     report = dep.status("exam")
@@ -101,7 +101,7 @@ def test_a_reply_reporting_twice_its_reservation_pauses_the_exam_at_once(deploy,
     dep = deploy("sqlite", llm_max_tokens_per_question=200, llm_timeout_s=20, **PRICES)
     dep.syllabus("exam", [("a", 20), ("b", 20)])
     budget = 0.006  # two calls' worst case (about $0.0026 each) fit; one reply passes it
-    assert dep.cli("enqueue", "exam", "--budget-usd", str(budget)).returncode == 0
+    assert dep.cli_in_process("enqueue", "exam", "--budget-usd", str(budget)).returncode == 0
     dep.worker(2)
     paused = wait_for(lambda: (lambda r: r if r["state"] == "paused" else None)(
         dep.status("exam")), 60, "the budget to pause the exam", interval_s=0.05)
@@ -140,10 +140,10 @@ def test_no_call_is_sent_after_cancel_returns(deploy, mock, database):
     mock.configure(latency_s=0.15)
     dep = deploy(database)
     dep.syllabus("exam", [(f"ch-{i}", 40) for i in range(6)])
-    assert dep.cli("enqueue", "exam").returncode == 0
+    assert dep.cli_in_process("enqueue", "exam").returncode == 0
     dep.worker(6)
     wait_for(lambda: dep.status("exam")["questions"]["done"] >= 10, 60, "a few commits")
-    result = dep.cli("cancel", "exam")
+    result = dep.cli_in_process("cancel", "exam")
     assert result.returncode == 0, result.stderr
     at_cancel = _sent(mock, "exam")
     wait_for(lambda: dep.status("exam")["usage"]["calls_in_flight"] == 0, 30,

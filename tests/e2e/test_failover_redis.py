@@ -78,7 +78,7 @@ def test_a_sentinel_failover_to_a_lagging_replica_loses_no_question_and_pays_not
                      reconcile_interval_s=1, lease_s=4)
         dep.syllabus("exam", list(MAIN.items()))
         dep.syllabus("late", list(LATE.items()))
-        enq = dep.cli("enqueue", "exam")
+        enq = dep.cli_in_process("enqueue", "exam")
         assert enq.returncode == 0, enq.stderr
         doctor = dep.cli("doctor")
         assert f"ok   broker sentinel 127.0.0.1:{sentinel.port}: master 'ef' at " \
@@ -95,7 +95,7 @@ def test_a_sentinel_failover_to_a_lagging_replica_loses_no_question_and_pays_not
         # failover finds them; running, a worker on a loaded machine took all four first.
         for w in workers:
             w.send_signal(signal.SIGSTOP)
-        late = dep.cli("enqueue", "late")
+        late = dep.cli_in_process("enqueue", "late")
         assert late.returncode == 0, late.stderr  # acknowledged by the old master alone
         queue = dep.env["TASK_QUEUE"]
         assert not [m for m in replica.client().lrange(queue, 0, -1) if b"examforge:late:" in m]
@@ -171,7 +171,7 @@ def test_a_sentinel_failover_to_a_lagging_replica_loses_no_question_and_pays_not
         # A command run now finds the new master, and re-enqueueing a finished exam pays
         # for nothing.
         paid = mock.stats()["calls_total"]
-        again = dep.cli("enqueue", "exam")
+        again = dep.cli_in_process("enqueue", "exam")
         assert again.returncode == 0 and "0 enqueued" in again.stdout, again.stdout + \
             again.stderr
         assert mock.stats()["calls_total"] == paid

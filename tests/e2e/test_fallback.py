@@ -23,7 +23,7 @@ def test_workers_fall_back_to_the_second_endpoint_while_the_first_is_unreachable
         llm_fallback_price_prompt_per_mtok=1_000_000, llm_fallback_price_completion_per_mtok=0)
     chapters = {"a": 10, "b": 10, "c": 5}
     dep.syllabus("demo", list(chapters.items()))
-    assert dep.cli("enqueue", "demo").returncode == 0
+    assert dep.cli_in_process("enqueue", "demo").returncode == 0
     dep.worker(3)
     report = dep.wait_done("demo", 60)
     assert report["chapters"]["done"] == 3, dump(report) + dep.worker_logs()
@@ -41,7 +41,7 @@ def test_workers_fall_back_to_the_second_endpoint_while_the_first_is_unreachable
         "calls": 5, "prompt_tokens": report["usage"]["prompt_tokens"],
         "completion_tokens": report["usage"]["completion_tokens"],
         "cost_usd": report["cost_usd"], "cached_tokens": report["usage"]["cached_tokens"]}}
-    table = dep.cli("status", "demo").stdout
+    table = dep.cli_in_process("status", "demo").stdout
     assert "by endpoint: fallback 5 calls" in table
 
 
@@ -49,7 +49,7 @@ def test_local_mode_falls_back_too(deploy, mock):
     dep = deploy("sqlite", llm_base_url=f"http://127.0.0.1:{free_port()}/v1",
                  llm_fallback_base_url=mock.base_url, llm_fallback_api_key="sk-e2e")
     dep.syllabus("demo", [("a", 10)])
-    run = dep.cli("run", "demo", "--concurrency", "2")
+    run = dep.cli_in_process("run", "demo", "--concurrency", "2")
     assert run.returncode == 0, run.stdout + run.stderr
     assert_stored_exactly_once(dep, "demo", {"a": 10})
     assert mock.stats()["calls_total"] == 2

@@ -21,7 +21,7 @@ def test_a_worker_frozen_past_its_lease_cannot_commit_when_thawed(deploy, mock):
     mock.configure(latency_s=1.5)
     dep = deploy("sqlite", lease_s=3, reconcile_interval_s=1)
     dep.syllabus("demo", [("only", 25)])
-    assert dep.cli("enqueue", "demo").returncode == 0
+    assert dep.cli_in_process("enqueue", "demo").returncode == 0
     frozen = dep.worker(1)
     wait_for(lambda: dep.status("demo")["questions"]["done"] >= 5
              and dep.status("demo")["usage"]["calls_in_flight"] == 1, 30, "a call in flight")
@@ -67,7 +67,7 @@ def test_workers_with_skewed_clocks_never_steal_each_others_live_leases(deploy, 
     for skew in ("+1h", "-1h"):
         dep.worker(3, LD_PRELOAD=lib, FAKETIME=skew, FAKETIME_DONT_FAKE_MONOTONIC="1")
     for _ in range(3):  # every chapter delivered three times: both workers contend for each
-        assert dep.cli("enqueue", "demo").returncode == 0
+        assert dep.cli_in_process("enqueue", "demo").returncode == 0
     report = dep.wait_done("demo", 90)
     assert report["chapters"]["done"] == 6, dump(report) + dep.worker_logs()
     stats = mock.stats()

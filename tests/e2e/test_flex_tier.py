@@ -34,11 +34,11 @@ def test_a_flex_exam_finishes_never_pauses_and_costs_the_bill_at_the_flex_price(
                  max_attempts=2, retry_base_s=0.05, retry_max_s=0.4, llm_flex_timeout_s=20)
     dep.syllabus("exam", [(f"ch-{i}", 15) for i in range(4)])
     if mode == "run":
-        run = dep.cli("run", "exam", "-c", "2", timeout=180)
+        run = dep.cli_in_process("run", "exam", "-c", "2", timeout=180)
         assert run.returncode == 0, run.stderr[-2000:]
         report = dep.status("exam")
     else:
-        assert dep.cli("enqueue", "exam").returncode == 0
+        assert dep.cli_in_process("enqueue", "exam").returncode == 0
         dep.worker(4)
         report = dep.wait_done("exam", 150)
     assert report["chapters"]["done"] == 4 and report["chapters"]["failed"] == 0, dump(report)
@@ -67,4 +67,4 @@ def test_a_flex_exam_finishes_never_pauses_and_costs_the_bill_at_the_flex_price(
     assert report["cost_usd"] == pytest.approx(_bill(usage, 1.0) * FLEX_FACTOR, abs=1e-6)
     # The mock's own bill at its flex factor says the same.
     assert report["usage_by_tier"]["flex"]["cost_usd"] == pytest.approx(bill, abs=1e-6)
-    assert "by service tier: flex" in dep.cli("status", "exam").stdout
+    assert "by service tier: flex" in dep.cli_in_process("status", "exam").stdout

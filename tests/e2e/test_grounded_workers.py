@@ -45,7 +45,7 @@ def test_a_chapter_grounded_in_notes_and_a_pdf_cites_its_slices_material(deploy,
     (path.parent / "guide.pdf").write_bytes(text_pdf(["Cover.", "Subnets page.", "Routes page."]))
     victim = dep.worker(4)
     dep.beat()
-    enq = dep.cli("enqueue", "course")
+    enq = dep.cli_in_process("enqueue", "course")
     assert enq.returncode == 0, enq.stderr
     wait_for(lambda: dep.status("course")["questions"]["done"] >= 10, 60, "batches committed")
     dep.kill(victim, signal.SIGKILL)
@@ -63,17 +63,17 @@ def test_a_chapter_grounded_in_notes_and_a_pdf_cites_its_slices_material(deploy,
         assert cited and cited <= own, (first, cited, own)
     net = next(c for c in report["chapter_list"] if c["id"] == "net")
     assert net["material"]["passages"] == 9 and net["material"]["cited"] >= 6
-    out = dep.cli("export", "course", "--format", "moodle-xml", "-o", "bank.xml")
+    out = dep.cli_in_process("export", "course", "--format", "moodle-xml", "-o", "bank.xml")
     assert out.returncode == 0, out.stderr
     assert (dep.workdir / "bank.xml").read_text().count("Source: ") == 30
     # A changed file: reported, not enqueued, nothing paid; --regenerate takes it.
     calls, booked = mock.stats()["calls_total"], len(dep.calls("course"))
     (path.parent / "notes" / "net.md").write_text(_notes(8))
-    enq = dep.cli("enqueue", "course")
+    enq = dep.cli_in_process("enqueue", "course")
     assert enq.returncode == 0, enq.stderr
     assert "skipped   course/net: changed: source notes/net.md differs" in enq.stdout
     assert "--regenerate net" in enq.stdout and "0 enqueued" in enq.stdout
-    enq = dep.cli("enqueue", "course", "--regenerate", "net")
+    enq = dep.cli_in_process("enqueue", "course", "--regenerate", "net")
     assert enq.returncode == 0 and "enqueued  course/net (3 slices)" in enq.stdout, enq.stdout
     report = dep.wait_done("course", 90)
     assert len(dep.store.chapter_passages("course", "net")) == 10

@@ -20,7 +20,7 @@ def test_128_threads_keep_their_leases_through_calls_longer_than_the_ttl(deploy,
     dep = deploy(database, lease_s=2, llm_timeout_s=20)
     chapters = [(f"ch-{i}", 10) for i in range(128)]
     dep.syllabus("big", chapters)
-    assert dep.cli("enqueue", "big").returncode == 0
+    assert dep.cli_in_process("enqueue", "big").returncode == 0
     dep.worker(128)
     report = dep.wait_done("big", 120)
     assert report["chapters"]["done"] == 128, dump(report) + dep.worker_logs()

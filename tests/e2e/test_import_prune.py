@@ -69,7 +69,7 @@ def test_the_naive_scripts_file_imported_twice_then_enqueue_pays_only_for_the_re
     assert status["questions"] == {"target": 30, "done": 18}
     assert status["usage"]["calls"] == 0 and status["usage"]["calls_imported"] == 2
 
-    enq = dep.cli("enqueue", "demo")
+    enq = dep.cli_in_process("enqueue", "demo")
     assert enq.returncode == 0, enq.stderr
     assert "skipped   demo/a: done" in enq.stdout and "2 enqueued, 1 skipped" in enq.stdout
     dep.worker(4)
@@ -123,7 +123,7 @@ def test_prune_dry_run_then_prune_with_a_finished_and_a_running_exam(deploy, moc
     dep.syllabus("live", [(f"ch-{i}", 30) for i in range(3)])
     assert dep.cli_in_process("run", "old", "--concurrency", "2").returncode == 0
     mock.configure(latency_s=0.4)
-    assert dep.cli("enqueue", "live").returncode == 0
+    assert dep.cli_in_process("enqueue", "live").returncode == 0
     worker = dep.worker(2)
     wait_for(lambda: dep.status("live")["chapters"]["running"] >= 1, 30, "live to run")
     # Frozen mid-chapter while we prune, so that live cannot finish before the last prune
@@ -173,7 +173,7 @@ def test_prune_racing_a_worker_that_is_still_committing(deploy, mock, database):
     mock.configure(latency_s=0.2)
     dep = deploy(database, llm_timeout_s=20)
     dep.syllabus("race", [("a", 20), ("b", 20)])
-    assert dep.cli("enqueue", "race").returncode == 0
+    assert dep.cli_in_process("enqueue", "race").returncode == 0
     dep.worker(2)
     seen_running = False
     while True:
@@ -193,7 +193,7 @@ def test_prune_racing_a_worker_that_is_still_committing(deploy, mock, database):
 
     mock.configure(latency_s=3.0)
     dep.syllabus("frozen", [("a", 10)])
-    assert dep.cli("enqueue", "frozen").returncode == 0
+    assert dep.cli_in_process("enqueue", "frozen").returncode == 0
     wait_for(lambda: dep.status("frozen")["usage"]["calls_in_flight"] == 1, 30, "a call out")
     victim = dep.procs[-1]
     victim.send_signal(signal.SIGSTOP)

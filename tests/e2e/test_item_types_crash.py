@@ -30,7 +30,7 @@ def test_a_mixed_chapter_killed_mid_run_ends_with_exactly_its_counts(deploy, moc
         {"id": "a", "title": "Mixed", "questions": 10, "types": TYPES}]})
     proc = dep.spawn_cli("run", "vx", EXAMFORGE_TEST_VERIFY_CRASH=step)
     assert proc.wait(timeout=60) == -9, proc.stdout.read().decode() if proc.stdout else ""
-    done = dep.cli("run", "vx", timeout=90)
+    done = dep.cli_in_process("run", "vx", timeout=90)
     assert done.returncode == 0, done.stdout + done.stderr
     assert_stored_exactly_once(dep, "vx", {"a": 10})
     with dep.store.engine.connect() as conn:

@@ -27,7 +27,7 @@ def _start(deploy, tmp_path, *redis_args: str) -> tuple[Deployment, PrivateRedis
     broker = PrivateRedis(tmp_path, extra_args=redis_args).start()
     dep = deploy("sqlite", broker_url=broker.url, reconcile_interval_s=1)
     dep.syllabus("exam", [(f"ch-{i:02d}", QUESTIONS) for i in range(CHAPTERS)])
-    enq = dep.cli("enqueue", "exam")
+    enq = dep.cli_in_process("enqueue", "exam")
     assert enq.returncode == 0, enq.stderr
     assert broker.client().llen(dep.env["TASK_QUEUE"]) == CHAPTERS
     return dep, broker
@@ -48,7 +48,7 @@ def _finish(dep: Deployment, mock, lost: int) -> None:
     requeued = [c for c in report["chapter_list"] if c["requeues"]]
     assert len(requeued) >= lost, dump(report)
     assert all(c["requeue_code"] == "message_lost" for c in requeued), dump(requeued)
-    status = dep.cli("status", "exam")
+    status = dep.cli_in_process("status", "exam")
     assert "reconciler: re-published" in status.stdout and "message_lost" in status.stdout
 
 
@@ -134,7 +134,7 @@ def test_a_deep_backlog_is_never_re_published(deploy, mock, tmp_path):
         # heartbeat on an overloaded machine (4 s, load 11) is a re-publish it rightly makes.
         dep = deploy("sqlite", broker_url=broker.url, reconcile_interval_s=1, lease_s=15)
         dep.syllabus("exam", [(f"ch-{i:04d}", 1) for i in range(chapters)])
-        assert dep.cli("enqueue", "exam", timeout=120).returncode == 0
+        assert dep.cli_in_process("enqueue", "exam", timeout=120).returncode == 0
         dep.worker(4)
         dep.beat()
         report = dep.wait_done("exam", 240)
@@ -154,7 +154,7 @@ def test_doctor_passes_on_a_safe_broker(deploy, tmp_path):
                                                 "--appendonly", "yes")).start()
     try:
         dep = deploy("sqlite", broker_url=broker.url)
-        assert dep.cli("migrate").returncode == 0  # doctor only reads the database
+        assert dep.cli_in_process("migrate").returncode == 0  # doctor only reads the database
         doctor = dep.cli("doctor")
         assert doctor.returncode == 0, doctor.stdout + doctor.stderr
         assert "noeviction" in doctor.stdout

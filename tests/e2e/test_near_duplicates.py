@@ -45,7 +45,7 @@ def test_a_300_question_chapter_from_a_model_that_repeats_itself_has_no_near_dup
     dep = deploy("postgres", questions_per_call=50, slice_questions=100, max_reasks=6)
     dep.syllabus("exam", {"title": "Exam", "chapters": [
         {"id": "cloud", "title": "Cloud Concepts", "questions": 300}]})
-    assert dep.cli("enqueue", "exam").returncode == 0
+    assert dep.cli_in_process("enqueue", "exam").returncode == 0
     dep.worker(3)
     dep.beat()
     report = dep.wait_done("exam", 180)

@@ -25,7 +25,7 @@ def test_a_killed_workers_chapters_are_retaken_within_lease_plus_reconcile_inter
     dep = deploy("sqlite", lease_s=4, reconcile_interval_s=2)
     chapters = [(f"ch-{i}", 40) for i in range(2)]
     dep.syllabus("demo", chapters)
-    assert dep.cli("enqueue", "demo").returncode == 0
+    assert dep.cli_in_process("enqueue", "demo").returncode == 0
     victim = dep.worker(2)
     wait_for(lambda: dep.status("demo")["questions"]["done"] >= 10, 30, "progress")
     dep.worker(2)  # an idle worker that has nothing queued: only the reconciler can help
@@ -54,7 +54,7 @@ def test_a_broker_that_loses_everything_mid_run_still_completes_every_chapter(
         dep = deploy("sqlite", broker_url=broker.url, lease_s=4, reconcile_interval_s=2)
         chapters = [(f"ch-{i}", 20) for i in range(10)]
         dep.syllabus("demo", chapters)
-        assert dep.cli("enqueue", "demo").returncode == 0
+        assert dep.cli_in_process("enqueue", "demo").returncode == 0
         dep.worker(3)
         dep.worker(3)
         dep.beat()
@@ -88,7 +88,7 @@ def test_workers_reconnect_after_a_broker_restart(deploy, mock, tmp_path):
         dep = deploy("sqlite", broker_url=url, lease_s=4, reconcile_interval_s=2)
         chapters = [(f"ch-{i}", 20) for i in range(6)]
         dep.syllabus("demo", chapters)
-        assert dep.cli("enqueue", "demo").returncode == 0
+        assert dep.cli_in_process("enqueue", "demo").returncode == 0
         dep.worker(3)
         wait_for(lambda: dep.status("demo")["questions"]["done"] >= 10, 30, "progress")
         proxy.cut()
@@ -144,7 +144,7 @@ def test_a_database_outage_mid_run_retries_and_never_marks_a_partial_chapter_don
         direct = deploy("sqlite", database_url=pg_url)  # the test's own view, not cut
         chapters = [(f"ch-{i}", 30) for i in range(6)]
         dep.syllabus("demo", chapters)
-        assert dep.cli("enqueue", "demo").returncode == 0
+        assert dep.cli_in_process("enqueue", "demo").returncode == 0
         dep.worker(3)
         dep.beat()
         wait_for(lambda: direct.status("demo")["questions"]["done"] >= 20, 30, "progress")
@@ -169,7 +169,7 @@ def test_a_real_postgresql_crash_and_restart_mid_run_loses_nothing(deploy, mock)
         dep = deploy("sqlite", database_url=server.url, lease_s=6, reconcile_interval_s=2)
         chapters = [(f"ch-{i}", 30) for i in range(6)]
         dep.syllabus("demo", chapters)
-        assert dep.cli("enqueue", "demo").returncode == 0
+        assert dep.cli_in_process("enqueue", "demo").returncode == 0
         dep.worker(3)
         dep.beat()
         wait_for(lambda: dep.status("demo")["questions"]["done"] >= 20, 30, "progress")
@@ -203,7 +203,7 @@ def test_the_original_message_redelivered_after_the_visibility_timeout_is_a_no_o
     dep = deploy("sqlite", lease_s=3, reconcile_interval_s=1, visibility_timeout_s=60,
                  retry_max_s=1, retry_after_max_s=1)
     dep.syllabus("demo", [("only", 30)])
-    assert dep.cli("enqueue", "demo").returncode == 0
+    assert dep.cli_in_process("enqueue", "demo").returncode == 0
     victim = dep.worker(1)
     wait_for(lambda: dep.status("demo")["questions"]["done"] >= 10, 30, "progress")
     client = redis.Redis.from_url(redis_url)

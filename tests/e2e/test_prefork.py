@@ -26,7 +26,7 @@ def test_prefork_completes_an_exam(deploy, mock):
     dep = deploy("sqlite")
     chapters = [(f"ch-{i}", 10) for i in range(4)]
     dep.syllabus("demo", chapters)
-    assert dep.cli("enqueue", "demo").returncode == 0
+    assert dep.cli_in_process("enqueue", "demo").returncode == 0
     dep.worker(2, "-P", "prefork")  # the harness passes -P threads first; the last one wins
     report = dep.wait_done("demo", 60)
     assert report["chapters"]["done"] == 4, dump(report) + dep.worker_logs()
@@ -39,7 +39,7 @@ def test_a_chapter_that_kills_its_prefork_child_every_time_stops_at_the_attempt_
     mock.configure(latency_s=3.0)
     dep = deploy("sqlite", lease_s=2, max_attempts=3, reconcile_interval_s=1)
     dep.syllabus("demo", [("poison", 10)])
-    assert dep.cli("enqueue", "demo").returncode == 0
+    assert dep.cli_in_process("enqueue", "demo").returncode == 0
     worker = dep.worker(1, "-P", "prefork")
     for attempt in range(1, 4):
         wait_for(lambda: (r := dep.status("demo"))["chapter_list"][0]["attempts"] == attempt

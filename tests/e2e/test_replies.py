@@ -21,7 +21,7 @@ def test_a_reply_that_trickles_is_abandoned_at_the_deadline_and_the_chapter_fini
                    script={"exam/slow": ["trickle"]})
     dep = deploy("sqlite", llm_timeout_s=5, reconcile_interval_s=1)
     dep.syllabus("exam", [("slow", 10), ("fast", 10)])
-    assert dep.cli("enqueue", "exam").returncode == 0
+    assert dep.cli_in_process("enqueue", "exam").returncode == 0
     started = time.monotonic()
     dep.worker(4)
     dep.beat()
@@ -45,7 +45,7 @@ def test_an_oversized_reply_is_refused_and_re_asked(deploy, mock):
                    script={"exam/big": ["oversized"]})
     dep = deploy("sqlite", llm_max_reply_bytes=1024 * 1024)
     dep.syllabus("exam", [("big", 10)])
-    assert dep.cli("enqueue", "exam").returncode == 0
+    assert dep.cli_in_process("enqueue", "exam").returncode == 0
     worker = dep.worker(2)
     dep.beat()
     report = dep.wait_done("exam", 40)

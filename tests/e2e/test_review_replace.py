@@ -36,7 +36,7 @@ def test_rejected_questions_are_replaced_once_by_the_next_enqueue(deploy, mock, 
     dep = deploy(database, questions_per_call=QUESTIONS_PER_CALL, slice_questions=10)
     dep.syllabus("ex", CHAPTERS)
     dep.worker(4)
-    assert dep.cli("enqueue", "ex").returncode == 0
+    assert dep.cli_in_process("enqueue", "ex").returncode == 0
     report = dep.wait_done("ex", 90)
     assert report["chapters"]["done"] == 2, dump(report)
     first_paid = _paid(mock)
@@ -62,7 +62,7 @@ def test_rejected_questions_are_replaced_once_by_the_next_enqueue(deploy, mock, 
 
     # The next enqueue generates exactly the four missing numbers: one call per reopened
     # slice, each asking for what its range lacks, paid once.
-    enq = dep.cli("enqueue", "ex")
+    enq = dep.cli_in_process("enqueue", "ex")
     assert enq.returncode == 0, enq.stderr
     report = dep.wait_done("ex", 90)
     assert report["chapters"]["done"] == 2, dump(report)
@@ -87,7 +87,7 @@ def test_rejected_questions_are_replaced_once_by_the_next_enqueue(deploy, mock, 
     assert gone == [("a", 2), ("a", 7), ("a", 15), ("b", 3)]
 
     # A third enqueue has nothing to do and pays nothing.
-    assert dep.cli("enqueue", "ex").returncode == 0
+    assert dep.cli_in_process("enqueue", "ex").returncode == 0
     assert dep.wait_done("ex", 30)["questions"]["done"] == 30
     assert _paid(mock) - first_paid == 3
 

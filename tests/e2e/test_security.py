@@ -63,7 +63,7 @@ def test_the_api_key_is_never_in_task_arguments_logs_flower_or_the_database(
     mock.configure(api_key=SECRET)
     dep = deploy("sqlite", llm_api_key=SECRET)
     dep.syllabus("demo", [(f"ch-{i}", 10) for i in range(3)])
-    assert dep.cli("enqueue", "demo").returncode == 0
+    assert dep.cli_in_process("enqueue", "demo").returncode == 0
     queued = redis.Redis.from_url(redis_url).lrange(dep.env["TASK_QUEUE"], 0, -1)
     assert len(queued) == 3
     for raw in queued:
@@ -129,14 +129,14 @@ def test_a_redis_with_a_password_and_tls_works(deploy, mock, tmp_path, tls):
     try:
         dep = deploy("sqlite", broker_url=broker.url)
         dep.syllabus("demo", [("a", 10), ("b", 10)])
-        enq = dep.cli("enqueue", "demo")
+        enq = dep.cli_in_process("enqueue", "demo")
         assert enq.returncode == 0, enq.stderr
         dep.worker(2)
         report = dep.wait_done("demo", 60)
         assert report["chapters"]["done"] == 2, dump(report) + dep.worker_logs()
         assert_stored_exactly_once(dep, "demo", {"a": 10, "b": 10})
         wrong = broker.url.replace("s3cret-pw", "wrong-pw")
-        refused = dep.cli("enqueue", "demo", BROKER_URL=wrong)
+        refused = dep.cli_in_process("enqueue", "demo", BROKER_URL=wrong)
         assert refused.returncode == 3 and len(refused.stderr.strip().splitlines()) == 1
         assert "wrong-pw" not in refused.stderr and "s3cret-pw" not in refused.stderr
     finally:

@@ -22,7 +22,7 @@ def test_sigterm_finishes_running_calls_and_hands_chapters_back(deploy, mock):
     dep = deploy("sqlite", worker_soft_shutdown_s=20, llm_timeout_s=10)
     chapters = [(f"ch-{i}", 30) for i in range(4)]
     dep.syllabus("demo", chapters)
-    assert dep.cli("enqueue", "demo").returncode == 0
+    assert dep.cli_in_process("enqueue", "demo").returncode == 0
     first = dep.worker(4)
     wait_for(lambda: dep.status("demo")["usage"]["calls_in_flight"] == 4
              and dep.status("demo")["questions"]["done"] >= 10, 60, "four calls in flight")
@@ -49,7 +49,7 @@ def test_a_call_outliving_the_window_escalates_to_a_cold_shutdown(deploy, mock):
     mock.configure(latency_s=30.0)
     dep = deploy("sqlite", worker_soft_shutdown_s=1, llm_timeout_s=60)
     dep.syllabus("demo", [("slow", 5)])
-    assert dep.cli("enqueue", "demo").returncode == 0
+    assert dep.cli_in_process("enqueue", "demo").returncode == 0
     first = dep.worker(2)
     # In flight at the provider, not only booked: a call booked and not yet sent when the
     # signal comes is never sent (a loaded machine made that the case once).

@@ -37,7 +37,7 @@ def _run_scenario(tmp_path, redis_url, mock, slice_questions: int):
         wait_for(lambda: dep.worker_logs(None).count(" ready.") >= 2, 120, "workers ready")
         before = mock.stats()
         calls_before, admitted_before = before["calls_total"], before["admitted_total"]
-        enq = dep.cli("enqueue", "cert")
+        enq = dep.cli_in_process("enqueue", "cert")
         assert enq.returncode == 0, enq.stderr
         report = dep.wait_done("cert", 180)
         assert report["chapters"]["done"] == 3, dump(report)
@@ -85,7 +85,7 @@ def test_a_slice_whose_worker_is_sigkilled_is_taken_over_and_the_chapter_complet
     dep.syllabus("big", [("one", 80)])
     victim = dep.worker(8)
     dep.beat()
-    assert dep.cli("enqueue", "big").returncode == 0
+    assert dep.cli_in_process("enqueue", "big").returncode == 0
     # Every slice running at once, some batches stored: kill mid-call.
     wait_for(lambda: dep.status("big")["questions"]["done"] >= 20, 60, "batches committed")
     dep.kill(victim, signal.SIGKILL)
@@ -116,10 +116,10 @@ def test_a_target_raised_mid_run_adds_slices_that_run_beside_the_others(deploy, 
     dep = deploy("sqlite", questions_per_call=5, slice_questions=20)
     dep.syllabus("grow", [("c", 40)])
     dep.worker(8)
-    assert dep.cli("enqueue", "grow").returncode == 0
+    assert dep.cli_in_process("enqueue", "grow").returncode == 0
     wait_for(lambda: dep.status("grow")["questions"]["done"] >= 5, 60, "a batch stored")
     dep.syllabus("grow", [("c", 100)])
-    again = dep.cli("enqueue", "grow")
+    again = dep.cli_in_process("enqueue", "grow")
     assert again.returncode == 0 and "enqueued  grow/c" in again.stdout, again.stdout
     report = dep.wait_done("grow", 120)
     assert report["questions"] == {"target": 100, "done": 100}, dump(report)
@@ -136,9 +136,9 @@ def test_cancel_with_slices_in_flight_stops_every_slice_and_keeps_what_is_stored
     dep = deploy("sqlite", questions_per_call=5, slice_questions=25)
     dep.syllabus("stop", [("c", 100)])
     dep.worker(16)
-    assert dep.cli("enqueue", "stop").returncode == 0
+    assert dep.cli_in_process("enqueue", "stop").returncode == 0
     wait_for(lambda: dep.status("stop")["usage"]["calls_in_flight"] >= 4, 60, "slices running")
-    cancel = dep.cli("cancel", "stop")
+    cancel = dep.cli_in_process("cancel", "stop")
     assert cancel.returncode == 0 and "cancelled 1 chapter of stop" in cancel.stdout, cancel.stdout
     calls_at_cancel = dep.status("stop")["usage"]["calls"]
 

@@ -44,7 +44,7 @@ def test_three_workers_share_one_rate_limit(deploy, mock):
     for _ in range(3):
         dep.worker(8)
     wait_for(lambda: all("ready" in t for t in _logs(dep)), 60, "three workers ready")
-    assert dep.cli("enqueue", "exam").returncode == 0
+    assert dep.cli_in_process("enqueue", "exam").returncode == 0
     report = dep.wait_done("exam", 120)
     assert report["chapters"]["done"] == chapters, dump(report)
     stats = mock.stats()
@@ -72,7 +72,7 @@ def test_a_budget_stops_the_exam_mid_way_and_a_raised_one_finishes_it(deploy, mo
     dep = deploy("postgres", llm_max_tokens_per_question=200, **PRICES)
     dep.syllabus("exam", [(f"ch-{i}", 10) for i in range(10)])
     budget = 0.012  # about half of what the 100 questions cost
-    assert dep.cli("enqueue", "exam", "--budget-usd", str(budget)).returncode == 0
+    assert dep.cli_in_process("enqueue", "exam", "--budget-usd", str(budget)).returncode == 0
     dep.worker(4)
     dep.worker(4)
     wait_for(lambda: dep.status("exam")["state"] == "paused", 60, "the budget to pause the exam")
@@ -83,11 +83,11 @@ def test_a_budget_stops_the_exam_mid_way_and_a_raised_one_finishes_it(deploy, mo
     bill = _bill(mock.usage())
     assert bill <= budget, (bill, budget)  # the provider's own count, not ours
     assert report["cost_usd"] == pytest.approx(bill, abs=1e-9)  # our ledger, to the cent
-    status = dep.cli("status", "exam")
+    status = dep.cli_in_process("status", "exam")
     assert "budget: $0.0120" in status.stdout and "paused" in status.stdout
     paid_before = mock.stats()["calls_total"]
 
-    assert dep.cli("enqueue", "exam", "--budget-usd", "1").returncode == 0
+    assert dep.cli_in_process("enqueue", "exam", "--budget-usd", "1").returncode == 0
     report = dep.wait_done("exam", 60)
     assert report["chapters"]["done"] == 10 and report["state"] == "done"  # no longer paused, and finished
     assert_stored_exactly_once(dep, "exam", {f"ch-{i}": 10 for i in range(10)})
@@ -102,7 +102,7 @@ def test_an_exhausted_quota_pauses_the_exam_after_a_handful_of_refusals(deploy, 
     mock.configure(latency_s=0.2, quota_tokens=6000)  # runs out after a few calls
     dep = deploy("sqlite")
     dep.syllabus("exam", [(f"ch-{i}", 20) for i in range(40)])
-    assert dep.cli("enqueue", "exam").returncode == 0
+    assert dep.cli_in_process("enqueue", "exam").returncode == 0
     dep.worker(4)
     dep.worker(4)
     wait_for(lambda: dep.status("exam")["state"] == "paused", 60, "the quota to pause the exam")
@@ -113,11 +113,11 @@ def test_an_exhausted_quota_pauses_the_exam_after_a_handful_of_refusals(deploy, 
     assert "quota" in report["pause_reason"]
     assert 1 <= refused <= 8, refused  # at most the calls already in flight
     assert report["chapters"]["failed"] == 0
-    status = dep.cli("status", "exam")
+    status = dep.cli_in_process("status", "exam")
     assert "resume with: python -m producer resume exam" in status.stdout
 
     mock.configure(quota_tokens=None)  # the user fixed billing
-    resume = dep.cli("resume", "exam")
+    resume = dep.cli_in_process("resume", "exam")
     assert resume.returncode == 0, resume.stderr
     report = dep.wait_done("exam", 120)
     assert report["chapters"]["done"] == 40, dump(report)
@@ -129,15 +129,15 @@ def test_the_dry_run_estimate_matches_the_real_run(deploy, mock):
     dep = deploy("sqlite", migrated=False, llm_max_tokens_per_question=300, **PRICES)
     chapters = [(f"ch-{i}", 17) for i in range(4)]
     dep.syllabus("exam", chapters)
-    dry = dep.cli("enqueue", "exam", "--dry-run", "--json")
+    dry = dep.cli_in_process("enqueue", "exam", "--dry-run", "--json")
     assert dry.returncode == 0, dry.stderr
     estimate = json.loads(dry.stdout)
     assert not (dep.workdir / "examforge.db").exists()  # nothing was written
-    text = dep.cli("run", "exam", "--dry-run")
+    text = dep.cli_in_process("run", "exam", "--dry-run")
     assert "calls: 16" in text.stdout and "worst case $" in text.stdout
     assert mock.stats()["calls_total"] == 0  # nothing was sent
 
-    run = dep.cli("run", "exam", "--concurrency", "4", timeout=120)
+    run = dep.cli_in_process("run", "exam", "--concurrency", "4", timeout=120)
     assert run.returncode == 0, run.stdout + run.stderr
     report = dep.status("exam")
     usage = report["usage"]
@@ -148,7 +148,7 @@ def test_the_dry_run_estimate_matches_the_real_run(deploy, mock):
     assert report["cost_usd"] <= estimate["worst_usd"]
     assert estimate["max_completion_tokens"] >= usage["completion_tokens"]
     # A second dry run has seen real calls: its expectation comes from them, and it is close.
-    again = json.loads(dep.cli("enqueue", "exam", "--dry-run", "--json").stdout)
+    again = json.loads(dep.cli_in_process("enqueue", "exam", "--dry-run", "--json").stdout)
     assert again["calls"] == 0 and again["completion_source"] == "observed in this database"
     per_question = usage["completion_tokens"] / 68
     assert again["completion_per_question"] == pytest.approx(per_question, rel=0.01)
@@ -162,7 +162,7 @@ def test_the_limiter_survives_a_redis_restart_and_waits_while_redis_is_down(depl
         mock.configure(latency_s=0.2, rpm=rpm)
         dep = deploy("sqlite", broker_url=broker.url, llm_rpm=rpm, reconcile_interval_s=1)
         dep.syllabus("exam", [(f"ch-{i:02d}", 15) for i in range(30)])
-        assert dep.cli("enqueue", "exam").returncode == 0
+        assert dep.cli_in_process("enqueue", "exam").returncode == 0
         dep.worker(8)
         dep.worker(8)
         dep.beat()

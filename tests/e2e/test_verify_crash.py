@@ -45,11 +45,11 @@ def _paid_generations(mock):
 def _resume(dep, entry):
     """Go on after the kill through `entry`, until the exam is done."""
     if entry == "run":
-        done = dep.cli("run", "vx", timeout=90)
+        done = dep.cli_in_process("run", "vx", timeout=90)
         assert done.returncode == 0, done.stdout + done.stderr
         return
     if entry == "enqueue":
-        enq = dep.cli("enqueue", "vx")
+        enq = dep.cli_in_process("enqueue", "vx")
         assert enq.returncode == 0, enq.stdout + enq.stderr
         dep.worker(2)
     elif entry == "api":
@@ -145,7 +145,7 @@ def test_a_celery_worker_killed_mid_solve_is_taken_over_and_paid_once_more_at_mo
     dep = deploy("postgres", verify="replace", budget_usd=5, **PRICES)
     dep.syllabus("vx", [("a", 10), ("b", 10)])
     doomed = dep.worker(2, EXAMFORGE_TEST_VERIFY_CRASH="solve_answered")
-    enq = dep.cli("enqueue", "vx")
+    enq = dep.cli_in_process("enqueue", "vx")
     assert enq.returncode == 0, enq.stdout + enq.stderr
     assert doomed.wait(timeout=60) == -9, dep.worker_logs()
     in_flight = [c for c in dep.calls("vx") if c["outcome"] == "in_flight"]

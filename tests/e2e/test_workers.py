@@ -22,7 +22,7 @@ def test_whole_exam_with_two_workers_stores_each_question_once(deploy, mock, dat
     dep = deploy(database)
     chapters = [(f"ch-{i}", 12) for i in range(6)]
     dep.syllabus("demo", chapters)
-    enq = dep.cli("enqueue", "demo")
+    enq = dep.cli_in_process("enqueue", "demo")
     assert enq.returncode == 0, enq.stderr
     assert "6 enqueued, 0 skipped" in enq.stdout
     dep.worker(4)
@@ -38,9 +38,9 @@ def test_whole_exam_with_two_workers_stores_each_question_once(deploy, mock, dat
     # At README's level (-l info, what the harness runs) a worker logs each committed batch.
     assert dep.worker_logs(None).count("batch committed exam=demo ") == needed
     # A second enqueue of a finished exam publishes nothing and calls nothing.
-    again = dep.cli("enqueue", "demo")
+    again = dep.cli_in_process("enqueue", "demo")
     assert "0 enqueued, 6 skipped" in again.stdout
-    exported = dep.cli("export", "demo", "-o", "-")
+    exported = dep.cli_in_process("export", "demo", "-o", "-")
     assert exported.returncode == 0
     assert len(exported.stdout.splitlines()) == 72
     time.sleep(1)
@@ -52,7 +52,7 @@ def test_sigkill_mid_chapters_then_a_new_worker_completes_without_repeating_batc
     dep = deploy("sqlite")
     chapters = [(f"ch-{i}", 40) for i in range(4)]
     dep.syllabus("demo", chapters)
-    assert dep.cli("enqueue", "demo").returncode == 0
+    assert dep.cli_in_process("enqueue", "demo").returncode == 0
     victim = dep.worker(4)
     wait_for(lambda: dep.status("demo")["questions"]["done"] >= 30, 60, "some batches committed")
     dep.kill(victim, signal.SIGKILL)
@@ -85,7 +85,7 @@ def test_a_task_delivered_twice_while_it_runs_makes_one_set_of_calls(deploy, moc
     dep.syllabus("demo", [("only", 20)])
     dep.worker(4)
     for _ in range(3):  # the same chapter published three times, runs concurrently
-        assert dep.cli("enqueue", "demo").returncode == 0
+        assert dep.cli_in_process("enqueue", "demo").returncode == 0
     report = dep.wait_done("demo", 60)
     assert report["chapters"]["done"] == 1
     stats = mock.stats()
@@ -116,19 +116,19 @@ def test_a_rejected_api_key_pauses_the_exam_and_resume_finishes_it(deploy, mock)
     mock.configure(api_key="sk-right")
     dep = deploy("sqlite")
     dep.syllabus("demo", [(f"ch-{i}", 5) for i in range(6)])
-    assert dep.cli("enqueue", "demo").returncode == 0
+    assert dep.cli_in_process("enqueue", "demo").returncode == 0
     bad = dep.worker(1)
     wait_for(lambda: dep.status("demo")["state"] == "paused", 30, "the exam to pause")
     time.sleep(2)
     assert mock.stats()["calls_total"] == 1  # one 401, then no more attempts burnt
     report = dep.status("demo")
     assert report["chapters"]["failed"] == 1 and "401" in report["pause_reason"]
-    shown = dep.cli("status", "demo")
+    shown = dep.cli_in_process("status", "demo")
     assert "paused" in shown.stdout and "resume" in shown.stdout
     dep.kill(bad)
     dep.env["LLM_API_KEY"] = "sk-right"
     dep.worker(4)
-    resumed = dep.cli("resume", "demo")
+    resumed = dep.cli_in_process("resume", "demo")
     assert resumed.returncode == 0, resumed.stderr
     report = dep.wait_done("demo", 60)
     assert report["chapters"]["done"] == 6, dump(report)
@@ -146,7 +146,7 @@ def test_local_run_killed_and_run_again_resumes_without_repeating_committed_work
     run.wait(10)
     before = used_batches(dep.calls("demo"))
     in_flight = dep.status("demo")["usage"]["calls_in_flight"]
-    again = dep.cli("run", "demo", "--concurrency", "4", timeout=120)
+    again = dep.cli_in_process("run", "demo", "--concurrency", "4", timeout=120)
     assert again.returncode == 0, again.stdout + again.stderr
     assert "160/160 questions" in again.stdout
     assert_stored_exactly_once(dep, "demo", dict(chapters))
@@ -161,12 +161,12 @@ def test_reconcile_command_recovers_a_killed_workers_chapters(deploy, mock):
     dep = deploy("sqlite", lease_s=3)
     chapters = [("a", 30), ("b", 30)]
     dep.syllabus("demo", chapters)
-    assert dep.cli("enqueue", "demo").returncode == 0
+    assert dep.cli_in_process("enqueue", "demo").returncode == 0
     victim = dep.worker(2)
     wait_for(lambda: dep.status("demo")["questions"]["done"] >= 10, 30, "progress")
     dep.kill(victim)
     time.sleep(4)  # the leases expire
-    result = dep.cli("reconcile")
+    result = dep.cli_in_process("reconcile")
     assert result.returncode == 0 and "re-enqueued 2" in result.stdout, result.stdout
     dep.worker(2)
     assert dep.wait_done("demo", 60)["chapters"]["done"] == 2
@@ -176,8 +176,8 @@ def test_reconcile_command_recovers_a_killed_workers_chapters(deploy, mock):
 def test_status_json_contract_and_export_formats(deploy, mock):
     dep = deploy("sqlite")
     dep.syllabus("demo", [("a", 7), ("b", 3)])
-    assert dep.cli("run", "demo", "--concurrency", "2").returncode == 0
-    status = json.loads(dep.cli("status", "demo", "--json").stdout)
+    assert dep.cli_in_process("run", "demo", "--concurrency", "2").returncode == 0
+    status = json.loads(dep.cli_in_process("status", "demo", "--json").stdout)
     assert status["exam"] == "demo"
     assert status["chapters"] == {"total": 2, "pending": 0, "running": 0, "done": 2,
                                   "failed": 0, "cancelled": 0}
@@ -187,12 +187,12 @@ def test_status_json_contract_and_export_formats(deploy, mock):
     assert [c["state"] for c in status["chapter_list"]] == ["done", "done"]
     assert {"attempts", "last_error", "last_error_at"} <= set(status["chapter_list"][0])
     for fmt in ("jsonl", "json", "csv"):
-        assert dep.cli("export", "demo", "--format", fmt).returncode == 0
+        assert dep.cli_in_process("export", "demo", "--format", fmt).returncode == 0
     folder = dep.workdir / "exams" / "demo"
     assert len((folder / "generated.jsonl").read_text().splitlines()) == 10
     assert len(json.loads((folder / "generated.json").read_text())) == 10
     assert len((folder / "generated.csv").read_text().splitlines()) == 11
-    table = dep.cli("status", "demo")
+    table = dep.cli_in_process("status", "demo")
     assert "10/10" in table.stdout and "chapters: 2/2 done" in table.stdout
 
 
@@ -226,7 +226,7 @@ def test_ctrl_c_in_local_run_stops_paying_after_the_running_calls(deploy, mock):
     output = run.stdout.read().decode()  # type: ignore[union-attr]
     assert "Traceback" not in output and "run the same command to resume" in output
     assert "finishing 2 calls in flight; Ctrl-C again to abandon them" in output
-    table = dep.cli("status", "demo").stdout
+    table = dep.cli_in_process("status", "demo").stdout
     assert "handed back" not in table, table  # a stop is not an error
     assert mock.stats()["calls_total"] == stats["calls_total"]  # none started after Ctrl-C
     usage = dep.status("demo")["usage"]
@@ -270,7 +270,7 @@ def test_a_second_ctrl_c_abandons_the_calls_in_flight_and_the_next_run_books_the
     assert any("abandoned the calls in flight" in line for line in lines), lines
     assert not any("Traceback" in line for line in lines), lines
     mock.configure(latency_s=0.01)
-    again = dep.cli("run", "demo", timeout=120)
+    again = dep.cli_in_process("run", "demo", timeout=120)
     assert again.returncode == 0, again.stdout + again.stderr
     usage = dep.status("demo")["usage"]
     assert usage["calls_in_flight"] == 0, dump(dep.calls("demo"))
