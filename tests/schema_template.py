@@ -9,7 +9,8 @@ database to head replays that dump in the caller's transaction, under the caller
 
 Only an upgrade of an *empty* database to *head*, and only in this process: a migration test
 upgrading to a revision, a database with a table in it, and every worker and CLI process of
-tests/e2e run Alembic itself. Set EXAMFORGE_TEST_ALEMBIC=1 to run Alembic everywhere. Written
+tests/e2e (and every CLI call of tests/e2e made in this process, Deployment.cli_in_process)
+run Alembic itself. Set EXAMFORGE_TEST_ALEMBIC=1 to run Alembic everywhere. Written
 here because neither Alembic nor pytest has a template for a migrated database.
 """
 

@@ -135,6 +135,14 @@ class Deployment:
         handlers_of = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
         consoles = commands.out, commands.err
         restore_app = None
+        # A command migrates with Alembic itself, as its process would, not with this
+        # process's replay of the migrated schema (tests/schema_template.py).
+        import alembic.command
+        import schema_template
+
+        replay = alembic.command.upgrade
+        if schema_template._original is not None:
+            alembic.command.upgrade = schema_template._original
         try:
             os.environ.clear()
             os.environ.update(environment)
@@ -154,6 +162,7 @@ class Deployment:
                 out.flush()
                 err.flush()
         finally:
+            alembic.command.upgrade = replay
             if restore_app is not None:
                 restore_app()
             commands.out, commands.err = consoles
