@@ -242,6 +242,26 @@ class Deployment:
 
         return wait_for(finished, timeout_s, f"exam {slug} to finish", interval_s=0.3)
 
+    def wait_drained(self, timeout_s: float = 60) -> None:
+        """Wait until every message of this deployment's queue was taken and acknowledged:
+        none queued (at any priority), none unacknowledged. With task_acks_late a worker
+        acknowledges a message once its task has ended (a retry's countdown holds it
+        unacknowledged), so nothing is left that could still make a call. What a test waits
+        for before it checks that duplicates or a cancel made no call, instead of a sleep."""
+        import redis
+
+        client = redis.Redis.from_url(self.env["BROKER_URL"])
+        queue = self.env["TASK_QUEUE"]
+
+        def drained() -> bool:
+            queued = sum(client.llen(key) for key in client.scan_iter(match=f"{queue}*"))
+            return queued == 0 and client.hlen("unacked") == 0
+
+        try:
+            wait_for(drained, timeout_s, f"queue {queue} drained", interval_s=0.1)
+        finally:
+            client.close()
+
     def worker_logs(self, tail_chars: int | None = 4000) -> str:
         """The workers' logs (by default the tail of each, for assertion messages)."""
         texts = [p.read_text(errors="replace") for p in sorted(self.workdir.glob("worker-*.log"))]

@@ -43,7 +43,7 @@ def test_whole_exam_with_two_workers_stores_each_question_once(deploy, mock, dat
     exported = dep.cli_in_process("export", "demo", "-o", "-")
     assert exported.returncode == 0
     assert len(exported.stdout.splitlines()) == 72
-    time.sleep(1)
+    dep.wait_drained()  # anything it had published would have run by now
     assert mock.stats()["calls_total"] == needed
 
 
@@ -106,7 +106,7 @@ def test_two_concurrent_enqueues_before_any_worker_generate_each_chapter_once(
     dep.worker(8)
     report = dep.wait_done("demo", 60)
     assert report["chapters"]["done"] == 8
-    time.sleep(1.5)  # let the duplicate messages drain: they must be no-ops
+    dep.wait_drained()  # the duplicate messages, each run to its end: they must be no-ops
     stats = mock.stats()
     assert stats["calls_by_chapter"] == {f"demo/ch-{i}": 2 for i in range(8)}, dump(stats)
     assert_stored_exactly_once(dep, "demo", dict(chapters))
