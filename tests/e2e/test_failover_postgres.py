@@ -79,7 +79,7 @@ def test_a_promoted_replica_takes_over_mid_run_with_nothing_stored_twice(
         mock.configure(latency_s=0.3)
         dep = deploy("sqlite", database_url=url, lease_s=6, reconcile_interval_s=1)
         dep.syllabus("exam", list(CHAPTERS.items()))
-        assert dep.cli_in_process("enqueue", "exam").returncode == 0
+        assert dep.cli("enqueue", "exam").returncode == 0
         dep.worker(3)
         dep.worker(3)
         dep.beat()
@@ -112,7 +112,7 @@ def test_a_promoted_replica_takes_over_mid_run_with_nothing_stored_twice(
                  "a question committed on the promoted replica")
         commits_resumed_s = time.monotonic() - stopped
         # A command started now finds the new primary by itself.
-        status = dep.cli_in_process("status", "exam")
+        status = dep.cli("status", "exam")
         assert status.returncode == 0, status.stderr
         report = dep.wait_done("exam", 90)
         done_s = time.monotonic() - stopped
