@@ -129,10 +129,12 @@ def test_a_target_raised_mid_run_adds_slices_that_run_beside_the_others(deploy, 
 
 
 def test_cancel_with_slices_in_flight_stops_every_slice_and_keeps_what_is_stored(deploy, mock):
-    # 2 s a call (the deadline is 3 s): each slice (five calls) outlasts the cancel's start on a
-    # loaded machine (at 1 s, a cancel that took 5 s to start found the chapter done).
+    # 2 s a call: each slice (five calls) outlasts the cancel's start on a loaded machine (at
+    # 1 s, a cancel that took 5 s to start found the chapter done). The deadline is 10 s, not
+    # the harness's 3: the cancel runs in this process, beside the mock's server, and a reply
+    # it delayed past 3 s was booked as a deadline in a full run.
     mock.configure(latency_s=2.0)
-    dep = deploy("sqlite", questions_per_call=5, slice_questions=25)
+    dep = deploy("sqlite", questions_per_call=5, slice_questions=25, llm_timeout_s=10)
     dep.syllabus("stop", [("c", 100)])
     dep.worker(16)
     assert dep.cli_in_process("enqueue", "stop").returncode == 0

@@ -69,7 +69,9 @@ def _logs(dep: Deployment) -> list[str]:
 
 def test_a_budget_stops_the_exam_mid_way_and_a_raised_one_finishes_it(deploy, mock):
     mock.configure(latency_s=0.05)
-    dep = deploy("postgres", llm_max_tokens_per_question=200, **PRICES)
+    # A 10 s deadline, not the harness's 3: the CLI runs in this process, beside the mock's
+    # server, and a paid reply it delayed past the deadline would be wasted, not stored.
+    dep = deploy("postgres", llm_max_tokens_per_question=200, llm_timeout_s=10, **PRICES)
     dep.syllabus("exam", [(f"ch-{i}", 10) for i in range(10)])
     budget = 0.012  # about half of what the 100 questions cost
     assert dep.cli_in_process("enqueue", "exam", "--budget-usd", str(budget)).returncode == 0
