@@ -202,7 +202,7 @@ def test_recovery_pages_past_100_newer_batches_to_adopt_its_own(
     # The create makes the batch and its reply is lost: the submission stays `creating`.
     mock_llm.configure(batch_create_lost=1)
     settings, store = _setup(make_settings, db_url, mock_llm, tmp_path, [("a", 5)],
-                             batch_submit_lease_s=2.0, batch_http_timeout_s=1.0)
+                             batch_submit_lease_s=4.0, batch_http_timeout_s=2.0)
     rt = rt_of(settings, store)
     run_pass(rt, ["bx"])
     (row,) = store.exam_batches("bx")

@@ -39,7 +39,7 @@ def test_a_provider_that_drops_metadata_never_gets_a_second_create(
     # The create makes the batch and its reply is lost; the listing cannot match metadata.
     mock_llm.configure(batch_create_lost=1)
     settings, store = _setup(make_settings, db_url, mock_llm, tmp_path, [("a", 5)],
-                             batch_submit_lease_s=2.0, batch_http_timeout_s=1.0)
+                             batch_submit_lease_s=4.0, batch_http_timeout_s=2.0)
     rt = rt_of(settings, store)
     rt.api = _NoMetadata(rt.api)
     run_pass(rt, ["bx"])
@@ -223,7 +223,7 @@ class _CreateLandsAtDelete:
 def test_a_create_landing_between_the_listing_and_the_delete_is_adopted_not_duplicated(
         make_settings, db_url, mock_llm, tmp_path, rt_of):
     settings, store = _setup(make_settings, db_url, mock_llm, tmp_path, [("a", 5)],
-                             batch_submit_lease_s=2.0, batch_http_timeout_s=1.0)
+                             batch_submit_lease_s=4.0, batch_http_timeout_s=2.0)
     submitter = rt_of(settings, store)
     submitter.api = _Unanswered(submitter.api)
     run_pass(submitter, ["bx"])
@@ -369,7 +369,7 @@ def test_a_second_batch_with_the_submissions_metadata_is_cancelled_at_recovery(
     # other, which would pay every line twice.
     mock_llm.configure(batch_create_lost=1, batch_validation_s=60)
     settings, store = _setup(make_settings, db_url, mock_llm, tmp_path, [("a", 5)],
-                             batch_submit_lease_s=2.0, batch_http_timeout_s=1.0)
+                             batch_submit_lease_s=4.0, batch_http_timeout_s=2.0)
     rt = rt_of(settings, store)
     run_pass(rt, ["bx"])
     (row,) = store.exam_batches("bx")
