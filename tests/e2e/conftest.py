@@ -13,12 +13,12 @@ from harness import Deployment  # noqa: E402
 
 @pytest.fixture
 def mock() -> Iterator[Any]:
-    from mockllm import MockConfig, MockServer
+    """The mock model server, in a process of its own (mockproc.py): nothing the test
+    process does can delay its replies."""
+    from mockproc import MockProcess
 
-    server = MockServer(MockConfig(latency_s=0.05))
-    server.base_url = server.start()
-    yield server
-    server.stop()
+    with MockProcess(latency_s=0.05) as server:
+        yield server
 
 
 @pytest.fixture

@@ -101,13 +101,11 @@ class Deployment:
 
     def cli_in_process(self, *args: str, timeout: float | None = None,
                        **env: str) -> subprocess.CompletedProcess[str]:
-        """`cli` for a test that is not about the process itself: a real process, unless
-        EXAMFORGE_TEST_CLI_HERE=1 runs it here (`cli_here`). In this process the CLI shares
-        the GIL with the mock's server, and in full runs it delayed paid replies past the
-        harness's 3 s deadline: four tests counted a paid call wasted, once each in four
-        runs. Off until that is solved (a mock in a process of its own, or a longer
-        deadline)."""
-        if os.environ.get("EXAMFORGE_TEST_CLI_HERE") != "1":
+        """`cli` for a test that is not about the process itself: run in this process
+        (`cli_here`), unless EXAMFORGE_TEST_CLI_HERE=0 makes it a real process. The mock's
+        server runs in a process of its own (mockproc.py), so a command run here cannot delay
+        its replies."""
+        if os.environ.get("EXAMFORGE_TEST_CLI_HERE") == "0":
             return self.cli(*args, timeout=timeout or 60, **env)
         return self.cli_here(*args, timeout=timeout, **env)
 

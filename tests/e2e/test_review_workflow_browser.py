@@ -10,6 +10,7 @@ how-to's docs/img/review-filters.png."""
 from __future__ import annotations
 
 import json
+import statistics
 from typing import Any
 
 import httpx
@@ -237,8 +238,9 @@ def test_a_500_question_chapter_opens_in_under_a_second(deploy, browser):  # noq
     (performance.mark("review-rendered")): the page, GET /me, the review's summary and the
     chapter's 500 questions, and their cards. A test asserts no absolute time on a shared
     2-core machine (CI once saw 3.1 s where a quiet run takes 0.9 s): the 500-card chapter is
-    measured against a 100-card one in the same run, interleaved, the median of three each
-    (not the best: a run now and then marks a 500-card render at 0.2 s, before its layout).
+    measured against a 100-card one in the same run, interleaved: the median of four warm
+    pairs' ratios (not the best: a run now and then marks a 500-card render at 0.2 s, before
+    its layout), under 15.
     Quiet, the ratio is 5.5 to 6 (0.8 s against 0.14 s: a taller page lays out a little
     worse than linearly); a fetch per card, or layout quadratic in the cards, is near 25.
     The absolute figures are printed for the docs."""
@@ -259,12 +261,15 @@ def test_a_500_question_chapter_opens_in_under_a_second(deploy, browser):  # noq
             "return m.length ? m[0].startTime : null;"), 10, "the rendered mark"))
 
     big, small = [], []
-    for _ in range(3):  # the first of each is cold (the server's first reads, the cache)
+    for _ in range(5):  # the first of each is cold (the server's first reads, the cache)
         big.append(rendered("big", 500))
         small.append(rendered("small", 100))
     print(f"\n500-question chapter rendered in {', '.join(f'{f:.0f}' for f in big)} ms, "
           f"a 100-question one in {', '.join(f'{f:.0f}' for f in small)} ms after navigation")
-    assert sorted(big)[1] < 10 * sorted(small)[1], (big, small)
+    # Each warm pair's ratio, the two renders next to each other in time, so under the same
+    # load: a full suite's load once made two of three 500-card renders 6 s (12x the medians).
+    ratios = sorted(b / s for b, s in zip(big[1:], small[1:]))
+    assert statistics.median(ratios) < 15, (big, small)
     rendered("big", 500)
     assert len(_els(browser, '.rq-verdict[data-verdict="disputed"]')) == 72
 
