@@ -4,57 +4,80 @@ The end-to-end tests' mock used to be a thread of the test process (MockServer).
 else that process did (a CLI command run in it, the test's own polling, a garbage
 collection) then shared one GIL with the server, and under a full suite's load a paid reply
 could leave it past the harness's 3 s deadline: a call the test then counted as wasted.
-Here the server is `python -m mockllm`, as a user runs it, and the test drives it over its
-control endpoints (/_config, /_stats, /_usage, /_reset, /_batches/seed), the same documents
-MockServer's methods return.
+Here each test's server is a process of its own, with its own state, and the test drives it
+over its control endpoints (/_config, /_stats, /_usage, /_reset, /_batches/seed), the same
+documents MockServer's methods return.
+
+Each is forked from a multiprocessing forkserver that imported the server and loaded the
+tokenizer once (mock_warm.py): `python -m mockllm` would pay 0.35 s of CPU for that per test,
+about 200 times a run; a fork pays a few milliseconds. The server code is the command's own
+(mockllm.service.MockService, listening, stopped by SIGTERM).
 """
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import threading
-from pathlib import Path
+import asyncio
+import contextlib
+import multiprocessing
+import signal
+from multiprocessing.connection import Connection
 from typing import Any
 
 import httpx
 
-ROOT = Path(__file__).resolve().parents[2]
+# One forkserver per test process, started at the first mock.
+_CONTEXT = multiprocessing.get_context("forkserver")
+_CONTEXT.set_forkserver_preload(["mock_warm", "mockproc"])
+
+
+def _serve(conn: Connection, latency_s: float) -> None:
+    """The child: serve a fresh MockService on a free port, tell the parent which, and stop
+    at SIGTERM (as `mock-llm` does)."""
+    from mockllm.config import MockConfig
+    from mockllm.service import MockService
+
+    async def run() -> None:
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        loop.add_signal_handler(signal.SIGTERM, stop.set)
+        service = MockService(MockConfig(latency_s=latency_s))
+        await service.warm_up()  # loaded in the forkserver already: at once
+        port = await service.listen("127.0.0.1", 0)
+        conn.send(port)
+        conn.close()
+        await stop.wait()
+        await service.close()
+
+    asyncio.run(run())
 
 
 class MockProcess:
-    """`python -m mockllm --port 0`, started by `start()` and stopped by `stop()`."""
+    """A mock server process of its own, started by `start()` and stopped by `stop()`."""
 
     def __init__(self, latency_s: float = 0.05) -> None:
         self.latency_s = latency_s
         self.base_url: str | None = None
-        self._proc: subprocess.Popen[str] | None = None
+        self._proc: Any = None
         self._control: httpx.Client | None = None
-        self._lines: list[str] = []
 
     def start(self) -> str:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "mockllm", "--host", "127.0.0.1", "--port", "0",
-             "--latency-s", str(self.latency_s)],
-            cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, text=True)
+        parent, child = _CONTEXT.Pipe(duplex=False)
+        proc = _CONTEXT.Process(target=_serve, args=(child, self.latency_s), daemon=True,
+                                name="mockllm")
+        proc.start()
+        child.close()
         self._proc = proc
-        assert proc.stdout is not None
-        first = proc.stdout.readline()  # printed once it listens; "" if it exited
-        if "listening on " not in first:
-            proc.kill()
-            rest = proc.stdout.read()
-            raise RuntimeError(f"mock-llm did not start: {first}{rest}")
-        # Drained from now on, so that its log can never fill the pipe and stall the server.
-        threading.Thread(target=self._drain, args=(proc,), daemon=True).start()
-        self.base_url = first.split("listening on ", 1)[1].strip()
-        self._control = httpx.Client(base_url=self.base_url.removesuffix("/v1"), timeout=10)
+        if not parent.poll(30):
+            self.stop()
+            raise RuntimeError("the mock server did not start within 30 s")
+        try:
+            port = parent.recv()
+        except EOFError:
+            self.stop()
+            raise RuntimeError(f"the mock server exited at its start ({proc.exitcode})") from None
+        self.base_url = f"http://127.0.0.1:{port}/v1"
+        self._control = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10)
         return self.base_url
-
-    def _drain(self, proc: subprocess.Popen[str]) -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            self._lines.append(line)
 
     def stop(self) -> None:
         if self._control is not None:
@@ -62,11 +85,12 @@ class MockProcess:
             self._control = None
         if self._proc is not None:
             self._proc.terminate()
-            try:
-                self._proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
+            self._proc.join(10)
+            if self._proc.is_alive():
                 self._proc.kill()
-                self._proc.wait()
+                self._proc.join()
+            with contextlib.suppress(ValueError):
+                self._proc.close()
             self._proc = None
 
     def _call(self, method: str, path: str, body: Any = None) -> Any:

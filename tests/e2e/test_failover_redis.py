@@ -176,8 +176,12 @@ def test_a_sentinel_failover_to_a_lagging_replica_loses_no_question_and_pays_not
             again.stderr
         assert mock.stats()["calls_total"] == paid
         # Workers and beat followed the Sentinel by themselves: none restarted, none died.
+        # (The limiter followed it too: it admitted the calls after the failover within the
+        # rate, above. Whether it was asked during the 2 to 4 s without a master, and so
+        # logged "rate limiter unreachable", depends on the timing: test_spend's Redis restart
+        # asserts that warning.)
         logs = dep.worker_logs(None)
-        assert "rate limiter unreachable" in logs and "Connection to broker lost" in logs
+        assert "Connection to broker lost" in logs
         assert all(p.poll() is None for p in dep.procs)
     finally:
         sentinel.stop()
