@@ -158,8 +158,11 @@ def test_a_promoted_replica_takes_over_mid_run_with_nothing_stored_twice(
         else:
             # The lost commits were real; their questions were made again, each stored once
             # (above), and the ledger misses exactly the rows that were lost with them.
+            # A lost row may be a call booked as the primary stopped and never sent (as in
+            # the synchronous case: 59 at the mock against 54 + 6, once, under load).
             assert lost_questions >= 15 and lost_ledger >= 1, (lost_questions, lost_ledger)
-            assert mock.stats()["calls_total"] == len(calls) + lost_ledger
+            assert len(calls) + lost_ledger - in_flight <= mock.stats()["calls_total"] \
+                <= len(calls) + lost_ledger
     finally:
         primary.stop()
         replica.stop()

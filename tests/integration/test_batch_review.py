@@ -107,7 +107,7 @@ def _frozen_then_recovered(make_settings, db_url, mock_llm, tmp_path, rt_of, *,
     import threading
 
     settings, store = _setup(make_settings, db_url, mock_llm, tmp_path, [("a", 5)],
-                             batch_submit_lease_s=3.0, batch_http_timeout_s=1.5)
+                             batch_submit_lease_s=4.0, batch_http_timeout_s=2.0)
     frozen = rt_of(settings, store)
     frozen.api = _FrozenCreate(frozen.api)
     other = rt_of(settings, store)
