@@ -197,22 +197,30 @@ class Deployment:
 
     def worker(self, concurrency: int = 8, *extra: str, **env: str) -> subprocess.Popen[bytes]:
         name = f"w{len(self.procs)}-{uuid.uuid4().hex[:6]}@%h"
-        log = open(self.workdir / f"worker-{len(self.procs)}.log", "wb")
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "tasks", "worker", "-P", "threads",
-             "-c", str(concurrency), "-n", name, "--loglevel", "INFO", "--without-mingle",
-             "--without-gossip", *extra],
-            cwd=self.workdir, env={**self.env, **env}, stdout=log, stderr=subprocess.STDOUT)
+        proc = self._celery(self.workdir / f"worker-{len(self.procs)}.log", {**self.env, **env},
+                            "-A", "tasks", "worker", "-P", "threads", "-c", str(concurrency),
+                            "-n", name, "--loglevel", "INFO", "--without-mingle",
+                            "--without-gossip", *extra)
         self.procs.append(proc)
         return proc
 
+    def _celery(self, log_path: Path, env: dict[str, str], *argv: str) -> Any:
+        """`python -m celery <argv>`: forked from the tests' forkserver (forks.py), which
+        imported Celery and the libraries once, or a real command where a fork cannot be
+        one (an LD_PRELOAD, EXAMFORGE_TEST_FORK=0)."""
+        import forks
+
+        if forks.forkable(env):
+            return forks.start("celery", list(argv), env, self.workdir, log_path)
+        log = open(log_path, "wb")
+        return subprocess.Popen([sys.executable, "-m", "celery", *argv], cwd=self.workdir,
+                                env=env, stdout=log, stderr=subprocess.STDOUT)
+
     def beat(self, **env: str) -> subprocess.Popen[bytes]:
         """`celery -A tasks beat`: the reconciler every RECONCILE_INTERVAL_S."""
-        log = open(self.workdir / f"worker-beat-{len(self.procs)}.log", "wb")
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "tasks", "beat", "--loglevel", "INFO",
-             "--schedule", str(self.workdir / f"beat-{len(self.procs)}.schedule")],
-            cwd=self.workdir, env={**self.env, **env}, stdout=log, stderr=subprocess.STDOUT)
+        proc = self._celery(self.workdir / f"worker-beat-{len(self.procs)}.log",
+                            {**self.env, **env}, "-A", "tasks", "beat", "--loglevel", "INFO",
+                            "--schedule", str(self.workdir / f"beat-{len(self.procs)}.schedule"))
         self.procs.append(proc)
         return proc
 

@@ -8,8 +8,8 @@ Here each test's server is a process of its own, with its own state, and the tes
 over its control endpoints (/_config, /_stats, /_usage, /_reset, /_batches/seed), the same
 documents MockServer's methods return.
 
-Each is forked from a multiprocessing forkserver that imported the server and loaded the
-tokenizer once (mock_warm.py): `python -m mockllm` would pay 0.35 s of CPU for that per test,
+Each is forked from the tests' forkserver, which imported the server and loaded the tokenizer
+once (forks.py, fork_warm.py): `python -m mockllm` would pay 0.35 s of CPU for that per test,
 about 200 times a run; a fork pays a few milliseconds. The server code is the command's own
 (mockllm.service.MockService, listening, stopped by SIGTERM).
 """
@@ -18,16 +18,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import multiprocessing
 import signal
 from multiprocessing.connection import Connection
 from typing import Any
 
 import httpx
 
-# One forkserver per test process, started at the first mock.
-_CONTEXT = multiprocessing.get_context("forkserver")
-_CONTEXT.set_forkserver_preload(["mock_warm", "mockproc"])
+# The tests' one forkserver (forks.py), started at the first mock or worker.
+from forks import CONTEXT as _CONTEXT, ensure_server  # noqa: E402
 
 
 def _serve(conn: Connection, latency_s: float) -> None:
@@ -61,6 +59,7 @@ class MockProcess:
         self._control: httpx.Client | None = None
 
     def start(self) -> str:
+        ensure_server()
         parent, child = _CONTEXT.Pipe(duplex=False)
         proc = _CONTEXT.Process(target=_serve, args=(child, self.latency_s), daemon=True,
                                 name="mockllm")
