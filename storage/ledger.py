@@ -607,9 +607,10 @@ class Ledger(StoreBase):
             if signed is None:
                 self._run_many(conn, "insert_questions", _insert_questions, rows)
             else:
+                # The number second: SQLite's RETURNING of a multi-row INSERT has no order.
                 ids = self._run_many(conn, "insert_questions_ids", lambda: _insert_questions()
-                                     .returning(Q.c.id, sort_by_parameter_order=True), rows,
-                                     returning=True)
+                                     .returning(Q.c.id, Q.c.number, sort_by_parameter_order=True),
+                                     rows, returning=True, key="q_number")
                 neardup.index(conn, claim.exam, claim.chapter_id, ids, [signed[i] for i in keep])
             stored += len(kept)
             # The lease again from now: this transaction may have waited for the exam's
