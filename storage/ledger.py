@@ -240,12 +240,13 @@ class Ledger(StoreBase):
                               kind="call")
 
     def _start_planned(self, conn: Connection, claim: Claimed,
-                       plan: CallPlan | None) -> int | NoRoom | None:
+                       plan: CallPlan | None, budgeted: bool | None = None
+                       ) -> int | NoRoom | None:
         """Record `plan` and reserve its worst case against the exam's budget, in the caller's
         transaction (which holds the lease). The budget check and the reservation are one
         conditional UPDATE of the exam row, so any number of workers can never reserve past
         the budget together. Returns the call's id, NoRoom (nothing recorded) when the worst
-        case does not fit, or None when nothing was planned."""
+        case does not fit, or None when nothing was planned. `budgeted`: as `_settle`."""
         if plan is None:
             return None
 
@@ -255,7 +256,9 @@ class Ledger(StoreBase):
                 E.c.spent_usd + E.c.reserved_usd + plan.reserve_usd <= E.c.budget_usd + 1e-12)
                 .values(reserved_usd=E.c.reserved_usd + plan.reserve_usd)).rowcount == 1
 
-        fits = not self._budgeted(conn, claim.exam) or reserve()
+        if budgeted is None:
+            budgeted = self._budgeted(conn, claim.exam)
+        fits = not budgeted or reserve()
         if not fits and self._settle_orphans(conn, claim.exam):
             # Dead holders' calls held part of the room: settled at their worst case (which
             # is what they held), so try once more; usually still no room, but now no
@@ -706,5 +709,5 @@ class Ledger(StoreBase):
             return result
         # The next call is recorded in this same transaction: one write per paid call.
         following = None if plan_next is None else self._start_planned(
-            conn, claim, plan_next(claim.view(stored, target)))
+            conn, claim, plan_next(claim.view(stored, target)), budgeted=budgeted)
         return dataclasses.replace(result, next_call=following)
