@@ -92,9 +92,9 @@ def test_a_one_call_chapter_on_sqlite_sends_the_statements_pinned_here(sqlite_ur
                                       near_dup=Checker(), steer=Steer())
             commit_sql, commit_driver = counted.stop()
             assert done.stored == 5 and done.done, done
-        # The claim: BEGIN, the lease, the dead holders' calls, the slice, its questions,
-        # the budget's read, the first call's row, the lease again; may_send's read.
-        assert len(claim_sql) == 9, claim_sql
+        # The claim: BEGIN, the lease, the dead holders' calls, the slice (with its exam's
+        # budget), its questions, the first call's row, the lease again; may_send's read.
+        assert len(claim_sql) == 8, claim_sql
         # The commit: BEGIN, the fence, the exam row (budget, failed logins, index epoch),
         # the scope's new signatures, the free numbers, the questions (one INSERT), their
         # signatures (one INSERT), the slice's progress and end, the call's booking.
