@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 import unicodedata
 from dataclasses import dataclass
-from functools import cached_property, lru_cache
+from functools import cached_property
 
 DEFAULT_LANGUAGE = "en"
 # The known languages written right to left (the review page reads it from the browser's
@@ -161,17 +161,8 @@ LANGUAGES: dict[str, Language] = {lang.tag: lang for lang in (
 def positional_in_any(text: str) -> bool:
     """Whether `text` refers to choices by position or letter in any language examforge
     knows (folded once for all of them): what keeps an imported question's order."""
-    return _any_pattern().search(fold(text)) is not None
-
-
-@lru_cache(maxsize=1)
-def _any_pattern() -> re.Pattern[str]:
-    """Every language's patterns as one alternation. A search tries each alternative at each
-    position, so a text matches it exactly when it matches one of them; one scan instead of
-    one per pattern halves the check of a question's four choices, which each commit makes
-    for each question it stores (examforge.balance)."""
-    return re.compile("|".join(f"(?:{p.pattern})" for lang in LANGUAGES.values()
-                               for p in lang._patterns))
+    folded = fold(text)
+    return any(_first(lang._patterns, folded) for lang in LANGUAGES.values())
 
 
 def known_tags() -> tuple[str, ...]:

@@ -73,24 +73,6 @@ def test_a_choice_that_refers_to_the_others_is_refused_in_its_language(tag):
         assert positional_reason(q, tag) is None, (tag, text)
 
 
-def test_positional_in_any_is_any_language_s_own_check():
-    # positional_in_any searches one alternation of every language's patterns: it must
-    # agree with asking each language in turn, on what they refuse and on what they keep.
-    from examforge.languages import positional_in_any
-
-    texts = [t for refused, kept in CASES.values() for t in (*refused, *kept)]
-    for lang in LANGUAGES.values():
-        texts += [*lang.phrases, *(f"{w} {x}" for w in lang.choice_words for x in lang.letters),
-                  *(f"{a} {c} {b}" for c in lang.conjunctions
-                    for a, b in zip(lang.letters, lang.letters[1:]))]
-    texts += ["Slow network between nodes", "A large WAL backlog", "Clock skew", "(B)",
-              "Plan A and a backup", "Vitamin D or calcium", "allover the above", ""]
-    for text in texts:
-        each = any(lang.positional(text) is not None for lang in LANGUAGES.values())
-        assert positional_in_any(text) is each, text
-    assert any(positional_in_any(t) for t in texts) and not all(positional_in_any(t) for t in texts)
-
-
 def test_another_language_s_phrase_is_only_refused_in_that_language_or_english():
     q = Question("Q?", ("هیچکدام", "x1", "x2", "x3"), 1, "because")
     assert positional_reason(q, "fa") is not None
