@@ -242,7 +242,7 @@ class _Raw:
     order of its parameters, the values of the constants it binds, and the row type of what
     it returns."""
 
-    __slots__ = ("sql", "names", "consts", "procs", "row", "result_procs")
+    __slots__ = ("sql", "names", "consts", "procs", "row", "result_procs", "_values")
 
     def __init__(self, stmt: Any, dialect: Any) -> None:
         compiled = stmt.compile(dialect=dialect)
@@ -270,6 +270,19 @@ class _Raw:
         self.result_procs = tuple(
             (i, proc) for i, c in enumerate(columns)
             if (proc := c.type._cached_result_processor(dialect, None)) is not None)
+        self._values: dict[int, str] = {}
+
+    def values_sql(self, n: int) -> str:
+        """This one-row INSERT's SQL for `n` rows: `VALUES (?, ...), (?, ...)`, with its
+        RETURNING if it has one (its parameters: `names` once per row)."""
+        sql = self._values.get(n)
+        if sql is None:
+            head, sep, rest = self.sql.partition(" VALUES (")
+            inner, _, tail = rest.partition(")")
+            if not sep or inner.split(", ") != ["?"] * len(self.names):
+                raise NotImplementedError(f"not a one-row INSERT of bound values: {self.sql}")
+            sql = self._values[n] = f"{head} VALUES " + ", ".join([f"({inner})"] * n) + tail
+        return sql
 
     def args(self, params: dict[str, Any]) -> list[Any]:
         consts = self.consts
@@ -318,6 +331,9 @@ class RawResult:
 
 
 _RAW_OF: dict[int, tuple[Any, _Raw]] = {}
+# SQLite's limit on the parameters of one statement (SQLITE_MAX_VARIABLE_NUMBER, 32,766 since
+# 3.32): a multi-row INSERT (`StoreBase._raw_values`) is cut into pieces under it.
+_VALUES_MAX_PARAMS = 32766
 
 
 def execute_hot(conn: Connection, stmt: Any, params: dict[str, Any] | list[dict[str, Any]]
@@ -525,24 +541,51 @@ class StoreBase:
     @staticmethod
     def _raw_execute(conn: Connection, raw: _Raw, params: dict[str, Any] | list[dict[str, Any]]
                      ) -> RawResult:
-        many = isinstance(params, list)
-        args: Any = ([raw.args(p) for p in params] if isinstance(params, list)
-                     else raw.args(params))
-        cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
-        if many:
+        if isinstance(params, list):
+            if raw.sql.startswith("INSERT ") and raw.row is None:
+                # One statement for all the rows, where sqlite3's executemany runs one each.
+                return RawResult(*StoreBase._raw_values(conn, raw, params))
+            args = [raw.args(p) for p in params]
+            cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
             count = _on_cursor(conn, cursor, raw.sql, args, True, _executemany)
             return RawResult(count, [])
-        count, rows = _on_cursor(conn, cursor, raw.sql, args, False,
+        cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+        count, rows = _on_cursor(conn, cursor, raw.sql, raw.args(params), False,
                                  _fetch_all if raw.row is not None else _fetch_none)
+        return RawResult(count, StoreBase._made(raw, rows))
+
+    @staticmethod
+    def _raw_values(conn: Connection, raw: _Raw, params: list[dict[str, Any]]
+                    ) -> tuple[int, list[Any]]:
+        """The one-row INSERT `raw` for every parameter set of `params` as multi-row INSERTs
+        (`INSERT ... VALUES (...), (...)`), as few as SQLite's limit on a statement's
+        parameters allows (one, for a paid call's questions): the rows inserted and what
+        their RETURNING gave, in no promised order (SQLite names none). The rows take their
+        ids in the order of `params`, as one INSERT each did."""
+        count, out = 0, []
+        per = max(1, _VALUES_MAX_PARAMS // max(1, len(raw.names)))
+        fetch = _fetch_all if raw.row is not None else _fetch_none
+        for start in range(0, len(params), per):
+            piece = params[start:start + per]
+            args = [a for p in piece for a in raw.args(p)]
+            cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+            n, rows = _on_cursor(conn, cursor, raw.values_sql(len(piece)), args, False, fetch)
+            count += n
+            out.extend(StoreBase._made(raw, rows))
+        return count, out
+
+    @staticmethod
+    def _made(raw: _Raw, rows: list[Any]) -> list[Any]:
+        """The driver's rows of `raw` as its named tuples, through its result processors."""
         if raw.row is None:
-            return RawResult(count, rows)
+            return rows
         if raw.result_procs:
             rows = [list(r) for r in rows]
             for r in rows:
                 for i, proc in raw.result_procs:
                     r[i] = proc(r[i])
         make = raw.row._make
-        return RawResult(count, [make(r) for r in rows])
+        return [make(r) for r in rows]
 
     def _pg_text(self, name: str, build: Callable[[], Any], params: dict[str, Any]
                  ) -> tuple[str, dict[str, Any]]:
@@ -579,9 +622,11 @@ class StoreBase:
             return RawResult(count, rows)
 
     def _run_many(self, conn: Connection, name: str, build: Callable[[], Any],
-                  rows: list[dict[str, Any]], *, returning: bool = False) -> list[Any]:
-        """`_run` for many parameter sets (an executemany); with `returning`, the first column
-        each row returned, in the order of `rows`."""
+                  rows: list[dict[str, Any]], *, returning: bool = False,
+                  key: str | None = None) -> list[Any]:
+        """`_run` for many parameter sets (an executemany; on SQLite an INSERT's are one
+        multi-row INSERT); with `returning`, the first column each row returned, in the order
+        of `rows`. SQLite's RETURNING must then give, second, the column bound as `key`."""
         if self._raw is None:
             result = conn.execute(self._stmt(name, build), rows)
             return list(result.scalars().all()) if returning else []
@@ -591,8 +636,13 @@ class StoreBase:
         if not returning:
             self._raw_execute(conn, raw, rows)
             return []
-        # sqlite3 returns no rows from an executemany: one statement each, in order.
-        return [self._raw_execute(conn, raw, row).scalar_one() for row in rows]
+        if key is None:
+            raise TypeError("SQLite's multi-row RETURNING needs `key` to order its rows")
+        # One multi-row INSERT, whose RETURNING gives its rows in no promised order: each
+        # row's first column found by its second, `key` (a value unique among `rows`).
+        _, got = self._raw_values(conn, raw, rows)
+        by_key = {r[1]: r[0] for r in got}
+        return [by_key[row[key]] for row in rows]
 
     @staticmethod
     def _questions_in_order(conn: Connection, exam: str) -> None:

@@ -133,11 +133,17 @@ class Leases(Ledger):
                          .values(picked_at=self._now))
             return self._why_not(conn, slug, chapter_id, slice_no, max_attempts)
         took_over = self._waste_orphaned_calls(conn, slug, chapter_id, slice_no)
+        row = self._claimed_row(conn, key)
         claimed = self._read_claimed(conn, slug, chapter_id, slice_no, owner, steer,
-                                     took_over)
+                                     took_over, row)
         if plan_first is None or _solves_first(claimed):
             return claimed
-        recorded = self._start_planned(conn, claimed, plan_first(claimed.view()))
+        # SQLite: whether the exam has a budget, as read with the slice (one writer at a
+        # time: it cannot change before this transaction ends). PostgreSQL reads it again,
+        # which locks the exam row (Ledger._budgeted).
+        budgeted = None if self._raw is None else row.budget_usd is not None
+        recorded = self._start_planned(conn, claimed, plan_first(claimed.view()),
+                                       budgeted=budgeted)
         # The lease again from now, the transaction's last step: planning the first call
         # (its prompt, its tokens, the rate limiter) can take a second or more in a
         # worker that has just started, and the lease taken at the top of this
@@ -267,16 +273,23 @@ class Leases(Ledger):
                 return None
             return self._read_claimed(conn, slug, chapter_id, slice_no, owner, steer, 0)
 
-    def _read_claimed(self, conn: Connection, slug: str, chapter_id: str, slice_no: int,
-                      owner: str, steer: Steer | None, took_over: int) -> Claimed:
-        key = {"k_exam": slug, "k_chapter": chapter_id, "k_slice": slice_no}
-        row = self._run(conn, "claimed_row", lambda: (
+    def _claimed_row(self, conn: Connection, key: dict[str, Any]) -> Any:
+        """The slice's row with what a claim needs of its exam and chapter."""
+        return self._run(conn, "claimed_row", lambda: (
             select(S, E.c.title.label("exam_title"), E.c.index_epoch,
-                   E.c.verify.label("exam_verify"),
+                   E.c.verify.label("exam_verify"), E.c.budget_usd,
                    select(func.max(S2.c.first_number + S2.c.target - 1))
                    .where(S2.c.exam == S.c.exam, S2.c.chapter_id == S.c.chapter_id)
                    .scalar_subquery().label("chapter_target"))
             .join(E, E.c.slug == S.c.exam).where(*SLICE_KEY)), key).one()
+
+    def _read_claimed(self, conn: Connection, slug: str, chapter_id: str, slice_no: int,
+                      owner: str, steer: Steer | None, took_over: int,
+                      row: Any = None) -> Claimed:
+        """The Claimed of the slice (`row`: its `_claimed_row`, if read already)."""
+        key = {"k_exam": slug, "k_chapter": chapter_id, "k_slice": slice_no}
+        if row is None:
+            row = self._claimed_row(conn, key)
         numbers_texts = self._run(conn, "chapter_texts", lambda: (
             select(Q.c.number, Q.c.question)
             .where(Q.c.exam == bindparam("k_exam"), Q.c.chapter_id == bindparam("k_chapter"))

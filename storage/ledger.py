@@ -189,14 +189,15 @@ class Ledger(StoreBase):
                          .with_for_update(key_share=True))  # FOR NO KEY UPDATE
 
     def _settle(self, conn: Connection, slug: str, *, reserved_usd: float,
-                cost_usd: float) -> None:
+                cost_usd: float, budgeted: bool | None = None) -> None:
         """Move calls from reserved to spent on a budgeted exam's running totals. When that
         takes spent to or past the budget (a reply that reported more than its reservation:
         a provider whose tokenizer counts the prompt higher than ours, one that ignores
         max_tokens), the same statement pauses the exam with a reason naming the budget, so
         that no further call is reserved (the reservation's check fails too) and nothing is
-        sent until a person raises the budget."""
-        if self._budgeted(conn, slug):
+        sent until a person raises the budget. `budgeted`: whether the exam has a budget,
+        when the caller read it in this transaction already (None: read it here)."""
+        if self._budgeted(conn, slug) if budgeted is None else budgeted:
             self._run(conn, "settle", self._settle_stmt,
                          {"k_exam": slug, "p_reserved": reserved_usd, "p_cost": cost_usd})
 
@@ -239,12 +240,13 @@ class Ledger(StoreBase):
                               kind="call")
 
     def _start_planned(self, conn: Connection, claim: Claimed,
-                       plan: CallPlan | None) -> int | NoRoom | None:
+                       plan: CallPlan | None, budgeted: bool | None = None
+                       ) -> int | NoRoom | None:
         """Record `plan` and reserve its worst case against the exam's budget, in the caller's
         transaction (which holds the lease). The budget check and the reservation are one
         conditional UPDATE of the exam row, so any number of workers can never reserve past
         the budget together. Returns the call's id, NoRoom (nothing recorded) when the worst
-        case does not fit, or None when nothing was planned."""
+        case does not fit, or None when nothing was planned. `budgeted`: as `_settle`."""
         if plan is None:
             return None
 
@@ -254,7 +256,9 @@ class Ledger(StoreBase):
                 E.c.spent_usd + E.c.reserved_usd + plan.reserve_usd <= E.c.budget_usd + 1e-12)
                 .values(reserved_usd=E.c.reserved_usd + plan.reserve_usd)).rowcount == 1
 
-        fits = not self._budgeted(conn, claim.exam) or reserve()
+        if budgeted is None:
+            budgeted = self._budgeted(conn, claim.exam)
+        fits = not budgeted or reserve()
         if not fits and self._settle_orphans(conn, claim.exam):
             # Dead holders' calls held part of the room: settled at their worst case (which
             # is what they held), so try once more; usually still no room, but now no
@@ -284,9 +288,10 @@ class Ledger(StoreBase):
                 "p_kind": plan.kind}).scalar_one()
 
     def _finish(self, conn: Connection, call_id: int, values: dict[str, Any],
-                usage: Usage) -> bool:
+                usage: Usage, budgeted: bool | None = None) -> bool:
         """End an in-flight call with `values` and its usage, settling its reservation; False
-        (nothing changed) when it had already ended (the takeover settled it first)."""
+        (nothing changed) when it had already ended (the takeover settled it first).
+        `budgeted`: as `_settle`."""
         booked = {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
                   "cost_usd": usage.cost_usd, "endpoint": usage.endpoint,
                   "usage_estimated": usage.estimated, "cached_tokens": usage.cached_tokens,
@@ -302,7 +307,8 @@ class Ledger(StoreBase):
             .values(finished_at=self._now, **{n: bindparam(f"p_{n}") for n in _FINISHED})
             .returning(K.c.exam, K.c.reserved_usd)), params).one_or_none()
         if row is not None:
-            self._settle(conn, row.exam, reserved_usd=row.reserved_usd, cost_usd=usage.cost_usd)
+            self._settle(conn, row.exam, reserved_usd=row.reserved_usd, cost_usd=usage.cost_usd,
+                         budgeted=budgeted)
             return True
         if not usage.estimated and values.get("outcome") in (CallOutcome.wasted.value,
                                                              CallOutcome.failed.value):
@@ -561,6 +567,14 @@ class Ledger(StoreBase):
                             "lost before commit")
         target, first, now, state = held
         cancelled = state == ChapterState.cancelled.value
+        # SQLite: what the commit needs of the exam row (its budget, its failed logins, its
+        # index epoch), read once; nobody else writes in this transaction (one writer at a
+        # time, BEGIN IMMEDIATE), so it cannot change before it is used. PostgreSQL reads
+        # each where it is needed (the budget's read also locks the row: `_budgeted`).
+        exam_row = None if self._raw is None else self._run(conn, "commit_exam", lambda: (
+            select(E.c.budget_usd, E.c.auth_failures, E.c.index_epoch)
+            .where(E.c.slug == bindparam("k_exam"))), key).one_or_none()
+        budgeted = None if exam_row is None else exam_row.budget_usd is not None
         shared = claim.chapter_target > claim.target
         if near_dup is not None and (shared or near_dup.scope is Scope.exam):
             # Others commit into the scope too: check and insert as one step (lock order:
@@ -578,9 +592,12 @@ class Ledger(StoreBase):
             note = ", ".join(filter(None, [note, f"{len(hashes) - len(keep)} "
                                                  f"{Rejection.duplicate.value} rejected at commit"]))
         near = 0
+        slice_done = False
         if near_dup is not None and signed is not None and keep:
             verdict = neardup.check(conn, claim.exam, claim.chapter_id, near_dup,
-                                    [signed[i] for i in keep])
+                                    [signed[i] for i in keep],
+                                    epoch=neardup.UNREAD if self._raw is None or exam_row is None
+                                    else exam_row.index_epoch)
             keep = [i for i, ok in zip(keep, verdict.keep) if ok]
             near = verdict.rejected
             neardup.record_repeats(conn, verdict.repeated)
@@ -607,18 +624,28 @@ class Ledger(StoreBase):
             if signed is None:
                 self._run_many(conn, "insert_questions", _insert_questions, rows)
             else:
+                # The number second: SQLite's RETURNING of a multi-row INSERT has no order.
                 ids = self._run_many(conn, "insert_questions_ids", lambda: _insert_questions()
-                                     .returning(Q.c.id, sort_by_parameter_order=True), rows,
-                                     returning=True)
+                                     .returning(Q.c.id, Q.c.number, sort_by_parameter_order=True),
+                                     rows, returning=True, key="q_number")
                 neardup.index(conn, claim.exam, claim.chapter_id, ids, [signed[i] for i in keep])
             stored += len(kept)
-            # The lease again from now: this transaction may have waited for the exam's
-            # question order or the scope's check (behind another worker's commit), and the
-            # row, locked since the fence, is still ours.
-            self._run(conn, "progress", lambda: update(S).where(*SLICE_KEY).values(
-                attempts_since_progress=0, last_error_code=None, last_error=None,
-                lease_expires_at=self._now + bindparam("p_lease")),
-                {**key, "p_lease": lease_s})
+            if stored >= target and not verify:
+                # Progress that completes the slice: it is done in the same statement (see
+                # below), and its lease ends.
+                slice_done = True
+                self._run(conn, "progress_done", lambda: update(S).where(*SLICE_KEY).values(
+                    attempts_since_progress=0, last_error_code=None, last_error=None,
+                    state=ChapterState.done.value, lease_owner=None, lease_expires_at=None),
+                    key)
+            else:
+                # The lease again from now: this transaction may have waited for the exam's
+                # question order or the scope's check (behind another worker's commit), and
+                # the row, locked since the fence, is still ours.
+                self._run(conn, "progress", lambda: update(S).where(*SLICE_KEY).values(
+                    attempts_since_progress=0, last_error_code=None, last_error=None,
+                    lease_expires_at=self._now + bindparam("p_lease")),
+                    {**key, "p_lease": lease_s})
             values: dict[str, Any] = {"outcome": CallOutcome.used.value, "reason": None,
                                       "detail": note or None, "questions_stored": len(kept)}
         elif surplus:  # the slice needed none of them (its target was lowered meanwhile)
@@ -630,13 +657,14 @@ class Ledger(StoreBase):
                       "detail": "every question was one the chapter already had (stored by "
                                 "another slice)" if not near else
                                 f"every question was one the chapter already had ({note})"}
-        if not self._finish(conn, call_id, values, usage):
+        if not self._finish(conn, call_id, values, usage, budgeted=budgeted):
             # Settled by a takeover in the meantime: the fence above makes that impossible
             # while we hold the lease, so this is a bug, not a race.
             raise LeaseLost(f"call {call_id} was already settled")
-        self._run(conn, "auth_reset", lambda: update(E).where(
-            E.c.slug == bindparam("k_exam"), E.c.auth_failures > 0).values(auth_failures=0),
-            key)
+        if exam_row is None or exam_row.auth_failures > 0:  # (SQLite: it has none to reset)
+            self._run(conn, "auth_reset", lambda: update(E).where(
+                E.c.slug == bindparam("k_exam"), E.c.auth_failures > 0).values(auth_failures=0),
+                key)
         result = Committed(stored=stored, target=target,
                            duplicates=len(questions) - len(kept) - surplus,
                            recent=(), kept=tuple(q.question for q, _ in kept),
@@ -645,6 +673,8 @@ class Ledger(StoreBase):
             # Done, even if it was cancelled meanwhile: nothing is missing. Under VERIFY the
             # slice is done once its questions' verdicts are in (Verdicts.commit_verdicts).
             # No next prompt: nothing to read for its list.
+            if slice_done:  # with its progress, above
+                return result
             self._run(conn, "slice_done", lambda: update(S).where(*SLICE_KEY).values(
                 state=ChapterState.done.value, lease_owner=None, lease_expires_at=None), key)
             return result
@@ -679,5 +709,5 @@ class Ledger(StoreBase):
             return result
         # The next call is recorded in this same transaction: one write per paid call.
         following = None if plan_next is None else self._start_planned(
-            conn, claim, plan_next(claim.view(stored, target)))
+            conn, claim, plan_next(claim.view(stored, target)), budgeted=budgeted)
         return dataclasses.replace(result, next_call=following)

@@ -259,8 +259,13 @@ class _Indexes:
 INDEXES = _Indexes()
 
 
+# `check`'s epoch when its caller has not read it.
+UNREAD: Any = object()
+
+
 def _candidates(conn: Connection, exam: str, chapter_id: str, scope: Scope,
-                batch: Sequence[Signed | None]) -> tuple[list[set[int]], dict[int, Signature]]:
+                batch: Sequence[Signed | None], epoch: Any = UNREAD
+                ) -> tuple[list[set[int]], dict[int, Signature]]:
     """Each new question's candidates (the stored questions of the scope sharing a band key
     with it) and the signatures of the scope's questions. Two statements whatever the batch
     and the chapter: the exam's index epoch, and the scope's rows stored since the index
@@ -269,8 +274,11 @@ def _candidates(conn: Connection, exam: str, chapter_id: str, scope: Scope,
     The signatures are the index's own, read with the keys. They cannot be stale for the
     chapter being committed: its questions are deleted only with its slices, whose rows the
     commit's fence holds (a regeneration waits for the commit, or the fence fails). Deleting
-    any question changes the exam's epoch, which rebuilds the index at the next check."""
-    epoch = execute_hot(conn, _statement("epoch", scope, ""), {"exam": exam}).scalar_one_or_none()
+    any question changes the exam's epoch, which rebuilds the index at the next check.
+    `epoch`: the exam's, when the caller read it in this transaction already."""
+    if epoch is UNREAD:
+        epoch = execute_hot(conn, _statement("epoch", scope, ""),
+                            {"exam": exam}).scalar_one_or_none()
     key = "" if scope is Scope.exam else chapter_id
     where = (str(conn.engine.url), exam, key)
     idx = INDEXES.get(where, epoch)
@@ -332,10 +340,11 @@ def near_of(conn: Connection, exam: str, chapter_id: str, checker: Checker, new:
 
 
 def check(conn: Connection, exam: str, chapter_id: str, checker: Checker,
-          batch: Sequence[Signed | None]) -> Verdict:
+          batch: Sequence[Signed | None], epoch: Any = UNREAD) -> Verdict:
     """Which questions of `batch` are new: not a near-duplicate of a stored question of the
-    scope, nor of an earlier question of the batch. (None: already dropped, kept False.)"""
-    candidates, stored = _candidates(conn, exam, chapter_id, checker.scope, batch)
+    scope, nor of an earlier question of the batch. (None: already dropped, kept False.)
+    `epoch`: the exam's index epoch, when the caller read it in this transaction already."""
+    candidates, stored = _candidates(conn, exam, chapter_id, checker.scope, batch, epoch)
     return _verdict(checker, batch, candidates, stored)
 
 
