@@ -80,24 +80,26 @@ def classify(stack):
             return name
     return "other"
 
-counts = Counter(); total = 0
+counts: Counter[str] = Counter()
+total = 0
 for line in open(prof):
-    stack, _, n = line.rstrip("\n").rpartition(" ")
-    if not n.isdigit(): continue
-    n = int(n); total += n
-    counts[classify(stack)] += n
+    stack, _, count = line.rstrip("\n").rpartition(" ")
+    if not count.isdigit():
+        continue
+    total += int(count)
+    counts[classify(stack)] += int(count)
 print(f"{total} GIL samples; lines: fence {fence} lock {lock_} free {free} rows {rows_} fin {fin}")
-for name, _ in CATS:
-    if counts[name]:
-        share = counts[name] / total
+for category, _ in CATS:
+    if counts[category]:
+        share = counts[category] / total
         extra = f" | {share * ms * 1000:.0f} µs" if ms else ""
-        print(f"| {name} | {share:.1%}{extra} |")
+        print(f"| {category} | {share:.1%}{extra} |")
 
-other = Counter()
+other: Counter[tuple[str, str]] = Counter()
 for line in open(prof):
-    stack, _, n = line.rstrip("\n").rpartition(" ")
-    if n.isdigit() and classify(stack) in ("other", "task's other work (runner.pipeline, tasks.app)", "other store (storage/)"):
+    stack, _, count = line.rstrip("\n").rpartition(" ")
+    if count.isdigit() and classify(stack) in ("other", "task's other work (runner.pipeline, tasks.app)", "other store (storage/)"):
         frames = [f for f in stack.split(";") if "(" in f]
-        other[(classify(stack)[:10], re.sub(r":\d+\)", ")", frames[-1]) if frames else "?")] += int(n)
-for (c, f), n in other.most_common(25):
-    print(f"  {c:10} {n/total:.1%} {f}")
+        other[(classify(stack)[:10], re.sub(r":\d+\)", ")", frames[-1]) if frames else "?")] += int(count)
+for (c, f), samples in other.most_common(25):
+    print(f"  {c:10} {samples / total:.1%} {f}")
