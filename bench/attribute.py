@@ -89,7 +89,7 @@ for line in open(prof):
     total += int(count)
     counts[classify(stack)] += int(count)
 print(f"{total} GIL samples; lines: fence {fence} lock {lock_} free {free} rows {rows_} fin {fin}")
-for category, _ in CATS:
+for category, _pattern in CATS:
     if counts[category]:
         share = counts[category] / total
         extra = f" | {share * ms * 1000:.0f} µs" if ms else ""
