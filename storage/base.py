@@ -272,15 +272,17 @@ class _Raw:
             if (proc := c.type._cached_result_processor(dialect, None)) is not None)
         self._values: dict[int, str] = {}
 
-    def values_sql(self, n: int) -> str:
+    def values_sql(self, n: int) -> str | None:
         """This one-row INSERT's SQL for `n` rows: `VALUES (?, ...), (?, ...)`, with its
-        RETURNING if it has one (its parameters: `names` once per row)."""
+        RETURNING if it has one (its parameters: `names` once per row); None when it is not
+        an INSERT of bound values only (an expression or a constant among them)."""
         sql = self._values.get(n)
         if sql is None:
             head, sep, rest = self.sql.partition(" VALUES (")
             inner, _, tail = rest.partition(")")
-            if not sep or inner.split(", ") != ["?"] * len(self.names):
-                raise NotImplementedError(f"not a one-row INSERT of bound values: {self.sql}")
+            if not self.sql.startswith("INSERT ") or not sep \
+                    or inner.split(", ") != ["?"] * len(self.names):
+                return None
             sql = self._values[n] = f"{head} VALUES " + ", ".join([f"({inner})"] * n) + tail
         return sql
 
@@ -542,7 +544,7 @@ class StoreBase:
     def _raw_execute(conn: Connection, raw: _Raw, params: dict[str, Any] | list[dict[str, Any]]
                      ) -> RawResult:
         if isinstance(params, list):
-            if raw.sql.startswith("INSERT ") and raw.row is None:
+            if raw.row is None and raw.values_sql(1) is not None:
                 # One statement for all the rows, where sqlite3's executemany runs one each.
                 return RawResult(*StoreBase._raw_values(conn, raw, params))
             args = [raw.args(p) for p in params]
@@ -569,7 +571,10 @@ class StoreBase:
             piece = params[start:start + per]
             args = [a for p in piece for a in raw.args(p)]
             cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
-            n, rows = _on_cursor(conn, cursor, raw.values_sql(len(piece)), args, False, fetch)
+            sql = raw.values_sql(len(piece))
+            if sql is None:
+                raise NotImplementedError(f"not an INSERT of bound values only: {raw.sql}")
+            n, rows = _on_cursor(conn, cursor, sql, args, False, fetch)
             count += n
             out.extend(StoreBase._made(raw, rows))
         return count, out

@@ -568,9 +568,11 @@ class Ledger(StoreBase):
         target, first, now, state = held
         cancelled = state == ChapterState.cancelled.value
         # SQLite: what the commit needs of the exam row (its budget, its failed logins, its
-        # index epoch), read once; nobody else writes in this transaction (one writer at a
-        # time, BEGIN IMMEDIATE), so it cannot change before it is used. PostgreSQL reads
-        # each where it is needed (the budget's read also locks the row: `_budgeted`).
+        # index epoch), read once: no other process writes before this transaction ends (one
+        # writer at a time, BEGIN IMMEDIATE), and the other members of a group commit change
+        # none of the three (a commit settles spent and reserved, and resets failed logins
+        # only to 0). PostgreSQL reads each where it is needed (the budget's read also locks
+        # the row: `_budgeted`).
         exam_row = None if self._raw is None else self._run(conn, "commit_exam", lambda: (
             select(E.c.budget_usd, E.c.auth_failures, E.c.index_epoch)
             .where(E.c.slug == bindparam("k_exam"))), key).one_or_none()
@@ -596,7 +598,7 @@ class Ledger(StoreBase):
         if near_dup is not None and signed is not None and keep:
             verdict = neardup.check(conn, claim.exam, claim.chapter_id, near_dup,
                                     [signed[i] for i in keep],
-                                    epoch=neardup.UNREAD if self._raw is None or exam_row is None
+                                    epoch=neardup.UNREAD if exam_row is None
                                     else exam_row.index_epoch)
             keep = [i for i, ok in zip(keep, verdict.keep) if ok]
             near = verdict.rejected
