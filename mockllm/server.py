@@ -152,7 +152,10 @@ def serve(host: str, port: int, config: MockConfig) -> int:
     return 0
 
 
-async def _serve_until_signalled(service: MockService, host: str, port: int) -> None:
+async def _serve_until_signalled(service: MockService, host: str, port: int,
+                                 listening: Callable[[int], None] | None = None) -> None:
+    """Serve until SIGTERM or SIGINT. `listening(port)` is told the bound port (default: the
+    command's line on stdout; the tests' forked mocks send it to their parent)."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -160,6 +163,9 @@ async def _serve_until_signalled(service: MockService, host: str, port: int) -> 
             loop.add_signal_handler(signum, stop.set)
     await service.warm_up()
     bound_port = await service.listen(host, port)
-    print(f"mock-llm listening on http://{host}:{bound_port}/v1", flush=True)
+    if listening is not None:
+        listening(bound_port)
+    else:
+        print(f"mock-llm listening on http://{host}:{bound_port}/v1", flush=True)
     await stop.wait()
     await service.close()

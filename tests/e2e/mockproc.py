@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import signal
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -29,24 +28,18 @@ from forks import CONTEXT as _CONTEXT, ensure_server  # noqa: E402
 
 
 def _serve(conn: Connection, latency_s: float) -> None:
-    """The child: serve a fresh MockService on a free port, tell the parent which, and stop
-    at SIGTERM (as `mock-llm` does)."""
+    """The child: serve a fresh MockService on a free port as `mock-llm` does (stopped by
+    SIGTERM), telling the parent the port instead of printing it."""
     from mockllm.config import MockConfig
+    from mockllm.server import _serve_until_signalled
     from mockllm.service import MockService
 
-    async def run() -> None:
-        loop = asyncio.get_running_loop()
-        stop = asyncio.Event()
-        loop.add_signal_handler(signal.SIGTERM, stop.set)
-        service = MockService(MockConfig(latency_s=latency_s))
-        await service.warm_up()  # loaded in the forkserver already: at once
-        port = await service.listen("127.0.0.1", 0)
+    def listening(port: int) -> None:
         conn.send(port)
         conn.close()
-        await stop.wait()
-        await service.close()
 
-    asyncio.run(run())
+    asyncio.run(_serve_until_signalled(MockService(MockConfig(latency_s=latency_s)),
+                                       "127.0.0.1", 0, listening))
 
 
 class MockProcess:
