@@ -44,6 +44,18 @@ def run(ctx: Context) -> PartResult:
                     got[(database, workers)] = r
                 else:
                     off[database] = r
+    # The machine's ceiling for any Celery worker: the minimal task (one completion-row
+    # check, one httpx call, one SQLite row, no guarantees) on the best shape, 2 processes,
+    # with the same number of calls as one-call chapters (it makes one call a chapter, so it
+    # also pays a task's receive and ack a call, which examforge's 10-call chapters do not).
+    ceiling = None
+    if not ctx.small:
+        mtargets, mcalls = plan(calls * QPC, calls, QPC)
+        spec = ClusterSpec(2, slots // 2, "sqlite", QPC, app="minimal")
+        ceiling = run_distributed("scale-minimal-2w", ctx.mock, ctx.workdir, mtargets, mcalls,
+                                  spec, ctx.redis_url)
+        ceiling.system = f"minimal Celery task, 2 × {slots // 2} threads, one-call chapters"
+        ceiling = part.add_run(ceiling, workers=2, database="sqlite", app="minimal")
     ideal = slots / latency
     rows = [[r.system, fmt(r.calls_per_s(), ".1f"), fmt(r.fraction_of_ideal(), ".3f"),
              fmt(r.cpu_ms_per_call(), ".2f"),
@@ -53,7 +65,8 @@ def run(ctx: Context) -> PartResult:
                  and r.calls_paid else None, ".2f"),
              fmt(r.cores_busy(), ".2f"), fmt(r.machine_cores_busy(), ".2f"),
              fmt(r.peak_rss_mb, ".0f"),
-             f"{r.calls_paid} / {r.calls_needed}"] for r in [*got.values(), *off.values()]]
+             f"{r.calls_paid} / {r.calls_needed}"] for r in [*got.values(), *off.values(),
+                                               *([ceiling] if ceiling else [])]]
     part.details += [(f"{len(targets)} chapters of 50 questions, {calls} calls, latency "
                      f"{latency} s, ideal {ideal:.0f} calls/s."), "",
                      *table(("workers", "calls/s", "fraction of ideal", "worker CPU ms/call",
@@ -64,6 +77,11 @@ def run(ctx: Context) -> PartResult:
         part.figures.append(Figure(
             f"throughput at {slots} slots, {workers} worker(s) ({database}), as a fraction of "
             f"{slots} / {latency} s", r.calls_per_s(), ideal, "slots / latency", "calls/s"))
+    if ceiling is not None:
+        part.figures.append(Figure(
+            f"throughput at {slots} slots, the minimal Celery task on 2 workers (one-call "
+            f"chapters, SQLite), as a fraction of {slots} / {latency} s: the machine's ceiling",
+            ceiling.calls_per_s(), ideal, "slots / latency", "calls/s"))
     for database in databases:
         one = got[(database, 1)]
         for workers in workers_list[1:]:
