@@ -125,10 +125,18 @@ def lock(conn: Connection, exam: str, chapter_id: str, scope: Scope) -> None:
 
 class _BandIndex:
     """One scope's band keys in memory: band key -> question ids, as two sorted numpy arrays
-    (12 bytes a key: 64 keys a question, about 0.8 kB) plus a dict of the keys added since
-    they were last merged; and the questions' signatures (about 1 kB a question). Written by hand: datasketch's MinHashLSH keeps Python sets per
-    key (ten times the memory), cannot say which rows it has seen, and its storage backends
-    (Redis, Cassandra) live outside our transaction."""
+    (12 bytes a key: 64 keys a question, about 0.8 kB) plus the keys added since they were
+    last merged; and the questions' signatures (about 1 kB a question). Written by hand:
+    datasketch's MinHashLSH keeps Python sets per key (ten times the memory), cannot say
+    which rows it has seen, and its storage backends (Redis, Cassandra) live outside our
+    transaction.
+
+    The keys added since the last merge are a dict of key -> the last id added with it, and
+    the earlier ids of a key added more than once (rare: two questions share a band) in
+    `shared`. So adding a question's 64 keys is one `dict.update` and its lookups one
+    intersection with the dict's keys, loops in C: per key in Python they were about a
+    seventh of a worker's CPU at 128 slots, where each process indexes every question of
+    the scope as it reads it back."""
 
     def __init__(self, epoch: int | None) -> None:
         import numpy as np
@@ -138,7 +146,8 @@ class _BandIndex:
         self.max_id = 0
         self.keys = np.empty(0, dtype=np.uint64)
         self.ids = np.empty(0, dtype=np.int32)  # question.id is a 32-bit INTEGER
-        self.recent: dict[int, list[int]] = {}
+        self.recent: dict[int, int] = {}
+        self.shared: dict[int, list[int]] = {}  # a recent key's earlier ids
         self.recent_n = 0
         self.counted = 0  # its size as _Indexes last counted it
         # The indexed questions' signatures (read with their keys), for verifying candidates
@@ -150,6 +159,14 @@ class _BandIndex:
     def size(self) -> int:
         return len(self.keys) + self.recent_n
 
+    def _add_keys(self, qid: int, keys: Sequence[int]) -> None:
+        recent = self.recent
+        for key in recent.keys() & keys:  # usually none
+            if recent[key] != qid:
+                self.shared.setdefault(key, []).append(recent[key])
+        recent.update(dict.fromkeys(keys, qid))
+        self.recent_n += len(keys)
+
     def add(self, rows: Iterable[Sequence[Any]]) -> None:
         """Index rows of (question id, band keys blob[, tokens, key terms, text]): with the
         last three, the question's signature is kept for verifying candidates."""
@@ -158,11 +175,8 @@ class _BandIndex:
             self.max_id = max(self.max_id, qid)
             if len(row) > 2:
                 self.sigs[qid] = Signature.decode(row[2], row[3], row[4])
-            if not blob:
-                continue
-            for key in struct.unpack(f"<{len(blob) // 8}Q", blob):
-                self.recent.setdefault(key, []).append(qid)
-            self.recent_n += len(blob) // 8
+            if blob:
+                self._add_keys(qid, struct.unpack(f"<{len(blob) // 8}Q", blob))
         # Merged often: a dict costs about 150 bytes a key against the arrays' 12 (a worker
         # at 128 threads on 50-question chapters held 120 MB more with merges at 4,096 keys),
         # and merging sorts the arrays again, so its threshold grows with them.
@@ -175,41 +189,46 @@ class _BandIndex:
         for qid, s in rows:
             self.max_id = max(self.max_id, qid)
             self.sigs[qid] = s.sig
-            for key in s.keys:
-                self.recent.setdefault(key, []).append(qid)
-            self.recent_n += len(s.keys)
+            self._add_keys(qid, s.keys)
         if self.recent_n > max(256, len(self.keys) // 8):
             self._merge()
 
     def _merge(self) -> None:
         np = self.np
-        n = self.recent_n
-        keys = np.empty(n, dtype=np.uint64)
-        ids = np.empty(n, dtype=np.int32)
-        i = 0
-        for key, qids in self.recent.items():
-            keys[i:i + len(qids)] = key
-            ids[i:i + len(qids)] = qids
-            i += len(qids)
-        keys = np.concatenate([self.keys, keys[:i]])
-        ids = np.concatenate([self.ids, ids[:i]])
-        order = np.argsort(keys, kind="stable")
-        self.keys, self.ids = keys[order], ids[order]
-        self.recent, self.recent_n = {}, 0
+        recent, shared = self.recent, self.shared
+        n = len(recent)
+        keys = [self.keys, np.fromiter(recent, dtype=np.uint64, count=n)]
+        ids = [self.ids, np.fromiter(recent.values(), dtype=np.int32, count=n)]
+        for key, earlier in shared.items():
+            keys.append(np.full(len(earlier), key, dtype=np.uint64))
+            ids.append(np.asarray(earlier, dtype=np.int32))
+        # A stable sort (timsort) of the sorted arrays and the new keys: one run and a short
+        # tail, so close to linear. (np.insert at searched places measured no faster.)
+        keys_, ids_ = np.concatenate(keys), np.concatenate(ids)
+        order = np.argsort(keys_, kind="stable")
+        self.keys, self.ids = keys_[order], ids_[order]
+        self.recent, self.shared, self.recent_n = {}, {}, 0
 
     def lookup(self, keys: Sequence[int]) -> set[int]:
         """The ids of the questions sharing a band key with `keys`."""
-        out: set[int] = set()
         recent = self.recent
-        for key in keys:
-            out.update(recent.get(key, ()))
+        hits = recent.keys() & keys
+        out = {recent[key] for key in hits}
+        if self.shared:
+            for key in hits:
+                out.update(self.shared.get(key, ()))
         if len(self.keys):
+            # One binary search a key, and a second only for the keys found (few: a new
+            # question shares a band with a stored one rarely); the searches miss the cache,
+            # not the Python around them, on an index of a large exam.
             np = self.np
             wanted = np.fromiter(keys, dtype=np.uint64, count=len(keys))
             lo = np.searchsorted(self.keys, wanted, "left")
-            hi = np.searchsorted(self.keys, wanted, "right")
-            for a, b in zip(lo[hi > lo].tolist(), hi[hi > lo].tolist()):
-                out.update(self.ids[a:b].tolist())
+            found = self.keys[np.minimum(lo, len(self.keys) - 1)] == wanted
+            if found.any():
+                hi = np.searchsorted(self.keys, wanted[found], "right")
+                for a, b in zip(lo[found].tolist(), hi.tolist()):
+                    out.update(self.ids[a:b].tolist())
         return out
 
 

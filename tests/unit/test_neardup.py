@@ -252,6 +252,14 @@ def test_the_in_memory_band_index_finds_keys_before_and_after_a_merge() -> None:
     assert idx.lookup([3 * 1000 + 5]) == {3, 201}
     assert idx.lookup([150 * 1000, 555, 42]) == {150, 201}
     assert idx.max_id == 201
+    # Three questions sharing a key while it is recent, and after their merge.
+    idx.add([(202, struct.pack("<2Q", 777, 778)), (203, struct.pack("<1Q", 777)),
+             (204, struct.pack("<2Q", 777, 777))])
+    assert idx.recent_n and idx.lookup([777]) == {202, 203, 204}
+    assert idx.lookup([778, 3 * 1000 + 5]) == {202, 3, 201}
+    idx._merge()
+    assert idx.recent_n == 0 and idx.lookup([777]) == {202, 203, 204}
+    assert idx.lookup([778, 3 * 1000 + 5, 10**9]) == {202, 3, 201}
 
 
 def test_the_indexes_of_a_process_keep_at_most_their_budget_of_keys(monkeypatch) -> None:
