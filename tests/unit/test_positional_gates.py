@@ -65,6 +65,15 @@ def test_generated_texts_get_the_ungated_answer(parts):
     _agree("".join(parts))
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.lists(st.sampled_from(_pieces()), max_size=4).map(" ".join),
+                min_size=2, max_size=4))
+def test_a_question_s_choices_checked_as_one_text_get_each_choice_s_answer(choices):
+    """examforge.balance.positional joins them with a NUL: nothing matches across it."""
+    q = Question("Q?", tuple(choices), 0, "")
+    assert positional(q) == any(positional_in_any(c) for c in choices), choices
+
+
 def test_an_ordinary_choice_closes_every_gate_and_a_positional_one_opens_its_own():
     assert _GATES.open(fold("The mitochondria produces ATP in the inner membrane.")) == (
         False, False, False)
