@@ -103,7 +103,7 @@ def _first(patterns: tuple[re.Pattern[str], ...], folded: str,
 
 # Characters that re's IGNORECASE matches to a letter of ours but str.casefold does not fold
 # to it (the dotless i matches "i"; "İ" folds to two characters): a text holding one has its
-# phrase and word gates left open. tests/unit/test_languages.py derives the list again from
+# phrase and word gates left open. tests/unit/test_positional_gates.py derives the list from
 # every code point.
 _CASE_TRAPS = ("\u0131", "\u0130")
 
@@ -116,8 +116,9 @@ class _Gates:
     which leaves re's search to try every position (about 1.5 µs per pattern on a
     90-character choice, 30 µs for the twelve, and 13-19 % of a worker's CPU a chapter);
     the gates are substring tests and two case-sensitive scans that skip to a letter, and
-    nearly every choice fails them all. tests/unit/test_languages.py checks that the gated
-    and ungated answers agree, on the languages' own phrases and on generated texts."""
+    nearly every choice fails them all. tests/unit/test_positional_gates.py checks that the
+    gated and ungated answers agree, on the languages' own phrases and on generated
+    texts."""
 
     # over a casefolded text: the first two words of any phrase; any choice word
     phrase: re.Pattern[str]

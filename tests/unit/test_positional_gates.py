@@ -85,7 +85,7 @@ def test_an_ordinary_choice_closes_every_gate_and_a_positional_one_opens_its_own
     assert not positional(Question("Q?", ("w", "x", "y", "z"), 0, ""))
 
 
-def test_the_case_traps_are_every_character_that_case_insensitive_matching_and_casefold_disagree_on():
+def test_the_case_traps_are_the_characters_ignorecase_and_casefold_disagree_on():
     """Derived from every code point: a character that re's IGNORECASE matches to a letter
     of a phrase or a choice word, but that str.casefold does not fold to what it folds that
     letter to, would let the phrase or word gate close on a text the pattern matches."""
