@@ -105,3 +105,51 @@ class DeadlineTransport(httpx.HTTPTransport):
         # httpx builds its httpcore pool without a way to pass a network backend; the pool
         # keeps it in one attribute, read at each new connection. A test fails if that moves.
         pool._network_backend = _Backend(pool._network_backend)  # type: ignore[union-attr]
+
+
+class PerThreadTransport(httpx.BaseTransport):
+    """`DeadlineTransport`, one for each thread that sends through it.
+
+    httpcore's connection pool takes one lock for every request and for every response's
+    close, and while it holds it checks each of its connections for expiry with a system
+    call. At 64 threads a worker process's task threads spent two thirds of their time
+    waiting for that lock (py-spy --idle, 2 processes × 64 threads, PostgreSQL, group commit
+    off), more than waiting for the model. A thread sends one call at a time, so its own
+    pool holds one connection, kept alive between its calls. Why by hand: httpx has no
+    per-thread pool, and a client per thread would copy its settings. The TLS context is
+    made once and shared by the pools (loading the CA bundle costs about 20 ms of CPU).
+    A pool lives until `close`: the threads sending are a worker's pool threads, which live
+    as long as it."""
+
+    def __init__(self, **kwargs: typing.Any) -> None:
+        self._kwargs = kwargs
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._pools: list[DeadlineTransport] = []
+
+    def _mine(self) -> DeadlineTransport:
+        pool: DeadlineTransport | None = getattr(self._local, "pool", None)
+        if pool is None:
+            with self._lock:
+                if "verify" not in self._kwargs:
+                    self._kwargs["verify"] = httpx.create_ssl_context(
+                        trust_env=self._kwargs.get("trust_env", True))
+                pool = DeadlineTransport(**self._kwargs)
+                self._pools.append(pool)
+            self._local.pool = pool
+        return pool
+
+    @property
+    def pools(self) -> int:
+        """How many pools it has made (one per thread that sent)."""
+        return len(self._pools)
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        return self._mine().handle_request(request)
+
+    def close(self) -> None:
+        with self._lock:
+            pools, self._pools = self._pools, []
+            self._local = threading.local()
+        for pool in pools:
+            pool.close()

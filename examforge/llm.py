@@ -27,7 +27,7 @@ from pydantic import SecretStr
 
 from examforge.backoff import parse_retry_after
 from examforge.classify import Action, classify
-from examforge.deadline import DeadlineTransport, deadline
+from examforge.deadline import PerThreadTransport, deadline
 from examforge.errors import (
     AuthError,
     Billed,
@@ -199,8 +199,9 @@ class LLMClient:
             else self._settings.llm_timeout_s
         http = httpx.Client(
             base_url=base_url.rstrip("/") + "/",
-            # Every socket operation is also bounded by the call's total deadline (_post_once).
-            transport=transport or DeadlineTransport(limits=httpx.Limits(
+            # Every socket operation is also bounded by the call's total deadline (_post_once),
+            # through a connection pool of each thread's own (PerThreadTransport).
+            transport=transport or PerThreadTransport(limits=httpx.Limits(
                 max_connections=512, max_keepalive_connections=128)),
             # A flex call may wait minutes before its first byte: each read may take that long
             # (the whole call is bounded by the same deadline, _post_once).
