@@ -65,10 +65,41 @@ def _port_open(host: str, port: int) -> bool:
         return False
 
 
+def _one_default_ssl_context() -> None:
+    """Every httpx client this process makes with the default verification shares one SSL
+    context (one for each value of SSL_CERT_FILE and SSL_CERT_DIR, which httpx reads). httpx
+    makes a new one for each client and transport (a CA bundle parsed again: 21 ms of CPU), and
+    the tests make some 770 of them in a fast tier (each Runtime's and BatchRuntime's LLMClient
+    and BatchAPI, each `httpx.get` to the mock): 16 s of CPU, for clients that only ever speak
+    plain HTTP to 127.0.0.1 or go through a MockTransport. A client given its own `verify` (a
+    context, a path, False) or `cert` gets httpx's own, as before. Only in this process: the
+    processes the tests start make their own."""
+    import threading
+
+    from httpx._transports import default
+
+    original = default.create_ssl_context
+    shared: dict[tuple[str | None, str | None], Any] = {}
+    lock = threading.Lock()
+
+    def create_ssl_context(verify: Any = True, cert: Any = None, trust_env: bool = True) -> Any:
+        if verify is not True or cert is not None:
+            return original(verify=verify, cert=cert, trust_env=trust_env)
+        key = ((os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR")) if trust_env
+               else (None, None))
+        with lock:
+            if key not in shared:
+                shared[key] = original(verify=True, cert=None, trust_env=trust_env)
+            return shared[key]
+
+    default.create_ssl_context = create_ssl_context  # type: ignore[assignment]
+
+
 def pytest_configure(config: pytest.Config) -> None:
     import schema_template
 
     schema_template.install()
+    _one_default_ssl_context()
 
 
 def _large_selected(config: pytest.Config) -> bool:
