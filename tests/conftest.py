@@ -118,9 +118,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     - `large`: the large version of a test that runs by default (a 20,000-chapter exam, a
       hold past a minute): skipped unless asked for, with `-m large` or EXAMFORGE_LARGE=1,
       so neither CI nor a developer's loop waits on it."""
+    from helpers import resolved_parents
+
     e2e = ROOT / "tests" / "e2e"
     for item in items:
-        if e2e in Path(str(item.fspath)).resolve().parents:
+        if e2e in resolved_parents(item):
             item.add_marker(pytest.mark.e2e)
             item.add_marker(pytest.mark.slow)
     if _large_selected(config):
