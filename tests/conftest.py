@@ -102,6 +102,22 @@ def pytest_configure(config: pytest.Config) -> None:
     _one_default_ssl_context()
 
 
+# The mark expressions that leave out every test of tests/e2e (all of them are marked e2e and
+# slow, in pytest_collection_modifyitems): the developer's loop and the fast tier.
+_NO_E2E = {"not slow", "not e2e"}
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """With `-m "not slow"` (or "not e2e") tests/e2e is not collected at all: every one of its
+    tests would be deselected, after each pytest-xdist worker had imported its 60 modules
+    (schemathesis, selenium's helpers, the harness: 0.7 s of CPU a worker). The same tests
+    run; only the count of deselected ones shrinks."""
+    if collection_path.name != "e2e" or collection_path.resolve() != ROOT / "tests" / "e2e":
+        return None
+    expression = " ".join((config.getoption("-m") or "").split())
+    return True if expression in _NO_E2E else None
+
+
 def _large_selected(config: pytest.Config) -> bool:
     # EXAMFORGE_SLOW is the variable's old name, from when `slow` meant what `large` means.
     return bool(os.environ.get("EXAMFORGE_LARGE") or os.environ.get("EXAMFORGE_SLOW")
