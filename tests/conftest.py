@@ -178,12 +178,25 @@ class _PgDatabases:
         self.admin = admin
         self.thread = ThreadPoolExecutor(1, thread_name_prefix="pg-databases")
         self.ahead: Any = None
+        self.conn: Any = None  # the thread's, kept: not a connection (a server process) each
 
     def _run(self, sql: str) -> None:
+        """In the thread, on its connection to the server's `postgres` database, opened at
+        its first statement and again after one failed."""
         import psycopg
 
-        with psycopg.connect(self.admin, autocommit=True) as conn:
-            conn.execute(sql)
+        if self.conn is None:
+            self.conn = psycopg.connect(self.admin, autocommit=True)
+        try:
+            self.conn.execute(sql)
+        except psycopg.Error:
+            self._disconnect()
+            raise
+
+    def _disconnect(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
 
     def _create(self) -> str:
         name = f"ef_test_{uuid.uuid4().hex[:12]}"
@@ -205,6 +218,7 @@ class _PgDatabases:
                 self.drop(self.ahead.result())
             except Exception:  # noqa: BLE001 (PostgreSQL went away: nothing was made)
                 pass
+        self.thread.submit(self._disconnect)
         self.thread.shutdown(wait=True)
 
 
