@@ -65,10 +65,57 @@ def _port_open(host: str, port: int) -> bool:
         return False
 
 
+def _one_default_ssl_context() -> None:
+    """Every httpx client this process makes with the default verification shares one SSL
+    context (one for each value of SSL_CERT_FILE and SSL_CERT_DIR, which httpx reads). httpx
+    makes a new one for each client and transport (a CA bundle parsed again: 21 ms of CPU), and
+    the tests make some 770 of them in a fast tier (each Runtime's and BatchRuntime's LLMClient
+    and BatchAPI, each `httpx.get` to the mock): 16 s of CPU, for clients that only ever speak
+    plain HTTP to 127.0.0.1 or go through a MockTransport. A client given its own `verify` (a
+    context, a path, False) or `cert` gets httpx's own, as before. Only in this process: the
+    processes the tests start make their own."""
+    import threading
+
+    from httpx._transports import default
+
+    original = default.create_ssl_context
+    shared: dict[tuple[str | None, str | None], Any] = {}
+    lock = threading.Lock()
+
+    def create_ssl_context(verify: Any = True, cert: Any = None, trust_env: bool = True) -> Any:
+        if verify is not True or cert is not None:
+            return original(verify=verify, cert=cert, trust_env=trust_env)
+        key = ((os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR")) if trust_env
+               else (None, None))
+        with lock:
+            if key not in shared:
+                shared[key] = original(verify=True, cert=None, trust_env=trust_env)
+            return shared[key]
+
+    default.create_ssl_context = create_ssl_context  # type: ignore[assignment]
+
+
 def pytest_configure(config: pytest.Config) -> None:
     import schema_template
 
     schema_template.install()
+    _one_default_ssl_context()
+
+
+# The mark expressions that leave out every test of tests/e2e (all of them are marked e2e and
+# slow, in pytest_collection_modifyitems): the developer's loop and the fast tier.
+_NO_E2E = {"not slow", "not e2e"}
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """With `-m "not slow"` (or "not e2e") tests/e2e is not collected at all: every one of its
+    tests would be deselected, after each pytest-xdist worker had imported its 60 modules
+    (schemathesis, selenium's helpers, the harness: 0.7 s of CPU a worker). The same tests
+    run; only the count of deselected ones shrinks."""
+    if collection_path.name != "e2e" or collection_path.resolve() != ROOT / "tests" / "e2e":
+        return None
+    expression = " ".join((config.getoption("-m") or "").split())
+    return True if expression in _NO_E2E else None
 
 
 def _large_selected(config: pytest.Config) -> bool:
@@ -87,9 +134,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     - `large`: the large version of a test that runs by default (a 20,000-chapter exam, a
       hold past a minute): skipped unless asked for, with `-m large` or EXAMFORGE_LARGE=1,
       so neither CI nor a developer's loop waits on it."""
+    from helpers import resolved_parents
+
     e2e = ROOT / "tests" / "e2e"
     for item in items:
-        if e2e in Path(str(item.fspath)).resolve().parents:
+        if e2e in resolved_parents(item):
             item.add_marker(pytest.mark.e2e)
             item.add_marker(pytest.mark.slow)
     if _large_selected(config):
@@ -129,12 +178,25 @@ class _PgDatabases:
         self.admin = admin
         self.thread = ThreadPoolExecutor(1, thread_name_prefix="pg-databases")
         self.ahead: Any = None
+        self.conn: Any = None  # the thread's, kept: not a connection (a server process) each
 
     def _run(self, sql: str) -> None:
+        """In the thread, on its connection to the server's `postgres` database, opened at
+        its first statement and again after one failed."""
         import psycopg
 
-        with psycopg.connect(self.admin, autocommit=True) as conn:
-            conn.execute(sql)
+        if self.conn is None:
+            self.conn = psycopg.connect(self.admin, autocommit=True)
+        try:
+            self.conn.execute(sql)
+        except psycopg.Error:
+            self._disconnect()
+            raise
+
+    def _disconnect(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
 
     def _create(self) -> str:
         name = f"ef_test_{uuid.uuid4().hex[:12]}"
@@ -156,6 +218,7 @@ class _PgDatabases:
                 self.drop(self.ahead.result())
             except Exception:  # noqa: BLE001 (PostgreSQL went away: nothing was made)
                 pass
+        self.thread.submit(self._disconnect)
         self.thread.shutdown(wait=True)
 
 

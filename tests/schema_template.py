@@ -7,6 +7,12 @@ head on each dialect is Alembic's own, run once on a scratch database; what it m
 (sqlite3's `iterdump`, PostgreSQL's `pg_dump --inserts`), and every later upgrade of an empty
 database to head replays that dump in the caller's transaction, under the caller's locks.
 
+The dumps are made once a test run, not once a process: the first of pytest-xdist's workers
+to need one makes it, under a file lock, and writes it to a folder of the run
+(EXAMFORGE_TEST_SCHEMA_DIR, made by the run's first pytest process and removed at its exit),
+from which the other workers read it (each of six workers had run Alembic twice, some 0.8 s of
+its CPU and 0.5 s of PostgreSQL's).
+
 Only an upgrade of an *empty* database to *head*, and only in this process: a migration test
 upgrading to a revision, a database with a table in it, and every worker and CLI process of
 tests/e2e (and every CLI call of tests/e2e made in this process, Deployment.cli_in_process)
@@ -16,7 +22,10 @@ here because neither Alembic nor pytest has a template for a migrated database.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import fcntl
+import json
 import os
 import shutil
 import sqlite3
@@ -135,6 +144,35 @@ def _pg_dump(url: Any) -> str:
         return pg_schema(target)
 
 
+SHARED_DIR = "EXAMFORGE_TEST_SCHEMA_DIR"
+
+
+def _made_once_a_run(dialect: str, make: Any) -> Any:
+    """`make()`, or what another process of this test run made of it (see the module's
+    docstring); False (no dump: Alembic every time) is not shared."""
+    folder = os.environ.get(SHARED_DIR)
+    if not folder or not Path(folder).is_dir():
+        return make()
+    path = Path(folder) / f"{dialect}.json"
+    with open(Path(folder) / f"{dialect}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file is closed
+        if path.exists():
+            return json.loads(path.read_text(encoding="utf-8"))
+        made = make()
+        if made is not False:
+            partial = path.with_suffix(".partial")
+            partial.write_text(json.dumps(made), encoding="utf-8")
+            partial.replace(path)
+        return made
+
+
+def _make_dump(dialect: str, url: Any) -> list[str] | str | bool:
+    try:
+        return _sqlite_dump() if dialect == "sqlite" else _pg_dump(url)
+    except subprocess.CalledProcessError:  # a pg_dump older than the server: Alembic
+        return False
+
+
 def _upgrade(config: Any, revision: str, *args: Any, **kwargs: Any) -> Any:
     connection = config.attributes.get("connection")
     if (getattr(_making, "on", False) or revision != "head" or connection is None or args
@@ -147,11 +185,8 @@ def _upgrade(config: Any, revision: str, *args: Any, **kwargs: Any) -> Any:
         if dialect not in ("sqlite", "postgresql") or (
                 dialect == "postgresql" and _pg_dump_binary() is None):
             return _original(config, revision, *args, **kwargs)  # Alembic, every time
-        made: list[str] | str | bool
-        try:
-            made = _sqlite_dump() if dialect == "sqlite" else _pg_dump(connection.engine.url)
-        except subprocess.CalledProcessError:  # a pg_dump older than the server: Alembic
-            made = False
+        url = connection.engine.url
+        made = _made_once_a_run(dialect, lambda: _make_dump(dialect, url))
         with _lock:
             dump = _dumps.setdefault(dialect, made)
     if dump is False:
@@ -175,6 +210,10 @@ def install() -> None:
     global _original
     if os.environ.get("EXAMFORGE_TEST_ALEMBIC") or _original is not None:
         return
+    if not os.environ.get(SHARED_DIR):  # the run's first process: its workers inherit it
+        folder = tempfile.mkdtemp(prefix="ef-schema-run-")
+        os.environ[SHARED_DIR] = folder
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
     from alembic import command
 
     _original = command.upgrade

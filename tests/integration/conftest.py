@@ -11,10 +11,11 @@ def pytest_collection_modifyitems(config, items):  # type: ignore[no-untyped-def
     """Every test of this tier talks to the machine's real PostgreSQL or Redis:
     `-m integration` selects them, `-m "not integration"` leaves them out."""
     import pytest
+    from helpers import resolved_parents
 
     here = Path(__file__).resolve().parent
     for item in items:
-        if here in Path(str(item.fspath)).resolve().parents:
+        if here in resolved_parents(item):
             item.add_marker(pytest.mark.integration)
 
 

@@ -59,7 +59,11 @@ def shingles(text: str, k: int = 3) -> set[tuple[str, ...]]:
 
 
 def jaccard(a: set[Any], b: set[Any]) -> float:
-    return len(a & b) / len(a | b) if a | b else 1.0
+    # The union's size from the intersection's, without making the union: the same quotient of
+    # the same two integers, in half the time (the rewording test takes 720,000 of them).
+    common = len(a & b)
+    union = len(a) + len(b) - common
+    return common / union if union else 1.0
 
 
 def pairwise_jaccards(texts: list[str], k: int = 3) -> list[float]:

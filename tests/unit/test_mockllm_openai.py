@@ -5,10 +5,9 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
-import openai
 import pytest
 
 from examforge.tokens import count_messages, count_text
@@ -16,6 +15,11 @@ from helpers import wait_for
 from mockllm import MockConfig, MockServer
 from mockllm.usage import UsageLog, UsageRecord
 from mockllm_support import body, prompt
+
+# The SDK is imported by the tests that use it, not here: this module is imported by each of
+# pytest-xdist's workers when it collects the suite, and `openai` alone is 0.35 s of CPU.
+if TYPE_CHECKING:
+    import openai
 
 MODEL = "gpt-test"
 MESSAGES = body()["messages"]
@@ -31,6 +35,8 @@ def server() -> Iterator[MockServer]:
 
 @pytest.fixture
 def client(server: MockServer) -> Iterator[openai.OpenAI]:
+    import openai
+
     # max_retries=0: a retrying SDK would hide every 429 and 5xx the test wants to see.
     with openai.OpenAI(base_url=server.base_url, api_key="sk-test", max_retries=0, timeout=20) as sdk:
         yield sdk
@@ -70,6 +76,8 @@ def test_raw_response_exposes_rate_limit_headers(server: MockServer, client: ope
 
 
 def test_a_rate_limit_raises_rate_limit_error(server: MockServer, client: openai.OpenAI) -> None:
+    import openai
+
     server.configure(rpm=6, burst_fraction=0.01)  # one request, then one every 10 s
     client.chat.completions.create(model=MODEL, messages=MESSAGES)  # type: ignore[arg-type]
     with pytest.raises(openai.RateLimitError) as excinfo:
@@ -84,6 +92,8 @@ def test_a_rate_limit_raises_rate_limit_error(server: MockServer, client: openai
 def test_an_exhausted_quota_raises_rate_limit_error_with_insufficient_quota(
     server: MockServer, client: openai.OpenAI
 ) -> None:
+    import openai
+
     server.configure(quota_exhausted=True)
     with pytest.raises(openai.RateLimitError) as excinfo:
         client.chat.completions.create(model=MODEL, messages=MESSAGES)  # type: ignore[arg-type]
@@ -93,6 +103,8 @@ def test_an_exhausted_quota_raises_rate_limit_error_with_insufficient_quota(
 
 def test_flex_through_the_client_reports_its_tier_and_its_unbilled_429(server: MockServer,
                                                                        client: openai.OpenAI) -> None:
+    import openai
+
     completion = client.chat.completions.create(model=MODEL, messages=MESSAGES, service_tier="flex")  # type: ignore[arg-type]
     assert completion.service_tier == "flex"
     assert client.chat.completions.create(model=MODEL, messages=MESSAGES).service_tier == "default"  # type: ignore[arg-type]
@@ -107,12 +119,16 @@ def test_flex_through_the_client_reports_its_tier_and_its_unbilled_429(server: M
 
 
 def test_a_wrong_key_raises_authentication_error(server: MockServer) -> None:
+    import openai
+
     with openai.OpenAI(base_url=server.base_url, api_key="sk-wrong", max_retries=0) as sdk:
         with pytest.raises(openai.AuthenticationError):
             sdk.chat.completions.create(model=MODEL, messages=MESSAGES)  # type: ignore[arg-type]
 
 
 def test_files_and_batches_round_trip(server: MockServer, client: openai.OpenAI) -> None:
+    import openai
+
     requests = {
         f"q-{i}": {"custom_id": f"q-{i}", "method": "POST", "url": "/v1/chat/completions",
                    "body": {"model": MODEL, "max_tokens": 4000,
@@ -160,6 +176,8 @@ def test_files_and_batches_round_trip(server: MockServer, client: openai.OpenAI)
 
 
 def test_cancelling_a_batch_with_the_client(server: MockServer, client: openai.OpenAI) -> None:
+    import openai
+
     server.configure(batch_validation_s=2)
     uploaded = client.files.create(file=("r.jsonl", (json.dumps(
         {"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": body()}) + "\n").encode()),

@@ -6,16 +6,20 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
-import openai
 import pytest
 
 from examforge.reply_schema import QuestionList, response_format
 from mockllm import MockServer
 from mockllm.faults import SCHEMA_PREVENTED
 from mockllm_support import body
+
+# The SDK is imported by the tests that use it, not here: this module is imported by each of
+# pytest-xdist's workers when it collects the suite, and `openai` alone is 0.35 s of CPU.
+if TYPE_CHECKING:
+    import openai
 
 KEY = "aws-saa/ch-1"
 MESSAGES = body()["messages"]
@@ -24,6 +28,8 @@ SCHEMA = response_format("json_schema")
 
 @pytest.fixture
 def sdk(server: MockServer) -> Iterator[openai.OpenAI]:
+    import openai
+
     with openai.OpenAI(base_url=server.base_url, api_key="sk-test", max_retries=0, timeout=20) as c:
         yield c
 
@@ -46,6 +52,8 @@ def test_list_content_is_text_parts_that_join_into_the_reply(server: MockServer,
 
 def test_a_cut_body_closes_after_half_of_it_and_is_billed(server: MockServer, client: httpx.Client,
                                                           sdk: openai.OpenAI) -> None:
+    import openai
+
     server.configure(script={KEY: ["cut", "cut"]})
     with pytest.raises(httpx.RemoteProtocolError):
         client.post("/chat/completions", json=body(n=3))
@@ -124,6 +132,8 @@ def test_a_schema_strict_mode_refuses_is_a_400_naming_response_format(
 
 
 def test_refuse_json_schema_is_a_400_naming_response_format(server: MockServer, sdk: openai.OpenAI) -> None:
+    import openai
+
     server.configure(refuse_json_schema=True)
     with pytest.raises(openai.BadRequestError) as info:
         sdk.chat.completions.create(model="gpt-test", messages=MESSAGES,  # type: ignore[call-overload]
