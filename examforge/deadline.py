@@ -131,10 +131,9 @@ class PerThreadTransport(httpx.BaseTransport):
         pool: DeadlineTransport | None = getattr(self._local, "pool", None)
         if pool is None:
             with self._lock:
-                if "verify" not in self._kwargs:
-                    self._kwargs["verify"] = httpx.create_ssl_context(
-                        trust_env=self._kwargs.get("trust_env", True))
                 pool = DeadlineTransport(**self._kwargs)
+                if "verify" not in self._kwargs:  # the first pool's TLS context, for the rest
+                    self._kwargs["verify"] = pool._pool._ssl_context
                 self._pools.append(pool)
             self._local.pool = pool
         return pool
