@@ -122,19 +122,26 @@ class PerThreadTransport(httpx.BaseTransport):
     as long as it."""
 
     def __init__(self, **kwargs: typing.Any) -> None:
+        # The first pool is made here, with its TLS context (httpx's own default one) that
+        # the others take: a call's first send then pays no more than it did with one pool
+        # (a thread's first send makes only its pool, a few µs).
+        first = DeadlineTransport(**kwargs)
+        if "verify" not in kwargs:
+            kwargs = {**kwargs, "verify": first._pool._ssl_context}
         self._kwargs = kwargs
         self._local = threading.local()
         self._lock = threading.Lock()
-        self._pools: list[DeadlineTransport] = []
+        self._pools: list[DeadlineTransport] = [first]
+        self._spare: DeadlineTransport | None = first  # for the first thread that sends
 
     def _mine(self) -> DeadlineTransport:
         pool: DeadlineTransport | None = getattr(self._local, "pool", None)
         if pool is None:
             with self._lock:
-                pool = DeadlineTransport(**self._kwargs)
-                if "verify" not in self._kwargs:  # the first pool's TLS context, for the rest
-                    self._kwargs["verify"] = pool._pool._ssl_context
-                self._pools.append(pool)
+                pool, self._spare = self._spare, None
+                if pool is None:
+                    pool = DeadlineTransport(**self._kwargs)
+                    self._pools.append(pool)
             self._local.pool = pool
         return pool
 
@@ -148,7 +155,7 @@ class PerThreadTransport(httpx.BaseTransport):
 
     def close(self) -> None:
         with self._lock:
-            pools, self._pools = self._pools, []
+            pools, self._pools, self._spare = self._pools, [], None
             self._local = threading.local()
         for pool in pools:
             pool.close()
