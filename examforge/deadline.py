@@ -19,6 +19,7 @@ import ssl
 import threading
 import time
 import typing
+import weakref
 from typing import Iterator
 
 import httpcore
@@ -118,8 +119,8 @@ class PerThreadTransport(httpx.BaseTransport):
     pool holds one connection, kept alive between its calls. Why by hand: httpx has no
     per-thread pool, and a client per thread would copy its settings. The TLS context is
     made once and shared by the pools (loading the CA bundle costs about 20 ms of CPU).
-    A pool lives until `close`: the threads sending are a worker's pool threads, which live
-    as long as it."""
+    A thread's pool is closed when the thread is gone (a run's chapter threads in `serve`
+    end with the run), or at `close`."""
 
     def __init__(self, **kwargs: typing.Any) -> None:
         # The first pool is made here, with its TLS context (httpx's own default one) that
@@ -131,7 +132,7 @@ class PerThreadTransport(httpx.BaseTransport):
         self._kwargs = kwargs
         self._local = threading.local()
         self._lock = threading.Lock()
-        self._pools: list[DeadlineTransport] = [first]
+        self._pools: weakref.WeakSet[DeadlineTransport] = weakref.WeakSet([first])
         self._spare: DeadlineTransport | None = first  # for the first thread that sends
 
     def _mine(self) -> DeadlineTransport:
@@ -141,8 +142,11 @@ class PerThreadTransport(httpx.BaseTransport):
                 pool, self._spare = self._spare, None
                 if pool is None:
                     pool = DeadlineTransport(**self._kwargs)
-                    self._pools.append(pool)
+                    self._pools.add(pool)
             self._local.pool = pool
+            # Held by this thread's local storage only: closed (its kept-alive connection
+            # with it) once the thread is gone.
+            weakref.finalize(threading.current_thread(), pool.close)
         return pool
 
     @property
@@ -155,7 +159,7 @@ class PerThreadTransport(httpx.BaseTransport):
 
     def close(self) -> None:
         with self._lock:
-            pools, self._pools, self._spare = self._pools, [], None
+            pools, self._pools, self._spare = list(self._pools), weakref.WeakSet(), None
             self._local = threading.local()
         for pool in pools:
             pool.close()

@@ -5,6 +5,7 @@ one TLS context."""
 
 from __future__ import annotations
 
+import gc
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Iterator
@@ -12,7 +13,7 @@ from typing import Iterator
 import httpx
 import pytest
 
-from examforge.deadline import PerThreadTransport, _Backend
+from examforge.deadline import DeadlineTransport, PerThreadTransport, _Backend
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -42,8 +43,16 @@ def server() -> Iterator[tuple[str, list[tuple[str, int]]]]:
     httpd.server_close()
 
 
-def test_each_thread_keeps_its_own_connection_and_pool(server) -> None:
+def test_each_thread_keeps_its_own_connection_and_pool(server, monkeypatch) -> None:
     url, seen = server
+    closed: list[int] = []  # ids: holding the pools would keep them alive
+    original_close = DeadlineTransport.close
+
+    def close(self: DeadlineTransport) -> None:
+        closed.append(id(self))
+        original_close(self)
+
+    monkeypatch.setattr(DeadlineTransport, "close", close)
     transport = PerThreadTransport()
     with httpx.Client(base_url=url, transport=transport) as client:
         for i in range(3):
@@ -71,4 +80,10 @@ def test_each_thread_keeps_its_own_connection_and_pool(server) -> None:
         # Every pool is bounded by the call's deadline, and the TLS context is made once.
         assert all(isinstance(p._pool._network_backend, _Backend) for p in pools)
         assert len({id(p._pool._ssl_context) for p in pools}) == 1
+        # A thread gone takes its pool with it (a run's chapter threads end with the run).
+        del pools, t
+        threads.clear()
+        gc.collect()
+        assert transport.pools == 1 and len(closed) == 4  # the main thread's is left
+        assert client.get("/main-again").text == "ok"
     assert transport.pools == 0  # closed with the client
