@@ -283,7 +283,11 @@ class _Raw:
             if not self.sql.startswith("INSERT ") or not sep \
                     or inner.split(", ") != ["?"] * len(self.names):
                 return None
-            sql = self._values[n] = f"{head} VALUES " + ", ".join([f"({inner})"] * n) + tail
+            sql = f"{head} VALUES " + ", ".join([f"({inner})"] * n) + tail
+            # Kept for a paid call's sizes only: an import's pieces come in any number of
+            # rows, up to thousands, and each size's text would stay for the process's life.
+            if n <= _VALUES_CACHED_ROWS:
+                self._values[n] = sql
         return sql
 
     def args(self, params: dict[str, Any]) -> list[Any]:
@@ -336,6 +340,7 @@ _RAW_OF: dict[int, tuple[Any, _Raw]] = {}
 # SQLite's limit on the parameters of one statement (SQLITE_MAX_VARIABLE_NUMBER, 32,766 since
 # 3.32): a multi-row INSERT (`StoreBase._raw_values`) is cut into pieces under it.
 _VALUES_MAX_PARAMS = 32766
+_VALUES_CACHED_ROWS = 64  # `_Raw.values_sql` keeps its text for up to this many rows
 
 
 def execute_hot(conn: Connection, stmt: Any, params: dict[str, Any] | list[dict[str, Any]]
