@@ -19,7 +19,7 @@ from examforge.neardup import Checker, Scope
 from examforge.output import Question as ParsedQuestion
 from examforge.output import text_hash
 from storage import fastpath, neardup
-from storage.base import (BUDGET_PAUSE_PREFIX, BUDGET_SPENT_REASON, IN_FLIGHT_CALL, SLICE_KEY, E, K, Q, S, StoreBase,
+from storage.base import (BUDGET_SPENT_REASON, IN_FLIGHT_CALL, SLICE_KEY, E, K, Q, S, StoreBase,
                           lease_fence)
 from storage.db import READ_ONLY
 from storage.models import CallOutcome, CallReason, ChapterState, ExamState, Verdict
@@ -77,6 +77,35 @@ _QUESTION_COLUMNS = ("exam", "chapter_id", "number", "norm_hash", "model", "call
 def _insert_questions() -> Any:
     """A commit's insert of one question, its values bound as `q_<column>`."""
     return insert(Q).values({c: bindparam(f"q_{c}") for c in _QUESTION_COLUMNS})
+
+
+@dataclasses.dataclass(frozen=True)
+class _Ahead:
+    """What a general-path commit computes before its transaction, outside the write lock
+    (SQLite's one writer, which a group commit's members wait behind), on assumptions the
+    transaction checks, computing again what they got wrong: each question's columns at the
+    number it takes if the slice's range has no gap and nothing is dropped (`rows`, by the
+    question's place in the reply and its number: the balanced order of its choices depends
+    on both), and the near-duplicate check against the process's index of the scope as it
+    stands (`local`: the verdict and the highest id the index held, good while the
+    transaction finds no question of the scope above it)."""
+
+    rows: dict[tuple[int, int], dict[str, Any]]
+    local: tuple[neardup.Verdict, int] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class _After:
+    """What a general-path commit leaves for after its transaction, outside the write lock
+    (SQLite's one writer, which a group commit's members wait behind): its questions added
+    to the process's near-duplicate index of the scope (`own`: the scope, the index's epoch
+    and highest id as its check saw them, the new ids and their signatures), and the
+    stored questions the next prompts list, read then (`recent`). Returned with the commit's
+    result, so only a transaction that committed leaves it (a group's rolled-back attempt
+    leaves nothing)."""
+
+    own: tuple[Scope, int | None, int, list[int], list[neardup.Signed]] | None = None
+    recent: bool = False
 
 
 class Ledger(StoreBase):
@@ -434,6 +463,10 @@ class Ledger(StoreBase):
                                                     steer=steer)
                 if done is not None:
                     return done
+            # Also outside: the rows' question columns at the numbers they will most likely
+            # take, and the near-duplicate check against the process's index as it stands
+            # (the transaction uses both when the chapter is where they assumed it).
+            ahead = self._ahead(claim, questions, near_dup, signed)
         # A group commit (storage.group) may run this commit again after a rollback: the
         # planner is asked once (asking admits the next call at the rate limiter).
         plan_next = once(plan_next)
@@ -441,15 +474,14 @@ class Ledger(StoreBase):
         try:
             for attempt in range(_DUPLICATE_RACE_RETRIES + 1):
                 try:
-                    result = self.group.run(key, functools.partial(
+                    result, after = self.group.run(key, functools.partial(
                         self._commit, claim=claim, lease_s=lease_s, call_id=call_id,
                         questions=questions, hashes=hashes, model=model, usage=usage,
                         note=note, plan_next=plan_next, recheck=attempt > 0,
-                        near_dup=near_dup, signed=signed, steer=steer, verify=verify),
-                        kind="commit")
-                    if self._fast_commit:
-                        self._expect(claim.owner, result)
-                    return result
+                        near_dup=near_dup, signed=signed, steer=steer, verify=verify,
+                        ahead=ahead), kind="commit")
+                    self._expect(claim.owner, result)
+                    return self._after(claim, result, after, steer, call_id)
                 except IntegrityError as exc:
                     # Another slice committed one of these questions after our check read
                     # the chapter (PostgreSQL: its transaction was open): check again.
@@ -467,6 +499,51 @@ class Ledger(StoreBase):
         except SQLAlchemyError as exc:
             self._book_commit_failed(call_id, exc, usage)
             raise
+
+    def _ahead(self, claim: Claimed, questions: Sequence[ParsedQuestion],
+               near_dup: Checker | None, signed: Sequence[neardup.Signed] | None) -> _Ahead:
+        """What a general-path commit can compute before its transaction (`_Ahead`)."""
+        stored, _ = self._expected.get(claim.owner, (claim.stored, claim.target))
+        first = claim.first_number + stored
+        rows = {(j, first + j): question_row(balanced(q, claim.exam, claim.chapter_id,
+                                                      first + j), "q_")
+                for j, q in enumerate(questions)}
+        local = None
+        if near_dup is not None and signed is not None:
+            local = neardup.check_local(str(self.engine.url), claim.exam, claim.chapter_id,
+                                        near_dup, claim.index_epoch, list(signed))
+        return _Ahead(rows, local)
+
+    def _after(self, claim: Claimed, result: Committed, after: _After, steer: Steer | None,
+               call_id: int) -> Committed:
+        """A general-path commit's work left for after it (`_After`)."""
+        if after.own is not None:
+            scope, epoch, max_id, ids, signed = after.own
+            neardup.add_own(str(self.engine.url), claim.exam, claim.chapter_id, scope, epoch,
+                            max_id, ids, signed, ())
+        if not after.recent:
+            return result
+        try:
+            with self._read() as conn:
+                recent = self._recent(conn, claim, steer, call_id)
+        except SQLAlchemyError:
+            # The questions are stored: the next prompts keep the list they had, with the
+            # batch just received (runner.pipeline's `fresh`).
+            return result
+        return dataclasses.replace(result, recent=recent)
+
+    @staticmethod
+    def _recent(conn: Connection, claim: Claimed, steer: Steer | None,
+                call_id: int) -> tuple[str, ...]:
+        """The chapter's stored questions the next prompts list: as `steer` asks, or, with
+        other slices writing the chapter too, its newest."""
+        if steer is not None:
+            return neardup.steered(conn, steer, claim.exam, claim.chapter_id,
+                                   claim.chapter_target, seed=call_id)
+        return tuple(reversed(conn.execute(
+            select(Q.c.question).where(Q.c.exam == claim.exam,
+                                       Q.c.chapter_id == claim.chapter_id)
+            .order_by(Q.c.id.desc()).limit(RECENT_QUESTIONS)).scalars().all()))
 
     def _book_commit_failed(self, call_id: int, exc: SQLAlchemyError, usage: Usage) -> None:
         """The reply (and its bill) arrived but the database failed its commit: say so with
@@ -546,7 +623,8 @@ class Ledger(StoreBase):
                 usage: Usage, note: str, plan_next: Planner | None,
                 recheck: bool = False, near_dup: Checker | None = None,
                 signed: Sequence[neardup.Signed] | None = None,
-                steer: Steer | None = None, verify: bool = False) -> Committed:
+                steer: Steer | None = None, verify: bool = False,
+                ahead: _Ahead | None = None) -> tuple[Committed, _After]:
         self._exam_first(conn, claim.exam)
         # Under VERIFY, each question is stored awaiting its blind solve (runner.verify).
         pending = Verdict.pending.value if verify else None
@@ -595,18 +673,23 @@ class Ledger(StoreBase):
                                                  f"{Rejection.duplicate.value} rejected at commit"]))
         near = 0
         slice_done = False
+        seen: neardup.Verdict | None = None
         if near_dup is not None and signed is not None and keep:
             verdict = neardup.check(conn, claim.exam, claim.chapter_id, near_dup,
                                     [signed[i] for i in keep],
                                     epoch=neardup.UNREAD if exam_row is None
-                                    else exam_row.index_epoch)
+                                    else exam_row.index_epoch,
+                                    local=None if ahead is None or len(keep) < len(hashes)
+                                    else ahead.local)
             keep = [i for i, ok in zip(keep, verdict.keep) if ok]
             near = verdict.rejected
+            seen = verdict
             neardup.record_repeats(conn, verdict.repeated)
             if near:
                 note = ", ".join(filter(None, [note, f"{near} {Rejection.near_duplicate.value} "
                                                      "rejected"]))
         kept = [(questions[i], hashes[i]) for i in keep]
+        made = {} if ahead is None else ahead.rows
         free = self._free_numbers(conn, claim.exam, claim.chapter_id, first, target)
         stored = target - len(free)
         # A reply may hold more new questions than the slice lacks: the first ones it needs.
@@ -614,14 +697,16 @@ class Ledger(StoreBase):
         if surplus:
             kept, keep = kept[:len(kept) - surplus], keep[:len(keep) - surplus]
             note = ", ".join(filter(None, [note, f"{surplus} beyond the target not stored"]))
+        own = None
         if kept:
             # The lowest free numbers of the range: a withdrawn question's number is one.
             rows = [
                 {"q_exam": claim.exam, "q_chapter_id": claim.chapter_id,
-                 "q_number": n, "q_norm_hash": h, "q_model": model,
+                 "q_number": n, "q_norm_hash": hashes[i], "q_model": model,
                  "q_call_id": call_id, "q_created_at": now, "q_verdict": pending,
-                 **question_row(balanced(q, claim.exam, claim.chapter_id, n), "q_")}
-                for n, (q, h) in zip(free, kept)]
+                 **(made.get((i, n)) or question_row(
+                     balanced(questions[i], claim.exam, claim.chapter_id, n), "q_"))}
+                for n, i in zip(free, keep)]
             self._questions_in_order(conn, claim.exam)
             if signed is None:
                 self._run_many(conn, "insert_questions", _insert_questions, rows)
@@ -630,7 +715,10 @@ class Ledger(StoreBase):
                 ids = self._run_many(conn, "insert_questions_ids", lambda: _insert_questions()
                                      .returning(Q.c.id, Q.c.number, sort_by_parameter_order=True),
                                      rows, returning=True, key="q_number")
-                neardup.index(conn, claim.exam, claim.chapter_id, ids, [signed[i] for i in keep])
+                signed_kept = [signed[i] for i in keep]
+                neardup.index(conn, claim.exam, claim.chapter_id, ids, signed_kept)
+                if seen is not None and near_dup is not None:
+                    own = (near_dup.scope, seen.epoch, seen.max_id, list(ids), signed_kept)
             stored += len(kept)
             if stored >= target and not verify:
                 # Progress that completes the slice: it is done in the same statement (see
@@ -674,23 +762,18 @@ class Ledger(StoreBase):
         if stored >= target and not verify:
             # Done, even if it was cancelled meanwhile: nothing is missing. Under VERIFY the
             # slice is done once its questions' verdicts are in (Verdicts.commit_verdicts).
-            # No next prompt: nothing to read for its list.
-            if slice_done:  # with its progress, above
-                return result
-            self._run(conn, "slice_done", lambda: update(S).where(*SLICE_KEY).values(
-                state=ChapterState.done.value, lease_owner=None, lease_expires_at=None), key)
-            return result
-        recent: tuple[str, ...] = ()
-        if steer is not None:
-            recent = neardup.steered(conn, steer, claim.exam, claim.chapter_id,
-                                     claim.chapter_target, seed=call_id)
-        elif claim.chapter_target > claim.target:
-            # Other slices write this chapter too: the next prompts show what it has now.
-            recent = tuple(reversed(conn.execute(
-                select(Q.c.question).where(Q.c.exam == claim.exam,
-                                           Q.c.chapter_id == claim.chapter_id)
-                .order_by(Q.c.id.desc()).limit(RECENT_QUESTIONS)).scalars().all()))
-        result = dataclasses.replace(result, recent=recent)
+            # No next prompt: nothing to read for its list, no index to keep.
+            if not slice_done:  # (else with its progress, above)
+                self._run(conn, "slice_done", lambda: update(S).where(*SLICE_KEY).values(
+                    state=ChapterState.done.value, lease_owner=None, lease_expires_at=None),
+                    key)
+            return result, _After()
+        # The next prompts' list is read after the commit, outside the write lock: it shows
+        # what the chapter has then, this batch included (with other slices writing it too,
+        # what they stored). The next call is prepared before this commit (runner.pipeline),
+        # so it is the call after it that lists them.
+        after = _After(own=own, recent=(steer is not None or claim.chapter_target > claim.target)
+                       and not cancelled)
         if cancelled:
             # Let go, unless the holder has more calls of this slice in flight: a provider
             # batch (runner.batching) may hold several lines of one slice, each paid for,
@@ -704,12 +787,12 @@ class Ledger(StoreBase):
             if not others:
                 self._run(conn, "slice_let_go", lambda: update(S).where(
                     *SLICE_KEY).values(lease_owner=None, lease_expires_at=None), key)
-            return dataclasses.replace(result, cancelled=True)
+            return dataclasses.replace(result, cancelled=True), after
         if not kept or verify:
             # Re-asked through the slow path, like any invalid output; under VERIFY the
             # batch's blind solve comes first (runner.verify), then the next call.
-            return result
+            return result, after
         # The next call is recorded in this same transaction: one write per paid call.
         following = None if plan_next is None else self._start_planned(
             conn, claim, plan_next(claim.view(stored, target)), budgeted=budgeted)
-        return dataclasses.replace(result, next_call=following)
+        return dataclasses.replace(result, next_call=following), after

@@ -25,6 +25,7 @@ SQLite may give a deleted question's id to a new one.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import struct
@@ -103,6 +104,10 @@ class Verdict:
 
     keep: list[bool]
     repeated: list[int]  # question ids of the stored questions that were written again
+    # The scope's index as the check saw it: its epoch and the highest question id it held
+    # (`add_own`, after the commit, adds the batch's questions if it is still there).
+    epoch: int | None = None
+    max_id: int = 0
 
     @property
     def rejected(self) -> int:
@@ -284,9 +289,10 @@ UNREAD: Any = object()
 
 def _candidates(conn: Connection, exam: str, chapter_id: str, scope: Scope,
                 batch: Sequence[Signed | None], epoch: Any = UNREAD
-                ) -> tuple[list[set[int]], dict[int, Signature]]:
+                ) -> tuple[list[set[int]], dict[int, Signature], int | None, int]:
     """Each new question's candidates (the stored questions of the scope sharing a band key
-    with it) and the signatures of the scope's questions. Two statements whatever the batch
+    with it), the signatures of the scope's questions, the exam's index epoch and the
+    highest question id the index has read. Two statements whatever the batch
     and the chapter: the exam's index epoch, and the scope's rows stored since the index
     last looked (none, mostly: this process stored them, or another one a few).
 
@@ -306,10 +312,10 @@ def _candidates(conn: Connection, exam: str, chapter_id: str, scope: Scope,
                             {"exam": exam, "chapter": chapter_id, "after": idx.max_id}))
         mine = [idx.lookup(s.keys) if s is not None else set() for s in batch]
         grown = idx.size != idx.counted
-        sigs = idx.sigs
+        sigs, max_id = idx.sigs, idx.max_id
     if grown:
         INDEXES.grew(where, idx)
-    return mine, sigs
+    return mine, sigs, epoch, max_id
 
 
 _STATEMENTS: dict[tuple[str, Scope, str], Any] = {}
@@ -353,18 +359,37 @@ def near_of(conn: Connection, exam: str, chapter_id: str, checker: Checker, new:
             exclude_id: int) -> list[int]:
     """The stored questions of the scope `new` is a near-duplicate of, but `exclude_id`
     (an edited question is compared with every question but itself), lowest id first."""
-    candidates, stored = _candidates(conn, exam, chapter_id, checker.scope, [new])
+    candidates, stored, _, _ = _candidates(conn, exam, chapter_id, checker.scope, [new])
     return [qid for qid in sorted(candidates[0])
             if qid != exclude_id and qid in stored and checker.is_near(new.sig, stored[qid])]
 
 
 def check(conn: Connection, exam: str, chapter_id: str, checker: Checker,
-          batch: Sequence[Signed | None], epoch: Any = UNREAD) -> Verdict:
+          batch: Sequence[Signed | None], epoch: Any = UNREAD,
+          local: tuple[Verdict, int] | None = None) -> Verdict:
     """Which questions of `batch` are new: not a near-duplicate of a stored question of the
     scope, nor of an earlier question of the batch. (None: already dropped, kept False.)
-    `epoch`: the exam's index epoch, when the caller read it in this transaction already."""
-    candidates, stored = _candidates(conn, exam, chapter_id, checker.scope, batch, epoch)
-    return _verdict(checker, batch, candidates, stored)
+    `epoch`: the exam's index epoch, when the caller read it in this transaction already.
+    `local`: `check_local`'s answer for this batch, made before the transaction; it is the
+    verdict when the index, brought up to date here, is still where that check saw it."""
+    if local is not None:
+        verdict, seen = local
+        if epoch is UNREAD:
+            epoch = execute_hot(conn, _statement("epoch", checker.scope, ""),
+                                {"exam": exam}).scalar_one_or_none()
+        idx = INDEXES.get(where_of(str(conn.engine.url), exam, chapter_id, checker.scope),
+                          epoch)
+        if epoch is not None and epoch == verdict.epoch:
+            with idx.lock:
+                idx.add(execute_hot(conn, _statement("since", checker.scope, ""),
+                                    {"exam": exam, "chapter": chapter_id,
+                                     "after": idx.max_id}))
+                if idx.max_id == seen:
+                    return verdict
+    candidates, stored, epoch, max_id = _candidates(conn, exam, chapter_id, checker.scope,
+                                                    batch, epoch)
+    return dataclasses.replace(_verdict(checker, batch, candidates, stored), epoch=epoch,
+                               max_id=max_id)
 
 
 def where_of(url: str, exam: str, chapter_id: str, scope: Scope) -> tuple[str, str, str]:
@@ -386,7 +411,7 @@ def check_local(url: str, exam: str, chapter_id: str, checker: Checker, epoch: i
         candidates = [idx.lookup(s.keys) if s is not None else set() for s in batch]
         max_id, sigs = idx.max_id, idx.sigs
         verdict = _verdict(checker, batch, candidates, sigs)
-    return verdict, max_id
+    return dataclasses.replace(verdict, epoch=epoch, max_id=max_id), max_id
 
 
 def add_own(url: str, exam: str, chapter_id: str, scope: Scope, epoch: int | None,

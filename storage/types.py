@@ -70,7 +70,8 @@ class Committed:
     # The next call, recorded in the commit's own transaction when the caller planned one.
     next_call: int | NoRoom | None = None
     # The questions of the batch that another slice of the chapter had stored first (dropped),
-    # and the chapter's latest stored questions, all slices, read in the commit's transaction.
+    # and the chapter's latest stored questions, all slices, read right after the commit
+    # (PostgreSQL's one-round-trip commit: in it).
     duplicates: int = 0
     recent: tuple[str, ...] = ()
     kept: tuple[str, ...] = ()  # the texts of the questions this commit stored

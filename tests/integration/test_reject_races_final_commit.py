@@ -64,8 +64,8 @@ def test_a_rejection_racing_the_final_commit_never_leaves_a_done_slice_with_a_ga
     final = _qs(1, "last")
     conn = store.engine.connect()
     held = conn.begin()
-    result = store._commit(conn, claim, 30.0, last, final, [text_hash(final[0].question)],
-                           model="m", usage=Usage(1, 1, 0.0), note="", plan_next=None)
+    result, _ = store._commit(conn, claim, 30.0, last, final, [text_hash(final[0].question)],
+                              model="m", usage=Usage(1, 1, 0.0), note="", plan_next=None)
     assert result.done  # it counted the range full, the victim in it
 
     # The rejection, meanwhile.
