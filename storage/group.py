@@ -174,39 +174,49 @@ class GroupCommit:
 
     def _lead(self) -> None:
         led = 0
-        while True:
-            with self._mutex:
-                if self.wait_s > 0 and self._coming > 0 and len(self._queue) < self.max_members:
-                    deadline = time.monotonic() + self.wait_s
-                    while self._coming > 0 and len(self._queue) < self.max_members:
-                        left = deadline - time.monotonic()
-                        if left <= 0:
-                            break
-                        self._more.wait(left)
-                group, self._queue = (self._queue[:self.max_members],
-                                      self._queue[self.max_members:])
-            again = False
-            try:
-                self._commit(group)
-                again = True
-            finally:
-                led += 1
+        group: list[_Member[Any]] = []
+        try:
+            while True:
+                group = []
                 with self._mutex:
-                    nxt = self._queue[0] if self._queue else None
-                    if nxt is None:
-                        self._busy = False
-                    elif again and led < self.max_groups:
-                        nxt = None  # this thread leads the next group too
-                    else:
-                        nxt.lead = True
-                        again = False
-                    again = again and self._busy
-                for member in group:
-                    member.event.set()
-                if nxt is not None:
-                    nxt.event.set()
-            if not again:
-                return
+                    if (self.wait_s > 0 and self._coming > 0
+                            and len(self._queue) < self.max_members):
+                        deadline = time.monotonic() + self.wait_s
+                        while self._coming > 0 and len(self._queue) < self.max_members:
+                            left = deadline - time.monotonic()
+                            if left <= 0:
+                                break
+                            self._more.wait(left)
+                    group, self._queue = (self._queue[:self.max_members],
+                                          self._queue[self.max_members:])
+                self._commit(group)
+                led += 1
+                if not self._pass_on(group, go_on=led < self.max_groups):
+                    return
+        except BaseException:
+            # (KeyboardInterrupt, SystemExit: `_commit` gives every other exception to its
+            # member.) The group's members are woken with what they have, and the lead goes
+            # to the next member queued, so that no thread waits for a leader gone.
+            self._pass_on(group, go_on=False)
+            raise
+
+    def _pass_on(self, group: list[_Member[Any]], go_on: bool) -> bool:
+        """After `group`'s commit: wake its members, and either lead the next group (`go_on`
+        and members are queued: returns True) or hand the lead to the first member queued."""
+        with self._mutex:
+            nxt = self._queue[0] if self._queue else None
+            lead_on = go_on and nxt is not None
+            if nxt is None:
+                self._busy = False
+            elif lead_on:
+                nxt = None
+            else:
+                nxt.lead = True
+        for member in group:
+            member.event.set()
+        if nxt is not None:
+            nxt.event.set()
+        return lead_on
 
     def _commit(self, group: list[_Member[Any]]) -> None:
         stats = self.stats

@@ -762,12 +762,16 @@ class Ledger(StoreBase):
         if stored >= target and not verify:
             # Done, even if it was cancelled meanwhile: nothing is missing. Under VERIFY the
             # slice is done once its questions' verdicts are in (Verdicts.commit_verdicts).
-            # No next prompt: nothing to read for its list, no index to keep.
+            # No next prompt: nothing to read for its list.
             if not slice_done:  # (else with its progress, above)
                 self._run(conn, "slice_done", lambda: update(S).where(*SLICE_KEY).values(
                     state=ChapterState.done.value, lease_owner=None, lease_expires_at=None),
                     key)
-            return result, _After()
+            # The index keeps this commit's questions only where other slices still check
+            # against it: the chapter's other slices, or the exam's other chapters.
+            return result, _After(own=own if shared or (near_dup is not None and
+                                                        near_dup.scope is Scope.exam)
+                                  else None)
         # The next prompts' list is read after the commit, outside the write lock: it shows
         # what the chapter has then, this batch included (with other slices writing it too,
         # what they stored). The next call is prepared before this commit (runner.pipeline),

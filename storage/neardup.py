@@ -108,6 +108,10 @@ class Verdict:
     # (`add_own`, after the commit, adds the batch's questions if it is still there).
     epoch: int | None = None
     max_id: int = 0
+    # `check_local`'s: the index it was made against. The same epoch and highest id are not
+    # enough: an index cleared after a group's rollback and rebuilt may hold, under an id
+    # SQLite gave again, another question than the one the verdict saw.
+    index: object = None
 
     @property
     def rejected(self) -> int:
@@ -262,6 +266,20 @@ class _Indexes:
             self._by_scope.move_to_end(where)
             return idx
 
+    def peek(self, where: tuple[str, str, str], epoch: int | None) -> _BandIndex | None:
+        """The scope's index at `epoch`, made when there is none; None when it is at
+        another epoch (left as it is)."""
+        if epoch is None:
+            return None
+        with self._lock:
+            idx = self._by_scope.get(where)
+            if idx is None:
+                idx = self._by_scope[where] = _BandIndex(epoch)
+            elif idx.epoch != epoch:
+                return None
+            self._by_scope.move_to_end(where)
+            return idx
+
     def grew(self, where: tuple[str, str, str], idx: _BandIndex) -> None:
         """Count what `idx` added since it was last counted, and drop the least recently
         used indexes past CACHE_KEYS."""
@@ -384,8 +402,8 @@ def check(conn: Connection, exam: str, chapter_id: str, checker: Checker,
                 idx.add(execute_hot(conn, _statement("since", checker.scope, ""),
                                     {"exam": exam, "chapter": chapter_id,
                                      "after": idx.max_id}))
-                if idx.max_id == seen:
-                    return verdict
+                if idx.max_id == seen and idx is verdict.index:
+                    return dataclasses.replace(verdict, index=None)
     candidates, stored, epoch, max_id = _candidates(conn, exam, chapter_id, checker.scope,
                                                     batch, epoch)
     return dataclasses.replace(_verdict(checker, batch, candidates, stored), epoch=epoch,
@@ -406,12 +424,16 @@ def check_local(url: str, exam: str, chapter_id: str, checker: Checker, epoch: i
     if epoch is None:
         return None
     where = where_of(url, exam, chapter_id, checker.scope)
-    idx = INDEXES.get(where, epoch)
+    idx = INDEXES.peek(where, epoch)
+    if idx is None:  # another epoch's: a claim older than an edit must not replace it
+        return None
     with idx.lock:
         candidates = [idx.lookup(s.keys) if s is not None else set() for s in batch]
         max_id, sigs = idx.max_id, idx.sigs
-        verdict = _verdict(checker, batch, candidates, sigs)
-    return dataclasses.replace(verdict, epoch=epoch, max_id=max_id), max_id
+    # The candidates verified outside the lock, which a transaction checking the scope may
+    # be waiting for: the signatures of ids up to `max_id` do not change under an epoch.
+    verdict = _verdict(checker, batch, candidates, sigs)
+    return dataclasses.replace(verdict, epoch=epoch, max_id=max_id, index=idx), max_id
 
 
 def add_own(url: str, exam: str, chapter_id: str, scope: Scope, epoch: int | None,

@@ -15,13 +15,17 @@ from examforge.balance import balanced
 from examforge.neardup import Checker
 from examforge.output import Question
 from examforge.syllabus import load_syllabus
-from storage import Store, neardup
+from storage import Store, connect, migrate, neardup
+from storage.ledger import _insert_questions, question_row
 from storage.models import Withdrawn
 from storage.store import Claimed, K, Q, Steer, Usage
 
 ORIGINAL = "Which AWS service provides durable object storage for static website assets?"
 PARAPHRASE = "Which of the following AWS services offers durable object storage for static " \
              "website assets?"
+OTHER = "What is the default port used by HTTPS?"
+UNRELATED = "Which isolation level of a relational database prevents phantom reads entirely?"
+NEW = "Which messaging service decouples producers from consumers with durable queues?"
 
 
 @pytest.fixture
@@ -31,7 +35,7 @@ def general(store: Store) -> Store:
 
 
 def _q(text: str) -> Question:
-    return Question(text, ("first choice", "second one", "a third", "the fourth"), 0, "")
+    return Question(text, ("first choice", "second one", "a third", "the fourth"), 0, "Because it is.")
 
 
 def _setup(store: Store, tmp_path, target: int = 10) -> Claimed:  # type: ignore[no-untyped-def]
@@ -161,3 +165,112 @@ def test_the_next_prompts_list_read_after_the_commit_holds_the_batch(general, tm
     assert ORIGINAL in first.recent
     _, second = _commit(store, claim, ["What is the default port used by HTTPS?"], 2)
     assert {ORIGINAL, "What is the default port used by HTTPS?"} <= set(second.recent)
+
+
+def test_an_edit_of_the_highest_question_after_the_claim_is_not_missed(general, tmp_path):
+    """The edit keeps the question's id (the scope's highest): only the epoch says the check
+    made ahead (against the old text) is stale. Guards `epoch == verdict.epoch`."""
+    store = general
+    claim = _setup(store, tmp_path)
+    _commit(store, claim, [OTHER], 1)
+    with store.engine.connect() as conn:
+        qid = conn.execute(select(Q.c.id)).scalar_one()
+    store.edit("ex", qid, 1, "alice", {"question": ORIGINAL}, near_dup=Checker())
+    _, committed = _commit(store, claim, [PARAPHRASE], 2)
+    assert committed.kept == () and committed.near_duplicates == 1
+
+
+def test_a_check_ahead_that_saw_a_rolled_back_row_is_not_reused_for_its_id_reused(
+        tmp_path, monkeypatch):
+    """A group's member read another member's uncommitted row into the process's index; the
+    check ahead of a third commit saw it (its id the index's highest); the group aborted
+    (INDEXES cleared) and the id was taken by another question. Same epoch, same highest
+    id: the verdict made against the rolled-back text is reused. (SQLite gives a rolled-back
+    rowid again; PostgreSQL's sequence does not.)"""
+    engine = connect(f"sqlite:///{tmp_path / 'examforge.db'}")
+    migrate(engine)
+    store = Store(engine)
+    claim = _setup(store, tmp_path)
+    _commit(store, claim, [OTHER], 1)
+    ahead = store._ahead
+    made = []
+
+    def racing(claim_, questions, near_dup, signed):  # type: ignore[no-untyped-def]
+        monkeypatch.setattr(store, "_ahead", ahead)
+        conn = store.engine.connect()
+        trans = conn.begin()
+        # group member A: its question, uncommitted
+        row = {"q_exam": "ex", "q_chapter_id": "a", "q_number": 2, "q_norm_hash": "h-unrel",
+               "q_model": "m", "q_call_id": None, "q_created_at": 1.0e9, "q_verdict": None,
+               **question_row(_q(UNRELATED), "q_")}
+        conn.execute(_insert_questions(), row)
+        pid = conn.execute(select(Q.c.id).where(Q.c.norm_hash == "h-unrel")).scalar_one()
+        neardup.index(conn, "ex", "a", [pid], [neardup.Signed.of(UNRELATED, claim.title)])
+        # group member B's check reads it into the index
+        neardup.check(conn, "ex", "a", Checker(), [neardup.Signed.of(OTHER + " x", claim.title)])
+        got = ahead(claim_, questions, near_dup, signed)  # this thread's check ahead
+        assert got.local is not None and got.local[1] == pid and got.local[0].keep == [True]
+        made.append(got)
+        trans.rollback()
+        conn.close()
+        neardup.INDEXES.clear()  # the group's on_abort
+        # another commit takes the rolled-back id with the text this batch repeats
+        _, c = _commit(store, claim, [ORIGINAL], 2)
+        with store.engine.connect() as c2:
+            assert c2.execute(select(Q.c.id).where(Q.c.question == ORIGINAL)).scalar_one() == pid
+        return got
+
+    monkeypatch.setattr(store, "_ahead", racing)
+    _, committed = _commit(store, claim, [PARAPHRASE], 3)
+    assert made
+    assert committed.kept == () and committed.near_duplicates == 1, committed
+
+
+def test_an_exact_repeat_dropped_at_commit_does_not_shift_the_check_made_ahead(
+        general, tmp_path):
+    """Two slices of one chapter: slice 0 stored OTHER and ORIGINAL; slice 1's reply is
+    [OTHER, NEW, PARAPHRASE]: OTHER is dropped as an exact repeat, so the check inside runs on
+    [NEW, PARAPHRASE] and must not take the verdict made ahead for all three (guards
+    `len(keep) < len(hashes)`)."""
+    store = general
+    path = write_syllabus(tmp_path / "exams", "ex", [("a", 20)])
+    store.sync_exam("ex", load_syllabus(path, max_questions=1000), slice_questions=10)
+    s0 = store.claim("ex", "a", "w0", 30.0, 8, slice_no=0)
+    s1 = store.claim("ex", "a", "w1", 30.0, 8, slice_no=1)
+    assert isinstance(s0, Claimed) and isinstance(s1, Claimed)
+    assert s1.chapter_target > s1.target
+    _commit(store, s0, [OTHER, ORIGINAL], 1)
+    _, committed = _commit(store, s1, [OTHER, NEW, PARAPHRASE], 11)
+    assert committed.kept == (NEW,), committed
+    assert committed.near_duplicates == 1
+
+
+def test_a_claim_older_than_an_edit_does_not_rebuild_the_index_at_every_commit(
+        general, tmp_path, monkeypatch):
+    """An edit changes the exam's epoch; a slice claimed before it keeps the old one in its
+    claim. Its check ahead (`check_local` at the claim's epoch) must not replace the
+    process's index of the current epoch with an empty one of the old: the transaction's
+    check would then read the whole scope again, inside the write lock, at every commit."""
+    store = general
+    claim = _setup(store, tmp_path, target=20)
+    _commit(store, claim, [OTHER, ORIGINAL, NEW], 1)
+    with store.engine.connect() as conn:
+        qid = conn.execute(select(Q.c.id).where(Q.c.question == OTHER)).scalar_one()
+    store.edit("ex", qid, 1, "alice", {"question": "What port does plain HTTP use by default?"},
+               near_dup=Checker())
+    read: list[int] = []
+    add = neardup._BandIndex.add
+
+    def counting(self, rows):  # type: ignore[no-untyped-def]
+        rows = list(rows)
+        read.append(len(rows))
+        return add(self, rows)
+
+    monkeypatch.setattr(neardup._BandIndex, "add", counting)
+    _commit(store, claim, ["Which AWS service runs containers without managing servers?"], 4)
+    first = sum(read)  # the rebuild the edit calls for: the scope's 3 questions
+    assert first == 3
+    read.clear()
+    _commit(store, claim, ["Which AWS database service is a managed key-value store?"], 5)
+    _commit(store, claim, ["Which AWS service sends notifications to subscribers?"], 6)
+    assert max(read, default=0) <= 1, f"the scope read again: {read}"

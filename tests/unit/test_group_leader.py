@@ -182,3 +182,46 @@ def test_a_leader_goes_on_with_the_groups_queued_behind_it_then_hands_the_lead(t
     assert group.stats["groups"] == 6
     with engine.connect() as conn:
         assert sorted(conn.execute(text("SELECT k FROM t")).scalars()) == list("bcdef")
+
+
+def test_a_leader_that_dies_in_a_later_group_hands_the_lead_on(tmp_path):
+    """A SystemExit (a worker's shutdown) out of a group the leader took after its own: the
+    group's member gets it, the leader's thread raises it, and the members queued behind get
+    a leader: nobody waits for one gone."""
+    group, engine = _group(tmp_path, max_members=1, max_groups=4)
+    release, inside = threading.Event(), threading.Event()
+    got: dict[str, Any] = {}
+
+    def blocker(conn: Any) -> str:
+        inside.set()
+        assert release.wait(30)
+        return "a"
+
+    def lead() -> None:
+        try:
+            got["a"] = group.run(("a",), blocker)
+        except SystemExit:
+            got["a"] = "SystemExit"
+
+    def member(k: str) -> None:
+        def dies(conn: Any) -> str:
+            raise SystemExit(1)
+        try:
+            got[k] = group.run((k,), dies if k == "b" else _insert(k))
+        except SystemExit:
+            got[k] = "SystemExit"
+
+    threads = [threading.Thread(target=lead)]
+    threads[0].start()
+    assert inside.wait(30)
+    for i, k in enumerate("bcd"):
+        threads.append(threading.Thread(target=member, args=(k,)))
+        threads[-1].start()
+        wait_for(lambda: group.queued() == i + 1, 30, f"{k} queued")
+    release.set()
+    for t in threads:
+        t.join(30)
+    assert not any(t.is_alive() for t in threads), "a member waits for a leader gone"
+    assert got == {"a": "SystemExit", "b": "SystemExit", "c": "c", "d": "d"}
+    with engine.connect() as conn:
+        assert sorted(conn.execute(text("SELECT k FROM t")).scalars()) == ["c", "d"]
