@@ -24,6 +24,15 @@ def resolved_parents(item: pytest.Item) -> tuple[Path, ...]:
     return _resolved_parents_of(str(item.fspath))
 
 
+def migrates_at_once(function: Callable[..., Any]) -> Callable[..., Any]:
+    """Marks a fixture (under its @pytest.fixture) that brings its database (`pg_url` or
+    `db_url`, one of its own arguments) to head with `migrate` before anything else touches
+    it: on PostgreSQL it is then given a copy of the run's migrated template, which `migrate`
+    finds current, instead of an empty database it would migrate (conftest.py's _PgDatabases)."""
+    function.migrates_at_once = True  # type: ignore[attr-defined]
+    return function
+
+
 def write_syllabus(exams_dir: Path, slug: str, chapters: list[tuple[str, int]] | dict[str, Any],
                    title: str = "Test exam") -> Path:
     """Write EXAMS_DIR/SLUG/syllabus.json from (id, questions) pairs or a raw object."""

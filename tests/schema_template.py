@@ -204,6 +204,75 @@ def _upgrade(config: Any, revision: str, *args: Any, **kwargs: Any) -> Any:
     return None
 
 
+def _pg_dump_once(url: Any) -> str | None:
+    """This run's PostgreSQL dump (made once a run, as `_upgrade` makes it), or None when
+    there is none (no pg_dump, or one older than the server: Alembic every time)."""
+    with _lock:
+        dump = _dumps.get("postgresql")
+    if dump is None:
+        if _pg_dump_binary() is None:
+            return None
+        made = _made_once_a_run("postgresql", lambda: _make_dump("postgresql", url))
+        with _lock:
+            dump = _dumps.setdefault("postgresql", made)
+    return dump if isinstance(dump, str) else None
+
+
+_TEMPLATE_FILE = "pg_template.json"
+
+
+def pg_template(admin: str) -> str | None:
+    """The name of this run's migrated PostgreSQL database, made once a run (by the first
+    process of the run that needs it, under a file lock, as the dumps are) by replaying the
+    dump into an empty database: a template that `CREATE DATABASE ... TEMPLATE` copies for
+    a test that migrates its database to head before anything else touches it (the
+    `migrates_at_once` fixtures of conftest.py). Nobody connects to it after it is made (a
+    database being copied must have no connection). Dropped when the run's first process
+    exits. None with EXAMFORGE_TEST_ALEMBIC=1, without a shared folder or without a dump:
+    such a test then gets an empty database and migrates it, as before. `admin` is a
+    libpq URL of the server's `postgres` database."""
+    import psycopg
+    from sqlalchemy.engine import make_url
+
+    folder = os.environ.get(SHARED_DIR)
+    if os.environ.get("EXAMFORGE_TEST_ALEMBIC") or not folder or not Path(folder).is_dir():
+        return None
+    dump = _pg_dump_once(make_url(admin.replace("postgresql://", "postgresql+psycopg://", 1)))
+    if dump is None:
+        return None
+    path = Path(folder) / _TEMPLATE_FILE
+    with open(Path(folder) / "pg_template.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file is closed
+        if path.exists():
+            return str(json.loads(path.read_text(encoding="utf-8"))["name"])
+        name = f"ef_template_{uuid.uuid4().hex[:12]}"
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+            try:
+                with psycopg.connect(f"{admin.rsplit('/', 1)[0]}/{name}") as filling:
+                    filling.execute(dump)
+            except BaseException:
+                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+                raise
+        path.write_text(json.dumps({"name": name, "admin": admin}), encoding="utf-8")
+        return name
+
+
+def _drop_pg_template(folder: str) -> None:
+    """At the exit of the run's first process: drop the run's template, if one was made."""
+    path = Path(folder) / _TEMPLATE_FILE
+    if not path.exists():
+        return
+    try:
+        import psycopg
+
+        made = json.loads(path.read_text(encoding="utf-8"))
+        with psycopg.connect(made["admin"], autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{made["name"]}" WITH (FORCE)')
+    except Exception:  # noqa: BLE001 (PostgreSQL went away: nothing to drop)
+        pass
+
+
 def install() -> None:
     """Route alembic.command.upgrade through the replay (storage.migrate looks it up at each
     call). A no-op with EXAMFORGE_TEST_ALEMBIC=1."""
@@ -214,6 +283,7 @@ def install() -> None:
         folder = tempfile.mkdtemp(prefix="ef-schema-run-")
         os.environ[SHARED_DIR] = folder
         atexit.register(shutil.rmtree, folder, ignore_errors=True)
+        atexit.register(_drop_pg_template, folder)  # first: atexit runs last in, first out
     from alembic import command
 
     _original = command.upgrade

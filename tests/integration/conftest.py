@@ -3,6 +3,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers import migrates_at_once
+
 # Share the unit tier's fake provider.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
 
@@ -20,6 +22,7 @@ def pytest_collection_modifyitems(config, items):  # type: ignore[no-untyped-def
 
 
 @pytest.fixture
+@migrates_at_once
 def store(db_url):  # type: ignore[no-untyped-def]
     """A migrated store on each database (`db_url` runs SQLite and PostgreSQL)."""
     from storage import Store, connect, migrate

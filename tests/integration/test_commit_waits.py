@@ -16,7 +16,7 @@ import pytest
 from sqlalchemy import text
 
 from examforge.syllabus import load_syllabus
-from helpers import wait_lease_expired, write_syllabus
+from helpers import migrates_at_once, wait_lease_expired, write_syllabus
 from storage import Store, connect, migrate
 from storage.store import CallPlan, Claimed
 
@@ -24,6 +24,7 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
+@migrates_at_once
 def pg_store(pg_url):  # type: ignore[no-untyped-def]
     engine = connect(pg_url)
     migrate(engine)

@@ -13,7 +13,7 @@ from sqlalchemy import event, select, text
 from examforge.neardup import Checker
 from examforge.output import Question
 from examforge.syllabus import load_syllabus
-from helpers import write_syllabus
+from helpers import migrates_at_once, write_syllabus
 from storage import Store, connect, migrate, neardup
 from storage.store import Claimed, Q, Steer, Usage
 
@@ -24,6 +24,7 @@ OTHER = "What is the default port used by HTTPS?"
 
 
 @pytest.fixture
+@migrates_at_once
 def pg_store(pg_url, tmp_path):  # type: ignore[no-untyped-def]
     engine = connect(pg_url)
     migrate(engine)

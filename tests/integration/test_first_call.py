@@ -13,6 +13,7 @@ from sqlalchemy import event, text
 
 from examforge.sources import ChapterMaterial, read_material
 from examforge.syllabus import Syllabus
+from helpers import migrates_at_once
 from storage import Store, connect, migrate
 from storage import leases as leases_module
 from storage.store import CallPlan, ChapterView, Claimed, FirstCall, NoRoom
@@ -23,6 +24,7 @@ def _syllabus(chapters: list[dict[str, Any]]) -> Syllabus:
 
 
 @pytest.fixture
+@migrates_at_once
 def pg_store(pg_url):  # type: ignore[no-untyped-def]
     engine = connect(pg_url)
     migrate(engine)

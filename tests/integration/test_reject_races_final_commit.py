@@ -22,12 +22,13 @@ from sqlalchemy import select, text
 
 from examforge.output import Question, text_hash
 from examforge.syllabus import load_syllabus
-from helpers import wait_for, write_syllabus
+from helpers import migrates_at_once, wait_for, write_syllabus
 from storage.base import Q, S
 from storage.store import Usage
 
 
 @pytest.fixture
+@migrates_at_once
 def pg_store(pg_url):
     from storage import Store, connect, migrate
 
