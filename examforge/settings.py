@@ -113,75 +113,10 @@ def check_broker_url(url: str) -> str:
     raise ValueError(f"{what}: use redis://HOST:6379/0")
 
 
-# What pydantic-settings works out again for each of Settings' 190 fields at every
-# construction, from the field alone: the environment names it reads, and whether its value
-# is parsed as JSON. Two thirds of building Settings (3.3 ms of CPU, 0.9 ms with this): paid
-# once a command, and some 1,150 times by a run of the tests, which build it for each test.
-# Keyed by the source's class and the settings that decide the answer, and by the field
-# object itself (kept in the entry, so its id is never another field's).
-_FIELD_FACTS: dict[tuple[object, ...], tuple[object, object]] = {}
-
-
-class _FieldFactsOnce:
-    """Mixed into pydantic-settings' environment and `.env` sources: their per-field
-    `_extract_field_info` and `_field_is_complex`, worked out once a process."""
-
-    __slots__ = ()
-
-    def _facts(self, what: str, field: object, field_name: str, work: object) -> object:
-        key = (type(self), getattr(self, "settings_cls", None),
-               getattr(self, "case_sensitive", None), getattr(self, "env_prefix", None),
-               getattr(self, "env_prefix_target", None), what, id(field), field_name)
-        held = _FIELD_FACTS.get(key)
-        if held is None or held[0] is not field:
-            held = _FIELD_FACTS[key] = (field, work())  # type: ignore[operator]
-        return held[1]
-
-    def _extract_field_info(self, field, field_name, model_config=None):  # type: ignore[no-untyped-def]
-        work = super()._extract_field_info  # type: ignore[misc]
-        if model_config is not None:  # a nested model's field: not Settings' own
-            return work(field, field_name, model_config)
-        return list(self._facts("info", field, field_name,  # type: ignore[call-overload]
-                                lambda: work(field, field_name)))
-
-    def _field_is_complex(self, field):  # type: ignore[no-untyped-def]
-        work = super()._field_is_complex  # type: ignore[misc]
-        return self._facts("complex", field, "", lambda: work(field))
-
-
-def _with_field_facts_once(source: object) -> object:
-    """`source` (pydantic-settings' EnvSettingsSource or DotEnvSettingsSource, as made for
-    this construction) as the same source with `_FieldFactsOnce` mixed in; any other source,
-    or a pydantic-settings without those two methods, as it is."""
-    from pydantic_settings import DotEnvSettingsSource, EnvSettingsSource
-
-    base = type(source)
-    if base not in (EnvSettingsSource, DotEnvSettingsSource) or not all(
-            hasattr(base, m) for m in ("_extract_field_info", "_field_is_complex")):
-        return source
-    cls = _SOURCE_CLASSES.get(base)
-    if cls is None:
-        cls = _SOURCE_CLASSES[base] = type(base.__name__, (_FieldFactsOnce, base), {})
-    once = object.__new__(cls)
-    once.__dict__.update(source.__dict__)
-    return once
-
-
-_SOURCE_CLASSES: dict[type, type] = {}
-
-
 class Settings(BaseSettings):
     """Every knob, with its unit in its name. Environment names are the field names upper-cased."""
 
     model_config = SettingsConfigDict(env_file=".env", extra="ignore", frozen=True)
-
-    @classmethod
-    def settings_customise_sources(cls, settings_cls, init_settings, env_settings,  # type: ignore[no-untyped-def,override]
-                                   dotenv_settings, file_secret_settings):
-        """pydantic-settings' own sources, in its own order; the environment's and `.env`'s
-        work out each field's names once a process (_FieldFactsOnce)."""
-        return (init_settings, _with_field_facts_once(env_settings),
-                _with_field_facts_once(dotenv_settings), file_secret_settings)
 
     broker_url: str = Field(
         "redis://localhost:6379/0",
