@@ -293,8 +293,9 @@ class Settings(BaseSettings):
                     "lease); off: one transaction each.")
     group_commit_wait_ms: float = Field(
         2.0, ge=0, le=50,
-        description="The longest a group commit waits for replies other slots of the process "
-                    "are still preparing (never when none is); 0: no wait.")
+        description="The longest a group commit on PostgreSQL waits for replies other slots "
+                    "of the process are still preparing (never when none is); 0: no wait. "
+                    "SQLite's groups take whoever has queued.")
     group_commit_max: int = Field(
         32, ge=1, le=256, description="Most commits in one group.")
     heartbeat_s: float | None = Field(
