@@ -100,7 +100,7 @@ fi
 "$PY" -m producer status "$SLUG"
 "$PY" -m producer export "$SLUG"
 head -n 1 "exams/$SLUG/generated.jsonl"
-# The same bank for Moodle (XML and GIFT), Anki and Canvas: see README, "Question banks".
+# The same bank for Moodle (XML and GIFT), Anki and Canvas: docs/reference/export-formats.md.
 for format in moodle-xml gift anki qti; do "$PY" -m producer export "$SLUG" --format "$format"; done
 if [ "$LANGUAGE" != en ]; then "$PY" -m producer export "$SLUG" --format csv --bom; fi
 # The exact line to look again: examforge is installed in .venv only (a plain `python` outside
