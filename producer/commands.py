@@ -182,7 +182,7 @@ def _dry_run(settings: Settings, slug: str, syllabus: Syllabus, budget_usd: floa
               soft_wrap=True)
     if est.verify is not None:
         v = est.verify
-        out.print(f"  blind solves (policy {v.mode}): {v.calls} calls of {v.model}"
+        out.print(f"  blind solves (policy {v.mode}): {plural(v.calls, 'call')} of {v.model}"
                   + (f" ({v.owed} stored questions owed a solve among them)" if v.owed
                      else "") + ", "
                   f"{v.prompt_tokens:,} prompt tokens, up to {v.max_completion_tokens:,} "
