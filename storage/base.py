@@ -418,6 +418,20 @@ def _group_hook(step: str, kinds: collections.Counter[str]) -> None:
         os.kill(os.getpid(), 9)
 
 
+# A group's most members when GROUP_COMMIT_MAX is unset. PostgreSQL sends a group's
+# one-statement commits in one pipeline, so each member more saves a round trip and a WAL
+# flush. A SQLite COMMIT (WAL, synchronous=NORMAL) writes no more than its pages, so a group
+# saves little beyond its BEGIN and COMMIT, while each member waits for the whole group: at
+# 2 x 64 threads, interleaved rounds on the 2-core machine, groups of at most 2 / 4 / 8 / 32
+# gave 0.83 / 0.82 / 0.81 / 0.79-0.80 of the ideal (medians; docs/explanations/benchmarks.md).
+GROUP_MAX = {"postgresql": 32, "sqlite": 4}
+
+
+def group_max(dialect: str, configured: int | None) -> int:
+    """A group's most members: GROUP_COMMIT_MAX when set, else the database's default."""
+    return configured if configured is not None else GROUP_MAX.get(dialect, 32)
+
+
 class StoreBase:
     """The engine and the helpers every part of the store uses."""
 
@@ -454,6 +468,7 @@ class StoreBase:
         # The process's group commit of paid calls' commits (storage.group): on by default,
         # set from the worker's settings (`configure_group`).
         self.group = GroupCommit(self._write, engine.dialect.name,
+                                 max_members=group_max(engine.dialect.name, None),
                                  on_abort=self._group_aborted, hook=_group_hook)
         # PostgreSQL's one-statement commits (storage.fastpath), grouped the same way: a
         # group's statements go in one transaction, sent in one pipeline.
@@ -466,11 +481,12 @@ class StoreBase:
         """A group's transaction was thrown away after members ran in it: forget what was
         cached from it in memory (storage.ledger: the near-duplicate indexes)."""
 
-    def configure_group(self, enabled: bool, wait_s: float, max_members: int) -> None:
-        """GROUP_COMMIT, GROUP_COMMIT_WAIT_MS and GROUP_COMMIT_MAX of a worker."""
+    def configure_group(self, enabled: bool, wait_s: float, max_members: int | None) -> None:
+        """GROUP_COMMIT, GROUP_COMMIT_WAIT_MS and GROUP_COMMIT_MAX of a worker (None: the
+        database's default, `group_max`)."""
         for group in (self.group, self.fast_group):
             group.enabled, group.wait_s = enabled, wait_s
-            group.max_members = max_members
+            group.max_members = group_max(self.engine.dialect.name, max_members)
 
     # The statement `fast_group` runs for each member (storage.ledger: fastpath's commit).
     _group_sql = ""

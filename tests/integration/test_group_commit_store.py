@@ -53,8 +53,10 @@ def _questions(chapter: str) -> list[Question]:
 
 def _in_one_group(store: Store, held: list[tuple[Claimed, int]]) -> dict[str, Any]:
     """Commit every held call from its own thread, all queued behind a blocker, so that they
-    are committed as one group; each chapter's result or exception."""
+    are committed as one group (of at most 32: SQLite's default is 4); each chapter's result
+    or exception."""
     group = _group(store)
+    group.max_members = 32
     release, inside = threading.Event(), threading.Event()
 
     def blocker(_: Any) -> None:
@@ -246,3 +248,25 @@ def test_a_postgresql_group_yields_a_lock_to_the_other_transaction(pg_url, tmp_p
     assert _stored(store) == {c: 5 for c in CHAPTERS}
     assert _calls(store) == {c: ("used", None, 5) for c in CHAPTERS}
     engine.dispose()
+
+
+def test_a_groups_size_is_the_databases_unless_group_commit_max_says(db_url):
+    """Unset, GROUP_COMMIT_MAX is 32 on PostgreSQL (a group is one pipeline: each member more
+    saves a round trip) and 4 on SQLite (a group saves little beyond BEGIN and COMMIT, and
+    each member waits for all of it); set, it is the same on both."""
+    from examforge.settings import Settings
+    from storage import connect
+
+    engine = connect(db_url)
+    try:
+        store = Store(engine)
+        default = 32 if engine.dialect.name == "postgresql" else 4
+        assert store.group.max_members == default
+        settings = Settings()
+        assert settings.group_commit_max is None
+        store.configure_group(True, 0.002, settings.group_commit_max)
+        assert store.group.max_members == store.fast_group.max_members == default
+        store.configure_group(True, 0.002, Settings(group_commit_max=8).group_commit_max)
+        assert store.group.max_members == store.fast_group.max_members == 8
+    finally:
+        engine.dispose()
