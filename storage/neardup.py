@@ -320,20 +320,30 @@ def _candidates(conn: Connection, exam: str, chapter_id: str, scope: Scope,
     any question changes the exam's epoch, which rebuilds the index at the next check.
     `epoch`: the exam's, when the caller read it in this transaction already."""
     if epoch is UNREAD:
-        epoch = execute_hot(conn, _statement("epoch", scope, ""),
-                            {"exam": exam}).scalar_one_or_none()
-    key = "" if scope is Scope.exam else chapter_id
-    where = (str(conn.engine.url), exam, key)
+        epoch = _epoch(conn, exam, scope)
+    where = where_of(str(conn.engine.url), exam, chapter_id, scope)
     idx = INDEXES.get(where, epoch)
     with idx.lock:
-        idx.add(execute_hot(conn, _statement("since", scope, ""),
-                            {"exam": exam, "chapter": chapter_id, "after": idx.max_id}))
+        _catch_up(conn, idx, exam, chapter_id, scope)
         mine = [idx.lookup(s.keys) if s is not None else set() for s in batch]
         grown = idx.size != idx.counted
         sigs, max_id = idx.sigs, idx.max_id
     if grown:
         INDEXES.grew(where, idx)
     return mine, sigs, epoch, max_id
+
+
+def _epoch(conn: Connection, exam: str, scope: Scope) -> int | None:
+    """The exam's index epoch, as this transaction reads it."""
+    return execute_hot(conn, _statement("epoch", scope, ""),  # type: ignore[no-any-return]
+                       {"exam": exam}).scalar_one_or_none()
+
+
+def _catch_up(conn: Connection, idx: _BandIndex, exam: str, chapter_id: str,
+              scope: Scope) -> None:
+    """Index the scope's rows stored since `idx` last looked (the caller holds its lock)."""
+    idx.add(execute_hot(conn, _statement("since", scope, ""),
+                        {"exam": exam, "chapter": chapter_id, "after": idx.max_id}))
 
 
 _STATEMENTS: dict[tuple[str, Scope, str], Any] = {}
@@ -393,15 +403,12 @@ def check(conn: Connection, exam: str, chapter_id: str, checker: Checker,
     if local is not None:
         verdict, seen = local
         if epoch is UNREAD:
-            epoch = execute_hot(conn, _statement("epoch", checker.scope, ""),
-                                {"exam": exam}).scalar_one_or_none()
+            epoch = _epoch(conn, exam, checker.scope)
         idx = INDEXES.get(where_of(str(conn.engine.url), exam, chapter_id, checker.scope),
                           epoch)
         if epoch is not None and epoch == verdict.epoch:
             with idx.lock:
-                idx.add(execute_hot(conn, _statement("since", checker.scope, ""),
-                                    {"exam": exam, "chapter": chapter_id,
-                                     "after": idx.max_id}))
+                _catch_up(conn, idx, exam, chapter_id, checker.scope)
                 if idx.max_id == seen and idx is verdict.index:
                     return dataclasses.replace(verdict, index=None)
     candidates, stored, epoch, max_id = _candidates(conn, exam, chapter_id, checker.scope,
