@@ -10,9 +10,8 @@ asking thread, exactly as without grouping.
 
 - `run(key, work)` queues a member. When no commit is in progress its thread leads: it takes
   every member queued (at most `max_members`), runs them in one transaction, commits it, and
-  hands the lead to the first member queued meanwhile, if any (or goes on with them, for at
-  most `max_groups` groups in a row). The others wait for their group's commit, so each
-  caller returns (and a task acks) only after its own commit.
+  hands the lead to the first member queued meanwhile, if any. The others wait for their
+  group's commit, so each caller returns (and a task acks) only after its own commit.
 - A member runs under its own SAVEPOINT: one that raises (its fence failed, a duplicate raced
   in) is rolled back alone and gets its exception; the others are committed. A group of one
   takes no savepoint.
@@ -113,7 +112,6 @@ class GroupCommit:
 
     def __init__(self, begin: Callable[[], ContextManager[Any]], dialect: str, *,
                  enabled: bool = True, wait_s: float = 0.002, max_members: int = 32,
-                 max_groups: int = 1,
                  on_abort: Callable[[], None] = lambda: None,
                  hook: Callable[[str, Counter[str]], None] = lambda step, kinds: None,
                  batch: Callable[[list[Any]], list[Any]] | None = None) -> None:
@@ -126,12 +124,6 @@ class GroupCommit:
         self.enabled = enabled
         self.wait_s = wait_s
         self.max_members = max_members
-        # The groups one thread leads in a row while members are queued. Handing the lead
-        # to a waiting thread costs its wake-up (7-10 ms at 64 threads a process, measured
-        # on a loaded machine); leading on delays the leader's own task instead. At 2 x 64
-        # threads on SQLite, 4 in a row measured 0.78-0.80 of the ideal against 0.79-0.81
-        # for 1 (three interleaved rounds): 1, the hand-off after each group.
-        self.max_groups = max_groups
         self._on_abort = on_abort
         self.hook = hook
         self._mutex = threading.Lock()
@@ -197,54 +189,39 @@ class GroupCommit:
         return m.outcome()
 
     def _lead(self) -> None:
-        led = 0
         group: list[_Member[Any]] = []
         try:
-            while True:
-                group = []
-                with self._mutex:
-                    if (self.wait_s > 0 and self._coming > 0
-                            and len(self._queue) < self.max_members):
-                        deadline = time.monotonic() + self.wait_s
-                        self._leader_waits = True
-                        try:
-                            while self._coming > 0 and len(self._queue) < self.max_members:
-                                left = deadline - time.monotonic()
-                                if left <= 0:
-                                    break
-                                self._more.wait(left)
-                        finally:
-                            self._leader_waits = False
-                    group, self._queue = (self._queue[:self.max_members],
-                                          self._queue[self.max_members:])
-                self._commit(group)
-                led += 1
-                if not self._pass_on(group, go_on=led < self.max_groups):
-                    return
-        except BaseException:
-            # (KeyboardInterrupt, SystemExit: `_commit` gives every other exception to its
-            # member.) The group's members are woken with what they have, and the lead goes
-            # to the next member queued, so that no thread waits for a leader gone.
-            self._pass_on(group, go_on=False)
-            raise
-
-    def _pass_on(self, group: list[_Member[Any]], go_on: bool) -> bool:
-        """After `group`'s commit: wake its members, and either lead the next group (`go_on`
-        and members are queued: returns True) or hand the lead to the first member queued."""
-        with self._mutex:
-            nxt = self._queue[0] if self._queue else None
-            lead_on = go_on and nxt is not None
-            if nxt is None:
-                self._busy = False
-            elif lead_on:
-                nxt = None
-            else:
-                nxt.lead = True
-        for member in group:
-            member.event.set()
-        if nxt is not None:
-            nxt.event.set()
-        return lead_on
+            with self._mutex:
+                if self.wait_s > 0 and self._coming > 0 and len(self._queue) < self.max_members:
+                    deadline = time.monotonic() + self.wait_s
+                    self._leader_waits = True
+                    try:
+                        while self._coming > 0 and len(self._queue) < self.max_members:
+                            left = deadline - time.monotonic()
+                            if left <= 0:
+                                break
+                            self._more.wait(left)
+                    finally:
+                        self._leader_waits = False
+                group, self._queue = (self._queue[:self.max_members],
+                                      self._queue[self.max_members:])
+            self._commit(group)
+        finally:
+            # Also after a KeyboardInterrupt or SystemExit (`_commit` gives every other
+            # exception to its member): the group's members are woken with what they have,
+            # and the lead goes to the first member queued, so that no thread waits for a
+            # leader gone. (Leading the next group too, sparing its first member's wake-up,
+            # measured slower: the leader's own task waited instead.)
+            with self._mutex:
+                nxt = self._queue[0] if self._queue else None
+                if nxt is None:
+                    self._busy = False
+                else:
+                    nxt.lead = True
+            for member in group:
+                member.event.set()
+            if nxt is not None:
+                nxt.event.set()
 
     def _commit(self, group: list[_Member[Any]]) -> None:
         stats = self.stats
