@@ -543,13 +543,8 @@ class Ledger(StoreBase):
                 call_id: int) -> tuple[str, ...]:
         """The chapter's stored questions the next prompts list: as `steer` asks, or, with
         other slices writing the chapter too, its newest."""
-        if steer is not None:
-            return neardup.steered(conn, steer, claim.exam, claim.chapter_id,
-                                   claim.chapter_target, seed=call_id)
-        return tuple(reversed(conn.execute(
-            select(Q.c.question).where(Q.c.exam == claim.exam,
-                                       Q.c.chapter_id == claim.chapter_id)
-            .order_by(Q.c.id.desc()).limit(RECENT_QUESTIONS)).scalars().all()))
+        return neardup.steered(conn, steer or Steer(RECENT_QUESTIONS, "recent"), claim.exam,
+                               claim.chapter_id, claim.chapter_target, seed=call_id)
 
     def _book_commit_failed(self, call_id: int, exc: SQLAlchemyError, usage: Usage) -> None:
         """The reply (and its bill) arrived but the database failed its commit: say so with
