@@ -270,3 +270,59 @@ def test_a_groups_size_is_the_databases_unless_group_commit_max_says(db_url):
         assert store.group.max_members == store.fast_group.max_members == 8
     finally:
         engine.dispose()
+
+
+def test_a_postgresql_group_is_one_round_trip_commit_included(pg_url, tmp_path, monkeypatch):
+    """PostgreSQL: a group's BEGIN, statements and COMMIT go in one pipeline, one round trip.
+    Each member's `ef_commit` takes its exam's question-order lock, held to the transaction's
+    end: a COMMIT sent in a round trip of its own, after the results were read, held that
+    lock across it and across the interpreter lock's waits, and other processes' groups
+    timed out behind it (storage.base.StoreBase._auto_group)."""
+    from psycopg import _cursor_base, _pipeline_base, generators
+
+    from storage import connect, migrate
+
+    engine = connect(pg_url)
+    migrate(engine)
+    store = Store(engine)
+    held = _setup(store, tmp_path)
+    counting = threading.local()
+    trips: list[str] = []
+
+    def exchange(execute: Any) -> Any:
+        def counted(pgconn: Any, *args: Any, **kwargs: Any) -> Any:
+            if getattr(counting, "on", False):
+                trips.append("execute")
+            return (yield from execute(pgconn, *args, **kwargs))
+        return counted
+
+    sync = _pipeline_base.BasePipeline._enqueue_sync
+
+    def counted_sync(self: Any) -> None:
+        if getattr(counting, "on", False):
+            trips.append("sync")
+        sync(self)
+
+    monkeypatch.setattr(_cursor_base, "execute", exchange(_cursor_base.execute))
+    monkeypatch.setattr(generators, "execute", exchange(generators.execute))
+    monkeypatch.setattr(_pipeline_base.BasePipeline, "_enqueue_sync", counted_sync)
+    real_batch = store.fast_group._batch
+    assert real_batch is not None
+    sizes: list[int] = []
+
+    def batch(params: list[Any]) -> list[Any]:
+        counting.on = True
+        try:
+            return real_batch(params)
+        finally:
+            counting.on = False
+            sizes.append(len(params))
+
+    store.fast_group._batch = batch
+    results = _in_one_group(store, held)
+    assert results["stats"] == {"groups": 1, "members": len(held), "alone_again": 0}, results
+    assert sizes == [len(held)]
+    assert trips == ["sync"], trips  # no COMMIT of its own after the pipeline
+    assert _stored(store) == {c: 5 for c in CHAPTERS}
+    assert _calls(store) == {c: ("used", None, 5) for c in CHAPTERS}
+    engine.dispose()
