@@ -298,9 +298,11 @@ class Settings(BaseSettings):
                     "SQLite's groups take whoever has queued.")
     group_commit_max: int | None = Field(
         None, ge=1, le=256,
-        description="Most commits in one group; unset: 32 on PostgreSQL, 4 on SQLite (a SQLite "
+        description="Most commits in one group; unset: 8 on PostgreSQL, 4 on SQLite (a SQLite "
                     "group saves little beyond its BEGIN and COMMIT, and each member waits "
-                    "for the whole group: 4 measured faster than 8 and 32 at 2 x 64 threads).")
+                    "for the whole group: 4 measured faster than 8 and 32 at 2 x 64 threads; "
+                    "a PostgreSQL group holds its exams' question-order locks to its end: "
+                    "with 16 or 32, other processes' groups timed out behind them).")
     heartbeat_s: float | None = Field(
         None, gt=0, description="Lease renewal interval; default lease_s / 4."
     )

@@ -418,13 +418,20 @@ def _group_hook(step: str, kinds: collections.Counter[str]) -> None:
         os.kill(os.getpid(), 9)
 
 
-# A group's most members when GROUP_COMMIT_MAX is unset. PostgreSQL sends a group's
-# one-statement commits in one pipeline, so each member more saves a round trip and a WAL
-# flush. A SQLite COMMIT (WAL, synchronous=NORMAL) writes no more than its pages, so a group
-# saves little beyond its BEGIN and COMMIT, while each member waits for the whole group: at
-# 2 x 64 threads, interleaved rounds on the 2-core machine, groups of at most 2 / 4 / 8 / 32
-# gave 0.83 / 0.82 / 0.81 / 0.79-0.80 of the ideal (medians; docs/explanations/benchmarks.md).
-GROUP_MAX = {"postgresql": 32, "sqlite": 4}
+# A group's most members when GROUP_COMMIT_MAX is unset. A SQLite COMMIT (WAL,
+# synchronous=NORMAL) writes no more than its pages, so a group saves little beyond its BEGIN
+# and COMMIT, while each member waits for the whole group: at 2 x 64 threads, interleaved
+# rounds on the 2-core machine, groups of at most 2 / 4 / 8 / 32 gave 0.83 / 0.82 / 0.81 /
+# 0.79-0.80 of the ideal (medians; docs/explanations/benchmarks.md). PostgreSQL sends a
+# group in one pipeline, but each member's `ef_commit` takes its exam's question-order lock
+# to the group's end, and psycopg sends a pipeline's statements one by one, each a wait on
+# the socket that gives up the interpreter lock: the lock is held while the leader's thread
+# waits its turn for the interpreter, once a member. At 2 x 64 threads on a slow 2-core
+# machine (2026-12-05 20:05-20:25 UTC), groups of at most 16 and 32 made other processes'
+# groups wait past LOCK_TIMEOUT_MS (15-25 lock timeouts a run, each group then run again
+# member by member), at most 8 none in three runs, with the least worker CPU a call (7.7
+# against 10.2 ms for 16 and 8.9 with group commit off).
+GROUP_MAX = {"postgresql": 8, "sqlite": 4}
 
 
 def group_max(dialect: str, configured: int | None) -> int:
@@ -502,11 +509,10 @@ class StoreBase:
         COMMIT goes in the same pipeline, not in a round trip of its own after it: each
         `ef_commit` takes its exam's question-order lock (StoreBase._questions_in_order),
         held to the transaction's end, and a COMMIT sent only once this thread had read the
-        pipeline's results held that lock across a round trip and the interpreter lock's
-        waits. At 2 x 64 threads on a slow 2-core machine, other processes' groups then
-        waited past LOCK_TIMEOUT_MS (57 lock timeouts in one run, each a group run again
-        alone), and group commit cost PostgreSQL 1.40x the CPU a call and 0.76x the
-        throughput against off. The test hook still runs before COMMIT is sent, after the
+        pipeline's results held that lock across one more round trip and the interpreter
+        lock's waits around it (at 2 x 64 threads on a slow 2-core machine, with groups of
+        up to 32: 57 lock timeouts in one `scaling` run before, 30 after; the rest is the
+        group's size, GROUP_MAX). The test hook still runs before COMMIT is sent, after the
         statements were flushed towards the server."""
         from psycopg.pq import TransactionStatus
         from psycopg.rows import namedtuple_row
