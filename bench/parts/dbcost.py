@@ -11,7 +11,9 @@ the syllabus sync), left out of the per-call figures. Paid calls are what the mo
 PostgreSQL's own count of transactions (`pg_stat_database` of a database only the run uses)
 is shown beside the client-side count, as a check from outside the process.
 
-The issue's target is at most 2 round trips per paid call on PostgreSQL, heartbeat apart.
+The issue's target is at most 2 round trips per paid call on PostgreSQL, heartbeat apart:
+counted for each further call with group commit off, where each statement is one round trip
+(`_further` says why the grouped figure is shown beside it, not held to it).
 """
 
 from __future__ import annotations
@@ -134,6 +136,32 @@ def marginal(run: dict[str, Any], twice: dict[str, Any], what: str) -> float | N
     return float(b - a) / (twice["paid"] - run["paid"])
 
 
+def _further(r: dict[str, Any], r2: dict[str, Any], grouped: bool) -> Figure:
+    """PostgreSQL's round trips for each further paid call: the run with twice the chapters
+    less the run, prepares apart, over the calls it paid for more.
+
+    With group commit on (the default) a group of commits is one pipeline and one COMMIT,
+    two round trips for all of its members, so a run's round trips depend on how its
+    commits happened to group, and the difference of two runs moves by that luck (1.90 to
+    2.17 a call between runs of one day). Off, each statement is one round trip: the same
+    difference then counts exactly what a call runs, the bound that grouping only lowers.
+    The target is that bound's; the grouped figure is shown beside it."""
+    statements = marginal(r, r2, "sql")
+    a = r["counts"].get("chapter", {}).get("trips_per_call", 0)
+    b = r2["counts"].get("chapter", {}).get("trips_per_call", 0)
+    how = "on" if grouped else "off (each statement its own round trip)"
+    return Figure(
+        f"PostgreSQL round trips per paid call, {r['workload'].split(',')[0]} chapters: each "
+        f"further call, heartbeat apart, group commit {how}",
+        marginal(r, r2, "trips_per_call"), 1.0, "none: a count per paid call", "round trips",
+        "≤ 2 (the bound: group commit off)" if not grouped else
+        "≤ 2 off; on, grouping only merges round trips",
+        target_max=None if grouped else TARGET_ROUND_TRIPS,
+        note=f"the run with twice the chapters against the run, prepares apart: {b} - {a} "
+             f"round trips over {r2['paid']} - {r['paid']} paid calls; statements "
+             f"{fmt(statements)} a further call")
+
+
 def run(ctx: Context) -> PartResult:
     part = PartResult(NAME, TITLE)
     ctx.mock.set_latency(ctx.latency(0.05))
@@ -156,6 +184,16 @@ def run(ctx: Context) -> PartResult:
                                questions=sum(targets), qpc=qpc)
                     offs[db] = off
                     part.runs.append(off)
+                    if db == "postgresql":
+                        # Off, each statement is its own round trip: what each further call
+                        # costs is then counted without the luck of how commits grouped.
+                        slug = f"cost-{db[:2]}-off2-{uuid.uuid4().hex[:4]}"
+                        off2 = count_run(ctx, db, slug, targets * 2, qpc, group_commit=False)
+                        off2.update(workload=f"{name}, group commit off, doubled",
+                                    chapters=2 * len(targets), questions=2 * sum(targets),
+                                    qpc=qpc)
+                        doubled[f"{name}, group commit off"] = off2
+                        part.runs.append(off2)
                 if db == "postgresql":
                     # The same workload twice over: the difference is what each further
                     # paid call costs, without what a run pays once (its reads per exam).
@@ -200,15 +238,7 @@ def run(ctx: Context) -> PartResult:
                      f"{r['counts'].get('chapter', {}).get('prepares', 0)} prepares (each "
                      "statement once on each connection) and the reads once per exam"))
             r2 = doubled[r["workload"]]
-            extra = marginal(r, r2, "trips_per_call")
-            part.figures.append(Figure(
-                f"PostgreSQL round trips per paid call, {r['workload']} chapters: each "
-                "further call (heartbeat apart)", extra, 1.0, "none: a count per paid call",
-                "round trips", "≤ 2", target_max=TARGET_ROUND_TRIPS,
-                note=f"the run with twice the chapters against the run, prepares apart: "
-                     f"{r2['counts'].get('chapter', {}).get('trips_per_call', 0)} - "
-                     f"{r['counts'].get('chapter', {}).get('trips_per_call', 0)} round trips "
-                     f"over {r2['paid']} - {r['paid']} paid calls"))
+            part.figures.append(_further(r, r2, grouped=True))
         else:
             part.figures.append(Figure(
                 f"SQLite statements per paid call, {r['workload']} chapters (heartbeat apart)",
@@ -216,6 +246,9 @@ def run(ctx: Context) -> PartResult:
                 "statements", note=f"{fmt(per_call(r, 'chapter', 'sql'))} through "
                 "SQLAlchemy, "
                 f"{fmt(per_call(r, 'chapter', 'transactions'))} transactions per paid call"))
+    if "one-call, group commit off" in doubled:
+        part.figures.append(_further(offs["postgresql"], doubled["one-call, group commit off"],
+                                     grouped=False))
     for r in results:
         if r["workload"] != "one-call" or r["db"] not in offs:
             continue

@@ -102,6 +102,11 @@ def test_the_benchmark_suite_runs_every_part_and_every_system_pays_exactly_what_
         for r in modes:  # every mode books what the mock bills, and stores the whole exam
             assert abs(r["booked_usd"] - r["bill_usd"]) < 1e-6 and r["bill_usd"] > 0, r
             assert r["questions_stored"] == r["questions_target"], r
+    if "dbcost" in parts:
+        # Group commit off, each statement is one round trip: a further paid call costs its
+        # claim and its commit, exactly two (issue 19's bound, which grouping only lowers).
+        (off,) = [f for f in parts["dbcost"]["figures"] if "group commit off (each" in f["what"]]
+        assert off["value"] == 2.0, off
     text = results.read_text()
     first = only.split(",")[0]
     assert "## Summary" in text and f"| {first} |" in text
