@@ -14,10 +14,12 @@ import json
 import os
 import random
 import signal
+import sqlite3
 import time
 from dataclasses import dataclass, field
 
 import pytest
+from sqlalchemy.engine import make_url
 
 from storage.models import CallReason
 from harness import Deployment, assert_stored_exactly_once, dump
@@ -48,7 +50,9 @@ class Chaos:
     rng: random.Random
     workers: list = field(default_factory=list)
     kills: int = 0
-    at_risk: set[int] = field(default_factory=set)  # calls in flight in killed/frozen workers
+    # Calls in flight in killed or frozen workers (on SQLite, every worker's while a frozen one
+    # held the write lock).
+    at_risk: set[int] = field(default_factory=set)
     log: list[str] = field(default_factory=list)
 
     def in_flight_ids(self, pid: int) -> set[int]:
@@ -79,11 +83,39 @@ class Chaos:
     def freeze_one(self, seconds: float) -> None:
         victim = self.pick()
         victim.send_signal(signal.SIGSTOP)
+        started = time.monotonic()
         frozen = len(ids := self.in_flight_ids(victim.pid))
         self.at_risk |= ids
-        time.sleep(seconds)
+        # SQLite has one writer: a worker frozen inside a write transaction stalls every
+        # other process's writes, their heartbeats included, so their leases lapse on the
+        # database clock and their calls in flight are thrown away at their commits
+        # (storage.base.lease_fence; PostgreSQL's holders keep their locked rows instead).
+        # Those calls are put at risk by the freeze too, but only when it froze the writer.
+        stalled = self.writer_stalled()
+        if stalled:
+            self.at_risk |= {c["id"] for c in self.dep.calls("exam")
+                             if c["outcome"] == "in_flight"}
+        time.sleep(max(0.0, seconds - (time.monotonic() - started)))
         victim.send_signal(signal.SIGCONT)
-        self.log.append(f"SIGSTOP pid {victim.pid} for {seconds}s with {frozen} calls in flight")
+        self.log.append(f"SIGSTOP pid {victim.pid} for {seconds}s with {frozen} calls in flight"
+                        + (", holding SQLite's write lock" if stalled else ""))
+
+    def writer_stalled(self) -> bool:
+        """Whether the database is SQLite and a write transaction cannot begin for a second
+        (every other writer's transaction lasts milliseconds: the frozen worker holds it)."""
+        url = make_url(self.dep.env["DATABASE_URL"])
+        if url.get_backend_name() != "sqlite":
+            return False
+        conn = sqlite3.connect(url.database, timeout=1.0, isolation_level=None)
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("ROLLBACK")
+            return False
+        except sqlite3.OperationalError as exc:
+            assert "locked" in str(exc), exc
+            return True
+        finally:
+            conn.close()
 
 
 def _overlapping_batches(calls: list[dict]) -> set[tuple[int, int]]:
@@ -190,3 +222,27 @@ def test_chaos(deploy, mock, tmp_path, database):
         assert sum(stats["outcomes"].values()) - stats["outcomes"].get("ok", 0) > 0.1 * len(calls)
     finally:
         broker.stop()
+
+
+def test_the_chaos_tells_a_frozen_sqlite_writer(tmp_path):
+    """`Chaos.writer_stalled`: True while another connection holds SQLite's write lock (as a
+    worker frozen inside a write transaction does), False when it is free, and never on
+    PostgreSQL, whose holders keep their own rows."""
+    path = tmp_path / "db.sqlite"
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("PRAGMA journal_mode=WAL")
+    holder.execute("CREATE TABLE t (x)")
+
+    class Dep:
+        env = {"DATABASE_URL": f"sqlite:///{path}"}
+
+    chaos = Chaos(Dep(), random.Random(0))  # type: ignore[arg-type]
+    assert chaos.writer_stalled() is False
+    holder.execute("BEGIN IMMEDIATE")
+    holder.execute("INSERT INTO t VALUES (1)")
+    assert chaos.writer_stalled() is True
+    holder.execute("COMMIT")
+    assert chaos.writer_stalled() is False
+    holder.close()
+    Dep.env = {"DATABASE_URL": "postgresql://postgres@127.0.0.1:5432/postgres"}
+    assert chaos.writer_stalled() is False
