@@ -480,6 +480,7 @@ class StoreBase:
         # PostgreSQL's one-statement commits (storage.fastpath), grouped the same way: a
         # group's statements go in one transaction, sent in one pipeline.
         self.fast_group = GroupCommit(_no_transaction, engine.dialect.name,
+                                      max_members=group_max(engine.dialect.name, None),
                                       on_abort=self._group_aborted, hook=_group_hook,
                                       batch=lambda params: self._auto_group(self._group_sql,
                                                                             params))
@@ -513,7 +514,7 @@ class StoreBase:
         lock's waits around it (at 2 x 64 threads on a slow 2-core machine, with groups of
         up to 32: 57 lock timeouts in one `scaling` run before, 30 after; the rest is the
         group's size, GROUP_MAX). The test hook still runs before COMMIT is sent, after the
-        statements were flushed towards the server."""
+        statements were sent."""
         from psycopg.pq import TransactionStatus
         from psycopg.rows import namedtuple_row
 
@@ -534,7 +535,8 @@ class StoreBase:
                             text_, args_ = fn(conn, cursor, text_, args_, None, False)
                         cursor.execute(text_, args_, prepare=True)
                         cursors.append(cursor)
-                    pg.pgconn.flush()  # the statements on their way; not waited for
+                    # psycopg has sent each statement as it was queued; the server may
+                    # still be running them.
                     self.fast_group.hook("group_commit_before_commit",
                                          collections.Counter(commit=len(params)))
                     pg.execute("COMMIT")

@@ -261,7 +261,7 @@ def test_a_groups_size_is_the_databases_unless_group_commit_max_says(db_url):
     try:
         store = Store(engine)
         default = 8 if engine.dialect.name == "postgresql" else 4
-        assert store.group.max_members == default
+        assert store.group.max_members == store.fast_group.max_members == default
         settings = Settings()
         assert settings.group_commit_max is None
         store.configure_group(True, 0.002, settings.group_commit_max)
