@@ -1,6 +1,7 @@
 """A Celery worker SIGKILLed in the middle of a group commit (storage.group), on each
-database: its members' replies had all arrived, and were written in the group's transaction
-but not committed. Nothing of the group is stored; each member's call is booked by the
+database: its members' replies had all arrived, and their statements were sent in the
+group's transaction (on SQLite, run in it; on PostgreSQL, sent in its pipeline, perhaps not
+yet run) but not committed. Nothing of the group is stored; each member's call is booked by the
 takeover as lost in flight; the slices are generated again by another worker, and every
 question is stored exactly once. The kill uses EXAMFORGE_TEST_GROUP_CRASH (the process
 SIGKILLs itself at that step of a group holding two paid calls' commits or more)."""
