@@ -143,9 +143,10 @@ def _further(r: dict[str, Any], r2: dict[str, Any], grouped: bool) -> Figure:
     Off, each statement is one round trip, so the difference counts what each further call
     runs: its claim and its commit, and every REFRESH_CALLS (50) calls a process's read of
     the exam's completion history for sizing max_tokens (examforge.sizing): 2.02. On (the
-    default), a group's statements and its COMMIT are one round trip, so grouping can only
-    lower that; how much depends on how the run's commits happened to group. The target is
-    held by the default's figure."""
+    default), a group's statements and its COMMIT are one round trip, so a run takes at most
+    the round trips it would take off; the difference of two runs, each grouped its own way,
+    moves with how their commits happened to group (by 1/8 a round trip in the smoke run's
+    eight further calls). The target is held by the default's figure."""
     statements = marginal(r, r2, "sql")
     a = r["counts"].get("chapter", {}).get("trips_per_call", 0)
     b = r2["counts"].get("chapter", {}).get("trips_per_call", 0)
