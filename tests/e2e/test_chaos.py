@@ -10,6 +10,7 @@ prints its figures (docs/explanations/tests.md quotes them).
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import random
@@ -101,21 +102,37 @@ class Chaos:
                         + (", holding SQLite's write lock" if stalled else ""))
 
     def writer_stalled(self) -> bool:
-        """Whether the database is SQLite and a write transaction cannot begin for a second
-        (every other writer's transaction lasts milliseconds: the frozen worker holds it)."""
+        """Whether the database is SQLite and its writers' turn cannot be had for a second
+        (every other writer holds it for milliseconds: the frozen worker holds it). The turn
+        is two locks: examforge's flock on `<database>-writer` (storage.base.FileTurn), held a
+        little before BEGIN IMMEDIATE and after COMMIT, and SQLite's own write lock."""
         url = make_url(self.dep.env["DATABASE_URL"])
         if url.get_backend_name() != "sqlite":
             return False
-        conn = sqlite3.connect(url.database, timeout=1.0, isolation_level=None)
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-            conn.execute("ROLLBACK")
-            return False
-        except sqlite3.OperationalError as exc:
-            assert "locked" in str(exc), exc
-            return True
-        finally:
-            conn.close()
+        database = os.path.abspath(str(url.database))
+        with open(database + "-writer", "a+b") as turn:
+            deadline = time.monotonic() + 1.0
+            while True:
+                try:
+                    fcntl.flock(turn, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        return True
+                    time.sleep(0.005)
+            try:
+                conn = sqlite3.connect(database, timeout=1.0, isolation_level=None)
+                try:
+                    conn.execute("BEGIN IMMEDIATE")
+                    conn.execute("ROLLBACK")
+                    return False
+                except sqlite3.OperationalError as exc:
+                    assert "locked" in str(exc), exc
+                    return True
+                finally:
+                    conn.close()
+            finally:
+                fcntl.flock(turn, fcntl.LOCK_UN)
 
 
 def _overlapping_batches(calls: list[dict]) -> set[tuple[int, int]]:
@@ -225,9 +242,10 @@ def test_chaos(deploy, mock, tmp_path, database):
 
 
 def test_the_chaos_tells_a_frozen_sqlite_writer(tmp_path):
-    """`Chaos.writer_stalled`: True while another connection holds SQLite's write lock (as a
-    worker frozen inside a write transaction does), False when it is free, and never on
-    PostgreSQL, whose holders keep their own rows."""
+    """`Chaos.writer_stalled`: True while another connection holds SQLite's write lock or
+    another process examforge's writer turn (as a worker frozen inside or around a write
+    transaction does), False when both are free, and never on PostgreSQL, whose holders keep
+    their own rows."""
     path = tmp_path / "db.sqlite"
     holder = sqlite3.connect(path, isolation_level=None)
     holder.execute("PRAGMA journal_mode=WAL")
@@ -244,5 +262,11 @@ def test_the_chaos_tells_a_frozen_sqlite_writer(tmp_path):
     holder.execute("COMMIT")
     assert chaos.writer_stalled() is False
     holder.close()
+    # Frozen between examforge's turn and BEGIN (or after COMMIT): the turn's flock is held.
+    with open(f"{path}-writer", "a+b") as turn:
+        fcntl.flock(turn, fcntl.LOCK_EX)
+        assert chaos.writer_stalled() is True
+        fcntl.flock(turn, fcntl.LOCK_UN)
+    assert chaos.writer_stalled() is False
     Dep.env = {"DATABASE_URL": "postgresql://postgres@127.0.0.1:5432/postgres"}
     assert chaos.writer_stalled() is False
