@@ -288,9 +288,12 @@ class Deployment:
     def calls(self, slug: str) -> list[dict[str, Any]]:
         from sqlalchemy import select
 
+        from storage.db import READ_ONLY
         from storage.store import K
 
-        with self.store.engine.connect() as conn:
+        # A read snapshot (deferred BEGIN on SQLite): never waits for a writer, not even a
+        # frozen one holding the write lock (tests/e2e/test_chaos.py reads in such a freeze).
+        with self.store.engine.connect().execution_options(**{READ_ONLY: True}) as conn:
             return [dict(r._mapping) for r in conn.execute(
                 select(K).where(K.c.exam == slug).order_by(K.c.id))]
 
