@@ -41,6 +41,8 @@ SLICES = -(-QUESTIONS // SLICE_QUESTIONS)
 LEASE_S = 3
 WORKERS = 3
 THREADS = 4
+# The run takes about 30 s; a hang fails at this, with stacks, before pytest's 300 s timeout.
+WAIT_DONE_S = float(os.environ.get("CHAOS_WAIT_DONE_S", "180"))
 
 
 @dataclass
@@ -159,6 +161,22 @@ def _wait_progress(dep: Deployment, fraction: float) -> None:
     wait_for(lambda: _progress(dep) >= fraction, 120, f"{fraction:.0%} of the questions")
 
 
+def _wait_done_or_dump(dep: Deployment, chaos: Chaos) -> dict:
+    """The exam's report once every chapter is finished. Well before pytest's own timeout
+    (which kills the test with nothing to read), fail with what a hang needs: the unfinished
+    slices, every live process's stacks (py-spy) and the workers' logs."""
+    from bench.measure import dump_stacks
+
+    try:
+        return dep.wait_done("exam", WAIT_DONE_S)
+    except pytest.fail.Exception as exc:
+        report = dep.status("exam")
+        unfinished = [c for c in report["chapter_list"] if c["state"] != "done"]
+        pytest.fail(f"{exc}\nevents: {chaos.log}\nunfinished: {dump(unfinished)}\n"
+                    + dump_stacks([p for p in dep.procs if p.poll() is None])
+                    + "\n" + dep.worker_logs(20000))
+
+
 @pytest.mark.parametrize("database", ["sqlite", "postgres"])
 def test_chaos(deploy, mock, tmp_path, database):
     rng = random.Random(SEED)
@@ -196,7 +214,7 @@ def test_chaos(deploy, mock, tmp_path, database):
         _wait_progress(dep, 0.70)
         chaos.kill_one()
 
-        report = dep.wait_done("exam", 600)
+        report = _wait_done_or_dump(dep, chaos)
         elapsed = time.monotonic() - started
         stats = mock.stats()
         calls = dep.calls("exam")
