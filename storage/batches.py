@@ -14,7 +14,7 @@ from typing import Any, Sequence
 from sqlalchemy import case, func, insert, or_, select, update
 
 from examforge.errors import SliceReason
-from storage.base import ACTIVE_STATES, E, K, S
+from storage.base import ACTIVE_STATES, IN_FLIGHT_CALL, E, K, S
 from storage.base import slice_where
 from storage.leases import Leases
 from storage.types import OWNER_PREFIX, BatchRow, Usage, owner_of
@@ -193,7 +193,7 @@ class Batches(Leases):
             return int(conn.execute(select(
                 func.coalesce(func.sum(K.c.prompt_tokens + func.coalesce(K.c.max_tokens, 0)),
                               0))
-                .where(K.c.exam == slug, K.c.outcome == CallOutcome.in_flight.value,
+                .where(K.c.exam == slug, IN_FLIGHT_CALL,
                        K.c.worker.like(f"{OWNER_PREFIX}%"))).scalar_one())
 
     def held_slices(self, owner: str) -> list[tuple[str, str, int]]:

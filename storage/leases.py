@@ -19,12 +19,12 @@ from examforge.output import normalise
 from examforge.sources import Passage
 from storage import fastpath, neardup
 from storage.grounding import read_passages
-from storage.base import (ACTIVE_STATES, BUDGET_SPENT_REASON, HELD_STATES, SLICE_KEY, E, Q, S,
-                          capped_detail, lease_fence, slice_where)
+from storage.base import (ACTIVE_STATES, BUDGET_SPENT_REASON, HELD_STATES, IN_FLIGHT_CALL,
+                          SLICE_KEY, E, K, Q, S, capped_detail, lease_fence, slice_where)
 from storage.ledger import CRASH_DETAIL, RECENT_QUESTIONS, Ledger, once
 from storage.types import (CallPlan, ChapterLevels, ChapterView, Claimed, FirstCall, NoRoom,
                            NotClaimed, NotClaimedReason, Planner, Steer, count_types)
-from storage.models import CallReason, ChapterState, ExamState, VerifyPolicy
+from storage.models import CallOutcome, CallReason, ChapterState, ExamState, VerifyPolicy
 
 
 S2 = S.alias("other_slice")
@@ -36,6 +36,9 @@ FRESH_REREAD_S = 5.0
 # that serves exam after exam for months keeps only the recent ones' (an active exam's view
 # is then read again: one statement every FRESH_FORGET_S).
 FRESH_FORGET_S = 300.0
+# A claim stamps its lease again at its end when reading the slice and planning the first call
+# took more than this fraction of the lease (Leases._claim).
+RESTAMP_AFTER = 0.02
 
 
 def _solves_first(claimed: Claimed) -> bool:
@@ -126,14 +129,29 @@ class Leases(Ledger):
                owner: str, lease_s: float, max_attempts: int, slice_no: int,
                plan_first: Planner | None, steer: Steer | None) -> Claimed | NotClaimed:
         self._exam_first(conn, slug)
-        won = self._run(conn, "claim", self._claim_stmt, {
-            **key, "p_owner": owner, "p_lease": lease_s, "p_max": max_attempts}).rowcount
+        params = {**key, "p_owner": owner, "p_lease": lease_s, "p_max": max_attempts}
+        leased_at = time.monotonic()
+        if self._raw is not None:
+            # SQLite: the claim's UPDATE returns the slice's row with what the claim reads of
+            # its exam and chapter, and the count of its calls still in flight; one writer at
+            # a time, so nothing changes between them (PostgreSQL, whose READ COMMITTED
+            # subqueries would read the statement's snapshot from before a wait for the
+            # row's lock, reads both after it, as before).
+            row = self._run(conn, "claim_returning", self._claim_returning_stmt,
+                            params).one_or_none()
+            won = 0 if row is None else 1
+        else:
+            won = self._run(conn, "claim", self._claim_stmt, params).rowcount
         if won != 1:
             conn.execute(update(S).where(*slice_where(slug, chapter_id, slice_no))
                          .values(picked_at=self._now))
             return self._why_not(conn, slug, chapter_id, slice_no, max_attempts)
-        took_over = self._waste_orphaned_calls(conn, slug, chapter_id, slice_no)
-        row = self._claimed_row(conn, key)
+        if self._raw is None:
+            took_over = self._waste_orphaned_calls(conn, slug, chapter_id, slice_no)
+            row = self._claimed_row(conn, key)
+        else:
+            took_over = (self._waste_orphaned_calls(conn, slug, chapter_id, slice_no)
+                         if row.in_flight else 0)
         claimed = self._read_claimed(conn, slug, chapter_id, slice_no, owner, steer,
                                      took_over, row)
         if plan_first is None or _solves_first(claimed):
@@ -144,12 +162,15 @@ class Leases(Ledger):
         budgeted = None if self._raw is None else row.budget_usd is not None
         recorded = self._start_planned(conn, claimed, plan_first(claimed.view()),
                                        budgeted=budgeted)
-        # The lease again from now, the transaction's last step: planning the first call
-        # (its prompt, its tokens, the rate limiter) can take a second or more in a
-        # worker that has just started, and the lease taken at the top of this
-        # transaction would then be that much shorter by the time it is seen.
-        self._run(conn, "claim_restamp", lambda: update(S).where(*SLICE_KEY).values(
-            lease_expires_at=self._now + bindparam("p_lease")), {**key, "p_lease": lease_s})
+        # The lease again from now, the transaction's last step, when reading and planning
+        # took long enough to matter: planning the first call (its prompt, its tokens, the
+        # rate limiter) can take a second or more in a worker that has just started, and
+        # the lease taken at the top of this transaction would then be that much shorter by
+        # the time it is seen. Usually they take a millisecond, and the statement is
+        # skipped: the lease is then at most RESTAMP_AFTER of itself shorter.
+        if time.monotonic() - leased_at > RESTAMP_AFTER * lease_s:
+            self._run(conn, "claim_restamp", lambda: update(S).where(*SLICE_KEY).values(
+                lease_expires_at=self._now + bindparam("p_lease")), {**key, "p_lease": lease_s})
         return dataclasses.replace(claimed, first_call=recorded)
 
     def _claim_fast(self, slug: str, chapter_id: str, owner: str, lease_s: float,
@@ -364,6 +385,31 @@ class Leases(Ledger):
         return [(r.type or "mcq", item_types.with_key(
             r.type or "mcq", r.question, json.loads(r.choices), r.answer_index,
             item_types.load(r.answer))) for r in rows]
+
+    def _claim_returning_stmt(self) -> Any:
+        """`_claim_stmt` returning what `_claimed_row` reads, and `in_flight`: the slice's
+        calls still in flight (a dead holder's, for `_waste_orphaned_calls`). SQLite only:
+        its RETURNING may name the updated table's columns and scalar subqueries, not join.
+        The subqueries take the slice's key as parameters, not from the updated row:
+        SQLAlchemy renders RETURNING's columns without their table, and an `exam` inside a
+        subquery on `call` would be the call's own."""
+        exam: Any = bindparam("k_exam")
+        chapter: Any = bindparam("k_chapter")
+
+        def of_exam(column: Any) -> Any:
+            return select(column).where(E.c.slug == exam).scalar_subquery()
+
+        return self._claim_stmt().returning(
+            *S.c, of_exam(E.c.title).label("exam_title"), of_exam(E.c.index_epoch).label(
+                "index_epoch"), of_exam(E.c.verify).label("exam_verify"),
+            of_exam(E.c.budget_usd).label("budget_usd"),
+            select(func.max(S2.c.first_number + S2.c.target - 1))
+            .where(S2.c.exam == exam, S2.c.chapter_id == chapter)
+            .scalar_subquery().label("chapter_target"),
+            select(func.count()).where(
+                K.c.exam == exam, K.c.chapter_id == chapter,
+                K.c.slice_no == bindparam("k_slice"), IN_FLIGHT_CALL)
+            .scalar_subquery().label("in_flight"))
 
     def _claim_stmt(self) -> Any:
         exam_active = select(E.c.slug).where(

@@ -186,7 +186,7 @@ class Ledger(StoreBase):
             update(K).where(K.c.exam == bindparam("k_exam"),
                             K.c.chapter_id == bindparam("k_chapter"),
                             K.c.slice_no == bindparam("k_slice"),
-                            K.c.outcome == CallOutcome.in_flight.value)
+                            IN_FLIGHT_CALL)
             .values(**self._crashed_values(self._now))
             .returning(K.c.reserved_usd)),
             {"k_exam": slug, "k_chapter": chapter_id, "k_slice": slice_no}).scalars().all()
@@ -299,7 +299,7 @@ class Ledger(StoreBase):
                                 .where(E.c.slug == claim.exam)).one()
             in_flight = conn.execute(select(func.count()).select_from(K).where(
                 K.c.exam == claim.exam,
-                K.c.outcome == CallOutcome.in_flight.value)).scalar_one()
+                IN_FLIGHT_CALL)).scalar_one()
             return NoRoom(exam.budget_usd, exam.spent_usd, exam.reserved_usd, plan.reserve_usd,
                           in_flight)
         names = ("exam", "chapter_id", "slice_no", "attempt", "first_number", "requested",
@@ -333,7 +333,7 @@ class Ledger(StoreBase):
                   "k_id": call_id}
         row = self._run(conn, "finish_call", lambda: (
             update(K).where(K.c.id == bindparam("k_id"),
-                            K.c.outcome == CallOutcome.in_flight.value)
+                            IN_FLIGHT_CALL)
             .values(finished_at=self._now, **{n: bindparam(f"p_{n}") for n in _FINISHED})
             .returning(K.c.exam, K.c.reserved_usd)), params).one_or_none()
         if row is not None:
@@ -788,7 +788,7 @@ class Ledger(StoreBase):
             others = conn.execute(select(func.count()).select_from(K).where(
                 K.c.exam == claim.exam, K.c.chapter_id == claim.chapter_id,
                 K.c.slice_no == claim.slice_no, K.c.worker == claim.owner,
-                K.c.outcome == CallOutcome.in_flight.value, K.c.id != call_id)).scalar_one()
+                IN_FLIGHT_CALL, K.c.id != call_id)).scalar_one()
             if not others:
                 self._run(conn, "slice_let_go", lambda: update(S).where(
                     *SLICE_KEY).values(lease_owner=None, lease_expires_at=None), key)

@@ -16,7 +16,7 @@ from examforge.languages import DEFAULT_LANGUAGE
 from examforge.syllabus import Chapter as SyllabusChapter
 from examforge.syllabus import Syllabus, slice_ranges
 from examforge.sources import ChapterMaterial
-from storage.base import ACTIVE_STATES, E, K, Q, S
+from storage.base import ACTIVE_STATES, IN_FLIGHT_CALL, E, K, Q, S
 from storage.grounding import forget_passages, write_passages
 from storage.ledger import Ledger
 from storage.models import (CallOutcome, ChapterState, ExamState, RequeueReason, Verdict,
@@ -304,7 +304,7 @@ class Planning(Ledger):
         self._settle_orphans(conn, slug)
         spent, reserved = conn.execute(
             select(func.coalesce(func.sum(K.c.cost_usd), 0.0),
-                   func.coalesce(func.sum(case((K.c.outcome == CallOutcome.in_flight.value,
+                   func.coalesce(func.sum(case((IN_FLIGHT_CALL,
                                                 K.c.reserved_usd), else_=0.0)), 0.0))
             .where(K.c.exam == slug)).one()
         conn.execute(update(E).where(E.c.slug == slug).values(
@@ -417,7 +417,7 @@ class Planning(Ledger):
         """How many of the exam's cancelled chapters (of `chapter_ids`, or all) still have a
         call in flight under a live lease: its reply is paid for, kept when it comes, and may
         finish its chapter (`cancel` says so)."""
-        where = [K.c.exam == slug, K.c.outcome == CallOutcome.in_flight.value,
+        where = [K.c.exam == slug, IN_FLIGHT_CALL,
                  S.c.state == ChapterState.cancelled.value]
         if chapter_ids:
             where.append(K.c.chapter_id.in_(list(chapter_ids)))

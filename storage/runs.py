@@ -26,7 +26,7 @@ from sqlalchemy.engine import Connection
 
 from examforge import item_types
 from examforge.errors import IdempotencyKeyReused, PauseCode
-from storage.base import ACTIVE_SLICE, ACTIVE_STATES, E, K, Q, S
+from storage.base import ACTIVE_SLICE, ACTIVE_STATES, IN_FLIGHT_CALL, E, K, Q, S
 from storage.models import (
     FINAL_RUN_STATES,
     CallOutcome,
@@ -401,7 +401,7 @@ class Runs(Ledger):
         with self._read() as conn:
             return conn.execute(select(func.count()).select_from(K).where(
                 *self._window(conn, run),
-                K.c.outcome == CallOutcome.in_flight.value)).scalar_one()
+                IN_FLIGHT_CALL)).scalar_one()
 
     def last_call_id(self, run: RunRow) -> int:
         """The run's highest call id (at least its floor): the id of its final event."""
