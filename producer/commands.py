@@ -72,8 +72,9 @@ def _settings() -> Settings:
     return load_settings()  # a ConfigError names the bad variable in one line
 
 
-def _store(settings: Settings) -> Store:
-    return open_store(settings.database_url, pool_size=settings.db_pool_size)
+def _store(settings: Settings, background_checkpoint: bool = False) -> Store:
+    return open_store(settings.database_url, pool_size=settings.db_pool_size,
+                      background_checkpoint=background_checkpoint)
 
 
 def _read_store(settings: Settings) -> Store:
@@ -427,7 +428,7 @@ def run(slug: str, concurrency: int, budget_usd: float | None, dry_run: bool,
     if dry_run:
         _dry_run(settings, slug, syllabus, budget_usd, batch=batch, verify=verify)
         return
-    store = _store(settings)
+    store = _store(settings, background_checkpoint=True)  # it runs paid calls, as a worker
     with _audited(store, "run.start", slug, {"command": "run", "budget_usd": budget_usd,
                                              "batch": batch, "verify": verify}):
         plan = _start_local(settings, store, slug, syllabus, budget_usd, batch, verify)

@@ -69,13 +69,16 @@ else:
         return value
 
 
-def open_store(database_url: str, *, pool_size: int = 10) -> Store:
+def open_store(database_url: str, *, pool_size: int = 10,
+               background_checkpoint: bool = False) -> Store:
     """The store on `database_url`, its schema brought up to date first (the commands that
-    write, the workers and the API)."""
+    write, the workers and the API). `background_checkpoint`: SQLite's WAL checkpoints in a
+    thread, not in commits (storage.db.Checkpointer: the processes that run paid calls)."""
     from storage.db import connect, migrate
     from storage.store import Store
 
-    engine = connect(database_url, pool_size=pool_size)
+    engine = connect(database_url, pool_size=pool_size,
+                     background_checkpoint=background_checkpoint)
     migrate(engine)
     return Store(engine)
 

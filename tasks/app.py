@@ -74,7 +74,8 @@ def build_runtime(settings: Settings) -> Runtime:
     if limiters is None:
         log.warning("broker is not Redis: each worker applies LLM_RPM/LLM_TPM on its own")
     return Runtime.build(settings, open_store(settings.database_url,
-                                              pool_size=settings.db_pool_size),
+                                              pool_size=settings.db_pool_size,
+                                              background_checkpoint=True),
                          LLMClient(settings, limiters=limiters))
 
 
