@@ -122,12 +122,30 @@ def test_a_workers_store_checkpoints_in_the_background(tmp_path, monkeypatch):
         rt.store.engine.dispose()
 
 
-def test_producer_run_asks_for_it():
-    """`producer run` runs paid calls in its own process, as a worker does (its store is
-    opened deep inside the command; the e2e tests run the command itself)."""
-    import inspect
-
+def test_producer_runs_store_checkpoints_in_the_background(tmp_path, monkeypatch):
+    """`producer run` runs paid calls in its own process, as a worker does: its store asks
+    for the thread (stopped right there: the rest of the command is the e2e tests')."""
     import producer.commands
+    from examforge.settings import load_settings
+    from helpers import write_syllabus
 
-    assert "_store(settings, background_checkpoint=True)" in inspect.getsource(
-        producer.commands.run)
+    asked: dict = {}
+
+    class Opened(Exception):
+        pass
+
+    def open_store(url, **kwargs):  # type: ignore[no-untyped-def]
+        asked.update(kwargs, url=url)
+        raise Opened
+
+    write_syllabus(tmp_path / "exams", "ex", [("a", 5)])
+    monkeypatch.setenv("EXAMS_DIR", str(tmp_path / "exams"))
+    monkeypatch.setenv("DATABASE_URL", f"sqlite:///{tmp_path / 'run.sqlite'}")
+    monkeypatch.setattr(producer.commands, "open_store", open_store)
+    load_settings.cache_clear()
+    try:
+        with pytest.raises(Opened):
+            producer.commands.run("ex", 2, None, False, False)
+    finally:
+        load_settings.cache_clear()
+    assert asked["background_checkpoint"] is True, asked
