@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -10,6 +11,7 @@ import threading
 import time
 import weakref
 from pathlib import Path
+from urllib.parse import quote
 
 from sqlalchemy import event, inspect, literal_column, text
 from sqlalchemy.engine import URL, Connection, Engine, make_url
@@ -118,6 +120,8 @@ def _make_sqlite_transactions_immediate(engine: Engine, background_checkpoint: b
     path = engine.url.database
     if path in (None, "", ":memory:") or (path or "").startswith("file:"):
         background_checkpoint = False
+    if background_checkpoint:
+        _IN_BACKGROUND.add(engine)
     ref = weakref.ref(engine)
 
     @event.listens_for(engine, "connect")
@@ -144,18 +148,30 @@ def _make_sqlite_transactions_immediate(engine: Engine, background_checkpoint: b
 
 # SQLite's WAL checkpoints, off the commit path, for the processes that run paid calls (the
 # workers, `producer run`): SQLite's own checkpoint runs inside the COMMIT that takes the WAL
-# past `wal_autocheckpoint` (1,000 pages), and with its fsyncs it took 13-32 ms in one commit
-# of a hundred (median 64 µs, measured on a worker's claims and commits), holding the write
-# lock and every other writer of every process behind it. There a thread of the process runs
-# a PASSIVE checkpoint every CHECKPOINT_EVERY_S on a connection of its own: it waits for
-# nobody, takes no write lock, and SQLite lets writers commit while it copies and fsyncs. The
-# store's connections keep an automatic checkpoint only as a backstop, at
-# CHECKPOINT_BACKSTOP_PAGES, should the thread fall behind (a process frozen mid-checkpoint
-# holds the checkpoint lock; the others' passive checkpoints then skip, and the WAL grows
-# until it lets go). Written by hand: SQLite and sqlite3 have no background checkpointer,
-# and SQLAlchemy none either.
+# past `wal_autocheckpoint` (1,000 pages), and with its fsyncs that commit took up to 5-9 ms
+# (p99 4.4-5.3 ms, median 76 µs, measured on a worker's claims and commits), holding the
+# write lock and every other writer of every process behind it. There a thread of the
+# process runs a PASSIVE checkpoint every CHECKPOINT_EVERY_S on a connection of its own: it
+# waits for nobody, takes no write lock, and SQLite lets writers commit while it copies and
+# fsyncs. The connections of such a process (the store's and the lease heartbeat's) keep an
+# automatic checkpoint as a backstop at CHECKPOINT_BACKSTOP_PAGES. Under steady writes the
+# backstop is what starts the WAL again from its beginning (a writer does that only when
+# every frame was copied, and a passive checkpoint that runs beside writers rarely ends so),
+# and its checkpoint then has little left to copy; it also bounds the WAL should the thread
+# fall behind (a process frozen mid-checkpoint holds the checkpoint lock, and the others'
+# passive checkpoints skip until it lets go). Written by hand: SQLite and sqlite3 have no
+# background checkpointer, and SQLAlchemy none either.
 CHECKPOINT_EVERY_S = 0.2
-CHECKPOINT_BACKSTOP_PAGES = 10_000
+CHECKPOINT_BACKSTOP_PAGES = 4_000
+
+
+# The engines made with background_checkpoint (storage.leases' heartbeat engine asks).
+_IN_BACKGROUND: "weakref.WeakSet[Engine]" = weakref.WeakSet()
+
+
+def checkpoints_in_background(engine: Engine) -> bool:
+    """Whether `engine` was made with `background_checkpoint` (and is SQLite)."""
+    return engine in _IN_BACKGROUND
 
 
 def _checkpointer_lock_after_fork() -> None:
@@ -170,6 +186,7 @@ class Checkpointer:
 
     _lock = threading.Lock()
     _running: dict[tuple[int, str], "Checkpointer"] = {}
+    _listening: "weakref.WeakSet[Engine]" = weakref.WeakSet()
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -187,21 +204,25 @@ class Checkpointer:
         key = (os.getpid(), path)
         with cls._lock:
             running = cls._running.get(key)
-            fresh = running is None or not running._thread.is_alive() and \
-                running._thread.ident is not None
+            fresh = running is None or not running._thread.is_alive()
             if fresh:
                 running = cls._running[key] = cls(path)
             assert running is not None
-            if engine not in running._engines:
-                running._engines.add(engine)
-                event.listen(engine, "engine_disposed", running._disposed)
+            running._engines.add(engine)
+            if engine not in cls._listening:  # one listener an engine, whatever it serves
+                cls._listening.add(engine)
+                event.listen(engine, "engine_disposed", functools.partial(cls._disposed, path))
             if fresh:
                 running._thread.start()
         return running
 
-    def _disposed(self, engine: Engine) -> None:
-        self._engines.discard(engine)
-        self._wake.set()
+    @classmethod
+    def _disposed(cls, path: str, engine: Engine) -> None:
+        with cls._lock:
+            running = cls._running.get((os.getpid(), path))
+        if running is not None:
+            running._engines.discard(engine)
+            running._wake.set()
 
     def _loop(self) -> None:
         conn: sqlite3.Connection | None = None
@@ -216,12 +237,16 @@ class Checkpointer:
                         return
                 try:
                     if conn is None:
-                        conn = sqlite3.connect(self.path, isolation_level=None,
-                                               check_same_thread=False)
+                        # mode=rw: a file deleted since the check is not made again, empty.
+                        conn = sqlite3.connect(f"file:{quote(self.path)}?mode=rw", uri=True,
+                                               isolation_level=None, check_same_thread=False)
                     self.last = tuple(conn.execute(  # type: ignore[assignment]
                         "PRAGMA wal_checkpoint(PASSIVE)").fetchone())
-                except sqlite3.Error as exc:  # the commits' backstop checkpoints meanwhile
-                    log.debug("background checkpoint of %s failed: %s", self.path, exc)
+                    if self.last[0]:  # type: ignore[index]
+                        log.debug("background checkpoint of %s: busy (another process's "
+                                  "checkpoint holds the lock)", self.path)
+                except Exception as exc:  # the commits' backstop checkpoints meanwhile
+                    log.warning("background checkpoint of %s failed: %s", self.path, exc)
                     if conn is not None:
                         conn.close()
                         conn = None

@@ -24,7 +24,7 @@ from storage.base import (ACTIVE_STATES, BUDGET_SPENT_REASON, HELD_STATES, IN_FL
 from storage.ledger import CRASH_DETAIL, RECENT_QUESTIONS, Ledger, once
 from storage.types import (CallPlan, ChapterLevels, ChapterView, Claimed, FirstCall, NoRoom,
                            NotClaimed, NotClaimedReason, Planner, Steer, count_types)
-from storage.models import CallOutcome, CallReason, ChapterState, ExamState, VerifyPolicy
+from storage.models import CallReason, ChapterState, ExamState, VerifyPolicy
 
 
 S2 = S.alias("other_slice")
@@ -513,10 +513,13 @@ class Leases(Ledger):
     def _heartbeat_engine(self) -> Engine:
         with self._beat_lock:
             if self._beat is None:
-                from storage.db import connect
+                from storage.db import checkpoints_in_background, connect
 
+                # As the store's: in a process that checkpoints SQLite in the background, a
+                # renewal must not be the commit that runs SQLite's own checkpoint.
                 self._beat = connect(self.engine.url.render_as_string(hide_password=False),
-                                     pool_size=1)
+                                     pool_size=1, background_checkpoint=checkpoints_in_background(
+                                         self.engine))
             return self._beat
 
     def release(self, claim: Claimed, *, retry_in_s: float, code: SliceReason, detail: str,

@@ -19,8 +19,7 @@ from examforge.sources import ChapterMaterial
 from storage.base import ACTIVE_STATES, IN_FLIGHT_CALL, E, K, Q, S
 from storage.grounding import forget_passages, write_passages
 from storage.ledger import Ledger
-from storage.models import (CallOutcome, ChapterState, ExamState, RequeueReason, Verdict,
-                            VerifyPolicy)
+from storage.models import ChapterState, ExamState, RequeueReason, Verdict, VerifyPolicy
 from storage.regeneration import ChapterRegeneration, apply_chapter, plan_chapter
 
 

@@ -90,15 +90,29 @@ def test_the_thread_checkpoints_the_wal_and_ends_with_its_engine(tmp_path, monke
     wait_for(lambda: not checkpointer._thread.is_alive(), 10, "the checkpoint thread to end")
 
 
+def test_an_engine_disposed_and_used_again_keeps_one_listener(tmp_path):
+    engine = connect(f"sqlite:///{tmp_path / 'again.sqlite'}", background_checkpoint=True)
+    for _ in range(5):
+        with engine.connect():
+            pass
+        engine.dispose()
+    assert len(engine.dispatch.engine_disposed) == 1
+
+
 def test_other_stores_keep_sqlites_own_checkpoints(tmp_path):
+    from storage import Store
+
     engine = connect(f"sqlite:///{tmp_path / 'plain.sqlite'}")
+    beat = Store(engine)._heartbeat_engine()
     try:
-        with engine.connect() as conn:
-            assert conn.exec_driver_sql("PRAGMA wal_autocheckpoint").scalar_one() == 1000
+        for each in (engine, beat):
+            with each.connect() as conn:
+                assert conn.exec_driver_sql("PRAGMA wal_autocheckpoint").scalar_one() == 1000
         assert (os.getpid(), os.path.abspath(tmp_path / "plain.sqlite")) not in \
             Checkpointer._running
     finally:
         engine.dispose()
+        beat.dispose()
 
 
 def test_a_workers_store_checkpoints_in_the_background(tmp_path, monkeypatch):

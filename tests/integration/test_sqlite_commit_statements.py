@@ -8,6 +8,7 @@ commit (on both databases)."""
 from __future__ import annotations
 
 import re
+import time
 from typing import Any
 
 import pytest
@@ -80,11 +81,12 @@ def test_a_one_call_chapter_on_sqlite_sends_the_statements_pinned_here(sqlite_ur
     migrate(engine)
     store = Store(engine)
     try:
-        _sync(store, tmp_path, [("a", 5), ("b", 5)])
+        _sync(store, tmp_path, [("a", 5), ("b", 5), ("c", 5)])
         counted = _Counted(store)
         for chapter in ("a", "b"):  # the second: what every chapter after the first sends
             counted.start()
-            claim = store.claim("ex", chapter, f"w-{chapter}", 30.0, 8, steer=Steer(),
+            # A long lease: the claim skips its second stamp however slow the machine.
+            claim = store.claim("ex", chapter, f"w-{chapter}", 300.0, 8, steer=Steer(),
                                 plan_first=lambda view: CallPlan(1, 5, 100, 500))
             assert isinstance(claim, Claimed) and claim.first_call is not None
             store.may_send(claim, claim.first_call)
@@ -114,6 +116,19 @@ def test_a_one_call_chapter_on_sqlite_sends_the_statements_pinned_here(sqlite_ur
         # a partial index's condition names the column (ix_call_in_flight: outcome =
         # 'in_flight') makes SQLite prepare the statement again at every execution, 60-70 µs
         # (storage.base.IN_FLIGHT_CALL writes it inline).
+        # A takeover: the dead holder's call in flight is booked and its reservation settled
+        # (the exam's budget read again), two statements more.
+        dead = store.claim("ex", "c", "w-dead", 0.05, 8,
+                           plan_first=lambda view: CallPlan(1, 5, 100, 500))
+        assert isinstance(dead, Claimed) and dead.first_call is not None
+        time.sleep(0.1)  # its lease lapses on the database's clock
+        counted.start()
+        heir = store.claim("ex", "c", "w-heir", 300.0, 8, steer=Steer(),
+                           plan_first=lambda view: CallPlan(1, 5, 100, 500))
+        takeover_sql, _ = counted.stop()
+        assert isinstance(heir, Claimed) and heir.took_over_calls == 1
+        assert len(takeover_sql) == 6 and takeover_sql[2].startswith("UPDATE call"), \
+            "\n".join(takeover_sql)
         bound = [s for s in counted.full if re.search(r"\boutcome = \?", s.split(" WHERE ", 1)[-1])
                  and " WHERE " in s]
         assert not bound, bound
