@@ -150,8 +150,9 @@ class Leases(Ledger):
             took_over = self._waste_orphaned_calls(conn, slug, chapter_id, slice_no)
             row = self._claimed_row(conn, key)
         else:
-            took_over = (self._waste_orphaned_calls(conn, slug, chapter_id, slice_no)
-                         if row.in_flight else 0)
+            took_over = (self._waste_orphaned_calls(
+                conn, slug, chapter_id, slice_no, budgeted=row.budget_usd is not None)
+                if row.in_flight else 0)
         claimed = self._read_claimed(conn, slug, chapter_id, slice_no, owner, steer,
                                      took_over, row)
         if plan_first is None or _solves_first(claimed):

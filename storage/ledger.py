@@ -176,12 +176,13 @@ class Ledger(StoreBase):
         return len(rows)
 
     def _waste_orphaned_calls(self, conn: Connection, slug: str, chapter_id: str,
-                              slice_no: int) -> int:
+                              slice_no: int, budgeted: bool | None = None) -> int:
         """Calls still in flight when nobody holds the lease belong to a holder whose lease
         expired (a crash, a freeze, a partition): their output can no longer be committed.
         Their reply never came back, so each is booked at its worst case (its prompt and its
         max_tokens: the provider may have generated and billed all of it), marked estimated,
-        and its reservation settled."""
+        and its reservation settled. `budgeted`: whether the exam has a budget, when the
+        caller read it in this transaction already (None: read it here)."""
         rows = self._run(conn, "waste_orphans", lambda: (
             update(K).where(K.c.exam == bindparam("k_exam"),
                             K.c.chapter_id == bindparam("k_chapter"),
@@ -191,7 +192,8 @@ class Ledger(StoreBase):
             .returning(K.c.reserved_usd)),
             {"k_exam": slug, "k_chapter": chapter_id, "k_slice": slice_no}).scalars().all()
         if rows:
-            self._settle(conn, slug, reserved_usd=sum(rows), cost_usd=sum(rows))
+            self._settle(conn, slug, reserved_usd=sum(rows), cost_usd=sum(rows),
+                         budgeted=budgeted)
         return len(rows)
 
     def _budgeted(self, conn: Connection, slug: str) -> bool:

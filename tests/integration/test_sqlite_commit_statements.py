@@ -116,8 +116,8 @@ def test_a_one_call_chapter_on_sqlite_sends_the_statements_pinned_here(sqlite_ur
         # a partial index's condition names the column (ix_call_in_flight: outcome =
         # 'in_flight') makes SQLite prepare the statement again at every execution, 60-70 µs
         # (storage.base.IN_FLIGHT_CALL writes it inline).
-        # A takeover: the dead holder's call in flight is booked and its reservation settled
-        # (the exam's budget read again), two statements more.
+        # A takeover: the dead holder's call in flight is booked (its reservation settled
+        # only where the exam has a budget, as read by the claim), one statement more.
         dead = store.claim("ex", "c", "w-dead", 0.05, 8,
                            plan_first=lambda view: CallPlan(1, 5, 100, 500))
         assert isinstance(dead, Claimed) and dead.first_call is not None
@@ -127,7 +127,7 @@ def test_a_one_call_chapter_on_sqlite_sends_the_statements_pinned_here(sqlite_ur
                            plan_first=lambda view: CallPlan(1, 5, 100, 500))
         takeover_sql, _ = counted.stop()
         assert isinstance(heir, Claimed) and heir.took_over_calls == 1
-        assert len(takeover_sql) == 6 and takeover_sql[2].startswith("UPDATE call"), \
+        assert len(takeover_sql) == 5 and takeover_sql[2].startswith("UPDATE call"), \
             "\n".join(takeover_sql)
         bound = [s for s in counted.full if re.search(r"\boutcome = \?", s.split(" WHERE ", 1)[-1])
                  and " WHERE " in s]
