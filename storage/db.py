@@ -117,11 +117,14 @@ def _make_sqlite_transactions_immediate(engine: Engine, background_checkpoint: b
     # pysqlite's default deferred transactions let two writers both read, then one fails with
     # "database is locked" on upgrade to a write lock. BEGIN IMMEDIATE takes the write lock up
     # front, so claims and commits serialise cleanly (SQLAlchemy's documented recipe).
-    path = engine.url.database
-    if path in (None, "", ":memory:") or (path or "").startswith("file:"):
+    database = engine.url.database or ""
+    if database in ("", ":memory:") or database.startswith("file:"):
         background_checkpoint = False
+    path = os.path.abspath(database)
     if background_checkpoint:
         _IN_BACKGROUND.add(engine)
+        # A disposed engine no longer keeps the thread running (one listener an engine).
+        event.listen(engine, "engine_disposed", functools.partial(Checkpointer._disposed, path))
     ref = weakref.ref(engine)
 
     @event.listens_for(engine, "connect")
@@ -136,7 +139,7 @@ def _make_sqlite_transactions_immediate(engine: Engine, background_checkpoint: b
             cur.execute(f"PRAGMA wal_autocheckpoint={CHECKPOINT_BACKSTOP_PAGES}")
             engine_now = ref()
             if engine_now is not None:
-                Checkpointer.ensure(os.path.abspath(path), engine_now)  # type: ignore[arg-type]
+                Checkpointer.ensure(path, engine_now)
         cur.close()
 
     @event.listens_for(engine, "begin")
@@ -186,7 +189,6 @@ class Checkpointer:
 
     _lock = threading.Lock()
     _running: dict[tuple[int, str], "Checkpointer"] = {}
-    _listening: "weakref.WeakSet[Engine]" = weakref.WeakSet()
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -209,9 +211,6 @@ class Checkpointer:
                 running = cls._running[key] = cls(path)
             assert running is not None
             running._engines.add(engine)
-            if engine not in cls._listening:  # one listener an engine, whatever it serves
-                cls._listening.add(engine)
-                event.listen(engine, "engine_disposed", functools.partial(cls._disposed, path))
             if fresh:
                 running._thread.start()
         return running
