@@ -41,6 +41,19 @@ FRESH_FORGET_S = 300.0
 RESTAMP_AFTER = 0.02
 
 
+def _claim_reads(of_exam: Any) -> list[Any]:
+    """What a claim reads beside the slice's row (Leases._claimed_row, and the SQLite claim's
+    RETURNING): its exam's fields, each as `of_exam` gives it, and the chapter's target over
+    all its slices."""
+    return [of_exam(E.c.title).label("exam_title"),
+            of_exam(E.c.index_epoch).label("index_epoch"),
+            of_exam(E.c.verify).label("exam_verify"),
+            of_exam(E.c.budget_usd).label("budget_usd"),
+            select(func.max(S2.c.first_number + S2.c.target - 1))
+            .where(S2.c.exam == bindparam("k_exam"), S2.c.chapter_id == bindparam("k_chapter"))
+            .scalar_subquery().label("chapter_target")]
+
+
 def _solves_first(claimed: Claimed) -> bool:
     """Whether the holder's blind solves may come before its first call: under a verifying
     policy, a slice with questions in its range may have verdicts pending (a dead holder's),
@@ -298,11 +311,7 @@ class Leases(Ledger):
     def _claimed_row(self, conn: Connection, key: dict[str, Any]) -> Any:
         """The slice's row with what a claim needs of its exam and chapter."""
         return self._run(conn, "claimed_row", lambda: (
-            select(S, E.c.title.label("exam_title"), E.c.index_epoch,
-                   E.c.verify.label("exam_verify"), E.c.budget_usd,
-                   select(func.max(S2.c.first_number + S2.c.target - 1))
-                   .where(S2.c.exam == S.c.exam, S2.c.chapter_id == S.c.chapter_id)
-                   .scalar_subquery().label("chapter_target"))
+            select(S, *_claim_reads(lambda column: column))
             .join(E, E.c.slug == S.c.exam).where(*SLICE_KEY)), key).one()
 
     def _read_claimed(self, conn: Connection, slug: str, chapter_id: str, slice_no: int,
@@ -394,21 +403,13 @@ class Leases(Ledger):
         The subqueries take the slice's key as parameters, not from the updated row:
         SQLAlchemy renders RETURNING's columns without their table, and an `exam` inside a
         subquery on `call` would be the call's own."""
-        exam: Any = bindparam("k_exam")
-        chapter: Any = bindparam("k_chapter")
-
         def of_exam(column: Any) -> Any:
-            return select(column).where(E.c.slug == exam).scalar_subquery()
+            return select(column).where(E.c.slug == bindparam("k_exam")).scalar_subquery()
 
         return self._claim_stmt().returning(
-            *S.c, of_exam(E.c.title).label("exam_title"), of_exam(E.c.index_epoch).label(
-                "index_epoch"), of_exam(E.c.verify).label("exam_verify"),
-            of_exam(E.c.budget_usd).label("budget_usd"),
-            select(func.max(S2.c.first_number + S2.c.target - 1))
-            .where(S2.c.exam == exam, S2.c.chapter_id == chapter)
-            .scalar_subquery().label("chapter_target"),
+            *S.c, *_claim_reads(of_exam),
             select(func.count()).where(
-                K.c.exam == exam, K.c.chapter_id == chapter,
+                K.c.exam == bindparam("k_exam"), K.c.chapter_id == bindparam("k_chapter"),
                 K.c.slice_no == bindparam("k_slice"), IN_FLIGHT_CALL)
             .scalar_subquery().label("in_flight"))
 
