@@ -10,7 +10,7 @@ tests/e2e/test_group_commit_kill.py."""
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 from sqlalchemy import text
@@ -51,10 +51,11 @@ def _questions(chapter: str) -> list[Question]:
             for i in range(5)]
 
 
-def _in_one_group(store: Store, held: list[tuple[Claimed, int]]) -> dict[str, Any]:
+def _in_one_group(store: Store, held: list[tuple[Claimed, int]],
+                  on_release: Callable[[], None] = lambda: None) -> dict[str, Any]:
     """Commit every held call from its own thread, all queued behind a blocker, so that they
     are committed as one group (of at most 32: SQLite's default is 4); each chapter's result
-    or exception."""
+    or exception. `on_release` runs once they are all queued, right before the group goes."""
     group = _group(store)
     group.max_members = 32
     release, inside = threading.Event(), threading.Event()
@@ -81,6 +82,7 @@ def _in_one_group(store: Store, held: list[tuple[Claimed, int]]) -> dict[str, An
         t.start()
     wait_for(lambda: group.queued() == len(held), 30, "every commit to queue behind the blocker")
     before = dict(group.stats)
+    on_release()
     release.set()
     for t in threads + [blocking]:
         t.join(30)
@@ -235,12 +237,17 @@ def test_a_postgresql_group_yields_a_lock_to_the_other_transaction(pg_url, tmp_p
     tx = other.begin()
     other.execute(text("SELECT 1 FROM slice WHERE exam = 'ex' AND chapter_id = 'c3' "
                        "FOR UPDATE"))
+    # The second counts from the group's start, not from before its members queue (which
+    # took over a second on a loaded machine: the row was free when the group came).
     let_go = threading.Timer(1.0, lambda: (tx.commit(), other.close()))
-    let_go.start()
     try:
-        results = _in_one_group(store, held)
+        results = _in_one_group(store, held, on_release=let_go.start)
     finally:
-        let_go.join(30)
+        if let_go.ident is None:  # never started: the test failed before the group went
+            tx.rollback()
+            other.close()
+        else:
+            let_go.join(30)
     assert tx.is_active is False  # the other transaction committed: it was not the victim
     assert results["stats"]["alone_again"] == len(held)
     for c in CHAPTERS:
