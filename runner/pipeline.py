@@ -226,8 +226,9 @@ def process_chapter(rt: Runtime, exam: str, chapter_id: str, slice_no: int = 0) 
         first = None
         fresh = store.fresh_view(exam, chapter_id, slice_no)
         if fresh is not None:
-            # PostgreSQL: planned before the claim for the slice as its spec says with
-            # nothing stored; the claim's own statement records it if that is what it finds.
+            # Planned before the claim for the slice as its spec says with nothing stored;
+            # the claim records it if that is what it finds (PostgreSQL: in its own
+            # statement; SQLite: without planning inside its write transaction).
             planned_first = calls.plan(fresh[0])
             if planned_first is not None:
                 first = FirstCall(planned_first, fresh[1])
@@ -587,6 +588,12 @@ class _Calls:
         """`plan`, after letting go of a call planned before the claim that the claim did not
         record (the slice was not as its spec said: Leases.fresh_view)."""
         self.discard()
+        # What the plan before the claim counted from its view (nothing stored) is not the
+        # slice's: its counts per item type are the claim's (a rejected item's replacement
+        # is of its own type).
+        self.types_stored = None
+        # Nor is its course material: the slice may have had none when the view was read.
+        self._material.clear()
         return self.plan(view)
 
     def prepare(self, view: ChapterView) -> None:

@@ -5,6 +5,7 @@ leases in one statement; a lost lease is noticed before the next call and at the
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import time
 from typing import Any, Sequence
@@ -54,6 +55,39 @@ def _claim_reads(of_exam: Any) -> list[Any]:
             .scalar_subquery().label("chapter_target")]
 
 
+# Leases.fresh_view's read on SQLite: fastpath.FRESH_SQL without the fingerprint, which is
+# computed in Python (`spec_fingerprint`) and checked by the claim in Python (`_as_planned`).
+FRESH_SQLITE_SQL = """
+SELECT s.chapter_id, s.slice_no, s.target, s.first_number, s.title, s.prompt, s.difficulty,
+       s.bloom, s.language, s.types, c.chapter_target, e.title AS exam_title,
+       s.sources IS NOT NULL AS sourced
+  FROM slice s
+  JOIN exam e ON e.slug = s.exam
+  JOIN (SELECT o.chapter_id, max(o.first_number + o.target - 1) AS chapter_target
+          FROM slice o WHERE o.exam = :exam GROUP BY o.chapter_id) c
+    ON c.chapter_id = s.chapter_id
+ WHERE s.exam = :exam AND s.state IN ('pending', 'running')
+ LIMIT :limit
+"""
+
+
+def spec_fingerprint(view: ChapterView) -> str:
+    """What a first call is planned from, of a slice with nothing stored in its chapter (SQLite;
+    PostgreSQL's is `ef_spec_fp`): the exam's and the slice's titles, its prompt, its range,
+    the chapter's size, its levels and item types, and its language."""
+    levels = view.levels
+    spec = (view.exam_title, view.title, view.prompt, view.target, view.first_number,
+            view.chapter_target, levels.difficulty, levels.bloom, levels.types, view.language)
+    return hashlib.blake2b(repr(spec).encode(), digest_size=16).hexdigest()
+
+
+def _as_planned(claimed: Claimed, view: ChapterView, first: FirstCall) -> bool:
+    """Whether `first` was planned for the slice as the claim found it (SQLite): nothing
+    stored in the chapter, no course material, and the same spec (what ef_claim checks)."""
+    return (not claimed.known and not claimed.passages and claimed.stored == 0
+            and spec_fingerprint(view) == first.fingerprint)
+
+
 def _solves_first(claimed: Claimed) -> bool:
     """Whether the holder's blind solves may come before its first call: under a verifying
     policy, a slice with questions in its range may have verdicts pending (a dead holder's),
@@ -75,17 +109,19 @@ class Leases(Ledger):
     def fresh_view(self, slug: str, chapter_id: str, slice_no: int = 0
                    ) -> tuple[ChapterView, str] | None:
         """What the slice's first call would be planned from if the claim finds nothing
-        stored in its chapter, and the fingerprint of that spec; None on SQLite (its claim
-        records the first call in its own transaction already) and for a slice this process
-        does not know (with sources, finished, or new since its last read).
+        stored in its chapter, and the fingerprint of that spec; None for a slice this
+        process does not know (with sources, finished, or new since its last read).
 
         PostgreSQL: a one-call chapter took a round trip for the claim and one more to record
         its call, planned from what the claim read. With this view the call is planned
         before the claim and recorded by ef_claim in the claim's own statement, when the
-        slice is as the view says (migration 0026). The open slices of an exam are read
-        once per process, and again at most every FRESH_REREAD_S for a slice not among
-        them: a stale view costs only the round trip it was meant to save."""
-        if not self._fast_commit:
+        slice is as the view says (migration 0026). SQLite: the call was planned inside the
+        claim's write transaction, its prompt, token count and the rate limiter's Redis round
+        trip holding the one writer; planned before, the claim records it when the slice is
+        as the view says (`_as_planned`). The open slices of an exam are read once per
+        process, and again at most every FRESH_REREAD_S for a slice not among them: a stale
+        view costs only the planning it was meant to move."""
+        if not self._fast_commit and self._raw is None:
             return None
         now = time.monotonic()
         with self._fresh_lock:
@@ -101,13 +137,26 @@ class Leases(Ledger):
     def _read_fresh(self, slug: str) -> dict[tuple[str, int], tuple[ChapterView, str] | None]:
         """The exam's open slices; None for one with sources (its first prompt carries the
         material the claim reads), known so that its claims do not read again."""
-        rows = self._auto(self.engine, fastpath.FRESH_SQL,
-                          {"exam": slug, "limit": FRESH_MAX_SLICES}).all()
-        return {(r.chapter_id, r.slice_no): None if r.sourced else (ChapterView(
-            slug, r.chapter_id, r.exam_title, r.title, r.prompt, 0, r.target, r.slice_no,
-            r.first_number, r.chapter_target or r.target, (),
-            ChapterLevels.from_row(r.difficulty, r.bloom, r.types), language=r.language), r.fp)
-            for r in rows}
+        params = {"exam": slug, "limit": FRESH_MAX_SLICES}
+        rows: Sequence[Any]
+        if self._fast_commit:
+            rows = self._auto(self.engine, fastpath.FRESH_SQL, params).all()
+        else:
+            with self._read() as conn:
+                rows = conn.exec_driver_sql(FRESH_SQLITE_SQL, params).all()
+        views: dict[tuple[str, int], tuple[ChapterView, str] | None] = {}
+        for r in rows:
+            if r.sourced:
+                views[(r.chapter_id, r.slice_no)] = None
+                continue
+            view = ChapterView(
+                slug, r.chapter_id, r.exam_title, r.title, r.prompt, 0, r.target, r.slice_no,
+                r.first_number, r.chapter_target or r.target, (),
+                ChapterLevels.from_row(r.difficulty, r.bloom, r.types),
+                language=r.language if self._fast_commit else r.language or DEFAULT_LANGUAGE)
+            views[(r.chapter_id, r.slice_no)] = (
+                view, r.fp if self._fast_commit else spec_fingerprint(view))
+        return views
 
     def claim(self, slug: str, chapter_id: str, owner: str, lease_s: float,
               max_attempts: int, *, slice_no: int = 0,
@@ -132,15 +181,20 @@ class Leases(Ledger):
         # In the process's group commit (storage.group), which may run it again after a
         # rollback: the first call is planned once (planning admits it at the rate limiter).
         plan_first = once(plan_first)
+        # SQLite: a first call planned before the claim (fresh_view) is recorded by the claim
+        # if the slice is as planned; PostgreSQL's general path, reached when its one-statement
+        # claim was not won or did not fit, plans again from what it read.
+        planned = first if self._raw is not None else None
 
         def claim(conn: Connection) -> Claimed | NotClaimed:
             return self._claim(conn, key, slug, chapter_id, owner, lease_s, max_attempts,
-                               slice_no, plan_first, steer)
+                               slice_no, plan_first, steer, planned)
         return self.group.run((slug, chapter_id, slice_no), claim, kind="claim")
 
     def _claim(self, conn: Connection, key: dict[str, Any], slug: str, chapter_id: str,
                owner: str, lease_s: float, max_attempts: int, slice_no: int,
-               plan_first: Planner | None, steer: Steer | None) -> Claimed | NotClaimed:
+               plan_first: Planner | None, steer: Steer | None,
+               first: FirstCall | None = None) -> Claimed | NotClaimed:
         self._exam_first(conn, slug)
         params = {**key, "p_owner": owner, "p_lease": lease_s, "p_max": max_attempts}
         leased_at = time.monotonic()
@@ -174,8 +228,16 @@ class Leases(Ledger):
         # time: it cannot change before this transaction ends). PostgreSQL reads it again,
         # which locks the exam row (Ledger._budgeted).
         budgeted = None if self._raw is None else row.budget_usd is not None
-        recorded = self._start_planned(conn, claimed, plan_first(claimed.view()),
-                                       budgeted=budgeted)
+        view = claimed.view()
+        plan: CallPlan | None
+        if first is not None and _as_planned(claimed, view, first):
+            # Planned before the claim (its prompt, its tokens, the rate limiter's admission)
+            # for exactly this slice: the write transaction, SQLite's one writer at a time,
+            # is not held while a call is planned.
+            plan = first.plan
+        else:
+            plan = plan_first(view)
+        recorded = self._start_planned(conn, claimed, plan, budgeted=budgeted)
         # The lease again from now, the transaction's last step, when reading and planning
         # took long enough to matter: planning the first call (its prompt, its tokens, the
         # rate limiter) can take a second or more in a worker that has just started, and

@@ -152,7 +152,8 @@ class ChapterView:
 @dataclass(frozen=True)
 class FirstCall:
     """A slice's first call planned before its claim (Leases.fresh_view): the plan, and the
-    fingerprint of the spec it was planned from, which the claim checks (PostgreSQL)."""
+    fingerprint of the spec it was planned from, which the claim checks (PostgreSQL's
+    `ef_spec_fp`, SQLite's `storage.leases.spec_fingerprint`)."""
 
     plan: CallPlan
     fingerprint: str

@@ -1,12 +1,14 @@
-"""A slice's first call recorded by the claim's own statement (PostgreSQL, migration 0026):
-planned before the claim from the open slices' specs (Leases.fresh_view), recorded only when
-the slice is what the plan assumed (the same spec, nothing stored in the chapter, no
-sources); otherwise nothing is recorded from it and the call is planned from what the claim
-read. The claim also returns the chapter's course material, on both databases."""
+"""A slice's first call planned before its claim from the open slices' specs
+(Leases.fresh_view) and recorded by the claim only when the slice is what the plan assumed
+(the same spec, nothing stored in the chapter, no sources); otherwise nothing is recorded from
+it and the call is planned from what the claim read. PostgreSQL records it in the claim's own
+statement (migration 0026); SQLite in the claim's write transaction, without planning inside
+it. The claim also returns the chapter's course material, on both databases."""
 
 from __future__ import annotations
 
-from typing import Any
+import sqlite3
+from typing import Any, Iterator
 
 import pytest
 from sqlalchemy import event, text
@@ -23,10 +25,8 @@ def _syllabus(chapters: list[dict[str, Any]]) -> Syllabus:
     return Syllabus.model_validate({"title": "T", "chapters": chapters})
 
 
-@pytest.fixture
-@migrates_at_once
-def pg_store(pg_url):  # type: ignore[no-untyped-def]
-    engine = connect(pg_url)
+def _open(url: str) -> Iterator[tuple[Store, list[str]]]:
+    engine = connect(url)
     migrate(engine)
     store = Store(engine)
     store.sync_exam("ex", _syllabus([{"id": "a", "title": "A", "questions": 5},
@@ -40,6 +40,18 @@ def pg_store(pg_url):  # type: ignore[no-untyped-def]
 
     yield store, statements
     engine.dispose()
+
+
+@pytest.fixture
+@migrates_at_once
+def pg_store(db_url):  # type: ignore[no-untyped-def]
+    """Both databases (the name is older than SQLite's planning before the claim)."""
+    yield from _open(db_url)
+
+
+@pytest.fixture
+def sqlite_store(sqlite_url):  # type: ignore[no-untyped-def]
+    yield from _open(sqlite_url)
 
 
 def _calls(store: Store) -> list[Any]:
@@ -78,8 +90,9 @@ def test_the_first_call_planned_before_the_claim_is_recorded_by_the_claim(pg_sto
     replan = Replan()
     claim = store.claim("ex", "a", "w", 30.0, 8, plan_first=replan, first=first)
     assert isinstance(claim, Claimed) and isinstance(claim.first_call, int)
-    assert statements == ["SELECT * FROM ef_claim"], "one statement for the claim and its call"
-    assert replan.views == []
+    if store.engine.dialect.name == "postgresql":
+        assert statements == ["SELECT * FROM ef_claim"], "one statement for the claim and call"
+    assert replan.views == [], "nothing planned inside the claim"
     assert [tuple(r) for r in _calls(store)] == [("a", 5, 111, 0.01, "in_flight")]
     with store.engine.connect() as conn:
         assert conn.execute(text("SELECT reserved_usd FROM exam")).scalar_one() == \
@@ -170,14 +183,53 @@ def test_views_not_read_for_a_while_are_forgotten_at_the_next_read(pg_store, mon
     assert store.fresh_view("ex", "a", 0) is not None  # and come back when needed
 
 
-def test_sqlite_plans_inside_its_claim_instead(tmp_path):
-    engine = connect(f"sqlite:///{tmp_path / 'x.db'}")
-    migrate(engine)
-    store = Store(engine)
-    store.sync_exam("ex", _syllabus([{"id": "a", "title": "A", "questions": 5}]),
+def test_sqlite_plans_nothing_inside_its_claims_write_transaction(sqlite_store):
+    """The point of planning before the claim on SQLite: the one writer is not held while a
+    call's prompt is built and admitted. The planner, when the claim must call it, runs inside
+    the transaction; with a fitting plan it is not called at all."""
+    store, _ = sqlite_store
+    _view, first = _first(store, "a")
+    inside: list[bool] = []
+
+    def replan(view: ChapterView) -> CallPlan:
+        other = sqlite3.connect(store.engine.url.database, timeout=0)
+        try:  # another writer is refused while the claim's transaction holds the lock
+            other.execute("BEGIN IMMEDIATE")
+            other.rollback()
+            inside.append(False)
+        except sqlite3.OperationalError as exc:
+            assert "locked" in str(exc)
+            inside.append(True)
+        finally:
+            other.close()
+        return CallPlan(view.next_number, 3, prompt_tokens=7, max_tokens=9)
+    assert isinstance(store.claim("ex", "a", "w", 30.0, 8, plan_first=replan, first=first),
+                      Claimed)
+    assert inside == []
+    # A plan for another slice's spec does not fit: planned again, inside.
+    _view, other = _first(store, "a")
+    assert isinstance(store.claim("ex", "b", "w", 30.0, 8, plan_first=replan, first=other),
+                      Claimed)
+    assert inside == [True]
+    assert [tuple(r)[:3] for r in _calls(store)] == [("a", 5, 111), ("b", 3, 7)]
+
+
+@pytest.mark.parametrize("change", ["difficulty", "language", "types", "title"])
+def test_sqlite_fingerprint_changes_with_each_part_of_the_spec(sqlite_store, change):
+    """A fingerprint that missed a part of the spec would let a plan made for the old spec
+    be recorded (a call asking for the wrong levels, language or item types)."""
+    store, _ = sqlite_store
+    _view, first = _first(store, "a")
+    changed = {"difficulty": "easy", "language": "fa", "types": {"truefalse": 5},
+               "title": "A2"}[change]
+    chapter: dict[str, Any] = {"id": "a", "title": "A", "questions": 5, change: changed}
+    store.sync_exam("ex", _syllabus([chapter, {"id": "b", "title": "B", "questions": 5}]),
                     slice_questions=50)
-    assert store.fresh_view("ex", "a", 0) is None
-    engine.dispose()
+    replan = Replan()
+    claim = store.claim("ex", "a", "w", 30.0, 8, plan_first=replan, first=first)
+    assert isinstance(claim, Claimed) and isinstance(claim.first_call, int)
+    assert len(replan.views) == 1, f"a changed {change} was not noticed"
+    assert [tuple(r)[:3] for r in _calls(store)] == [("a", 3, 7)]
 
 
 def test_the_claim_returns_the_chapters_course_material(store: Any):
