@@ -36,7 +36,7 @@ from bench.measure import (
 
 # In the order they run. `ratelimit` (bench/ratelimit.py, about 5 minutes) runs only when named.
 PARTS = ("overhead", "slots32", "dbcost", "enqueue", "export", "status", "scaling", "threads",
-         "prefetch", "shape", "chapters", "modes", "verify")
+         "prefetch", "shape", "chapters", "modes", "verify", "latency")
 OPTIONAL_PARTS = ("ratelimit", "neardup", "history")
 
 

@@ -39,7 +39,7 @@ def test_the_throughput_benchmark_runs_and_every_system_pays_exactly_what_is_nee
 # Each group takes about 20-30 s alone on the 2-core machine (measured part by part), so that
 # none is the suite's tail.
 BENCH_GROUPS = ("slots32", "overhead,scaling", "prefetch,threads", "modes,dbcost,verify",
-                "chapters,export,enqueue,status", "shape")
+                "chapters,export,enqueue,status", "shape,latency")
 
 
 def test_the_groups_cover_every_part_of_the_suite_once():
@@ -85,6 +85,14 @@ def test_the_benchmark_suite_runs_every_part_and_every_system_pays_exactly_what_
     if "prefetch" in parts:
         kills = {r["prefetch"]: r for r in parts["prefetch"]["runs"] if r.get("kind")}
         assert kills[1]["stranded"] == 0 and kills[4]["stranded"] > 0, kills
+    if "latency" in parts:  # every worker was traced, examforge's steps each measured
+        for r in parts["latency"]["runs"]:
+            trace = r["trace"]
+            assert trace["tasks"] > 0 and trace["gap_ms"] is not None, r["system"]
+            if r["system"].startswith("examforge"):
+                for step in ("claim", "model call", "commit", "group transaction"):
+                    found = trace["steps"][step]
+                    assert found["n"] > 0 and found["wall_ms"] >= found["cpu_ms"] > 0, step
     if "shape" in parts:  # the shapes ran, and the result-backend variant really had one
         runs = parts["shape"]["runs"]
         assert {(r["workers"], r["threads"]) for r in runs if r["kind"] == "shape"} == {
