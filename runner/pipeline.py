@@ -230,6 +230,9 @@ def process_chapter(rt: Runtime, exam: str, chapter_id: str, slice_no: int = 0) 
             # the claim records it if that is what it finds (PostgreSQL: in its own
             # statement; SQLite: without planning inside its write transaction).
             planned_first = calls.plan(fresh[0])
+            # Nothing counted from that view (nothing stored) may outlive it: the claim's is
+            # what the slice holds (a takeover solving first, a replan, a multi-call slice).
+            calls.forget_view()
             if planned_first is not None:
                 first = FirstCall(planned_first, fresh[1])
         claim = store.claim(exam, chapter_id, new_owner(), settings.lease_s,
@@ -588,13 +591,14 @@ class _Calls:
         """`plan`, after letting go of a call planned before the claim that the claim did not
         record (the slice was not as its spec said: Leases.fresh_view)."""
         self.discard()
-        # What the plan before the claim counted from its view (nothing stored) is not the
-        # slice's: its counts per item type are the claim's (a rejected item's replacement
-        # is of its own type).
-        self.types_stored = None
-        # Nor is its course material: the slice may have had none when the view was read.
-        self._material.clear()
         return self.plan(view)
+
+    def forget_view(self) -> None:
+        """Drop what planning counted from a view read before the claim (nothing stored in
+        the slice): its counts per item type, and its course material (the slice may have
+        had none when the view was read). What the claim reads is the slice's."""
+        self.types_stored = None
+        self._material.clear()
 
     def prepare(self, view: ChapterView) -> None:
         """Build and admit the next call before the transaction that will record it: the
@@ -679,7 +683,10 @@ def _generate(rt: Runtime, claim: Claimed, lost: threading.Event, run: _Run,
         return judged
 
     if verifying and stored > 0:
-        # Questions a dead holder stored and never had solved come first (the takeover).
+        # Questions a dead holder stored and never had solved come first (the takeover). A
+        # call planned before the claim (for a slice with nothing stored) is let go: the
+        # claim did not record it, and the next call is planned after the solves.
+        calls.discard()
         judged = solve()
         if judged is None or judged.cancelled or judged.done:
             return judged is not None and not judged.cancelled

@@ -132,7 +132,10 @@ class Leases(Ledger):
                               if now - at >= FRESH_FORGET_S]:
                     del self._fresh[stale]
                 known = self._fresh[slug] = (now, self._read_fresh(slug))
-            return known[1].get((chapter_id, slice_no))
+            found = known[1].get((chapter_id, slice_no))
+        if found is None or self._fast_commit:
+            return found
+        return found[0], spec_fingerprint(found[0])
 
     def _read_fresh(self, slug: str) -> dict[tuple[str, int], tuple[ChapterView, str] | None]:
         """The exam's open slices; None for one with sources (its first prompt carries the
@@ -154,8 +157,8 @@ class Leases(Ledger):
                 r.first_number, r.chapter_target or r.target, (),
                 ChapterLevels.from_row(r.difficulty, r.bloom, r.types),
                 language=r.language if self._fast_commit else r.language or DEFAULT_LANGUAGE)
-            views[(r.chapter_id, r.slice_no)] = (
-                view, r.fp if self._fast_commit else spec_fingerprint(view))
+            # SQLite's fingerprint is computed when the view is asked for (`fresh_view`).
+            views[(r.chapter_id, r.slice_no)] = (view, r.fp if self._fast_commit else "")
         return views
 
     def claim(self, slug: str, chapter_id: str, owner: str, lease_s: float,
@@ -180,15 +183,22 @@ class Leases(Ledger):
         key = {"k_exam": slug, "k_chapter": chapter_id, "k_slice": slice_no}
         # In the process's group commit (storage.group), which may run it again after a
         # rollback: the first call is planned once (planning admits it at the rate limiter).
-        plan_first = once(plan_first)
+        planned_once = once(plan_first)
         # SQLite: a first call planned before the claim (fresh_view) is recorded by the claim
         # if the slice is as planned; PostgreSQL's general path, reached when its one-statement
-        # claim was not won or did not fit, plans again from what it read.
-        planned = first if self._raw is not None else None
+        # claim was not won or did not fit, plans again from what it read. Once planned
+        # again (which lets go of `first`), a run again of the claim never takes `first`.
+        planned: list[FirstCall | None] = [first if self._raw is not None else None]
+
+        def plan_again(view: ChapterView) -> CallPlan | None:
+            planned[0] = None
+            assert planned_once is not None
+            return planned_once(view)
 
         def claim(conn: Connection) -> Claimed | NotClaimed:
             return self._claim(conn, key, slug, chapter_id, owner, lease_s, max_attempts,
-                               slice_no, plan_first, steer, planned)
+                               slice_no, None if planned_once is None else plan_again, steer,
+                               planned[0])
         return self.group.run((slug, chapter_id, slice_no), claim, kind="claim")
 
     def _claim(self, conn: Connection, key: dict[str, Any], slug: str, chapter_id: str,

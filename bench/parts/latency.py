@@ -40,7 +40,10 @@ def read_spans(folder: Path) -> list[tuple[str, Span]]:
     spans = []
     for path in sorted(folder.glob("*.jsonl")):
         for line in path.read_text().splitlines():
-            tid, step, t0, t1, cpu = json.loads(line)
+            try:
+                tid, step, t0, t1, cpu = json.loads(line)
+            except ValueError:  # a line cut short by a worker killed as it wrote
+                continue
             spans.append((path.stem, (tid, step, t0, t1, cpu)))
     return spans
 
@@ -91,19 +94,20 @@ def _traced(ctx: Context, app: str, database: str, targets: list[int], calls: in
             ) -> tuple[Result, dict[str, Any]]:
     folder = ctx.workdir / f"trace-{app}-{database}-{os.getpid()}"
     folder.mkdir(parents=True, exist_ok=True)
-    before = os.environ.get("PYTHONPATH")
+    before = {name: os.environ.get(name) for name in ("PYTHONPATH", "BENCH_TRACE_DIR")}
     # The workers inherit the bench's environment: the tracer folder first on their path.
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, (str(TRACER), before)))
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, (str(TRACER),
+                                                             before["PYTHONPATH"])))
     os.environ["BENCH_TRACE_DIR"] = str(folder)
     try:
         r = run_distributed(f"latency-{app}-{database}", ctx.mock, ctx.workdir, targets, calls,
                             ClusterSpec(1, SLOTS, database, QPC, app=app), ctx.redis_url)
     finally:
-        os.environ.pop("BENCH_TRACE_DIR", None)
-        if before is None:
-            os.environ.pop("PYTHONPATH", None)
-        else:
-            os.environ["PYTHONPATH"] = before
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
     r.system = f"{app}, {'SQLite' if database == 'sqlite' else 'PostgreSQL'}"
     return r, summarise(read_spans(folder))
 

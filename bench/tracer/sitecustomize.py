@@ -22,6 +22,7 @@ _DIR = os.environ.get("BENCH_TRACE_DIR")
 
 if _DIR:
     import json
+    import sys
     import threading
     import time
 
@@ -51,14 +52,14 @@ if _DIR:
         import httpx
 
         _wrap(httpx.Client, "send", "http")
-        try:
-            import runner.pipeline as pipeline
-            import storage.base as base
-            import storage.group as group
-            from storage.leases import Leases
-            from storage.ledger import Ledger
-        except ImportError:  # the minimal task: its HTTP call only
+        if "tasks.app" not in sys.modules:  # the minimal task: its HTTP call only
             return
+        import runner.pipeline as pipeline
+        import storage.base as base
+        import storage.group as group
+        from storage.leases import Leases
+        from storage.ledger import Ledger
+
         _wrap(pipeline, "_call", "model call")
         _wrap(pipeline._Calls, "plan", "plan")
         _wrap(Leases, "claim", "claim")
@@ -67,13 +68,16 @@ if _DIR:
         _wrap(group.GroupCommit, "_commit", "group transaction")
         _wrap(base._Turn, "__enter__", "writer turn")
 
+    _flushing = threading.Lock()
+
     def _flush(folder: str = _DIR) -> None:
-        taken = []
-        while _spans:
-            taken.append(_spans.pop())
-        if taken:
-            with open(os.path.join(folder, f"{os.getpid()}.jsonl"), "a") as out:
-                out.write("".join(json.dumps(s) + "\n" for s in taken))
+        with _flushing:  # the writer thread and the exit hook
+            taken = []
+            while _spans:
+                taken.append(_spans.pop())
+            if taken:
+                with open(os.path.join(folder, f"{os.getpid()}.jsonl"), "a") as out:
+                    out.write("".join(json.dumps(s) + "\n" for s in taken))
 
     def _writer() -> None:
         while True:

@@ -9,6 +9,7 @@ from collections import Counter
 from typing import Any
 
 import httpx
+import pytest
 from sqlalchemy import text
 
 from examforge.llm import LLMClient
@@ -18,6 +19,20 @@ from mockllm import MockConfig, MockServer
 from runner.pipeline import Runtime, process_chapter
 
 TYPES = {"mcq": 2, "truefalse": 2, "numeric": 2}
+
+
+@pytest.fixture
+def sqlite_store_only(sqlite_url: str) -> Any:
+    """A SQLite store with one open slice (the general path's claim runs in its group)."""
+    from storage import Store, connect, migrate
+
+    engine = connect(sqlite_url)
+    migrate(engine)
+    store = Store(engine)
+    store.sync_exam("ex", Syllabus.model_validate({"title": "T", "chapters": [
+        {"id": "a", "title": "A", "questions": 5}]}), slice_questions=50)
+    yield store
+    engine.dispose()
 
 
 def _run(store: Any, settings: Any, slices: list[tuple[str, int]],
@@ -84,3 +99,132 @@ def test_material_added_after_the_view_was_read_is_in_the_first_prompt(
                                  questions_per_call=4, slice_questions=50)
         _run(store, settings, plan.slices, transport=recording)
     assert recording.bodies and "walrus17" in recording.bodies[0]
+
+
+def test_a_verifying_takeover_asks_for_the_types_the_slice_lacks_and_lets_the_plan_go(
+        store: Any, make_settings: Any, db_url: str, monkeypatch: Any) -> None:
+    """A dead holder stored three multiple-choice items, unsolved, under `flag`: the claim
+    returns with its blind solves first and no call recorded. The call planned before it, for
+    an empty slice, is let go (its admission refunded), and what follows asks for the three
+    true/false items the slice lacks, not for an empty slice's mix."""
+    from examforge.output import Question
+    from storage.store import Claimed, Usage
+
+    syllabus = Syllabus.model_validate({"title": "T", "chapters": [
+        {"id": "a", "title": "A", "questions": 6, "types": {"mcq": 3, "truefalse": 3}}]})
+    store.sync_exam("ex", syllabus, slice_questions=50, default_verify="flag")
+    doomed = store.claim("ex", "a", "doomed", 30.0, 8)
+    assert isinstance(doomed, Claimed)
+    call = store.start_call(doomed, 1, 3, lease_s=30.0)
+    committed = store.commit_batch(doomed, 30.0, call, [
+        Question(f"Which of these is option {i} of topic t{i}?", ("a", "b", "c", "d"), 0, "")
+        for i in range(3)], model="m", usage=Usage(10, 20, 0.001), verify=True)
+    assert committed.stored == 3
+    with store.engine.begin() as conn:  # the holder is gone: its lease lapsed
+        conn.execute(text("UPDATE slice SET lease_expires_at = 0"))
+    assert store.fresh_view("ex", "a", 0) is not None  # the worker plans before the claim
+
+    admitted: list[Any] = []
+    cancelled: list[Any] = []
+    try_admit, cancel = LLMClient.try_admit, LLMClient.cancel
+
+    def spy_admit(self: LLMClient, *args: Any, **kwargs: Any) -> Any:
+        admission = try_admit(self, *args, **kwargs)
+        admitted.append(admission)
+        return admission
+
+    def spy_cancel(self: LLMClient, admission: Any) -> None:
+        cancelled.append(admission)
+        cancel(self, admission)
+    monkeypatch.setattr(LLMClient, "try_admit", spy_admit)
+    monkeypatch.setattr(LLMClient, "cancel", spy_cancel)
+    with MockServer(MockConfig(latency_s=0)) as mock:
+        settings = make_settings(database_url=db_url, llm_base_url=mock.base_url,
+                                 questions_per_call=6, slice_questions=50)
+        _run(store, settings, [("a", 0)])
+    assert admitted and any(c is admitted[0] for c in cancelled), \
+        "the plan made before the claim was never let go"
+    with store.engine.connect() as conn:
+        types = conn.execute(text("SELECT type FROM question WHERE number IS NOT NULL"
+                                  )).scalars().all()
+    assert Counter(types) == {"mcq": 3, "truefalse": 3}
+
+
+def test_a_claim_run_again_by_its_group_never_takes_the_plan_it_let_go(
+        sqlite_store_only: Any, monkeypatch: Any) -> None:
+    """The group commit may run a claim again after a rollback. If its first run planned
+    again (the slice was not as planned, which lets the first plan go), the run again records
+    that plan, whatever it finds: the one let go is never recorded."""
+    from storage import leases
+    from storage.store import CallPlan, Claimed, FirstCall
+
+    store = sqlite_store_only
+    view, fingerprint = store.fresh_view("ex", "a", 0)
+    first = FirstCall(CallPlan(view.next_number, 5, prompt_tokens=111, max_tokens=222),
+                      fingerprint)
+    fits = iter([False, True])  # not as planned in the first run, as planned in the second
+    monkeypatch.setattr(leases, "_as_planned", lambda *args: next(fits))
+    group_run = store.group.run
+
+    def run_twice(key: Any, work: Any, payload: Any = None, kind: str = "") -> Any:
+        try:  # the first run, rolled back as a failed group's is
+            with store.engine.begin() as conn:
+                work(conn)
+                raise RuntimeError("the group's transaction failed")
+        except RuntimeError:
+            pass
+        return group_run(key, work, payload, kind)
+    monkeypatch.setattr(store.group, "run", run_twice)
+    replans: list[Any] = []
+
+    def replan(v: Any) -> Any:
+        replans.append(v)
+        return CallPlan(v.next_number, 3, prompt_tokens=7, max_tokens=9)
+    claim = store.claim("ex", "a", "w", 30.0, 8, plan_first=replan, first=first)
+    assert isinstance(claim, Claimed) and isinstance(claim.first_call, int)
+    assert len(replans) == 1
+    with store.engine.connect() as conn:
+        assert conn.execute(text("SELECT requested, prompt_tokens FROM call")).all() == [(3, 7)]
+
+
+def test_a_verifying_takeover_whose_solves_finish_the_slice_lets_the_plan_go(
+        store: Any, make_settings: Any, db_url: str, monkeypatch: Any) -> None:
+    """The dead holder's questions fill the slice: its blind solves are all that is left,
+    and the run ends after them. The call planned before the claim is let go all the same
+    (its rate-limit admission refunded), not left behind with the run."""
+    from examforge.output import Question
+    from storage.store import Claimed, Usage
+
+    syllabus = Syllabus.model_validate({"title": "T", "chapters": [
+        {"id": "a", "title": "A", "questions": 4}]})
+    store.sync_exam("ex", syllabus, slice_questions=50, default_verify="flag")
+    doomed = store.claim("ex", "a", "doomed", 30.0, 8)
+    assert isinstance(doomed, Claimed)
+    call = store.start_call(doomed, 1, 4, lease_s=30.0)
+    store.commit_batch(doomed, 30.0, call, [
+        Question(f"Which of these is option {i} of topic t{i}?", ("a", "b", "c", "d"), 0, "")
+        for i in range(4)], model="m", usage=Usage(10, 20, 0.001), verify=True)
+    with store.engine.begin() as conn:
+        conn.execute(text("UPDATE slice SET lease_expires_at = 0"))
+    assert store.fresh_view("ex", "a", 0) is not None
+    admitted: list[Any] = []
+    cancelled: list[Any] = []
+    try_admit, cancel = LLMClient.try_admit, LLMClient.cancel
+
+    def spy_admit(self: LLMClient, *args: Any, **kwargs: Any) -> Any:
+        admission = try_admit(self, *args, **kwargs)
+        admitted.append(admission)
+        return admission
+
+    def spy_cancel(self: LLMClient, admission: Any) -> None:
+        cancelled.append(admission)
+        cancel(self, admission)
+    monkeypatch.setattr(LLMClient, "try_admit", spy_admit)
+    monkeypatch.setattr(LLMClient, "cancel", spy_cancel)
+    with MockServer(MockConfig(latency_s=0)) as mock:
+        settings = make_settings(database_url=db_url, llm_base_url=mock.base_url,
+                                 questions_per_call=4, slice_questions=50)
+        _run(store, settings, [("a", 0)])
+        solves = httpx.get(mock.base_url + "/_stats").json()["solves"]
+    assert solves >= 1 and len(admitted) == 1, (solves, admitted)  # solved, nothing sent
+    assert cancelled and cancelled[0] is admitted[0], "the plan before the claim was kept"
