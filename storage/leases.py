@@ -133,9 +133,10 @@ class Leases(Ledger):
                     del self._fresh[stale]
                 known = self._fresh[slug] = (now, self._read_fresh(slug))
             found = known[1].get((chapter_id, slice_no))
-        if found is None or self._fast_commit:
+            if found is not None and not found[1]:  # SQLite's, computed once a slice
+                found = known[1][(chapter_id, slice_no)] = (found[0],
+                                                            spec_fingerprint(found[0]))
             return found
-        return found[0], spec_fingerprint(found[0])
 
     def _read_fresh(self, slug: str) -> dict[tuple[str, int], tuple[ChapterView, str] | None]:
         """The exam's open slices; None for one with sources (its first prompt carries the
