@@ -2,7 +2,7 @@
 call's values and the tables' current size. Their generic plans, made while an exam's tables
 were empty, scanned every question and signature of the exam at each commit; the plans are
 read here as PostgreSQL runs them (auto_explain's nested statements, sent to this client as
-notices), on an exam that already holds 600 questions in other chapters."""
+notices), on an exam that already holds 6,000 questions in other chapters."""
 
 from __future__ import annotations
 
@@ -34,7 +34,9 @@ def test_0034_sets_custom_plans_on_the_hot_functions_and_back(pg_url: str) -> No
     try:
         migrate(engine)
         assert _configs(engine) == {name: ["plan_cache_mode=force_custom_plan"]
-                                    for name in FUNCTIONS}
+                                    for name in FUNCTIONS}, (
+            "CREATE OR REPLACE FUNCTION drops a function's settings: a migration that "
+            "recreates ef_claim, ef_start_call or ef_commit calls 0034's custom_plans() after")
         with engine.begin() as conn:
             command.downgrade(alembic_config(conn), "0033")
         assert _configs(engine) == {name: None for name in FUNCTIONS}
@@ -67,7 +69,7 @@ def test_a_commit_reads_its_chapter_not_the_whole_exam(pg_url: str) -> None:
                     for i in range(121)]
         store.sync_exam("ex", Syllabus.model_validate({"title": "T", "chapters": chapters}),
                         slice_questions=50)
-        with engine.begin() as conn:  # 600 questions, and their signatures, elsewhere
+        with engine.begin() as conn:  # 6,000 questions, and their signatures, elsewhere
             conn.execute(text(
                 "INSERT INTO question (exam, chapter_id, number, question, choices, "
                 "answer_index, explanation, norm_hash, model, created_at) "
