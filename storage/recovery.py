@@ -95,7 +95,8 @@ class Recovery(Leases):
         return [Orphan(r.exam, r.chapter_id, reason, r.slice_no) for r, reason in found]
 
     def lost_messages(self, *, min_age_s: float, queued: int,
-                      unacked: Iterable[SliceKey]) -> LostAudit:
+                      unacked: Iterable[SliceKey], stale: Iterable[SliceKey] = ()
+                      ) -> LostAudit:
         """Chapters whose message the queue has lost while its broker epoch survived.
 
         A chapter waits for a message in the queue's list when it was enqueued at least
@@ -109,6 +110,10 @@ class Recovery(Leases):
         Duplicates and stale messages in the list can only hide a loss, never invent one, so
         a long but complete queue is never re-published; a hidden loss shows once the workers
         have consumed what hid it.
+
+        `stale`: slices whose message a worker has held unacked so long that it is taken as
+        gone (tasks.broker.queue_holdings). Those still waiting are the lost ones named first:
+        the count says how many are lost, and these are known to be.
         """
         where = [
             E.c.state == ExamState.active.value,
@@ -134,13 +139,21 @@ class Recovery(Leases):
             waiting -= len(in_workers)
             lost: list[SliceKey] = []
             if waiting > queued:
+                known: list[SliceKey] = []
+                gone = sorted(set(stale) - in_workers)
+                for i in range(0, len(gone), 500):
+                    known += [(r.exam, r.chapter_id, r.slice_no) for r in conn.execute(
+                        pick.where(*where, tuple_(S.c.exam, S.c.chapter_id, S.c.slice_no)
+                                   .in_(gone[i:i + 500])))]
                 rows = conn.execute(pick.where(*where)
                                     .order_by(S.c.enqueued_at, S.c.position.desc(),
                                               S.c.slice_no.desc())
-                                    .limit(waiting - queued + len(in_workers))).all()
-                lost = [(r.exam, r.chapter_id, r.slice_no) for r in rows
-                        if (r.exam, r.chapter_id, r.slice_no) not in in_workers
-                        ][:waiting - queued]
+                                    .limit(waiting - queued + len(in_workers) + len(known))
+                                    ).all()
+                skip = in_workers | set(known)
+                lost = (sorted(known) + [(r.exam, r.chapter_id, r.slice_no) for r in rows
+                                         if (r.exam, r.chapter_id, r.slice_no) not in skip]
+                        )[:waiting - queued]
         return LostAudit(waiting=waiting, queued=queued, lost=lost)
 
     def fail_capped(self, max_attempts: int) -> int:

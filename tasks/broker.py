@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import re
+import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence
 
 from celery import Celery
@@ -42,14 +43,21 @@ def parse_task_id(value: str) -> tuple[str, str, int] | None:
 # What the broker holds for one queue, in one round trip: the length of its list (messages
 # waiting), and the task ids of its messages that workers took and have not acked yet. kombu
 # keeps every unacked message, whatever its queue, in one hash as JSON [message, exchange,
-# routing key]; the hash is scanned inside Redis so that only the ids cross the network. The
-# id is read as the first "examforge:..." in the message: its headers carry it (and root_id,
-# the same for our tasks) while the body is base64.
+# routing key], keyed by delivery tag, and the time of each delivery in a sorted set (the
+# index it restores from after the visibility timeout); the hash is scanned inside Redis so
+# that only the ids cross the network. The id is read as the first "examforge:..." in the
+# message: its headers carry it (and root_id, the same for our tasks) while the body is
+# base64. A message delivered before ARGV[3] (a Unix time) is returned apart, as stale: a
+# worker that has held it that long without starting its chapter is taken as gone with it
+# (SIGKILLed between receiving the message and claiming the slice), and the reconciler
+# publishes the slice again rather than wait for the visibility timeout (hours).
 _HOLDINGS_LUA = """
 local queued = redis.call('LLEN', KEYS[1])
 local suffix = ARGV[1]
 local n = #suffix
+local cutoff = tonumber(ARGV[3])
 local ids = {}
+local stale = {}
 local cursor = '0'
 repeat
   local page = redis.call('HSCAN', KEYS[2], cursor, 'COUNT', 1000)
@@ -59,11 +67,18 @@ repeat
     local entry = entries[i]
     if string.sub(entry, -n) == suffix then
       local id = string.match(entry, ARGV[2])
-      if id then ids[#ids + 1] = id end
+      if id then
+        local at = tonumber(redis.call('ZSCORE', KEYS[3], entries[i - 1]))
+        if at == nil or at >= cutoff then
+          ids[#ids + 1] = id
+        else
+          stale[#stale + 1] = id
+        end
+      end
     end
   end
 until cursor == '0'
-return {queued, ids}
+return {queued, ids, stale}
 """
 
 
@@ -71,6 +86,9 @@ return {queued, ids}
 class QueueHoldings:
     queued: int  # messages in the queue's list
     unacked: list[tuple[str, str, int]]  # (exam, chapter, slice) of messages delivered, not acked
+    # ... of those delivered before the cutoff (`queue_holdings`): their workers are taken as
+    # gone, and a slice of them still waiting is lost for certain.
+    stale: list[tuple[str, str, int]] = field(default_factory=list)
 
 
 def is_redis(settings: Settings) -> bool:
@@ -122,16 +140,23 @@ def queue_holdings(app: Celery, settings: Settings) -> QueueHoldings | None:
     from kombu.transport.redis import Channel
 
     queue = settings.task_queue
+    # Held past a lease without its slice picked: its worker is gone (_HOLDINGS_LUA). A live
+    # worker picks a message as it starts it; one it reserved behind running tasks (a
+    # prefetch multiplier above 1) may wait longer, and gets a second message: a no-op.
+    cutoff = time.time() - max(settings.lease_s, 2 * settings.reconcile_interval_s)
     try:
         with app.connection_for_write() as conn:
             client = conn.default_channel.client
-            queued, ids = client.eval(_HOLDINGS_LUA, 2, queue, Channel.unacked_key,
-                                      f'"{queue}"]', "examforge:[%w%-:]+")
+            queued, ids, stale = client.eval(_HOLDINGS_LUA, 3, queue, Channel.unacked_key,
+                                             Channel.unacked_index_key, f'"{queue}"]',
+                                             "examforge:[%w%-:]+", repr(cutoff))
     except Exception as exc:
         raise BrokerUnavailable(f"broker queue unreadable: {exc}".splitlines()[0]) from None
-    unacked = [pair for raw in ids if (pair := parse_task_id(
-        raw.decode() if isinstance(raw, bytes) else raw))]
-    return QueueHoldings(int(queued), unacked)
+
+    def parsed(raws: list[Any]) -> list[tuple[str, str, int]]:
+        return [pair for raw in raws if (pair := parse_task_id(
+            raw.decode() if isinstance(raw, bytes) else raw))]
+    return QueueHoldings(int(queued), parsed(ids), parsed(stale))
 
 
 def _redacted(url: str) -> str:

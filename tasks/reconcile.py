@@ -70,7 +70,8 @@ def reconcile_once(settings: Settings, store: Store, app: Celery) -> dict[str, i
     if holdings is not None and RequeueReason.broker_epoch_changed not in by_reason:
         # Published at least two passes ago, so its message had time to reach the broker.
         audit = store.lost_messages(min_age_s=2 * settings.reconcile_interval_s,
-                                    queued=holdings.queued, unacked=holdings.unacked)
+                                    queued=holdings.queued, unacked=holdings.unacked,
+                                    stale=holdings.stale)
         if audit.lost:
             why = (f"the queue held {audit.queued} messages for {audit.waiting} slices "
                    "waiting in it")
@@ -100,8 +101,9 @@ def _read_twice(app: Celery, settings: Settings) -> QueueHoldings | None:
     time.sleep(_SECOND_READ_AFTER_S)
     second = queue_holdings(app, settings)
     assert second is not None
-    return QueueHoldings(max(first.queued, second.queued),
-                         sorted(set(first.unacked) | set(second.unacked)))
+    unacked = set(first.unacked) | set(second.unacked)
+    return QueueHoldings(max(first.queued, second.queued), sorted(unacked),
+                         sorted((set(first.stale) | set(second.stale)) - unacked))
 
 
 def _requeue(settings: Settings, store: Store, app: Celery, epoch: str | None,

@@ -129,6 +129,27 @@ def test_a_message_a_worker_holds_unacked_counts_as_present(env, fake_server, wo
     assert _ids(fake_server) == ["b", "c"]
 
 
+def test_a_message_held_past_a_lease_and_never_started_is_re_published(
+        env, fake_server, worker_channel):
+    """A worker SIGKILLed between receiving a message and claiming its slice leaves the message
+    in kombu's unacked hash until the visibility timeout (hours), and the slice with no lease
+    to expire: held that long without being picked, the message counts as gone with its
+    worker, and the slice gets a new one (a second delivery of the old is a no-op)."""
+    celery, settings, store = env
+    _enqueue(celery, settings, store, ["a", "b"])
+    assert worker_channel.basic_get(QUEUE, no_ack=False) is not None  # "a", never started
+    redis = _redis(fake_server)
+    (tag, delivered_at), = redis.zrange("unacked_index", 0, -1, withscores=True)
+    assert reconcile_once(settings, store, celery)["requeued"] == 0  # a moment ago: held
+    redis.zadd("unacked_index", {tag: delivered_at - settings.lease_s - 1})
+    holdings = queue_holdings(celery, settings)
+    assert holdings is not None and holdings.unacked == []
+    assert reconcile_once(settings, store, celery)["requeued_lost"] == 1
+    assert _ids(fake_server) == ["a", "b"]
+    time.sleep(0.05)  # no storm: the new message is in the list
+    assert reconcile_once(settings, store, celery)["requeued"] == 0
+
+
 def test_duplicates_and_stale_messages_never_cause_a_re_publish(env, fake_server):
     celery, settings, store = env
     _enqueue(celery, settings, store, ["a", "b"])
