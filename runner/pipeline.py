@@ -234,7 +234,10 @@ def process_chapter(rt: Runtime, exam: str, chapter_id: str, slice_no: int = 0) 
             # what the slice holds (a takeover solving first, a replan, a multi-call slice).
             calls.forget_view()
             if planned_first is not None:
-                first = FirstCall(planned_first, fresh[1])
+                # A stop that comes before the claim records it: planned again inside, where
+                # planning sees the stop and records nothing (no call booked as never sent).
+                first = FirstCall(planned_first, fresh[1],
+                                  wanted=lambda: not rt.stopping.is_set())
         claim = store.claim(exam, chapter_id, new_owner(), settings.lease_s,
                             settings.max_attempts, slice_no=slice_no,
                             plan_first=calls.replan,

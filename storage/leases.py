@@ -83,9 +83,14 @@ def spec_fingerprint(view: ChapterView) -> str:
 
 def _as_planned(claimed: Claimed, view: ChapterView, first: FirstCall) -> bool:
     """Whether `first` was planned for the slice as the claim found it (SQLite): nothing
-    stored in the chapter, no course material, and the same spec (what ef_claim checks)."""
+    stored in the chapter, no course material, and the same spec (what ef_claim checks), and
+    is still wanted (the worker did not start stopping since it was planned)."""
     return (not claimed.known and not claimed.passages and claimed.stored == 0
-            and spec_fingerprint(view) == first.fingerprint)
+            and spec_fingerprint(view) == first.fingerprint and _wanted(first))
+
+
+def _wanted(first: FirstCall) -> bool:
+    return first.wanted is None or first.wanted()
 
 
 def _solves_first(claimed: Claimed) -> bool:
@@ -267,7 +272,8 @@ class Leases(Ledger):
         else the first call in another (PostgreSQL, storage.fastpath): None when the claim
         was not won (the general path says why)."""
         limit = steer.avoid if steer is not None and steer.mode != "recent" else 0
-        plan = None if first is None or plan_first is None else first.plan
+        plan = (None if first is None or plan_first is None or not _wanted(first)
+                else first.plan)
         args = (slug, chapter_id, slice_no, owner, lease_s, max_attempts,
                 CallReason.crash_before_commit.value, CRASH_DETAIL, BUDGET_SPENT_REASON,
                 limit // 2 if limit > 0 else None,

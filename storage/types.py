@@ -157,6 +157,9 @@ class FirstCall:
 
     plan: CallPlan
     fingerprint: str
+    # Whether the call is still wanted when the claim would record it (the worker is not
+    # stopping); None: always. A plan no longer wanted is let go and `plan_first` decides.
+    wanted: Callable[[], bool] | None = dataclasses.field(default=None, compare=False)
 
 
 @dataclass(frozen=True)

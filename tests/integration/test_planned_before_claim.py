@@ -22,6 +22,20 @@ TYPES = {"mcq": 2, "truefalse": 2, "numeric": 2}
 
 
 @pytest.fixture
+def pg_like_store(db_url: str) -> Any:
+    """A store on each database with one open slice."""
+    from storage import Store, connect, migrate
+
+    engine = connect(db_url)
+    migrate(engine)
+    store = Store(engine)
+    store.sync_exam("ex", Syllabus.model_validate({"title": "T", "chapters": [
+        {"id": "a", "title": "A", "questions": 5}]}), slice_questions=50)
+    yield store
+    engine.dispose()
+
+
+@pytest.fixture
 def sqlite_store_only(sqlite_url: str) -> Any:
     """A SQLite store with one open slice (the general path's claim runs in its group)."""
     from storage import Store, connect, migrate
@@ -228,3 +242,23 @@ def test_a_verifying_takeover_whose_solves_finish_the_slice_lets_the_plan_go(
         solves = httpx.get(mock.base_url + "/_stats").json()["solves"]
     assert solves >= 1 and len(admitted) == 1, (solves, admitted)  # solved, nothing sent
     assert cancelled and cancelled[0] is admitted[0], "the plan before the claim was kept"
+
+
+def test_a_plan_no_longer_wanted_is_not_recorded_by_the_claim(pg_like_store: Any) -> None:
+    """A worker that starts stopping between planning the first call and claiming: the claim
+    records nothing from the plan, and the planner asked inside (which sees the stop) decides;
+    otherwise the call would be booked as never sent, a row for nothing."""
+    from storage.store import CallPlan, Claimed, FirstCall
+
+    store = pg_like_store
+    view, fingerprint = store.fresh_view("ex", "a", 0)
+    stopping = [False]
+    first = FirstCall(CallPlan(view.next_number, 5, prompt_tokens=111, max_tokens=222),
+                      fingerprint, wanted=lambda: not stopping[0])
+    stopping[0] = True
+    asked: list[Any] = []
+    claim = store.claim("ex", "a", "w", 30.0, 8, first=first,
+                        plan_first=lambda v: asked.append(v))  # stopping: plans nothing
+    assert isinstance(claim, Claimed) and claim.first_call is None and len(asked) == 1
+    with store.engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM call")).scalar_one() == 0
