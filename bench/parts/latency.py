@@ -69,10 +69,15 @@ def summarise(spans: Iterable[tuple[str, Span]], middle: float = 0.8) -> dict[st
             wall[step].append(t1 - t0)
             cpu[step].append(c)
     n_tasks = len(wall.get("task", []))
-    gaps = []
+    gaps: list[float] = []
+    every: list[float] = []
     for runs in by_thread.values():
         runs.sort()
-        gaps += [b0 - a1 for (_, a1), (b0, _) in zip(runs, runs[1:]) if lo <= a1 and b0 <= hi]
+        pairs = [(a1, b0) for (_, a1), (b0, _) in zip(runs, runs[1:])]
+        gaps += [b0 - a1 for a1, b0 in pairs if lo <= a1 and b0 <= hi]
+        every += [b0 - a1 for a1, b0 in pairs]
+    if not gaps:  # a run of two or three waves (--small): no pair inside the middle
+        gaps = every
     steps = {step: {"n": len(w), "wall_ms": 1000 * statistics.fmean(w),
                     "cpu_ms": 1000 * statistics.fmean(cpu[step]),
                     "per_task_ms": 1000 * sum(w) / n_tasks if n_tasks else None}
