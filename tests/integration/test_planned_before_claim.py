@@ -84,6 +84,42 @@ def test_a_rejected_items_replacement_is_of_its_type_when_planned_before_the_cla
     assert Counter(types) == TYPES
 
 
+def _spy_admissions(monkeypatch: Any) -> tuple[list[Any], list[Any]]:
+    """The rate-limit admissions the run takes, and those it gives back (LLMClient.cancel)."""
+    admitted: list[Any] = []
+    cancelled: list[Any] = []
+    try_admit, cancel = LLMClient.try_admit, LLMClient.cancel
+
+    def spy_admit(self: LLMClient, *args: Any, **kwargs: Any) -> Any:
+        admission = try_admit(self, *args, **kwargs)
+        admitted.append(admission)
+        return admission
+
+    def spy_cancel(self: LLMClient, admission: Any) -> None:
+        cancelled.append(admission)
+        cancel(self, admission)
+    monkeypatch.setattr(LLMClient, "try_admit", spy_admit)
+    monkeypatch.setattr(LLMClient, "cancel", spy_cancel)
+    return admitted, cancelled
+
+
+def _died_after_storing(store: Any, n: int) -> None:
+    """A holder of slice a stored `n` multiple-choice items with their verdicts pending (the
+    exam verifies), then died: its lease lapsed."""
+    from examforge.output import Question
+    from storage.store import Claimed, Usage
+
+    doomed = store.claim("ex", "a", "doomed", 30.0, 8)
+    assert isinstance(doomed, Claimed)
+    call = store.start_call(doomed, 1, n, lease_s=30.0)
+    committed = store.commit_batch(doomed, 30.0, call, [
+        Question(f"Which of these is option {i} of topic t{i}?", ("a", "b", "c", "d"), 0, "")
+        for i in range(n)], model="m", usage=Usage(10, 20, 0.001), verify=True)
+    assert committed.stored == n
+    with store.engine.begin() as conn:  # the holder is gone: its lease lapsed
+        conn.execute(text("UPDATE slice SET lease_expires_at = 0"))
+
+
 class _Recording(httpx.HTTPTransport):
     def __init__(self) -> None:
         super().__init__()
@@ -121,37 +157,13 @@ def test_a_verifying_takeover_asks_for_the_types_the_slice_lacks_and_lets_the_pl
     returns with its blind solves first and no call recorded. The call planned before it, for
     an empty slice, is let go (its admission refunded), and what follows asks for the three
     true/false items the slice lacks, not for an empty slice's mix."""
-    from examforge.output import Question
-    from storage.store import Claimed, Usage
-
     syllabus = Syllabus.model_validate({"title": "T", "chapters": [
         {"id": "a", "title": "A", "questions": 6, "types": {"mcq": 3, "truefalse": 3}}]})
     store.sync_exam("ex", syllabus, slice_questions=50, default_verify="flag")
-    doomed = store.claim("ex", "a", "doomed", 30.0, 8)
-    assert isinstance(doomed, Claimed)
-    call = store.start_call(doomed, 1, 3, lease_s=30.0)
-    committed = store.commit_batch(doomed, 30.0, call, [
-        Question(f"Which of these is option {i} of topic t{i}?", ("a", "b", "c", "d"), 0, "")
-        for i in range(3)], model="m", usage=Usage(10, 20, 0.001), verify=True)
-    assert committed.stored == 3
-    with store.engine.begin() as conn:  # the holder is gone: its lease lapsed
-        conn.execute(text("UPDATE slice SET lease_expires_at = 0"))
+    _died_after_storing(store, 3)
     assert store.fresh_view("ex", "a", 0) is not None  # the worker plans before the claim
 
-    admitted: list[Any] = []
-    cancelled: list[Any] = []
-    try_admit, cancel = LLMClient.try_admit, LLMClient.cancel
-
-    def spy_admit(self: LLMClient, *args: Any, **kwargs: Any) -> Any:
-        admission = try_admit(self, *args, **kwargs)
-        admitted.append(admission)
-        return admission
-
-    def spy_cancel(self: LLMClient, admission: Any) -> None:
-        cancelled.append(admission)
-        cancel(self, admission)
-    monkeypatch.setattr(LLMClient, "try_admit", spy_admit)
-    monkeypatch.setattr(LLMClient, "cancel", spy_cancel)
+    admitted, cancelled = _spy_admissions(monkeypatch)
     with MockServer(MockConfig(latency_s=0)) as mock:
         settings = make_settings(database_url=db_url, llm_base_url=mock.base_url,
                                  questions_per_call=6, slice_questions=50)
@@ -206,35 +218,12 @@ def test_a_verifying_takeover_whose_solves_finish_the_slice_lets_the_plan_go(
     """The dead holder's questions fill the slice: its blind solves are all that is left,
     and the run ends after them. The call planned before the claim is let go all the same
     (its rate-limit admission refunded), not left behind with the run."""
-    from examforge.output import Question
-    from storage.store import Claimed, Usage
-
     syllabus = Syllabus.model_validate({"title": "T", "chapters": [
         {"id": "a", "title": "A", "questions": 4}]})
     store.sync_exam("ex", syllabus, slice_questions=50, default_verify="flag")
-    doomed = store.claim("ex", "a", "doomed", 30.0, 8)
-    assert isinstance(doomed, Claimed)
-    call = store.start_call(doomed, 1, 4, lease_s=30.0)
-    store.commit_batch(doomed, 30.0, call, [
-        Question(f"Which of these is option {i} of topic t{i}?", ("a", "b", "c", "d"), 0, "")
-        for i in range(4)], model="m", usage=Usage(10, 20, 0.001), verify=True)
-    with store.engine.begin() as conn:
-        conn.execute(text("UPDATE slice SET lease_expires_at = 0"))
+    _died_after_storing(store, 4)
     assert store.fresh_view("ex", "a", 0) is not None
-    admitted: list[Any] = []
-    cancelled: list[Any] = []
-    try_admit, cancel = LLMClient.try_admit, LLMClient.cancel
-
-    def spy_admit(self: LLMClient, *args: Any, **kwargs: Any) -> Any:
-        admission = try_admit(self, *args, **kwargs)
-        admitted.append(admission)
-        return admission
-
-    def spy_cancel(self: LLMClient, admission: Any) -> None:
-        cancelled.append(admission)
-        cancel(self, admission)
-    monkeypatch.setattr(LLMClient, "try_admit", spy_admit)
-    monkeypatch.setattr(LLMClient, "cancel", spy_cancel)
+    admitted, cancelled = _spy_admissions(monkeypatch)
     with MockServer(MockConfig(latency_s=0)) as mock:
         settings = make_settings(database_url=db_url, llm_base_url=mock.base_url,
                                  questions_per_call=4, slice_questions=50)
