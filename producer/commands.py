@@ -594,12 +594,13 @@ def _run_batch(settings: Settings, store: Store, slug: str) -> None:
 
 
 def reconcile() -> None:
-    from tasks import app
+    from tasks.app import app_for
     from tasks.broker import check_broker
     from tasks.reconcile import reconcile_once
 
     settings = _settings()
     store = _store(settings)
+    app = app_for(settings)
     check_broker(app, settings)
     result = reconcile_once(settings, store, app)
     out.print(f"re-enqueued {result['requeued']} ({result['requeued_lost']} whose message the "
@@ -610,11 +611,12 @@ def reconcile() -> None:
 
 
 def resume(slug: str) -> None:
-    from tasks import app
+    from tasks.app import app_for
     from tasks.broker import broker_epoch, check_broker, publish_work
 
     settings = _settings()
     store = _store(settings)
+    app = app_for(settings)
     check_broker(app, settings)
     _warn_unpriced(settings)
     with _audited(store, "run.resume", slug) as note:
@@ -636,7 +638,7 @@ def _hint_cancelled(store: Store, slug: str) -> None:
 
 
 def retry(slug: str, chapters: tuple[str, ...]) -> None:
-    from tasks import app
+    from tasks.app import app_for
     from tasks.broker import broker_epoch, check_broker, publish_work
 
     settings = _settings()
@@ -647,6 +649,7 @@ def retry(slug: str, chapters: tuple[str, ...]) -> None:
     unknown = [c for c in chapters if c not in (known or [])]
     if unknown:
         raise UserError(f"--chapter: chapter {unknown[0]!r} is not in exam {slug}")
+    app = app_for(settings)
     check_broker(app, settings)  # before changing anything
     with _audited(store, "run.retry", slug, {"chapters": list(chapters) or None}) as note:
         slices = store.retry_failed(slug, list(chapters) or None)

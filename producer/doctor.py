@@ -10,7 +10,7 @@ from examforge.errors import DatabaseCorrupt, ExamforgeError, NoSchema
 from examforge.settings import Settings
 from storage import open_existing_store
 from storage.db import READ_ONLY
-from tasks import app
+from tasks.app import app_for
 from tasks.broker import check_broker
 from tasks.health import (Finding, Level, broker_findings, limiter_finding,
                            sentinel_findings)
@@ -80,6 +80,7 @@ def _integrity(engine: Engine) -> Finding:
 def _broker(settings: Settings) -> list[Finding]:
     # Each Sentinel first (issue 34): when the broker fails, they say why.
     sentinels = sentinel_findings(settings)
+    app = app_for(settings)
     try:
         check_broker(app, settings)
         return [*sentinels, Finding(Level.ok, "broker", "reachable"),

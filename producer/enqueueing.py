@@ -30,11 +30,12 @@ def enqueue_exam(settings: Settings, store: Store, slug: str, syllabus: Syllabus
     # Celery only here: the CLI's commands and a `serve --local` import this module and must
     # not pay Celery's start-up (about 0.3 s) unless they publish.
     from producer.grounding import exam_material
-    from tasks import app
+    from tasks.app import app_for
     from tasks.broker import broker_epoch, check_broker, publish_work
 
     # The chapters' sources read (and refused, with nothing written) before anything else.
     material = exam_material(settings, slug, syllabus, store, warn)
+    app = app_for(settings)
     check_broker(app, settings)  # before writing anything
     if before_write is not None:
         before_write()

@@ -3,6 +3,7 @@ retry mechanism. All the logic is in `runner.pipeline` and `tasks.reconcile`."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -44,6 +45,41 @@ except ConfigError as _exc:
 
 app = Celery("examforge")
 app.conf.update(celery_config(_settings_at_start))
+
+
+def _config_key(settings: Settings) -> str:
+    return json.dumps(celery_config(settings), sort_keys=True, default=str)
+
+
+_app_key = _config_key(_settings_at_start)
+# Apps for other configurations, the most recently used last; a few at most, each with its own
+# connection pool, closed when it is pushed out.
+_publishers: dict[str, Celery] = {}
+_publishers_lock = threading.Lock()
+_PUBLISHERS_KEPT = 4
+
+
+def app_for(settings: Settings) -> Celery:
+    """The Celery app that publishes under `settings`. `app` is configured once, from the
+    settings of the moment this module is imported, because Celery's worker finds it at
+    module level. A command or the API run with settings of their own (an embedding program's
+    or a test's, loaded after that import) must publish to their broker and queue, not the
+    import's: they get `app` itself when their Celery configuration is the import's (a
+    process's usual case, and the bench's tuned app), else an app configured from them, one
+    per configuration (the last few kept). Tasks are published by name (send_task), so that
+    app needs none registered."""
+    key = _config_key(settings)
+    if key == _app_key:
+        return app
+    with _publishers_lock:
+        own = _publishers.pop(key, None)
+        if own is None:
+            own = Celery("examforge", set_as_current=False)
+            own.conf.update(celery_config(settings))
+        _publishers[key] = own
+        while len(_publishers) > _PUBLISHERS_KEPT:
+            _publishers.pop(next(iter(_publishers))).close()
+        return own
 
 _runtime: Runtime | None = None
 _runtime_lock = threading.Lock()

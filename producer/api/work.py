@@ -54,10 +54,10 @@ class CeleryWork:
         self.settings, self.store = settings, store
 
     def check(self) -> None:
-        from tasks import app
+        from tasks.app import app_for
         from tasks.broker import check_broker
 
-        check_broker(app, self.settings)
+        check_broker(app_for(self.settings), self.settings)
 
     def start(self, slug: str, syllabus: Syllabus, budget_usd: float | None,
               batch: bool = False, verify: str | None = None) -> EnqueuePlan:
@@ -71,9 +71,10 @@ class CeleryWork:
         (`Store.unqueued_slices`) and what the broker lost."""
         if not slices:
             return
-        from tasks import app
+        from tasks.app import app_for
         from tasks.broker import broker_epoch, publish_work
 
+        app = app_for(self.settings)
         publish_work(app, self.store, slug, slices, broker_epoch(app, self.settings))
 
     def close(self) -> None:

@@ -17,42 +17,11 @@ from helpers import wait_for, write_syllabus
 ROOT = Path(__file__).resolve().parents[2]
 
 # The commands that Deployment.cli_in_process may run: those that never reach the broker, and
-# those that publish through `tasks.app` (BROKER_COMMANDS), which run on a Celery app of their
-# own (doctor binds `tasks.app` when its module is imported: it stays a real process).
+# those that publish (BROKER_COMMANDS), through the Celery app of their own settings
+# (tasks.app.app_for), not the one this process configured at its first import.
 BROKER_COMMANDS = frozenset({"enqueue", "resume", "retry", "reconcile"})
 IN_PROCESS = frozenset({"status", "exams", "export", "review", "run", "cancel", "migrate",
                         "import", "prune", "token", "audit", "backup"}) | BROKER_COMMANDS
-
-
-def _own_celery_app() -> Any:
-    """Put a Celery app made from this moment's settings in place of `tasks.app`, as a
-    process's `import tasks` makes its own (tasks/app.py: Celery("examforge") and
-    celery_config); return what puts the first one back. The commands that publish
-    (enqueue, resume, retry, reconcile) import `tasks.app` when they run, and name their
-    tasks (send_task), so they publish with the given BROKER_URL, TASK_QUEUE and transport
-    options, never with those of the first test of this process. None when the settings do
-    not load: the command then refuses them in one line before it reaches the broker."""
-    from celery import Celery
-
-    from examforge.errors import ConfigError
-    from examforge.settings import load_settings
-
-    try:
-        settings = load_settings()
-        import tasks  # its own app's settings are this moment's: they load
-        from tasks.config import celery_config
-    except (ConfigError, SystemExit):
-        return None
-    first = tasks.app
-    own = Celery("examforge", set_as_current=False)
-    own.conf.update(celery_config(settings))
-    tasks.app = own
-
-    def restore() -> None:
-        tasks.app = first
-        own.close()
-
-    return restore
 
 
 @dataclass
@@ -114,10 +83,7 @@ class Deployment:
         """`cli`, run in this process (producer.cli.main) with the same environment, working
         directory, arguments and captured output, for a test that is not about the process
         itself: the same code without a Python start-up (0.3 to 0.6 s of CPU a call, about
-        500 calls a run). The commands of IN_PROCESS only. Those that publish find the
-        Celery app as `tasks.app`, which a process configures once, at import, from its
-        settings: here each call gets an app of its own made the same way (`_own_celery_app`)
-        in its place. `timeout` is `cli`'s, for the same call sites; pytest-timeout bounds a
+        500 calls a run). The commands of IN_PROCESS only. `timeout` is `cli`'s, for the same call sites; pytest-timeout bounds a
         call here."""
         import contextlib
         import gc
@@ -144,7 +110,6 @@ class Deployment:
         # `run` sets its own (Ctrl-C finishes the calls in flight); pytest's are put back.
         handlers_of = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
         consoles = commands.out, commands.err
-        restore_app = None
         # A command migrates with Alembic itself, as its process would, not with this
         # process's replay of the migrated schema (tests/schema_template.py).
         import alembic.command
@@ -158,8 +123,6 @@ class Deployment:
             os.environ.update(environment)
             os.chdir(self.workdir)
             load_settings.cache_clear()
-            if command in BROKER_COMMANDS:
-                restore_app = _own_celery_app()
             with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
                 # Made on these streams, as a process's import makes them on its pipes (off a
                 # terminal, tables as wide as their cells).
@@ -173,8 +136,6 @@ class Deployment:
                 err.flush()
         finally:
             alembic.command.upgrade = replay
-            if restore_app is not None:
-                restore_app()
             commands.out, commands.err = consoles
             os.environ.clear()
             os.environ.update(environ)

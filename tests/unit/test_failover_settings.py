@@ -121,17 +121,12 @@ def test_no_sentinel_reachable_fails_a_command_within_the_timeout_in_one_line(cl
 
 
 def test_doctor_names_each_sentinel_and_why_the_broker_failed(clean_env, monkeypatch):
-    import producer.doctor
     from producer.doctor import _broker
-    from tasks.config import celery_config
     from tasks.health import Level
 
     port = _closed_port()
     settings = Settings(_env_file=None, broker_url=f"sentinel://127.0.0.1:{port}",
                         broker_sentinel_master="ef", broker_connect_timeout_s=1)
-    app = Celery("t")  # the tasks app is configured from this process's environment
-    app.conf.update(celery_config(settings))
-    monkeypatch.setattr(producer.doctor, "app", app)
     findings = {f.check: f for f in _broker(settings)}
     assert findings[f"broker sentinel 127.0.0.1:{port}"].level is Level.fail
     assert findings["broker sentinels"].level is Level.warn  # one Sentinel only
@@ -197,15 +192,13 @@ def test_every_command_that_needs_the_broker_fails_in_one_line_when_no_master_ca
         clean_env, monkeypatch, tmp_path, capsys):
     """The walk through the actions that publish (enqueue, resume, retry, reconcile, and
     enqueue --regenerate): each refuses in one line naming the Sentinel, exit 3, before it
-    changes anything. In process: the tasks app is given the Sentinel's configuration as
-    the CLI's own import would (it keeps the broker of the first import otherwise)."""
+    changes anything. In process, as the commands publish through the Celery app of their
+    own settings (tasks.app.app_for), not the one this process configured first."""
     import logging
 
     from examforge.settings import load_settings
     from helpers import write_syllabus
     from producer.cli import main
-    from tasks import app
-    from tasks.config import celery_config
 
     port = _closed_port()
     env = {"DATABASE_URL": f"sqlite:///{tmp_path / 'examforge.db'}",
@@ -215,8 +208,6 @@ def test_every_command_that_needs_the_broker_fails_in_one_line_when_no_master_ca
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     load_settings.cache_clear()
-    for key, value in celery_config(load_settings()).items():
-        monkeypatch.setitem(app.conf, key, value)
     root = logging.getLogger()
     monkeypatch.setattr(root, "handlers", list(root.handlers))
     monkeypatch.setattr(root, "level", root.level)
