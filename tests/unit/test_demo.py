@@ -3,20 +3,24 @@ run: the options, and what a rerun says about the demo-run/ it reuses (issue 10)
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# Records each call; plays the mock and the worker as a process the demo's cleanup kills, and
+# Records each call; asks REAL_PYTHON (when set) whether .venv holds the lock, else says it
+# does not; plays the mock and the worker as a process the demo's cleanup kills, and
 # `run` and `export` as the files they leave behind.
 FAKE_PYTHON = """#!/usr/bin/env bash
 echo "$*" >> "$(dirname "$0")/../../calls.log"
 case "$*" in
+  "-I -") [ -n "${REAL_PYTHON:-}" ] && exec "$REAL_PYTHON" "$@"; exit 1 ;;
   *mock-llm*) echo "mock-llm listening on http://127.0.0.1:8089/v1"; exec sleep 60 ;;
   *"-m celery"*) exec sleep 60 ;;
   *"producer run"*) touch demo-run/examforge.db ;;
@@ -128,6 +132,46 @@ def test_the_install_goes_through_the_lock_shows_progress_and_a_rerun_skips_it(d
     assert calls(demo).count(INSTALL) == 3
     assert "install skipped" in run(demo, "--local").stdout
     assert calls(demo).count(INSTALL) == 3
+
+
+def test_a_venv_that_already_holds_the_lock_is_not_installed_again(demo, tmp_path):
+    """README's own install line leaves no stamp: demo.sh reads the installed packages (a
+    real interpreter, in a venv whose metadata stands in for an install) and skips only when
+    each is at the lock's version and examforge is installed editable from here."""
+    real = tmp_path / "real"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(real)], check=True)
+    site = next(real.glob("lib/python*/site-packages"))
+
+    def installed(name: str, version: str, source: Path | None = None) -> None:
+        info = site / f"{name}-{version}.dist-info"
+        for old in site.glob(f"{name}-*.dist-info"):
+            shutil.rmtree(old)
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+        if source is not None:
+            (info / "direct_url.json").write_text(json.dumps(
+                {"url": source.as_uri(), "dir_info": {"editable": True}}))
+
+    env = {"REAL_PYTHON": str(real / "bin" / "python")}
+    installed("click", "8.5.1")
+    installed("examforge", "0.1.0", tmp_path / "elsewhere")  # another checkout's
+    assert "install skipped" not in run(demo, "--local", **env).stdout
+    assert calls(demo).count(INSTALL) == 1
+
+    (demo / ".venv" / "examforge-install.sha256").unlink()  # as after README's install line
+    installed("click", "8.5.0")
+    assert "install skipped" not in run(demo, "--local", **env).stdout
+    assert calls(demo).count(INSTALL) == 2
+
+    (demo / ".venv" / "examforge-install.sha256").unlink()
+    installed("click", "8.5.1")
+    installed("examforge", "0.1.0", demo)
+    held = run(demo, "--local", **env)
+    assert held.returncode == 0, held.stderr
+    assert "demo.sh: .venv already holds examforge and every package at " \
+        "requirements/lock.txt's version: install skipped" in held.stdout
+    assert calls(demo).count(INSTALL) == 2
+    assert "unchanged since its install): install skipped" in run(demo, "--local").stdout
 
 
 def test_a_failed_install_leaves_no_stamp_and_the_next_run_installs_again(demo):
