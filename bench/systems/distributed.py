@@ -196,6 +196,7 @@ class Cluster:
         try:
             self.mock.arm(slug, self.pids)
             cpu0 = {pid: proc_cpu_s(pid) for pid in self.pids}
+            probe0 = proc_cpu_s(db.backend_pid) if db.backend_pid else 0.0
             servers0 = servers_cpu_s()
             launched = time.monotonic()
             # To a file, not a pipe: enqueue prints a line per chapter, more than a pipe holds.
@@ -211,7 +212,11 @@ class Cluster:
                     for log in sorted(self.workdir.glob(f"{self.queue}-worker*.log")))
                 raise type(exc)(f"{exc}\n{logs}") from None
             cpu1 = {pid: proc_cpu_s(pid) for pid in self.pids}
-            servers1 = servers_cpu_s()
+            servers1 = servers_cpu_s(exclude=[db.backend_pid])  # only `after`'s pids count
+            if db.backend_pid:
+                res.notes.append(f"the bench's own polls cost PostgreSQL "
+                                 f"{(proc_cpu_s(db.backend_pid) - probe0) * 1000:.0f} ms CPU "
+                                 "(left out of the servers' CPU)")
             res.bench_cpu_s = self.mock.bench_cpu_since_first()
             res.machine_cpu_s = self.mock.machine_cpu_since_first()
             usage = wait_child(enq, 120)
