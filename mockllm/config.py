@@ -103,6 +103,10 @@ class MockConfig:
     """
 
     latency_s: float = field(default=0.05, metadata=_help("seconds each reply takes"))
+    latency_spread: float = field(
+        default=0.0, metadata=_help("each reply takes latency_s times a uniform draw from "
+                                    "1 - spread to 1 + spread (0..1; the mean stays latency_s), "
+                                    "as a real provider's replies vary"))
     questions_per_reply: int | None = field(
         default=None, metadata=_help("at most this many questions per reply", unset="as many as asked"))
     api_key: str | None = field(
@@ -226,6 +230,7 @@ class MockConfig:
         # Normalising here means both the constructor and dataclasses.replace
         # (used for runtime updates) reject bad values before they take effect.
         self.latency_s = _non_negative_float(self.latency_s, "latency_s")
+        self.latency_spread = _fraction(self.latency_spread, "latency_spread")
         self.retry_after_s = _non_negative_float(self.retry_after_s, "retry_after_s")
         self.stall_s = _non_negative_float(self.stall_s, "stall_s")
         self.fault_rate = _fraction(self.fault_rate, "fault_rate")

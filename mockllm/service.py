@@ -319,7 +319,8 @@ class MockService:
         # charged before the next request is admitted, and billed even if the client leaves.
         completion = engine.complete(call, outcome) if outcome in COMPLETION_OUTCOMES else None
         config = state.config
-        latency = config.latency_s * (config.flex_latency_factor if call.service_tier == "flex" else 1)
+        latency = state.latency(config.latency_s * (config.flex_latency_factor
+                                                    if call.service_tier == "flex" else 1))
         delay = config.stall_s if outcome == "stall" else latency
         if not await connection.wait_unless_closed(delay):
             # The client hung up while the reply was being "generated": a provider bills it anyway.

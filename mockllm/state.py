@@ -50,6 +50,7 @@ class MockState:
         self.reword_rng = random.Random(f"reword:{self.config.seed}")
         # Flex refusals draw from their own stream too: the fault draws stay as they were.
         self.flex_rng = random.Random(f"flex:{self.config.seed}")
+        self.latency_rng = random.Random(f"latency:{self.config.seed}")
 
     def _zero_stats(self) -> None:
         self.started = time.monotonic()
@@ -321,3 +322,10 @@ class MockState:
             "rate_limited_by_type": dict(self.rate_limited_by_type),
             **self.usage.totals(),
         }
+
+    def latency(self, base_s: float) -> float:
+        """A reply's latency: `base_s`, spread by `latency_spread` (its own seeded draws)."""
+        spread = self.config.latency_spread
+        if spread <= 0:
+            return base_s
+        return base_s * self.latency_rng.uniform(1 - spread, 1 + spread)

@@ -19,7 +19,17 @@ SLOTS = 32
 QPC = 5
 
 
+# The one-call workload again with each reply's latency drawn from 0.5 s × [0.5, 1.5]
+# (mockllm's latency_spread): a fixed latency keeps the 32 slots in step, so their replies
+# come in trains and queue together for the worker's interpreter lock (and SQLite's one
+# writer); a real provider's replies vary, and the trains break up.
+SPREAD = 0.5
+
+
 def _systems(ctx: Context, workload: str) -> list[str]:
+    if workload == "1call-spread":
+        return ["dist-sqlite"] if ctx.small else ["minimal", "dist-sqlite", "dist-pg",
+                                                  *(["curator"] if ctx.curator() else [])]
     names = ["baseline"]
     if workload == "50q":
         names.append("embedded")
@@ -58,12 +68,18 @@ def run(ctx: Context) -> PartResult:
         workloads = {"50q": plan(400, 8, QPC), "1call": plan(160, 32, QPC)}
     else:
         workloads = {"50q": plan(3200, 64, QPC), "1call": plan(3200, 640, QPC)}
+    workloads["1call-spread"] = workloads["1call"]
     by: dict[str, dict[str, Result]] = {}
     for workload, (targets, calls) in workloads.items():
         by[workload] = {}
-        for system in _systems(ctx, workload):
-            r = _run_one(ctx, system, targets, calls, workload)
-            by[workload][system] = part.add_run(r, workload=workload)
+        spread = SPREAD if workload == "1call-spread" else 0.0
+        ctx.mock.server.configure(latency_spread=spread)
+        try:
+            for system in _systems(ctx, workload):
+                r = _run_one(ctx, system, targets, calls, workload)
+                by[workload][system] = part.add_run(r, workload=workload)
+        finally:
+            ctx.mock.server.configure(latency_spread=0.0)
         rows = [[r.system, r.description, fmt(r.calls_per_s(), ".1f"),
                  fmt(r.fraction_of_ideal(), ".3f"), fmt(r.cpu_ms_per_call(), ".2f"),
                  fmt(r.server_cpu_s * 1000 / r.calls_paid if r.server_cpu_s is not None
@@ -75,8 +91,11 @@ def run(ctx: Context) -> PartResult:
                 for r in by[workload].values()]
         label = ("50-question chapters (10 calls each)" if workload == "50q"
                  else "one-call chapters (5 questions)")
+        spread_note = (f" × a uniform draw from {1 - SPREAD:g} to {1 + SPREAD:g} for each reply"
+                       if workload == "1call-spread" else "")
         part.details += [(f"**{label}**, {len(targets)} chapters, {calls} calls, "
-                         f"latency {latency} s, ideal {SLOTS / latency:.0f} calls/s:"), "",
+                         f"latency {latency} s{spread_note}, ideal {SLOTS / latency:.0f} "
+                         "calls/s:"), "",
                          *table(("system", "what", "calls/s", "fraction of slots/latency",
                                  "CPU ms/call (system)", "Redis+PG CPU ms/call",
                                  "cores busy", "machine cores busy", "paid / needed",
@@ -112,6 +131,18 @@ def run(ctx: Context) -> PartResult:
                 f"worker CPU per call, one-call chapters, {db} vs curator",
                 one[db].cpu_ms_per_call(), cur1.cpu_ms_per_call(), "curator", "ms",
                 "≤ 1.0x (moonshot ≤ 0.5x)", target_max=1.0))
+    spread, cur_spread = by["1call-spread"], by["1call-spread"].get("curator")
+    for db in ("dist-sqlite", "dist-pg"):
+        if cur_spread is not None and db in spread:
+            part.figures.append(Figure(
+                f"throughput, one-call chapters, latency spread {SPREAD:g}, {db} vs curator",
+                spread[db].calls_per_s(), cur_spread.calls_per_s(), "curator", "calls/s",
+                "informational: replies that vary in time, as a provider's do"))
+    if "dist-sqlite" in spread:
+        part.figures.append(Figure(
+            f"throughput, one-call chapters, dist-sqlite, latency spread {SPREAD:g}, as a "
+            f"fraction of {SLOTS} / {latency} s", spread["dist-sqlite"].calls_per_s(),
+            SLOTS / latency, "slots / latency", "calls/s", "informational"))
     for db, label in (("dist-sqlite", "SQLite"), ("dist-pg", "PostgreSQL")):
         if db + "-nogroup" not in one:  # the smoke run has the A/B in `overhead` only
             continue

@@ -78,6 +78,8 @@ def test_the_benchmark_suite_runs_every_part_and_every_system_pays_exactly_what_
     if "slots32" in parts:
         systems = {r["system"] for r in parts["slots32"]["runs"]}
         assert {"baseline", "minimal", "dist-sqlite", "dist-pg"} <= systems
+        spread = [r for r in parts["slots32"]["runs"] if r.get("workload") == "1call-spread"]
+        assert [r["system"] for r in spread] == ["dist-sqlite"], spread
     if "threads" in parts:
         assert (results.parent / "plot-slots.png").stat().st_size > 0
     if "scaling" in parts:

@@ -488,6 +488,35 @@ def test_300_concurrent_requests() -> None:
     assert stats["max_inflight"] > 100
 
 
+def test_latency_spread_varies_each_reply_around_latency_s_with_seeded_draws() -> None:
+    """Real providers' replies vary in time: with a spread, the slots of a fixed-latency
+    benchmark fall out of step as they would there. Each reply is timed at the client."""
+    def timings(**config: Any) -> list[float]:
+        with MockServer(MockConfig(latency_s=0.1, **config)) as mock:
+            out = []
+            with httpx.Client(base_url=mock.base_url or "") as client:
+                for i in range(12):
+                    started = time.monotonic()
+                    reply = client.post("/chat/completions", json={
+                        "model": "mock-model", "messages": [
+                            {"role": "user", "content": _prompt(chapter_id=f"ch-{i}")}]})
+                    out.append(time.monotonic() - started)
+                    assert reply.status_code == 200
+            return out
+
+    spread = timings(latency_spread=0.8, seed=3)
+    assert all(0.02 - 0.005 <= t for t in spread) and max(spread) - min(spread) > 0.05, spread
+    fixed = timings()
+    assert all(t >= 0.1 for t in fixed) and max(fixed) - min(fixed) < max(spread) - min(spread)
+    from mockllm.state import MockState
+
+    draws = [MockState(MockConfig(latency_s=1, latency_spread=0.5, seed=7)).latency(1.0)
+             for _ in range(2)]
+    assert draws[0] == draws[1] and 0.5 <= draws[0] <= 1.5  # the same seed, the same draw
+    with pytest.raises(ValueError, match="latency_spread"):
+        MockConfig(latency_spread=1.5)
+
+
 # --------------------------------------------------------------------------- CLI
 
 
