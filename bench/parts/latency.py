@@ -59,6 +59,10 @@ def summarise(spans: Iterable[tuple[str, Span]], middle: float = 0.8) -> dict[st
     first, last = min(s[2] for s in tasks), max(s[3] for s in tasks)
     cut = (last - first) * (1 - middle) / 2
     lo, hi = first + cut, last - cut
+    if not any(lo <= s[2] and s[3] <= hi for s in tasks):
+        # A run of two or three waves (--small) under load: no task lies inside the middle,
+        # and the whole run is measured.
+        lo, hi = first, last
     wall: dict[str, list[float]] = defaultdict(list)
     cpu: dict[str, list[float]] = defaultdict(list)
     by_thread: dict[tuple[str, int], list[tuple[float, float]]] = defaultdict(list)

@@ -131,17 +131,18 @@ def run(ctx: Context) -> PartResult:
                 f"worker CPU per call, one-call chapters, {db} vs curator",
                 one[db].cpu_ms_per_call(), cur1.cpu_ms_per_call(), "curator", "ms",
                 "≤ 1.0x (moonshot ≤ 0.5x)", target_max=1.0))
-    spread, cur_spread = by["1call-spread"], by["1call-spread"].get("curator")
+    varied = by["1call-spread"]
+    cur_spread = varied.get("curator")
     for db in ("dist-sqlite", "dist-pg"):
-        if cur_spread is not None and db in spread:
+        if cur_spread is not None and db in varied:
             part.figures.append(Figure(
                 f"throughput, one-call chapters, latency spread {SPREAD:g}, {db} vs curator",
-                spread[db].calls_per_s(), cur_spread.calls_per_s(), "curator", "calls/s",
+                varied[db].calls_per_s(), cur_spread.calls_per_s(), "curator", "calls/s",
                 "informational: replies that vary in time, as a provider's do"))
-    if "dist-sqlite" in spread:
+    if "dist-sqlite" in varied:
         part.figures.append(Figure(
             f"throughput, one-call chapters, dist-sqlite, latency spread {SPREAD:g}, as a "
-            f"fraction of {SLOTS} / {latency} s", spread["dist-sqlite"].calls_per_s(),
+            f"fraction of {SLOTS} / {latency} s", varied["dist-sqlite"].calls_per_s(),
             SLOTS / latency, "slots / latency", "calls/s", "informational"))
     for db, label in (("dist-sqlite", "SQLite"), ("dist-pg", "PostgreSQL")):
         if db + "-nogroup" not in one:  # the smoke run has the A/B in `overhead` only
