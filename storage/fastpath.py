@@ -77,22 +77,27 @@ CLAIM_SQL = ("SELECT * FROM ef_claim(%(p_exam)s::varchar, %(p_chapter)s::varchar
              "%(p_model)s::varchar, %(p_price_known)s::boolean)")
 # The open slices of an exam as a worker plans their first call before claiming them
 # (Leases.fresh_view), with the fingerprint ef_claim checks that plan against.
-FRESH_SQL = """
+# Leases.fresh_view's read of an exam's open slices, one text for both databases: on
+# PostgreSQL with each slice's spec fingerprint (ef_spec_fp) in psycopg's parameter style; on
+# SQLite in SQLAlchemy's, without it (storage.leases.spec_fingerprint computes it in Python).
+_FRESH = """
 SELECT s.chapter_id, s.slice_no, s.target, s.first_number, s.title, s.prompt, s.difficulty,
        s.bloom, s.language, s.types, c.chapter_target, e.title AS exam_title,
-       s.sources IS NOT NULL AS sourced,
-       ef_spec_fp(e.title, s.title, s.prompt, s.target, s.first_number, c.chapter_target,
-                  CASE WHEN s.types IS NULL THEN s.difficulty
-                       ELSE concat(s.difficulty, chr(29), s.types) END,
-                  s.bloom, s.language) AS fp
+       s.sources IS NOT NULL AS sourced{fingerprint}
   FROM slice s
   JOIN exam e ON e.slug = s.exam
   JOIN (SELECT o.chapter_id, max(o.first_number + o.target - 1) AS chapter_target
-          FROM slice o WHERE o.exam = %(exam)s GROUP BY o.chapter_id) c
+          FROM slice o WHERE o.exam = {exam} GROUP BY o.chapter_id) c
     ON c.chapter_id = s.chapter_id
- WHERE s.exam = %(exam)s AND s.state IN ('pending', 'running')
- LIMIT %(limit)s
+ WHERE s.exam = {exam} AND s.state IN ('pending', 'running')
+ LIMIT {limit}
 """
+FRESH_SQL = _FRESH.format(fingerprint=""",
+       ef_spec_fp(e.title, s.title, s.prompt, s.target, s.first_number, c.chapter_target,
+                  CASE WHEN s.types IS NULL THEN s.difficulty
+                       ELSE concat(s.difficulty, chr(29), s.types) END,
+                  s.bloom, s.language) AS fp""", exam="%(exam)s", limit="%(limit)s")
+FRESH_SQLITE_SQL = _FRESH.format(fingerprint="", exam=":exam", limit=":limit")
 START_CALL_SQL = (
     "SELECT * FROM ef_start_call(%(p_exam)s::varchar, %(p_chapter)s::varchar, "
     "%(p_slice)s::integer, %(p_owner)s::varchar, %(p_lease)s::double precision, "

@@ -55,22 +55,6 @@ def _claim_reads(of_exam: Any) -> list[Any]:
             .scalar_subquery().label("chapter_target")]
 
 
-# Leases.fresh_view's read on SQLite: fastpath.FRESH_SQL without the fingerprint, which is
-# computed in Python (`spec_fingerprint`) and checked by the claim in Python (`_as_planned`).
-FRESH_SQLITE_SQL = """
-SELECT s.chapter_id, s.slice_no, s.target, s.first_number, s.title, s.prompt, s.difficulty,
-       s.bloom, s.language, s.types, c.chapter_target, e.title AS exam_title,
-       s.sources IS NOT NULL AS sourced
-  FROM slice s
-  JOIN exam e ON e.slug = s.exam
-  JOIN (SELECT o.chapter_id, max(o.first_number + o.target - 1) AS chapter_target
-          FROM slice o WHERE o.exam = :exam GROUP BY o.chapter_id) c
-    ON c.chapter_id = s.chapter_id
- WHERE s.exam = :exam AND s.state IN ('pending', 'running')
- LIMIT :limit
-"""
-
-
 def spec_fingerprint(view: ChapterView) -> str:
     """What a first call is planned from, of a slice with nothing stored in its chapter (SQLite;
     PostgreSQL's is `ef_spec_fp`): the exam's and the slice's titles, its prompt, its range,
@@ -152,7 +136,7 @@ class Leases(Ledger):
             rows = self._auto(self.engine, fastpath.FRESH_SQL, params).all()
         else:
             with self._read() as conn:
-                rows = conn.exec_driver_sql(FRESH_SQLITE_SQL, params).all()
+                rows = conn.exec_driver_sql(fastpath.FRESH_SQLITE_SQL, params).all()
         views: dict[tuple[str, int], tuple[ChapterView, str] | None] = {}
         for r in rows:
             if r.sourced:
