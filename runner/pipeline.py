@@ -369,6 +369,9 @@ class _Calls:
         self.fresh: list[str] = []
         self.next: _Next | None = None
         self.prepared: _Next | None = None
+        # The limiter's last answer (`_admitted`) was to wait: planning inside the transaction
+        # that follows (the claim's, the commit's) asks it nothing more (`plan`).
+        self.refused = False
         # The slice's stored questions per difficulty, once a commit has changed them from
         # what the claim read (view.levels.stored).
         self.stored_levels: Counter[str] | None = None
@@ -570,6 +573,7 @@ class _Calls:
         nxt = self._build(view, want)
         nxt.admission = self.rt.client.try_admit(nxt.messages, nxt.max_tokens,
                                                  prompt_tokens=nxt.prompt_tokens)
+        self.refused = nxt.admission is None
         return nxt if nxt.admission is not None else None
 
     def plan(self, view: ChapterView) -> CallPlan | None:
@@ -584,6 +588,12 @@ class _Calls:
                 return None
             self.next = prepared
             return self._plan(view, prepared)
+        if self.refused:
+            # The limiter said wait moments ago, outside: asked again here, it would hold the
+            # transaction (on SQLite, the one writer) for its round trip to say the same. The
+            # call is started afterwards, outside (`start` waits for the limiter).
+            self.refused = False
+            return None
         nxt = self._admitted(view)
         if nxt is None:
             return None

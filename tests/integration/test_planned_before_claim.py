@@ -251,3 +251,40 @@ def test_a_plan_no_longer_wanted_is_not_recorded_by_the_claim(pg_like_store: Any
     assert isinstance(claim, Claimed) and claim.first_call is None and len(asked) == 1
     with store.engine.connect() as conn:
         assert conn.execute(text("SELECT count(*) FROM call")).scalar_one() == 0
+
+
+def test_a_limiter_that_said_wait_is_not_asked_again_inside_a_write_transaction(
+        sqlite_store_only: Any, make_settings: Any, sqlite_url: str) -> None:
+    """The limiter asked to wait when the first call was planned before the claim, and when
+    each next call was prepared before its commit: the claim's and the commits' transactions
+    (SQLite's one writer) ask it nothing more, and each call is started outside, where the
+    limiter is waited for. Three calls, every ask made with the write lock free."""
+    import sqlite3
+
+    store = sqlite_store_only
+    with MockServer(MockConfig(latency_s=0)) as mock:
+        settings = make_settings(database_url=sqlite_url, llm_base_url=mock.base_url,
+                                 questions_per_call=2, slice_questions=50)
+        rt = Runtime.build(settings, store, LLMClient(settings))
+        locked: list[bool] = []
+
+        def refused(*_args: Any, **_kwargs: Any) -> None:
+            other = sqlite3.connect(store.engine.url.database, timeout=0)
+            try:
+                other.execute("BEGIN IMMEDIATE")
+                other.rollback()
+                locked.append(False)
+            except sqlite3.OperationalError:
+                locked.append(True)
+            finally:
+                other.close()
+            return None  # wait
+
+        rt.client.try_admit = refused  # type: ignore[method-assign]
+        try:
+            assert process_chapter(rt, "ex", "a", 0).outcome == "done"
+        finally:
+            rt.keeper.stop()
+            rt.client.close()
+        assert mock.stats()["calls_total"] == 3
+    assert locked and not any(locked), locked
