@@ -61,7 +61,9 @@ fi
 STAMP=.venv/examforge-install.sha256
 wanted="$(cat pyproject.toml requirements/lock.txt | sha256sum | cut -d' ' -f1)"
 # A .venv made by README's own install line has no stamp but holds exactly the lock: that
-# is read off its installed packages (a second or so), and stamped.
+# is read off its installed packages (a tenth of a second), and stamped. Only with no stamp:
+# a stamp that differs means pyproject.toml or the lock changed since the install, and a
+# changed pyproject.toml (a new package or script) needs the install whatever the lock says.
 holds_the_lock() {
   .venv/bin/python -I - <<'PY' 2>/dev/null  # -I: not the source tree's egg-info
 import json, re, sys
@@ -81,7 +83,7 @@ PY
 }
 if [ "$(cat "$STAMP" 2>/dev/null)" = "$wanted" ]; then
   echo "demo.sh: .venv is up to date (pyproject.toml and requirements/lock.txt unchanged since its install): install skipped"
-elif holds_the_lock; then
+elif [ ! -e "$STAMP" ] && holds_the_lock; then
   echo "demo.sh: .venv already holds examforge and every package at requirements/lock.txt's version: install skipped"
   echo "$wanted" >"$STAMP"
 else

@@ -456,15 +456,16 @@ class DbProbe:
 
 
 class Stalled(TimeoutError):
-    """No chapter finished for a long while: the workers are stuck, not slow."""
+    """No progress for a long while: the workers are stuck, not slow."""
 
 
 def wait_done(db: DbProbe, slug: str, chapters: int, timeout_s: float,
               procs: list[subprocess.Popen], poll_s: float = 0.02,
               stall_s: float = 120) -> float:
-    """Poll until every chapter is finished; return the monotonic time it was seen. No
-    chapter finishing for `stall_s` raises Stalled at once (rather than at the deadline), with
-    a py-spy dump of every process, so a hang says where it hangs."""
+    """Poll until every chapter is finished; return the monotonic time it was seen. Progress
+    is fewer slices at work (`DbProbe.slices_busy`), or, where that is not known or none is at
+    work, more chapters finished; none for `stall_s` raises Stalled at once (rather than at
+    the deadline), with a py-spy dump of every process, so a hang says where it hangs."""
     deadline = time.monotonic() + timeout_s
     seen: tuple[str, int] | None = None
     moved = time.monotonic()

@@ -52,8 +52,9 @@ def _config_key(settings: Settings) -> str:
 
 
 _app_key = _config_key(_settings_at_start)
-# Apps for other configurations, the most recently used last; a few at most, each with its own
-# connection pool, closed when it is pushed out.
+# Apps for other configurations, the most recently used last; a few at most (kombu keeps the
+# connection pools, one per broker, whichever app asks: closing an app pushed out deregisters
+# it and closes none of them).
 _publishers: dict[str, Celery] = {}
 _publishers_lock = threading.Lock()
 _PUBLISHERS_KEPT = 4

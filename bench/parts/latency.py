@@ -51,7 +51,8 @@ def read_spans(folder: Path) -> list[tuple[str, Span]]:
 def summarise(spans: Iterable[tuple[str, Span]], middle: float = 0.8) -> dict[str, Any]:
     """Per step: how many spans, their mean wall and CPU time in ms, and their wall time in
     all per task; per thread, the gaps between one task's end and the next one's start. Only
-    spans inside the middle `middle` of the tasks' time."""
+    spans inside the middle `middle` of the tasks' time, or of all of it when no task lies
+    inside that middle (a short run under load)."""
     spans = list(spans)
     tasks = [s for _, s in spans if s[1] == "task"]
     if not tasks:

@@ -83,8 +83,8 @@ class Deployment:
         """`cli`, run in this process (producer.cli.main) with the same environment, working
         directory, arguments and captured output, for a test that is not about the process
         itself: the same code without a Python start-up (0.3 to 0.6 s of CPU a call, about
-        500 calls a run). The commands of IN_PROCESS only. `timeout` is `cli`'s, for the same call sites; pytest-timeout bounds a
-        call here."""
+        500 calls a run). The commands of IN_PROCESS only. `timeout` is `cli`'s, for the same
+        call sites; pytest-timeout bounds a call here."""
         import contextlib
         import gc
         import io

@@ -171,7 +171,12 @@ def test_a_venv_that_already_holds_the_lock_is_not_installed_again(demo, tmp_pat
     assert "demo.sh: .venv already holds examforge and every package at " \
         "requirements/lock.txt's version: install skipped" in held.stdout
     assert calls(demo).count(INSTALL) == 2
-    assert "unchanged since its install): install skipped" in run(demo, "--local").stdout
+    assert "unchanged since its install): install skipped" in run(demo, "--local", **env).stdout
+    # A pyproject.toml changed since the install (a new package, a new script): installed
+    # again, though every package is still at the lock's version.
+    (demo / "pyproject.toml").write_text("[project]\nname = 'examforge'\nversion = '2'\n")
+    again = run(demo, "--local", **env)
+    assert "install skipped" not in again.stdout and calls(demo).count(INSTALL) == 3
 
 
 def test_a_failed_install_leaves_no_stamp_and_the_next_run_installs_again(demo):
