@@ -275,8 +275,9 @@ def test_600_rpm_admits_ten_a_second_with_a_small_burst(server: MockServer) -> N
     admitted = statuses.count(200)
     # The client asked far faster than allowed: refusals kept coming beside the admissions.
     # (Its 8 clients each wait for an answer before asking again, so a loaded machine slows
-    # them: 68 refusals for 84 admissions in one CI-like run, still 6x the 10 a second.)
-    assert statuses.count(429) >= admitted // 2
+    # them: 68 refusals for 84 admissions in one CI-like run, 34 for 83 in another, still
+    # well over the 10 a second; the bounds below are what the limiter is held to.)
+    assert statuses.count(429) >= 10
     assert admitted == stats["admitted_total"]
     assert admitted <= 60 + 10 * elapsed + 1  # never more than the burst + 10/s
     assert admitted >= 60 + 10 * (elapsed - 1.0)  # and the limiter is not stricter than that
