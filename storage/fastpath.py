@@ -76,10 +76,9 @@ CLAIM_SQL = ("SELECT * FROM ef_claim(%(p_exam)s::varchar, %(p_chapter)s::varchar
              "%(p_max_tokens)s::integer, %(p_reserve)s::double precision, "
              "%(p_model)s::varchar, %(p_price_known)s::boolean)")
 # The open slices of an exam as a worker plans their first call before claiming them
-# (Leases.fresh_view), with the fingerprint ef_claim checks that plan against.
-# Leases.fresh_view's read of an exam's open slices, one text for both databases: on
-# PostgreSQL with each slice's spec fingerprint (ef_spec_fp) in psycopg's parameter style; on
-# SQLite in SQLAlchemy's, without it (storage.leases.spec_fingerprint computes it in Python).
+# (Leases.fresh_view), one text for both databases: on PostgreSQL with the fingerprint
+# ef_claim checks that plan against (ef_spec_fp), in psycopg's parameter style; on SQLite in
+# SQLAlchemy's, without it (storage.leases.spec_fingerprint computes it in Python).
 _FRESH = """
 SELECT s.chapter_id, s.slice_no, s.target, s.first_number, s.title, s.prompt, s.difficulty,
        s.bloom, s.language, s.types, c.chapter_target, e.title AS exam_title,
