@@ -21,32 +21,29 @@ from runner.pipeline import Runtime, process_chapter
 TYPES = {"mcq": 2, "truefalse": 2, "numeric": 2}
 
 
-@pytest.fixture
-def pg_like_store(db_url: str) -> Any:
-    """A store on each database with one open slice."""
+def _one_open_slice(url: str) -> Any:
+    """A store at `url` with one open slice (chapter a, five questions), disposed after."""
     from storage import Store, connect, migrate
 
-    engine = connect(db_url)
+    engine = connect(url)
     migrate(engine)
     store = Store(engine)
     store.sync_exam("ex", Syllabus.model_validate({"title": "T", "chapters": [
         {"id": "a", "title": "A", "questions": 5}]}), slice_questions=50)
     yield store
     engine.dispose()
+
+
+@pytest.fixture
+def pg_like_store(db_url: str) -> Any:
+    """A store on each database with one open slice."""
+    yield from _one_open_slice(db_url)
 
 
 @pytest.fixture
 def sqlite_store_only(sqlite_url: str) -> Any:
     """A SQLite store with one open slice (the general path's claim runs in its group)."""
-    from storage import Store, connect, migrate
-
-    engine = connect(sqlite_url)
-    migrate(engine)
-    store = Store(engine)
-    store.sync_exam("ex", Syllabus.model_validate({"title": "T", "chapters": [
-        {"id": "a", "title": "A", "questions": 5}]}), slice_questions=50)
-    yield store
-    engine.dispose()
+    yield from _one_open_slice(sqlite_url)
 
 
 def _run(store: Any, settings: Any, slices: list[tuple[str, int]],
